@@ -1,0 +1,53 @@
+"""Shared test fixtures.
+
+Kernel tests need root and the real kernel. Outside CI they skip when those
+are missing; in CI (CI=true) a missing prerequisite is a failure, because the
+machines CI runs on have every kernel feature these tests need.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TRACEFS = "/sys/kernel/tracing"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip outside CI; fail in CI, where a skipped kernel test hides a broken run."""
+    if IN_CI:
+        pytest.fail(f"CI=true but kernel test prerequisite missing: {reason}")
+    pytest.skip(reason)
+
+
+def _ensure_tracefs() -> None:
+    if os.path.exists(os.path.join(TRACEFS, "events")):
+        return
+    # A fresh machine has tracefs unmounted (DESIGN.md): tests mount it.
+    r = subprocess.run(
+        ["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True, text=True
+    )
+    if r.returncode != 0 or not os.path.exists(os.path.join(TRACEFS, "events")):
+        skip_or_fail(f"cannot mount tracefs at {TRACEFS}: {r.stderr.strip()}")
+
+
+@pytest.fixture(scope="session")
+def kernel() -> None:
+    """Root on a kernel with bpf(2); tracefs mounted. Use in every kernel test."""
+    if os.geteuid() != 0:
+        skip_or_fail("kernel tests need root")
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        skip_or_fail("no /sys/kernel/btf/vmlinux")
+    _ensure_tracefs()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every test under tests/kernel gets the marker and the fixture.
+    for item in items:
+        if "/tests/kernel/" in str(item.fspath):
+            item.add_marker(pytest.mark.kernel)
+            if "kernel" not in getattr(item, "fixturenames", []):
+                item.fixturenames.insert(0, "kernel")  # type: ignore[attr-defined]
