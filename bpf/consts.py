@@ -1,0 +1,95 @@
+"""Numeric constants of the BPF ABI (include/uapi/linux/bpf.h), x86-64.
+
+Only the values gfxbpf uses; see shared/BPF-ABI.md for sources.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ProgType(IntEnum):
+    KPROBE = 2  # also uprobes
+    TRACEPOINT = 5
+    PERF_EVENT = 7
+    RAW_TRACEPOINT = 17
+    TRACING = 26
+
+
+class MapType(IntEnum):
+    HASH = 1
+    ARRAY = 2
+    PROG_ARRAY = 3
+    PERF_EVENT_ARRAY = 4
+    PERCPU_HASH = 5
+    PERCPU_ARRAY = 6
+    STACK_TRACE = 7
+    CGROUP_ARRAY = 8
+    LRU_HASH = 9
+    LRU_PERCPU_HASH = 10
+    LPM_TRIE = 11
+    ARRAY_OF_MAPS = 12
+    HASH_OF_MAPS = 13
+    QUEUE = 22
+    STACK = 23
+    RINGBUF = 27
+
+
+# Map types an object may use (DESIGN.md, "The object format we accept").
+SUPPORTED_MAP_TYPES = frozenset(
+    {
+        MapType.HASH,
+        MapType.ARRAY,
+        MapType.PERCPU_HASH,
+        MapType.PERCPU_ARRAY,
+        MapType.LRU_HASH,
+        MapType.RINGBUF,
+        MapType.STACK_TRACE,
+        MapType.PERF_EVENT_ARRAY,
+    }
+)
+
+PERCPU_MAP_TYPES = frozenset({MapType.PERCPU_HASH, MapType.PERCPU_ARRAY, MapType.LRU_PERCPU_HASH})
+
+# libbpf creates these map types without BTF key/value ids.
+MAP_TYPES_WITHOUT_BTF = frozenset(
+    {
+        MapType.PERF_EVENT_ARRAY,
+        MapType.CGROUP_ARRAY,
+        MapType.STACK_TRACE,
+        MapType.ARRAY_OF_MAPS,
+        MapType.HASH_OF_MAPS,
+        MapType.QUEUE,
+        MapType.STACK,
+    }
+)
+
+# Map flags.
+BPF_F_NO_PREALLOC = 1 << 0
+BPF_F_RDONLY = 1 << 3
+BPF_F_WRONLY = 1 << 4
+BPF_F_RDONLY_PROG = 1 << 7
+BPF_F_WRONLY_PROG = 1 << 8
+BPF_F_MMAPABLE = 1 << 10
+
+# ld_imm64 src_reg values.
+BPF_PSEUDO_MAP_FD = 1
+BPF_PSEUDO_MAP_VALUE = 2
+BPF_PSEUDO_FUNC = 4
+# call src_reg values.
+BPF_PSEUDO_CALL = 1
+BPF_PSEUDO_KFUNC_CALL = 2
+
+# ELF relocation types for BPF (llvm_reloc.rst).
+R_BPF_NONE = 0
+R_BPF_64_64 = 1
+R_BPF_64_ABS64 = 2
+R_BPF_64_ABS32 = 3
+R_BPF_64_NODYLD32 = 4
+R_BPF_64_32 = 10
+
+# Attach types.
+BPF_PERF_EVENT = 41
+
+BPF_OBJ_NAME_LEN = 16
+INSN_SIZE = 8

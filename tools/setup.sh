@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install everything gfxbpf needs on a fresh Debian machine (run as root).
+# Idempotent: a second run only checks. Used by tools/test.sh, tools/demo.sh and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
+DEB_PACKAGES=(
+    clang llvm libbpf-dev bpftool   # build and check the BPF objects
+    libcap-dev python3-dev python3-venv gcc   # python-prctl builds against libcap
+    bpftrace tmux procps util-linux   # peers for benchmarks, terminal tests, setpriv
+    systemd   # systemd-analyze for the unit checks
+)
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# A venv built on Debian's python under /opt, readable by every user: the
+# tests run the broker and clients as non-root users, who cannot read /root.
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV"
+    mkdir -p "$(dirname "$VENV")"
+    /usr/bin/python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+fi
+echo "setup: installing gfxbpf into $VENV"
+"$VENV/bin/pip" install -q ".[broker,client,dev]"
+chmod -R a+rX "$(dirname "$VENV")"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the whole test suite: sets up the machine first (see tools/setup.sh).
+# Kernel tests need root; with CI=true a skipped kernel test is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
