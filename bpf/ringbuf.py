@@ -1,0 +1,201 @@
+"""RingBuffer: the user-space consumer of a BPF_MAP_TYPE_RINGBUF map.
+
+Layout (BPF-ABI.md section 6): page 0 holds consumer_pos and is the only
+writable mapping; page 1 holds producer_pos, and the data area follows,
+mapped twice so a record that wraps reads contiguously. Each record starts
+with an 8-byte header {u32 len | BUSY | DISCARD; u32 pg_off}.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import select
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.consts import MapType
+
+BUSY_BIT = 1 << 31
+DISCARD_BIT = 1 << 30
+HDR_SIZE = 8
+LEN_MASK = DISCARD_BIT - 1
+
+# Native formats: struct copies these with one aligned load/store (memcpy of
+# 4/8 bytes), so positions and headers are never torn. x86-64 only.
+_U64 = struct.Struct("Q")
+_U32 = struct.Struct("I")
+
+
+class RingBufferError(OSError):
+    """The ring buffer cannot be mapped or is inconsistent."""
+
+
+class RingBuffer:
+    """Consume records from a ring-buffer map fd.
+
+    owns_fd: close the map fd in close(). max_entries: the data size; asked
+    from the kernel (map_info) when not given.
+    """
+
+    def __init__(self, fd: int, max_entries: int | None = None, *, owns_fd: bool = False) -> None:
+        self._fd = fd
+        self._owns_fd = owns_fd
+        self._cons: mmap.mmap | None = None
+        self._data: mmap.mmap | None = None
+        self._epoll: select.epoll | None = None
+        self.records = 0  # records handed out so far
+        self.discarded = 0  # records the producer discarded (skipped)
+        # Records the producer could not reserve are not knowable here: the
+        # kernel does not count them; a program must count its own failures.
+        try:
+            self._open(max_entries)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, max_entries: int | None) -> None:
+        fd = self._fd
+        if max_entries is None:
+            info = bpfsys.map_info(fd)
+            if info.type != MapType.RINGBUF:
+                raise ValueError(f"fd {fd} is a map of type {info.type}, not a ring buffer (27)")
+            max_entries = info.max_entries
+        page = mmap.PAGESIZE
+        if max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % page:
+            raise ValueError(
+                f"ring buffer size {max_entries} must be a power of two and a multiple of {page}"
+            )
+        self.max_entries = max_entries
+        self._mask = max_entries - 1
+        self._page = page
+        try:
+            self._cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except PermissionError as e:
+            raise RingBufferError(
+                e.errno,
+                "cannot map the ring buffer's consumer page writable: this map fd is "
+                "read-only (BPF_F_RDONLY), and a read-only fd cannot be consumed; "
+                "hand the consumer a read-write fd of its own ring buffer",
+            ) from e
+        self._data = mmap.mmap(
+            fd, page + 2 * max_entries, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
+        )
+        self._epoll = select.epoll()  # close-on-exec by default
+        self._epoll.register(fd, select.EPOLLIN)
+
+    @classmethod
+    def _from_buffers(cls, cons: Any, data: Any, max_entries: int) -> RingBuffer:
+        """A reader over plain buffers laid out like the mappings (for tests)."""
+        rb = cls.__new__(cls)
+        rb._fd, rb._owns_fd, rb._epoll = -1, False, None
+        rb._cons, rb._data = cons, data
+        rb.records = rb.discarded = 0
+        rb.max_entries, rb._mask, rb._page = max_entries, max_entries - 1, mmap.PAGESIZE
+        return rb
+
+    # --- lifetime ---
+
+    def fileno(self) -> int:
+        """The map fd: readable (EPOLLIN) while records wait."""
+        if self._data is None:
+            raise ValueError("ring buffer is closed")
+        return self._fd
+
+    def close(self) -> None:
+        for attr in ("_epoll", "_data", "_cons"):
+            obj = getattr(self, attr)
+            setattr(self, attr, None)
+            if obj is not None and hasattr(obj, "close"):  # plain buffers in tests
+                obj.close()
+        if self._owns_fd and self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> RingBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Unmap even if the user forgot; never close a borrowed fd here.
+        if getattr(self, "_data", None) is not None:
+            self.close()
+
+    # --- consuming ---
+
+    def pending(self) -> int:
+        """Bytes produced but not yet consumed (headers and padding included)."""
+        cons, data = self._maps()
+        return _U64.unpack_from(data, 0)[0] - _U64.unpack_from(cons, 0)[0]
+
+    def _maps(self) -> tuple[mmap.mmap, mmap.mmap]:
+        if self._cons is None or self._data is None:
+            raise ValueError("ring buffer is closed")
+        return self._cons, self._data
+
+    def drain(self) -> list[bytes]:
+        """Every committed record available now, without waiting.
+
+        Stops at a record still being written (BUSY). One call takes at most
+        about one ring's worth of data, so memory stays bounded while a
+        producer keeps writing.
+        """
+        cons_map, data = self._maps()
+        u32_at = _U32.unpack_from
+        u64_at = _U64.unpack_from
+        mask = self._mask
+        page = self._page  # data starts one page into this mapping
+        limit = self.max_entries
+        max_len = limit - HDR_SIZE  # BUSY/DISCARD set make a header exceed it too
+        out: list[bytes] = []
+        append = out.append
+        discarded = 0
+        cons = u64_at(cons_map, 0)[0]
+        end = cons + limit  # at most one ring's worth per call
+        busy = False
+        while not busy:
+            prod = min(u64_at(data, 0)[0], end)
+            if cons >= prod:
+                break
+            while cons < prod:
+                off = page + (cons & mask)
+                hdr = u32_at(data, off)[0]
+                if hdr > max_len:  # rare: busy, discarded or corrupt
+                    if hdr & BUSY_BIT:  # not committed yet: come back later
+                        busy = True
+                        break
+                    hdr &= LEN_MASK
+                    if hdr > max_len:
+                        raise RingBufferError(
+                            errno.EIO, f"corrupt ring buffer record length {hdr} at {cons}"
+                        )
+                    discarded += 1
+                else:
+                    append(data[off + HDR_SIZE : off + HDR_SIZE + hdr])
+                cons += (hdr + HDR_SIZE + 7) & ~7
+            # Publish after each batch so the producer can reuse the space.
+            _U64.pack_into(cons_map, 0, cons)
+        self.records += len(out)
+        self.discarded += discarded
+        return out
+
+    def poll(self, timeout: float | None = None) -> list[bytes]:
+        """Records available now, or wait up to timeout seconds (None: forever) for some."""
+        records = self.drain()
+        if records:
+            return records
+        ep = self._epoll
+        if ep is None:
+            raise ValueError("ring buffer is closed")
+        ep.poll(-1 if timeout is None else timeout)
+        return self.drain()
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Yield records forever, waiting when the ring is empty."""
+        while True:
+            yield from self.poll(None)

@@ -1,0 +1,764 @@
+"""bpf(2) over ctypes: one small wrapper per command gfxbpf uses.
+
+Every call passes a zeroed ``union bpf_attr`` of ATTR_SIZE bytes; the kernel
+requires the bytes past the fields a command uses to be zero. Layouts and
+numbers: shared/BPF-ABI.md section 4 (x86-64). File descriptors are plain
+ints; the caller owns them (os.close). bpf(2) fds are close-on-exec.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cache
+
+SYS_BPF = 321  # x86-64
+ATTR_SIZE = 168  # sizeof(union bpf_attr) on current kernels
+
+# Commands.
+BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_PROG_LOAD = 5
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_RAW_TRACEPOINT_OPEN = 17
+BPF_BTF_LOAD = 18
+BPF_MAP_FREEZE = 22
+BPF_MAP_LOOKUP_BATCH = 24
+BPF_LINK_CREATE = 28
+BPF_ENABLE_STATS = 32
+
+COMMAND_NAMES = {
+    BPF_MAP_CREATE: "BPF_MAP_CREATE",
+    BPF_MAP_LOOKUP_ELEM: "BPF_MAP_LOOKUP_ELEM",
+    BPF_MAP_UPDATE_ELEM: "BPF_MAP_UPDATE_ELEM",
+    BPF_MAP_DELETE_ELEM: "BPF_MAP_DELETE_ELEM",
+    BPF_MAP_GET_NEXT_KEY: "BPF_MAP_GET_NEXT_KEY",
+    BPF_PROG_LOAD: "BPF_PROG_LOAD",
+    BPF_OBJ_GET_INFO_BY_FD: "BPF_OBJ_GET_INFO_BY_FD",
+    BPF_RAW_TRACEPOINT_OPEN: "BPF_RAW_TRACEPOINT_OPEN",
+    BPF_BTF_LOAD: "BPF_BTF_LOAD",
+    BPF_MAP_FREEZE: "BPF_MAP_FREEZE",
+    BPF_MAP_LOOKUP_BATCH: "BPF_MAP_LOOKUP_BATCH",
+    BPF_LINK_CREATE: "BPF_LINK_CREATE",
+    BPF_ENABLE_STATS: "BPF_ENABLE_STATS",
+}
+
+# Element update flags.
+BPF_ANY = 0
+BPF_NOEXIST = 1
+BPF_EXIST = 2
+
+BPF_STATS_RUN_TIME = 0
+
+# The kernel-internal "not supported" errno that bpf(2) leaks to user space.
+ENOTSUPP = 524
+
+LOG_BUF_SIZE = 16 << 20  # first verifier-log buffer
+LOG_BUF_MAX = 1 << 30  # the kernel refuses log_size above UINT_MAX >> 2
+
+OBJ_NAME_LEN = 16
+_NAME_RE = re.compile(r"[A-Za-z0-9_.]*")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
+
+u32 = ctypes.c_uint32
+u64 = ctypes.c_uint64
+
+
+# --- attr layouts (one Structure per command, members of the BpfAttr union) ---
+
+
+class MapCreateAttr(ctypes.Structure):
+    _fields_ = [
+        ("map_type", u32),
+        ("key_size", u32),
+        ("value_size", u32),
+        ("max_entries", u32),
+        ("map_flags", u32),
+        ("inner_map_fd", u32),
+        ("numa_node", u32),
+        ("map_name", ctypes.c_char * OBJ_NAME_LEN),
+        ("map_ifindex", u32),
+        ("btf_fd", u32),
+        ("btf_key_type_id", u32),
+        ("btf_value_type_id", u32),
+        ("btf_vmlinux_value_type_id", u32),
+        ("map_extra", u64),
+    ]
+
+
+class MapElemAttr(ctypes.Structure):
+    """LOOKUP/UPDATE/DELETE_ELEM and GET_NEXT_KEY (value doubles as next_key)."""
+
+    _fields_ = [
+        ("map_fd", u32),
+        ("_pad", u32),
+        ("key", u64),
+        ("value", u64),
+        ("flags", u64),
+    ]
+
+
+class MapBatchAttr(ctypes.Structure):
+    _fields_ = [
+        ("in_batch", u64),
+        ("out_batch", u64),
+        ("keys", u64),
+        ("values", u64),
+        ("count", u32),
+        ("map_fd", u32),
+        ("elem_flags", u64),
+        ("flags", u64),
+    ]
+
+
+class ProgLoadAttr(ctypes.Structure):
+    _fields_ = [
+        ("prog_type", u32),
+        ("insn_cnt", u32),
+        ("insns", u64),
+        ("license", u64),
+        ("log_level", u32),
+        ("log_size", u32),
+        ("log_buf", u64),
+        ("kern_version", u32),
+        ("prog_flags", u32),
+        ("prog_name", ctypes.c_char * OBJ_NAME_LEN),
+        ("prog_ifindex", u32),
+        ("expected_attach_type", u32),
+        ("prog_btf_fd", u32),
+        ("func_info_rec_size", u32),
+        ("func_info", u64),
+        ("func_info_cnt", u32),
+        ("line_info_rec_size", u32),
+        ("line_info", u64),
+        ("line_info_cnt", u32),
+        ("attach_btf_id", u32),
+        ("attach_btf_obj_fd", u32),  # also attach_prog_fd
+        ("core_relo_cnt", u32),
+        ("fd_array", u64),
+        ("core_relos", u64),
+        ("core_relo_rec_size", u32),
+        ("log_true_size", u32),  # written back by the kernel (>= 6.4)
+    ]
+
+
+class BtfLoadAttr(ctypes.Structure):
+    _fields_ = [
+        ("btf", u64),
+        ("btf_log_buf", u64),
+        ("btf_size", u32),
+        ("btf_log_size", u32),
+        ("btf_log_level", u32),
+        ("btf_log_true_size", u32),  # written back by the kernel (>= 6.4)
+    ]
+
+
+class InfoByFdAttr(ctypes.Structure):
+    _fields_ = [("bpf_fd", u32), ("info_len", u32), ("info", u64)]
+
+
+class RawTracepointAttr(ctypes.Structure):
+    _fields_ = [("name", u64), ("prog_fd", u32)]
+
+
+class LinkCreateAttr(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", u32),
+        ("target_fd", u32),
+        ("attach_type", u32),
+        ("flags", u32),
+        ("bpf_cookie", u64),  # link_create.perf_event.bpf_cookie
+    ]
+
+
+class MapFreezeAttr(ctypes.Structure):
+    _fields_ = [("map_fd", u32)]
+
+
+class EnableStatsAttr(ctypes.Structure):
+    _fields_ = [("type", u32)]
+
+
+class BpfAttr(ctypes.Union):
+    _fields_ = [
+        ("map_create", MapCreateAttr),
+        ("elem", MapElemAttr),
+        ("batch", MapBatchAttr),
+        ("prog_load", ProgLoadAttr),
+        ("btf_load", BtfLoadAttr),
+        ("info", InfoByFdAttr),
+        ("raw_tracepoint", RawTracepointAttr),
+        ("link_create", LinkCreateAttr),
+        ("map_freeze", MapFreezeAttr),
+        ("enable_stats", EnableStatsAttr),
+        ("raw", ctypes.c_ubyte * ATTR_SIZE),
+    ]
+
+
+class BpfProgInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", u32),
+        ("id", u32),
+        ("tag", ctypes.c_ubyte * 8),
+        ("jited_prog_len", u32),
+        ("xlated_prog_len", u32),
+        ("jited_prog_insns", u64),
+        ("xlated_prog_insns", u64),
+        ("load_time", u64),
+        ("created_by_uid", u32),
+        ("nr_map_ids", u32),
+        ("map_ids", u64),
+        ("name", ctypes.c_char * OBJ_NAME_LEN),
+        ("ifindex", u32),
+        ("gpl_compatible", u32),  # bit 0
+        ("netns_dev", u64),
+        ("netns_ino", u64),
+        ("nr_jited_ksyms", u32),
+        ("nr_jited_func_lens", u32),
+        ("jited_ksyms", u64),
+        ("jited_func_lens", u64),
+        ("btf_id", u32),
+        ("func_info_rec_size", u32),
+        ("func_info", u64),
+        ("nr_func_info", u32),
+        ("nr_line_info", u32),
+        ("line_info", u64),
+        ("jited_line_info", u64),
+        ("nr_jited_line_info", u32),
+        ("line_info_rec_size", u32),
+        ("jited_line_info_rec_size", u32),
+        ("nr_prog_tags", u32),
+        ("prog_tags", u64),
+        ("run_time_ns", u64),
+        ("run_cnt", u64),
+        ("recursion_misses", u64),
+        ("verified_insns", u32),
+        ("attach_btf_obj_id", u32),
+        ("attach_btf_id", u32),
+    ]
+
+
+class BpfMapInfo(ctypes.Structure):
+    _fields_ = [
+        ("type", u32),
+        ("id", u32),
+        ("key_size", u32),
+        ("value_size", u32),
+        ("max_entries", u32),
+        ("map_flags", u32),
+        ("name", ctypes.c_char * OBJ_NAME_LEN),
+        ("ifindex", u32),
+        ("btf_vmlinux_value_type_id", u32),
+        ("netns_dev", u64),
+        ("netns_ino", u64),
+        ("btf_id", u32),
+        ("btf_key_type_id", u32),
+        ("btf_value_type_id", u32),
+        ("_pad", u32),
+        ("map_extra", u64),
+    ]
+
+
+# --- errors and the raw call ---
+
+
+class BpfError(OSError):
+    """A failed bpf(2) command: .errno, .command (e.g. "BPF_PROG_LOAD"), .log."""
+
+    def __init__(self, err: int, command: str, log: str | None = None, hint: str = "") -> None:
+        super().__init__(err, _strerror(err))
+        self.command = command
+        self.log = log
+        self.hint = hint
+
+    def __str__(self) -> str:
+        name = _errno.errorcode.get(self.errno, "ENOTSUPP" if self.errno == ENOTSUPP else "?")
+        text = f"{self.command} failed: [{name} {self.errno}] {self.strerror}"
+        if self.hint:
+            text += f" ({self.hint})"
+        if self.log:
+            text += "\nlog:\n" + self.log.rstrip("\n")
+        elif self.log is not None:
+            text += " (the kernel wrote no log)"
+        return text
+
+
+def _strerror(err: int) -> str:
+    if err == ENOTSUPP:
+        return "Operation not supported by this map or program type"
+    return os.strerror(err)
+
+
+def _hint(err: int) -> str:
+    if err == _errno.EPERM:
+        return (
+            "needs CAP_BPF (CAP_PERFMON for tracing), or the fd is read-only, "
+            "or kernel.unprivileged_bpf_disabled blocks this command"
+        )
+    return ""
+
+
+def _call(cmd: int, attr: BpfAttr) -> int:
+    """bpf(cmd, &attr, sizeof attr); returns the result or -errno."""
+    ret = _syscall(SYS_BPF, cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+    if ret < 0:
+        return -ctypes.get_errno()
+    return ret
+
+
+def _check(cmd: int, attr: BpfAttr, log: str | None = None) -> int:
+    ret = _call(cmd, attr)
+    if ret < 0:
+        raise BpfError(-ret, COMMAND_NAMES.get(cmd, f"bpf cmd {cmd}"), log, _hint(-ret))
+    return ret
+
+
+def _obj_name(name: str, what: str) -> bytes:
+    """Object names: [A-Za-z0-9_.], truncated to 15 characters (BPF_OBJ_NAME_LEN - 1)."""
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid {what} name {name!r}: the kernel accepts only letters, digits, '_' and '.'"
+        )
+    return name[: OBJ_NAME_LEN - 1].encode("ascii")
+
+
+def _ptr(buf: ctypes.Array | None) -> int:
+    return 0 if buf is None else ctypes.addressof(buf)
+
+
+def _in_buf(data: bytes) -> ctypes.Array:
+    """A C copy of data that stays alive as long as the caller holds it."""
+    return ctypes.create_string_buffer(bytes(data), len(data))
+
+
+# --- maps ---
+
+
+def map_create(
+    map_type: int,
+    key_size: int,
+    value_size: int,
+    max_entries: int,
+    flags: int = 0,
+    name: str = "",
+    btf_fd: int = 0,
+    btf_key_type_id: int = 0,
+    btf_value_type_id: int = 0,
+    map_extra: int = 0,
+    numa_node: int = 0,
+) -> int:
+    """Create a map; returns its fd."""
+    attr = BpfAttr()
+    a = attr.map_create
+    a.map_type = map_type
+    a.key_size = key_size
+    a.value_size = value_size
+    a.max_entries = max_entries
+    a.map_flags = flags
+    a.numa_node = numa_node
+    a.map_name = _obj_name(name, "map")
+    a.btf_fd = btf_fd
+    a.btf_key_type_id = btf_key_type_id
+    a.btf_value_type_id = btf_value_type_id
+    a.map_extra = map_extra
+    return _check(BPF_MAP_CREATE, attr)
+
+
+def map_lookup_elem(fd: int, key: bytes, value_size: int) -> bytes | None:
+    """The value stored under key, or None if there is none.
+
+    value_size is the whole buffer: for per-CPU maps round_up(value_size, 8)
+    times possible_cpus().
+    """
+    kbuf = _in_buf(key)
+    vbuf = ctypes.create_string_buffer(value_size)
+    attr = BpfAttr()
+    attr.elem.map_fd = fd
+    attr.elem.key = ctypes.addressof(kbuf)
+    attr.elem.value = ctypes.addressof(vbuf)
+    ret = _call(BPF_MAP_LOOKUP_ELEM, attr)
+    if ret == -_errno.ENOENT:
+        return None
+    if ret < 0:
+        raise BpfError(-ret, "BPF_MAP_LOOKUP_ELEM", hint=_hint(-ret))
+    return vbuf.raw
+
+
+def map_update_elem(fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
+    kbuf = _in_buf(key)
+    vbuf = _in_buf(value)
+    attr = BpfAttr()
+    attr.elem.map_fd = fd
+    attr.elem.key = ctypes.addressof(kbuf)
+    attr.elem.value = ctypes.addressof(vbuf)
+    attr.elem.flags = flags
+    _check(BPF_MAP_UPDATE_ELEM, attr)
+
+
+def map_delete_elem(fd: int, key: bytes) -> bool:
+    """Delete key; False if it was absent."""
+    kbuf = _in_buf(key)
+    attr = BpfAttr()
+    attr.elem.map_fd = fd
+    attr.elem.key = ctypes.addressof(kbuf)
+    ret = _call(BPF_MAP_DELETE_ELEM, attr)
+    if ret == -_errno.ENOENT:
+        return False
+    if ret < 0:
+        hint = "array elements cannot be deleted" if ret == -_errno.EINVAL else _hint(-ret)
+        raise BpfError(-ret, "BPF_MAP_DELETE_ELEM", hint=hint)
+    return True
+
+
+def map_get_next_key(fd: int, key: bytes | None, key_size: int) -> bytes | None:
+    """The key after key (the first key if key is None or absent); None at the end."""
+    kbuf = None if key is None else _in_buf(key)
+    nbuf = ctypes.create_string_buffer(key_size)
+    attr = BpfAttr()
+    attr.elem.map_fd = fd
+    attr.elem.key = _ptr(kbuf)
+    attr.elem.value = ctypes.addressof(nbuf)
+    ret = _call(BPF_MAP_GET_NEXT_KEY, attr)
+    if ret == -_errno.ENOENT:
+        return None
+    if ret < 0:
+        raise BpfError(-ret, "BPF_MAP_GET_NEXT_KEY", hint=_hint(-ret))
+    return nbuf.raw
+
+
+def map_lookup_batch(
+    fd: int, key_size: int, value_size: int, count: int, in_batch: bytes | None
+) -> tuple[bytes, bytes, int, bytes | None]:
+    """Up to count elements starting at batch token in_batch (None = the start).
+
+    Returns (keys, values, n, next_token): keys holds n * key_size bytes,
+    values n * value_size (the whole per-CPU buffer per element for per-CPU
+    maps); next_token is None once the map is exhausted. Raises BpfError
+    ENOSPC when one hash bucket holds more than count elements (retry larger).
+    """
+    if count <= 0:
+        raise ValueError(f"batch count must be positive, got {count}")
+    # Hash maps use a u32 bucket index as the token, arrays a key.
+    token_size = max(key_size, 8)
+    in_buf = None if in_batch is None else _in_buf(in_batch.ljust(token_size, b"\0"))
+    out_buf = ctypes.create_string_buffer(token_size)
+    kbuf = ctypes.create_string_buffer(key_size * count)
+    vbuf = ctypes.create_string_buffer(value_size * count)
+    attr = BpfAttr()
+    b = attr.batch
+    b.in_batch = _ptr(in_buf)
+    b.out_batch = ctypes.addressof(out_buf)
+    b.keys = ctypes.addressof(kbuf)
+    b.values = ctypes.addressof(vbuf)
+    b.count = count
+    b.map_fd = fd
+    ret = _call(BPF_MAP_LOOKUP_BATCH, attr)
+    done = ret == -_errno.ENOENT  # the kernel still reports the count it copied
+    if ret < 0 and not done:
+        raise BpfError(-ret, "BPF_MAP_LOOKUP_BATCH", hint=_hint(-ret))
+    n = b.count
+    if n > count:
+        raise BpfError(_errno.EIO, "BPF_MAP_LOOKUP_BATCH", hint=f"kernel returned {n} > {count}")
+    keys = ctypes.string_at(kbuf, n * key_size)
+    values = ctypes.string_at(vbuf, n * value_size)
+    return keys, values, n, None if done else out_buf.raw
+
+
+def map_freeze(fd: int) -> None:
+    attr = BpfAttr()
+    attr.map_freeze.map_fd = fd
+    _check(BPF_MAP_FREEZE, attr)
+
+
+# --- programs and BTF ---
+
+
+def prog_load(
+    prog_type: int,
+    insns: bytes,
+    license: str,
+    name: str = "",
+    expected_attach_type: int = 0,
+    prog_btf_fd: int = 0,
+    func_info: bytes = b"",
+    func_info_rec_size: int = 0,
+    line_info: bytes = b"",
+    line_info_rec_size: int = 0,
+    prog_flags: int = 0,
+    kern_version: int = 0,
+) -> int:
+    """Load a program; returns its fd.
+
+    Loads without a log first; on failure loads again with log_level 1 so the
+    BpfError carries the verifier's log.
+    """
+    if len(insns) % 8 or not insns:
+        raise ValueError(f"instructions must be a non-empty multiple of 8 bytes, got {len(insns)}")
+    if func_info and (func_info_rec_size <= 0 or len(func_info) % func_info_rec_size):
+        raise ValueError("func_info length must be a multiple of a positive func_info_rec_size")
+    if line_info and (line_info_rec_size <= 0 or len(line_info) % line_info_rec_size):
+        raise ValueError("line_info length must be a multiple of a positive line_info_rec_size")
+    pname = _obj_name(name, "program")
+    # These buffers must outlive every syscall below: keep them in locals.
+    insn_buf = _in_buf(insns)
+    lic_buf = ctypes.create_string_buffer(license.encode())
+    fi_buf = _in_buf(func_info) if func_info else None
+    li_buf = _in_buf(line_info) if line_info else None
+
+    def attempt(log_buf: ctypes.Array | None) -> tuple[int, BpfAttr]:
+        attr = BpfAttr()
+        a = attr.prog_load
+        a.prog_type = prog_type
+        a.insn_cnt = len(insns) // 8
+        a.insns = ctypes.addressof(insn_buf)
+        a.license = ctypes.addressof(lic_buf)
+        a.kern_version = kern_version
+        a.prog_flags = prog_flags
+        a.prog_name = pname
+        a.expected_attach_type = expected_attach_type
+        a.prog_btf_fd = prog_btf_fd
+        if fi_buf is not None:
+            a.func_info_rec_size = func_info_rec_size
+            a.func_info = ctypes.addressof(fi_buf)
+            a.func_info_cnt = len(func_info) // func_info_rec_size
+        if li_buf is not None:
+            a.line_info_rec_size = line_info_rec_size
+            a.line_info = ctypes.addressof(li_buf)
+            a.line_info_cnt = len(line_info) // line_info_rec_size
+        if log_buf is not None:
+            a.log_level = 1
+            a.log_size = len(log_buf)
+            a.log_buf = ctypes.addressof(log_buf)
+        return _call(BPF_PROG_LOAD, attr), attr
+
+    ret, _ = attempt(None)
+    if ret >= 0:
+        return ret
+    first_err = -ret
+    size = LOG_BUF_SIZE
+    while True:
+        log_buf = ctypes.create_string_buffer(size)
+        ret, attr = attempt(log_buf)
+        if ret >= 0:  # succeeded with a log (the first failure was transient)
+            return ret
+        log = _log_text(log_buf)
+        if -ret == _errno.ENOSPC and size < LOG_BUF_MAX:
+            size = _grow(size, attr.prog_load.log_true_size)
+            continue
+        # With a log the kernel may report ENOSPC for a truncated log: keep
+        # the real reason from the first attempt then.
+        err = first_err if -ret == _errno.ENOSPC else -ret
+        raise BpfError(err, "BPF_PROG_LOAD", log, _hint(err))
+
+
+def btf_load(data: bytes) -> int:
+    """Load BTF; returns its fd. On failure the BpfError carries the BTF log."""
+    if not data:
+        raise ValueError("BTF data is empty")
+    data_buf = _in_buf(data)
+
+    def attempt(log_buf: ctypes.Array | None) -> tuple[int, BpfAttr]:
+        attr = BpfAttr()
+        a = attr.btf_load
+        a.btf = ctypes.addressof(data_buf)
+        a.btf_size = len(data)
+        if log_buf is not None:
+            a.btf_log_level = 1
+            a.btf_log_size = len(log_buf)
+            a.btf_log_buf = ctypes.addressof(log_buf)
+        return _call(BPF_BTF_LOAD, attr), attr
+
+    ret, _ = attempt(None)
+    if ret >= 0:
+        return ret
+    first_err = -ret
+    size = LOG_BUF_SIZE
+    while True:
+        log_buf = ctypes.create_string_buffer(size)
+        ret, attr = attempt(log_buf)
+        if ret >= 0:
+            return ret
+        log = _log_text(log_buf)
+        if -ret == _errno.ENOSPC and size < LOG_BUF_MAX:
+            size = _grow(size, attr.btf_load.btf_log_true_size)
+            continue
+        err = first_err if -ret == _errno.ENOSPC else -ret
+        raise BpfError(err, "BPF_BTF_LOAD", log, _hint(err))
+
+
+def _grow(size: int, true_size: int) -> int:
+    return min(LOG_BUF_MAX, max(size * 4, true_size + 1))
+
+
+def _log_text(buf: ctypes.Array) -> str:
+    return buf.value.decode("utf-8", "replace")
+
+
+# --- object info ---
+
+
+@dataclass
+class ProgInfo:
+    type: int
+    id: int
+    tag: bytes
+    name: str
+    xlated_prog_len: int
+    nr_map_ids: int
+    map_ids: list[int] = field(default_factory=list)
+    btf_id: int = 0
+    run_time_ns: int = 0
+    run_cnt: int = 0
+    recursion_misses: int = 0
+
+
+@dataclass
+class MapInfo:
+    type: int
+    id: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    map_flags: int
+    name: str
+    btf_id: int = 0
+    btf_key_type_id: int = 0
+    btf_value_type_id: int = 0
+
+
+def _get_info(fd: int, info: ctypes.Structure) -> None:
+    attr = BpfAttr()
+    attr.info.bpf_fd = fd
+    attr.info.info_len = ctypes.sizeof(info)
+    attr.info.info = ctypes.addressof(info)
+    _check(BPF_OBJ_GET_INFO_BY_FD, attr)
+
+
+def prog_info(fd: int) -> ProgInfo:
+    info = BpfProgInfo()
+    _get_info(fd, info)
+    map_ids: list[int] = []
+    if info.nr_map_ids:
+        # Second call with room for the ids; the set may change in between.
+        ids = (u32 * info.nr_map_ids)()
+        info2 = BpfProgInfo()
+        info2.nr_map_ids = info.nr_map_ids
+        info2.map_ids = ctypes.addressof(ids)
+        _get_info(fd, info2)
+        map_ids = list(ids[: min(info.nr_map_ids, info2.nr_map_ids)])
+    return ProgInfo(
+        type=info.type,
+        id=info.id,
+        tag=bytes(info.tag),
+        name=info.name.decode("ascii", "replace"),
+        xlated_prog_len=info.xlated_prog_len,
+        nr_map_ids=info.nr_map_ids,
+        map_ids=map_ids,
+        btf_id=info.btf_id,
+        run_time_ns=info.run_time_ns,
+        run_cnt=info.run_cnt,
+        recursion_misses=info.recursion_misses,
+    )
+
+
+def prog_xlated(fd: int) -> bytes:
+    """The program's instructions as the kernel rewrote them (empty if hidden)."""
+    info = BpfProgInfo()
+    _get_info(fd, info)
+    n = info.xlated_prog_len
+    if not n:  # no CAP_BPF/CAP_SYS_ADMIN or kernel.kptr_restrict hides them
+        return b""
+    buf = ctypes.create_string_buffer(n)
+    info2 = BpfProgInfo()
+    info2.xlated_prog_len = n
+    info2.xlated_prog_insns = ctypes.addressof(buf)
+    _get_info(fd, info2)
+    return buf.raw[: min(n, info2.xlated_prog_len)]
+
+
+def map_info(fd: int) -> MapInfo:
+    info = BpfMapInfo()
+    _get_info(fd, info)
+    return MapInfo(
+        type=info.type,
+        id=info.id,
+        key_size=info.key_size,
+        value_size=info.value_size,
+        max_entries=info.max_entries,
+        map_flags=info.map_flags,
+        name=info.name.decode("ascii", "replace"),
+        btf_id=info.btf_id,
+        btf_key_type_id=info.btf_key_type_id,
+        btf_value_type_id=info.btf_value_type_id,
+    )
+
+
+# --- attaching and stats ---
+
+
+def raw_tracepoint_open(name: str, prog_fd: int) -> int:
+    """Attach a RAW_TRACEPOINT program to tracepoint name; returns the link fd."""
+    name_buf = ctypes.create_string_buffer(name.encode())
+    attr = BpfAttr()
+    attr.raw_tracepoint.name = ctypes.addressof(name_buf)
+    attr.raw_tracepoint.prog_fd = prog_fd
+    return _check(BPF_RAW_TRACEPOINT_OPEN, attr)
+
+
+def link_create(
+    prog_fd: int, target_fd: int, attach_type: int, flags: int = 0, cookie: int = 0
+) -> int:
+    """BPF_LINK_CREATE; cookie is perf_event.bpf_cookie (BPF_PERF_EVENT links)."""
+    attr = BpfAttr()
+    a = attr.link_create
+    a.prog_fd = prog_fd
+    a.target_fd = target_fd
+    a.attach_type = attach_type
+    a.flags = flags
+    a.bpf_cookie = cookie
+    return _check(BPF_LINK_CREATE, attr)
+
+
+def enable_stats(stats_type: int = BPF_STATS_RUN_TIME) -> int:
+    """Run-time statistics count while the returned fd stays open."""
+    attr = BpfAttr()
+    attr.enable_stats.type = stats_type
+    return _check(BPF_ENABLE_STATS, attr)
+
+
+@cache
+def possible_cpus() -> int:
+    """Number of possible CPUs: per-CPU map values hold one slot for each."""
+    with open("/sys/devices/system/cpu/possible") as f:
+        text = f.read().strip()
+    return _count_cpu_list(text)
+
+
+def _count_cpu_list(text: str) -> int:
+    """Count CPUs in a list such as "0-3,5,7-8"."""
+    n = 0
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"cannot parse CPU list {text!r}") from None
+        if last < first:
+            raise ValueError(f"bad range {part!r} in CPU list {text!r}")
+        n += last - first + 1
+    if n == 0:
+        raise ValueError(f"empty CPU list {text!r}")
+    return n
