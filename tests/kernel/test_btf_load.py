@@ -1,0 +1,60 @@
+"""The kernel accepts BTF that btf.py fixed up and re-encoded (and refuses it unfixed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.btf import Btf, BtfExt, parse_btf_maps
+from tests.unit.test_btf import OBJ_SOURCE
+
+
+@pytest.fixture(scope="module")
+def elf_obj(tmp_path_factory: pytest.TempPathFactory):
+    clang = shutil.which("clang")
+    if clang is None:
+        pytest.skip("clang is not installed")
+    from elftools.elf.elffile import ELFFile
+
+    d = tmp_path_factory.mktemp("btfload")
+    (d / "t.bpf.c").write_text(OBJ_SOURCE)
+    r = subprocess.run(
+        [clang, "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
+        + ["-c", "t.bpf.c", "-o", "t.bpf.o"],
+        cwd=d,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    f = open(os.path.join(d, "t.bpf.o"), "rb")  # ELFFile reads lazily: keep it open
+    yield ELFFile(f)
+    f.close()
+
+
+def test_fixed_btf_loads(elf_obj) -> None:
+    raw = elf_obj.get_section_by_name(".BTF").data()
+    btf = Btf.parse(raw)
+    # As clang leaves it (DATASEC sizes 0), the kernel refuses it.
+    with pytest.raises(bpfsys.BpfError):
+        fd = bpfsys.btf_load(btf.to_bytes())
+        os.close(fd)
+    sizes = {s.name: s.data_size for s in elf_obj.iter_sections() if s.name}
+    symbols = {
+        s.name: s["st_value"]
+        for s in elf_obj.get_section_by_name(".symtab").iter_symbols()
+        if s["st_info"]["type"] == "STT_OBJECT"
+    }
+    btf.fixup_datasecs(sizes, symbols)
+    btf.set_func_linkage("on_switch", 0)
+    fd = bpfsys.btf_load(btf.to_bytes())
+    try:
+        assert fd >= 0
+    finally:
+        os.close(fd)
+    assert {m.name for m in parse_btf_maps(btf)} == {"counts", "rb", "events"}
+    ext = BtfExt.parse(elf_obj.get_section_by_name(".BTF.ext").data(), btf)
+    assert ext.func_info["tracepoint/sched/sched_switch"]
