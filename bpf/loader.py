@@ -1,0 +1,218 @@
+"""Load an ObjectSpec into the kernel: BTF, maps, global data, programs.
+
+libbpf's "load" phase. All or nothing: if any step fails, everything created
+so far is closed before the error propagates, so no half-loaded object ever
+stays in the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+from gfxbpf.bpf import consts as C
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.maps import Map
+from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
+
+_INSN = struct.Struct("<BBhi")
+
+
+class LoadError(Exception):
+    """Loading failed; the message names the object and the step."""
+
+    def __init__(self, message: str, log: str | None = None) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass
+class LoadedProgram:
+    name: str
+    fd: int
+    id: int
+    spec: ProgramSpec
+    linked: LinkedProgram
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class LoadedObject:
+    spec: ObjectSpec
+    maps: dict[str, Map] = field(default_factory=dict)  # by real name (C variable / section)
+    programs: dict[str, LoadedProgram] = field(default_factory=dict)
+    btf_fd: int = -1
+    btf_error: str | None = None  # why the kernel refused our BTF, if it did
+
+    def map(self, name: str) -> Map:
+        """A map by C variable name, section name (".rodata") or kernel name."""
+        if name in self.maps:
+            return self.maps[name]
+        for m in self.maps.values():
+            if m.name == name:
+                return m
+        raise KeyError(f"object {self.spec.name!r} has no map {name!r}; maps: {list(self.maps)}")
+
+    def close(self) -> None:
+        for p in self.programs.values():
+            p.close()
+        for m in self.maps.values():
+            m.close()
+        if self.btf_fd >= 0:
+            os.close(self.btf_fd)
+            self.btf_fd = -1
+
+    def __enter__(self) -> LoadedObject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(spec: ObjectSpec, programs: list[str] | None = None) -> LoadedObject:
+    """Load `spec`: every autoload program, or just the ones named.
+
+    Raises LoadError (with .log holding the verifier log for a rejected program).
+    """
+    obj = LoadedObject(spec)
+    try:
+        _load_btf(obj)
+        for m in spec.maps.values():
+            obj.maps[m.real_name] = _create_map(obj, m)
+        names = (
+            programs
+            if programs is not None
+            else [p.name for p in spec.programs.values() if not p.is_subprog and p.autoload]
+        )
+        for name in names:
+            if name not in spec.programs or spec.programs[name].is_subprog:
+                raise LoadError(f"object {spec.name!r} has no program {name!r}")
+            obj.programs[name] = _load_program(obj, spec.programs[name])
+    except BaseException:
+        obj.close()
+        raise
+    return obj
+
+
+def _load_btf(obj: LoadedObject) -> None:
+    spec = obj.spec
+    if spec.btf is None:
+        return
+    btf = spec.btf
+    # Hidden global subprograms are verified as static functions (as libbpf does).
+    for p in spec.programs.values():
+        if p.btf_static:
+            btf.set_func_linkage(p.name, 0)
+    try:
+        obj.btf_fd = bpfsys.btf_load(btf.to_bytes())
+    except bpfsys.BpfError as e:
+        # Tracepoint programs load without BTF (libbpf goes on too); maps lose
+        # their types, so say why.
+        obj.btf_error = f"kernel refused the object's BTF: {e}"
+        obj.btf_fd = -1
+
+
+def _create_map(obj: LoadedObject, m: MapSpec) -> Map:
+    btf_fd = obj.btf_fd if obj.btf_fd >= 0 else 0
+    key_id, value_id = (m.key_type_id, m.value_type_id) if btf_fd else (0, 0)
+    if m.map_type in C.MAP_TYPES_WITHOUT_BTF:
+        btf_fd, key_id, value_id = 0, 0, 0
+    max_entries = m.max_entries
+    if m.map_type == C.MapType.PERF_EVENT_ARRAY and not max_entries:
+        max_entries = bpfsys.possible_cpus()
+    try:
+        fd = bpfsys.map_create(
+            m.map_type,
+            m.key_size,
+            m.value_size,
+            max_entries,
+            flags=m.flags,
+            name=m.name,
+            btf_fd=btf_fd,
+            btf_key_type_id=key_id,
+            btf_value_type_id=value_id,
+            map_extra=m.map_extra,
+            numa_node=m.numa_node,
+        )
+    except bpfsys.BpfError as e:
+        raise LoadError(
+            f"object {obj.spec.name!r}: creating map {m.real_name!r} failed: {e}"
+        ) from e
+    result = Map(
+        fd,
+        name=m.name,
+        map_type=m.map_type,
+        key_size=m.key_size,
+        value_size=m.value_size,
+        max_entries=max_entries,
+        flags=m.flags,
+        btf=obj.spec.btf,
+        key_type_id=m.key_type_id,
+        value_type_id=m.value_type_id,
+    )
+    if m.data is not None:
+        try:
+            bpfsys.map_update_elem(fd, b"\0\0\0\0", bytes(m.data))
+            if m.freeze:
+                bpfsys.map_freeze(fd)
+        except bpfsys.BpfError as e:
+            result.close()
+            raise LoadError(
+                f"object {obj.spec.name!r}: filling global data {m.real_name!r} failed: {e}"
+            ) from e
+    return result
+
+
+def _load_program(obj: LoadedObject, p: ProgramSpec) -> LoadedProgram:
+    spec = obj.spec
+    linked = spec.link_program(p.name)
+    insns = linked.insns
+    for idx, map_name, kind, offset in linked.map_refs:
+        fd = obj.maps[map_name].fileno()
+        at = idx * C.INSN_SIZE
+        code, regs, off, imm = _INSN.unpack_from(insns, at)
+        src = C.BPF_PSEUDO_MAP_FD if kind == "map" else C.BPF_PSEUDO_MAP_VALUE
+        if kind == "data":
+            # The second slot of ld_imm64 carries the offset into the value.
+            c2, r2, o2, imm2 = _INSN.unpack_from(insns, at + C.INSN_SIZE)
+            _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, imm + offset)
+        _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, fd)
+
+    kwargs: dict[str, object] = {}
+    if obj.btf_fd >= 0 and spec.btf_ext is not None and linked.func_info:
+        ext = spec.btf_ext
+        kwargs.update(
+            prog_btf_fd=obj.btf_fd,
+            func_info=ext.encode_func_info(linked.func_info),
+            func_info_rec_size=ext.func_info_rec_size,
+            line_info=ext.encode_line_info(linked.line_info),
+            line_info_rec_size=ext.line_info_rec_size,
+        )
+    try:
+        fd = bpfsys.prog_load(
+            p.prog_type,
+            bytes(insns),
+            spec.license,
+            name=_prog_name(p.name),
+            expected_attach_type=p.expected_attach_type,
+            kern_version=spec.kern_version,
+            **kwargs,  # type: ignore[arg-type]
+        )
+    except bpfsys.BpfError as e:
+        raise LoadError(
+            f"object {spec.name!r}: the kernel refused program {p.name!r} "
+            f"(section {p.section!r}): {e.strerror or e}",
+            log=e.log,
+        ) from e
+    info = bpfsys.prog_info(fd)
+    return LoadedProgram(p.name, fd, info.id, p, linked)
+
+
+def _prog_name(name: str) -> str:
+    # The kernel keeps 15 chars of [A-Za-z0-9_.]; libbpf passes the name cut to fit.
+    return name[: C.BPF_OBJ_NAME_LEN - 1]

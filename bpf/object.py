@@ -1,0 +1,799 @@
+"""Parse a clang-built BPF ELF object into an ObjectSpec, with no syscalls.
+
+This is libbpf's "open" phase: programs from section names, BTF-defined maps,
+global data, relocations and subprograms, all inspectable and changeable
+(e.g. `.rodata` knobs) before anything touches the kernel. `link_program`
+produces the final instruction stream of one program with its subprograms
+appended the way libbpf appends them, so gfxbpf and bpftool load identical
+code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import struct
+from dataclasses import dataclass, field
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from gfxbpf.bpf import consts as C
+from gfxbpf.bpf.btf import (
+    KIND_DATASEC,
+    LINKAGE_STATIC,
+    Btf,
+    BtfError,
+    BtfExt,
+    Datasec,
+    Var,
+    parse_btf_maps,
+)
+
+EM_BPF = 247
+SHT_PROGBITS = 1
+SHT_SYMTAB = 2
+SHT_NOBITS = 8
+SHT_REL = 9
+SHF_EXECINSTR = 0x4
+STT_OBJECT = 1
+STT_FUNC = 2
+STT_SECTION = 3
+STB_LOCAL = 0
+STV_INTERNAL = 1
+STV_HIDDEN = 2
+SHN_UNDEF = 0
+SHN_LORESERVE = 0xFF00
+
+_SYM = struct.Struct("<IBBHQQ")
+_REL = struct.Struct("<QQ")
+_INSN = struct.Struct("<BBhi")
+
+MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hostile input
+MAX_INSNS = 1_000_000  # the kernel's own limit for a privileged program
+
+
+class ObjectError(ValueError):
+    """The object is malformed: says what is wrong and where."""
+
+
+class UnsupportedError(ObjectError):
+    """The object is well formed but uses something gfxbpf does not support."""
+
+
+@dataclass
+class Symbol:
+    index: int
+    name: str
+    value: int
+    size: int
+    type: int
+    bind: int
+    visibility: int
+    shndx: int
+
+
+@dataclass
+class Relocation:
+    """One relocation of a program, by instruction index within that program."""
+
+    insn_index: int
+    kind: str  # "map" (ld_imm64 of a map), "data" (ld_imm64 into global data), "call"
+    symbol: str
+    map_name: str | None = None  # for "map" and "data"
+    offset: int = 0  # "data": symbol offset in the section; "call": target byte offset in .text
+
+
+@dataclass
+class ProgramSpec:
+    name: str
+    section: str
+    prog_type: int
+    expected_attach_type: int
+    attach_kind: str  # tracepoint | raw_tracepoint | uprobe | uretprobe | perf_event | subprog
+    attach_target: str | None  # "sys/event", raw tracepoint name, "path:func", or None
+    insns: bytes
+    section_index: int
+    insn_offset: int  # index of the first instruction within its section
+    relocations: list[Relocation] = field(default_factory=list)
+    autoload: bool = True
+    btf_static: bool = False  # hidden global subprogram: its BTF FUNC is made static
+
+    @property
+    def is_subprog(self) -> bool:
+        return self.attach_kind == "subprog"
+
+    @property
+    def insn_count(self) -> int:
+        return len(self.insns) // C.INSN_SIZE
+
+
+@dataclass
+class Variable:
+    name: str
+    offset: int
+    size: int
+    type_id: int = 0
+
+
+@dataclass
+class MapSpec:
+    name: str  # the name the kernel sees (libbpf's naming)
+    real_name: str  # the C variable, or the ELF section for global data
+    map_type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int = 0
+    key_type_id: int = 0
+    value_type_id: int = 0
+    numa_node: int = 0
+    map_extra: int = 0
+    section: str | None = None  # ELF section for global data maps
+    offset: int = 0  # offset in .maps (BTF-defined maps)
+    data: bytearray | None = None  # initial value for global data maps
+    variables: dict[str, Variable] = field(default_factory=dict)
+
+    @property
+    def is_data(self) -> bool:
+        return self.section is not None
+
+    @property
+    def freeze(self) -> bool:
+        # libbpf freezes .rodata maps after filling them.
+        return self.section is not None and _is_rodata(self.section)
+
+
+@dataclass
+class LinkedProgram:
+    """A program's final instructions, subprograms appended, ready for fds."""
+
+    name: str
+    insns: bytearray
+    # (insn index, map name, kind "map" | "data", data offset)
+    map_refs: list[tuple[int, str, str, int]]
+    func_info: list[tuple[int, int]]  # (insn index, btf type id)
+    line_info: list[tuple[int, int, int, int]]  # (insn index, file off, line off, col)
+    subprogs: list[str]
+
+
+def _is_rodata(name: str) -> bool:
+    return name == ".rodata" or name.startswith(".rodata.")
+
+
+def _is_data(name: str) -> bool:
+    return name == ".data" or name.startswith(".data.")
+
+
+def _is_bss(name: str) -> bool:
+    return name == ".bss" or name.startswith(".bss.")
+
+
+# Section prefixes that exist in libbpf but that gfxbpf refuses, with why.
+_UNSUPPORTED_SECTIONS = {
+    "kprobe": "kprobes are not supported (and CONFIG_KPROBES is off on these hosts)",
+    "kretprobe": "kprobes are not supported (and CONFIG_KPROBES is off on these hosts)",
+    "ksyscall": "kprobes are not supported",
+    "kretsyscall": "kprobes are not supported",
+    "kprobe.multi": "kprobes are not supported",
+    "kretprobe.multi": "kprobes are not supported",
+    "fentry": "fentry/fexit (BPF trampolines) are not supported yet",
+    "fexit": "fentry/fexit (BPF trampolines) are not supported yet",
+    "fmod_ret": "fentry/fexit (BPF trampolines) are not supported yet",
+    "tp_btf": "BTF-enabled tracepoints (tp_btf) are not supported yet",
+    "lsm": "LSM programs are not supported",
+    "usdt": "USDT probes are not supported yet",
+    "iter": "BPF iterators are not supported",
+    "struct_ops": "struct_ops is not supported",
+}
+
+
+def _section_program_type(section: str) -> tuple[int, int, str, str | None]:
+    """(prog type, expected attach type, attach kind, target) for a section name."""
+    base, _, rest = section.partition("/")
+    if base in ("tracepoint", "tp"):
+        cat, _, event = rest.partition("/")
+        if not cat or not event or "/" in event:
+            raise ObjectError(
+                f"section {section!r}: a tracepoint section must be 'tracepoint/<category>/<event>'"
+            )
+        return C.ProgType.TRACEPOINT, 0, "tracepoint", rest
+    if base in ("raw_tracepoint", "raw_tp"):
+        if not rest:
+            raise ObjectError(f"section {section!r}: expected 'raw_tracepoint/<name>'")
+        return C.ProgType.RAW_TRACEPOINT, 0, "raw_tracepoint", rest
+    if base in ("uprobe", "uretprobe"):
+        return C.ProgType.KPROBE, 0, base, rest or None
+    if section == "perf_event":
+        return C.ProgType.PERF_EVENT, 0, "perf_event", None
+    key = base.split(".s", 1)[0] if base.endswith(".s") else base
+    if base.endswith(".s"):
+        raise UnsupportedError(f"section {section!r}: sleepable programs are not supported")
+    if key in _UNSUPPORTED_SECTIONS:
+        raise UnsupportedError(f"section {section!r}: {_UNSUPPORTED_SECTIONS[key]}")
+    raise UnsupportedError(
+        f"section {section!r}: unknown program type; supported are tracepoint/<cat>/<event>, "
+        "raw_tracepoint/<name>, uprobe, uretprobe and perf_event"
+    )
+
+
+def internal_map_name(obj_name: str, section: str) -> str:
+    """The kernel name libbpf gives a global-data map (bpftool reads the same)."""
+    sfx_len = min(max(7, len(section)), C.BPF_OBJ_NAME_LEN - 1)
+    # Two or more dots: a custom section like .rodata.str1.1 keeps its own name.
+    if "." in section[1:]:
+        pfx_len = 0
+    else:
+        pfx_len = min(C.BPF_OBJ_NAME_LEN - sfx_len - 1, len(obj_name))
+    name = (obj_name[:pfx_len] + section[:sfx_len])[: C.BPF_OBJ_NAME_LEN - 1]
+    return "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in name)
+
+
+def object_name(path: str) -> str:
+    """libbpf's object name: the file's basename up to its first dot."""
+    return os.path.basename(path).split(".", 1)[0] or "obj"
+
+
+@dataclass
+class _Section:
+    index: int
+    name: str
+    type: int
+    flags: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    entsize: int
+    data: bytes
+
+
+class ObjectSpec:
+    """A parsed BPF object. Build with ObjectSpec.parse(data, name) or from_file()."""
+
+    def __init__(self) -> None:
+        self.name = "obj"
+        self.sha256 = ""
+        self.size = 0
+        self.license = ""
+        self.kern_version = 0
+        self.programs: dict[str, ProgramSpec] = {}
+        self.maps: dict[str, MapSpec] = {}  # keyed by real name (variable / section)
+        self.btf: Btf | None = None
+        self.btf_ext: BtfExt | None = None
+        self.btf_error: str | None = None  # why BTF could not be used, if so
+        self.btf_bytes: bytes = b""  # the object's raw .BTF section (for clients)
+        self._text_index: int | None = None
+        self._sections: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- parsing
+    @classmethod
+    def from_file(cls, path: str) -> ObjectSpec:
+        with open(path, "rb") as f:
+            data = f.read(MAX_OBJECT_SIZE + 1)
+        return cls.parse(data, object_name(path))
+
+    @classmethod
+    def parse(cls, data: bytes, name: str = "obj") -> ObjectSpec:
+        """Parse object bytes. Raises ObjectError (or UnsupportedError), nothing else."""
+        if len(data) > MAX_OBJECT_SIZE:
+            raise ObjectError(f"object is larger than {MAX_OBJECT_SIZE >> 20} MiB")
+        spec = cls()
+        spec.name = name
+        spec.size = len(data)
+        spec.sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            spec._parse(bytes(data))
+        except ObjectError:
+            raise
+        except BtfError as e:
+            raise ObjectError(f"bad BTF: {e}") from None
+        except (ELFError, struct.error, IndexError, KeyError, ValueError, UnicodeError) as e:
+            raise ObjectError(f"corrupt ELF object: {e}") from None
+        except Exception as e:  # pyelftools raises assorted types on hostile input
+            raise ObjectError(f"corrupt ELF object: {type(e).__name__}: {e}") from None
+        return spec
+
+    def _parse(self, data: bytes) -> None:
+        if data[:4] != b"\x7fELF":
+            raise ObjectError("not an ELF file (bad magic)")
+        if len(data) < 64:
+            raise ObjectError("truncated ELF header")
+        elf = ELFFile(io.BytesIO(data))
+        if elf.elfclass != 64 or not elf.little_endian:
+            raise ObjectError("not a 64-bit little-endian ELF object")
+        if elf["e_machine"] not in ("EM_BPF", EM_BPF):
+            raise ObjectError(f"not a BPF object (e_machine {elf['e_machine']})")
+        if elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"] > len(data):
+            raise ObjectError("truncated ELF: section header table runs past the end")
+
+        sections: list[_Section] = []
+        for i, sec in enumerate(elf.iter_sections()):
+            h = sec.header
+            stype = h["sh_type"]
+            stype = {"SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_NOBITS": 8, "SHT_REL": 9}.get(
+                stype, stype if isinstance(stype, int) else -1
+            )
+            off, size = h["sh_offset"], h["sh_size"]
+            if stype != SHT_NOBITS and i and off + size > len(data):
+                raise ObjectError(f"truncated ELF: section {sec.name!r} runs past the end")
+            body = b"" if stype == SHT_NOBITS or i == 0 else data[off : off + size]
+            sections.append(
+                _Section(
+                    i,
+                    sec.name,
+                    stype,
+                    h["sh_flags"],
+                    off,
+                    size,
+                    h["sh_link"],
+                    h["sh_info"],
+                    h["sh_entsize"],
+                    body,
+                )
+            )
+        self._sections = {s.name: s.index for s in sections}
+
+        symtabs = [s for s in sections if s.type == SHT_SYMTAB]
+        if len(symtabs) != 1:
+            raise ObjectError("expected exactly one symbol table (is the object stripped?)")
+        symtab = symtabs[0]
+        if symtab.link >= len(sections):
+            raise ObjectError("symbol table links to a missing string table")
+        symbols = _parse_symbols(symtab.data, sections[symtab.link].data)
+
+        by_name = {s.name: s for s in sections}
+        if "maps" in by_name:
+            raise UnsupportedError(
+                "legacy 'maps' section: define maps with BTF in SEC(\".maps\") "
+                "(libbpf >= 1.0 refuses it too)"
+            )
+        lic = by_name.get("license")
+        if lic is None:
+            raise ObjectError('no \'license\' section: add char LICENSE[] SEC("license") = "GPL";')
+        self.license = lic.data.split(b"\0", 1)[0].decode("ascii", "replace")
+        if "version" in by_name and len(by_name["version"].data) >= 4:
+            self.kern_version = struct.unpack_from("<I", by_name["version"].data)[0]
+        for s in sections:
+            if s.name in (".kconfig", ".ksyms") or s.name.startswith(".struct_ops"):
+                raise UnsupportedError(f"section {s.name!r} is not supported")
+
+        text = by_name.get(".text")
+        self._text_index = text.index if text is not None and text.size else None
+
+        self._parse_btf(by_name, sections, symbols)
+        self._parse_programs(sections, symbols)
+        self._parse_maps(by_name, sections, symbols)
+        self._parse_relocations(sections, symbols)
+
+    def _parse_btf(
+        self, by_name: dict[str, _Section], sections: list[_Section], symbols: list[Symbol]
+    ) -> None:
+        btf_sec = by_name.get(".BTF")
+        if btf_sec is None:
+            if ".maps" in by_name:
+                raise ObjectError("the object has a .maps section but no .BTF to describe it")
+            return
+        self.btf_bytes = btf_sec.data
+        btf = Btf.parse(btf_sec.data)
+        sizes = {s.name: s.size for s in sections if s.index}
+        offsets: dict[str, int] = {}
+        for sym in symbols:
+            if sym.type == STT_OBJECT and 0 < sym.shndx < len(sections):
+                offsets.setdefault(sym.name, sym.value)
+        btf.fixup_datasecs(sizes, offsets)
+        self.btf = btf
+        ext = by_name.get(".BTF.ext")
+        if ext is not None:
+            self.btf_ext = BtfExt.parse(ext.data, btf)
+            relos = {sec: r for sec, r in self.btf_ext.core_relos.items() if r}
+            if relos:
+                where = ", ".join(sorted(relos))
+                raise UnsupportedError(
+                    f"CO-RE relocations (in {where}) are not supported yet: build the program "
+                    "without BPF_CORE_READ / preserve_access_index, reading tracepoint "
+                    "fields from its context instead"
+                )
+
+    def _parse_programs(self, sections: list[_Section], symbols: list[Symbol]) -> None:
+        progs: list[ProgramSpec] = []
+        for sec in sections:
+            if sec.type != SHT_PROGBITS or not sec.flags & SHF_EXECINSTR or not sec.size:
+                continue
+            if sec.size % C.INSN_SIZE:
+                raise ObjectError(f"section {sec.name!r}: size is not a multiple of 8")
+            is_text = sec.index == self._text_index
+            autoload = True
+            sec_name = sec.name
+            if sec_name.startswith("?"):
+                autoload, sec_name = False, sec_name[1:]
+            if is_text:
+                ptype, eatt, kind, target = 0, 0, "subprog", None
+            else:
+                ptype, eatt, kind, target = _section_program_type(sec_name)
+            funcs = [s for s in symbols if s.shndx == sec.index and s.type == STT_FUNC]
+            if not funcs:
+                raise ObjectError(f"section {sec.name!r} holds code but no function symbol")
+            for sym in funcs:
+                if sym.value % C.INSN_SIZE or sym.size % C.INSN_SIZE or not sym.size:
+                    raise ObjectError(f"program {sym.name!r}: misaligned or empty function")
+                if sym.value + sym.size > sec.size:
+                    raise ObjectError(f"program {sym.name!r} runs past the end of {sec.name!r}")
+                if not is_text and sym.bind == STB_LOCAL:
+                    raise UnsupportedError(
+                        f"program {sym.name!r} in {sec.name!r} is static: make it global"
+                    )
+                if sym.name in self.programs or any(p.name == sym.name for p in progs):
+                    raise ObjectError(f"two functions are named {sym.name!r}")
+                progs.append(
+                    ProgramSpec(
+                        name=sym.name,
+                        section=sec.name,
+                        prog_type=int(ptype),
+                        expected_attach_type=eatt,
+                        attach_kind=kind,
+                        attach_target=target,
+                        insns=sec.data[sym.value : sym.value + sym.size],
+                        section_index=sec.index,
+                        insn_offset=sym.value // C.INSN_SIZE,
+                        autoload=autoload,
+                        btf_static=sym.bind != STB_LOCAL
+                        and sym.visibility in (STV_HIDDEN, STV_INTERNAL),
+                    )
+                )
+        # libbpf orders programs by section index, then offset.
+        progs.sort(key=lambda p: (p.section_index, p.insn_offset))
+        if not any(not p.is_subprog for p in progs) and progs:
+            raise ObjectError("the object has subprograms in .text but no program section")
+        self.programs = {p.name: p for p in progs}
+
+    def _parse_maps(
+        self, by_name: dict[str, _Section], sections: list[_Section], symbols: list[Symbol]
+    ) -> None:
+        maps: dict[str, MapSpec] = {}
+        if ".maps" in by_name and by_name[".maps"].size:
+            assert self.btf is not None  # checked in _parse_btf
+            offsets = {s.name: s.value for s in symbols if s.shndx == by_name[".maps"].index}
+            for d in parse_btf_maps(self.btf):
+                mtype = d.map_type
+                if mtype not in C.SUPPORTED_MAP_TYPES:
+                    try:
+                        tname = C.MapType(mtype).name.lower()
+                    except ValueError:
+                        tname = f"type {mtype}"
+                    raise UnsupportedError(
+                        f"map {d.name!r}: map type {tname} is not supported; supported are "
+                        + ", ".join(sorted(t.name.lower() for t in C.SUPPORTED_MAP_TYPES))
+                    )
+                key_size, value_size, max_entries = d.key_size, d.value_size, d.max_entries
+                if mtype == C.MapType.PERF_EVENT_ARRAY:
+                    key_size = key_size or 4
+                    value_size = value_size or 4
+                if mtype == C.MapType.RINGBUF and (
+                    max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % 4096
+                ):
+                    raise ObjectError(
+                        f"map {d.name!r}: ring buffer max_entries {max_entries} must be a "
+                        "power of two and a multiple of the page size"
+                    )
+                if d.name not in offsets:
+                    raise ObjectError(f"map {d.name!r} is in BTF but has no symbol in .maps")
+                maps[d.name] = MapSpec(
+                    name=d.name[: C.BPF_OBJ_NAME_LEN - 1],
+                    real_name=d.name,
+                    map_type=mtype,
+                    key_size=key_size,
+                    value_size=value_size,
+                    max_entries=max_entries,
+                    flags=d.map_flags,
+                    key_type_id=d.key_type_id,
+                    value_type_id=d.value_type_id,
+                    numa_node=d.numa_node,
+                    map_extra=d.map_extra,
+                    offset=offsets[d.name],
+                )
+        for sec in sections:
+            if not sec.index or not sec.size:
+                continue
+            kind = None
+            if sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR:
+                if _is_data(sec.name):
+                    kind = "data"
+                elif _is_rodata(sec.name):
+                    kind = "rodata"
+            elif sec.type == SHT_NOBITS and _is_bss(sec.name):
+                kind = "bss"
+            if kind is None:
+                continue
+            value_type_id = 0
+            mmapable = False
+            if self.btf is not None:
+                ds = self.btf.find(sec.name, KIND_DATASEC)
+                if ds is not None:
+                    value_type_id = ds
+                    mmapable = _datasec_has_global_var(self.btf, ds)
+            flags = C.BPF_F_RDONLY_PROG if kind == "rodata" else 0
+            if mmapable:
+                flags |= C.BPF_F_MMAPABLE
+            variables = {
+                s.name: Variable(s.name, s.value, s.size)
+                for s in symbols
+                if s.shndx == sec.index and s.type == STT_OBJECT
+            }
+            maps[sec.name] = MapSpec(
+                name=internal_map_name(self.name, sec.name),
+                real_name=sec.name,
+                map_type=C.MapType.ARRAY,
+                key_size=4,
+                value_size=sec.size,
+                max_entries=1,
+                flags=flags,
+                value_type_id=value_type_id,
+                section=sec.name,
+                data=bytearray(sec.size) if kind == "bss" else bytearray(sec.data),
+                variables=variables,
+            )
+        self.maps = maps
+
+    def _parse_relocations(self, sections: list[_Section], symbols: list[Symbol]) -> None:
+        by_index = {s.index: s for s in sections}
+        progs_by_sec: dict[int, list[ProgramSpec]] = {}
+        for p in self.programs.values():
+            progs_by_sec.setdefault(p.section_index, []).append(p)
+        maps_sec = self._sections.get(".maps")
+        map_by_offset = {m.offset: m for m in self.maps.values() if not m.is_data}
+        data_maps = {self._sections[m.section]: m for m in self.maps.values() if m.section}
+
+        for rel in sections:
+            if rel.type != SHT_REL:
+                continue
+            target = by_index.get(rel.info)
+            if target is None:
+                raise ObjectError(f"relocation section {rel.name!r} targets a missing section")
+            if target.name == ".maps":
+                if rel.size:
+                    raise UnsupportedError(
+                        "map-in-map and program arrays initialised in .maps are not supported"
+                    )
+                continue
+            if not target.flags & SHF_EXECINSTR or target.index not in progs_by_sec:
+                continue  # .rel.BTF and friends: never applied (BPF-ABI.md section 2)
+            if len(rel.data) % _REL.size:
+                raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
+            for r_offset, r_info in _REL.iter_unpack(rel.data):
+                sym_idx, rtype = r_info >> 32, r_info & 0xFFFFFFFF
+                if sym_idx >= len(symbols):
+                    raise ObjectError(
+                        f"{rel.name}: relocation names symbol #{sym_idx}, past the end"
+                    )
+                sym = symbols[sym_idx]
+                if r_offset % C.INSN_SIZE or r_offset + C.INSN_SIZE > target.size:
+                    raise ObjectError(f"{rel.name}: relocation offset {r_offset} is not an insn")
+                insn_idx = r_offset // C.INSN_SIZE
+                prog = next(
+                    (
+                        p
+                        for p in progs_by_sec[target.index]
+                        if p.insn_offset <= insn_idx < p.insn_offset + p.insn_count
+                    ),
+                    None,
+                )
+                if prog is None:
+                    raise ObjectError(f"{rel.name}: relocation at insn {insn_idx} is outside code")
+                local = insn_idx - prog.insn_offset
+                code, regs, _off, _imm = _INSN.unpack_from(prog.insns, local * C.INSN_SIZE)
+                src = regs >> 4
+                sname = sym.name or by_index.get(sym.shndx, _EMPTY_SEC).name
+                is_call = code == 0x85
+                is_ldimm = code == 0x18
+                if rtype not in (C.R_BPF_64_64, C.R_BPF_64_32):
+                    raise UnsupportedError(
+                        f"program {prog.name!r}: relocation type {rtype} at insn {local}"
+                    )
+                if not is_call and not is_ldimm:
+                    raise ObjectError(
+                        f"program {prog.name!r}: relocation against {sname!r} on insn "
+                        f"{local} (opcode {code:#x}) that is neither a call nor ld_imm64"
+                    )
+                if sym.shndx == SHN_UNDEF:
+                    raise UnsupportedError(
+                        f"program {prog.name!r}: extern symbol {sname!r} (kfuncs, ksyms and "
+                        "kconfig externs are not supported)"
+                    )
+                if sym.shndx >= SHN_LORESERVE:
+                    raise ObjectError(
+                        f"program {prog.name!r}: relocation against {sname!r} in a special "
+                        "section (an uninitialised global variable? initialise it)"
+                    )
+                if is_call:
+                    if src != C.BPF_PSEUDO_CALL:
+                        raise UnsupportedError(
+                            f"program {prog.name!r}: call relocation on a non-subprogram call"
+                        )
+                    if sym.shndx != self._text_index:
+                        raise ObjectError(
+                            f"program {prog.name!r}: call into {sname!r} outside .text"
+                        )
+                    if sym.value % C.INSN_SIZE:
+                        raise ObjectError(f"program {prog.name!r}: misaligned call target")
+                    prog.relocations.append(Relocation(local, "call", sname, offset=sym.value))
+                    continue
+                if sym.shndx == self._text_index:
+                    raise UnsupportedError(
+                        f"program {prog.name!r}: taking the address of function {sname!r} "
+                        "(callbacks for bpf_loop and friends) is not supported yet"
+                    )
+                if sym.shndx == maps_sec:
+                    m = map_by_offset.get(sym.value)
+                    if m is None:
+                        raise ObjectError(
+                            f"program {prog.name!r}: no map at .maps offset {sym.value}"
+                        )
+                    prog.relocations.append(Relocation(local, "map", sname, m.real_name))
+                    continue
+                dm = data_maps.get(sym.shndx)
+                if dm is None:
+                    secname = by_index.get(sym.shndx, _EMPTY_SEC).name
+                    raise ObjectError(
+                        f"program {prog.name!r}: reference to {sname!r} in section "
+                        f"{secname!r}, which is neither a map nor global data"
+                    )
+                prog.relocations.append(
+                    Relocation(local, "data", sname, dm.real_name, offset=sym.value)
+                )
+        for p in self.programs.values():
+            p.relocations.sort(key=lambda r: r.insn_index)
+
+    # ------------------------------------------------------------ inspection
+    def variable(self, name: str) -> tuple[MapSpec, Variable]:
+        """Find a global variable (e.g. a `const volatile` knob) by name."""
+        for m in self.maps.values():
+            if name in m.variables:
+                return m, m.variables[name]
+        knobs = sorted(v for m in self.maps.values() for v in m.variables)
+        raise KeyError(
+            f"object {self.name!r} has no global variable {name!r}"
+            + (f"; it has: {', '.join(knobs)}" if knobs else "")
+        )
+
+    def get_variable(self, name: str) -> int | bytes:
+        m, v = self.variable(name)
+        assert m.data is not None
+        raw = bytes(m.data[v.offset : v.offset + v.size])
+        if v.size in (1, 2, 4, 8):
+            return int.from_bytes(raw, "little")
+        return raw
+
+    def set_variable(self, name: str, value: int | bytes) -> None:
+        """Set a global variable's initial value, e.g. a `.rodata` knob, before loading."""
+        m, v = self.variable(name)
+        assert m.data is not None
+        if isinstance(value, int):
+            if v.size not in (1, 2, 4, 8):
+                raise TypeError(f"variable {name!r} is {v.size} bytes: pass bytes")
+            if not -(1 << (8 * v.size - 1)) <= value < (1 << (8 * v.size)):
+                raise ValueError(f"value {value} does not fit variable {name!r} ({v.size} bytes)")
+            raw = (value & ((1 << (8 * v.size)) - 1)).to_bytes(v.size, "little")
+        else:
+            raw = bytes(value)
+            if len(raw) > v.size:
+                raise ValueError(f"{len(raw)} bytes do not fit variable {name!r} ({v.size} bytes)")
+            raw = raw.ljust(v.size, b"\0")
+        if m.section is not None and _is_bss(m.section):
+            raise ValueError(f"variable {name!r} is in .bss; only .data/.rodata take values")
+        m.data[v.offset : v.offset + v.size] = raw
+
+    def map_by_kernel_name(self, name: str) -> MapSpec | None:
+        return next((m for m in self.maps.values() if m.name == name), None)
+
+    # ---------------------------------------------------------------- linking
+    def link_program(self, name: str) -> LinkedProgram:
+        """Append the subprograms a program calls and resolve calls, as libbpf does.
+
+        Map and data references are left for the loader, which knows the fds.
+        """
+        main = self.programs[name]
+        if main.is_subprog:
+            raise ValueError(f"{name!r} is a subprogram in .text, not a loadable program")
+        subprogs = {p.insn_offset: p for p in self.programs.values() if p.is_subprog}
+        insns = bytearray(main.insns)
+        placed: dict[str, int] = {}  # subprogram name -> start index in `insns`
+        order: list[str] = []
+        map_refs: list[tuple[int, str, str, int]] = []
+        func_info: list[tuple[int, int]] = []
+        line_info: list[tuple[int, int, int, int]] = []
+
+        def ext_info(prog: ProgramSpec, start: int) -> None:
+            if self.btf_ext is None:
+                return
+            lo = prog.insn_offset * C.INSN_SIZE
+            hi = lo + len(prog.insns)
+            sec = prog.section
+            for off, tid in self.btf_ext.func_info.get(sec, ()):
+                if lo <= off < hi:
+                    func_info.append((start + (off - lo) // C.INSN_SIZE, tid))
+            for off, f, ln, col in self.btf_ext.line_info.get(sec, ()):
+                if lo <= off < hi:
+                    line_info.append((start + (off - lo) // C.INSN_SIZE, f, ln, col))
+
+        def place(prog: ProgramSpec, start: int) -> None:
+            # Depth first, like libbpf: a subprogram is appended the first time
+            # a call into it is seen, and processed before the caller goes on.
+            ext_info(prog, start)
+            relos = {r.insn_index: r for r in prog.relocations}
+            for i in range(prog.insn_count):
+                at = (start + i) * C.INSN_SIZE
+                code, regs, off, imm = _INSN.unpack_from(insns, at)
+                r = relos.get(i)
+                if r is not None and r.kind in ("map", "data"):
+                    assert r.map_name is not None
+                    map_refs.append((start + i, r.map_name, r.kind, r.offset))
+                    continue
+                if code != 0x85 or regs >> 4 != C.BPF_PSEUDO_CALL:
+                    continue
+                if r is not None:
+                    target_idx = r.offset // C.INSN_SIZE + imm + 1
+                elif prog.is_subprog:
+                    target_idx = prog.insn_offset + i + imm + 1
+                else:
+                    raise ObjectError(f"program {prog.name!r}: call at insn {i} has no relocation")
+                target = subprogs.get(target_idx)
+                if target is None:
+                    raise ObjectError(
+                        f"program {prog.name!r}: call at insn {i} into .text insn "
+                        f"{target_idx}, which starts no function"
+                    )
+                if target.name not in placed:
+                    placed[target.name] = len(insns) // C.INSN_SIZE
+                    order.append(target.name)
+                    insns.extend(target.insns)
+                    if len(insns) // C.INSN_SIZE > MAX_INSNS:
+                        raise ObjectError(f"program {name!r} is too large once linked")
+                    place(target, placed[target.name])
+                new_imm = placed[target.name] - (start + i) - 1
+                struct.pack_into("<BBhi", insns, at, code, regs, off, new_imm)
+
+        place(main, 0)
+        func_info.sort()
+        line_info.sort()
+        return LinkedProgram(name, insns, map_refs, func_info, line_info, order)
+
+
+_EMPTY_SEC = _Section(0, "", 0, 0, 0, 0, 0, 0, 0, b"")
+
+
+def _parse_symbols(data: bytes, strtab: bytes) -> list[Symbol]:
+    if len(data) % _SYM.size:
+        raise ObjectError("symbol table has a partial entry")
+    out = []
+    for i, (name_off, info, other, shndx, value, size) in enumerate(_SYM.iter_unpack(data)):
+        if name_off >= len(strtab) and name_off:
+            raise ObjectError(f"symbol #{i}: name offset {name_off} is past the string table")
+        end = strtab.find(b"\0", name_off)
+        raw = strtab[name_off : end if end >= 0 else len(strtab)]
+        out.append(
+            Symbol(
+                i,
+                raw.decode("utf-8", "replace"),
+                value,
+                size,
+                info & 0xF,
+                info >> 4,
+                other & 0x3,
+                shndx,
+            )
+        )
+    return out
+
+
+def _datasec_has_global_var(btf: Btf, datasec_id: int) -> bool:
+    """libbpf makes a data map mmapable when its DATASEC holds a non-static VAR."""
+    ds = btf.types[datasec_id]
+    if not isinstance(ds, Datasec):
+        return False
+    for si in ds.secinfos:
+        var = btf.types[si.type] if 0 <= si.type < len(btf.types) else None
+        if isinstance(var, Var) and var.linkage != LINKAGE_STATIC:
+            return True
+    return False
