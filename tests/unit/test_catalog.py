@@ -1,0 +1,494 @@
+"""Offline tests of the program catalog, its objects and their build."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from gfxbpf.bpf import catalog as cat
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = ROOT / "bpf" / "programs"
+BUILD = ROOT / "tools" / "build_bpf.py"
+
+EXPECTED = {"vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls"}
+
+# Default knob values, from GPU-TRACEPOINTS.md (newest layouts) and this
+# machine's 6.18 sched_process_exec format.
+KNOB_DEFAULTS = {
+    "vmabind": {"off_bind_vm": 16, "off_bind_size": 32, "off_unbind_vm": 16, "off_unbind_size": 32},
+    "fence": {
+        "off_emit_driver": 8,
+        "off_emit_timeline": 12,
+        "off_emit_context": 16,
+        "size_emit_context": 4,
+        "off_emit_seqno": 20,
+        "size_emit_seqno": 4,
+        "off_init_driver": 8,
+        "off_init_timeline": 12,
+        "off_init_context": 16,
+        "off_init_seqno": 20,
+        "off_sig_context": 16,
+        "off_sig_seqno": 20,
+    },
+    "drmsched": {
+        "off_q_name": 8,
+        "off_q_context": 24,
+        "off_q_seqno": 32,
+        "off_r_name": 8,
+        "off_r_context": 24,
+        "off_r_seqno": 32,
+        "off_d_context": 8,
+        "off_d_seqno": 16,
+        "off_lq_fence": 16,
+        "off_lq_name": 24,
+        "off_lr_fence": 16,
+        "off_lr_name": 24,
+        "off_ld_fence": 8,
+    },
+    "execsnoop": {"off_pid": 12, "off_filename": 8, "target_uid": 0xFFFFFFFF},
+    "syscount": {"target_uid": 0xFFFFFFFF},
+    "clonecount": {"target_uid": 0xFFFFFFFF},
+    "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+}
+
+needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
+
+BPF_FUNC_TRACE_PRINTK = 6
+BPF_FUNC_PROBE_WRITE_USER = 36
+
+
+@pytest.fixture(scope="module")
+def catalog() -> cat.Catalog:
+    return cat.load_catalog()
+
+
+def _elf(path: Path) -> ELFFile:
+    return ELFFile(io.BytesIO(path.read_bytes()))
+
+
+def _symbols_in(elf: ELFFile, section: str) -> dict[str, int]:
+    """name -> st_value of the symbols defined in one section."""
+    index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == section)
+    out: dict[str, int] = {}
+    for sec in elf.iter_sections():
+        if isinstance(sec, SymbolTableSection):
+            for sym in sec.iter_symbols():
+                if sym["st_shndx"] == index and sym.name:
+                    out[sym.name] = sym["st_value"]
+    return out
+
+
+def _btf_struct_names(data: bytes) -> set[str]:
+    """Names of the STRUCT types in raw .BTF bytes (a minimal walk)."""
+    magic, _ver, _flags, hdr_len, type_off, type_len, str_off, _str_len = struct.unpack_from(
+        "<HBBIIIII", data
+    )
+    assert magic == 0xEB9F
+    strings = data[hdr_len + str_off :]
+    pos, end = hdr_len + type_off, hdr_len + type_off + type_len
+    names: set[str] = set()
+    # kind -> (fixed trailing bytes, bytes per vlen item)
+    trailing = {1: (4, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 13: (0, 8)}
+    trailing |= {14: (4, 0), 15: (0, 12), 17: (4, 0), 19: (0, 12)}
+    while pos < end:
+        name_off, info, _size = struct.unpack_from("<III", data, pos)
+        kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+        if kind == 4:
+            names.add(strings[name_off : strings.index(b"\0", name_off)].decode())
+        fixed, per = trailing.get(kind, (0, 0))
+        pos += 12 + fixed + per * vlen
+    return names
+
+
+def test_catalog_parses(catalog: cat.Catalog) -> None:
+    assert set(catalog.names()) == EXPECTED
+    syscount = catalog.get("syscount")
+    assert syscount.scopes == ("self", "system")
+    assert syscount.uid_knob == "target_uid"
+    assert syscount.attach == (cat.Attach("sys_enter", "raw_tracepoint", "sys_enter"),)
+    assert syscount.map("counts").show == "counter"
+    ucalls = catalog.get("ucalls")
+    assert ucalls.pid_knob == "target_pid"
+    assert {a.kind for a in ucalls.attach} == {"uprobe", "uretprobe"}
+    assert all(a.target is None for a in ucalls.attach)
+    assert [p.name for p in ucalls.parameters] == ["pid", "library", "functions"]
+    assert ucalls.parameters[2].type == "list[str]"
+    # GPU programs run only system-wide.
+    for name in ("vmabind", "fence", "drmsched"):
+        assert catalog.get(name).scopes == ("system",)
+
+
+def test_drmsched_variants(catalog: cat.Catalog) -> None:
+    p = catalog.get("drmsched")
+    assert p.variants == ("6.17+", "legacy")
+    new = {a.target for a in p.attach_for("6.17+")}
+    assert new == {
+        "gpu_scheduler/drm_sched_job_queue",
+        "gpu_scheduler/drm_sched_job_run",
+        "gpu_scheduler/drm_sched_job_done",
+    }
+    assert {a.program for a in p.attach_for("legacy")} == {
+        "legacy_queue",
+        "legacy_run",
+        "legacy_done",
+    }
+    # Fields follow their tracepoint's variant; no knob belongs to both.
+    assert {f.knob for f in p.fields_for("legacy")} == {
+        "off_lq_fence",
+        "off_lq_name",
+        "off_lr_fence",
+        "off_lr_name",
+        "off_ld_fence",
+    }
+    assert all(f.variant == "6.17+" for f in p.fields_for("6.17+"))
+
+
+def test_get_unknown_lists_known_names(catalog: cat.Catalog) -> None:
+    with pytest.raises(KeyError) as ei:
+        catalog.get("nosuch")
+    msg = str(ei.value)
+    assert "nosuch" in msg and "syscount" in msg and "vmabind" in msg
+    assert "nosuch" not in catalog and "fence" in catalog
+    with pytest.raises(KeyError, match="no map 'nope'"):
+        catalog.get("fence").map("nope")
+
+
+def test_objects_exist_and_hashes_match(catalog: cat.Catalog) -> None:
+    for entry in catalog:
+        path = cat.object_path(entry)
+        assert path == PROGRAMS / entry.object
+        assert path.is_file(), path
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256, entry.name
+        assert cat.read_object(entry) == path.read_bytes()
+
+
+def test_read_object_refuses_wrong_hash(catalog: cat.Catalog) -> None:
+    entry = catalog.get("syscount")
+    wrong = cat.Program(**{**entry.__dict__, "sha256": "0" * 64})
+    with pytest.raises(cat.CatalogError, match="syscount.*sha256"):
+        cat.read_object(wrong)
+
+
+def test_every_object_map_is_declared(catalog: cat.Catalog) -> None:
+    declared_anywhere = {p.object for p in catalog}
+    # Every built object belongs to a catalog entry.
+    assert {p.name for p in PROGRAMS.glob("*.bpf.o")} == declared_anywhere
+    for entry in catalog:
+        maps = set(_symbols_in(_elf(cat.object_path(entry)), ".maps"))
+        assert maps, entry.name
+        assert maps == {m.name for m in entry.maps}, entry.name
+        assert cat.check_object(entry) == []
+
+
+def test_check_object_reports_mismatches(catalog: cat.Catalog) -> None:
+    entry = catalog.get("clonecount")
+    broken = cat.Program(
+        **{
+            **entry.__dict__,
+            "maps": (),
+            "uid_knob": "no_such_knob",
+            "attach": (cat.Attach("enter_clone", "raw_tracepoint", "sys_enter"),),
+        }
+    )
+    problems = "\n".join(cat.check_object(broken))
+    assert "map 'counts' is in the object but not in the catalog" in problems
+    assert "knob 'no_such_knob'" in problems
+    assert "not a raw_tracepoint" in problems
+
+
+def test_check_object_survives_corrupt_objects(catalog: cat.Catalog) -> None:
+    entry = catalog.get("syscount")
+    good = cat.object_path(entry).read_bytes()
+    bad_shoff = good[:40] + b"\xff" * 8 + good[48:]  # section headers far past EOF
+    for data in (b"", b"\x7fELF", good[:200], good[: len(good) // 2], bad_shoff):
+        problems = cat.check_object(entry, data)
+        assert problems and "not a readable ELF object" in problems[0]
+
+
+def test_knob_defaults(catalog: cat.Catalog) -> None:
+    for entry in catalog:
+        elf = _elf(cat.object_path(entry))
+        rodata = elf.get_section_by_name(".rodata").data()
+        syms = _symbols_in(elf, ".rodata")
+        values = {k: struct.unpack_from("<I", rodata, off)[0] for k, off in syms.items()}
+        for knob, want in KNOB_DEFAULTS[entry.name].items():
+            assert values[knob] == want, (entry.name, knob)
+        for f in entry.fields:  # size knobs default to the documented widths
+            if f.size_knob:
+                assert values[f.size_knob] == 4, (entry.name, f.size_knob)
+
+
+def test_event_type_is_in_btf(catalog: cat.Catalog) -> None:
+    entry = catalog.get("execsnoop")
+    m = entry.map("events")
+    assert m.show == "events" and m.event_type == "exec_event"
+    btf = _elf(cat.object_path(entry)).get_section_by_name(".BTF").data()
+    assert "exec_event" in _btf_struct_names(btf)
+
+
+def _helper_calls(path: Path) -> list[tuple[str, int, int]]:
+    """(section, instruction index, helper id) of every helper call."""
+    out = []
+    for sec in _elf(path).iter_sections():
+        if not sec["sh_flags"] & 0x4:  # SHF_EXECINSTR
+            continue
+        code = sec.data()
+        assert len(code) % 8 == 0
+        i = 0
+        while i < len(code):
+            op, regs, _off, imm = struct.unpack_from("<BBhi", code, i)
+            if op == 0x85 and regs >> 4 == 0:  # call, src 0: a helper
+                out.append((sec.name, i // 8, imm))
+            i += 16 if op == 0x18 else 8  # ld_imm64 takes two slots
+    return out
+
+
+def test_no_forbidden_helper_calls(catalog: cat.Catalog) -> None:
+    for entry in catalog:
+        calls = _helper_calls(cat.object_path(entry))
+        assert calls, entry.name  # the scan does see the helper calls
+        bad = [c for c in calls if c[2] in (BPF_FUNC_TRACE_PRINTK, BPF_FUNC_PROBE_WRITE_USER)]
+        assert bad == [], entry.name
+
+
+@needs_clang
+def test_helper_scan_finds_trace_printk(tmp_path: Path) -> None:
+    src = tmp_path / "bad.bpf.c"
+    src.write_text(
+        "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n"
+        'SEC("tracepoint/sched/sched_process_exec") int p(void *ctx)\n'
+        '{ bpf_printk("x"); return 0; }\nchar LICENSE[] SEC("license") = "GPL";\n'
+    )
+    obj = tmp_path / "bad.bpf.o"
+    subprocess.run(
+        ["clang", "-O2", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
+        + ["-c", str(src), "-o", str(obj)],
+        check=True,
+        timeout=120,
+    )
+    calls = _helper_calls(obj)
+    assert [h for sec, _, h in calls if sec.startswith("tracepoint/")] == [BPF_FUNC_TRACE_PRINTK]
+
+
+def test_no_checkout_path_in_objects() -> None:
+    paths = {str(ROOT), str(ROOT.resolve())}
+    for obj in PROGRAMS.glob("*.bpf.o"):
+        data = obj.read_bytes()
+        for p in paths:
+            assert p.encode() not in data, obj.name
+        assert b"bpf/programs/" in data  # the relative source path is there instead
+
+
+def _load_build_tool():
+    spec = importlib.util.spec_from_file_location("build_bpf", BUILD)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rewrite_sha256_touches_only_hash_lines() -> None:
+    build = _load_build_tool()
+    text = (
+        "# header comment\n"
+        "[[program]]\n"
+        'name = "a"\n'
+        'sha256 = "old"   # keep me\n'
+        'object = "a.bpf.o"\n'
+        "[[program.map]]\n"
+        'name = "m"\n'
+        'sha256 = "not a program key"\n'
+        "[[program]]\n"
+        'name = "b"\n'
+        'object = "b.bpf.o"\n'
+    )
+    new, missing = build.rewrite_sha256(
+        text, {"a.bpf.o": "1" * 64, "b.bpf.o": "2" * 64, "c.bpf.o": "3"}
+    )
+    assert missing == ["c.bpf.o"]
+    assert f'sha256 = "{"1" * 64}"   # keep me\n' in new
+    assert 'sha256 = "not a program key"' in new
+    assert new.index(f'sha256 = "{"2" * 64}"') > new.index('object = "b.bpf.o"')
+    assert new.replace(f'"{"1" * 64}"', '"old"').replace(f'sha256 = "{"2" * 64}"\n', "") == text
+
+
+@needs_clang
+def test_build_check_reproduces_objects() -> None:
+    r = subprocess.run(
+        [sys.executable, str(BUILD), "--check"], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "clang version" in r.stdout
+    for obj in PROGRAMS.glob("*.bpf.o"):
+        assert f"{obj.name} ok" in r.stdout
+
+
+@needs_clang
+def test_build_is_independent_of_checkout_path(tmp_path: Path) -> None:
+    # A checkout elsewhere builds the same bytes as the committed objects.
+    other = tmp_path / "some" / "other checkout"
+    (other / "bpf").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, other / "bpf" / "programs")
+    shutil.copy(ROOT / "bpf" / "catalog.toml", other / "bpf" / "catalog.toml")
+    shutil.copytree(ROOT / "tools", other / "tools")
+    r = subprocess.run(
+        [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_clang
+def test_build_check_names_a_differing_object(tmp_path: Path) -> None:
+    other = tmp_path / "co"
+    (other / "bpf").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, other / "bpf" / "programs")
+    shutil.copy(ROOT / "bpf" / "catalog.toml", other / "bpf" / "catalog.toml")
+    shutil.copytree(ROOT / "tools", other / "tools")
+    obj = other / "bpf" / "programs" / "syscount.bpf.o"
+    obj.write_bytes(obj.read_bytes() + b"\0")
+    r = subprocess.run(
+        [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode != 0
+    assert "syscount.bpf.o" in r.stderr and "clonecount.bpf.o" not in r.stderr
+
+
+# --- validation of broken catalogs ----------------------------------------
+
+GOOD = """
+[[program]]
+name = "demo"
+object = "demo.bpf.o"
+sha256 = "{sha}"
+description = "demo"
+scopes = ["self", "system"]
+uid_knob = "target_uid"
+
+[[program.attach]]
+program = "handler"
+kind = "tracepoint"
+target = "sched/sched_process_exec"
+
+[[program.field]]
+knob = "off_pid"
+tracepoint = "sched/sched_process_exec"
+field = "pid"
+
+[[program.map]]
+name = "counts"
+visible = true
+show = "counter"
+unit = "count"
+key_label = "pid"
+description = "d"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "programs").mkdir(exist_ok=True)
+    (tmp_path / "programs" / "demo.bpf.o").write_bytes(b"\x7fELF")
+    path = tmp_path / "catalog.toml"
+    path.write_text(text.replace("{sha}", "a" * 64))
+    return path
+
+
+def test_minimal_catalog_loads(tmp_path: Path) -> None:
+    c = cat.load_catalog(_write(tmp_path, GOOD))
+    p = c.get("demo")
+    assert cat.object_path(p) == tmp_path / "programs" / "demo.bpf.o"
+    assert p.fields[0].variant is None
+    assert p.knobs == ("target_uid", "off_pid")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expect"),
+    [
+        (
+            'description = "demo"',
+            'description = "demo"\ncolour = "red"',
+            "'demo': colour: unknown key",
+        ),
+        ('kind = "tracepoint"', 'kind = "tracepoint"\nflags = 1', "attach[0].flags: unknown key"),
+        ('object = "demo.bpf.o"', 'object = "missing.bpf.o"', "'demo': object: "),
+        ('object = "demo.bpf.o"', 'object = "../demo.bpf.o"', "'demo': object: "),
+        ('scopes = ["self", "system"]', 'scopes = ["everyone"]', "scopes: 'everyone'"),
+        ('uid_knob = "target_uid"\n', "", "scope 'self' needs a uid_knob"),
+        ('show = "counter"', 'show = "pie"', "map[0].show: 'pie' is not one of"),
+        ('unit = "count"', 'unit = "furlongs"', "map[0].unit: 'furlongs'"),
+        ('unit = "count"\n', "", "map[0].unit: missing"),
+        ('show = "counter"', 'show = "events"', "map[0].event_type: missing"),
+        ("visible = true", 'visible = "yes"', "map[0].visible: must be true or false"),
+        ('name = "counts"', 'name = "a_very_long_map_name"', "longer than 15"),
+        ('kind = "tracepoint"', 'kind = "kprobe"', "attach[0].kind: 'kprobe' is not one of"),
+        ('kind = "tracepoint"', 'kind = "uprobe"', "attach[0].target: a uprobe takes no target"),
+        ('target = "sched/sched_process_exec"\n', "", "attach[0].target: missing"),
+        ('target = "sched/sched_process_exec"', 'target = "sched"', "is not 'system/event'"),
+        ('field = "pid"', 'field = "pid"\nvariant = "old"', "field[0].variant: 'old'"),
+        (
+            'tracepoint = "sched/sched_process_exec"',
+            'tracepoint = "sched/sched_switch"',
+            "field[0].tracepoint: 'sched/sched_switch' is not an attach target",
+        ),
+        ('knob = "off_pid"', 'knob = "target_uid"', "knob 'target_uid' is assigned more than once"),
+        ('sha256 = "{sha}"', 'sha256 = "abc"', "'demo': sha256: 'abc' is not 64"),
+        ('name = "demo"', 'name = "Demo!"', "name: 'Demo!' must be lowercase"),
+        ('program = "handler"', "program = 3", "attach[0].program: must be a non-empty string"),
+        ('description = "d"\n', "", "map[0].description: missing"),
+    ],
+)
+def test_broken_catalogs(tmp_path: Path, old: str, new: str, expect: str) -> None:
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(cat.CatalogError) as ei:
+        cat.load_catalog(path)
+    assert expect in str(ei.value)
+    assert str(path) in str(ei.value)
+
+
+def test_duplicate_program_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(cat.CatalogError, match="'demo' is declared twice"):
+        cat.load_catalog(_write(tmp_path, GOOD + GOOD))
+    with pytest.raises(cat.CatalogError, match="not valid TOML"):
+        cat.load_catalog(_write(tmp_path, GOOD + "\n[[program]\n"))
+    with pytest.raises(cat.CatalogError, match="top level: unknown key 'programs'"):
+        cat.load_catalog(_write(tmp_path, GOOD.replace("[[program]]", "[[programs]]", 1)))
+    with pytest.raises(cat.CatalogError, match="cannot read catalog"):
+        cat.load_catalog(tmp_path / "nope.toml")
+
+
+def test_unnamed_program_is_labelled_by_position(tmp_path: Path) -> None:
+    with pytest.raises(cat.CatalogError, match=r"program #2: name: missing"):
+        cat.load_catalog(_write(tmp_path, GOOD + GOOD.replace('name = "demo"\n', "", 1)))
+
+
+def test_ambiguous_field_variant(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        'target = "sched/sched_process_exec"',
+        'target = "sched/sched_process_exec"\nvariant = "a"\n\n[[program.attach]]\n'
+        'program = "handler2"\nkind = "tracepoint"\ntarget = "sched/sched_process_exec"\n'
+        'variant = "b"',
+    )
+    with pytest.raises(cat.CatalogError, match="field\\[0\\].variant: .* several variants"):
+        cat.load_catalog(_write(tmp_path, text))
+    c = cat.load_catalog(
+        _write(tmp_path, text.replace('field = "pid"', 'field = "pid"\nvariant = "b"'))
+    )
+    assert c.get("demo").variants == ("a", "b")
+    assert c.get("demo").fields_for("a") == ()
