@@ -1,0 +1,224 @@
+"""Run a catalog program: fill its knobs, load it, attach it. No policy here.
+
+The broker decides who may run what with which scope; this module only does
+what a catalog entry says: pick the variant whose tracepoints exist, write
+tracepoint field offsets from the live `format` files and the scope knobs
+into `.rodata`, load, and attach every program of that variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gfxbpf.bpf import attach as bpfattach
+from gfxbpf.bpf import tracefs
+from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf.loader import LoadedObject, load
+from gfxbpf.bpf.object import ObjectSpec
+
+# What a user must do to make a tracepoint system appear (for error messages).
+_SYSTEM_HINTS = {
+    "i915": "the i915 driver must be loaded (an Intel GPU, modprobe i915)",
+    "xe": "the xe driver must be loaded (an Intel GPU, modprobe xe)",
+    "amdgpu": "the amdgpu driver must be loaded (an AMD GPU)",
+    "gpu_scheduler": "a driver that uses the DRM GPU scheduler must be loaded (amdgpu, xe, ...)",
+    "drm": "a DRM driver must be loaded",
+}
+
+
+class Unavailable(Exception):
+    """The program cannot run on this host; the message says why and what to do."""
+
+
+class FieldMissing(Unavailable):
+    """A tracepoint on this kernel lacks a field the program reads."""
+
+
+class ParameterError(ValueError):
+    """Attach-time parameters do not fit the program."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Attach-time settings. uid/pid go into the entry's uid_knob/pid_knob."""
+
+    uid: int | None = None
+    pid: int | None = None
+    library: str | None = None
+    functions: tuple[str, ...] = ()
+
+
+def missing_tracepoint_message(target: str) -> str:
+    system, _, event = target.partition("/")
+    hint = _SYSTEM_HINTS.get(system, "the subsystem that provides it is not built or loaded")
+    return f"tracepoint {system}:{event} does not exist on this kernel: {hint}"
+
+
+def choose_variant(
+    entry: Program, exists: Callable[[str, str], bool] = tracefs.event_exists
+) -> str | None:
+    """The variant to attach (None: the entry has none). Raises Unavailable."""
+
+    def missing(attaches: tuple[Attach, ...] | list[Attach]) -> list[str]:
+        return [
+            a.target
+            for a in attaches
+            if a.kind == "tracepoint" and a.target and not exists(*a.tracepoint)
+        ]
+
+    base = missing([a for a in entry.attach if a.variant is None])
+    if base:
+        raise Unavailable(missing_tracepoint_message(base[0]))
+    if not entry.variants:
+        return None
+    tried = []
+    for v in entry.variants:
+        gone = missing([a for a in entry.attach if a.variant == v])
+        if not gone:
+            return v
+        tried.append(f"{v} (needs {gone[0]})")
+    first = next(a.target for a in entry.attach if a.variant and a.target)
+    raise Unavailable(
+        missing_tracepoint_message(first or "") + "; tried variants " + ", ".join(tried)
+    )
+
+
+def availability(
+    entry: Program, exists: Callable[[str, str], bool] = tracefs.event_exists
+) -> str | None:
+    """None when the program can run here, else the reason it cannot."""
+    try:
+        choose_variant(entry, exists)
+    except Unavailable as e:
+        return str(e)
+    except tracefs.TracefsError as e:
+        return str(e)
+    return None
+
+
+def fill_field_knobs(
+    spec: ObjectSpec,
+    entry: Program,
+    variant: str | None,
+    read_format: Callable[[str, str], tracefs.EventFormat] = tracefs.read_format,
+) -> dict[str, int]:
+    """Write each declared field's offset (and size) from the live format file."""
+    formats: dict[str, tracefs.EventFormat] = {}
+    written: dict[str, int] = {}
+    for f in entry.fields_for(variant):
+        if f.tracepoint not in formats:
+            system, _, event = f.tracepoint.partition("/")
+            formats[f.tracepoint] = read_format(system, event)
+        fmt = formats[f.tracepoint]
+        fld = fmt.fields.get(f.field)
+        if fld is None:
+            system, _, event = f.tracepoint.partition("/")
+            have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
+            raise FieldMissing(
+                f"this kernel's {system}:{event} has no field {f.field!r} "
+                f"(it has: {have}); program {entry.name!r} cannot run here"
+            )
+        spec.set_variable(f.knob, fld.offset)
+        written[f.knob] = fld.offset
+        if f.size_knob:
+            spec.set_variable(f.size_knob, fld.size)
+            written[f.size_knob] = fld.size
+    return written
+
+
+def prepare(
+    entry: Program,
+    data: bytes,
+    params: Params,
+    *,
+    exists: Callable[[str, str], bool] = tracefs.event_exists,
+    read_format: Callable[[str, str], tracefs.EventFormat] = tracefs.read_format,
+) -> tuple[ObjectSpec, str | None]:
+    """Parse the object bytes and set every knob; nothing touches bpf(2) yet."""
+    spec = ObjectSpec.parse(data, entry.object.split(".", 1)[0])
+    variant = choose_variant(entry, exists)
+    fill_field_knobs(spec, entry, variant, read_format)
+    if params.uid is not None:
+        if not entry.uid_knob:
+            raise ParameterError(f"program {entry.name!r} has no uid filter")
+        spec.set_variable(entry.uid_knob, params.uid)
+    if params.pid is not None:
+        if not entry.pid_knob:
+            raise ParameterError(f"program {entry.name!r} takes no pid")
+        spec.set_variable(entry.pid_knob, params.pid)
+    return spec, variant
+
+
+@dataclass
+class Instance:
+    """A loaded and attached catalog program; close() detaches and unloads."""
+
+    entry: Program
+    variant: str | None
+    obj: LoadedObject
+    attachments: list[bpfattach.Attachment] = field(default_factory=list)
+    functions: tuple[str, ...] = ()  # uprobe functions, by cookie (index)
+
+    def close(self) -> None:
+        for a in self.attachments:
+            a.close()
+        self.attachments.clear()
+        self.obj.close()
+
+    def __enter__(self) -> Instance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _attach_one(inst: Instance, a: Attach, params: Params) -> None:
+    prog = inst.obj.programs[a.program]
+    if a.kind == "tracepoint":
+        system, event = a.tracepoint
+        inst.attachments.append(bpfattach.attach_tracepoint(prog.fd, system, event))
+    elif a.kind == "raw_tracepoint":
+        assert a.target
+        inst.attachments.append(bpfattach.attach_raw_tracepoint(prog.fd, a.target))
+    elif a.kind in ("uprobe", "uretprobe"):
+        if not params.library or not params.functions:
+            raise ParameterError(f"program {inst.entry.name!r} needs a library and functions")
+        pid = params.pid if params.pid is not None else -1
+        for cookie, fn in enumerate(params.functions):
+            inst.attachments.append(
+                bpfattach.attach_uprobe(
+                    prog.fd,
+                    params.library,
+                    symbol=fn,
+                    pid=pid,
+                    retprobe=a.kind == "uretprobe",
+                    cookie=cookie,
+                )
+            )
+    elif a.kind == "perf_event":
+        inst.attachments.append(bpfattach.attach_perf_event(prog.fd, 99))
+    else:  # catalog validation keeps this unreachable
+        raise ParameterError(f"unknown attach kind {a.kind!r}")
+
+
+def start(
+    entry: Program,
+    data: bytes,
+    params: Params = Params(),
+    *,
+    attach: bool = True,
+) -> Instance:
+    """Prepare, load and attach. All or nothing: a failure leaves nothing behind."""
+    spec, variant = prepare(entry, data, params)
+    wanted = [a.program for a in entry.attach_for(variant)]
+    obj = load(spec, programs=list(dict.fromkeys(wanted)))
+    inst = Instance(entry, variant, obj, functions=params.functions)
+    try:
+        if attach:
+            for a in entry.attach_for(variant):
+                _attach_one(inst, a, params)
+    except BaseException:
+        inst.close()
+        raise
+    return inst
