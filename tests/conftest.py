@@ -27,9 +27,7 @@ def _ensure_tracefs() -> None:
     if os.path.exists(os.path.join(TRACEFS, "events")):
         return
     # A fresh machine has tracefs unmounted (DESIGN.md): tests mount it.
-    r = subprocess.run(
-        ["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True, text=True
-    )
+    r = subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(os.path.join(TRACEFS, "events")):
         skip_or_fail(f"cannot mount tracefs at {TRACEFS}: {r.stderr.strip()}")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from gfxbpf.bpf import attach as attachmod
 from gfxbpf.bpf import perf
 from gfxbpf.bpf import sys as bpfsys

@@ -9,12 +9,12 @@ import struct
 from collections.abc import Iterator
 
 import pytest
+
 from gfxbpf.bpf import maps as mapsmod
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, BPF_F_RDONLY, MapType
 from gfxbpf.bpf.maps import Map, sum_percpu, sum_percpu_u64s
-
 from tests.kernel.sysmaps_util import ChildError, map_fd_by_id, run_unprivileged
 
 NCPU = bpfsys.possible_cpus()

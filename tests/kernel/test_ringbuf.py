@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.consts import BPF_F_RDONLY, MapType
 from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
-
 from tests.kernel.sysmaps_util import (
     PROG_RAW_TRACEPOINT,
     PROG_SOCKET_FILTER,

@@ -10,9 +10,9 @@ import struct
 import time
 
 import pytest
+
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.consts import BPF_PERF_EVENT, MapType
-
 from tests.kernel.sysmaps_util import (
     ADD64_IMM,
     CALL,

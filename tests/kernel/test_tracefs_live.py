@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from gfxbpf.bpf import tracefs
 
 FORMATS = Path(__file__).resolve().parent.parent / "data" / "formats"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gfxbpf.bpf import helpers, insn
 from gfxbpf.bpf.insn import Insn
 

@@ -7,6 +7,7 @@ import mmap
 import struct
 
 import pytest
+
 from gfxbpf.bpf.ringbuf import BUSY_BIT, DISCARD_BIT, RingBuffer, RingBufferError
 
 PAGE = mmap.PAGESIZE

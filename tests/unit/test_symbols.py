@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from gfxbpf.bpf.symbols import SymbolError, list_functions, resolve_symbol
 
 LIB_SRC = r"""

@@ -7,6 +7,7 @@ import ctypes
 import errno
 
 import pytest
+
 from gfxbpf.bpf import sys as bpfsys
 
 

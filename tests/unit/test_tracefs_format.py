@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.tracefs import (
     FormatError,
