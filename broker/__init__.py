@@ -1,0 +1,1 @@
+"""gfxbpf.broker: the privilege-separation daemon."""

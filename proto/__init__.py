@@ -1,0 +1,1 @@
+"""gfxbpf.proto: the broker protocol (messages, gRPC service) and the Unix-socket framing."""
