@@ -193,8 +193,10 @@ def map_fd_by_id(map_id: int, open_flags: int) -> int:
 # --- unprivileged child ---
 
 
-def run_unprivileged(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
-    """Run fn(*args) in a forked child running as uid/gid 65534 with no
+def run_unprivileged(
+    fn: Callable[..., Any], *args: Any, timeout: float = 30.0, uid: int = 65534
+) -> Any:
+    """Run fn(*args) in a forked child running as uid/gid `uid` with no
     capabilities; return its result (picklable), or raise AssertionError
     carrying the child's exception (type name, message, errno)."""
     r, w = os.pipe()
@@ -204,8 +206,8 @@ def run_unprivileged(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) 
         try:
             os.close(r)
             os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
+            os.setgid(uid)
+            os.setuid(uid)
             result: Any = ("ok", fn(*args))
         except BaseException as e:  # report everything to the parent
             result = ("err", type(e).__name__, str(e), getattr(e, "errno", None))

@@ -1,0 +1,125 @@
+"""Knobs from stored GPU format files, variant choice, clear unavailability (no kernel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gfxbpf.bpf import instance, tracefs
+from gfxbpf.bpf.catalog import load_catalog, read_object
+
+FORMATS = Path(__file__).resolve().parent.parent / "data" / "formats"
+CATALOG = load_catalog()
+# drm_sched_job and drm_run_job are two events of one class (same layout).
+ALIASES = {("gpu_scheduler", "drm_sched_job"): ("gpu_scheduler", "drm_run_job")}
+
+
+def stored_format(system: str, event: str) -> tracefs.EventFormat:
+    system, event = ALIASES.get((system, event), (system, event))
+    return tracefs.parse_format((FORMATS / system / event).read_text())
+
+
+def exists_only(*present: str):
+    return lambda system, event: f"{system}/{event}" in present
+
+
+def test_vmabind_knobs_come_from_the_i915_format_file() -> None:
+    entry = CATALOG.get("vmabind")
+    spec, variant = instance.prepare(
+        entry,
+        read_object(entry),
+        instance.Params(),
+        exists=lambda s, e: True,
+        read_format=stored_format,
+    )
+    assert variant is None
+    bind = stored_format("i915", "i915_vma_bind").fields
+    assert bind["vm"].offset == 16 and bind["size"].offset == 32
+    assert spec.get_variable("off_bind_vm") == 16
+    assert spec.get_variable("off_bind_size") == 32
+    assert spec.get_variable("off_unbind_vm") == 16
+
+
+def test_a_moved_field_moves_the_knob() -> None:
+    entry = CATALOG.get("vmabind")
+    text = (FORMATS / "i915" / "i915_vma_bind").read_text()
+    moved = text.replace("offset:16;", "offset:48;")  # a future kernel moves `vm`
+
+    def reader(system: str, event: str) -> tracefs.EventFormat:
+        if event == "i915_vma_bind":
+            return tracefs.parse_format(moved)
+        return stored_format(system, event)
+
+    spec, _ = instance.prepare(
+        entry, read_object(entry), instance.Params(), exists=lambda s, e: True, read_format=reader
+    )
+    assert spec.get_variable("off_bind_vm") == 48
+
+
+def test_a_missing_field_names_the_tracepoint_and_field() -> None:
+    entry = CATALOG.get("vmabind")
+    text = (FORMATS / "i915" / "i915_vma_bind").read_text().replace(" vm;", " address_space;")
+
+    def reader(system: str, event: str) -> tracefs.EventFormat:
+        if event == "i915_vma_bind":
+            return tracefs.parse_format(text)
+        return stored_format(system, event)
+
+    with pytest.raises(instance.FieldMissing, match=r"i915:i915_vma_bind has no field 'vm'"):
+        instance.prepare(
+            entry,
+            read_object(entry),
+            instance.Params(),
+            exists=lambda s, e: True,
+            read_format=reader,
+        )
+
+
+def test_drmsched_picks_the_variant_whose_events_exist() -> None:
+    entry = CATALOG.get("drmsched")
+    new = exists_only(
+        "gpu_scheduler/drm_sched_job_queue",
+        "gpu_scheduler/drm_sched_job_run",
+        "gpu_scheduler/drm_sched_job_done",
+    )
+    legacy = exists_only(
+        "gpu_scheduler/drm_sched_job",
+        "gpu_scheduler/drm_run_job",
+        "gpu_scheduler/drm_sched_process_job",
+    )
+    assert instance.choose_variant(entry, new) == "6.17+"
+    assert instance.choose_variant(entry, legacy) == "legacy"
+    spec, variant = instance.prepare(
+        entry, read_object(entry), instance.Params(), exists=legacy, read_format=stored_format
+    )
+    assert variant == "legacy"
+    run = stored_format("gpu_scheduler", "drm_run_job").fields
+    assert spec.get_variable("off_lr_fence") == run["fence"].offset
+    with pytest.raises(instance.Unavailable, match="gpu_scheduler:.*does not exist"):
+        instance.choose_variant(entry, exists_only())
+
+
+def test_vmabind_unavailable_message_is_for_people() -> None:
+    reason = instance.availability(CATALOG.get("vmabind"), exists_only())
+    assert reason == (
+        "tracepoint i915:i915_vma_bind does not exist on this kernel: "
+        "the i915 driver must be loaded (an Intel GPU, modprobe i915)"
+    )
+
+
+def test_scope_knobs_are_written() -> None:
+    entry = CATALOG.get("ucalls")
+    spec, _ = instance.prepare(
+        entry, read_object(entry), instance.Params(uid=1001, pid=4242), exists=lambda s, e: True
+    )
+    assert spec.get_variable("target_uid") == 1001
+    assert spec.get_variable("target_pid") == 4242
+    with pytest.raises(instance.ParameterError):
+        instance.prepare(
+            CATALOG.get("vmabind"),
+            read_object(CATALOG.get("vmabind")),
+            instance.Params(uid=5),
+            exists=lambda s, e: True,
+            read_format=stored_format,
+        )
