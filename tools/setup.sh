@@ -32,5 +32,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$VENV/bin/pip" install -q --upgrade pip
 fi
 echo "setup: installing gfxbpf into $VENV"
-"$VENV/bin/pip" install -q ".[broker,client,dev]"
+# GFXBPF_EDITABLE=1: developers' machines, where the tree is readable by all.
+if [ "${GFXBPF_EDITABLE:-0}" = 1 ]; then
+    "$VENV/bin/pip" install -q -e ".[broker,client,dev]"
+else
+    "$VENV/bin/pip" install -q ".[broker,client,dev]"
+fi
 chmod -R a+rX "$(dirname "$VENV")"
