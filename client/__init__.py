@@ -1,0 +1,1 @@
+"""gfxbpf.client: the library a tool uses, and the gfxclient command."""
