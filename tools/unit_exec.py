@@ -310,13 +310,32 @@ def mount_options(path: str | Path) -> list[str]:
     return [o.strip() for o in values[-1].split(",") if o.strip()]
 
 
-if __name__ == "__main__":
-    # `python3 tools/unit_exec.py deploy/gfxbpf.service [--flag=value ...]`
-    # prints the setpriv command line, shell-quoted.
-    if len(sys.argv) < 2:
-        sys.exit(f"usage: {sys.argv[0]} UNIT [--flag=value | Key=value ...]")
+def main(argv: list[str]) -> int:
+    """`unit_exec.py UNIT [--print-argv] [--flag=value | Key=value ...]`.
+
+    Prints the setpriv command that runs the unit's ExecStart as its User with
+    its capabilities: shell-quoted on one line, or with --print-argv one
+    argument per line (for `mapfile` in shell scripts).
+    """
+    usage = f"usage: {argv[0]} UNIT [--print-argv] [--flag=value | Key=value ...]"
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(usage)
+        return 0 if len(argv) >= 2 else 1
+    one_per_line = "--print-argv" in argv[2:]
     opts: dict[str, str] = {}
-    for a in sys.argv[2:]:
+    for a in argv[2:]:
+        if a == "--print-argv":
+            continue
         k, _, v = a.partition("=")
         opts[k] = v
-    print(shlex.join(setpriv_argv(sys.argv[1], opts)))
+    try:
+        cmd = setpriv_argv(argv[1], opts)
+    except UnitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(cmd) if one_per_line else shlex.join(cmd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
