@@ -149,6 +149,29 @@ def catalog_hashes(path: Path) -> dict[str, str]:
     }
 
 
+EXAMPLE_POLICY = ROOT / "deploy" / "policy.example.toml"
+_POLICY_LINE = re.compile(r'^(\s*)(name|sha256)(\s*=\s*)"([^"]*)"(.*)$')
+
+
+def rewrite_policy_hashes(text: str, by_name: dict[str, str]) -> str:
+    """Set the sha256 of each [[program]] in a policy to its catalog object's hash.
+
+    The example policy approves the shipped objects; a rebuild updates it too.
+    """
+    out, name = [], None
+    for line in text.splitlines(keepends=True):
+        m = _POLICY_LINE.match(line.rstrip("\n"))
+        if line.strip() == "[[program]]":
+            name = None
+        elif m and m.group(2) == "name":
+            name = m.group(4)
+        elif m and m.group(2) == "sha256" and name in by_name:
+            eol = "\n" if line.endswith("\n") else ""
+            line = f'{m.group(1)}sha256{m.group(3)}"{by_name[name]}"{m.group(5)}{eol}'
+        out.append(line)
+    return "".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="rebuild and compare; write nothing")
@@ -202,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"build_bpf: updated sha256 lines in {CATALOG.relative_to(ROOT)}")
         for name in missing:
             print(f"build_bpf: warning: {name} has no [[program]] in catalog.toml", file=sys.stderr)
+        by_name = {p["name"]: p["sha256"] for p in tomllib.loads(new)["program"]}
+        if EXAMPLE_POLICY.exists():
+            old = EXAMPLE_POLICY.read_text()
+            updated = rewrite_policy_hashes(old, by_name)
+            if updated != old:
+                EXAMPLE_POLICY.write_text(updated)
+                print(f"build_bpf: updated sha256 lines in {EXAMPLE_POLICY.relative_to(ROOT)}")
     else:
         print(f"build_bpf: warning: {CATALOG} does not exist; no hashes recorded", file=sys.stderr)
     return 0

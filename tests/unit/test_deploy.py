@@ -444,6 +444,13 @@ def test_example_policy_parses_and_has_the_schema_keys() -> None:
     assert data["limits"]["sessions_per_user"] > 0
 
 
+def test_example_policy_approves_the_shipped_objects() -> None:
+    """A rebuild updates these hashes (tools/build_bpf.py); stale ones would deny."""
+    shipped = {p["name"]: p["sha256"] for p in tomllib.loads(CATALOG.read_text())["program"]}
+    for p in tomllib.loads(POLICY.read_text())["program"]:
+        assert p["sha256"] == shipped[p["name"]], f"{p['name']}: run python3 tools/build_bpf.py"
+
+
 def test_example_policy_passes_the_broker_parser() -> None:
     policy = pytest.importorskip("gfxbpf.broker.policy")
     loaded = policy.Policy.load(POLICY)
