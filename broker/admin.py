@@ -1,0 +1,160 @@
+"""gfxbpf-admin: the administrator's review tools.
+
+gfxbpf-admin approve NAME --users alice,bob --groups video --scope self
+    prints a ready [[program]] policy entry with the catalog object's sha256
+    (after checking the object against the catalog and the static audit);
+gfxbpf-admin audit OBJECT
+    prints what the broker's static audit sees: program types, helpers,
+    maps, sizes, and the verdict (exit status 1 when it refuses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from gfxbpf.bpf.catalog import (
+    Catalog,
+    CatalogError,
+    CatalogKeyError,
+    check_object,
+    load_catalog,
+)
+from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
+from gfxbpf.broker import audit
+from gfxbpf.broker.policy import SCOPES
+
+PROG = "gfxbpf-admin"
+
+
+def _split(values: list[str] | None) -> list[str | int]:
+    out: list[str | int] = []
+    for v in values or []:
+        for item in v.split(","):
+            item = item.strip()
+            if item:
+                out.append(int(item) if item.isdigit() else item)
+    return out
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def _catalog(path: str | None) -> Catalog:
+    if path is not None:
+        p = Path(path)
+        return load_catalog(p / "catalog.toml" if p.is_dir() else p)
+    return load_catalog()
+
+
+def approve(args: argparse.Namespace) -> int:
+    catalog = _catalog(args.catalog)
+    entry = catalog.get(args.name)
+    data = (entry.directory / entry.object).read_bytes()
+    problems = check_object(entry, data)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.sha256:
+        problems.insert(
+            0,
+            f"{entry.directory / entry.object} has sha256 {digest}, the catalog says "
+            f"{entry.sha256}",
+        )
+    report = audit.audit_bytes(data, entry.object.split(".", 1)[0])
+    problems += report.problems
+    if problems:
+        for p in problems:
+            print(f"{PROG}: {p}", file=sys.stderr)
+        print(f"{PROG}: not approving {args.name!r}", file=sys.stderr)
+        return 1
+    users, groups = _split(args.users), _split(args.groups)
+    if not users and not groups:
+        print(
+            f"{PROG}: name --users and/or --groups (the entry would admit nobody)", file=sys.stderr
+        )
+        return 2
+    scopes = args.scope or [entry.scopes[0]]
+    bad = [s for s in scopes if s not in entry.scopes]
+    if bad:
+        print(
+            f"{PROG}: program {args.name!r} supports scope {', '.join(entry.scopes)}, "
+            f"not {', '.join(bad)}",
+            file=sys.stderr,
+        )
+        return 2
+    lines = [
+        f"# {entry.name}: {entry.description}",
+        f"# reviewed object {entry.object}; helpers: "
+        + ", ".join(sorted({h for p in report.programs for h in p.helpers})),
+        "[[program]]",
+        f"name = {_toml(entry.name)}",
+        f"sha256 = {_toml(entry.sha256)}",
+    ]
+    if users:
+        lines.append(f"users = {_toml(users)}")
+    if groups:
+        lines.append(f"groups = {_toml(groups)}")
+    lines.append(f"scope = {_toml(scopes if len(scopes) > 1 else scopes[0])}")
+    libraries = _split(args.libraries)
+    if libraries:
+        lines.append(f"libraries = {_toml(libraries)}")
+    functions = _split(args.functions)
+    if functions:
+        lines.append(f"functions = {_toml(functions)}")
+    print("\n".join(lines))
+    return 0
+
+
+def audit_cmd(args: argparse.Namespace) -> int:
+    path = Path(args.object)
+    with open(path, "rb") as f:
+        data = f.read(MAX_OBJECT_SIZE + 1)
+    report = audit.audit_bytes(data, object_name(str(path)))
+    print(f"object {path}")
+    print(report.text())
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Review tools for the gfxbpf broker.")
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser(
+        "approve", help="print a policy entry for a catalog program (with its sha256)"
+    )
+    a.add_argument("name", help="catalog program name")
+    a.add_argument("--users", action="append", help="user names or uids, comma separated")
+    a.add_argument("--groups", action="append", help="group names or gids, comma separated")
+    a.add_argument("--scope", action="append", choices=SCOPES, help="self or system (repeat)")
+    a.add_argument("--libraries", action="append", help="uprobe target globs (ucalls)")
+    a.add_argument("--functions", action="append", help="uprobe symbol globs")
+    a.add_argument("--catalog", metavar="DIR", help="catalog directory (default: installed)")
+    a.set_defaults(func=approve)
+    b = sub.add_parser("audit", help="show what the static audit sees in an object")
+    b.add_argument("object", help="a BPF ELF object (.bpf.o)")
+    b.set_defaults(func=audit_cmd)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CatalogError, CatalogKeyError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"{PROG}: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

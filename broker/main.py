@@ -1,0 +1,227 @@
+"""gfxbpf-broker: the daemon's entry point.
+
+Order matters: parse flags; --check-policy exits early; drop to exactly
+CAP_BPF + CAP_PERFMON (and switch user when root with --user) BEFORE any
+thread starts, since capabilities are per thread and grpc starts threads;
+load policy and catalog; take the control socket from systemd (LISTEN_FDS)
+or bind --socket; start gRPC if asked; tell systemd READY=1; serve until
+SIGTERM/SIGINT, then stop accepting, close every session (detaching all)
+and exit 0.
+
+Any error while starting is one line on stderr and exit status 1, never a
+traceback. At run time stderr carries the audit log (JSON lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.config import BrokerConfig, check_policy, parse_args
+
+PROG = "gfxbpf-broker"
+SD_LISTEN_FDS_START = 3
+
+
+class StartError(Exception):
+    """The broker cannot start; the message is the one line it prints."""
+
+
+def listen_fds(environ: dict[str, str] | None = None) -> list[int]:
+    """fds passed by systemd socket activation (LISTEN_FDS, checked against LISTEN_PID)."""
+    env = os.environ if environ is None else environ
+    try:
+        pid = int(env.get("LISTEN_PID", ""))
+        n = int(env.get("LISTEN_FDS", ""))
+    except ValueError:
+        return []
+    if pid != os.getpid() or n <= 0:
+        return []
+    return list(range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + n))
+
+
+def _activated_socket(fds: list[int]) -> socket.socket:
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    for fd in fds:
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        if s.family == socket.AF_UNIX and s.type == socket.SOCK_SEQPACKET:
+            return s
+        s.detach()
+    raise StartError(
+        f"systemd passed {len(fds)} fds (LISTEN_FDS) but none is a listening AF_UNIX "
+        "SOCK_SEQPACKET socket: check gfxbpf.socket (ListenSequentialPacket=)"
+    )
+
+
+def bind_socket(path: str) -> socket.socket:
+    """Bind and listen on path (replacing a stale socket), mode 0666."""
+    parent = os.path.dirname(path) or "/"
+    if not os.path.isdir(parent):
+        raise StartError(f"--socket {path}: directory {parent} does not exist")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise StartError(f"--socket {path}: {e.strerror}") from None
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise StartError(f"--socket {path}: exists and is not a socket; remove it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # stale: nobody listens
+        else:
+            probe.close()
+            raise StartError(f"--socket {path}: another broker is listening on it")
+        finally:
+            probe.close()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.bind(path)
+        # Connecting grants nothing: every request is checked against the policy.
+        os.chmod(path, 0o666)
+        s.listen(128)
+    except OSError as e:
+        s.close()
+        raise StartError(f"--socket {path}: cannot listen: {e.strerror or e}") from None
+    return s
+
+
+def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
+    """Send state (e.g. "READY=1") to $NOTIFY_SOCKET; False when there is none."""
+    env = os.environ if environ is None else environ
+    addr = env.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.connect(addr)
+            s.sendall(state.encode())
+        except OSError:
+            return False
+    return True
+
+
+def _load(config: BrokerConfig) -> tuple[Any, Any]:
+    from gfxbpf.bpf.catalog import CatalogError, load_catalog
+    from gfxbpf.broker.policy import Policy, PolicyError
+
+    try:
+        policy = Policy.load(config.policy)
+    except PolicyError as e:
+        more = (
+            f" (+{len(e.problems) - 1} more: run {PROG} --check-policy)"
+            if len(e.problems) > 1
+            else ""
+        )
+        first = e.problems[0] if e.problems else str(e)
+        raise StartError(f"invalid policy: {first}{more}") from None
+    catalog_path = None
+    if config.catalog is not None:
+        p = Path(config.catalog)
+        catalog_path = p / "catalog.toml" if p.is_dir() else p
+    try:
+        catalog = load_catalog(catalog_path)
+    except CatalogError as e:
+        raise StartError(f"catalog: {e}") from None
+    return policy, catalog
+
+
+def run(config: BrokerConfig, audit: AuditLog) -> int:
+    from gfxbpf.broker.privileges import PrivilegeError, ensure_broker_privileges
+
+    # Configuration errors first (plain file reads, no threads), then the
+    # privilege drop, before anything can start a thread.
+    policy, catalog = _load(config)
+    try:
+        report = ensure_broker_privileges(config.user)
+    except PrivilegeError as e:
+        raise StartError(f"privileges: {e}") from None
+    from gfxbpf.broker.service import Service
+    from gfxbpf.broker.unix_server import UnixServer
+
+    fds = listen_fds()
+    listener = _activated_socket(fds) if fds else bind_socket(config.socket)
+    for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(key, None)
+
+    audit.ok("start", detail=report.summary(), uid=report.uid, pid=os.getpid())
+    service = Service(policy, catalog, audit)
+    grpc_server = None
+    if config.grpc:
+        from gfxbpf.broker.grpc_server import start_grpc_server, tls_from_config
+
+        try:
+            grpc_server = start_grpc_server(service, config.grpc, tls_from_config(config))
+        except (OSError, ValueError, RuntimeError) as e:
+            listener.close()
+            raise StartError(f"gRPC: {e}") from None
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+    server = UnixServer(service, listener, on_error=lambda m: audit.error("accept", detail=m))
+    server.start()
+    audit.ok(
+        "listen",
+        detail=f"policy {config.policy}: {len(policy.programs)} entries; catalog "
+        f"{catalog.path}: {len(catalog)} programs",
+        socket="systemd" if fds else config.socket,
+        grpc=config.grpc,
+    )
+    sd_notify("READY=1\nSTATUS=serving")
+    while not stop.wait(1.0):
+        pass
+    sd_notify("STOPPING=1")
+    server.shutdown()
+    if grpc_server is not None:
+        grpc_server.stop()
+    service.close_all()
+    if not fds:
+        with contextlib.suppress(OSError):
+            os.unlink(config.socket)
+    audit.ok("stop", detail="signal received; every session closed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    if config.check_policy:
+        return check_policy(config.policy, catalog=config.catalog)
+    audit = AuditLog()
+    try:
+        return run(config, audit)
+    except StartError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except Exception as e:  # never a traceback at start: one line, exit 1
+        print(f"{PROG}: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""A tiny broker client for the integration tests, on gfxbpf.proto.framing directly.
+
+It deliberately does not use gfxbpf.client (tested separately): it speaks
+the protocol by hand, so broker tests do not depend on the client library.
+Run as a test user with the venv python:
+
+    python rawclient.py SOCKET            # JSON commands on stdin, one reply per line
+    python rawclient.py SOCKET loop SECONDS PROGRAMS_JSON   # stress loop, one JSON line
+
+Commands (JSON objects with "cmd"): hello, list, attach {name | object_path, scope,
+pid, library, functions}, detach {id}, read_fd {id, map}, read_rpc {id, map},
+write_fd {id, map}, scan {id}, events {id, map, want_pids, timeout}, stats {id},
+getppid {n}, exec {n}, garbage {data_hex}, rpc_raw {request_hex}, quit.
+Replies: {"ok": true, ...} or {"ok": false, "code": NAME, "message": ..., "rule": ...}.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.maps import Map
+from gfxbpf.bpf.ringbuf import RingBuffer
+from gfxbpf.proto import framing
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+KERNEL_MIN = 0xFFFF_8000_0000_0000  # x86-64 kernel half (0xffff8... and above)
+RINGBUF = 27
+EXEC_EVENT = struct.Struct("<IIII16s256s")
+SCOPES = {"self": pb.SCOPE_SELF, "system": pb.SCOPE_SYSTEM, "": pb.SCOPE_UNSPECIFIED}
+
+
+class Failed(Exception):
+    def __init__(self, err: pb.Error) -> None:
+        super().__init__(err.message)
+        self.err = err
+
+
+class RawClient:
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.connect(path)
+        self.next_id = 1
+        self.attachments: dict[int, tuple[pb.AttachReply, list[int]]] = {}
+
+    def call(self, **body: Any) -> tuple[pb.Response, list[int]]:
+        rid = self.next_id
+        self.next_id += 1
+        try:
+            framing.send_message(self.sock, pb.Request(id=rid, **body))
+        except framing.PeerClosed:
+            pass  # the broker may have answered (e.g. a session limit) and closed
+        resp, fds = framing.recv_message(self.sock, pb.Response)
+        if resp.WhichOneof("body") == "error":
+            for fd in fds:
+                os.close(fd)
+            raise Failed(resp.error)
+        assert resp.id == rid, (resp.id, rid)
+        return resp, fds
+
+    def attach(self, **kw: Any) -> pb.AttachReply:
+        resp, fds = self.call(attach=pb.AttachRequest(**kw))
+        self.attachments[resp.attach.attachment_id] = (resp.attach, fds)
+        return resp.attach
+
+    def detach(self, att_id: int) -> pb.DetachReply:
+        resp, _ = self.call(detach=pb.DetachRequest(attachment_id=att_id))
+        _, fds = self.attachments.pop(att_id)
+        for fd in fds:
+            os.close(fd)
+        return resp.detach
+
+    def map_fd(self, att_id: int, name: str) -> tuple[pb.MapDescription, int]:
+        reply, fds = self.attachments[att_id]
+        for m in reply.maps:
+            if m.name == name or not name:
+                return m, fds[m.fd_index]
+        raise KeyError(name)
+
+    def read_fd(self, att_id: int, name: str) -> dict[str, str]:
+        m, fd = self.map_fd(att_id, name)
+        kmap = Map.from_fd(fd)
+        out = {}
+        for k in kmap.keys():
+            v = kmap.lookup(k)
+            if v is not None:
+                out[k.hex()] = b"".join(v).hex() if isinstance(v, list) else bytes(v).hex()
+        return out
+
+    def read_rpc(self, att_id: int, name: str, page: int = 0) -> tuple[dict[str, str], int]:
+        """(entries, pages) through ReadMap, page entries at a time (0: the default)."""
+        out: dict[str, str] = {}
+        cursor = b""
+        pages = 0
+        while True:
+            resp, _ = self.call(
+                read_map=pb.ReadMapRequest(
+                    attachment_id=att_id, map=name, cursor=cursor, max_entries=page
+                )
+            )
+            pages += 1
+            for e in resp.read_map.entries:
+                out[e.key.hex()] = (b"".join(e.per_cpu) if e.per_cpu else e.value).hex()
+            cursor = resp.read_map.next_cursor
+            if not cursor:
+                return out, pages
+
+
+def kernel_looking(data: bytes) -> list[str]:
+    """Every 8-byte aligned little-endian value in the kernel half of the address space."""
+    out = []
+    for off in range(0, len(data) - 7, 8):
+        (v,) = struct.unpack_from("<Q", data, off)
+        if v >= KERNEL_MIN and v != 0xFFFF_FFFF_FFFF_FFFF:
+            out.append(f"{v:#x}")
+    return out
+
+
+def err_reply(e: Failed) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "code": pb.ErrorCode.Name(e.err.code),
+        "message": e.err.message,
+        "rule": e.err.rule,
+    }
+
+
+def drain_events(fd: int, want_pids: set[int], timeout: float) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    with RingBuffer(fd) as ring:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for rec in ring.poll(0.1):
+                pid, tgid, uid, gid, comm, fname = EXEC_EVENT.unpack_from(
+                    rec.ljust(EXEC_EVENT.size, b"\0")
+                )
+                events.append(
+                    {
+                        "pid": pid,
+                        "tgid": tgid,
+                        "uid": uid,
+                        "gid": gid,
+                        "comm": comm.split(b"\0", 1)[0].decode("latin-1"),
+                        "filename": fname.split(b"\0", 1)[0].decode("latin-1"),
+                        "suspicious": kernel_looking(rec),
+                    }
+                )
+                seen.add(pid)
+            if want_pids and want_pids <= seen:
+                # Give a little more time for stray events to show up.
+                deadline = min(deadline, time.monotonic() + 0.3)
+    return events
+
+
+def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:
+    op = cmd["cmd"]
+    if op == "hello":
+        resp, _ = c.call(hello=pb.HelloRequest(protocol=1, client_version="rawclient"))
+        h = resp.hello
+        return {"ok": True, "uid": h.uid, "pid": h.pid, "direct": h.features.direct_map_reads}
+    if op == "list":
+        resp, _ = c.call(list_programs=pb.ListProgramsRequest())
+        return {
+            "ok": True,
+            "programs": {
+                p.name: {"available": p.available, "reason": p.unavailable_reason}
+                for p in resp.list_programs.programs
+            },
+        }
+    if op == "attach":
+        kw: dict[str, Any] = {"scope": SCOPES[cmd.get("scope", "")]}
+        if "object_path" in cmd:
+            with open(cmd["object_path"], "rb") as f:
+                kw["object"] = f.read()
+        else:
+            kw["name"] = cmd["name"]
+        params = {k: cmd[k] for k in ("pid", "library", "functions") if k in cmd}
+        if params:
+            kw["params"] = pb.AttachParams(**params)
+        a = c.attach(**kw)
+        return {
+            "ok": True,
+            "id": a.attachment_id,
+            "shared": a.shared,
+            "sha256": a.sha256,
+            "prog_ids": [p.prog_id for p in a.programs],
+            "prog_fd_indexes": [p.fd_index for p in a.programs],
+            "maps": {m.name: {"fd_index": m.fd_index, "map_type": m.map_type} for m in a.maps},
+            "nfds": len(c.attachments[a.attachment_id][1]),
+        }
+    if op == "detach":
+        return {"ok": True, "unloaded": c.detach(cmd["id"]).unloaded}
+    if op == "read_fd":
+        return {"ok": True, "entries": c.read_fd(cmd["id"], cmd.get("map", ""))}
+    if op == "read_rpc":
+        entries, pages = c.read_rpc(cmd["id"], cmd.get("map", ""), cmd.get("page", 0))
+        return {"ok": True, "entries": entries, "pages": pages}
+    if op == "write_fd":
+        m, fd = c.map_fd(cmd["id"], cmd.get("map", ""))
+        try:
+            bpfsys.map_update_elem(fd, b"\0" * m.key_size, b"\0" * m.value_size)
+        except OSError as e:
+            return {"ok": True, "errno": errno.errorcode.get(e.errno or 0, str(e.errno))}
+        return {"ok": True, "errno": None}
+    if op == "scan":
+        # Everything readable through the fds: every key and value of every
+        # map (ring buffers: their pending records).
+        reply, fds = c.attachments[cmd["id"]]
+        found: dict[str, list[str]] = {}
+        scanned = 0
+        for m in reply.maps:
+            fd = fds[m.fd_index]
+            if m.map_type == RINGBUF:
+                with RingBuffer(fd) as ring:
+                    blobs = ring.drain()
+            else:
+                kmap = Map.from_fd(fd)
+                blobs = []
+                for k in kmap.keys():
+                    v = kmap.lookup(k)
+                    blobs.append(k)
+                    if v is not None:
+                        blobs.append(b"".join(v) if isinstance(v, list) else bytes(v))
+            for b in blobs:
+                scanned += len(b)
+                hits = kernel_looking(b)
+                if hits:
+                    found.setdefault(m.name, []).extend(hits)
+        return {"ok": True, "found": found, "bytes": scanned}
+    if op == "events":
+        m, fd = c.map_fd(cmd["id"], cmd.get("map", ""))
+        return {
+            "ok": True,
+            "events": drain_events(fd, set(cmd.get("want_pids", [])), cmd.get("timeout", 3.0)),
+        }
+    if op == "stats":
+        resp, _ = c.call(stats=pb.StatsRequest(attachment_id=cmd.get("id", 0)))
+        return {
+            "ok": True,
+            "programs": [[p.function, p.prog_id, p.run_cnt] for p in resp.stats.programs],
+        }
+    if op == "getppid":
+        for _ in range(cmd["n"]):
+            os.getppid()
+        return {"ok": True}
+    if op == "getpid":
+        for _ in range(cmd["n"]):
+            os.getpid()  # libc getpid(): a uprobe target
+        return {"ok": True, "pid": os.getpid()}
+    if op == "exec":
+        pids = []
+        for _ in range(cmd["n"]):
+            p = subprocess.Popen([cmd.get("path", "/bin/true")])
+            pids.append(p.pid)
+            p.wait()
+        return {"ok": True, "pids": pids}
+    if op == "fork":
+        for _ in range(cmd["n"]):  # glibc fork() is a clone() syscall
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        return {"ok": True}
+    if op == "garbage":
+        c.sock.send(bytes.fromhex(cmd["data_hex"]))
+        resp, fds = framing.recv_message(c.sock, pb.Response)
+        return {"ok": True, "reply": pb.ErrorCode.Name(resp.error.code)}
+    if op == "stream_rpc":
+        resp, _ = c.call(stream_events=pb.StreamEventsRequest(attachment_id=cmd["id"]))
+        return {"ok": True}
+    raise ValueError(f"unknown command {op!r}")
+
+
+def serve(path: str) -> None:
+    c = RawClient(path)
+    print(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            break
+        try:
+            out = handle(c, cmd)
+        except Failed as e:
+            out = err_reply(e)
+        except Exception as e:
+            out = {"ok": False, "code": "CLIENT_" + type(e).__name__, "message": str(e)}
+        print(json.dumps(out), flush=True)
+
+
+def loop(path: str, seconds: float, programs: list[dict[str, Any]]) -> None:
+    """attach / read (fd) / detach, cycling through programs, for seconds."""
+    c = RawClient(path)
+    deadline = time.monotonic() + seconds
+    cycles = 0
+    errors: list[str] = []
+    i = 0
+    while time.monotonic() < deadline:
+        spec = programs[i % len(programs)]
+        i += 1
+        try:
+            a = c.attach(name=spec["name"], scope=SCOPES[spec.get("scope", "")])
+            for m in a.maps:
+                if m.map_type != RINGBUF:
+                    c.read_fd(a.attachment_id, m.name)
+            c.detach(a.attachment_id)
+            cycles += 1
+        except Failed as e:
+            errors.append(f"{pb.ErrorCode.Name(e.err.code)}: {e.err.message}")
+        except Exception as e:  # report, do not die: the test counts them
+            errors.append(f"{type(e).__name__}: {e}")
+            break
+        if len(errors) > 20:
+            break
+    print(json.dumps({"cycles": cycles, "errors": errors[:20]}), flush=True)
+
+
+def main() -> None:
+    path = sys.argv[1]
+    if len(sys.argv) > 2 and sys.argv[2] == "loop":
+        loop(path, float(sys.argv[3]), json.loads(sys.argv[4]))
+    else:
+        serve(path)
+
+
+if __name__ == "__main__":
+    main()

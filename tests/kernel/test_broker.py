@@ -1,0 +1,749 @@
+"""The broker on the real kernel, as deployed: the unit's ExecStart as user gfxbpf
+with only CAP_BPF + CAP_PERFMON, clients as other non-root users.
+
+Clients are tests/kernel/rawclient.py run by the venv python as
+gfxtest-alice / gfxtest-bob / gfxtest-mallory; they speak the protocol with
+gfxbpf.proto.framing directly (not gfxbpf.client).
+
+GFXBPF_STRESS_SECONDS sets the length of the 50-client loop (default 30).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kernel.brokerenv import (
+    ALICE,
+    BOB,
+    BROKER_CAPS_MASK,
+    BROKER_USER,
+    MALLORY,
+    SERVICE,
+    VENV_PYTHON,
+    BrokerProcess,
+    _unit_exec_module,
+    bpftool_prog_exists,
+    ensure_user,
+    policy_for,
+    run_as,
+    shared_dir,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RAWCLIENT = Path(__file__).with_name("rawclient.py")
+OBJECTS = ROOT / "tests" / "data" / "objects"
+PROBE_WRITE_USER = OBJECTS / "probe_write_user.bpf.o"
+TRACE_PRINTK = OBJECTS / "trace_printk.bpf.o"
+NR_GETPPID = 110  # x86-64
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+STRESS_SECONDS = float(os.environ.get("GFXBPF_STRESS_SECONDS", "30"))
+STRESS_CLIENTS = 50
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main_policy(limits: dict[str, int] | None = None) -> str:
+    return policy_for(
+        {
+            "syscount": {"users": [ALICE, BOB], "scope": ["self", "system"]},
+            "execsnoop": {"users": [ALICE, BOB], "scope": ["self"]},
+            "clonecount": {"users": [ALICE, BOB], "scope": ["self", "system"]},
+            "vmabind": {"users": [ALICE], "scope": ["system"]},
+            "ucalls": {
+                "users": [ALICE, BOB],
+                "scope": ["self"],
+                "libraries": [LIBC],
+                "functions": ["getpid", "getppid"],
+            },
+            # Approved by hash: only the static audit stands in its way.
+            "badwrite": {
+                "users": [ALICE],
+                "scope": ["system"],
+                "sha256": sha256_of(PROBE_WRITE_USER),
+            },
+        },
+        limits=limits or {"sessions_per_user": 64, "attachments_per_user": 256},
+    )
+
+
+class Client:
+    """A rawclient process run as a test user; commands are JSON lines."""
+
+    def __init__(self, broker: BrokerProcess, user: str) -> None:
+        self.user = user
+        self.broker = broker
+        self.opened = False  # the broker answered a request: a session exists
+        self.proc: subprocess.Popen[str] = run_as(
+            user,
+            [VENV_PYTHON, str(broker.directory / "rawclient.py"), broker.socket],
+            background=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        ready = self._line()
+        assert ready.get("ready"), ready
+        self.pid = ready["pid"]
+
+    def _line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"client {self.user} died: {err}")
+        return json.loads(line)
+
+    def __call__(self, cmd: str, **kw: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
+        self.proc.stdin.flush()
+        r = self._line()
+        self.opened |= r["ok"]
+        return r
+
+    def ok(self, cmd: str, **kw: Any) -> dict[str, Any]:
+        r = self(cmd, **kw)
+        assert r["ok"], r
+        return r
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self("quit")
+            except (OSError, ValueError, AssertionError):
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+        if self.opened:
+            # Wait until the broker closed the session, so the next test
+            # starts from a broker that holds nothing for this client.
+            assert wait_until(lambda: self.session_closed(), 5), f"session of {self.pid} open"
+
+    def session_closed(self) -> bool:
+        return any(
+            r["op"] == "close_session" and r["pid"] == self.pid for r in self.broker.audit_records()
+        )
+
+
+def start_broker(policy: str, **kw: Any) -> BrokerProcess:
+    broker = BrokerProcess.start(policy, **kw)
+    shutil.copy(RAWCLIENT, broker.directory / "rawclient.py")
+    os.chmod(broker.directory / "rawclient.py", 0o644)
+    for obj in (PROBE_WRITE_USER, TRACE_PRINTK):
+        shutil.copy(obj, broker.directory / obj.name)
+        os.chmod(broker.directory / obj.name, 0o644)
+    return broker
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[BrokerProcess]:
+    b = start_broker(main_policy())
+    try:
+        yield b
+    finally:
+        code = b.stop()
+        assert code == 0, b.stderr()
+
+
+@pytest.fixture
+def clients(broker: BrokerProcess) -> Iterator[Any]:
+    made: list[Client] = []
+
+    def make(user: str) -> Client:
+        c = Client(broker, user)
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.close()
+
+
+@pytest.fixture
+def world_dir() -> Iterator[Path]:
+    """A fresh directory every test user can read (removed afterwards)."""
+    d = shared_dir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def wait_until(pred: Any, timeout: float, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+# ---------------------------------------------------------------- privileges
+
+
+def test_broker_holds_only_bpf_and_perfmon(broker: BrokerProcess) -> None:
+    st = broker.status()
+    for key in ("CapEff", "CapPrm", "CapBnd"):
+        assert int(st[key], 16) == BROKER_CAPS_MASK == 0x000000C000000000, (key, st[key])
+    assert int(st["CapInh"], 16) == 0
+    assert int(st["CapAmb"], 16) == 0
+    assert st["NoNewPrivs"] == "1"
+    uid, _ = ensure_user(BROKER_USER)
+    assert st["Uid"].split() == [str(uid)] * 4
+    # Started from the unit's own ExecStart line (only the paths replaced).
+    info = _unit_exec_module().unit_exec(SERVICE)
+    with open(f"/proc/{broker.pid}/cmdline", "rb") as f:
+        cmdline = f.read().split(b"\0")[:-1]
+    assert cmdline[1].decode() == info.argv[0]  # the venv's gfxbpf-broker script
+    assert broker.argv[broker.argv.index("--") + 1 :][0] == info.argv[0]
+    flags = [a for a in info.argv[1:] if a.startswith("--")]
+    assert flags == [a.decode() for a in cmdline[2:] if a.startswith(b"--")]
+
+
+# ---------------------------------------------------------------- programs
+
+
+def test_execsnoop_self_sees_own_execs_only(broker: BrokerProcess, clients: Any) -> None:
+    alice = clients(ALICE)
+    att = alice.ok("attach", name="execsnoop", scope="self")
+    assert att["maps"]["events"]["fd_index"] == 0 and att["nfds"] == 1
+    assert att["prog_fd_indexes"] == [-1]  # program fds are never passed
+    # Bob execs all along while alice's program runs.
+    bob = run_as(
+        BOB,
+        [
+            VENV_PYTHON,
+            "-c",
+            "import subprocess, time\n"
+            "pids = []\n"
+            "end = time.time() + 2\n"
+            "while time.time() < end:\n"
+            "    p = subprocess.Popen(['/bin/true']); pids.append(p.pid); p.wait()\n"
+            "print(pids)\n",
+        ],
+        background=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    mine = alice.ok("exec", n=5)["pids"]
+    out, _ = bob.communicate(timeout=60)
+    bob_pids = set(json.loads(out))
+    assert len(bob_pids) > 5
+    events = alice.ok("events", id=att["id"], want_pids=mine, timeout=5)["events"]
+    alice_uid, _ = ensure_user(ALICE)
+    seen = [e["pid"] for e in events]
+    assert set(mine) <= set(seen), (mine, seen)
+    assert all(e["uid"] == alice_uid for e in events), events
+    assert not bob_pids & set(seen)
+    assert all(e["filename"] == "/bin/true" for e in events if e["pid"] in mine)
+    assert not [e for e in events if e["suspicious"]]
+
+
+def test_syscount_counts_what_the_client_does(broker: BrokerProcess, clients: Any) -> None:
+    key = NR_GETPPID.to_bytes(4, "little").hex()
+
+    def count(c: Client, att_id: int) -> int:
+        v = c.ok("read_fd", id=att_id)["entries"].get(key)
+        return int.from_bytes(bytes.fromhex(v), "little") if v else 0
+
+    alice = clients(ALICE)
+    mine = alice.ok("attach", name="syscount", scope="self")
+    system = alice.ok("attach", name="syscount", scope="system")
+    before_self, before_sys = count(alice, mine["id"]), count(alice, system["id"])
+    alice.ok("getppid", n=1234)
+    # Scope self counts alice's uid only, and alice made exactly these calls.
+    assert count(alice, mine["id"]) - before_self == 1234
+    assert count(alice, system["id"]) - before_sys >= 1234
+    # The broker-side read (ReadMap, paged) agrees with the fd read. Entries
+    # are never deleted, so every key read first is still there.
+    via_fd = alice.ok("read_fd", id=mine["id"])["entries"]
+    paged = alice.ok("read_rpc", id=mine["id"], page=2)
+    assert paged["pages"] > 2
+    assert set(via_fd) <= set(paged["entries"])
+    assert paged["entries"][key] == via_fd[key]
+    whole = alice.ok("read_rpc", id=mine["id"])
+    assert whole["pages"] == 1 and set(whole["entries"]) >= set(paged["entries"])
+    r = alice("read_rpc", id=mine["id"], map="nosuchmap")
+    assert r["code"] == "ERROR_NOT_FOUND"
+
+
+def test_ucalls_traces_only_the_callers_own_process(broker: BrokerProcess, clients: Any) -> None:
+    alice, bob = clients(ALICE), clients(BOB)
+    # Bob may not trace alice's process, nor libraries or functions the policy
+    # omits: all checked before anything reaches the kernel.
+    r = bob(
+        "attach", name="ucalls", scope="self", pid=alice.pid, library=LIBC, functions=["getpid"]
+    )
+    assert r["code"] == "ERROR_PERMISSION_DENIED" and "belongs to uid" in r["message"]
+    r = bob(
+        "attach", name="ucalls", scope="self", pid=bob.pid, library="/bin/true", functions=["main"]
+    )
+    assert r["code"] == "ERROR_PERMISSION_DENIED" and "libraries" in r["rule"]
+    r = bob("attach", name="ucalls", scope="self", pid=bob.pid, library=LIBC, functions=["system"])
+    assert r["code"] == "ERROR_PERMISSION_DENIED" and "functions" in r["rule"]
+    att = alice(
+        "attach", name="ucalls", scope="self", pid=alice.pid, library=LIBC, functions=["getpid"]
+    )
+    if not att["ok"]:
+        # Linux 6.18 opens uprobe perf events only for CAP_SYS_ADMIN: the broker
+        # says so, and from then on lists uprobe programs as unavailable.
+        assert att["code"] == "ERROR_UNAVAILABLE", att
+        assert "CAP_SYS_ADMIN" in att["message"]
+        assert alice.ok("list")["programs"]["ucalls"] == {
+            "available": False,
+            "reason": att["message"],
+        }
+        return
+    alice.ok("getpid", n=500)
+    calls = alice.ok("read_fd", id=att["id"], map="calls")["entries"]
+    n = int.from_bytes(bytes.fromhex(calls[(0).to_bytes(4, "little").hex()]), "little")
+    assert 500 <= n <= 520
+    # Bob's own process: allowed, and alice's calls do not show up in it.
+    b = bob.ok(
+        "attach", name="ucalls", scope="self", pid=bob.pid, library=LIBC, functions=["getpid"]
+    )
+    assert not b["shared"]
+    alice.ok("getpid", n=100)
+    bob_calls = bob.ok("read_fd", id=b["id"], map="calls")["entries"]
+    assert sum(int.from_bytes(bytes.fromhex(v), "little") for v in bob_calls.values()) < 20
+
+
+def test_vmabind_unavailable_without_i915(broker: BrokerProcess, clients: Any) -> None:
+    alice = clients(ALICE)
+    listing = alice.ok("list")["programs"]
+    assert listing["vmabind"]["available"] is False
+    assert "i915:i915_vma_bind" in listing["vmabind"]["reason"]
+    assert listing["syscount"]["available"] is True
+    r = alice("attach", name="vmabind", scope="system")
+    assert r["code"] == "ERROR_UNAVAILABLE"
+    assert "i915 driver must be loaded" in r["message"]
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_unnamed_user_is_refused_with_the_rule(broker: BrokerProcess, clients: Any) -> None:
+    mallory = clients(MALLORY)
+    assert mallory.ok("list")["programs"] == {}
+    r = mallory("attach", name="syscount", scope="self")
+    assert r["code"] == "ERROR_PERMISSION_DENIED"
+    assert '[[program]] #1 "syscount"' in r["rule"]
+    assert "users = " in r["rule"] and MALLORY in r["rule"]
+    assert r["rule"] in r["message"]
+    r = mallory("attach", name="nosuchprogram")
+    assert r["code"] == "ERROR_PERMISSION_DENIED"
+    assert "default deny" in r["rule"]
+    # A permitted user asking for a scope the policy does not grant.
+    alice = clients(ALICE)
+    r = alice("attach", name="execsnoop", scope="system")
+    assert r["code"] == "ERROR_PERMISSION_DENIED"
+    assert "scope" in r["rule"]
+
+
+def test_changed_and_unapproved_objects_are_refused(broker: BrokerProcess, clients: Any) -> None:
+    from gfxbpf.bpf.catalog import load_catalog
+
+    entry = load_catalog().get("execsnoop")
+    data = bytearray((entry.directory / entry.object).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    changed = broker.directory / "execsnoop-changed.bpf.o"
+    changed.write_bytes(bytes(data))
+    os.chmod(changed, 0o644)
+    alice = clients(ALICE)
+    r = alice("attach", object_path=str(changed), scope="self")
+    assert r["code"] == "ERROR_HASH_MISMATCH"
+    assert hashlib.sha256(bytes(data)).hexdigest() in r["message"]
+    # The unchanged bytes of an approved program upload fine.
+    ok = alice.ok("attach", object_path=str(entry.directory / entry.object), scope="self")
+    assert ok["sha256"] == entry.sha256
+    alice.ok("detach", id=ok["id"])
+    # A well-formed object nobody approved.
+    r = alice("attach", object_path=str(broker.directory / TRACE_PRINTK.name), scope="system")
+    assert r["code"] == "ERROR_HASH_MISMATCH"
+    assert "default deny" in r["rule"]
+
+
+def test_changed_catalog_object_is_refused(world_dir: Path) -> None:
+    # A catalog whose syscount object lost its integrity after review.
+    cat = world_dir
+    shutil.copy(ROOT / "bpf" / "catalog.toml", cat / "catalog.toml")
+    shutil.copytree(ROOT / "bpf" / "programs", cat / "programs")
+    obj = cat / "programs" / "syscount.bpf.o"
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 0xFF
+    obj.write_bytes(bytes(data))
+    for p in [cat, *cat.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    with start_broker(main_policy(), catalog=str(cat)) as b:
+        c = Client(b, ALICE)
+        try:
+            r = c("attach", name="syscount", scope="self")
+            assert r["code"] == "ERROR_HASH_MISMATCH", r
+            assert "changed since it was reviewed" in r["message"]
+            c.ok("attach", name="execsnoop", scope="self")  # the others still load
+        finally:
+            c.close()
+
+
+def test_approved_object_calling_probe_write_user_fails_the_audit(
+    broker: BrokerProcess, clients: Any
+) -> None:
+    alice = clients(ALICE)
+    r = alice("attach", object_path=str(broker.directory / PROBE_WRITE_USER.name))
+    assert r["code"] == "ERROR_AUDIT_FAILED", r
+    assert "bpf_probe_write_user" in r["message"]
+    assert sha256_of(PROBE_WRITE_USER) in r["message"]
+    lines = [
+        x for x in broker.audit_records() if x["op"] == "attach" and x["program"] == "badwrite"
+    ]
+    assert lines and lines[-1]["result"] == "denied"
+    assert lines[-1]["code"] == "ERROR_AUDIT_FAILED"
+
+
+# ---------------------------------------------------------------- fds
+
+
+def test_passed_map_fds_are_read_only_and_hold_no_kernel_address(
+    broker: BrokerProcess, clients: Any
+) -> None:
+    alice = clients(ALICE)
+    atts = {
+        name: alice.ok("attach", name=name, scope=scope)
+        for name, scope in (("syscount", "system"), ("clonecount", "system"), ("execsnoop", "self"))
+    }
+    alice.ok("exec", n=3)  # some execs and clones to fill the maps
+    alice.ok("fork", n=3)
+    alice.ok("getppid", n=10)
+    for name in ("syscount", "clonecount"):
+        assert alice.ok("write_fd", id=atts[name]["id"])["errno"] == "EPERM", name
+    total = 0
+    for name, att in atts.items():
+        r = alice.ok("scan", id=att["id"])
+        assert r["found"] == {}, (name, r["found"])
+        assert r["bytes"] > 0, name
+        total += r["bytes"]
+    assert total > 1000
+
+
+# ---------------------------------------------------------------- lifetime
+
+
+def test_kill_9_detaches_within_a_second(broker: BrokerProcess, clients: Any) -> None:
+    alice, bob = clients(ALICE), clients(BOB)
+    a = alice.ok("attach", name="clonecount", scope="self")
+    b = bob.ok("attach", name="clonecount", scope="self")
+    assert a["shared"] is False
+    prog = a["prog_ids"][0]
+    assert bpftool_prog_exists(prog)
+    assert prog not in b["prog_ids"]  # scope self: one instance per user
+    os.kill(alice.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    assert wait_until(lambda: not bpftool_prog_exists(prog), 1.0), "program outlived its client"
+    assert time.monotonic() - t0 <= 1.0
+    # Bob is unaffected.
+    bob.ok("fork", n=2)
+    assert bob.ok("read_fd", id=b["id"])["entries"]
+    assert all(bpftool_prog_exists(p) for p in b["prog_ids"])
+    assert bob.ok("hello")["uid"] == ensure_user(BOB)[0]
+
+
+def test_system_scope_instance_is_shared(broker: BrokerProcess, clients: Any) -> None:
+    alice, bob = clients(ALICE), clients(BOB)
+    a = alice.ok("attach", name="clonecount", scope="system")
+    b = bob.ok("attach", name="clonecount", scope="system")
+    assert b["shared"] is True
+    assert a["prog_ids"] == b["prog_ids"]
+    # Scope self with the same uid shares too; ring-buffer programs never do.
+    s1 = alice.ok("attach", name="syscount", scope="self")
+    s2 = alice.ok("attach", name="syscount", scope="self")
+    assert s2["shared"] and s1["prog_ids"] == s2["prog_ids"]
+    e1 = alice.ok("attach", name="execsnoop", scope="self")
+    e2 = alice.ok("attach", name="execsnoop", scope="self")
+    assert not e2["shared"] and e1["prog_ids"] != e2["prog_ids"]
+    # The kernel program lives until its last user detaches.
+    assert alice.ok("detach", id=a["id"])["unloaded"] is False
+    assert bpftool_prog_exists(b["prog_ids"][0])
+    assert bob.ok("detach", id=b["id"])["unloaded"] is True
+    assert not bpftool_prog_exists(b["prog_ids"][0])
+
+
+def test_per_user_limits() -> None:
+    policy = main_policy(limits={"sessions_per_user": 2, "attachments_per_user": 3})
+    with start_broker(policy, grpc=False) as b:
+        made: list[Client] = []
+        try:
+            s1, s2 = Client(b, ALICE), Client(b, ALICE)
+            made += [s1, s2]
+            s3 = Client(b, ALICE)
+            made.append(s3)
+            r = s3("hello")
+            assert r["code"] == "ERROR_RESOURCE_EXHAUSTED", r
+            assert "sessions_per_user = 2" in r["rule"]
+            bob = Client(b, BOB)  # the limit is per user
+            made.append(bob)
+            bob.ok("hello")
+            for _ in range(2):
+                s1.ok("attach", name="syscount", scope="self")
+            s2.ok("attach", name="syscount", scope="system")
+            r = s2("attach", name="clonecount", scope="system")
+            assert r["code"] == "ERROR_RESOURCE_EXHAUSTED", r
+            assert "attachments_per_user = 3" in r["rule"]
+            bob.ok("attach", name="clonecount", scope="system")
+            # Closing a session gives its share back.
+            s1.close()
+            assert wait_until(lambda: s2("attach", name="clonecount", scope="self")["ok"], 5)
+        finally:
+            for c in made:
+                c.close()
+
+
+def test_fifty_clients_loop_and_fds_return_to_baseline(broker: BrokerProcess) -> None:
+    programs = [
+        {"name": "syscount", "scope": "system"},
+        {"name": "syscount", "scope": "self"},
+        {"name": "clonecount", "scope": "self"},
+        {"name": "execsnoop", "scope": "self"},
+    ]
+    # Warm up (lazy imports, tracefs reads), then take the baseline.
+    warm = Client(broker, ALICE)
+    for p in programs:
+        warm.ok("detach", id=warm.ok("attach", **p)["id"])
+    warm.close()
+    time.sleep(0.3)
+    baseline = broker.fd_count()
+
+    procs = []
+    for i in range(STRESS_CLIENTS):
+        user = ALICE if i % 2 else BOB
+        rotated = programs[i % len(programs) :] + programs[: i % len(programs)]
+        procs.append(
+            run_as(
+                user,
+                [
+                    VENV_PYTHON,
+                    str(broker.directory / "rawclient.py"),
+                    broker.socket,
+                    "loop",
+                    str(STRESS_SECONDS),
+                    json.dumps(rotated),
+                ],
+                background=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    peak = 0
+    results = []
+    deadline = time.monotonic() + STRESS_SECONDS + 120
+    try:
+        for p in procs:
+            while p.poll() is None and time.monotonic() < deadline:
+                peak = max(peak, broker.fd_count())
+                time.sleep(0.5)
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    errors = [e for r in results for e in r["errors"]]
+    assert not errors, errors[:5]
+    cycles = sum(r["cycles"] for r in results)
+    assert all(r["cycles"] > 0 for r in results), results
+    assert cycles >= STRESS_CLIENTS
+    print(f"{STRESS_CLIENTS} clients, {cycles} attach/read/detach cycles, fds peak {peak}")
+    assert broker.alive()
+    assert wait_until(lambda: broker.fd_count() == baseline, 5, 0.1), (
+        broker.fd_count(),
+        baseline,
+        peak,
+    )
+
+
+# ---------------------------------------------------------------- protocol
+
+
+def test_garbage_and_truncated_datagrams_hurt_only_their_sender(
+    broker: BrokerProcess, clients: Any
+) -> None:
+    alice, bob = clients(ALICE), clients(BOB)
+    b = bob.ok("attach", name="syscount", scope="self")
+    assert alice.ok("garbage", data_hex="ff" * 64)["reply"] == "ERROR_PROTOCOL"
+    # A Request whose attach field claims more bytes than the datagram holds.
+    assert alice.ok("garbage", data_hex="0801620a0a08")["reply"] == "ERROR_PROTOCOL"
+    assert alice.ok("hello")["uid"] == ensure_user(ALICE)[0]  # same session goes on
+    assert bob.ok("read_fd", id=b["id"])["entries"] is not None
+    protocol = [x for x in broker.audit_records() if x["op"] == "protocol"]
+    assert protocol and protocol[-1]["uid"] == ensure_user(ALICE)[0]
+    # Oversized: more than the 1 MiB a datagram may hold (root can send it).
+    from gfxbpf.proto import framing
+    from gfxbpf.proto import gfxbpf_pb2 as pb
+
+    so_sndbufforce = 32
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(broker.socket)
+        s.setsockopt(socket.SOL_SOCKET, so_sndbufforce, 4 << 20)
+        s.send(b"\x08" * (framing.MAX_MESSAGE_SIZE + 4096))
+        resp, _ = framing.recv_message(s, pb.Response)
+        assert resp.error.code == pb.ERROR_PROTOCOL
+        assert "truncated" in resp.error.message
+        framing.send_message(s, pb.Request(id=5, hello=pb.HelloRequest(protocol=1)))
+        resp, _ = framing.recv_message(s, pb.Response)
+        assert resp.id == 5 and resp.hello.protocol == 1
+    assert bob.ok("hello")["uid"] == ensure_user(BOB)[0]
+
+
+def test_stream_events_over_unix_points_to_the_fd(broker: BrokerProcess, clients: Any) -> None:
+    alice = clients(ALICE)
+    att = alice.ok("attach", name="execsnoop", scope="self")
+    r = alice("stream_rpc", id=att["id"])
+    assert r["code"] == "ERROR_INVALID_ARGUMENT"
+    assert "fd" in r["message"]
+
+
+# ---------------------------------------------------------------- audit log and start
+
+
+def test_audit_log_has_denied_and_ok_lines(broker: BrokerProcess, clients: Any) -> None:
+    alice, mallory = clients(ALICE), clients(MALLORY)
+    ok = alice.ok("attach", name="syscount", scope="self")
+    mallory("attach", name="syscount", scope="self")
+    records = broker.audit_records()
+    alice_uid, mallory_uid = ensure_user(ALICE)[0], ensure_user(MALLORY)[0]
+    keys = ("time", "uid", "pid", "op", "program", "sha256", "scope", "result")
+    good = [
+        r
+        for r in records
+        if r["op"] == "attach" and r["uid"] == alice_uid and r.get("attachment_id") == ok["id"]
+    ]
+    assert len(good) == 1
+    g = good[0]
+    assert all(k in g for k in keys)
+    assert (g["program"], g["sha256"], g["scope"], g["result"]) == (
+        "syscount",
+        ok["sha256"],
+        "self",
+        "ok",
+    )
+    assert g["pid"] == alice.pid
+    bad = [r for r in records if r["op"] == "attach" and r["uid"] == mallory_uid]
+    assert bad
+    d = bad[-1]
+    assert all(k in d for k in keys)
+    assert (d["program"], d["sha256"], d["scope"], d["result"]) == (
+        "syscount",
+        ok["sha256"],
+        "self",
+        "denied",
+    )
+    assert d["pid"] == mallory.pid
+    assert "[[program]]" in d["rule"]
+    # Every line of the broker's stderr is a JSON record (journald-ready).
+    assert all(line.startswith("{") for line in broker.stderr_lines())
+
+
+def _broker_cmd(*args: str) -> list[str]:
+    info = _unit_exec_module().unit_exec(SERVICE)
+    return [info.argv[0], *args]
+
+
+def test_check_policy_good_and_broken(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(main_policy())
+    r = subprocess.run(
+        _broker_cmd("--check-policy", "--policy", str(good)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.rstrip().splitlines()[-1].startswith(f"{good}: OK")
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[[program]]\nname = "syscount"\nsha256 = "abc"\nusers = "alice"\n')
+    r = subprocess.run(
+        _broker_cmd("--check-policy", "--policy", str(broken)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert "field 'sha256'" in r.stdout and "field 'users'" in r.stdout
+    assert "INVALID" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_start_errors_are_one_line(world_dir: Path) -> None:
+    ue = _unit_exec_module()
+    ensure_user(BROKER_USER)
+    d = world_dir
+    missing = str(d / "missing.toml")
+    argv = ue.setpriv_argv(
+        SERVICE, {"--policy": missing, "--socket": str(d / "c.sock"), "--grpc": ""}
+    )
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert missing in lines[0] and "Traceback" not in r.stderr
+    # A policy that does not parse: one line too, pointing at --check-policy.
+    bad = d / "bad.toml"
+    bad.write_text('[[program]]\nname = 5\nusers = "x"\n')
+    os.chmod(bad, 0o644)
+    argv = ue.setpriv_argv(
+        SERVICE, {"--policy": str(bad), "--socket": str(d / "c.sock"), "--grpc": ""}
+    )
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--check-policy" in r.stderr
+
+
+def test_started_as_root_with_user_drops_to_the_same_state() -> None:
+    with start_broker(main_policy(), grpc=False, as_root_with_user=True) as b:
+        st = b.status()
+        assert st["Uid"].split() == [str(ensure_user(BROKER_USER)[0])] * 4
+        assert st["Groups"] == ""
+        for key in ("CapEff", "CapPrm", "CapBnd"):
+            assert int(st[key], 16) == BROKER_CAPS_MASK, (key, st[key])
+        assert int(st["CapInh"], 16) == int(st["CapAmb"], 16) == 0
+        assert st["NoNewPrivs"] == "1"
+        c = Client(b, ALICE)
+        try:
+            att = c.ok("attach", name="syscount", scope="self")
+            c.ok("getppid", n=7)
+            key = NR_GETPPID.to_bytes(4, "little").hex()
+            assert (
+                int.from_bytes(
+                    bytes.fromhex(c.ok("read_fd", id=att["id"])["entries"][key]), "little"
+                )
+                == 7
+            )
+        finally:
+            c.close()
+        assert b.stop() == 0

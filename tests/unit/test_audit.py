@@ -1,0 +1,214 @@
+"""The broker's static audit (broker/audit.py), offline: catalog objects pass,
+forbidden helpers, kfuncs, program types and sizes are refused, and the
+committed test objects are what clang builds from their sources."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gfxbpf.bpf import consts as C
+from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.broker import audit
+
+ROOT = Path(__file__).resolve().parents[2]
+OBJECTS = ROOT / "tests" / "data" / "objects"
+TEST_OBJECTS = ("probe_write_user", "trace_printk")
+_INSN = struct.Struct("<BBhi")
+_CALL = 0x85
+
+
+def catalog_spec(name: str) -> ObjectSpec:
+    entry = load_catalog().get(name)
+    return ObjectSpec.parse((entry.directory / entry.object).read_bytes(), name)
+
+
+def patch_helper(spec: ObjectSpec, program: str, old: int, new: int, src: int = 0) -> None:
+    """Rewrite the first call of helper `old` in program's own instructions."""
+    p = spec.programs[program]
+    insns = bytearray(p.insns)
+    for at in range(0, len(insns), 8):
+        code, regs, off, imm = _INSN.unpack_from(insns, at)
+        if code == _CALL and regs >> 4 == 0 and imm == old:
+            _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, new)
+            p.insns = bytes(insns)
+            return
+    raise AssertionError(f"{program} calls no helper {old}")
+
+
+@pytest.mark.parametrize("name", [p.name for p in load_catalog()])
+def test_every_catalog_object_passes(name: str) -> None:
+    report = audit.audit_spec(catalog_spec(name), ncpus=64)
+    assert report.ok, report.problems
+    assert report.programs and all(p.insn_count > 0 for p in report.programs)
+    assert report.verdict() == "accepted"
+    # Everything the catalog programs call is on the allowlist, by name.
+    for p in report.programs:
+        assert set(p.helpers) <= audit.ALLOWED_HELPERS
+
+
+def test_probe_write_user_object_refused() -> None:
+    data = (OBJECTS / "probe_write_user.bpf.o").read_bytes()
+    report = audit.audit_bytes(data, "probe_write_user")
+    assert not report.ok
+    assert report.sha256 == hashlib.sha256(data).hexdigest()
+    assert [p.name for p in report.programs] == ["clobber_path"]
+    assert "probe_write_user" in report.programs[0].helpers
+    assert len(report.problems) == 1
+    assert "bpf_probe_write_user" in report.problems[0]
+    assert "clobber_path" in report.problems[0]
+    with pytest.raises(audit.AuditError, match="probe_write_user"):
+        audit.check(ObjectSpec.parse(data, "probe_write_user"))
+
+
+def test_trace_printk_object_refused() -> None:
+    report = audit.audit_bytes((OBJECTS / "trace_printk.bpf.o").read_bytes(), "trace_printk")
+    assert not report.ok
+    assert len(report.problems) == 1
+    assert "bpf_trace_printk" in report.problems[0]
+    assert "trace pipe" in report.problems[0]
+    text = report.text()
+    assert "helpers: trace_printk" in text
+    assert text.splitlines()[-1].startswith("verdict: refused")
+
+
+def test_forbidden_helper_in_a_subprogram_is_seen_after_linking() -> None:
+    # execsnoop's fill_event (.text) calls get_current_comm (16); make it
+    # probe_write_user (36): the audit must see it in process_exec.
+    spec = catalog_spec("execsnoop")
+    assert spec.programs["fill_event"].is_subprog
+    patch_helper(spec, "fill_event", 16, 36)
+    report = audit.audit_spec(spec)
+    assert not report.ok
+    assert any("process_exec" in p and "bpf_probe_write_user" in p for p in report.problems), (
+        report.problems
+    )
+
+
+@pytest.mark.parametrize(
+    ("helper", "words"),
+    [
+        (58, "override_return"),
+        (109, "send_signal"),
+        (117, "send_signal_thread"),
+        (177, "trace_vprintk"),
+        (35, "get_current_task"),
+    ],
+)
+def test_dangerous_helpers_refused(helper: int, words: str) -> None:
+    spec = catalog_spec("syscount")
+    patch_helper(spec, "sys_enter", 15, helper)  # get_current_uid_gid -> helper
+    report = audit.audit_spec(spec)
+    assert not report.ok
+    assert f"bpf_{words} " in report.problems[0]
+
+
+def test_unknown_helper_refused_as_not_allowlisted() -> None:
+    spec = catalog_spec("syscount")
+    patch_helper(spec, "sys_enter", 15, 9)  # skb_store_bytes: not for tracing
+    report = audit.audit_spec(spec)
+    assert not report.ok
+    assert "not on the broker's helper allowlist" in report.problems[0]
+
+
+def test_kfunc_call_refused() -> None:
+    spec = catalog_spec("syscount")
+    patch_helper(spec, "sys_enter", 15, 12345, src=C.BPF_PSEUDO_KFUNC_CALL)
+    report = audit.audit_spec(spec)
+    assert not report.ok
+    assert any("kfunc" in p and "12345" in p for p in report.problems), report.problems
+
+
+def test_program_type_refused() -> None:
+    spec = catalog_spec("syscount")
+    spec.programs["sys_enter"].prog_type = C.ProgType.TRACING
+    report = audit.audit_spec(spec)
+    assert not report.ok
+    assert "is not allowed" in report.problems[0]
+    # KPROBE is only fine as a uprobe.
+    spec = catalog_spec("syscount")
+    spec.programs["sys_enter"].prog_type = C.ProgType.KPROBE
+    assert not audit.audit_spec(spec).ok
+    assert audit.audit_spec(catalog_spec("ucalls")).ok
+
+
+def test_size_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = catalog_spec("syscount")
+    n = audit.audit_spec(spec).programs[0].insn_count
+    monkeypatch.setattr(audit, "MAX_PROGRAM_INSNS", n - 1)
+    report = audit.audit_spec(spec)
+    assert any(f"{n} instructions" in p for p in report.problems), report.problems
+
+    monkeypatch.setattr(audit, "MAX_PROGRAM_INSNS", 1 << 20)
+    spec = catalog_spec("execsnoop")
+    mem = audit.audit_spec(spec).map_memory
+    assert mem >= 256 * 1024  # the ring buffer alone
+    monkeypatch.setattr(audit, "MAX_MAP_MEMORY", mem - 1)
+    assert any("bytes, more than the limit" in p for p in audit.audit_spec(spec).problems)
+
+    monkeypatch.setattr(audit, "MAX_MAPS", 1)
+    assert any("maps, more than the limit" in p for p in audit.audit_spec(spec).problems)
+
+
+def test_per_cpu_memory_scales_with_cpus() -> None:
+    assert audit._map_memory(C.MapType.PERCPU_ARRAY, 4, 12, 10, 4) == 10 * (4 + 16 * 4)
+    assert audit._map_memory(C.MapType.HASH, 4, 8, 10, 4) == 10 * 12
+    assert audit._map_memory(C.MapType.RINGBUF, 0, 0, 1 << 20, 4) == 1 << 20
+
+
+def test_garbage_is_a_refusal_not_a_crash() -> None:
+    for data in (b"", b"\x7fELF" + b"\0" * 60, b"not an object at all"):
+        report = audit.audit_bytes(data)
+        assert not report.ok
+        assert report.problems[0].startswith("not a usable BPF object")
+
+
+def test_allowlist_never_holds_a_forbidden_helper() -> None:
+    assert not audit.ALLOWED_HELPERS & set(audit.FORBIDDEN_HELPERS)
+    for name in ("probe_write_user", "override_return", "send_signal", "trace_printk"):
+        assert name in audit.FORBIDDEN_HELPERS
+
+
+def _build_bpf_module():
+    spec = importlib.util.spec_from_file_location(
+        "gfxbpf_build_bpf", ROOT / "tools" / "build_bpf.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_lists_the_committed_hashes() -> None:
+    readme = (OBJECTS / "README.md").read_text()
+    for name in TEST_OBJECTS:
+        digest = hashlib.sha256((OBJECTS / f"{name}.bpf.o").read_bytes()).hexdigest()
+        assert re.search(rf"{digest}\s+{name}\.bpf\.o", readme), name
+
+
+@pytest.mark.parametrize("name", TEST_OBJECTS)
+def test_committed_test_objects_match_a_rebuild(name: str, tmp_path: Path) -> None:
+    clang = shutil.which("clang")
+    if clang is None:
+        pytest.skip("clang is not installed")
+    build_bpf = _build_bpf_module()
+    version = build_bpf.clang_version(clang)
+    if not version.startswith(build_bpf.EXPECTED_CLANG):
+        pytest.skip(f"objects were built with {build_bpf.EXPECTED_CLANG}, not {version}")
+    out = tmp_path / f"{name}.bpf.o"
+    cmd = build_bpf.clang_command(clang, Path("tests/data/objects") / f"{name}.bpf.c", out)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == (OBJECTS / f"{name}.bpf.o").read_bytes(), (
+        f"tests/data/objects/{name}.bpf.o is stale: rebuild it (tests/data/objects/README.md)"
+    )

@@ -1,0 +1,126 @@
+"""broker.main (socket activation, sd_notify, the control socket, start errors)
+and broker.admin (approve, audit), offline."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.broker import admin, main
+from gfxbpf.broker.policy import Policy
+
+ROOT = Path(__file__).resolve().parents[2]
+OBJECTS = ROOT / "tests" / "data" / "objects"
+
+
+def test_listen_fds_checks_the_pid() -> None:
+    me = str(os.getpid())
+    assert main.listen_fds({"LISTEN_PID": me, "LISTEN_FDS": "2"}) == [3, 4]
+    assert main.listen_fds({"LISTEN_PID": "1", "LISTEN_FDS": "2"}) == []
+    assert main.listen_fds({"LISTEN_PID": me, "LISTEN_FDS": "0"}) == []
+    assert main.listen_fds({"LISTEN_FDS": "1"}) == []
+    assert main.listen_fds({"LISTEN_PID": me, "LISTEN_FDS": "x"}) == []
+
+
+def test_sd_notify(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind(path)
+        assert main.sd_notify("READY=1", {"NOTIFY_SOCKET": path})
+        assert s.recv(100) == b"READY=1"
+    assert not main.sd_notify("READY=1", {})
+    assert not main.sd_notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "gone")})
+
+
+def test_bind_socket_replaces_a_stale_one(tmp_path: Path) -> None:
+    path = str(tmp_path / "control.sock")
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old.bind(path)
+    old.close()  # stale file, nobody listening
+    s = main.bind_socket(path)
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+        assert s.type == socket.SOCK_SEQPACKET
+        with pytest.raises(main.StartError, match="another broker"):
+            main.bind_socket(path)
+    finally:
+        s.close()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(main.StartError, match="not a socket"):
+        main.bind_socket(str(tmp_path / "file"))
+    with pytest.raises(main.StartError, match="does not exist"):
+        main.bind_socket(str(tmp_path / "nodir" / "c.sock"))
+
+
+def test_activated_socket_must_be_seqpacket() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(main.StartError, match="SOCK_SEQPACKET"):
+            main._activated_socket([os.dup(a.fileno())])
+    finally:
+        a.close()
+        b.close()
+
+
+def run_broker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gfxbpf.broker", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_start_error_is_one_line(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.toml")
+    r = run_broker("--policy", missing, "--socket", str(tmp_path / "c.sock"))
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"gfxbpf-broker: invalid policy: {missing}: cannot read")
+
+
+def test_check_policy_exit_codes(tmp_path: Path) -> None:
+    sha = load_catalog().get("syscount").sha256
+    good = tmp_path / "good.toml"
+    good.write_text(f'[[program]]\nname = "syscount"\nsha256 = "{sha}"\nusers = [1001]\n')
+    r = run_broker("--check-policy", "--policy", str(good))
+    assert r.returncode == 0 and f"{good}: OK" in r.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[program]]\nname = "syscount"\nscope = "everywhere"\n')
+    r = run_broker("--check-policy", "--policy", str(bad))
+    assert r.returncode == 1 and "INVALID" in r.stdout and "field 'scope'" in r.stdout
+
+
+def test_admin_approve_prints_a_valid_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert admin.main(["approve", "execsnoop", "--users", "alice,1001", "--scope", "self"]) == 0
+    text = capsys.readouterr().out
+    policy = Policy.parse(text)
+    (entry,) = policy.programs
+    assert entry.name == "execsnoop"
+    assert entry.sha256 == load_catalog().get("execsnoop").sha256
+    assert entry.users == ("alice", 1001) and entry.scopes == ("self",)
+    assert policy.decide(1001, [], "execsnoop", entry.sha256, "self").allowed
+
+
+def test_admin_approve_refuses_bad_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    assert admin.main(["approve", "vmabind", "--users", "a", "--scope", "self"]) == 2
+    assert "supports scope system" in capsys.readouterr().err
+    assert admin.main(["approve", "syscount"]) == 2
+    assert admin.main(["approve", "nosuch", "--users", "a"]) == 1
+    assert "no program 'nosuch'" in capsys.readouterr().err
+
+
+def test_admin_audit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert admin.main(["audit", str(OBJECTS / "probe_write_user.bpf.o")]) == 1
+    out = capsys.readouterr().out
+    assert "helpers: map_update_elem, probe_write_user" in out
+    assert "verdict: refused" in out
+    cat = load_catalog().get("syscount")
+    assert admin.main(["audit", str(cat.directory / cat.object)]) == 0
+    out = capsys.readouterr().out
+    assert "type raw_tracepoint" in out and "verdict: accepted" in out
+    assert admin.main(["audit", "/nonexistent.bpf.o"]) == 1
