@@ -1,0 +1,135 @@
+"""TokenStore: random tokens stored only as hashes, expiry, per-user cap, revocation."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from gfxbpf.broker.service import BrokerError, Caller
+from gfxbpf.broker.tokens import MAX_TOKEN_CHARS, TokenLimitError, TokenStore, token_digest
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+ALICE = Caller(uid=1001, gid=1001, gids=(1001, 44), pid=4242, transport="unix")
+BOB = Caller(uid=1002, gid=1002, gids=(1002,), pid=4343, transport="unix")
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_issue_and_authenticate_gives_the_issuer_over_grpc() -> None:
+    clock = Clock()
+    store = TokenStore(max_ttl=600, per_user=4, clock=clock)
+    token, expires = store.issue(ALICE, 60)
+    assert expires == int(clock.t) + 60
+    got = store.authenticate(token)
+    assert got == Caller(uid=1001, gid=1001, gids=(1001, 44), pid=0, transport="grpc")
+    assert store.authenticate(token + "x") is None
+    assert store.authenticate("") is None
+
+
+def test_tokens_are_random_and_stored_only_as_sha256() -> None:
+    store = TokenStore(clock=Clock())
+    tokens = {store.issue(ALICE)[0] for _ in range(4)}
+    assert len(tokens) == 4
+    for t in tokens:
+        assert len(t) >= 43  # 32 random bytes, urlsafe base64
+        assert token_digest(t) == hashlib.sha256(t.encode()).hexdigest()
+    # Nothing in the store holds a token in clear.
+    blob = repr(store.__dict__) + repr(list(store._tokens.items()))
+    for t in tokens:
+        assert t not in blob
+        assert token_digest(t) in store._tokens
+
+
+def test_expiry_and_ttl_cap() -> None:
+    clock = Clock()
+    store = TokenStore(max_ttl=100, per_user=4, clock=clock)
+    short, exp_short = store.issue(ALICE, 10)
+    longest, exp_long = store.issue(ALICE, 10_000)  # capped by the policy
+    default, exp_default = store.issue(ALICE, 0)  # 0 = the policy maximum
+    assert exp_short == int(clock.t) + 10
+    assert exp_long == exp_default == int(clock.t) + 100
+    clock.t += 10
+    assert store.authenticate(short) is None
+    assert store.expires(short) is None
+    assert store.authenticate(longest) is not None
+    clock.t += 89.5
+    assert store.authenticate(default) is not None
+    clock.t += 0.5
+    assert store.authenticate(longest) is None
+    assert store.authenticate(default) is None
+    assert store.count() == 0
+
+
+def test_negative_ttl_is_invalid_argument() -> None:
+    with pytest.raises(BrokerError) as e:
+        TokenStore(clock=Clock()).issue(ALICE, -1)
+    assert e.value.code == pb.ERROR_INVALID_ARGUMENT
+
+
+def test_per_user_limit_counts_unexpired_tokens_of_that_uid() -> None:
+    clock = Clock()
+    store = TokenStore(max_ttl=100, per_user=2, clock=clock)
+    store.issue(ALICE, 50)
+    store.issue(ALICE, 100)
+    with pytest.raises(TokenLimitError) as e:
+        store.issue(ALICE)
+    assert isinstance(e.value, BrokerError)
+    assert e.value.code == pb.ERROR_RESOURCE_EXHAUSTED
+    assert "tokens_per_user = 2" in e.value.rule
+    assert "uid 1001" in e.value.message
+    # Another user is not affected; an expired token frees a slot.
+    store.issue(BOB)
+    clock.t += 50
+    store.issue(ALICE)
+    assert store.count(ALICE.uid) == 2
+    assert store.count(BOB.uid) == 1
+
+
+def test_revoke() -> None:
+    store = TokenStore(clock=Clock())
+    a1, _ = store.issue(ALICE)
+    a2, _ = store.issue(ALICE)
+    b, _ = store.issue(BOB)
+    assert store.revoke(a1) is True
+    assert store.revoke(a1) is False
+    assert store.authenticate(a1) is None
+    assert store.authenticate(a2) is not None
+    assert store.revoke_uid(ALICE.uid) == 1
+    assert store.authenticate(a2) is None
+    assert store.authenticate(b) is not None
+
+
+def test_hostile_token_values_are_refused_cheaply() -> None:
+    store = TokenStore(clock=Clock())
+    token, _ = store.issue(ALICE)
+    assert store.authenticate("A" * (MAX_TOKEN_CHARS + 1)) is None
+    assert store.authenticate(token + "\udcff") is None
+    assert store.authenticate(None) is None  # type: ignore[arg-type]
+    assert store.revoke("x" * 10_000) is False
+    assert store.expires("x" * 10_000) is None
+
+
+def test_from_policy_uses_the_limits() -> None:
+    from gfxbpf.broker.policy import Policy
+
+    policy = Policy.parse("[limits]\ntoken_ttl_seconds = 120\ntokens_per_user = 1\n")
+    clock = Clock()
+    store = TokenStore.from_policy(policy, clock=clock)
+    _, exp = store.issue(ALICE, 0)
+    assert exp == int(clock.t) + 120
+    with pytest.raises(TokenLimitError):
+        store.issue(ALICE)
+
+
+def test_bad_construction() -> None:
+    with pytest.raises(ValueError):
+        TokenStore(max_ttl=0)
+    with pytest.raises(ValueError):
+        TokenStore(per_user=0)
