@@ -1,0 +1,282 @@
+"""Broker: the client library's entry point.
+
+    from gfxbpf.client import Broker
+
+    with Broker.connect() as broker:
+        with broker.attach("syscount", scope="self") as att:
+            time.sleep(1)
+            for key, value in att.maps["counts"].read():
+                ...
+
+Transport (via=): "fd" keeps the Unix-socket session and reads the map fds
+the broker passes; "grpc" gets a token over the Unix socket (or uses
+GFXBPF_TOKEN / a client certificate) and does everything over gRPC; "auto"
+picks "fd" when the broker's Hello says unprivileged map reads work on this
+kernel (features.direct_map_reads), else "grpc" (and, if no gRPC listener
+answers, the Unix session with reads through the broker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from importlib import metadata
+
+from gfxbpf.client.connection import UnixConnection, default_socket
+from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
+from gfxbpf.client.grpc_transport import GrpcTransport, TlsFiles, default_grpc
+from gfxbpf.client.handle import Attachment
+from gfxbpf.client.tokens import TokenCache, cache_key
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+PROTOCOL = 1
+VIAS = ("auto", "fd", "grpc")
+_SCOPES = {
+    None: pb.SCOPE_UNSPECIFIED,
+    "": pb.SCOPE_UNSPECIFIED,
+    "self": pb.SCOPE_SELF,
+    "system": pb.SCOPE_SYSTEM,
+}
+
+
+def client_version() -> str:
+    try:
+        return metadata.version("gfxbpf")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def scope_value(scope: str | int | None) -> int:
+    if isinstance(scope, int):
+        if scope not in (pb.SCOPE_UNSPECIFIED, pb.SCOPE_SELF, pb.SCOPE_SYSTEM):
+            raise UsageError(f"unknown scope {scope}")
+        return scope
+    try:
+        return _SCOPES[scope]
+    except KeyError:
+        raise UsageError(f"unknown scope {scope!r}: use 'self' or 'system'") from None
+
+
+class Broker:
+    """A connection to the gfxbpf broker (a session); close() detaches everything."""
+
+    def __init__(
+        self,
+        transport: UnixConnection | GrpcTransport,
+        hello: pb.HelloReply,
+        via: str,
+        *,
+        direct_reads: bool,
+        socket_path: str | None = None,
+        grpc_address: str | None = None,
+    ) -> None:
+        self.transport: UnixConnection | GrpcTransport = transport
+        self._hello = hello
+        self.via = via
+        self.direct_reads = direct_reads  # read passed map fds ourselves
+        self.socket_path = socket_path
+        self.grpc_address = grpc_address
+        self._attachments: list[Attachment] = []
+
+    # --- connecting ---
+
+    @classmethod
+    def connect(
+        cls,
+        socket: str | None = None,
+        grpc: str | None = None,
+        via: str = "auto",
+        *,
+        token: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> Broker:
+        """Connect to the broker.
+
+        socket: the Unix control socket (default $GFXBPF_SOCKET or
+        /run/gfxbpf/control.sock). grpc: the gRPC address (default
+        $GFXBPF_GRPC or unix:/run/gfxbpf/grpc.sock). token: a gRPC token
+        (default $GFXBPF_TOKEN; else one is issued over the socket and cached).
+        """
+        if via not in VIAS:
+            raise UsageError(f"unknown transport {via!r}: use one of {', '.join(VIAS)}")
+        socket_path = socket or default_socket()
+        grpc_address = grpc or default_grpc()
+        token = token or os.environ.get("GFXBPF_TOKEN") or None
+        has_identity = token is not None or (tls is not None and tls.cert is not None)
+
+        requested = via
+        unix: UnixConnection | None = None
+        try:
+            unix = UnixConnection(socket_path)
+        except BrokerUnreachable:
+            # Without the socket, gRPC still works for whoever can authenticate there.
+            if via == "fd" or not has_identity:
+                raise
+        try:
+            hello = unix.hello(_hello_request()) if unix is not None else None
+            if via == "auto":
+                via = "fd" if hello is not None and hello.features.direct_map_reads else "grpc"
+            if via == "fd":
+                assert unix is not None and hello is not None
+                return cls(
+                    unix,
+                    hello,
+                    "fd",
+                    direct_reads=hello.features.direct_map_reads,
+                    socket_path=socket_path,
+                )
+            try:
+                broker = cls._connect_grpc(unix, grpc_address, token, tls, socket_path)
+            except BrokerUnreachable:
+                if requested != "auto" or unix is None or hello is None:
+                    raise
+                # No gRPC listener: keep the session and read maps through the broker.
+                return cls(unix, hello, "fd", direct_reads=False, socket_path=socket_path)
+            if unix is not None:
+                unix.close()  # the token outlives the session that issued it
+                unix = None
+            return broker
+        except BaseException:
+            if unix is not None:
+                unix.close()
+            raise
+
+    @classmethod
+    def _connect_grpc(
+        cls,
+        unix: UnixConnection | None,
+        address: str,
+        token: str | None,
+        tls: TlsFiles | None,
+        socket_path: str,
+    ) -> Broker:
+        transport = GrpcTransport(
+            address, token, tls=tls if not address.startswith("unix:") else None
+        )
+        try:
+            cache = TokenCache()
+            key = cache_key(socket_path, address)
+            issued_here = False
+            if transport.token is None and (tls is None or tls.cert is None):
+                cached = cache.get(key)
+                if cached is not None:
+                    transport.set_token(cached)
+                elif unix is not None:
+                    transport.set_token(_issue(unix, cache, key))
+                    issued_here = True
+                else:
+                    raise BrokerUnreachable(
+                        f"gRPC needs a token, and the Unix socket {socket_path} (which issues "
+                        "them) cannot be reached; set GFXBPF_TOKEN"
+                    )
+            try:
+                hello = transport.hello(_hello_request())
+            except BrokerError as e:
+                # A cached token from an earlier broker run: get a fresh one once.
+                if e.code != pb.ERROR_UNAUTHENTICATED or issued_here or unix is None:
+                    raise
+                cache.forget(key)
+                transport.set_token(_issue(unix, cache, key))
+                hello = transport.hello(_hello_request())
+            return cls(transport, hello, "grpc", direct_reads=False, grpc_address=address)
+        except BaseException:
+            transport.close()
+            raise
+
+    # --- lifetime ---
+
+    def close(self) -> None:
+        """Detach every attachment and end the session (idempotent)."""
+        for att in list(self._attachments):
+            with contextlib.suppress(Exception):
+                att.detach()
+        self._attachments.clear()
+        self.transport.close()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _forget(self, att: Attachment) -> None:
+        with contextlib.suppress(ValueError):
+            self._attachments.remove(att)
+
+    # --- operations ---
+
+    def hello(self) -> pb.HelloReply:
+        """The broker's Hello (versions, kernel features, who it thinks we are)."""
+        return self._hello
+
+    def list_programs(self) -> list[pb.ProgramListing]:
+        """The programs this user may run (with availability on this host)."""
+        return list(self.transport.list_programs().programs)
+
+    def program(self, name: str) -> pb.ProgramListing:
+        programs = self.list_programs()
+        for p in programs:
+            if p.name == name:
+                return p
+        names = ", ".join(p.name for p in programs) or "none"
+        raise UsageError(
+            f"no program {name!r} among those you may use (yours: {names}); "
+            "`gfxclient list` shows them"
+        )
+
+    def attach(
+        self,
+        name: str | None = None,
+        scope: str | int | None = None,
+        pid: int | None = None,
+        library: str | None = None,
+        functions: Iterable[str] = (),
+        *,
+        object: bytes | None = None,
+        lease_seconds: int = 0,
+    ) -> Attachment:
+        """Attach a catalog program by name (or approved object bytes)."""
+        if (name is None) == (object is None):
+            raise UsageError("attach needs exactly one of a program name or object bytes")
+        params = pb.AttachParams(
+            pid=pid or 0, library=library or "", functions=[str(f) for f in functions]
+        )
+        req = pb.AttachRequest(scope=scope_value(scope), params=params)
+        if lease_seconds < 0:
+            raise UsageError("lease_seconds must be >= 0")
+        req.lease_seconds = lease_seconds
+        if name is not None:
+            req.name = name
+        else:
+            req.object = bytes(object or b"")
+        reply, fds = self.transport.attach(req)
+        try:
+            att = Attachment(self, reply, fds)
+        except BaseException:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            with contextlib.suppress(Exception):
+                self.transport.detach(reply.attachment_id)
+            raise
+        self._attachments.append(att)
+        return att
+
+    @property
+    def attachments(self) -> list[Attachment]:
+        return list(self._attachments)
+
+    def stats(self, attachment_id: int = 0) -> pb.StatsReply:
+        """Run counts and run times (0: every attachment this caller holds)."""
+        return self.transport.stats(attachment_id)
+
+
+def _hello_request() -> pb.HelloRequest:
+    return pb.HelloRequest(protocol=PROTOCOL, client_version=f"gfxclient {client_version()}")
+
+
+def _issue(unix: UnixConnection, cache: TokenCache, key: str) -> str:
+    reply = unix.issue_token()
+    cache.put(key, reply.token, reply.expires_unix)
+    return reply.token

@@ -1,0 +1,464 @@
+"""An attachment and its maps, as the client sees them.
+
+Over the Unix socket the broker passes read-only map fds (and each ring
+buffer's own fd): maps are read directly with BPF_MAP_LOOKUP_BATCH/ELEM
+(gfxbpf.bpf.maps.Map) when the kernel lets an unprivileged holder do so,
+and through the broker's ReadMap otherwise. Over gRPC, maps come through
+ReadMap (paged) and events through StreamEvents. Keys and values are
+decoded with the object's BTF from AttachReply.btf.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from gfxbpf.bpf.btf import Btf, BtfError
+from gfxbpf.bpf.maps import Map
+from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
+from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:
+    from gfxbpf.client.broker import Broker
+
+BPF_MAP_TYPE_RINGBUF = 27
+# Errnos that mean "this process may not read the map fd itself".
+_NO_DIRECT = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS})
+READ_PAGE = 1024
+
+Value = bytes | list[bytes]
+
+
+def scope_name(scope: int) -> str:
+    return {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}.get(scope, "unspecified")
+
+
+def raw_int(data: bytes) -> Any:
+    """Undecorated bytes: little-endian ints for the usual sizes, else hex."""
+    if len(data) in (1, 2, 4, 8):
+        return int.from_bytes(data, "little")
+    return data.hex()
+
+
+class ClientMap:
+    """One client-visible map of an attachment.
+
+    read() -> [(key, value)] decoded with BTF (per-CPU maps: a list with one
+    value per possible CPU); raw_items() -> the undecoded bytes.
+    """
+
+    def __init__(
+        self, attachment: Attachment, desc: pb.MapDescription, fd: int | None, btf: Btf | None
+    ) -> None:
+        self.attachment = attachment
+        self.desc = desc
+        self.name = desc.name
+        self.show = desc.show
+        self.unit = desc.unit
+        self.key_label = desc.key_label
+        self.description = desc.description
+        self.per_cpu = desc.per_cpu
+        self.map_type = desc.map_type
+        self.btf = btf
+        self._fd = fd
+        self._map: Map | None = None
+        self._direct = fd is not None and attachment.broker.direct_reads
+        self._kdec = self._decoder(desc.btf_key_type_id)
+        self._vdec = self._decoder(desc.btf_value_type_id)
+
+    def __repr__(self) -> str:
+        how = "fd" if self._fd is not None else "broker"
+        return f"<ClientMap {self.name!r} show={self.show!r} via={how}>"
+
+    @property
+    def is_events(self) -> bool:
+        return self.show == "events" or self.map_type == BPF_MAP_TYPE_RINGBUF
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise UsageError(f"map {self.name!r} has no fd here (it is read through the broker)")
+        return self._fd
+
+    def _decoder(self, type_id: int) -> Any:
+        if self.btf is None or not type_id:
+            return None
+        try:
+            return self.btf.decoder(type_id)
+        except BtfError:
+            return None
+
+    # --- reading ---
+
+    def _kernel_map(self) -> Map:
+        if self._map is None:
+            d = self.desc
+            self._map = Map(
+                self.fileno(),
+                name=d.name,
+                map_type=d.map_type,
+                key_size=d.key_size,
+                value_size=d.value_size,
+                max_entries=d.max_entries,
+            )
+        return self._map
+
+    def raw_items(self) -> list[tuple[bytes, Value]]:
+        """Every (key, value) as bytes; per-CPU values are lists of bytes."""
+        if self.is_events:
+            raise UsageError(
+                f"map {self.name!r} is a ring buffer of events: read it with events() "
+                "(gfxclient stream), not as a table"
+            )
+        if self._direct:
+            try:
+                return self._kernel_map().batch_items()
+            except OSError as e:
+                if e.errno not in _NO_DIRECT:
+                    raise ClientError(f"reading map {self.name!r} through its fd: {e}") from e
+                # This kernel does not let us read the fd: ask the broker from now on.
+                self._direct = False
+        return self._read_through_broker()
+
+    def _read_through_broker(self) -> list[tuple[bytes, Value]]:
+        out: list[tuple[bytes, Value]] = []
+        cursor = b""
+        limit = max(self.desc.max_entries, 1) + READ_PAGE
+        while True:
+            reply = self.attachment.broker.transport.read_map(
+                pb.ReadMapRequest(
+                    attachment_id=self.attachment.id,
+                    map=self.name,
+                    max_entries=READ_PAGE,
+                    cursor=cursor,
+                )
+            )
+            for e in reply.entries:
+                out.append((e.key, list(e.per_cpu) if self.per_cpu else e.value))
+            if not reply.next_cursor:
+                return out
+            if reply.next_cursor == cursor or len(out) > limit:
+                raise ProtocolError(
+                    f"ReadMap of {self.name!r} does not end (cursor repeats or more entries "
+                    f"than the map's {self.desc.max_entries})"
+                )
+            cursor = reply.next_cursor
+
+    def decode_key(self, data: bytes) -> Any:
+        if self._kdec is not None:
+            try:
+                return self._kdec(data)
+            except BtfError:
+                pass
+        return raw_int(data)
+
+    def decode_value(self, data: Value) -> Any:
+        if isinstance(data, list):
+            return [self.decode_value(v) for v in data]
+        if self._vdec is not None:
+            try:
+                return self._vdec(data)
+            except BtfError:
+                pass
+        return raw_int(data)
+
+    def read(self) -> list[tuple[Any, Any]]:
+        """Every (key, value), decoded."""
+        return [(self.decode_key(k), self.decode_value(v)) for k, v in self.raw_items()]
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(self.read())
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()  # closes the fd too
+            self._map = None
+            self._fd = None
+        elif self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class EventStream:
+    """Decoded records of one ring buffer: poll(timeout) -> list; close() ends it.
+
+    fd path: a RingBuffer over the passed fd. gRPC path: a thread consumes
+    StreamEvents into a queue, so poll() can time out and Ctrl-C is never
+    stuck inside the gRPC library.
+    """
+
+    def __init__(self, attachment: Attachment, cmap: ClientMap, max_events: int = 0) -> None:
+        self.attachment = attachment
+        self.map = cmap
+        self.max_events = max_events
+        self.received = 0
+        self.lost = 0  # records the broker reported dropped (gRPC); unknowable on the fd path
+        self.ended = False
+        self._ring: RingBuffer | None = None
+        self._call: Any = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._decode = self._event_decoder()
+        if cmap._fd is not None:
+            try:
+                self._ring = RingBuffer(cmap._fd, cmap.desc.max_entries or None)
+            except (RingBufferError, OSError, ValueError) as e:
+                raise ClientError(f"cannot map the ring buffer {cmap.name!r}: {e}") from e
+        elif attachment.broker.transport.transport == "grpc":
+            self._call = attachment.broker.transport.stream_events(
+                pb.StreamEventsRequest(
+                    attachment_id=attachment.id, map=cmap.name, max_events=max_events
+                )
+            )
+            self._thread = threading.Thread(
+                target=self._pump, name=f"gfxbpf-events-{cmap.name}", daemon=True
+            )
+            self._thread.start()
+        else:
+            raise ClientError(
+                f"the broker passed no fd for the ring buffer {cmap.name!r}; "
+                "stream it over gRPC instead (--via grpc)"
+            )
+
+    def _event_decoder(self) -> Any:
+        btf, d = self.map.btf, self.map.desc
+        if btf is None:
+            return None
+        type_id = d.btf_event_type_id
+        if not type_id and d.event_type:
+            type_id = btf.find(d.event_type) or 0
+        if not type_id:
+            return None
+        try:
+            return btf.decoder(type_id)
+        except BtfError:
+            return None
+
+    def decode(self, record: bytes) -> Any:
+        if self._decode is not None:
+            try:
+                return self._decode(record)
+            except BtfError:
+                pass
+        return {"data": record.hex()}
+
+    def _pump(self) -> None:
+        import grpc  # only the gRPC path gets here
+
+        from gfxbpf.client.grpc_transport import convert_error
+
+        try:
+            for batch in self._call:
+                self._queue.put(batch)
+                if batch.end:
+                    break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+                self._queue.put(convert_error(e, "stream_events"))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer thread
+            self._queue.put(e)
+        self._queue.put(None)  # end of stream
+
+    def poll(self, timeout: float | None = None) -> list[Any]:
+        """Records that arrived, waiting up to timeout seconds (None: until some arrive)."""
+        return [self.decode(r) for r in self.poll_raw(timeout)]
+
+    def poll_raw(self, timeout: float | None = None) -> list[bytes]:
+        if self.ended:
+            return []
+        if self._ring is not None:
+            try:
+                records = self._ring.poll(timeout)
+            except InterruptedError:
+                records = []
+            return self._count(records)
+        out: list[bytes] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        block = True
+        while True:
+            try:
+                if not block:
+                    item = self._queue.get_nowait()
+                elif deadline is None:
+                    item = self._queue.get()
+                else:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            block = False  # after the first item, take only what is already there
+            if item is None:
+                self.ended = True
+                break
+            if isinstance(item, Exception):
+                self.ended = True
+                raise item
+            self.lost = max(self.lost, item.lost)
+            out.extend(e.data for e in item.events)
+            if item.end:
+                self.ended = True
+                break
+        return self._count(out)
+
+    def _count(self, records: list[bytes]) -> list[bytes]:
+        if self.max_events and self.received + len(records) >= self.max_events:
+            records = records[: self.max_events - self.received]
+            self.ended = True
+        self.received += len(records)
+        return records
+
+    def __iter__(self) -> Iterator[Any]:
+        while not self.ended:
+            yield from self.poll(None)
+
+    def close(self) -> None:
+        self.ended = True
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Attachment:
+    """A program the broker attached for us: maps, events, stats; detach() ends it."""
+
+    def __init__(self, broker: Broker, reply: pb.AttachReply, fds: list[int]) -> None:
+        self.broker = broker
+        self.reply = reply
+        self.id = reply.attachment_id
+        self.program = reply.program
+        self.sha256 = reply.sha256
+        self.scope = scope_name(reply.scope)
+        self.shared = reply.shared
+        self.lease_expires = reply.lease_expires_unix
+        self.programs = list(reply.programs)
+        self.detached = False
+        self.btf: Btf | None = None
+        if reply.btf:
+            try:
+                self.btf = Btf.parse(reply.btf)
+            except BtfError:
+                self.btf = None  # values then show as raw ints / hex
+        self.maps: dict[str, ClientMap] = {}
+        used: set[int] = set()
+        for d in reply.maps:
+            fd = None
+            if d.fd_index >= 0:
+                if d.fd_index >= len(fds):
+                    raise ProtocolError(
+                        f"map {d.name!r}: fd_index {d.fd_index} but only {len(fds)} fds came"
+                    )
+                fd = fds[d.fd_index]
+                used.add(d.fd_index)
+            self.maps[d.name] = ClientMap(self, d, fd, self.btf)
+        # Program fds (if a broker ever passes them) and strays: not ours to keep.
+        for i, fd in enumerate(fds):
+            if i not in used:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._streams: list[EventStream] = []
+
+    def __repr__(self) -> str:
+        return f"<Attachment {self.id} {self.program!r} scope={self.scope} maps={list(self.maps)}>"
+
+    # --- maps ---
+
+    def map(self, name: str) -> ClientMap:
+        try:
+            return self.maps[name]
+        except KeyError:
+            have = ", ".join(self.maps) or "none"
+            raise UsageError(
+                f"{self.program or 'the program'} has no map {name!r} (maps: {have})"
+            ) from None
+
+    def table_maps(self) -> list[ClientMap]:
+        return [m for m in self.maps.values() if not m.is_events]
+
+    def event_maps(self) -> list[ClientMap]:
+        return [m for m in self.maps.values() if m.is_events]
+
+    # --- events ---
+
+    def open_events(self, map: str | None = None, max_events: int = 0) -> EventStream:
+        """An EventStream over the named ring buffer (default: the only one)."""
+        if map is None:
+            rings = self.event_maps()
+            if not rings:
+                raise UsageError(f"{self.program or 'the program'} has no ring buffer of events")
+            if len(rings) > 1:
+                names = ", ".join(m.name for m in rings)
+                raise UsageError(f"name the ring buffer: {names}")
+            cmap = rings[0]
+        else:
+            cmap = self.map(map)
+            if not cmap.is_events:
+                raise UsageError(f"map {map!r} is not a ring buffer of events")
+        stream = EventStream(self, cmap, max_events)
+        self._streams.append(stream)
+        return stream
+
+    def events(
+        self, map: str | None = None, *, timeout: float | None = None, max_events: int = 0
+    ) -> Iterator[Any]:
+        """Decoded records as they come; stops after timeout seconds (None: never)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.open_events(map, max_events) as stream:
+            while not stream.ended:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                yield from stream.poll(None if left is None else min(left, 1.0))
+
+    # --- stats and lifetime ---
+
+    def stats(self) -> list[pb.ProgramStats]:
+        return list(self.broker.transport.stats(self.id).programs)
+
+    def renew(self) -> None:
+        """Renew a gRPC lease (any call naming the attachment does); no-op over the socket."""
+        if self.broker.via == "grpc" and not self.detached:
+            self.broker.transport.stats(self.id)
+
+    def detach(self) -> bool:
+        """Detach (idempotent); True if the kernel instance went away with us."""
+        if self.detached:
+            return False
+        self.detached = True
+        for s in self._streams:
+            s.close()
+        for m in self.maps.values():
+            m.close()
+        self.broker._forget(self)
+        transport = self.broker.transport
+        if transport is None or transport.closed:
+            return False  # the session is gone: the broker already detached
+        try:
+            return transport.detach(self.id).unloaded
+        except BrokerUnreachable:
+            return False
+
+    close = detach
+
+    def __enter__(self) -> Attachment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
