@@ -26,6 +26,8 @@ __all__ = [
     "attach_raw_tracepoint",
     "attach_tracepoint",
     "attach_uprobe",
+    "attach_uprobe_multi",
+    "LinkAttachment",
     "possible_cpu_list",
 ]
 
@@ -119,7 +121,9 @@ class PerfEventAttachment(Attachment):
             _close_quietly(pfd)
 
 
-class RawTracepointAttachment(Attachment):
+class LinkAttachment(Attachment):
+    """One fd (a BPF link or raw tracepoint): closing it detaches."""
+
     def __init__(self, description: str, fd: int) -> None:
         super().__init__(description)
         self.fd = fd
@@ -130,6 +134,10 @@ class RawTracepointAttachment(Attachment):
     def _detach(self) -> None:
         fd, self.fd = self.fd, -1
         _close_quietly(fd)
+
+
+class RawTracepointAttachment(LinkAttachment):
+    pass
 
 
 def _attach_prog(att: PerfEventAttachment, prog_fd: int, perf_fd: int, cookie: int) -> None:
@@ -273,6 +281,41 @@ def attach_uprobe(
         att.close()
         raise
     return att
+
+
+def attach_uprobe_multi(
+    prog_fd: int,
+    path: str | os.PathLike[str],
+    symbols: Iterable[str],
+    pid: int = -1,
+    retprobe: bool = False,
+    cookies: Iterable[int] | None = None,
+) -> LinkAttachment:
+    """Attach one program to uprobes (or uretprobes) on several functions at once.
+
+    A uprobe_multi BPF link needs only CAP_BPF + CAP_PERFMON, where the uprobe
+    perf PMU wants CAP_SYS_ADMIN on recent kernels. The program must have been
+    loaded with expected_attach_type BPF_TRACE_UPROBE_MULTI. Each function's
+    cookie (default: its index) is what bpf_get_attach_cookie() returns.
+    pid -1 probes every process that maps the file.
+    """
+    spath = os.fspath(path)
+    if "\0" in spath:
+        raise ValueError(f"invalid path {spath!r}")
+    names = list(symbols)
+    if not names:
+        raise ValueError("attach_uprobe_multi needs at least one function")
+    if pid < -1:
+        raise ValueError(f"pid must be -1 (all processes) or a process id, got {pid}")
+    offsets = [resolve_symbol(spath, name) for name in names]
+    cks = list(cookies) if cookies is not None else list(range(len(names)))
+    kind = "uretprobe" if retprobe else "uprobe"
+    description = f"{kind} {spath}:{','.join(names)}" + (f" pid {pid}" if pid != -1 else "")
+    try:
+        fd = sys.link_create_uprobe_multi(prog_fd, spath, offsets, cks, pid, retprobe)
+    except OSError as e:
+        raise AttachError(e.errno or errno.EINVAL, f"attaching {description}: {e}") from None
+    return LinkAttachment(description, fd)
 
 
 def possible_cpu_list(path: str = "/sys/devices/system/cpu/possible") -> list[int]:

@@ -16,6 +16,7 @@ from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.catalog import Attach, Program
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.sys import BPF_TRACE_UPROBE_MULTI
 
 # What a user must do to make a tracepoint system appear (for error messages).
 _SYSTEM_HINTS = {
@@ -147,7 +148,16 @@ def prepare(
         if not entry.pid_knob:
             raise ParameterError(f"program {entry.name!r} takes no pid")
         spec.set_variable(entry.pid_knob, params.pid)
+    use_uprobe_multi(spec, entry)
     return spec, variant
+
+
+def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:
+    """Uprobe programs attach through uprobe_multi links, which need the attach type
+    at load time (the uprobe perf PMU would need CAP_SYS_ADMIN)."""
+    for a in entry.attach:
+        if a.kind in ("uprobe", "uretprobe"):
+            spec.programs[a.program].expected_attach_type = BPF_TRACE_UPROBE_MULTI
 
 
 @dataclass
@@ -173,7 +183,14 @@ class Instance:
         self.close()
 
 
-def _attach_one(inst: Instance, a: Attach, params: Params) -> None:
+def attach_entry(
+    inst: Instance, a: Attach, params: Params, library_path: str | None = None
+) -> None:
+    """Attach one catalog attach entry of a loaded instance.
+
+    library_path overrides params.library for the kernel (e.g. /proc/self/fd/N
+    of a file the caller already checked, so the path cannot change under us).
+    """
     prog = inst.obj.programs[a.program]
     if a.kind == "tracepoint":
         system, event = a.tracepoint
@@ -185,17 +202,16 @@ def _attach_one(inst: Instance, a: Attach, params: Params) -> None:
         if not params.library or not params.functions:
             raise ParameterError(f"program {inst.entry.name!r} needs a library and functions")
         pid = params.pid if params.pid is not None else -1
-        for cookie, fn in enumerate(params.functions):
-            inst.attachments.append(
-                bpfattach.attach_uprobe(
-                    prog.fd,
-                    params.library,
-                    symbol=fn,
-                    pid=pid,
-                    retprobe=a.kind == "uretprobe",
-                    cookie=cookie,
-                )
+        # One link for all functions; each function's cookie is its index.
+        inst.attachments.append(
+            bpfattach.attach_uprobe_multi(
+                prog.fd,
+                library_path or params.library,
+                params.functions,
+                pid=pid,
+                retprobe=a.kind == "uretprobe",
             )
+        )
     elif a.kind == "perf_event":
         inst.attachments.append(bpfattach.attach_perf_event(prog.fd, 99))
     else:  # catalog validation keeps this unreachable
@@ -217,7 +233,7 @@ def start(
     try:
         if attach:
             for a in entry.attach_for(variant):
-                _attach_one(inst, a, params)
+                attach_entry(inst, a, params)
     except BaseException:
         inst.close()
         raise

@@ -181,6 +181,24 @@ class LinkCreateAttr(ctypes.Structure):
     ]
 
 
+class LinkCreateUprobeMultiAttr(ctypes.Structure):
+    """link_create with the uprobe_multi member of its union (offset 16)."""
+
+    _fields_ = [
+        ("prog_fd", u32),
+        ("target_fd", u32),
+        ("attach_type", u32),
+        ("flags", u32),
+        ("path", u64),
+        ("offsets", u64),
+        ("ref_ctr_offsets", u64),
+        ("cookies", u64),
+        ("cnt", u32),
+        ("um_flags", u32),
+        ("pid", u32),
+    ]
+
+
 class MapFreezeAttr(ctypes.Structure):
     _fields_ = [("map_fd", u32)]
 
@@ -195,6 +213,7 @@ class BpfAttr(ctypes.Union):
         ("elem", MapElemAttr),
         ("batch", MapBatchAttr),
         ("prog_load", ProgLoadAttr),
+        ("link_create_uprobe_multi", LinkCreateUprobeMultiAttr),
         ("btf_load", BtfLoadAttr),
         ("info", InfoByFdAttr),
         ("raw_tracepoint", RawTracepointAttr),
@@ -726,6 +745,43 @@ def link_create(
     a.attach_type = attach_type
     a.flags = flags
     a.bpf_cookie = cookie
+    return _check(BPF_LINK_CREATE, attr)
+
+
+BPF_TRACE_UPROBE_MULTI = 48
+BPF_F_UPROBE_MULTI_RETURN = 1
+
+
+def link_create_uprobe_multi(
+    prog_fd: int,
+    path: str,
+    offsets: list[int],
+    cookies: list[int] | None = None,
+    pid: int = 0,
+    retprobe: bool = False,
+) -> int:
+    """BPF_LINK_CREATE of a uprobe_multi link (Linux >= 6.6): one link, many probes.
+
+    Unlike the uprobe perf PMU (CAP_SYS_ADMIN on 6.18), this needs only
+    CAP_BPF + CAP_PERFMON. The program must be loaded with
+    expected_attach_type BPF_TRACE_UPROBE_MULTI. pid 0 probes every process.
+    """
+    n = len(offsets)
+    if not n or (cookies is not None and len(cookies) != n):
+        raise ValueError("uprobe_multi needs offsets, and one cookie per offset if any")
+    path_buf = ctypes.create_string_buffer(os.fsencode(path))
+    offs = (u64 * n)(*offsets)
+    cks = (u64 * n)(*cookies) if cookies is not None else None
+    attr = BpfAttr()
+    a = attr.link_create_uprobe_multi
+    a.prog_fd = prog_fd
+    a.attach_type = BPF_TRACE_UPROBE_MULTI
+    a.path = ctypes.addressof(path_buf)
+    a.offsets = ctypes.addressof(offs)
+    a.cookies = ctypes.addressof(cks) if cks is not None else 0
+    a.cnt = n
+    a.um_flags = BPF_F_UPROBE_MULTI_RETURN if retprobe else 0
+    a.pid = max(pid, 0)
     return _check(BPF_LINK_CREATE, attr)
 
 

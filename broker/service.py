@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import instance as bpfinstance
 from gfxbpf.bpf import sys as bpfsys
@@ -58,11 +57,6 @@ READ_MAP_MAX_BYTES = 768 * 1024
 EVENT_BATCH_RECORDS = 512
 EVENT_BATCH_BYTES = 512 * 1024
 EVENT_POLL_SECONDS = 0.2
-UPROBE_UNAVAILABLE = (
-    "this kernel opens uprobe perf events only for CAP_SYS_ADMIN, which the broker does "
-    "not hold (it keeps CAP_BPF and CAP_PERFMON only), so uprobe programs cannot run "
-    "here; they need BPF uprobe_multi links (Linux >= 6.6), which gfxbpf does not use yet"
-)
 # The kernel's internal ENOTSUPP leaks to user space from some map types.
 _ENOTSUPP = 524
 _UPROBE_KINDS = ("uprobe", "uretprobe")
@@ -269,7 +263,6 @@ class Service:
         self._registry: Registry[SharedInstance] = Registry()
         self._objects: dict[str, bytes] = {}  # catalog name -> bytes, read once
         self._audits: dict[str, staticaudit.AuditReport] = {}  # sha256 -> verdict
-        self._uprobe_problem: str | None = None  # learnt from a refused uprobe attach
 
     # ------------------------------------------------------------ helpers
 
@@ -463,8 +456,6 @@ class Service:
                 )
             )
         reason = bpfinstance.availability(entry, self._event_exists)
-        if reason is None and any(a.kind in _UPROBE_KINDS for a in entry.attach):
-            reason = self._uprobe_problem
         if reason is None and not any(e.sha256 == entry.sha256 for e in group):
             reason = (
                 f"the policy approves sha256 {group[0].sha256}, but the catalog's "
@@ -711,17 +702,22 @@ class Service:
         self, caller: Caller, res: _Resolved, target: _Target, key: InstanceKey
     ) -> SharedInstance:
         entry = res.entry
+        params = bpfinstance.Params(
+            uid=caller.uid if res.scope == "self" and entry.uid_knob else None,
+            pid=target.pid if entry.pid_knob else None,
+            library=target.library,
+            functions=target.functions,
+        )
         try:
-            spec = ObjectSpec.parse(res.data, entry.object.split(".", 1)[0])
+            spec, variant = bpfinstance.prepare(
+                entry,
+                res.data,
+                params,
+                exists=self._event_exists,
+                read_format=self._read_format,
+            )
         except ObjectError as e:
             raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"object cannot be used: {e}") from None
-        try:
-            variant = bpfinstance.choose_variant(entry, self._event_exists)
-            bpfinstance.fill_field_knobs(spec, entry, variant, self._read_format)
-            if res.scope == "self" and entry.uid_knob:
-                spec.set_variable(entry.uid_knob, caller.uid)
-            if target.pid is not None and entry.pid_knob:
-                spec.set_variable(entry.pid_knob, target.pid)
         except bpfinstance.Unavailable as e:
             raise BrokerError(pb.ERROR_UNAVAILABLE, str(e)) from None
         except tracefs.TracefsError as e:
@@ -749,7 +745,7 @@ class Service:
             raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
         inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)
         try:
-            self._attach_all(inst, entry, variant, target)
+            self._attach_all(inst, entry, variant, target, params)
             if target.pid_handle is not None and not target.pid_handle.alive():
                 raise BrokerError(
                     pb.ERROR_PERMISSION_DENIED, f"process {target.pid} exited while attaching"
@@ -766,44 +762,18 @@ class Service:
         entry: Program,
         variant: str | None,
         target: _Target,
+        params: bpfinstance.Params,
     ) -> None:
+        # Uprobes go through the fd the policy check looked at: no path race.
+        library_path = f"/proc/self/fd/{target.library_fd}" if target.library_fd >= 0 else None
         for a in entry.attach_for(variant):
-            prog = inst.obj.programs[a.program]
             try:
-                if a.kind == "tracepoint":
-                    system, event = a.tracepoint
-                    inst.attachments.append(bpfattach.attach_tracepoint(prog.fd, system, event))
-                elif a.kind == "raw_tracepoint":
-                    assert a.target
-                    inst.attachments.append(bpfattach.attach_raw_tracepoint(prog.fd, a.target))
-                elif a.kind in _UPROBE_KINDS:
-                    # Through the fd the policy check looked at: no path race.
-                    path = f"/proc/self/fd/{target.library_fd}"
-                    pid = target.pid if target.pid is not None else -1
-                    for cookie, fn in enumerate(target.functions):
-                        inst.attachments.append(
-                            bpfattach.attach_uprobe(
-                                prog.fd,
-                                path,
-                                symbol=fn,
-                                pid=pid,
-                                retprobe=a.kind == "uretprobe",
-                                cookie=cookie,
-                            )
-                        )
-                elif a.kind == "perf_event":
-                    inst.attachments.append(bpfattach.attach_perf_event(prog.fd, 99))
-                else:
-                    raise BrokerError(pb.ERROR_INTERNAL, f"unknown attach kind {a.kind!r}")
+                bpfinstance.attach_entry(inst, a, params, library_path)
             except tracefs.TracefsError as e:
                 raise BrokerError(pb.ERROR_UNAVAILABLE, str(e)) from None
             except (LookupError, ValueError) as e:  # symbol not found and friends
                 raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"cannot attach: {e}") from None
             except OSError as e:
-                if a.kind in _UPROBE_KINDS and e.errno in (errno.EACCES, errno.EPERM):
-                    # Seen on Linux 6.18: the uprobe PMU wants CAP_SYS_ADMIN.
-                    self._uprobe_problem = UPROBE_UNAVAILABLE
-                    raise BrokerError(pb.ERROR_UNAVAILABLE, UPROBE_UNAVAILABLE) from None
                 raise BrokerError(pb.ERROR_KERNEL, f"attaching {a.program!r} failed: {e}") from None
 
     def attach(

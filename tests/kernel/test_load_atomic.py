@@ -34,7 +34,16 @@ char LICENSE[] SEC("license") = "GPL";
 
 
 def fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+    """This process's BPF object fds (maps, programs, BTF), by fd number."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(("anon_inode:bpf", "anon_inode:btf")):
+            out.add(fd)
+    return out
 
 
 def test_rejected_program_unloads_everything(tmp_path: Path) -> None:

@@ -548,31 +548,3 @@ def test_kernel_version_parse() -> None:
     assert svc._kernel_at_least("5.19.0", 5, 19)
     assert not svc._kernel_at_least("5.15.0-91-generic", 5, 19)
     assert not svc._kernel_at_least("garbage", 5, 19)
-
-
-def test_refused_uprobe_makes_uprobe_programs_unavailable(
-    service: Service, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import errno
-    from types import SimpleNamespace
-
-    def refuse(*a: Any, **k: Any) -> None:
-        raise svc.bpfattach.AttachError(errno.EACCES, "perf_event_open for uprobe: denied")
-
-    monkeypatch.setattr(svc.bpfattach, "attach_uprobe", refuse)
-    entry = CATALOG.get("ucalls")
-    inst = SimpleNamespace(
-        obj=SimpleNamespace(programs={a.program: SimpleNamespace(fd=-1) for a in entry.attach}),
-        attachments=[],
-    )
-    target = svc._Target(pid=1, library="/lib/x", library_fd=0, functions=("f",))
-    with pytest.raises(BrokerError) as ei:
-        service._attach_all(inst, entry, None, target)  # type: ignore[arg-type]
-    assert ei.value.code == pb.ERROR_UNAVAILABLE
-    assert "CAP_SYS_ADMIN" in ei.value.message and "uprobe_multi" in ei.value.message
-    by = {
-        p.name: p for p in service.list_programs(caller(ALICE), pb.ListProgramsRequest()).programs
-    }
-    assert not by["ucalls"].available
-    assert by["ucalls"].unavailable_reason == ei.value.message
-    assert by["syscount"].available
