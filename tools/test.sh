@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
+export GFXBPF_VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
+VENV=$GFXBPF_VENV
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

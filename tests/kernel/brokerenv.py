@@ -41,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "deploy" / "gfxbpf.service"
 MOUNT_DROPIN = ROOT / "deploy" / "sys-kernel-tracing.mount.d" / "gfxbpf.conf"
 TRACEFS = "/sys/kernel/tracing"
-VENV_PYTHON = "/opt/gfxbpf/venv/bin/python"
+# tools/setup.sh installs here (GFXBPF_VENV moves it, e.g. for a CI dry run).
+VENV = os.environ.get("GFXBPF_VENV", "/opt/gfxbpf/venv")
+VENV_PYTHON = f"{VENV}/bin/python"
 BROKER_USER = "gfxbpf"
 ALICE = "gfxtest-alice"
 BOB = "gfxtest-bob"
@@ -279,6 +281,8 @@ class BrokerProcess:
         flags = {"--policy": str(policy_path), "--socket": socket_path, "--grpc": grpc_addr or ""}
         if catalog is not None:
             flags["--catalog"] = catalog
+        if VENV != "/opt/gfxbpf/venv":  # the unit's ExecStart names the default venv
+            flags["program"] = f"{VENV}/bin/gfxbpf-broker"
         flags.update(overrides or {})
         if as_root_with_user:
             flags["--user"] = BROKER_USER
