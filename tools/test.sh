@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 export GFXBPF_VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 VENV=$GFXBPF_VENV
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+exec "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider tests "$@"

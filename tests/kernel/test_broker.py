@@ -31,6 +31,7 @@ from tests.kernel.brokerenv import (
     BROKER_USER,
     MALLORY,
     SERVICE,
+    VENV,
     VENV_PYTHON,
     BrokerProcess,
     _unit_exec_module,
@@ -217,8 +218,9 @@ def test_broker_holds_only_bpf_and_perfmon(broker: BrokerProcess) -> None:
     info = _unit_exec_module().unit_exec(SERVICE)
     with open(f"/proc/{broker.pid}/cmdline", "rb") as f:
         cmdline = f.read().split(b"\0")[:-1]
-    assert cmdline[1].decode() == info.argv[0]  # the venv's gfxbpf-broker script
-    assert broker.argv[broker.argv.index("--") + 1 :][0] == info.argv[0]
+    program = info.argv[0] if VENV == "/opt/gfxbpf/venv" else f"{VENV}/bin/gfxbpf-broker"
+    assert cmdline[1].decode() == program  # the venv's gfxbpf-broker script
+    assert broker.argv[broker.argv.index("--") + 1 :][0] == program
     flags = [a for a in info.argv[1:] if a.startswith("--")]
     assert flags == [a.decode() for a in cmdline[2:] if a.startswith(b"--")]
 
