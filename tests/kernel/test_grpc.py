@@ -354,6 +354,7 @@ def _free_port() -> int:
 
 def test_mtls_client_certificate_maps_to_alice() -> None:
     from tests import tlscerts  # needs cryptography (a dev dependency)
+
     alice_uid, alice_gid = ensure_user(ALICE)
     broker_uid, broker_gid = ensure_user(BROKER_USER)
     base = shared_dir(None, prefix="gfxbpf-mtls-")

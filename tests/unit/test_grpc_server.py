@@ -364,6 +364,7 @@ def test_tls_config_errors_name_the_file(tmp_path: Any) -> None:
 
 def test_mtls_maps_the_certificate_to_a_user(tmp_path: Any) -> None:
     from tests import tlscerts  # needs cryptography (a dev dependency)
+
     ca = tlscerts.make_ca("gfxbpf unit CA")
     other = tlscerts.make_ca("someone else's CA")
     server = ca.issue("localhost", server=True)
