@@ -37,11 +37,12 @@ else
     mount -t tracefs -o nosuid,nodev,noexec,gid="$SERVICE_USER",mode=0750 nodev /sys/kernel/tracing
 fi
 
-say "policy: $DEMO_USER may watch syscount, execsnoop and clonecount for itself"
+say "policy: $DEMO_USER may watch syscount, execsnoop, clonecount (own events) and vmabind"
 install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
 "$VENV/bin/gfxbpf-admin" approve syscount --users "$DEMO_USER" --scope self >"$POLICY.new"
 "$VENV/bin/gfxbpf-admin" approve execsnoop --users "$DEMO_USER" --scope self >>"$POLICY.new"
 "$VENV/bin/gfxbpf-admin" approve clonecount --users "$DEMO_USER" --scope self >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve vmabind --users "$DEMO_USER" --scope system >>"$POLICY.new"
 install -m 0640 -g "$SERVICE_USER" "$POLICY.new" "$POLICY" && rm -f "$POLICY.new"
 "$VENV/bin/gfxbpf-broker" --policy "$POLICY" --check-policy
 
@@ -75,7 +76,7 @@ say "$DEMO_USER: gfxclient watch syscount for ${SECONDS_TO_WATCH}s while $DEMO_U
 as_demo bash -c 'end=$((SECONDS + '"$SECONDS_TO_WATCH"')); while [ $SECONDS -lt $end ]; do
     dd if=/dev/zero of=/dev/null bs=512 count=2000 status=none; ls / >/dev/null; done' &
 WORK=$!
-as_demo "$VENV/bin/gfxclient" watch syscount --interval 1 --duration "$SECONDS_TO_WATCH"
+as_demo "$VENV/bin/gfxclient" watch syscount --interval 1 --duration "$SECONDS_TO_WATCH" --top 12
 wait "$WORK" || true
 
 say "$DEMO_USER: gfxclient watch vmabind (no i915 here: a clear message, not a traceback)"
