@@ -12,6 +12,7 @@ import ctypes
 import errno as _errno
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -560,24 +561,7 @@ def prog_load(
             a.log_buf = ctypes.addressof(log_buf)
         return _call(BPF_PROG_LOAD, attr), attr
 
-    ret, _ = attempt(None)
-    if ret >= 0:
-        return ret
-    first_err = -ret
-    size = LOG_BUF_SIZE
-    while True:
-        log_buf = ctypes.create_string_buffer(size)
-        ret, attr = attempt(log_buf)
-        if ret >= 0:  # succeeded with a log (the first failure was transient)
-            return ret
-        log = _log_text(log_buf)
-        if -ret == _errno.ENOSPC and size < LOG_BUF_MAX:
-            size = _grow(size, attr.prog_load.log_true_size)
-            continue
-        # With a log the kernel may report ENOSPC for a truncated log: keep
-        # the real reason from the first attempt then.
-        err = first_err if -ret == _errno.ENOSPC else -ret
-        raise BpfError(err, "BPF_PROG_LOAD", log, _hint(err))
+    return _load_with_log("BPF_PROG_LOAD", attempt, lambda a: a.prog_load.log_true_size)
 
 
 def btf_load(data: bytes) -> int:
@@ -597,6 +581,17 @@ def btf_load(data: bytes) -> int:
             a.btf_log_buf = ctypes.addressof(log_buf)
         return _call(BPF_BTF_LOAD, attr), attr
 
+    return _load_with_log("BPF_BTF_LOAD", attempt, lambda a: a.btf_load.btf_log_true_size)
+
+
+def _load_with_log(
+    command: str,
+    attempt: Callable[[ctypes.Array | None], tuple[int, BpfAttr]],
+    true_size: Callable[[BpfAttr], int],
+) -> int:
+    """Load once without a log (as libbpf does); on failure again with a log,
+    growing the buffer while the kernel says it is too small, and raise
+    BpfError carrying that log."""
     ret, _ = attempt(None)
     if ret >= 0:
         return ret
@@ -605,14 +600,16 @@ def btf_load(data: bytes) -> int:
     while True:
         log_buf = ctypes.create_string_buffer(size)
         ret, attr = attempt(log_buf)
-        if ret >= 0:
+        if ret >= 0:  # succeeded with a log (the first failure was transient)
             return ret
         log = _log_text(log_buf)
         if -ret == _errno.ENOSPC and size < LOG_BUF_MAX:
-            size = _grow(size, attr.btf_load.btf_log_true_size)
+            size = _grow(size, true_size(attr))
             continue
+        # With a log the kernel may report ENOSPC for a truncated log: keep
+        # the real reason from the first attempt then.
         err = first_err if -ret == _errno.ENOSPC else -ret
-        raise BpfError(err, "BPF_BTF_LOAD", log, _hint(err))
+        raise BpfError(err, command, log, _hint(err))
 
 
 def _grow(size: int, true_size: int) -> int:
