@@ -338,6 +338,13 @@ class _Ctx:
     def fail(self, key: str, problem: str) -> CatalogError:
         return CatalogError(f"{self.source}: program {self.label}: {key}: {problem}")
 
+    def check_keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise self.fail(
+                where + unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})"
+            )
+
     def get_str(
         self, table: dict[str, Any], key: str, where: str, required: bool = True
     ) -> str | None:
@@ -499,11 +506,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
 
 def _parse_attach(c: _Ctx, t: dict[str, Any], i: int) -> Attach:
     where = f"attach[{i}]."
-    unknown = sorted(set(t) - _ATTACH_KEYS)
-    if unknown:
-        raise c.fail(
-            where + unknown[0], f"unknown key (allowed: {', '.join(sorted(_ATTACH_KEYS))})"
-        )
+    c.check_keys(t, _ATTACH_KEYS, where)
     program = c.get_ident(t, "program", where)
     kind = c.get_choice(t, "kind", where, ATTACH_KINDS, required=True)
     target = c.get_str(t, "target", where, required=False)
@@ -528,9 +531,7 @@ def _parse_attach(c: _Ctx, t: dict[str, Any], i: int) -> Attach:
 
 def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...]) -> Field:
     where = f"field[{i}]."
-    unknown = sorted(set(t) - _FIELD_KEYS)
-    if unknown:
-        raise c.fail(where + unknown[0], f"unknown key (allowed: {', '.join(sorted(_FIELD_KEYS))})")
+    c.check_keys(t, _FIELD_KEYS, where)
     knob = c.get_ident(t, "knob", where)
     tracepoint = c.get_str(t, "tracepoint", where)
     fname = c.get_ident(t, "field", where)
@@ -563,9 +564,7 @@ def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...])
 
 def _parse_map(c: _Ctx, t: dict[str, Any], i: int) -> MapEntry:
     where = f"map[{i}]."
-    unknown = sorted(set(t) - _MAP_KEYS)
-    if unknown:
-        raise c.fail(where + unknown[0], f"unknown key (allowed: {', '.join(sorted(_MAP_KEYS))})")
+    c.check_keys(t, _MAP_KEYS, where)
     name = c.get_ident(t, "name", where)
     assert name is not None
     if len(name) > MAP_NAME_MAX:
@@ -594,11 +593,7 @@ def _parse_map(c: _Ctx, t: dict[str, Any], i: int) -> MapEntry:
 
 def _parse_parameter(c: _Ctx, t: dict[str, Any], i: int) -> Parameter:
     where = f"parameter[{i}]."
-    unknown = sorted(set(t) - _PARAMETER_KEYS)
-    if unknown:
-        raise c.fail(
-            where + unknown[0], f"unknown key (allowed: {', '.join(sorted(_PARAMETER_KEYS))})"
-        )
+    c.check_keys(t, _PARAMETER_KEYS, where)
     name = c.get_ident(t, "name", where)
     ptype = c.get_choice(t, "type", where, PARAMETER_TYPES, required=True)
     required = c.get_bool(t, "required", where, default=False)
