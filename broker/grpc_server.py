@@ -72,7 +72,7 @@ STATUS_OF: dict[int, grpc.StatusCode] = {
 }
 
 HOW_TO_AUTHENTICATE = (
-    "get a token on the broker's Unix socket (IssueToken, e.g. `gfxclient token`) and "
+    "get a token on the broker's Unix socket (IssueToken; gfxclient --via grpc does it) and "
     "send it as gRPC metadata 'authorization: Bearer <token>', or connect with mTLS "
     "using a client certificate that a [[tls_client]] entry of the broker's policy maps "
     "to a user"
