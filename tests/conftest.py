@@ -8,7 +8,9 @@ machines CI runs on have every kernel feature these tests need.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,29 @@ def skip_or_fail(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI=true but kernel test prerequisite missing: {reason}")
     pytest.skip(reason)
+
+
+def compile_bpf(source: str, directory: Path, name: str = "t") -> Path:
+    """Compile BPF C source with clang as the catalog build does; the object's path.
+
+    clang missing: a skip outside CI, a failure in CI (tools/setup.sh installs it).
+    """
+    clang = shutil.which("clang")
+    if clang is None:
+        skip_or_fail("clang is not installed (apt-get install clang)")
+    src = directory / f"{name}.bpf.c"
+    out = directory / f"{name}.bpf.o"
+    src.write_text(source)
+    r = subprocess.run(
+        [clang, "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
+        + ["-c", src.name, "-o", out.name],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
 
 
 def _ensure_tracefs() -> None:

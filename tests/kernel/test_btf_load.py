@@ -3,34 +3,21 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
 
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf, BtfExt, parse_btf_maps
+from tests.conftest import compile_bpf
 from tests.unit.test_btf import OBJ_SOURCE
 
 
 @pytest.fixture(scope="module")
 def elf_obj(tmp_path_factory: pytest.TempPathFactory):
-    clang = shutil.which("clang")
-    if clang is None:
-        pytest.skip("clang is not installed")
     from elftools.elf.elffile import ELFFile
 
-    d = tmp_path_factory.mktemp("btfload")
-    (d / "t.bpf.c").write_text(OBJ_SOURCE)
-    r = subprocess.run(
-        [clang, "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
-        + ["-c", "t.bpf.c", "-o", "t.bpf.o"],
-        cwd=d,
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-    f = open(os.path.join(d, "t.bpf.o"), "rb")  # ELFFile reads lazily: keep it open
+    obj = compile_bpf(OBJ_SOURCE, tmp_path_factory.mktemp("btfload"))
+    f = open(obj, "rb")  # ELFFile reads lazily: keep it open
     yield ELFFile(f)
     f.close()
 

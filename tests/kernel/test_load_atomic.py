@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import ObjectSpec
-from tests.conftest import skip_or_fail
+from tests.conftest import compile_bpf
 
 SOURCE = """
 #include <linux/types.h>
@@ -47,25 +45,7 @@ def fds() -> set[str]:
 
 
 def test_rejected_program_unloads_everything(tmp_path: Path) -> None:
-    if shutil.which("clang") is None:
-        skip_or_fail("clang is not installed")
-    (tmp_path / "half.bpf.c").write_text(SOURCE)
-    obj = tmp_path / "half.bpf.o"
-    subprocess.run(
-        [
-            "clang",
-            "-O2",
-            "-g",
-            "-target",
-            "bpf",
-            "-I/usr/include/x86_64-linux-gnu",
-            "-c",
-            str(tmp_path / "half.bpf.c"),
-            "-o",
-            str(obj),
-        ],
-        check=True,
-    )
+    obj = compile_bpf(SOURCE, tmp_path, "half")
     spec = ObjectSpec.from_file(str(obj))
     before = fds()
     with pytest.raises(LoadError) as ei:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import struct
-import subprocess
 import time
 from dataclasses import dataclass
 
@@ -13,6 +10,7 @@ import pytest
 
 from gfxbpf.bpf import btf as B
 from gfxbpf.bpf.btf import Btf, BtfError, BtfExt, parse_btf_maps
+from tests.conftest import compile_bpf
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
 
@@ -312,21 +310,9 @@ class Obj:
 
 @pytest.fixture(scope="module")
 def obj(tmp_path_factory: pytest.TempPathFactory) -> Obj:
-    clang = shutil.which("clang")
-    if clang is None:
-        pytest.skip("clang is not installed")
     elftools = pytest.importorskip("elftools.elf.elffile")
-    d = tmp_path_factory.mktemp("btfobj")
-    (d / "t.bpf.c").write_text(OBJ_SOURCE)
-    r = subprocess.run(
-        [clang, "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
-        + ["-c", "t.bpf.c", "-o", "t.bpf.o"],
-        cwd=d,
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-    with open(os.path.join(d, "t.bpf.o"), "rb") as f:
+    obj = compile_bpf(OBJ_SOURCE, tmp_path_factory.mktemp("btfobj"))
+    with open(obj, "rb") as f:
         elf = elftools.ELFFile(f)
         sizes = {s.name: s.data_size for s in elf.iter_sections() if s.name}
         symbols = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,10 @@ import pytest
 
 from gfxbpf.bpf import helpers, insn
 from gfxbpf.bpf.insn import Insn
+from tests.conftest import compile_bpf, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = ROOT / "tools" / "gen_helpers.py"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def skip_or_fail(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"CI=true but prerequisite missing: {reason}")
-    pytest.skip(reason)
 
 
 def _gen_module():
@@ -331,20 +324,7 @@ char LICENSE[] SEC("license") = "GPL";
 def test_clang_built_program(tmp_path: Path) -> None:
     from elftools.elf.elffile import ELFFile
 
-    clang = shutil.which("clang")
-    if clang is None:
-        skip_or_fail("clang not installed")
-    src = tmp_path / "tiny.bpf.c"
-    obj = tmp_path / "tiny.bpf.o"
-    src.write_text(PROG_SRC)
-    r = subprocess.run(
-        [clang, "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
-        + ["-c", str(src), "-o", str(obj)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
+    obj = compile_bpf(PROG_SRC, tmp_path, "tiny")
     with obj.open("rb") as f:
         sec = ELFFile(f).get_section_by_name("tracepoint/syscalls/sys_enter_getpid")
         assert sec is not None

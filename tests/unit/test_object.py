@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import struct
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.catalog import load_catalog, object_path
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, UnsupportedError, internal_map_name
-from tests.conftest import IN_CI
+from tests.conftest import compile_bpf
 
 CATALOG = load_catalog()
 HEADER = """
@@ -28,30 +26,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 def build(tmp_path: Path, source: str, name: str = "t") -> bytes:
     """Compile a small BPF C source with clang, as the catalog build does."""
-    if shutil.which("clang") is None:
-        if IN_CI:
-            pytest.fail("clang is missing in CI (tools/setup.sh installs it)")
-        pytest.skip("clang is not installed")
-    src = tmp_path / f"{name}.bpf.c"
-    src.write_text(HEADER + source)
-    out = tmp_path / f"{name}.bpf.o"
-    subprocess.run(
-        [
-            "clang",
-            "-O2",
-            "-g",
-            "-target",
-            "bpf",
-            "-I/usr/include/x86_64-linux-gnu",
-            "-c",
-            str(src),
-            "-o",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return out.read_bytes()
+    return compile_bpf(HEADER + source, tmp_path, name).read_bytes()
 
 
 @pytest.mark.parametrize("entry", CATALOG.programs, ids=lambda e: e.name)
