@@ -99,7 +99,11 @@ def counter_prologue(a: Asm, counter_fd: int) -> Asm:
 
 def prog_seq_output(counter_fd: int, ringbuf_fd: int) -> bytes:
     """Each run outputs record n (n = 1, 2, ...): the first (n & 31) + 1 bytes
-    of pack("<4Q", n, n + 1, n + 2, n + 3), so records are 16..40 bytes long."""
+    of pack("<4Q", n, n + 1, n + 2, n + 3), so records are 16..40 bytes long.
+
+    When the kernel refuses a record, counter[1] (if the counter map has a
+    second slot) counts it, so a test can tell a record the kernel never
+    accepted from one the reader lost."""
     a = counter_prologue(Asm(), counter_fd)
     a.i(STX_DW, R10, R7, -32)
     a.i(MOV64_REG, R1, R7)
@@ -110,6 +114,13 @@ def prog_seq_output(counter_fd: int, ringbuf_fd: int) -> bytes:
     a.i(MOV64_REG, R2, R10).i(ADD64_IMM, R2, imm=-32)
     a.i(MOV64_IMM, R4, imm=0)
     a.i(CALL, imm=RINGBUF_OUTPUT)
+    a.i(JEQ_IMM, R0, off="out", imm=0)
+    a.i(ST_W, R10, off=-36, imm=1)
+    a.i(MOV64_REG, R2, R10).i(ADD64_IMM, R2, imm=-36)
+    a.ld_map(R1, counter_fd)
+    a.i(CALL, imm=MAP_LOOKUP_ELEM)
+    a.i(JEQ_IMM, R0, off="out", imm=0)
+    a.i(LDX_DW, R1, R0, 0).i(ADD64_IMM, R1, imm=1).i(STX_DW, R0, R1, 0)
     a.label("out")
     return exit0(a).bytes()
 

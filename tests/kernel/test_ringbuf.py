@@ -39,7 +39,8 @@ class Producer:
 
     def __init__(self, size: int, discard_odd: bool = False) -> None:
         self.ring_fd = bpfsys.map_create(MapType.RINGBUF, 0, 0, size, name="t_ring")
-        self.counter_fd = bpfsys.map_create(MapType.ARRAY, 4, 8, 1, name="t_count")
+        # slot 0: records numbered so far; slot 1: records the kernel refused
+        self.counter_fd = bpfsys.map_create(MapType.ARRAY, 4, 8, 2, name="t_count")
         build = prog_reserve_discard_odd if discard_odd else prog_seq_output
         self.prog_fd = bpfsys.prog_load(
             PROG_SOCKET_FILTER, build(self.counter_fd, self.ring_fd), "GPL", name="t_producer"
@@ -47,6 +48,12 @@ class Producer:
 
     def run(self, n: int) -> None:
         prog_test_run(self.prog_fd, repeat=n)
+
+    def refused(self) -> int:
+        """Records the kernel did not accept (bpf_ringbuf_output failed)."""
+        value = bpfsys.map_lookup_elem(self.counter_fd, struct.pack("<I", 1), 8)
+        assert value is not None
+        return struct.unpack("<Q", value)[0]
 
     def close(self) -> None:
         for fd in (self.prog_fd, self.counter_fd, self.ring_fd):
@@ -96,6 +103,7 @@ def test_wraparound_with_consumption_in_between(small: Producer) -> None:
         first = rb.drain()
         assert 50 < len(first) < 400
         assert first == [seq_record(n) for n in range(1501, 1501 + len(first))]
+        assert small.refused() == 400 - len(first)  # the refusal counter counts
         small.run(10)
         assert rb.drain() == [seq_record(n) for n in range(1901, 1911)]
 
@@ -146,16 +154,29 @@ def test_raw_tracepoint_counts_own_syscalls() -> None:
         os.close(prog_fd)
 
 
-def _child_consume(fd: int, want: int) -> dict:
-    """As uid 65534: consume a ring buffer it holds only the fd of."""
+def _child_consume(fd: int, last: bytes) -> dict:
+    """As uid 65534: consume a ring buffer it holds only the fd of, until
+    the record `last` arrives (or 20 s pass)."""
     rb = RingBuffer(fd)  # max_entries via map_info: allowed without capabilities
     first = rb.drain()
     later: list[bytes] = []
     deadline = time.monotonic() + 20
-    while len(later) < want and time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (later and later[-1] == last):
         later += rb.poll(deadline - time.monotonic())
     rb.close()
     return {"uid": os.getuid(), "first": first, "later": later, "records": rb.records}
+
+
+def _unmatched(records: list[bytes], numbers: range) -> tuple[int, int]:
+    """Match records in order against seq_record(n) for n in numbers:
+    (numbers with no record, records left over that match nothing)."""
+    i = missing = 0
+    for n in numbers:
+        if i < len(records) and records[i] == seq_record(n):
+            i += 1
+        else:
+            missing += 1
+    return missing, len(records) - i
 
 
 def test_unprivileged_child_consumes(small: Producer) -> None:
@@ -176,14 +197,22 @@ def test_unprivileged_child_consumes(small: Producer) -> None:
     t = threading.Thread(target=produce)
     t.start()
     try:
-        out = run_unprivileged(_child_consume, small.ring_fd, 400)
+        out = run_unprivileged(_child_consume, small.ring_fd, seq_record(500))
     finally:
         t.join()
         watcher.close()
     assert out["uid"] == 65534
     assert out["first"] == [seq_record(n) for n in range(1, 101)]
-    assert out["later"] == [seq_record(n) for n in range(101, 501)]
-    assert out["records"] == 500
+    # Every record the kernel accepted arrives, in order and intact. The
+    # kernel may refuse one (a full ring if the child was starved for long,
+    # or a failed ring lock on 6.15+); it counts those, so a reader that lost
+    # a record cannot hide behind them.
+    refused = small.refused()
+    missing, stray = _unmatched(out["later"], range(101, 501))
+    assert stray == 0, "records out of order, repeated or corrupt"
+    assert missing == refused, f"{missing - refused} records the kernel accepted were lost"
+    assert refused <= 5, f"the kernel refused {refused} of 400 records"
+    assert out["records"] == 500 - refused
 
 
 def test_readonly_fd_cannot_be_consumed(small: Producer) -> None:
