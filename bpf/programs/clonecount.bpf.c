@@ -11,10 +11,11 @@ struct comm_key {
 	char comm[16];
 };
 
-/* command name of the caller -> clone/clone3 calls */
+/* command name of the caller -> clone/clone3 calls; room for 16384 names
+ * (a busy host, or bench/'s 10,000-entry map read) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 16384);
 	__type(key, struct comm_key);
 	__type(value, __u64);
 } counts SEC(".maps");
