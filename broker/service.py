@@ -779,6 +779,7 @@ class Service:
     def attach(
         self, caller: Caller, owner: Owner, req: pb.AttachRequest
     ) -> tuple[pb.AttachReply, list[int]]:
+        started = time.perf_counter()  # the audit record says how long attaching took
         name = req.name if req.WhichOneof("program") == "name" else None
         fields: dict[str, object] = {"program": name}
         try:
@@ -842,6 +843,7 @@ class Service:
             rule=res.rule,
             via=res.via,
             prog_ids=[p.prog_id for p in reply.programs],
+            elapsed_ms=round((time.perf_counter() - started) * 1000, 3),
             **fields,
         )
         return reply, fds
