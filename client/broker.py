@@ -21,14 +21,17 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable
-from importlib import metadata
+from typing import TYPE_CHECKING
 
 from gfxbpf.client.connection import UnixConnection, default_socket
 from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
-from gfxbpf.client.grpc_transport import GrpcTransport, TlsFiles, default_grpc
+from gfxbpf.client.grpc_config import TlsFiles, default_grpc
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.tokens import TokenCache, cache_key
 from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:  # imported when a gRPC connection is made: grpc is slow to import
+    from gfxbpf.client.grpc_transport import GrpcTransport
 
 PROTOCOL = 1
 VIAS = ("auto", "fd", "grpc")
@@ -41,6 +44,8 @@ _SCOPES = {
 
 
 def client_version() -> str:
+    from importlib import metadata  # here: ~40 ms of start-up otherwise
+
     try:
         return metadata.version("gfxbpf")
     except metadata.PackageNotFoundError:
@@ -151,6 +156,8 @@ class Broker:
         tls: TlsFiles | None,
         socket_path: str,
     ) -> Broker:
+        from gfxbpf.client.grpc_transport import GrpcTransport
+
         transport = GrpcTransport(
             address, token, tls=tls if not address.startswith("unix:") else None
         )

@@ -53,7 +53,7 @@ from gfxbpf.client.errors import (
     ClientError,
     UsageError,
 )
-from gfxbpf.client.grpc_transport import DEFAULT_GRPC, TlsFiles
+from gfxbpf.client.grpc_config import DEFAULT_GRPC, TlsFiles
 from gfxbpf.client.handle import Attachment, ClientMap, scope_name
 from gfxbpf.client.syscalls import syscall_name
 from gfxbpf.proto import gfxbpf_pb2 as pb

@@ -10,19 +10,17 @@ turned into the same BrokerError the Unix transport raises.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
+from gfxbpf.client.errors import BrokerError, BrokerUnreachable
+from gfxbpf.client.grpc_config import TlsFiles, default_grpc
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
-DEFAULT_GRPC = "unix:/run/gfxbpf/grpc.sock"
 CONNECT_TIMEOUT = 10.0
 CALL_TIMEOUT = 120.0
 # Trailers the broker's gRPC server sets on errors (broker/grpc_server.py):
@@ -45,37 +43,6 @@ _STATUS_TO_CODE = {
     grpc.StatusCode.OUT_OF_RANGE: pb.ERROR_INVALID_ARGUMENT,
     grpc.StatusCode.UNIMPLEMENTED: pb.ERROR_INVALID_ARGUMENT,
 }
-
-
-def default_grpc() -> str:
-    return os.environ.get("GFXBPF_GRPC") or DEFAULT_GRPC
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """PEM files for an mTLS connection to a host:port gRPC address."""
-
-    ca: str | None = None  # server CA; None = the system roots
-    cert: str | None = None  # client certificate (the policy maps it to a user)
-    key: str | None = None
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str | None, what: str) -> bytes | None:
-            if path is None:
-                return None
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as e:
-                raise UsageError(f"cannot read the {what} {path}: {e.strerror}") from None
-
-        if (self.cert is None) != (self.key is None):
-            raise UsageError("give both --tls-cert and --tls-key (or neither)")
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(self.ca, "CA certificate"),
-            private_key=read(self.key, "client key"),
-            certificate_chain=read(self.cert, "client certificate"),
-        )
 
 
 def _trailers(err: grpc.RpcError) -> dict[str, str | bytes]:
