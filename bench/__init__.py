@@ -1,0 +1,1 @@
+"""bench/: gfxbpf measured against bpftrace and bpftool (run with bench/run)."""

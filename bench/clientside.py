@@ -1,0 +1,183 @@
+"""bench/'s client side: runs as the unprivileged bench user, never as root.
+
+bench/run copies this file next to the workload and starts it with the
+deployment's virtual environment. It uses only the public client library
+(gfxbpf.client) and, for the ring-buffer consumer, gfxbpf.bpf's reader over
+an fd it inherited. Every command prints JSON lines on stdout; commands that
+hold something print {"ready": ...} first and then wait for a line (or EOF)
+on stdin before going on.
+
+  attach-latency PROGRAM N      N fresh attach+detach, then N joining a held one
+  hold PROGRAM [--sessions K] [--drain]
+  mapread PROGRAM MAP ROUNDS    read one map via fd batch and via gRPC
+  consume FD IDLE               count ring-buffer records until IDLE s of quiet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.ringbuf import RingBuffer
+from gfxbpf.client import Broker
+
+
+def say(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def wait_for_driver() -> None:
+    sys.stdin.readline()  # a line or EOF: either means go on
+
+
+def attach_latency(program: str, n: int) -> None:
+    """Client round trip of Attach: a fresh load each time (nobody else holds
+    the instance), then joining an instance another session keeps alive."""
+    fresh, joined = [], []
+    with Broker.connect(via="fd") as b:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            att = b.attach(program, scope="system")
+            fresh.append(time.perf_counter() - t0)
+            assert not att.shared, "another session holds this program: not a fresh load"
+            att.detach()
+        with Broker.connect(via="fd") as holder:
+            holder.attach(program, scope="system")
+            for _ in range(n):
+                t0 = time.perf_counter()
+                att = b.attach(program, scope="system")
+                joined.append(time.perf_counter() - t0)
+                assert att.shared
+                att.detach()
+    say({"fresh_s": fresh, "joined_s": joined})
+
+
+def hold(program: str, sessions: int, drain: bool) -> None:
+    """Keep `sessions` sessions attached to program until told to stop; with
+    drain, consume its event stream (as a user of `gfxclient stream` would)."""
+    brokers = [Broker.connect(via="fd") for _ in range(sessions)]
+    atts = [b.attach(program, scope="system") for b in brokers]
+    counted = [0]
+    stop = threading.Event()
+
+    def consume() -> None:
+        with atts[0].open_events() as stream:
+            while not stop.is_set():
+                counted[0] += len(stream.poll_raw(0.2))
+
+    drainer = threading.Thread(target=consume) if drain else None
+    if drainer:
+        drainer.start()
+    first = atts[0]
+    map_ids = {
+        name: bpfsys.map_info(m.fileno()).id for name, m in first.maps.items() if not m.is_events
+    }
+    say(
+        {
+            "ready": True,
+            "prog_ids": [p.prog_id for p in first.programs],
+            "map_ids": map_ids,
+            "shared": [a.shared for a in atts],
+        }
+    )
+    wait_for_driver()
+    stop.set()
+    if drainer:
+        drainer.join()
+    for b in brokers:
+        b.close()
+    say({"events": counted[0]})
+
+
+def _timed_reads(read: Any, rounds: int) -> tuple[list[float], int]:
+    times, entries = [], 0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        entries = len(read())
+        times.append(time.perf_counter() - t0)
+    return times, entries
+
+
+def mapread(program: str, map_name: str, rounds: int) -> None:
+    """Read one map, decoded, through its read-only fd (batch lookups) and
+    through the broker's gRPC ReadMap; raw fd reads too, to show decoding."""
+    with Broker.connect(via="fd") as fdb:
+        att = fdb.attach(program, scope="system")
+        cmap = att.map(map_name)
+        say({"ready": True, "map_id": bpfsys.map_info(cmap.fileno()).id})
+        wait_for_driver()
+        fd_decoded, n_fd = _timed_reads(cmap.read, rounds)
+        fd_raw, _ = _timed_reads(cmap.raw_items, rounds)
+        with Broker.connect(via="grpc") as gb:
+            gatt = gb.attach(program, scope="system")
+            assert gatt.shared
+            grpc_decoded, n_grpc = _timed_reads(gatt.map(map_name).read, rounds)
+    say(
+        {
+            "entries_fd": n_fd,
+            "entries_grpc": n_grpc,
+            "fd_decoded_s": fd_decoded,
+            "fd_raw_s": fd_raw,
+            "grpc_decoded_s": grpc_decoded,
+        }
+    )
+
+
+def consume(fd: int, idle: float) -> None:
+    """Count records from a ring buffer this process holds only the fd of."""
+    received = 0
+    first_at = last_at = 0.0
+    say({"ready": True})
+    with RingBuffer(fd) as rb:
+        hard_stop = time.monotonic() + 600
+        while time.monotonic() < hard_stop:
+            # poll() may return nothing early: the ring is readable while a
+            # record is reserved but not yet committed. Quiet is measured.
+            got = rb.poll(idle)
+            now = time.monotonic()
+            if not got:
+                if received and now - last_at >= idle:
+                    break
+                continue
+            if not received:
+                first_at = now
+            received += len(got)
+            last_at = now
+    say({"received": received, "first_at": first_at, "last_at": last_at})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("attach-latency")
+    a.add_argument("program")
+    a.add_argument("n", type=int)
+    h = sub.add_parser("hold")
+    h.add_argument("program")
+    h.add_argument("--sessions", type=int, default=1)
+    h.add_argument("--drain", action="store_true")
+    m = sub.add_parser("mapread")
+    m.add_argument("program")
+    m.add_argument("map")
+    m.add_argument("rounds", type=int)
+    c = sub.add_parser("consume")
+    c.add_argument("fd", type=int)
+    c.add_argument("idle", type=float)
+    args = p.parse_args()
+    if args.cmd == "attach-latency":
+        attach_latency(args.program, args.n)
+    elif args.cmd == "hold":
+        hold(args.program, args.sessions, args.drain)
+    elif args.cmd == "mapread":
+        mapread(args.program, args.map, args.rounds)
+    else:
+        consume(args.fd, args.idle)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+"""The bench's stage: users, tracefs, the broker, the workload and the peers.
+
+Everything here runs as root in bench/run's process; what a user would run
+(gfxclient, the client library) runs as the unprivileged bench user, and the
+broker runs from deploy/gfxbpf.service's ExecStart as the service user with
+only CAP_BPF and CAP_PERFMON, as in a deployment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICE_USER = "gfxbpf"
+BENCH_USER = "gfxbench"
+RUN_DIR = Path("/run/gfxbpf-bench")
+TRACEFS = "/sys/kernel/tracing"
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+# Programs the bench user may attach, system-wide like the bpftrace peers.
+POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount")
+POLICY_LIMITS = """
+[limits]
+sessions_per_user = 256
+attachments_per_user = 512
+tokens_per_user = 64
+"""
+
+
+class BenchError(RuntimeError):
+    """Something the bench needs is missing or failed; the message says what."""
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run a setup command; its stderr in the error if it fails."""
+    r = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise BenchError(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r
+
+
+def ensure_user(name: str, system: bool) -> pwd.struct_passwd:
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
+    flags = ["--system", "--user-group", "--no-create-home"] if system else ["--user-group"]
+    sh(["useradd", *flags, "--shell", "/usr/sbin/nologin", name])
+    return pwd.getpwnam(name)
+
+
+def mount_tracefs() -> None:
+    """tracefs readable by the service group only, as deploy/ sets it up."""
+    opts = f"gid={SERVICE_USER},mode=0750"
+    if os.path.ismount(TRACEFS):
+        sh(["mount", "-o", f"remount,{opts}", TRACEFS])
+    else:
+        sh(["mount", "-t", "tracefs", "-o", f"nosuid,nodev,noexec,{opts}", "nodev", TRACEFS])
+
+
+@dataclass
+class Stage:
+    venv: Path
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gfxbpf-bench-")))
+    broker: subprocess.Popen[bytes] | None = None
+    broker_log: Path | None = None
+    bench_uid: int = -1
+    bench_gid: int = -1
+
+    # --- setting up ---
+
+    def prepare(self) -> None:
+        os.chmod(self.work, 0o755)  # the bench user runs files from here
+        ensure_user(SERVICE_USER, system=True)
+        pw = ensure_user(BENCH_USER, system=False)
+        self.bench_uid, self.bench_gid = pw.pw_uid, pw.pw_gid
+        mount_tracefs()
+        self._build()
+        self._write_policy()
+        self.start_broker()
+
+    def _build(self) -> None:
+        gcc = shutil.which("gcc") or "gcc"
+        sh([gcc, "-O2", "-Wall", "-o", str(self.workload_bin), str(REPO / "bench/workload.c")])
+        clang = shutil.which("clang") or "clang"
+        sh(
+            [clang, "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu"]
+            + ["-I", str(REPO / "bpf/programs"), "-c", str(REPO / "bench/bench.bpf.c")]
+            + ["-o", str(self.bench_object)]
+        )
+        shutil.copy(REPO / "bench/clientside.py", self.work / "clientside.py")
+        for p in self.work.iterdir():
+            p.chmod(0o755)
+
+    @property
+    def workload_bin(self) -> Path:
+        return self.work / "workload"
+
+    @property
+    def bench_object(self) -> Path:
+        return self.work / "bench.bpf.o"
+
+    def _write_policy(self) -> None:
+        admin = str(self.venv / "bin/gfxbpf-admin")
+        entries = [
+            sh([admin, "approve", name, "--users", BENCH_USER, "--scope", "system"]).stdout
+            for name in POLICY_PROGRAMS
+        ]
+        path = self.work / "policy.toml"
+        path.write_text("".join(entries) + POLICY_LIMITS)
+        path.chmod(0o644)
+        sh([str(self.venv / "bin/gfxbpf-broker"), "--policy", str(path), "--check-policy"])
+
+    # --- the broker ---
+
+    @property
+    def socket_path(self) -> str:
+        return str(RUN_DIR / "control.sock")
+
+    @property
+    def grpc_address(self) -> str:
+        return f"unix:{RUN_DIR / 'grpc.sock'}"
+
+    def start_broker(self) -> None:
+        svc = pwd.getpwnam(SERVICE_USER)
+        RUN_DIR.mkdir(mode=0o755, exist_ok=True)
+        os.chown(RUN_DIR, svc.pw_uid, svc.pw_gid)
+        for stale in RUN_DIR.iterdir():
+            stale.unlink()
+        argv = sh(
+            [str(self.venv / "bin/python"), str(REPO / "tools/unit_exec.py")]
+            + [str(REPO / "deploy/gfxbpf.service"), "--print-argv"]
+            + [f"--policy={self.work / 'policy.toml'}", f"--socket={self.socket_path}"]
+            + [f"--grpc={self.grpc_address}", f"program={self.venv / 'bin/gfxbpf-broker'}"]
+        ).stdout.splitlines()
+        self.broker_log = self.work / "broker.log"
+        with open(self.broker_log, "wb") as err:
+            self.broker = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 30
+        while not (RUN_DIR / "grpc.sock").exists():
+            if self.broker.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"the broker did not start:\n{self.broker_log.read_text()}")
+            time.sleep(0.05)
+        while not os.path.exists(self.socket_path):
+            time.sleep(0.05)
+
+    @property
+    def broker_pid(self) -> int:
+        assert self.broker is not None
+        return self.broker.pid
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The broker's audit log (JSON lines on its stderr) so far."""
+        assert self.broker_log is not None
+        out = []
+        for line in self.broker_log.read_text().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def close(self) -> None:
+        if self.broker is not None and self.broker.poll() is None:
+            self.broker.send_signal(signal.SIGTERM)
+            try:
+                self.broker.wait(30)
+            except subprocess.TimeoutExpired:
+                self.broker.kill()
+                self.broker.wait()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # --- the bench user's processes ---
+
+    def client_env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{self.venv}/bin:/usr/bin:/bin",
+            "HOME": str(self.work),
+            "LANG": "C.UTF-8",
+            "GFXBPF_SOCKET": self.socket_path,
+            "GFXBPF_GRPC": self.grpc_address,
+        }
+
+    def as_bench_user(self, argv: list[str], **kw: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            argv,
+            user=self.bench_uid,
+            group=self.bench_gid,
+            extra_groups=[],
+            env=self.client_env(),
+            cwd=self.work,
+            text=True,
+            **kw,
+        )
+
+    def clientside(self, *args: str, **kw: Any) -> subprocess.Popen[str]:
+        argv = [str(self.venv / "bin/python"), str(self.work / "clientside.py"), *args]
+        return self.as_bench_user(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+
+    def clientside_result(self, *args: str, timeout: float = 600) -> dict[str, Any]:
+        p = self.clientside(*args)
+        out, _ = p.communicate("", timeout=timeout)
+        if p.returncode != 0:
+            raise BenchError(f"clientside {' '.join(args)} failed ({p.returncode})")
+        return json.loads(out.splitlines()[-1])
+
+    @contextlib.contextmanager
+    def held(self, program: str, sessions: int = 1, drain: bool = False) -> Iterator[dict]:
+        """The bench user keeps `sessions` sessions attached to program."""
+        args = ["hold", program, "--sessions", str(sessions)] + (["--drain"] if drain else [])
+        p = self.clientside(*args)
+        try:
+            ready = read_json_line(p.stdout, p, f"hold {program}")
+            yield ready
+            assert p.stdin is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+            ready.update(read_json_line(p.stdout, p, f"hold {program}"))
+        finally:
+            with contextlib.suppress(Exception):
+                p.communicate(timeout=60)
+
+    def workload(self, kind: str, n: int) -> dict[str, Any]:
+        """Run the workload as the bench user; its own timing."""
+        p = self.as_bench_user([str(self.workload_bin), kind, str(n)], stdout=subprocess.PIPE)
+        out, _ = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise BenchError(f"workload {kind} {n} failed ({p.returncode})")
+        return json.loads(out)
+
+    def gated_workload(self, kind: str, n: int) -> subprocess.Popen[str]:
+        """The workload, started but waiting for go(): its pid can be traced first."""
+        return self.as_bench_user(
+            [str(self.workload_bin), "--gate", kind, str(n)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+
+
+def go(workload: subprocess.Popen[str], timeout: float = 900) -> dict[str, Any]:
+    out, _ = workload.communicate("g", timeout=timeout)
+    if workload.returncode != 0:
+        raise BenchError(f"workload failed ({workload.returncode})")
+    return json.loads(out)
+
+
+def read_json_line(stream: IO[str] | None, proc: subprocess.Popen[str], what: str) -> dict:
+    assert stream is not None
+    line = stream.readline()
+    if not line:
+        proc.wait(30)
+        raise BenchError(f"{what} ended without a result (exit {proc.returncode})")
+    return json.loads(line)
+
+
+# --- bpftrace, the peer ---
+
+
+class Bpftrace:
+    """A bpftrace process running a script, stopped with SIGINT like Ctrl-C."""
+
+    def __init__(self, script: str, output: Path, *args: str) -> None:
+        self.output = output
+        self._out = open(output, "wb")
+        self.proc = subprocess.Popen(
+            ["bpftrace", "-e", script, *args],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def wait_attached(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while b"Attaching" not in self.output.read_bytes()[:4096]:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"bpftrace did not attach: {self.output.read_text()[-2000:]}")
+            time.sleep(0.02)
+        # "Attaching N probes..." is printed before the probes attach.
+        while not prog_stats(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise BenchError("bpftrace holds no BPF program")
+            time.sleep(0.02)
+        time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+@contextlib.contextmanager
+def bpftraces(script: str, n: int, directory: Path, *args: str) -> Iterator[list[Bpftrace]]:
+    """n bpftrace processes running script, all attached."""
+    procs: list[Bpftrace] = []
+    try:
+        for i in range(n):
+            procs.append(Bpftrace(script, directory / f"bpftrace-{i}.out", *args))
+        for p in procs:
+            p.wait_attached()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+# --- kernel figures ---
+
+
+def prog_stats(pid: int) -> dict[int, tuple[int, int]]:
+    """{prog_id: (run_cnt, run_time_ns)} of every BPF program fd pid holds."""
+    out: dict[int, tuple[int, int]] = {}
+    fd_dir = f"/proc/{pid}/fd"
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for fd in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"{fd_dir}/{fd}") != "anon_inode:bpf-prog":
+                    continue
+                info = dict(
+                    line.split(":", 1) for line in open(f"/proc/{pid}/fdinfo/{fd}") if ":" in line
+                )
+                pid_id = int(info["prog_id"])
+                out[pid_id] = (int(info.get("run_cnt", 0)), int(info.get("run_time_ns", 0)))
+    return out
+
+
+@contextlib.contextmanager
+def bpf_stats_enabled() -> Iterator[None]:
+    """kernel.bpf_stats_enabled=1 for the duration (restored after)."""
+    before = BPF_STATS.read_text().strip()
+    BPF_STATS.write_text("1\n")
+    try:
+        yield
+    finally:
+        BPF_STATS.write_text(before + "\n")
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise BenchError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time pid has used."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,234 @@
+"""The results as a markdown table: figures, the peer's, ratios, targets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Row = tuple[str, str, str, str, str, str]  # measure, gfxbpf, peer, ratio, target, met
+
+
+def _met(value: float | None, ok: Callable[[float], bool]) -> str:
+    if value is None:
+        return "—"
+    return "yes" if ok(value) else "**no**"
+
+
+def _s(x: float) -> str:
+    return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
+
+
+def _first_data(r: dict[str, Any]) -> list[Row]:
+    bt = _s(r["bpftrace_s"])
+    rows: list[Row] = [
+        (
+            "1 first data: `gfxclient watch syscount --once --json` (1 s interval) vs "
+            "bpftrace `-c /bin/true`",
+            _s(r["gfxclient_once_s"]),
+            bt,
+            f"{r['ratio_once']}x",
+            "≤ 0.5x",
+            _met(r["ratio_once"], lambda v: v <= 0.5),
+        ),
+        (
+            "1 first data: same, `--interval 0.05`",
+            _s(r["gfxclient_once_interval_0.05_s"]),
+            bt,
+            f"{r['ratio_once_interval_0.05']}x",
+            "≤ 0.5x",
+            _met(r["ratio_once_interval_0.05"], lambda v: v <= 0.5),
+        ),
+        (
+            "1 first data: first view of `gfxclient watch syscount --json`",
+            _s(r["gfxclient_first_view_s"]),
+            bt,
+            f"{r['ratio_first_view']}x",
+            "≤ 0.5x",
+            _met(r["ratio_first_view"], lambda v: v <= 0.5),
+        ),
+    ]
+    for kind in ("fresh", "joined"):
+        b, c = r["broker_attach_ms"][kind], r["client_attach_ms"][kind]
+        rows.append(
+            (
+                f"1 attach latency, {kind} (in the broker; client round trip in brackets)",
+                f"p50 {b['p50']:.2f} ms, p99 {b['p99']:.2f} ms "
+                f"[{c['p50']:.2f} / {c['p99']:.2f} ms]",
+                "—",
+                "—",
+                "—",
+                "—",
+            )
+        )
+    return rows
+
+
+def _kernel_cost(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for name, c in r.items():
+        ns = c["ns_per_event"]
+        rows.append(
+            (
+                f"2 ns per event, {name} vs bpftrace",
+                f"{ns['gfxbpf']:.1f} ns",
+                f"{ns['bpftrace']:.1f} ns",
+                f"{c['ratio_vs_bpftrace']}x",
+                "≤ 1.0x",
+                _met(c["ratio_vs_bpftrace"], lambda v: v <= 1.0),
+            )
+        )
+        rows.append(
+            (
+                f"2 ns per event, {name} vs an empty program (floor)",
+                f"{ns['gfxbpf']:.1f} ns",
+                f"{ns['empty']:.1f} ns",
+                f"{c['ratio_vs_empty']}x",
+                "≤ 1.2x",
+                _met(c["ratio_vs_empty"], lambda v: v <= 1.2),
+            )
+        )
+    return rows
+
+
+def _watchers(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    counts = [k for k in r if k.isdigit()]
+    for k in counts:
+        w = r[k]
+        rows.append(
+            (
+                f"3 {r['workload']} under {k} watcher(s) (untraced {_s(r['untraced_s'])})",
+                f"{_s(w['gfxbpf_s'])} ({w['gfxbpf_slowdown']}x)",
+                f"{_s(w['bpftrace_s'])} ({w['bpftrace_slowdown']}x)",
+                f"{w['ratio_vs_bpftrace']}x",
+                "—",
+                "—",
+            )
+        )
+    if len(counts) > 1:
+        last = r[counts[-1]]
+        rows.append(
+            (
+                f"3 {counts[-1]} watchers vs 1 watcher",
+                f"{last['gfxbpf_vs_one_watcher']}x",
+                f"{last['bpftrace_vs_one']}x",
+                "—",
+                "≤ 1.1x",
+                _met(last["gfxbpf_vs_one_watcher"], lambda v: v <= 1.1),
+            )
+        )
+    return rows
+
+
+def _map_reads(r: dict[str, Any]) -> list[Row]:
+    n = r["entries"]["fd"]
+    bt = f"{r['bpftool_dump_ms']:.1f} ms"
+    return [
+        (
+            f"4 read {n} entries, decoded: fd batch vs `bpftool map dump`",
+            f"{r['fd_batch_decoded_ms']:.1f} ms",
+            bt,
+            f"{r['bpftool_speedup_fd']}x faster",
+            "≥ 10x faster",
+            _met(r["bpftool_speedup_fd"], lambda v: v >= 10),
+        ),
+        (
+            "4 same, through gRPC ReadMap",
+            f"{r['grpc_decoded_ms']:.1f} ms",
+            bt,
+            f"{r['bpftool_speedup_grpc']}x faster",
+            "—",
+            "—",
+        ),
+        (
+            "4 whole command: `gfxclient --json dump clonecount counts`",
+            f"{r['gfxclient_dump_cmd_ms']:.1f} ms",
+            bt,
+            f"{r['bpftool_speedup_gfxclient_cmd']}x faster",
+            "—",
+            "—",
+        ),
+    ]
+
+
+def _ringbuf(r: dict[str, Any]) -> list[Row]:
+    g, s, b = r["gfxbpf"], r["gfxbpf_small_ring"], r["bpftrace"]
+    rate = g["delivered_per_s"] or 0
+    return [
+        (
+            f"5 events/s into one Python client ({r['workload']}), lost",
+            f"{rate:,} /s, {g['lost_in_kernel']} lost",
+            f"{b['delivered_per_s'] or 0:,} /s, {b['lost_reported']} lost",
+            f"{r['ratio_events_per_s_vs_bpftrace']}x",
+            "≥ 1,000,000 /s, 0 lost",
+            _met(rate, lambda v: v >= 1_000_000 and g["lost_in_kernel"] == 0),
+        ),
+        (
+            f"5 workload slowdown (untraced {_s(r['untraced_s'])})",
+            f"{r['gfxbpf_workload_slowdown']}x",
+            f"{r['bpftrace_workload_slowdown']}x",
+            "—",
+            "< 2x",
+            _met(r["gfxbpf_workload_slowdown"], lambda v: v < 2),
+        ),
+        (
+            "5 with a 256 KiB ring instead of 64 MiB",
+            f"{s['delivered_per_s'] or 0:,} /s, {s['lost_in_kernel']:,} lost",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
+def _footprint(r: dict[str, Any]) -> list[Row]:
+    return [
+        (
+            f"6 broker RSS, idle → {r['sessions']} sessions",
+            f"{r['rss_idle_kib'] / 1024:.1f} → {r['rss_with_sessions_kib'] / 1024:.1f} MiB "
+            f"({r['rss_per_session_kib']} KiB/session)",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        (
+            f"6 broker CPU: set up {r['sessions']} sessions / hold them / close them",
+            f"{r['setup_cpu_s']} s / {r['held_cpu_percent']} % / {r['close_cpu_s']} s",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
+SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "first_data": _first_data,
+    "kernel_cost": _kernel_cost,
+    "watchers": _watchers,
+    "map_reads": _map_reads,
+    "ringbuf": _ringbuf,
+    "footprint": _footprint,
+}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    lines = [
+        f"# gfxbpf bench, {doc['date']}",
+        "",
+        f"Linux {m['kernel']}, {m['cpus']} × {m['cpu']}, {m['memory_gib']} GiB; "
+        f"gfxbpf {m['gfxbpf']} ({m['commit']}), {m['bpftrace']}, "
+        f"{m['bpftool']}; Python {m['python']}. Made by `sudo bench/run"
+        f"{' ' + ' '.join(doc['args']) if doc['args'] else ''}` in {doc['elapsed_s']:.0f} s.",
+        "",
+        "| measure | gfxbpf | peer | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, fmt in SECTIONS.items():
+        if name in doc["results"]:
+            lines += ["| " + " | ".join(row) + " |" for row in fmt(doc["results"][name])]
+    lines += ["", "Notes:", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"

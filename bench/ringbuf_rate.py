@@ -1,0 +1,110 @@
+"""5. Ring buffer: events per second into one Python client, lost counted.
+
+One record per system call of the workload (getppid in a loop), written by
+bench.bpf.c's stream_sys_enter into a ring buffer. The consumer is a Python
+process of the bench user holding nothing but the ring's fd, reading with
+gfxbpf.bpf.RingBuffer (the reader under `gfxclient stream` on the fd
+transport). The program counts in the kernel the records the ring had no
+room for. Two ring sizes: 64 MiB holds the whole run (what a user sizing
+for no loss would do), 256 KiB shows what a small ring loses while the
+workload outruns the reader. The peer: bpftrace printf of the same event.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any
+
+from bench import ownprogs
+from bench.harness import BenchError, Bpftrace, Stage, go, log, read_json_line
+from bench.stats import median, ratio
+
+
+def _ours(stage: Stage, n: int, ring_bytes: int) -> dict[str, Any]:
+    wl = stage.gated_workload("getppid", n)
+    try:
+        with ownprogs.attached(
+            stage.bench_object, ["stream_sys_enter"], {"target_pid": wl.pid}, ring_bytes
+        ) as obj:
+            ring_fd = obj.map("records").fileno()
+            consumer = stage.clientside("consume", str(ring_fd), "1.0", pass_fds=(ring_fd,))
+            read_json_line(consumer.stdout, consumer, "consume")
+            res = go(wl)
+            got = read_json_line(consumer.stdout, consumer, "consume")
+            consumer.communicate(timeout=30)
+            tally = obj.map("tally")
+            written, lost = (
+                struct.unpack("<Q", tally.lookup(struct.pack("<I", i)) or b"\0" * 8)[0]
+                for i in (0, 1)
+            )
+    finally:
+        if wl.poll() is None:
+            wl.kill()
+    if got["received"] != written:
+        raise BenchError(f"the kernel wrote {written} records, the client got {got['received']}")
+    span = got["last_at"] - res["start"]
+    return {
+        "ring_bytes": ring_bytes,
+        "events": got["received"],
+        "lost_in_kernel": lost,
+        "workload_s": round(res["elapsed"], 4),
+        "delivered_per_s": round(got["received"] / span) if span > 0 else None,
+    }
+
+
+def _bpftrace(stage: Stage, n: int) -> dict[str, Any]:
+    wl = stage.gated_workload("getppid", n)
+    out = stage.work / "ringbuf-bpftrace.out"
+    bt = Bpftrace(
+        f'tracepoint:raw_syscalls:sys_enter /pid == {wl.pid}/ {{ printf("%d\\n", args->id); }}',
+        out,
+    )
+    try:
+        bt.wait_attached()
+        start_size = out.stat().st_size
+        res = go(wl)
+        # bpftrace has no per-record times: the last time its output grew.
+        last_growth, size = time.monotonic(), out.stat().st_size
+        while time.monotonic() - last_growth < 1.0:
+            time.sleep(0.01)
+            if (s := out.stat().st_size) != size:
+                size, last_growth = s, time.monotonic()
+    finally:
+        bt.stop()
+        if wl.poll() is None:
+            wl.kill()
+    lines = out.read_bytes()[start_size:].decode(errors="replace").splitlines()
+    events = sum(1 for line in lines if line.isdigit())
+    lost = sum(int(w) for line in lines if "Lost" in line for w in line.split() if w.isdigit())
+    span = last_growth - res["start"]
+    return {
+        "events": events,
+        "lost_reported": lost,
+        "workload_s": round(res["elapsed"], 4),
+        "delivered_per_s": round(events / span) if span > 0 else None,
+    }
+
+
+def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
+    log(f"ring buffer: untraced baseline, getppid x {n}")
+    base = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
+    log("ring buffer: gfxbpf reader, 64 MiB ring")
+    big = [_ours(stage, n, 64 << 20) for _ in range(rounds)]
+    best = sorted(big, key=lambda r: r["delivered_per_s"] or 0)[len(big) // 2]
+    log("ring buffer: gfxbpf reader, 256 KiB ring")
+    small = _ours(stage, n, 256 << 10)
+    log("ring buffer: bpftrace printf (slow: it holds the workload back)")
+    peer = _bpftrace(stage, n)
+    return {
+        "workload": f"getppid x {n}",
+        "untraced_s": round(base, 4),
+        "gfxbpf": best,
+        "gfxbpf_small_ring": small,
+        "bpftrace": peer,
+        "gfxbpf_workload_slowdown": ratio(best["workload_s"], base),
+        "bpftrace_workload_slowdown": ratio(peer["workload_s"], base),
+        "ratio_events_per_s_vs_bpftrace": ratio(
+            best["delivered_per_s"] or 0, peer["delivered_per_s"] or 0
+        ),
+    }

@@ -1,0 +1,77 @@
+"""3. Watchers: a syscall-heavy workload under 1, 10 and 100 watchers.
+
+gfxbpf: that many `gfxclient watch syscount --json` processes of the bench
+user, refreshing every second; the broker runs one shared syscount instance
+for all of them. bpftrace: that many processes of the syscall-count
+one-liner, each with its own program on the tracepoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bench.first_data import SYSCOUNT_BT
+from bench.harness import BenchError, Stage, bpftraces, log
+from bench.stats import median, ratio
+
+
+@contextlib.contextmanager
+def gfxclient_watchers(stage: Stage, n: int) -> Iterator[None]:
+    argv = [str(stage.venv / "bin/gfxclient"), "--json", "watch", "syscount", "--interval", "1"]
+    procs: list[subprocess.Popen[str]] = []
+    outs = [stage.work / f"watch-{i}.jsonl" for i in range(n)]
+    try:
+        for path in outs:
+            with open(path, "w") as f:
+                procs.append(stage.as_bench_user(argv, stdout=f, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 120
+        # Each prints its first view right after attaching.
+        while not all(p.stat().st_size for p in outs):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise BenchError(f"not all {n} gfxclient watchers started")
+            time.sleep(0.05)
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run(stage: Stage, counts: list[int], n: int, rounds: int) -> dict[str, Any]:
+    log(f"watchers: untraced baseline, getppid x {n}")
+    base = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
+    out: dict[str, Any] = {"untraced_s": round(base, 4), "workload": f"getppid x {n}"}
+    one: dict[str, float] = {}
+    for k in counts:
+        log(f"watchers: {k} gfxclient watch syscount")
+        with gfxclient_watchers(stage, k):
+            shared = sum(
+                1
+                for r in stage.audit()
+                if r.get("op") == "attach" and r.get("program") == "syscount" and r.get("shared")
+            )
+            gfx = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
+        log(f"watchers: {k} bpftrace")
+        with bpftraces(SYSCOUNT_BT, k, stage.work):
+            bt = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
+        one.setdefault("gfxbpf", gfx)
+        one.setdefault("bpftrace", bt)
+        out[str(k)] = {
+            "gfxbpf_s": round(gfx, 4),
+            "bpftrace_s": round(bt, 4),
+            "gfxbpf_slowdown": ratio(gfx, base),
+            "bpftrace_slowdown": ratio(bt, base),
+            "gfxbpf_vs_one_watcher": ratio(gfx, one["gfxbpf"]),
+            "bpftrace_vs_one": ratio(bt, one["bpftrace"]),
+            "ratio_vs_bpftrace": ratio(gfx, bt),
+            "shared_joins_so_far": shared,
+        }
+    return out

@@ -1,0 +1,65 @@
+"""bench/'s arithmetic and table, offline (the measurements need root and a kernel)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import report
+from bench.stats import median, percentile, ratio
+
+
+def test_percentiles_interpolate_between_ranks() -> None:
+    xs = [float(x) for x in range(1, 101)]
+    assert percentile(xs, 50) == pytest.approx(50.5)
+    assert percentile(xs, 99) == pytest.approx(99.01)
+    assert percentile([3.0], 99) == 3.0
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert ratio(1.0, 4.0) == 0.25 and ratio(1.0, 0.0) is None
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def _doc(results: dict) -> dict:
+    machine = {
+        "kernel": "6.18",
+        "cpus": 2,
+        "cpu": "cpu",
+        "memory_gib": 24,
+        "gfxbpf": "0.1.0",
+        "commit": "abc",
+        "bpftrace": "bpftrace v0.17.0",
+        "bpftool": "bpftool v7.1.0",
+        "python": "3.11",
+    }
+    return {
+        "date": "2026-11-21",
+        "args": [],
+        "elapsed_s": 1.0,
+        "machine": machine,
+        "results": results,
+        "notes": ["a note"],
+    }
+
+
+def test_table_rows_say_whether_targets_are_met() -> None:
+    cost = {
+        "ns_per_event": {"gfxbpf": 70.0, "bpftrace": 80.0, "empty": 50.0},
+        "ratio_vs_bpftrace": 0.875,
+        "ratio_vs_empty": 1.4,
+    }
+    maps = {
+        "entries": {"fd": 10000},
+        "fd_batch_decoded_ms": 2.0,
+        "bpftool_dump_ms": 30.0,
+        "bpftool_speedup_fd": 15.0,
+        "grpc_decoded_ms": 20.0,
+        "bpftool_speedup_grpc": 1.5,
+        "gfxclient_dump_cmd_ms": 300.0,
+        "bpftool_speedup_gfxclient_cmd": 0.1,
+    }
+    text = report.markdown(_doc({"kernel_cost": {"syscount": cost}, "map_reads": maps}))
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| 2")}
+    assert rows["| 2 ns per event, syscount vs bpftrace"].endswith("| yes |")
+    assert rows["| 2 ns per event, syscount vs an empty program (floor)"].endswith("| **no** |")
+    assert "| 15.0x faster | ≥ 10x faster | yes |" in text
+    assert "- a note" in text and "watchers" not in text  # only what ran is shown
