@@ -27,7 +27,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "first_data": ({"rounds": 5, "attaches": 50}, {"rounds": 2, "attaches": 10}),
     "kernel_cost": ({"rounds": 3, "scale": 1.0}, {"rounds": 1, "scale": 0.2}),
     "watchers": (
-        {"counts": [1, 10, 100], "n": 5_000_000, "rounds": 3},
+        {"counts": [1, 10, 100], "n": 5_000_000, "rounds": 2},
         {"counts": [1, 10], "n": 1_000_000, "rounds": 1},
     ),
     "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 10_000, "rounds": 2}),
@@ -103,13 +103,17 @@ def main(argv: list[str] | None = None) -> int:
             log(f"== {name}")
             results[name] = RUNNERS[name](stage, **params[name])
     except BenchError as e:
+        stage.close(keep=True)
         print(f"bench/run: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        stage.close()
         print("bench/run: interrupted; nothing written", file=sys.stderr)
         return 130
-    finally:
-        stage.close()
+    except BaseException:
+        stage.close(keep=True)
+        raise
+    stage.close()
     doc = {
         "date": datetime.date.today().isoformat(),
         "args": argv,

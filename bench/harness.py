@@ -174,7 +174,8 @@ class Stage:
                     out.append(json.loads(line))
         return out
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Stop the broker; remove the work directory unless keep (to debug)."""
         if self.broker is not None and self.broker.poll() is None:
             self.broker.send_signal(signal.SIGTERM)
             try:
@@ -182,7 +183,10 @@ class Stage:
             except subprocess.TimeoutExpired:
                 self.broker.kill()
                 self.broker.wait()
-        shutil.rmtree(self.work, ignore_errors=True)
+        if keep:
+            log(f"kept {self.work} (outputs, broker.log)")
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
 
     # --- the bench user's processes ---
 
@@ -291,10 +295,14 @@ class Bpftrace:
             time.sleep(0.02)
         # "Attaching N probes..." is printed before the probes attach.
         while not prog_stats(self.proc.pid):
-            if time.monotonic() > deadline:
-                raise BenchError("bpftrace holds no BPF program")
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"bpftrace did not attach: {self.error()}")
             time.sleep(0.02)
         time.sleep(0.2)
+
+    def error(self) -> str:
+        lines = self.output.read_text(errors="replace").splitlines()
+        return next((x for x in lines if "ERROR" in x or "rror" in x), "(no message)")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -307,16 +315,33 @@ class Bpftrace:
         self._out.close()
 
 
+@dataclass
+class Fleet:
+    """bpftrace processes started together: those attached, and why others failed."""
+
+    attached: list[Bpftrace]
+    failed: list[str]
+
+
 @contextlib.contextmanager
-def bpftraces(script: str, n: int, directory: Path, *args: str) -> Iterator[list[Bpftrace]]:
-    """n bpftrace processes running script, all attached."""
+def bpftraces(script: str, n: int, directory: Path, *args: str) -> Iterator[Fleet]:
+    """n bpftrace processes running script. The kernel allows at most 64
+    programs per tracepoint (BPF_TRACE_MAX_PROGS): the rest fail to attach
+    with E2BIG, and are reported rather than raised."""
     procs: list[Bpftrace] = []
+    fleet = Fleet([], [])
     try:
         for i in range(n):
             procs.append(Bpftrace(script, directory / f"bpftrace-{i}.out", *args))
         for p in procs:
-            p.wait_attached()
-        yield procs
+            try:
+                p.wait_attached()
+                fleet.attached.append(p)
+            except BenchError:
+                fleet.failed.append(p.error())
+        if not fleet.attached:
+            raise BenchError(f"no bpftrace attached: {fleet.failed[0]}")
+        yield fleet
     finally:
         for p in procs:
             p.stop()

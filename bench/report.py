@@ -90,6 +90,12 @@ def _kernel_cost(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _attached(w: dict[str, Any], k: str) -> str:
+    if not w.get("bpftrace_failed"):
+        return ""
+    return f"; only {w['bpftrace_attached']} of {k} could attach: {w['bpftrace_failure']}"
+
+
 def _watchers(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     counts = [k for k in r if k.isdigit()]
@@ -99,7 +105,7 @@ def _watchers(r: dict[str, Any]) -> list[Row]:
             (
                 f"3 {r['workload']} under {k} watcher(s) (untraced {_s(r['untraced_s'])})",
                 f"{_s(w['gfxbpf_s'])} ({w['gfxbpf_slowdown']}x)",
-                f"{_s(w['bpftrace_s'])} ({w['bpftrace_slowdown']}x)",
+                f"{_s(w['bpftrace_s'])} ({w['bpftrace_slowdown']}x)" + _attached(w, k),
                 f"{w['ratio_vs_bpftrace']}x",
                 "—",
                 "—",

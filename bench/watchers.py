@@ -60,7 +60,7 @@ def run(stage: Stage, counts: list[int], n: int, rounds: int) -> dict[str, Any]:
             )
             gfx = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
         log(f"watchers: {k} bpftrace")
-        with bpftraces(SYSCOUNT_BT, k, stage.work):
+        with bpftraces(SYSCOUNT_BT, k, stage.work) as fleet:
             bt = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
         one.setdefault("gfxbpf", gfx)
         one.setdefault("bpftrace", bt)
@@ -73,5 +73,8 @@ def run(stage: Stage, counts: list[int], n: int, rounds: int) -> dict[str, Any]:
             "bpftrace_vs_one": ratio(bt, one["bpftrace"]),
             "ratio_vs_bpftrace": ratio(gfx, bt),
             "shared_joins_so_far": shared,
+            "bpftrace_attached": len(fleet.attached),
+            "bpftrace_failed": len(fleet.failed),
+            "bpftrace_failure": fleet.failed[0] if fleet.failed else None,
         }
     return out
