@@ -301,8 +301,12 @@ class Bpftrace:
         time.sleep(0.2)
 
     def error(self) -> str:
+        """bpftrace's error, without the RLIMIT_MEMLOCK warning every run prints."""
         lines = self.output.read_text(errors="replace").splitlines()
-        return next((x for x in lines if "ERROR" in x or "rror" in x), "(no message)")
+        for i, line in enumerate(lines):
+            if "ERROR" in line and "RLIMIT_MEMLOCK" not in line:
+                return " ".join(lines[i : i + 2])  # the next line has the errno text
+        return "(no message)"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
