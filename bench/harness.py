@@ -305,7 +305,9 @@ class Bpftrace:
         lines = self.output.read_text(errors="replace").splitlines()
         for i, line in enumerate(lines):
             if "ERROR" in line and "RLIMIT_MEMLOCK" not in line:
-                return " ".join(lines[i : i + 2])  # the next line has the errno text
+                # the failing call and its errno text come on the line before
+                before = lines[i - 1] if i and lines[i - 1].startswith(("ioctl", "bpf")) else ""
+                return f"{line} ({before})" if before else line
         return "(no message)"
 
     def stop(self) -> None:
