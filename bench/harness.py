@@ -9,6 +9,7 @@ only CAP_BPF and CAP_PERFMON, as in a deployment.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -85,6 +86,12 @@ class Stage:
     # --- setting up ---
 
     def prepare(self) -> None:
+        # One bench at a time: two would share RUN_DIR and disturb each other.
+        self._lock = open("/run/gfxbpf-bench.lock", "w")  # noqa: SIM115 (held for the run)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BenchError("another bench/run is running on this machine") from None
         os.chmod(self.work, 0o755)  # the bench user runs files from here
         ensure_user(SERVICE_USER, system=True)
         pw = ensure_user(BENCH_USER, system=False)
