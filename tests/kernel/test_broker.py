@@ -478,7 +478,12 @@ def test_system_scope_instance_is_shared(broker: BrokerProcess, clients: Any) ->
     e2 = alice.ok("attach", name="execsnoop", scope="self")
     assert not e2["shared"] and e1["prog_ids"] != e2["prog_ids"]
     # The audit log says how long each attach took (bench/ reads it).
-    logged = [r for r in broker.audit_records() if r["op"] == "attach" and r["result"] == "ok"]
+    ids = {x["id"] for x in (a, b, s1, s2, e1, e2)}
+    logged = [
+        r
+        for r in broker.audit_records()
+        if r["op"] == "attach" and r["result"] == "ok" and r["attachment_id"] in ids
+    ]
     assert len(logged) == 6
     assert all(isinstance(r["elapsed_ms"], float) and r["elapsed_ms"] > 0 for r in logged)
     # The kernel program lives until its last user detaches.
