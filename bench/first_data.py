@@ -24,20 +24,23 @@ SYSCOUNT_BT = "tracepoint:raw_syscalls:sys_enter { @[args->id] = count(); }"
 
 
 def _gfxclient_once(stage: Stage, *extra: str) -> float:
-    argv = [str(stage.venv / "bin/gfxclient"), "--json", "watch", "syscount", "--once", *extra]
-    t0 = time.perf_counter()
-    p = stage.as_bench_user(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = p.communicate(timeout=60)
-    dt = time.perf_counter() - t0
-    if p.returncode != 0 or not json.loads(out.splitlines()[-1])["maps"]:
-        raise BenchError(f"gfxclient watch --once failed ({p.returncode}): {err.strip()}")
+    dt, out = stage.timed_gfxclient("--json", "watch", "syscount", "--once", *extra, timeout=60)
+    if not json.loads(out.splitlines()[-1])["maps"]:
+        raise BenchError("gfxclient watch --once showed no maps")
     return dt
 
 
 def _gfxclient_first_view(stage: Stage) -> float:
-    argv = [str(stage.venv / "bin/gfxclient"), "--json", "watch", "syscount", "--duration", "30"]
     t0 = time.perf_counter()
-    p = stage.as_bench_user(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = stage.gfxclient(
+        "--json",
+        "watch",
+        "syscount",
+        "--duration",
+        "30",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert p.stdout is not None
     line = p.stdout.readline()
     dt = time.perf_counter() - t0

@@ -218,6 +218,20 @@ class Stage:
             **kw,
         )
 
+    def gfxclient(self, *args: str, **kw: Any) -> subprocess.Popen[str]:
+        """gfxclient from the deployment's venv, as the bench user."""
+        return self.as_bench_user([str(self.venv / "bin/gfxclient"), *args], **kw)
+
+    def timed_gfxclient(self, *args: str, timeout: float = 120) -> tuple[float, str]:
+        """(wall seconds from start to exit, stdout) of a whole gfxclient command."""
+        t0 = time.perf_counter()
+        p = self.gfxclient(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(timeout=timeout)
+        dt = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise BenchError(f"gfxclient {' '.join(args)} failed ({p.returncode}): {err.strip()}")
+        return dt, out
+
     def clientside(self, *args: str, **kw: Any) -> subprocess.Popen[str]:
         argv = [str(self.venv / "bin/python"), str(self.work / "clientside.py"), *args]
         return self.as_bench_user(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)

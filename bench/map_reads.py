@@ -32,13 +32,7 @@ def _bpftool_dump(map_id: int, *flags: str) -> tuple[float, int]:
 
 
 def _gfxclient_dump(stage: Stage) -> tuple[float, int]:
-    argv = [str(stage.venv / "bin/gfxclient"), "--json", "dump", "clonecount", "counts"]
-    t0 = time.perf_counter()
-    p = stage.as_bench_user(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = p.communicate(timeout=120)
-    dt = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise BenchError(f"gfxclient dump failed: {err.strip()}")
+    dt, out = stage.timed_gfxclient("--json", "dump", "clonecount", "counts")
     data = json.loads(out)
     return dt, len(data["maps"]["counts"]["entries"])
 

@@ -16,6 +16,12 @@ from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 
 
+def tally(obj: LoadedObject) -> tuple[int, int]:
+    """stream_sys_enter's (records written, records the ring had no room for)."""
+    counts = dict(obj.map("tally").read())
+    return counts[0], counts[1]
+
+
 @contextlib.contextmanager
 def attached(
     obj_path: Path,

@@ -20,32 +20,29 @@ def _s(x: float) -> str:
 
 def _first_data(r: dict[str, Any]) -> list[Row]:
     bt = _s(r["bpftrace_s"])
+    variants = (
+        (
+            "`gfxclient watch syscount --once --json` (1 s interval) vs bpftrace `-c /bin/true`",
+            "gfxclient_once_s",
+            "ratio_once",
+        ),
+        ("same, `--interval 0.05`", "gfxclient_once_interval_0.05_s", "ratio_once_interval_0.05"),
+        (
+            "first view of `gfxclient watch syscount --json`",
+            "gfxclient_first_view_s",
+            "ratio_first_view",
+        ),
+    )
     rows: list[Row] = [
         (
-            "1 first data: `gfxclient watch syscount --once --json` (1 s interval) vs "
-            "bpftrace `-c /bin/true`",
-            _s(r["gfxclient_once_s"]),
+            f"1 first data: {label}",
+            _s(r[seconds]),
             bt,
-            f"{r['ratio_once']}x",
+            f"{r[ratio_key]}x",
             "≤ 0.5x",
-            _met(r["ratio_once"], lambda v: v <= 0.5),
-        ),
-        (
-            "1 first data: same, `--interval 0.05`",
-            _s(r["gfxclient_once_interval_0.05_s"]),
-            bt,
-            f"{r['ratio_once_interval_0.05']}x",
-            "≤ 0.5x",
-            _met(r["ratio_once_interval_0.05"], lambda v: v <= 0.5),
-        ),
-        (
-            "1 first data: first view of `gfxclient watch syscount --json`",
-            _s(r["gfxclient_first_view_s"]),
-            bt,
-            f"{r['ratio_first_view']}x",
-            "≤ 0.5x",
-            _met(r["ratio_first_view"], lambda v: v <= 0.5),
-        ),
+            _met(r[ratio_key], lambda v: v <= 0.5),
+        )
+        for label, seconds, ratio_key in variants
     ]
     for kind in ("fresh", "joined"):
         b, c = r["broker_attach_ms"][kind], r["client_attach_ms"][kind]

@@ -12,7 +12,6 @@ workload outruns the reader. The peer: bpftrace printf of the same event.
 
 from __future__ import annotations
 
-import struct
 import time
 from typing import Any
 
@@ -33,11 +32,7 @@ def _ours(stage: Stage, n: int, ring_bytes: int) -> dict[str, Any]:
             res = go(wl)
             got = read_json_line(consumer.stdout, consumer, "consume")
             consumer.communicate(timeout=30)
-            tally = obj.map("tally")
-            written, lost = (
-                struct.unpack("<Q", tally.lookup(struct.pack("<I", i)) or b"\0" * 8)[0]
-                for i in (0, 1)
-            )
+            written, lost = ownprogs.tally(obj)
     finally:
         if wl.poll() is None:
             wl.kill()

@@ -21,13 +21,13 @@ from bench.stats import median, ratio
 
 @contextlib.contextmanager
 def gfxclient_watchers(stage: Stage, n: int) -> Iterator[None]:
-    argv = [str(stage.venv / "bin/gfxclient"), "--json", "watch", "syscount", "--interval", "1"]
+    argv = ["--json", "watch", "syscount", "--interval", "1"]
     procs: list[subprocess.Popen[str]] = []
     outs = [stage.work / f"watch-{i}.jsonl" for i in range(n)]
     try:
         for path in outs:
             with open(path, "w") as f:
-                procs.append(stage.as_bench_user(argv, stdout=f, stderr=subprocess.DEVNULL))
+                procs.append(stage.gfxclient(*argv, stdout=f, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 120
         # Each prints its first view right after attaching.
         while not all(p.stat().st_size for p in outs):
