@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * bench/'s own programs, compiled by bench/run at run time (never part of the
- * catalog, never loaded by the broker):
+ * bench/'s own programs, built with the catalog by tools/build_bpf.py and
+ * committed as bench.bpf.o (never part of the catalog, never loaded by the
+ * broker):
  * - empty_*: return at once, on the tracepoints the catalog programs use, so
  *   the cost of the tracepoint and of a BPF call is measured apart from the
  *   program's work (the floor);

@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Build the catalog's BPF objects reproducibly and record their sha256.
+"""Build the project's BPF objects reproducibly and record their sha256.
 
-    python3 tools/build_bpf.py           # build bpf/programs/*.bpf.o, update catalog.toml
+    python3 tools/build_bpf.py           # build every *.bpf.o, update catalog.toml
     python3 tools/build_bpf.py --check   # rebuild into a temp dir, compare, write nothing
+
+The catalog's objects are bpf/programs/*.bpf.o; their hashes go into
+bpf/catalog.toml and deploy/policy.example.toml. The side objects (bench/'s
+own programs and the tests' audit objects) are built and checked the same
+way, beside their sources, with no hash recorded anywhere.
 
 Each object is compiled from the repository root with a relative source path
 and `-fdebug-compilation-dir=.`, so no absolute path of the checkout enters
@@ -26,6 +31,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path("bpf/programs")  # relative: it is baked into the debug info
+# Not in the catalog, never loaded by the broker; committed all the same.
+SIDE_SOURCES = (
+    Path("bench/bench.bpf.c"),
+    Path("tests/data/objects/probe_write_user.bpf.c"),
+    Path("tests/data/objects/trace_printk.bpf.c"),
+)
 CATALOG = ROOT / "bpf" / "catalog.toml"
 EXPECTED_CLANG = "Debian clang version 14.0.6"
 
@@ -39,6 +50,7 @@ def clang_command(clang: str, source: Path, output: Path) -> list[str]:
         "bpf",
         "-D__TARGET_ARCH_x86",
         "-I/usr/include/x86_64-linux-gnu",
+        f"-I{PROGRAMS}",  # gfxbpf.h, for sources outside bpf/programs
         # No working directory in DW_AT_comp_dir / BTF file names ...
         "-fdebug-compilation-dir=.",
         # ... and whatever else might carry the checkout path (macros, __FILE__).
@@ -65,6 +77,11 @@ def sources() -> list[Path]:
     if not found:
         raise SystemExit(f"build_bpf: no *.bpf.c in {ROOT / PROGRAMS}")
     return [PROGRAMS / p.name for p in found]
+
+
+def side_sources() -> list[Path]:
+    # A partial copy of the tree (the build tests make one) may lack them.
+    return [src for src in SIDE_SOURCES if (ROOT / src).exists()]
 
 
 def object_name(source: Path) -> str:
@@ -188,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
 
-    srcs = sources()
+    catalog_srcs = sources()
+    srcs = catalog_srcs + side_sources()
     if args.check:
         bad: list[str] = []
         recorded = catalog_hashes(CATALOG) if CATALOG.exists() else {}
@@ -197,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = object_name(src)
                 out = Path(tmp) / name
                 build(clang, src, out)
-                committed = ROOT / PROGRAMS / name
+                committed = ROOT / src.with_name(name)
                 if not committed.exists():
                     bad.append(f"{name}: not built (run python3 tools/build_bpf.py)")
                 elif committed.read_bytes() != out.read_bytes():
@@ -205,18 +223,18 @@ def main(argv: list[str] | None = None) -> int:
                 elif name in recorded and recorded[name] != sha256_file(committed):
                     bad.append(f"{name}: catalog.toml sha256 is stale")
                 else:
-                    print(f"build_bpf: {name} ok")
+                    print(f"build_bpf: {src.with_name(name)} ok")
         for line in bad:
             print(f"build_bpf: MISMATCH {line}", file=sys.stderr)
         return 1 if bad else 0
 
     hashes: dict[str, str] = {}
     for src in srcs:
-        name = object_name(src)
-        out = ROOT / PROGRAMS / name
+        out = ROOT / src.with_name(object_name(src))
         build(clang, src, out)
-        hashes[name] = sha256_file(out)
-        print(f"build_bpf: {PROGRAMS / name} sha256 {hashes[name]}")
+        print(f"build_bpf: {out.relative_to(ROOT)} sha256 {sha256_file(out)}")
+        if src in catalog_srcs:
+            hashes[out.name] = sha256_file(out)
     if CATALOG.exists():
         text = CATALOG.read_text()
         new, missing = rewrite_sha256(text, hashes)

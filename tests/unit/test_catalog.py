@@ -19,6 +19,11 @@ from gfxbpf.bpf import catalog as cat
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ROOT / "bpf" / "programs"
+SIDE_OBJECTS = (
+    "bench/bench.bpf.o",
+    "tests/data/objects/probe_write_user.bpf.o",
+    "tests/data/objects/trace_printk.bpf.o",
+)
 BUILD = ROOT / "tools" / "build_bpf.py"
 
 EXPECTED = {"vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls"}
@@ -284,11 +289,12 @@ def test_helper_scan_finds_trace_printk(tmp_path: Path) -> None:
 
 def test_no_checkout_path_in_objects() -> None:
     paths = {str(ROOT), str(ROOT.resolve())}
-    for obj in PROGRAMS.glob("*.bpf.o"):
+    for obj in [*PROGRAMS.glob("*.bpf.o"), *(ROOT / side for side in SIDE_OBJECTS)]:
         data = obj.read_bytes()
         for p in paths:
             assert p.encode() not in data, obj.name
-        assert b"bpf/programs/" in data  # the relative source path is there instead
+        # The relative source path is there instead.
+        assert str(obj.relative_to(ROOT).parent).encode() + b"/" in data, obj.name
 
 
 def _load_build_tool():
@@ -333,6 +339,8 @@ def test_build_check_reproduces_objects() -> None:
     assert "clang version" in r.stdout
     for obj in PROGRAMS.glob("*.bpf.o"):
         assert f"{obj.name} ok" in r.stdout
+    for side in SIDE_OBJECTS:  # bench/'s programs and the audit's test objects
+        assert f"{side} ok" in r.stdout
 
 
 @needs_clang
