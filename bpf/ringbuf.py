@@ -13,6 +13,7 @@ import mmap
 import os
 import select
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,10 @@ BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30
 HDR_SIZE = 8
 LEN_MASK = DISCARD_BIT - 1
+# poll()'s naps while the head record is BUSY, seconds: a BPF program
+# commits within microseconds, so start short and back off.
+_BUSY_NAP_MIN = 20e-6
+_BUSY_NAP_MAX = 2e-3
 
 # Native formats: struct copies these with one aligned load/store (memcpy of
 # 4/8 bytes), so positions and headers are never torn. x86-64 only.
@@ -185,15 +190,35 @@ class RingBuffer:
         return out
 
     def poll(self, timeout: float | None = None) -> list[bytes]:
-        """Records available now, or wait up to timeout seconds (None: forever) for some."""
+        """Records available now, or wait up to timeout seconds (None: forever) for some.
+
+        [] means the timeout passed with nothing committed: a record that is
+        reserved but not yet committed (BUSY) is waited for, not reported as
+        an empty ring.
+        """
         records = self.drain()
         if records:
             return records
         ep = self._epoll
         if ep is None:
             raise ValueError("ring buffer is closed")
-        ep.poll(-1 if timeout is None else timeout)
-        return self.drain()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        nap = _BUSY_NAP_MIN
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return []
+            if self.pending():
+                # The head record is BUSY. epoll is level-triggered on unread
+                # bytes, so it would return at once: nap while the producer
+                # (a BPF program, mid-write) finishes.
+                time.sleep(nap if left is None else min(nap, left))
+                nap = min(2 * nap, _BUSY_NAP_MAX)
+            else:
+                ep.poll(-1 if left is None else left)
+            records = self.drain()
+            if records:
+                return records
 
     def __iter__(self) -> Iterator[bytes]:
         """Yield records forever, waiting when the ring is empty."""

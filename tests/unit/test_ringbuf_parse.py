@@ -4,7 +4,11 @@ headers, padding, BUSY and DISCARD bits, wrap-around, corrupt lengths. Offline."
 from __future__ import annotations
 
 import mmap
+import os
+import select
 import struct
+import threading
+import time
 
 import pytest
 
@@ -67,6 +71,29 @@ def test_busy_stops_and_discard_skips() -> None:
     f.set_flags(busy, 0, 5)  # committed
     assert f.rb.drain() == [b"later", b"after"]
     assert f.consumer_pos == f.prod
+
+
+def test_poll_waits_for_a_busy_record_instead_of_returning_empty() -> None:
+    f = FakeRing()
+    busy = f.put(b"late", BUSY_BIT)
+    # The kernel's fd is readable while bytes are unread, BUSY or not: a
+    # pipe with a byte in it stands for it.
+    r, w = os.pipe()
+    os.write(w, b"x")
+    f.rb._epoll = select.epoll()
+    f.rb._epoll.register(r, select.EPOLLIN)
+    try:
+        assert f.rb.poll(0.05) == []  # the timeout passed, the record still BUSY
+        committer = threading.Timer(0.1, f.set_flags, (busy, 0, 4))
+        committer.start()
+        started = time.monotonic()
+        assert f.rb.poll(5.0) == [b"late"]
+        assert 0.09 < time.monotonic() - started < 2.0
+        committer.join()
+    finally:
+        f.rb._epoll.close()
+        os.close(r)
+        os.close(w)
 
 
 def test_wraparound_reads_contiguously() -> None:
