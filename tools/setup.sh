@@ -9,7 +9,7 @@ DEB_PACKAGES=(
     clang llvm libbpf-dev bpftool   # build and check the BPF objects
     libcap-dev python3-dev python3-venv gcc   # python-prctl builds against libcap
     bpftrace tmux procps util-linux   # peers for benchmarks, terminal tests, setpriv
-    systemd   # systemd-analyze for the unit checks
+    systemd   # systemd-analyze (unit checks), systemd-socket-activate (activation test)
 )
 
 missing=()

@@ -39,6 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "deploy" / "gfxbpf.service"
+SOCKET_UNIT = ROOT / "deploy" / "gfxbpf.socket"
 MOUNT_DROPIN = ROOT / "deploy" / "sys-kernel-tracing.mount.d" / "gfxbpf.conf"
 TRACEFS = "/sys/kernel/tracing"
 # tools/setup.sh installs here (GFXBPF_VENV moves it, e.g. for a CI dry run).
@@ -238,6 +239,7 @@ class BrokerProcess:
         self.argv = argv
         self._owns_directory = owns_directory
         self.returncode: int | None = None
+        self._notify: socket.socket | None = None  # until READY=1 arrived
 
     @classmethod
     def start(
@@ -250,11 +252,16 @@ class BrokerProcess:
         overrides: Mapping[str, str] | None = None,
         timeout: float = 30.0,
         as_root_with_user: bool = False,
+        socket_activated: bool = False,
     ) -> BrokerProcess:
         """Write the policy, start the broker from the unit's ExecStart, wait for READY=1.
 
         as_root_with_user: run the unit's ExecStart directly as root with
         --user gfxbpf (the broker drops privileges itself) instead of via setpriv.
+        socket_activated: as gfxbpf.socket does, systemd-socket-activate holds
+        the control socket (mode from the socket unit) and starts the broker
+        with it as fd 3 on the first connection; start() returns once the
+        socket listens, before the broker runs (wait_ready() waits for it).
         overrides go to setpriv_argv on top of --policy/--socket/--grpc
         (e.g. {"--log-level": "debug"}). Raises BrokerStartError with the
         broker's stderr if it exits or is not ready within timeout seconds.
@@ -279,6 +286,8 @@ class BrokerProcess:
         grpc_addr = f"unix:{run / 'grpc.sock'}" if grpc else None
 
         flags = {"--policy": str(policy_path), "--socket": socket_path, "--grpc": grpc_addr or ""}
+        if socket_activated:  # the broker must ignore --socket and take fd 3
+            flags["--socket"] = str(run / "not-used.sock")
         if catalog is not None:
             flags["--catalog"] = catalog
         if VENV != "/opt/gfxbpf/venv":  # the unit's ExecStart names the default venv
@@ -299,6 +308,16 @@ class BrokerProcess:
         env = dict(BASE_ENV)
         env.update(info.environment)
         env["NOTIFY_SOCKET"] = notify_path
+        if socket_activated:
+            # It passes on no environment of its own accord: each variable by -E.
+            argv = [
+                "systemd-socket-activate",
+                "--seqpacket",
+                "--fdname=control",
+                f"--listen={socket_path}",
+                *(f"--setenv={k}={v}" for k, v in env.items()),
+                *argv,
+            ]
         stderr_path = run / "stderr.log"
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(
@@ -312,16 +331,44 @@ class BrokerProcess:
                 start_new_session=True,
             )
         broker = cls(proc, base, socket_path, grpc_addr, str(policy_path), stderr_path, owns, argv)
+        broker._notify = notify
         try:
-            broker._wait_ready(notify, timeout)
+            if socket_activated:
+                broker._wait_socket(timeout)
+            else:
+                broker.wait_ready(timeout)
         except BaseException:
             broker.stop()
             raise
+        return broker
+
+    def _wait_socket(self, timeout: float) -> None:
+        """Wait for systemd-socket-activate's socket; give it the socket unit's mode."""
+        mode = int(_unit_exec_module().read_unit(SOCKET_UNIT)["Socket"]["SocketMode"][-1], 8)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise BrokerStartError(f"no socket at {self.socket}:\n{self.stderr()}")
+            time.sleep(0.02)
+        os.chmod(self.socket, mode)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait for the broker's READY=1 on the notify socket (once; then closed)."""
+        notify = self._notify
+        if notify is None:
+            return
+        try:
+            self._wait_ready(notify, timeout)
         finally:
+            self._close_notify()
+
+    def _close_notify(self) -> None:
+        notify, self._notify = self._notify, None
+        if notify is not None:
+            path = notify.getsockname()
             notify.close()
             with contextlib.suppress(OSError):
-                os.unlink(notify_path)
-        return broker
+                os.unlink(path)
 
     def _wait_ready(self, notify: socket.socket, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -387,6 +434,7 @@ class BrokerProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         self.returncode = self.proc.returncode
+        self._close_notify()
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
         return self.returncode
