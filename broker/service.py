@@ -36,7 +36,7 @@ from gfxbpf.bpf import instance as bpfinstance
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.btf import KIND_STRUCT
-from gfxbpf.bpf.catalog import Catalog, Program
+from gfxbpf.bpf.catalog import Catalog, MapEntry, Program
 from gfxbpf.bpf.loader import LoadedObject, LoadError, load
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec
@@ -223,6 +223,19 @@ def _kernel_at_least(release: str, major: int, minor: int) -> bool:
     except (IndexError, ValueError):
         return False
     return got >= (major, minor)
+
+
+def _catalog_map_description(m: MapEntry) -> pb.MapDescription:
+    """What the catalog says of a visible map; Attach adds the kernel map's side."""
+    return pb.MapDescription(
+        name=m.name,
+        show=m.show or "",
+        unit=m.unit or "",
+        key_label=m.key_label or "",
+        description=m.description,
+        event_type=m.event_type or "",
+        fd_index=-1,
+    )
 
 
 def _read_sysctl(path: str) -> str | None:
@@ -455,6 +468,7 @@ class Service:
                     name=p.name, type=p.type, required=p.required, description=p.description
                 )
             )
+        listing.maps.extend(_catalog_map_description(m) for m in entry.visible_maps)
         reason = bpfinstance.availability(entry, self._event_exists)
         if reason is None and not any(e.sha256 == entry.sha256 for e in group):
             reason = (
@@ -867,22 +881,14 @@ class Service:
         )
         for m in entry.visible_maps:
             kmap = shared.visible[m.name]
-            d = pb.MapDescription(
-                name=m.name,
-                show=m.show or "",
-                unit=m.unit or "",
-                key_label=m.key_label or "",
-                description=m.description,
-                map_type=kmap.map_type,
-                key_size=kmap.key_size,
-                value_size=kmap.value_size,
-                max_entries=kmap.max_entries,
-                per_cpu=kmap.percpu,
-                fd_index=-1,
-                btf_key_type_id=kmap.key_type_id,
-                btf_value_type_id=kmap.value_type_id,
-                event_type=m.event_type or "",
-            )
+            d = _catalog_map_description(m)
+            d.map_type = kmap.map_type
+            d.key_size = kmap.key_size
+            d.value_size = kmap.value_size
+            d.max_entries = kmap.max_entries
+            d.per_cpu = kmap.percpu
+            d.btf_key_type_id = kmap.key_type_id
+            d.btf_value_type_id = kmap.value_type_id
             if m.event_type and spec.btf is not None:
                 d.btf_event_type_id = spec.btf.find(m.event_type, KIND_STRUCT) or 0
             if pass_fds:

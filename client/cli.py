@@ -18,10 +18,8 @@ import shutil
 import signal
 import sys
 import time
-import tomllib
 import traceback
 from collections.abc import Callable, Iterator
-from importlib import resources
 from typing import Any, TextIO
 
 from gfxbpf.client.broker import Broker, client_version
@@ -391,6 +389,17 @@ def _listing_json(p: pb.ProgramListing) -> dict[str, Any]:
             {"name": x.name, "type": x.type, "required": x.required, "description": x.description}
             for x in p.parameters
         ],
+        "maps": [
+            {
+                "name": m.name,
+                "show": m.show,
+                "unit": m.unit or None,
+                "key_label": m.key_label or None,
+                "description": m.description,
+                "event_type": m.event_type or None,
+            }
+            for m in p.maps
+        ],
     }
 
 
@@ -427,28 +436,11 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def local_catalog_maps(name: str, sha256: str) -> list[dict[str, Any]] | None:
-    """The maps the locally installed catalog describes for this program, if it is the
-    very same object (same sha256); None otherwise."""
-    try:
-        text = resources.files("gfxbpf.bpf").joinpath("catalog.toml").read_text()
-        data = tomllib.loads(text)
-    except (OSError, ModuleNotFoundError, tomllib.TOMLDecodeError):
-        return None
-    for prog in data.get("program", []):
-        if prog.get("name") == name and prog.get("sha256") == sha256:
-            return [m for m in prog.get("map", []) if m.get("visible")]
-    return None
-
-
 def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
     with _connect(args) as broker:
         p = broker.program(args.name)
-    maps = local_catalog_maps(p.name, p.sha256)
     if args.json:
-        obj = _listing_json(p)
-        obj["maps"] = maps
-        _dump_json(obj, out)
+        _dump_json(_listing_json(p), out)
         return EXIT_OK
     lines = [
         f"{p.name}: {p.description}",
@@ -465,15 +457,13 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         for x in p.parameters:
             req = "required" if x.required else "optional"
             lines.append(f"    --{x.name} ({x.type}, {req}): {x.description}")
-    if maps is None:
-        lines.append("  maps          (shown after attaching: gfxclient dump " + p.name + ")")
-    else:
+    if p.maps:
         lines.append("  maps:")
-        for m in maps:
-            extra = ", ".join(
-                x for x in (m.get("show", ""), m.get("unit", ""), m.get("key_label", "")) if x
-            )
-            lines.append(f"    {m.get('name')} ({extra}): {m.get('description', '')}")
+        for m in p.maps:
+            extra = ", ".join(x for x in (m.show, m.unit, m.key_label) if x)
+            lines.append(f"    {m.name} ({extra}): {m.description}")
+    else:
+        lines.append("  maps          none a client can see")
     out.write("\n".join(lines) + "\n")
     return EXIT_OK
 

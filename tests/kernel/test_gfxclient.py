@@ -27,6 +27,7 @@ from tests.kernel.brokerenv import (
     ALICE,
     VENV_PYTHON,
     BrokerProcess,
+    catalog_sha256,
     policy_for,
     run_as,
     setpriv_user_argv,
@@ -145,6 +146,23 @@ def test_list_json(broker: BrokerProcess, via: str) -> None:
     text = gfxclient(broker, via, "list")
     assert text.returncode == 0
     assert "vmabind: tracepoint i915:i915_vma_bind does not exist" in text.stdout
+
+
+@pytest.mark.parametrize("via", VIAS)
+def test_info(broker: BrokerProcess, via: str) -> None:
+    r = gfxclient(broker, via, "info", "execsnoop", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["sha256"] == catalog_sha256("execsnoop") and info["scopes"] == ["self"]
+    assert info["attach_points"] == ["tracepoint/sched/sched_process_exec"]
+    # What an attachment will show, as the broker's catalog describes it.
+    assert [(m["name"], m["show"], m["event_type"]) for m in info["maps"]] == [
+        ("events", "events", "exec_event")
+    ]
+    text = gfxclient(broker, via, "info", "vmabind")
+    assert text.returncode == 0, text.stderr
+    assert "unavailable: tracepoint i915:i915_vma_bind does not exist" in text.stdout
+    assert "bind_size (log2_histogram, bytes" in text.stdout
 
 
 @pytest.mark.parametrize("via", VIAS)

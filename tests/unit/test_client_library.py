@@ -163,6 +163,16 @@ class FakeBroker:
                         scopes=[pb.SCOPE_SELF],
                         available=True,
                         attach_points=["raw_tracepoint/sys_enter"],
+                        maps=[
+                            pb.MapDescription(
+                                name="counts",
+                                show="counter",
+                                unit="count",
+                                key_label="syscall",
+                                description="calls per system call",
+                                fd_index=-1,
+                            )
+                        ],
                     ),
                     pb.ProgramListing(
                         name="vmabind",
@@ -640,4 +650,17 @@ def test_cli_list_and_info(fake: FakeBroker) -> None:
     assert listing[1]["unavailable_reason"] == VMABIND_REASON
     code, text = _run([*base, "info", "syscount"])
     assert code == 0 and "raw_tracepoint/sys_enter" in text
+    # The maps come from the broker's listing, not from a catalog on this host.
+    assert "counts (counter, count, syscall): calls per system call" in text
+    code, text = _run([*base, "--json", "info", "syscount"])
+    assert json.loads(text)["maps"] == [
+        {
+            "name": "counts",
+            "show": "counter",
+            "unit": "count",
+            "key_label": "syscall",
+            "description": "calls per system call",
+            "event_type": None,
+        }
+    ]
     assert cli.main([*base, "info", "nosuch"], out=io.StringIO()) == 1
