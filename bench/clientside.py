@@ -136,13 +136,11 @@ def consume(fd: int, idle: float) -> None:
     with RingBuffer(fd) as rb:
         hard_stop = time.monotonic() + 600
         while time.monotonic() < hard_stop:
-            # poll() may return nothing early: the ring is readable while a
-            # record is reserved but not yet committed. Quiet is measured.
-            got = rb.poll(idle)
+            got = rb.poll(idle)  # [] only after `idle` seconds with nothing committed
             now = time.monotonic()
             if not got:
-                if received and now - last_at >= idle:
-                    break
+                if received:
+                    break  # quiet: the producer is done
                 continue
             if not received:
                 first_at = now
