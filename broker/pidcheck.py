@@ -18,6 +18,10 @@ class PidError(Exception):
     """The process does not exist, is not the caller's, or went away."""
 
 
+class NoSuchProcess(PidError):
+    """The process does not exist (any more): a wrong pid, not a refusal."""
+
+
 class PidHandle:
     """A pidfd on a process whose ownership was verified; close() releases it."""
 
@@ -64,7 +68,7 @@ def verify_owner(pid: int, uid: int, *, proc: str = "/proc") -> PidHandle:
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        raise PidError(f"no process {pid}") from None
+        raise NoSuchProcess(f"no process {pid}") from None
     except OSError as e:
         raise PidError(f"cannot open process {pid}: {e.strerror}") from None
     handle = PidHandle(pid, pidfd)
@@ -72,9 +76,9 @@ def verify_owner(pid: int, uid: int, *, proc: str = "/proc") -> PidHandle:
         try:
             ruid, euid = _status_uids(pid, proc)
         except (OSError, ValueError, IndexError):
-            raise PidError(f"no process {pid}") from None
+            raise NoSuchProcess(f"no process {pid}") from None
         if not handle.alive():
-            raise PidError(f"process {pid} exited")
+            raise NoSuchProcess(f"process {pid} exited")
         if ruid != uid or euid != uid:
             raise PidError(
                 f"process {pid} belongs to uid {ruid} (effective {euid}), not to you "

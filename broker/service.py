@@ -43,7 +43,7 @@ from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.broker import audit as staticaudit
 from gfxbpf.broker.auditlog import AuditLog
-from gfxbpf.broker.pidcheck import PidError, PidHandle, verify_owner
+from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.policy import Policy, ProgramEntry
 from gfxbpf.broker.registry import InstanceKey, Registry
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -625,6 +625,8 @@ class Service:
                 if res.scope == "self":
                     try:
                         t.pid_handle = verify_owner(params.pid, caller.uid)
+                    except NoSuchProcess as e:
+                        raise BrokerError(pb.ERROR_NOT_FOUND, str(e)) from None
                     except PidError as e:
                         raise BrokerError(pb.ERROR_PERMISSION_DENIED, str(e)) from None
                 t.pid = params.pid
@@ -762,7 +764,7 @@ class Service:
             self._attach_all(inst, entry, variant, target, params)
             if target.pid_handle is not None and not target.pid_handle.alive():
                 raise BrokerError(
-                    pb.ERROR_PERMISSION_DENIED, f"process {target.pid} exited while attaching"
+                    pb.ERROR_NOT_FOUND, f"process {target.pid} exited while attaching"
                 )
         except BaseException:
             inst.close()

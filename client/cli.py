@@ -48,6 +48,7 @@ from gfxbpf.client.errors import (
     EXIT_UNAVAILABLE,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
+    BrokerError,
     ClientError,
     UsageError,
 )
@@ -312,9 +313,23 @@ def _connect(args: argparse.Namespace) -> Broker:
 
 
 def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
-    return broker.attach(
-        args.name, scope=args.scope, pid=args.pid, library=args.library, functions=_functions(args)
-    )
+    try:
+        return broker.attach(
+            args.name,
+            scope=args.scope,
+            pid=args.pid,
+            library=args.library,
+            functions=_functions(args),
+        )
+    except BrokerError as e:
+        if e.code != pb.ERROR_INVALID_ARGUMENT:
+            raise
+        # The broker names AttachParams fields; say which flags carry them.
+        hint = (
+            f"`gfxclient info {args.name}` lists its parameters; they are the flags "
+            "--pid PID, --library PATH and --function NAME"
+        )
+        raise BrokerError(e.code, f"{e.message}\n  {hint}", e.rule, operation=e.operation) from None
 
 
 def key_formatter(att: Attachment, cmap: ClientMap | MapData, functions: list[str]) -> Any:

@@ -70,7 +70,7 @@ class BrokerError(ClientError):
             return EXIT_DENIED
         if self.code == pb.ERROR_UNAVAILABLE:
             return EXIT_UNAVAILABLE
-        if self.code == pb.ERROR_INVALID_ARGUMENT:
+        if self.code in (pb.ERROR_INVALID_ARGUMENT, pb.ERROR_NOT_FOUND):
             return EXIT_USAGE
         return EXIT_BROKER
 
@@ -78,9 +78,11 @@ class BrokerError(ClientError):
         message = self.message or self.code_name
         if self.code == pb.ERROR_PERMISSION_DENIED:
             text = f"permission denied: {message}"
-            if self.rule:
+            if not self.rule:  # not the policy's doing (e.g. someone else's process)
+                return text
+            if self.rule not in message:
                 text += f"\n  policy rule: {self.rule}"
-            return text + "\n  ask your administrator to add you to the policy"
+            return text + "\n  ask your administrator to change the policy for you"
         if self.code == pb.ERROR_UNAUTHENTICATED:
             return (
                 f"not authenticated: {message}\n  a gRPC token comes from the Unix socket "
@@ -91,10 +93,10 @@ class BrokerError(ClientError):
             return f"not available on this host: {message}"
         if self.code == pb.ERROR_RESOURCE_EXHAUSTED:
             text = f"limit reached: {message}"
-            if self.rule:
+            if self.rule and self.rule not in message:
                 text += f"\n  policy rule: {self.rule}"
             return text + "\n  detach something (end other gfxclient sessions) and retry"
-        if self.rule:
+        if self.rule and self.rule not in message:
             return f"{message}\n  policy rule: {self.rule}"
         return message
 

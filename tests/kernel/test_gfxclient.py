@@ -56,6 +56,7 @@ def broker() -> Iterator[BrokerProcess]:
             "syscount": {"users": [ALICE], "scope": "self"},
             "execsnoop": {"users": [ALICE], "scope": "self"},
             "vmabind": {"users": [ALICE], "scope": "system"},
+            "ucalls": {"users": [ALICE], "scope": "self", "libraries": ["/usr/bin/true"]},
         }
     )
     b = BrokerProcess.start(text)
@@ -138,7 +139,7 @@ def test_list_json(broker: BrokerProcess, via: str) -> None:
     r = gfxclient(broker, via, "list", "--json")
     assert r.returncode == 0, r.stderr
     programs = {p["name"]: p for p in json.loads(r.stdout)["programs"]}
-    assert set(programs) == {"syscount", "execsnoop", "vmabind"}
+    assert set(programs) == {"syscount", "execsnoop", "vmabind", "ucalls"}
     assert programs["syscount"]["available"] is True
     assert programs["syscount"]["scopes"] == ["self"]
     assert programs["vmabind"]["available"] is False
@@ -265,6 +266,23 @@ def test_unknown_user_gets_a_clear_denial(broker: BrokerProcess) -> None:
     assert r.returncode == 3, r.stderr
     assert "permission denied" in r.stderr
     assert "ask your administrator" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_parameters_name_the_flags_and_a_dead_pid_is_not_a_denial(
+    broker: BrokerProcess,
+) -> None:
+    r = gfxclient(broker, "fd", "watch", "syscount", "--pid", "1", "--once")
+    assert r.returncode == 1, r.stderr
+    assert "program 'syscount' takes no pid" in r.stderr
+    assert "`gfxclient info syscount` lists its parameters" in r.stderr
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    # Its pid names no process now: not found (exit 1), not "permission denied".
+    lib = ["--library", "/usr/bin/true", "--function", "main"]
+    r = gfxclient(broker, "fd", "dump", "ucalls", "--pid", str(gone.pid), *lib)
+    assert r.returncode == 1, r.stderr
+    assert f"no process {gone.pid}" in r.stderr and "permission denied" not in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from gfxbpf.client import cli
-from gfxbpf.client.errors import EXIT_UNREACHABLE, EXIT_USAGE
+from gfxbpf.client.errors import EXIT_DENIED, EXIT_UNREACHABLE, EXIT_USAGE, BrokerError
+from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
 def test_global_flags_before_or_after_the_command() -> None:
@@ -174,3 +175,18 @@ def test_long_sleeps_renew_grpc_leases(monkeypatch: pytest.MonkeyPatch) -> None:
     with cli.StopSignal() as stop:
         cli._sleep(stop, 0.2, FakeBroker())  # type: ignore[arg-type]
     assert renewed == []  # Unix sessions have no lease
+
+
+def test_broker_error_texts_name_the_rule_once_and_hint_only_for_the_policy() -> None:
+    rule = 'p.toml [[program]] #1 "syscount": scope = ["self"]'
+    policy = BrokerError(pb.ERROR_PERMISSION_DENIED, f"you may not run it: {rule}", rule)
+    assert str(policy).count(rule) == 1
+    assert str(policy).endswith("ask your administrator to change the policy for you")
+    apart = BrokerError(pb.ERROR_PERMISSION_DENIED, "you may not", rule)
+    assert f"\n  policy rule: {rule}\n" in str(apart)
+    # Not a policy decision (another user's process): no advice to ask the admin.
+    owner = BrokerError(pb.ERROR_PERMISSION_DENIED, "process 1 belongs to uid 0, not to you")
+    assert str(owner) == "permission denied: process 1 belongs to uid 0, not to you"
+    assert owner.exit_code == EXIT_DENIED
+    missing = BrokerError(pb.ERROR_NOT_FOUND, "no process 999999")
+    assert str(missing) == "no process 999999" and missing.exit_code == EXIT_USAGE

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,6 +352,20 @@ def test_ucalls_pid_must_be_the_callers(service: Service) -> None:
         )
     assert ei.value.code == pb.ERROR_PERMISSION_DENIED
     assert f"belongs to uid {os.getuid()}" in ei.value.message
+
+
+def test_ucalls_pid_that_does_not_exist_is_not_found(service: Service) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process now
+    with pytest.raises(BrokerError) as ei:
+        attach(
+            service,
+            caller(ALICE),
+            name="ucalls",
+            params=pb.AttachParams(pid=dead.pid, library="/bin/true", functions=["main"]),
+        )
+    assert ei.value.code == pb.ERROR_NOT_FOUND  # a wrong pid, not a refusal
+    assert ei.value.message == f"no process {dead.pid}"
 
 
 def test_ucalls_library_and_functions_follow_the_policy(service: Service) -> None:
