@@ -232,9 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     for src in srcs:
         out = ROOT / src.with_name(object_name(src))
         build(clang, src, out)
-        print(f"build_bpf: {out.relative_to(ROOT)} sha256 {sha256_file(out)}")
+        digest = sha256_file(out)
+        print(f"build_bpf: {out.relative_to(ROOT)} sha256 {digest}")
         if src in catalog_srcs:
-            hashes[out.name] = sha256_file(out)
+            hashes[out.name] = digest
     if CATALOG.exists():
         text = CATALOG.read_text()
         new, missing = rewrite_sha256(text, hashes)
