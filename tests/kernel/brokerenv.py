@@ -418,6 +418,11 @@ class BrokerProcess:
                 k.strip(): v.strip() for k, _, v in (line.partition(":") for line in f) if k.strip()
             }
 
+    def cmdline(self) -> list[str]:
+        """/proc/<pid>/cmdline as argv (what this pid runs now, after any exec)."""
+        with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+            return [a.decode() for a in f.read().split(b"\0")[:-1]]
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 

@@ -216,13 +216,12 @@ def test_broker_holds_only_bpf_and_perfmon(broker: BrokerProcess) -> None:
     assert st["Uid"].split() == [str(uid)] * 4
     # Started from the unit's own ExecStart line (only the paths replaced).
     info = _unit_exec_module().unit_exec(SERVICE)
-    with open(f"/proc/{broker.pid}/cmdline", "rb") as f:
-        cmdline = f.read().split(b"\0")[:-1]
+    cmdline = broker.cmdline()
     program = info.argv[0] if VENV == "/opt/gfxbpf/venv" else f"{VENV}/bin/gfxbpf-broker"
-    assert cmdline[1].decode() == program  # the venv's gfxbpf-broker script
+    assert cmdline[1] == program  # the venv's gfxbpf-broker script
     assert broker.argv[broker.argv.index("--") + 1 :][0] == program
     flags = [a for a in info.argv[1:] if a.startswith("--")]
-    assert flags == [a.decode() for a in cmdline[2:] if a.startswith(b"--")]
+    assert flags == [a for a in cmdline[2:] if a.startswith("--")]
 
 
 # ---------------------------------------------------------------- programs

@@ -31,11 +31,6 @@ from tests.kernel.brokerenv import (
 GFXCLIENT = str(Path(VENV_PYTHON).parent / "gfxclient")
 
 
-def _cmdline(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return [a.decode() for a in f.read().split(b"\0") if a]
-
-
 def test_first_client_activates_the_broker_which_serves_on_fd_3(tmp_path: Path) -> None:
     if shutil.which("systemd-socket-activate") is None:
         skip_or_fail("systemd-socket-activate is not installed (Debian package systemd)")
@@ -45,7 +40,7 @@ def test_first_client_activates_the_broker_which_serves_on_fd_3(tmp_path: Path) 
         mode = stat.S_IMODE(os.stat(broker.socket).st_mode)
         assert mode == 0o666  # SocketMode= of deploy/gfxbpf.socket
         # Nothing has connected yet: no broker runs, only the socket's holder.
-        assert _cmdline(broker.pid)[0] == "systemd-socket-activate"
+        assert broker.cmdline()[0] == "systemd-socket-activate"
         assert not broker.audit_records()
 
         listed = run_as(ALICE, [GFXCLIENT, "--socket", broker.socket, "--json", "list"])
@@ -54,7 +49,7 @@ def test_first_client_activates_the_broker_which_serves_on_fd_3(tmp_path: Path) 
         broker.wait_ready()
 
         # The connection made the holder exec the unit's line, in the same pid.
-        assert any(a.endswith("gfxbpf-broker") for a in _cmdline(broker.pid))
+        assert any(a.endswith("gfxbpf-broker") for a in broker.cmdline())
         status = broker.status()
         assert status["Uid"].split()[0] == str(uid_of("gfxbpf"))
         for key in ("CapEff", "CapPrm", "CapBnd"):
