@@ -8,6 +8,20 @@ attachment_id, transport).
 Logging must never take the broker down: odd values (bytes, objects whose
 str() raises, lone surrogates, huge strings) are coerced or truncated, and a
 failing stream is ignored.
+
+Rate limit (AuditLog.set_rate, from the policy's [limits]
+audit_lines_per_second): a user must not be able to flood the log. Records
+are keyed by uid when they carry one, else by transport (every
+unauthenticated gRPC caller is one key, "transport grpc"); each key has a
+token bucket of `rate` lines per second holding at most `rate` lines (one
+second of burst). A record over the budget is not written but counted, by
+op and result; SUMMARY_SECONDS after the first line it suppressed, a timer
+writes one summary line for the key (op "audit_suppressed", with the
+counts), even if the flood has stopped. flush_suppressed() writes every
+pending summary at once (the broker calls it before its "stop" record).
+Records with neither uid nor transport (the broker's own: accept errors) and
+the administrative ops in NEVER_SUPPRESSED (start, listen, reload, stop) are
+always written.
 """
 
 from __future__ import annotations
@@ -17,6 +31,8 @@ import enum
 import json
 import sys
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -24,6 +40,13 @@ RESULTS = ("ok", "denied", "error")
 # A client controls some of these strings (program names, paths): keep lines bounded.
 MAX_FIELD_CHARS = 1024
 _BASE_FIELDS = ("time", "uid", "pid", "op", "program", "sha256", "scope", "result", "detail")
+# Administrative records: always written, whatever the rate limit.
+NEVER_SUPPRESSED = frozenset({"start", "listen", "reload", "stop", "audit_suppressed"})
+# A key's summary of suppressed lines comes this long after the first line it suppressed.
+SUMMARY_SECONDS = 5.0
+SUMMARY_OP = "audit_suppressed"
+# Keys are uids (and transports): prune idle ones beyond this many.
+MAX_KEYS = 4096
 
 
 def _utc_now() -> _dt.datetime:
@@ -119,10 +142,38 @@ def format_record(
         return json.dumps({"time": when, "op": "audit", "result": "error", "detail": "unloggable"})
 
 
+class _Bucket:
+    """One key's token bucket, and what it suppressed since the last summary."""
+
+    __slots__ = ("tokens", "last", "since", "suppressed", "by")
+
+    def __init__(self, tokens: float, now: float) -> None:
+        self.tokens = tokens
+        self.last = now
+        self.since: float | None = None  # first suppression of the current window
+        self.suppressed = 0
+        self.by: Counter[str] = Counter()  # "op result" -> lines
+
+
+def _limit_key(op: Any, fields: dict[str, Any]) -> str | None:
+    """Whose budget a record spends; None: never suppressed."""
+    if isinstance(op, str) and op in NEVER_SUPPRESSED:
+        return None
+    uid = fields.get("uid")
+    if uid is not None:
+        return f"uid {_clean(uid)}"
+    transport = fields.get("transport")
+    if transport is not None:
+        return f"transport {_clean(transport)}"
+    return None
+
+
 class AuditLog:
     """Thread-safe writer of audit lines.
 
     stream=None writes to whatever sys.stderr is at the time of each write.
+    No rate limit until set_rate(); monotonic is the limiter's clock (tests
+    pass their own, with timer=False, and call flush_suppressed(due_only=True)).
     """
 
     def __init__(
@@ -130,23 +181,156 @@ class AuditLog:
         stream: TextIO | None = None,
         *,
         clock: Callable[[], _dt.datetime] = _utc_now,
+        monotonic: Callable[[], float] = time.monotonic,
+        timer: bool = True,
     ) -> None:
         self._stream = stream
         self._clock = clock
-        self._lock = threading.Lock()
+        self._mono = monotonic
+        self._lock = threading.Lock()  # one line at a time on the stream
+        self._limit_lock = threading.Lock()  # buckets
+        self._rate: int | None = None
+        self._buckets: dict[str, _Bucket] = {}
+        self._use_timer = timer
+        self._wake = threading.Condition(self._limit_lock)
+        self._timer: threading.Thread | None = None
+        self._closed = False
 
-    def record(self, *, op: Any, result: Any, **fields: Any) -> str:
-        """Write one line for a request; return it. Never raises."""
+    # ------------------------------------------------------------ rate limit
+
+    @property
+    def rate(self) -> int | None:
+        return self._rate
+
+    def set_rate(self, lines_per_second: int | None) -> None:
+        """Limit each key to lines_per_second (burst: as many); None: no limit.
+
+        Changing it (a policy reload) keeps the counts of what was suppressed.
+        """
+        if lines_per_second is not None and lines_per_second <= 0:
+            raise ValueError("lines_per_second must be positive")
+        with self._limit_lock:
+            self._rate = lines_per_second
+            if lines_per_second is not None:
+                for b in self._buckets.values():
+                    b.tokens = min(b.tokens, float(lines_per_second))
+
+    def _admit(self, op: Any, result: Any, fields: dict[str, Any]) -> bool:
+        """Whether to write this record (else it is counted for its key's summary)."""
+        rate = self._rate
+        if rate is None:
+            return True
+        key = _limit_key(op, fields)
+        if key is None:
+            return True
         try:
-            now = self._clock()
+            now = self._mono()
         except Exception:
-            now = _utc_now()
-        if "time" in fields:  # the clock owns "time"; keep the caller's value aside
-            fields["extra_time"] = fields.pop("time")
+            now = time.monotonic()
+        with self._limit_lock:
+            b = self._buckets.get(key)
+            if b is None:
+                if len(self._buckets) >= MAX_KEYS:
+                    self._forget_idle_locked(now)
+                b = self._buckets[key] = _Bucket(float(rate), now)
+            else:
+                b.tokens = min(float(rate), b.tokens + (now - b.last) * rate)
+                b.last = now
+            if b.tokens >= 1.0:
+                b.tokens -= 1.0
+                return True
+            b.suppressed += 1
+            b.by[f"{_clean(op)} {_clean(result)}"] += 1
+            if b.since is None:
+                b.since = now
+                self._start_timer_locked()
+            return False
+
+    def _start_timer_locked(self) -> None:
+        if not self._use_timer or self._closed:
+            return
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Thread(
+                target=self._timer_loop, name="gfxbpf-audit-summary", daemon=True
+            )
+            self._timer.start()
+        else:
+            self._wake.notify()
+
+    def _timer_loop(self) -> None:
+        """Write each key's summary when due; end when none is pending."""
+        while True:
+            with self._limit_lock:
+                pending = [b.since for b in self._buckets.values() if b.since is not None]
+                if self._closed or not pending:
+                    self._timer = None
+                    return
+                wait = min(pending) + SUMMARY_SECONDS - self._mono()
+                if wait > 0:
+                    self._wake.wait(min(wait, SUMMARY_SECONDS))
+                    continue
+            self.flush_suppressed(due_only=True)
+
+    def _take_summaries(self, due_only: bool) -> list[tuple[str, _Bucket, float]]:
+        now = self._mono()
+        out = []
+        with self._limit_lock:
+            for key, b in list(self._buckets.items()):
+                if b.since is not None and (not due_only or now - b.since >= SUMMARY_SECONDS):
+                    snap = _Bucket(b.tokens, b.last)
+                    snap.since, snap.suppressed, snap.by = b.since, b.suppressed, b.by
+                    out.append((key, snap, now))
+                    b.since, b.suppressed, b.by = None, 0, Counter()
+            self._forget_idle_locked(now)
+        return out
+
+    def _forget_idle_locked(self, now: float) -> None:
+        """Drop the keys whose bucket is full again and that owe no summary."""
+        rate = self._rate
+        for key, b in list(self._buckets.items()):
+            if b.since is None and (rate is None or b.tokens + (now - b.last) * rate >= rate):
+                del self._buckets[key]
+
+    def flush_suppressed(self, *, due_only: bool = False) -> int:
+        """Write the summary line of every key that suppressed lines (due_only:
+        only those whose SUMMARY_SECONDS have passed); return how many."""
+        summaries = self._take_summaries(due_only)
+        for key, b, now in summaries:
+            kind, _, who = key.partition(" ")
+            seconds = round(max(now - (b.since or now), 0.0), 3)
+            fields: dict[str, Any] = {kind: who if kind != "uid" else _uid_value(who)}
+            self._write(
+                format_record(
+                    op=SUMMARY_OP,
+                    result="ok",
+                    time=self._now(),
+                    detail=f"{b.suppressed} similar lines suppressed for {key} in the last "
+                    f"{seconds:g} s (more than {self._rate} lines/s: [limits] "
+                    "audit_lines_per_second)",
+                    suppressed=b.suppressed,
+                    seconds=seconds,
+                    counts=dict(b.by.most_common(32)),
+                    **fields,
+                )
+            )
+        return len(summaries)
+
+    def close(self) -> None:
+        """Write pending summaries and stop the summary timer."""
+        self.flush_suppressed()
+        with self._limit_lock:
+            self._closed = True
+            self._wake.notify_all()
+
+    # ------------------------------------------------------------ writing
+
+    def _now(self) -> _dt.datetime:
         try:
-            line = format_record(op=op, result=result, time=now, **fields)
-        except Exception:  # defensive: format_record is written not to raise
-            line = format_record(op="audit", result="error", detail="unloggable record")
+            return self._clock()
+        except Exception:
+            return _utc_now()
+
+    def _write(self, line: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
         try:
             with self._lock:
@@ -154,6 +338,23 @@ class AuditLog:
                 stream.flush()
         except Exception:
             pass  # a closed or broken stderr must not stop the broker serving
+
+    def record(self, *, op: Any, result: Any, **fields: Any) -> str:
+        """Write one line for a request; return it ("" when the rate limit
+        suppressed it). Never raises."""
+        try:
+            if not self._admit(op, result, fields):
+                return ""
+        except Exception:
+            pass  # the limiter must not lose a line by failing
+        now = self._now()
+        if "time" in fields:  # the clock owns "time"; keep the caller's value aside
+            fields["extra_time"] = fields.pop("time")
+        try:
+            line = format_record(op=op, result=result, time=now, **fields)
+        except Exception:  # defensive: format_record is written not to raise
+            line = format_record(op="audit", result="error", detail="unloggable record")
+        self._write(line)
         return line
 
     def ok(self, op: Any, **fields: Any) -> str:
@@ -164,3 +365,10 @@ class AuditLog:
 
     def error(self, op: Any, **fields: Any) -> str:
         return self.record(op=op, result="error", **fields)
+
+
+def _uid_value(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text

@@ -13,6 +13,16 @@ Authentication, per call:
   required a certificate signed by --tls-client-ca), mapped to a user by a
   [[tls_client]] policy entry (subject CN and/or certificate SHA-256).
 Neither: UNAUTHENTICATED, with a message that says how to get a token.
+Both are decided from what arrives before the request message (grpc_auth),
+so a call that sends headers and then nothing never gets further than that.
+
+Floods (issue #16): the server is grpc.aio (see BrokerServicer for why), so
+a call waiting for its request holds no thread; each authenticated uid may
+have [limits] grpc_calls_per_user calls in flight (more: RESOURCE_EXHAUSTED
+at once), and a call's request must arrive within grpc_request_seconds of
+its headers (else INVALID_ARGUMENT, ERROR_PROTOCOL). Every refused call is
+audited ("grpc_auth", "grpc_limit", "grpc_request"; with its uid when known,
+else transport "grpc" and the peer), through the audit log's rate limit.
 
 Attachments made over gRPC belong to one Owner per token (or certificate)
 and live on a lease (leases.LeaseManager): any call naming the attachment
@@ -27,26 +37,25 @@ details, and three trailing metadata keys carry the rest:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import hashlib
+import functools
 import logging
 import os
-import pwd
-import ssl
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
 
+from gfxbpf.broker.grpc_auth import Authenticator, AuthFailure, CallSlots
 from gfxbpf.broker.leases import REAP_INTERVAL, Holder, LeaseManager
-from gfxbpf.broker.service import BrokerError, Caller
-from gfxbpf.broker.tokens import MAX_TOKEN_CHARS, TokenStore, token_digest
+from gfxbpf.broker.service import BrokerError
+from gfxbpf.broker.tokens import TokenStore
 from gfxbpf.proto import gfxbpf_pb2 as pb
-from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
 log = logging.getLogger("gfxbpf.broker.grpc")
 
@@ -144,217 +153,405 @@ class _Abort(Exception):
         self.err = err
 
 
-def _abort(context: grpc.ServicerContext, err: BrokerError) -> NoReturn:
-    code = STATUS_OF.get(err.code, grpc.StatusCode.UNKNOWN)
+def _trailers(err: BrokerError) -> tuple[tuple[str, str | bytes], ...]:
     try:
         name = pb.ErrorCode.Name(err.code)
     except ValueError:
         name = str(err.code)
-    md = [(META_CODE, name), (META_ERROR, err.to_pb().SerializeToString())]
+    md: list[tuple[str, str | bytes]] = [
+        (META_CODE, name),
+        (META_ERROR, err.to_pb().SerializeToString()),
+    ]
     if err.rule:
         md.append((META_RULE, _ascii(err.rule)))
-    context.set_trailing_metadata(tuple(md))
-    context.abort(code, err.message)
+    return tuple(md)
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: BrokerError) -> NoReturn:
+    code = STATUS_OF.get(err.code, grpc.StatusCode.UNKNOWN)
+    await context.abort(code, err.message, trailing_metadata=_trailers(err))
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
-class BrokerServicer(pb_grpc.BrokerServicer):
-    """The Broker service over a Service, a TokenStore and a LeaseManager."""
+def _internal(what: str, e: Exception) -> BrokerError:
+    """A bug fails one call, not the listener."""
+    log.exception("gRPC %s failed", what)
+    return BrokerError(pb.ERROR_INTERNAL, f"broker internal error: {type(e).__name__}: {e}")
+
+
+# What each method of service Broker carries: (request, reply, server-streaming).
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Broker"].full_name
+METHODS: dict[str, tuple[type[Any], type[Any], bool]] = {
+    m.name: (getattr(pb, m.input_type.name), getattr(pb, m.output_type.name), m.server_streaming)
+    for m in pb.DESCRIPTOR.services_by_name["Broker"].methods
+}
+# Batches a stream's producer thread may run ahead of what the client took.
+STREAM_AHEAD = 2
+
+
+class _Slot:
+    """One call's place in CallSlots: released when the call has ended AND no
+    thread still works for it (a client that hangs up mid-Attach does not free
+    its slot while the attach still runs, so hanging up cannot pile work up)."""
+
+    def __init__(self, slots: CallSlots, uid: int) -> None:
+        self.slots = slots
+        self.uid = uid
+        self.jobs = 0
+        self.ended = False
+        self.released = False
+        self.lock = threading.Lock()
+
+    def submit(
+        self, executor: futures.Executor, fn: Callable[..., Any], *args: Any
+    ) -> asyncio.Future[Any]:
+        """Run fn(*args) in executor for this call; await the result (never raises)."""
+        with self.lock:
+            self.jobs += 1
+        try:
+            job = executor.submit(fn, *args)
+        except BaseException:  # shut down (the server stops): no job, no wait for one
+            self._job_done(None)
+            raise
+        job.add_done_callback(self._job_done)  # also when cancelled before it ran
+        return asyncio.wrap_future(job)
+
+    def _job_done(self, _job: object) -> None:
+        with self.lock:
+            self.jobs -= 1
+        self._maybe_release()
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended = True
+        self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        with self.lock:
+            if self.released or not self.ended or self.jobs:
+                return
+            self.released = True
+        self.slots.release(self.uid)
+
+
+class BrokerServicer:
+    """Service Broker over a Service, a TokenStore and a LeaseManager, on grpc.aio.
+
+    Why grpc.aio and not the thread-per-call server: a call that sent its
+    headers but not its request is, on the sync server, a pool thread waiting
+    for the body (and a slot of maximum_concurrent_rpcs): 64 such calls from
+    anyone stalled every user (issue #16). Here a call waiting for its
+    request is a coroutine on one event loop and costs no thread, the
+    receive is bounded with asyncio.wait_for, and per-uid accounting is
+    released by `finally` on every way a call ends (abort, client cancel or
+    disconnect, server stop). The Service itself blocks (bpf syscalls, attach
+    takes hundreds of ms, StreamEvents polls a ring buffer), so its work runs
+    in thread pools, entered only by authenticated calls within their
+    user's grpc_calls_per_user, once their request has arrived.
+
+    Every method is registered request-streaming on the server side (on the
+    wire a unary call is a stream of one message; the client sees no
+    difference), so its handler starts at the call's headers: it
+    authenticates (the token was already checked by the _Gate from the
+    metadata; a certificate is checked here), takes the uid's slot, and only
+    then reads the one request message, for at most grpc_request_seconds.
+    """
 
     def __init__(
-        self, service: Any, tokens: TokenStore, leases: LeaseManager, *, tls: bool = False
+        self,
+        service: Any,
+        tokens: TokenStore,
+        leases: LeaseManager,
+        *,
+        tls: bool = False,
+        pool: futures.Executor | None = None,
+        streams: futures.Executor | None = None,
     ) -> None:
         self.service = service
         self.tokens = tokens
         self.leases = leases
         self.tls = tls
+        self.auth = Authenticator(service, tokens, leases, tls=tls)
+        self.slots = CallSlots()
+        self.pool = pool or futures.ThreadPoolExecutor(64, thread_name_prefix="gfxbpf-grpc")
+        self.streams = streams or futures.ThreadPoolExecutor(
+            256, thread_name_prefix="gfxbpf-grpc-stream"
+        )
+        self.unary: dict[str, Callable[[Holder, Any], Any]] = {
+            "Hello": self.hello,
+            "ListPrograms": self.list_programs,
+            "Attach": self.attach,
+            "Detach": self.detach,
+            "ReadMap": self.read_map,
+            "Stats": self.stats,
+        }
 
-    # ------------------------------------------------------------ identity
+    # ------------------------------------------------------------ refusals
 
-    def _denied(self, context: grpc.ServicerContext, why: str) -> BrokerError:
+    def _audit_denied(self, op: str, context: Any, why: str, uid: int | None = None) -> None:
         audit = getattr(self.service, "audit", None)
-        if audit is not None:
-            audit.denied("grpc_auth", detail=why, transport="grpc", peer=context.peer())
+        if audit is None:
+            return
+        fields: dict[str, Any] = {"detail": why, "transport": "grpc"}
+        if uid is not None:
+            fields["uid"] = uid
+        with contextlib.suppress(Exception):
+            fields["peer"] = context.peer()
+        try:
+            audit.denied(op, **fields)
+        except Exception:  # the audit log must not take the listener down
+            log.exception("audit failed")
+
+    def _denied(self, context: Any, why: str) -> BrokerError:
+        self._audit_denied("grpc_auth", context, why)
         return BrokerError(pb.ERROR_UNAUTHENTICATED, f"{why}: {HOW_TO_AUTHENTICATE}")
 
-    def _holder(self, context: grpc.ServicerContext) -> Holder:
-        """Who is calling, as a lease holder; raises _Abort(UNAUTHENTICATED)."""
-        auth = [v for k, v in context.invocation_metadata() if k == "authorization"]
-        if auth:
-            value = auth[0] if isinstance(auth[0], str) else ""
-            scheme, _, token = value.strip().partition(" ")
-            token = token.strip()
-            if len(auth) > 1 or scheme.lower() != "bearer" or not token:
-                raise _Abort(
-                    self._denied(
-                        context,
-                        "malformed authorization metadata (expected one "
-                        "'authorization: Bearer <token>')",
-                    )
-                )
-            if len(token) > MAX_TOKEN_CHARS:
-                raise _Abort(self._denied(context, "the bearer token is unknown or expired"))
-            caller = self.tokens.authenticate(token)
-            expires = self.tokens.expires(token)
-            if caller is None or expires is None:
-                raise _Abort(self._denied(context, "the bearer token is unknown or expired"))
-            return self.leases.holder("token:" + token_digest(token), caller, expires_unix=expires)
-        if self.tls:
-            return self._cert_holder(context)
-        raise _Abort(self._denied(context, "no credentials"))
+    # ------------------------------------------------------------ call prologue
 
-    def _cert_holder(self, context: grpc.ServicerContext) -> Holder:
-        ac = context.auth_context()
-        pems = ac.get("x509_pem_cert") or []
-        cns = ac.get("x509_common_name") or []
-        if not pems:
-            raise _Abort(self._denied(context, "no client certificate and no token"))
-        try:
-            der = ssl.PEM_cert_to_DER_cert(pems[0].decode("ascii"))
-        except (ValueError, UnicodeDecodeError):
-            raise _Abort(self._denied(context, "unreadable client certificate")) from None
-        fingerprint = hashlib.sha256(der).hexdigest()
-        cn = cns[0].decode("utf-8", "replace") if cns else None
-        uid = self.service.policy.tls_user(subject_cn=cn, cert_sha256=fingerprint)
-        if uid is None:
+    async def _identify(self, verdict: Holder | AuthFailure | None, context: Any) -> Holder:
+        """The caller's Holder (from the _Gate's verdict or the certificate); raises _Abort."""
+        if isinstance(verdict, Holder):
+            return verdict
+        if verdict is None and self.tls:
+            # pwd/grp lookups may block (NSS): not on the event loop.
+            loop = asyncio.get_running_loop()
+            verdict = await loop.run_in_executor(
+                self.pool, self.auth.from_certificate, context.auth_context()
+            )
+            if isinstance(verdict, Holder):
+                return verdict
+        why = verdict.why if isinstance(verdict, AuthFailure) else "no credentials"
+        raise _Abort(self._denied(context, why))
+
+    def _enter(self, holder: Holder, context: Any) -> _Slot:
+        """A slot of the caller's uid; raises _Abort(RESOURCE_EXHAUSTED) over the limit."""
+        uid = holder.caller.uid
+        limit = self.service.policy.limits.grpc_calls_per_user
+        if not self.slots.acquire(uid, limit):
+            rule = f"[limits] grpc_calls_per_user = {limit}"
+            why = f"uid {uid} already has {limit} gRPC calls in flight"
+            self._audit_denied("grpc_limit", context, f"{why} ({rule})", uid)
             raise _Abort(
-                self._denied(
-                    context,
-                    f"client certificate CN={cn!r} sha256={fingerprint} is not mapped to a user "
-                    "by any [[tls_client]] entry of the policy",
+                BrokerError(
+                    pb.ERROR_RESOURCE_EXHAUSTED,
+                    f"{why}; wait for one to end (the policy's {rule})",
+                    rule,
                 )
             )
-        return self.leases.holder("cert:" + fingerprint, _caller_for_uid(uid))
+        return _Slot(self.slots, uid)
 
-    # ------------------------------------------------------------ plumbing
+    async def _receive(self, requests: Any, context: Any, holder: Holder) -> Any:
+        """The call's one request message, within grpc_request_seconds; raises _Abort."""
+        seconds = self.service.policy.limits.grpc_request_seconds
+        try:
+            return await asyncio.wait_for(anext(requests), seconds)
+        except TimeoutError:
+            why = f"no request message within {seconds} s of the call's headers"
+        except StopAsyncIteration:
+            why = "the call ended its request stream without a request message"
+        rule = f"[limits] grpc_request_seconds = {seconds}"
+        self._audit_denied("grpc_request", context, f"{why} ({rule})", holder.caller.uid)
+        raise _Abort(BrokerError(pb.ERROR_PROTOCOL, why, rule))
 
-    def _run(self, context: grpc.ServicerContext, fn: Callable[[Holder], Any]) -> Any:
+    # ------------------------------------------------------------ handlers (event loop)
+
+    async def handle_unary(
+        self, name: str, verdict: Holder | AuthFailure | None, requests: Any, context: Any
+    ) -> Any:
+        try:
+            holder = await self._identify(verdict, context)
+            slot = self._enter(holder, context)
+            try:
+                request = await self._receive(requests, context, holder)
+                outcome = await slot.submit(self.pool, self._call, name, holder, request)
+            finally:
+                slot.end()
+        except _Abort as e:
+            outcome = e.err
+        if isinstance(outcome, BrokerError):
+            await _abort(context, outcome)
+        return outcome
+
+    async def handle_stream(
+        self, name: str, verdict: Holder | AuthFailure | None, requests: Any, context: Any
+    ) -> AsyncIterator[Any]:
+        """StreamEvents: a thread runs the Service's iterator and hands batches
+        over, at most STREAM_AHEAD ahead of what the client took."""
         err: BrokerError | None = None
         try:
-            return fn(self._holder(context))
+            holder = await self._identify(verdict, context)
+            slot = self._enter(holder, context)
+            stop = threading.Event()  # the call ended: the producer stops
+            try:
+                request = await self._receive(requests, context, holder)
+                loop = asyncio.get_running_loop()
+                queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+                credit = threading.Semaphore(STREAM_AHEAD)
+
+                def post(item: tuple[str, Any]) -> None:
+                    with contextlib.suppress(RuntimeError):  # the loop is gone: server stopped
+                        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+                def emit(batch: Any) -> bool:
+                    while not credit.acquire(timeout=0.25):
+                        if stop.is_set():
+                            return False
+                    if stop.is_set():
+                        return False
+                    post(("batch", batch))
+                    return True
+
+                def produce() -> None:
+                    post(("end", self._stream(holder, request, emit, stop.is_set)))
+
+                slot.submit(self.streams, produce)
+                while True:
+                    kind, item = await queue.get()
+                    if kind == "end":
+                        err = item
+                        break
+                    yield item
+                    credit.release()
+            finally:
+                stop.set()
+                slot.end()
         except _Abort as e:
             err = e.err
-        except BrokerError as e:
-            err = e
-        except Exception as e:  # a bug must fail one call, not the listener
-            log.exception("gRPC %s failed", getattr(fn, "__name__", "call"))
-            err = BrokerError(pb.ERROR_INTERNAL, f"broker internal error: {type(e).__name__}: {e}")
-        _abort(context, err)
+        if err is not None:
+            await _abort(context, err)
 
-    # ------------------------------------------------------------ the service
+    # ------------------------------------------------------------ the service (threads)
 
-    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloReply:
-        return self._run(context, lambda h: self.service.hello(h.caller, request))
-
-    def ListPrograms(
-        self, request: pb.ListProgramsRequest, context: grpc.ServicerContext
-    ) -> pb.ListProgramsReply:
-        return self._run(context, lambda h: self.service.list_programs(h.caller, request))
-
-    def Attach(self, request: pb.AttachRequest, context: grpc.ServicerContext) -> pb.AttachReply:
-        def attach(h: Holder) -> pb.AttachReply:
-            with self.leases.using(h) as owner:
-                reply, fds = self.service.attach(h.caller, owner, request)
-                if fds:  # nothing rides along over gRPC
-                    for fd in fds:
-                        with contextlib.suppress(OSError):
-                            os.close(fd)
-                    for m in reply.maps:
-                        m.fd_index = -1
-                    for p in reply.programs:
-                        p.fd_index = -1
-                reply.lease_expires_unix = self.leases.grant(
-                    h, reply.attachment_id, request.lease_seconds
-                )
-                return reply
-
-        return self._run(context, attach)
-
-    def Detach(self, request: pb.DetachRequest, context: grpc.ServicerContext) -> pb.DetachReply:
-        def detach(h: Holder) -> pb.DetachReply:
-            with self.leases.using(h) as owner:
-                try:
-                    reply = self.service.detach(h.caller, owner, request)
-                except BrokerError as e:
-                    if e.code == pb.ERROR_NOT_FOUND:
-                        self.leases.release(h, request.attachment_id)
-                    raise
-                self.leases.release(h, request.attachment_id)
-                return reply
-
-        return self._run(context, detach)
-
-    def ReadMap(self, request: pb.ReadMapRequest, context: grpc.ServicerContext) -> pb.ReadMapReply:
-        def read_map(h: Holder) -> pb.ReadMapReply:
-            with self.leases.using(h) as owner:
-                self.leases.renew(h, request.attachment_id)
-                return self.service.read_map(h.caller, owner, request)
-
-        return self._run(context, read_map)
-
-    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsReply:
-        def stats(h: Holder) -> pb.StatsReply:
-            with self.leases.using(h) as owner:
-                if request.attachment_id:
-                    self.leases.renew(h, request.attachment_id)
-                else:
-                    self.leases.renew_all(h)
-                return self.service.stats(h.caller, owner, request)
-
-        return self._run(context, stats)
-
-    def StreamEvents(
-        self, request: pb.StreamEventsRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.EventBatch]:
-        err: BrokerError | None = None
+    def _call(self, name: str, holder: Holder, request: Any) -> Any:
+        """Reply, or the BrokerError to answer with (never raises)."""
         try:
-            h = self._holder(context)
+            return self.unary[name](holder, request)
+        except BrokerError as e:
+            return e
+        except Exception as e:
+            return _internal(name, e)
+
+    def hello(self, h: Holder, request: pb.HelloRequest) -> pb.HelloReply:
+        return self.service.hello(h.caller, request)
+
+    def list_programs(self, h: Holder, request: pb.ListProgramsRequest) -> pb.ListProgramsReply:
+        return self.service.list_programs(h.caller, request)
+
+    def attach(self, h: Holder, request: pb.AttachRequest) -> pb.AttachReply:
+        with self.leases.using(h) as owner:
+            reply, fds = self.service.attach(h.caller, owner, request)
+            if fds:  # nothing rides along over gRPC
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                for m in reply.maps:
+                    m.fd_index = -1
+                for p in reply.programs:
+                    p.fd_index = -1
+            reply.lease_expires_unix = self.leases.grant(
+                h, reply.attachment_id, request.lease_seconds
+            )
+            return reply
+
+    def detach(self, h: Holder, request: pb.DetachRequest) -> pb.DetachReply:
+        with self.leases.using(h) as owner:
+            try:
+                reply = self.service.detach(h.caller, owner, request)
+            except BrokerError as e:
+                if e.code == pb.ERROR_NOT_FOUND:
+                    self.leases.release(h, request.attachment_id)
+                raise
+            self.leases.release(h, request.attachment_id)
+            return reply
+
+    def read_map(self, h: Holder, request: pb.ReadMapRequest) -> pb.ReadMapReply:
+        with self.leases.using(h) as owner:
+            self.leases.renew(h, request.attachment_id)
+            return self.service.read_map(h.caller, owner, request)
+
+    def stats(self, h: Holder, request: pb.StatsRequest) -> pb.StatsReply:
+        with self.leases.using(h) as owner:
+            if request.attachment_id:
+                self.leases.renew(h, request.attachment_id)
+            else:
+                self.leases.renew_all(h)
+            return self.service.stats(h.caller, owner, request)
+
+    def _stream(
+        self,
+        h: Holder,
+        request: pb.StreamEventsRequest,
+        emit: Callable[[pb.EventBatch], bool],
+        cancelled: Callable[[], bool],
+    ) -> BrokerError | None:
+        """StreamEvents in a thread: emit() each batch; the error to end with, if any."""
+        try:
             aid = request.attachment_id
             with self.leases.using(h) as owner, self.leases.pinned(h, aid):
                 # Pinned: an open stream keeps its attachment's lease alive.
-                for batch in self.service.stream_events(
-                    h.caller, owner, request, lambda: not context.is_active()
-                ):
-                    yield batch
-                    if batch.end or not context.is_active():
+                for batch in self.service.stream_events(h.caller, owner, request, cancelled):
+                    if not emit(batch) or batch.end:
                         break
-                return
-        except _Abort as e:
-            err = e.err
+            return None
         except BrokerError as e:
-            err = e
+            return e
         except Exception as e:
-            log.exception("gRPC StreamEvents failed")
-            err = BrokerError(pb.ERROR_INTERNAL, f"broker internal error: {type(e).__name__}: {e}")
-        _abort(context, err)
+            return _internal("StreamEvents", e)
 
 
-def _caller_for_uid(uid: int) -> Caller:
-    """The Caller a certificate maps to: the account's primary and supplementary groups."""
-    try:
-        pw = pwd.getpwuid(uid)
-    except (KeyError, OverflowError):
-        # An account-less uid has no groups the policy could match.
-        return Caller(uid=uid, gid=65534, gids=(), pid=0, transport="grpc")
-    try:
-        gids = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
-    except OSError:
-        gids = (pw.pw_gid,)
-    return Caller(uid=uid, gid=pw.pw_gid, gids=gids, pid=0, transport="grpc")
+class _Gate(grpc.GenericRpcHandler):
+    """The interception point: grpc asks it for a method's handler when the
+    call's headers arrive, with their metadata and before any message is read.
+    The bearer token is checked here; what it returns is a request-streaming
+    handler bound to that verdict, which refuses a failed one at once."""
+
+    def __init__(self, servicer: BrokerServicer) -> None:
+        self.servicer = servicer
+        self.prefix = f"/{SERVICE_NAME}/"
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method or ""
+        if not method.startswith(self.prefix):
+            return None
+        name = method[len(self.prefix) :]
+        spec = METHODS.get(name)
+        if spec is None:
+            return None  # UNIMPLEMENTED
+        request_type, reply_type, streaming = spec
+        verdict = self.servicer.auth.from_metadata(details.invocation_metadata)
+        if streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                functools.partial(self.servicer.handle_stream, name, verdict),
+                request_deserializer=request_type.FromString,
+                response_serializer=reply_type.SerializeToString,
+            )
+        return grpc.stream_unary_rpc_method_handler(
+            functools.partial(self.servicer.handle_unary, name, verdict),
+            request_deserializer=request_type.FromString,
+            response_serializer=reply_type.SerializeToString,
+        )
 
 
 class GrpcServer:
-    """A running listener (from start_grpc_server). stop() is idempotent."""
+    """A running listener (from start_grpc_server). stop() is idempotent.
+
+    The grpc.aio server runs on its own event loop in thread "gfxbpf-grpc-loop";
+    the Service's work runs in `pool` (unary calls) and `streams` (one thread
+    per open StreamEvents).
+    """
 
     def __init__(
         self,
-        server: grpc.Server,
+        server: grpc.aio.Server,
         address: str,
         port: int | None,
         unix_path: str | None,
         tokens: TokenStore,
         leases: LeaseManager,
         service: Any,
+        servicer: BrokerServicer,
+        loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread,
     ) -> None:
         self.server = server
         self.address = address  # what it listens on, with the real port
@@ -363,6 +560,10 @@ class GrpcServer:
         self.tokens = tokens
         self.leases = leases
         self.service = service
+        self.servicer = servicer
+        self.slots = servicer.slots  # calls in flight per uid
+        self._loop = loop
+        self._thread = thread
         self._stopped = threading.Event()
 
     def stop(self, grace: float = 2.0) -> None:
@@ -370,17 +571,42 @@ class GrpcServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.server.stop(grace).wait(grace + 5.0)
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.server.stop(grace), self._loop).result(
+                grace + 5.0
+            )
         self.leases.stop()
         if getattr(self.service, "tokens", None) is self.tokens:
             self.service.tokens = None
+        _stop_loop(self._loop, self._thread)
+        self.servicer.pool.shutdown(wait=False, cancel_futures=True)
+        self.servicer.streams.shutdown(wait=False, cancel_futures=True)
         if self.unix_path is not None:
             with contextlib.suppress(OSError):
                 if stat.S_ISSOCK(os.lstat(self.unix_path).st_mode):
                     os.unlink(self.unix_path)
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self.server.wait_for_termination(timeout)
+        """Wait for stop(); True when timeout passed first (as grpc's wait_for_termination)."""
+        return not self._stopped.wait(timeout)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(loop.stop)
+    thread.join(10.0)
+    if not thread.is_alive():
+        with contextlib.suppress(Exception):
+            loop.close()
 
 
 def _prepare_unix_path(path: str) -> None:
@@ -408,9 +634,11 @@ def start_grpc_server(
 
     Sets service.tokens to the token store (so IssueToken on the Unix socket
     works) and starts the lease reaper. A host:port address requires tls
-    (mTLS: client certificates are required). Call it after the process
-    dropped its privileges: grpc starts threads. Raises OSError/ValueError
-    with a clear message when it cannot listen.
+    (mTLS: client certificates are required). max_workers threads run
+    unary calls' Service work (calls waiting for their turn cost none);
+    open streams have their own threads. Call it after the process dropped
+    its privileges: grpc starts threads. Raises OSError/ValueError with a
+    clear message when it cannot listen.
     """
     policy = service.policy
     limits = policy.limits
@@ -438,38 +666,62 @@ def start_grpc_server(
         ("grpc.max_receive_message_length", max(limits.max_object_bytes + (64 << 10), 1 << 20)),
         ("grpc.max_send_message_length", 64 << 20),
     ]
-    pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gfxbpf-grpc")
-    server = grpc.server(pool, options=options, maximum_concurrent_rpcs=max_workers)
-    pb_grpc.add_BrokerServicer_to_server(
-        BrokerServicer(service, tokens, leases, tls=tls is not None), server
+    servicer = BrokerServicer(
+        service,
+        tokens,
+        leases,
+        tls=tls is not None,
+        pool=futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gfxbpf-grpc"),
+        streams=futures.ThreadPoolExecutor(
+            max_workers=4 * max_workers, thread_name_prefix="gfxbpf-grpc-stream"
+        ),
     )
-
     if unix_path is not None:
         _prepare_unix_path(unix_path)
     bind = f"unix:{unix_path}" if unix_path is not None else address
-    try:
-        if tls is not None:
-            creds = grpc.ssl_server_credentials(
-                [(tls.key, tls.cert)], root_certificates=tls.client_ca, require_client_auth=True
-            )
-            port = server.add_secure_port(bind, creds)
-        else:
-            port = server.add_insecure_port(bind)
-    except RuntimeError as e:
-        pool.shutdown(wait=False)
-        raise OSError(f"--grpc {address}: cannot listen: {e}") from e
-    if unix_path is None and not port:
-        pool.shutdown(wait=False)
-        raise OSError(f"--grpc {address}: cannot listen (address in use, or bad TLS files?)")
 
-    server.start()
+    async def listen() -> tuple[grpc.aio.Server, int]:
+        # No maximum_concurrent_rpcs: it counts calls from their headers, so
+        # whoever holds that many refuses everyone. CallSlots bounds each uid.
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((_Gate(servicer),))
+        try:
+            if tls is not None:
+                creds = grpc.ssl_server_credentials(
+                    [(tls.key, tls.cert)], root_certificates=tls.client_ca, require_client_auth=True
+                )
+                port = server.add_secure_port(bind, creds)
+            else:
+                port = server.add_insecure_port(bind)
+        except RuntimeError as e:
+            raise OSError(f"--grpc {address}: cannot listen: {e}") from e
+        if unix_path is None and not port:
+            raise OSError(f"--grpc {address}: cannot listen (address in use, or bad TLS files?)")
+        await server.start()
+        return server, port
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=_run_loop, args=(loop,), name="gfxbpf-grpc-loop", daemon=True)
+    thread.start()
+
+    def give_up() -> None:
+        _stop_loop(loop, thread)
+        servicer.pool.shutdown(wait=False)
+        servicer.streams.shutdown(wait=False)
+
+    try:
+        server, port = asyncio.run_coroutine_threadsafe(listen(), loop).result(60.0)
+    except BaseException:
+        give_up()
+        raise
     if unix_path is not None:
         # The unit's UMask=0077 made it 0600; callers authenticate per call.
         try:
             os.chmod(unix_path, socket_mode)
         except OSError as e:
-            server.stop(0)
-            pool.shutdown(wait=False)
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(5.0)
+            give_up()
             raise OSError(f"--grpc {address}: cannot chmod the socket: {e.strerror}") from e
         real_address = f"unix:{unix_path}"
         real_port = None
@@ -480,7 +732,9 @@ def start_grpc_server(
     leases.start()
     service.tokens = tokens
     log.info("gRPC listening on %s%s", real_address, " (mTLS)" if tls else "")
-    return GrpcServer(server, real_address, real_port, unix_path, tokens, leases, service)
+    return GrpcServer(
+        server, real_address, real_port, unix_path, tokens, leases, service, servicer, loop, thread
+    )
 
 
 __all__ = [
@@ -488,6 +742,7 @@ __all__ = [
     "META_CODE",
     "META_ERROR",
     "META_RULE",
+    "METHODS",
     "STATUS_OF",
     "BrokerServicer",
     "GrpcServer",

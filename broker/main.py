@@ -8,6 +8,15 @@ or bind --socket; start gRPC if asked; tell systemd READY=1; serve until
 SIGTERM/SIGINT, then stop accepting, close every session (detaching all)
 and exit 0.
 
+SIGHUP (systemctl reload: ExecReload= in gfxbpf.service) re-reads the
+policy file with the same validation as at start. A policy with problems is
+not applied: the broker keeps the one it has and writes a "reload" audit
+record with result "error" and the problems. A valid one replaces it for
+every request that starts afterwards (limits included: the gRPC token
+store, lease lengths, the audit rate limit); sessions, tokens and
+attachments that exist stay as they are. The catalog is not re-read. The
+signal handler only sets a flag; the main loop does the work.
+
 Any error while starting is one line on stderr and exit status 1, never a
 traceback. At run time stderr carries the audit log (JSON lines).
 """
@@ -21,6 +30,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +153,54 @@ def _load(config: BrokerConfig) -> tuple[Any, Any]:
     return policy, catalog
 
 
+def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
+    """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
+    from gfxbpf.broker.policy import Policy, PolicyError
+
+    old = service.policy
+    try:
+        new = Policy.load(config.policy)
+    except PolicyError as e:
+        audit.error(
+            "reload",
+            detail=f"policy {config.policy} NOT reloaded ({len(e.problems)} problems); still "
+            f"enforcing the previous one ({len(old.programs)} entries). Check it with "
+            f"{PROG} --check-policy",
+            problems=e.problems[:32],
+        )
+        return False
+    except Exception as e:  # never let a reload take the broker down
+        audit.error(
+            "reload",
+            detail=f"policy {config.policy} NOT reloaded: {type(e).__name__}: {e}; still "
+            "enforcing the previous one",
+        )
+        return False
+    warnings: list[str] = []
+    with contextlib.suppress(Exception):
+        warnings = new.check_warnings() + new.catalog_warnings(service.catalog)
+    service.policy = new  # one reference swap: requests that start now see the new policy
+    limits = new.limits
+    audit.set_rate(limits.audit_lines_per_second)
+    if grpc_server is not None:
+        tokens = getattr(grpc_server, "tokens", None)
+        if tokens is not None:
+            tokens.max_ttl = limits.token_ttl_seconds
+            tokens.per_user = limits.tokens_per_user
+        leases = getattr(grpc_server, "leases", None)
+        if leases is not None:
+            leases.default_seconds = float(limits.lease_seconds)
+            leases.max_seconds = float(max(limits.lease_seconds, 1))
+    audit.ok(
+        "reload",
+        detail=f"policy {config.policy} reloaded: {len(new.programs)} entries (was "
+        f"{len(old.programs)}); it applies to new requests, existing sessions and "
+        "attachments stay as they are",
+        warnings=warnings[:32],
+    )
+    return True
+
+
 def run(config: BrokerConfig, audit: AuditLog) -> int:
     from gfxbpf.broker.privileges import PrivilegeError, ensure_broker_privileges
 
@@ -162,6 +220,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
         os.environ.pop(key, None)
 
     audit.ok("start", detail=report.summary(), uid=report.uid, pid=os.getpid())
+    audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
     grpc_server = None
     if config.grpc:
@@ -174,12 +233,20 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
             raise StartError(f"gRPC: {e}") from None
 
     stop = threading.Event()
+    reload = threading.Event()
+    wake = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
+        wake.set()
+
+    def on_hup(signum: int, frame: object) -> None:
+        reload.set()
+        wake.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hup)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
     server = UnixServer(service, listener, on_error=lambda m: audit.error("accept", detail=m))
@@ -192,8 +259,21 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
         grpc=config.grpc,
     )
     sd_notify("READY=1\nSTATUS=serving")
-    while not stop.wait(1.0):
-        pass
+    while True:
+        wake.wait(1.0)
+        wake.clear()
+        if stop.is_set():
+            break
+        if reload.is_set():
+            reload.clear()
+            sd_notify(
+                f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
+            )
+            ok = reload_policy(config, service, audit, grpc_server)
+            sd_notify(
+                "READY=1\nSTATUS=serving"
+                + ("" if ok else f" (last reload failed: {config.policy} invalid, old policy kept)")
+            )
     sd_notify("STOPPING=1")
     server.shutdown()
     if grpc_server is not None:
@@ -202,6 +282,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     if not fds:
         with contextlib.suppress(OSError):
             os.unlink(config.socket)
+    audit.flush_suppressed()
     audit.ok("stop", detail="signal received; every session closed")
     return 0
 

@@ -77,6 +77,15 @@ class Limits:
     lease_seconds: int = 300  # gRPC attachment lease when the client names none
     max_object_bytes: int = 512 * 1024  # uploaded object size
     read_map_entries: int = 4096  # entries per ReadMap page
+    # Flood bounds (issue #16): a Unix connection over sessions_per_user is
+    # refused at accept, before it costs a thread.
+    hello_timeout_seconds: int = 10  # a session's first request must come this soon
+    sessions_total: int = 256  # concurrent Unix sessions of all users (one thread each)
+    audit_lines_per_second: int = 20  # audit lines per uid (burst as many), then summaries
+    # gRPC (issue #16): calls are refused over this many in flight per uid, streams included,
+    # and a call whose request message does not follow its headers this soon is ended.
+    grpc_calls_per_user: int = 32
+    grpc_request_seconds: int = 10
 
 
 LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(Limits))

@@ -423,8 +423,33 @@ class BrokerProcess:
         with open(f"/proc/{self.pid}/cmdline", "rb") as f:
             return [a.decode() for a in f.read().split(b"\0")[:-1]]
 
+    def thread_count(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/task"))
+
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def reload(self, policy_text: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+        """Replace the policy file (when policy_text is given), SIGHUP the broker
+        (as ExecReload= does), and return its "reload" audit record."""
+        before = sum(1 for r in self.audit_records() if r.get("op") == "reload")
+        if policy_text is not None:
+            path = Path(self.policy_path)
+            path.write_text(policy_text)
+            os.chmod(path, 0o644)
+        self.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = [r for r in self.audit_records() if r.get("op") == "reload"]
+            if len(done) > before:
+                return done[before]
+            if not self.alive():
+                raise BrokerStartError(f"broker exited on SIGHUP:\n{self.stderr()}")
+            time.sleep(0.02)
+        raise TimeoutError(f"no reload record after {timeout} s:\n{self.stderr()}")
 
     # ------------------------------------------------------------ lifetime
 

@@ -49,6 +49,8 @@ class FakeService:
         self.closed_fds: list[int] = []
         self.events: list[bytes] = []
         self.stream_polls = 0
+        self.release = threading.Event()  # lets a Hello with client_version "wait" return
+        self.hello_threads: set[str] = set()
 
     # audit
     def denied(self, op: str, **kw: Any) -> None:
@@ -67,6 +69,13 @@ class FakeService:
         owner.closed = True
 
     def hello(self, caller: Caller, req: pb.HelloRequest) -> pb.HelloReply:
+        self.hello_threads.add(threading.current_thread().name)
+        if req.client_version == "wait":
+            self.release.wait(30)
+        if req.client_version == "fail":
+            raise BrokerError(pb.ERROR_INVALID_ARGUMENT, "bad hello")
+        if req.client_version == "boom":
+            raise RuntimeError("kaput")
         return pb.HelloReply(protocol=1, uid=caller.uid, gid=caller.gid, pid=caller.pid)
 
     def list_programs(self, caller: Caller, req: Any) -> pb.ListProgramsReply:
@@ -416,3 +425,260 @@ def test_mtls_maps_the_certificate_to_a_user(tmp_path: Any) -> None:
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         handle.stop(0)
+
+
+# ------------------------------------------------------------------ floods (issue #16)
+
+LIMITED = """
+[limits]
+lease_seconds = 2
+grpc_calls_per_user = 3
+grpc_request_seconds = 1
+"""
+BOB = Caller(uid=1002, gid=1002, gids=(1002,), pid=778, transport="unix")
+
+
+@pytest.fixture
+def limited(tmp_path: Any) -> Iterator[tuple[FakeService, Any, str]]:
+    svc = FakeService(Policy.parse(LIMITED))
+    handle = start_grpc_server(svc, f"unix:{tmp_path}/l.sock", reap_interval=0.05)
+    try:
+        yield svc, handle, f"unix:{tmp_path}/l.sock"
+    finally:
+        svc.release.set()
+        handle.stop(0)
+
+
+class HeaderOnly:
+    """Calls that send their headers and never a request message (until let go)."""
+
+    def __init__(self, address: str, method: str = "Hello") -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.let_go = threading.Event()
+        if method == "StreamEvents":
+            self.mc: Any = self.channel.stream_stream(
+                "/gfxbpf.v1.Broker/StreamEvents",
+                request_serializer=pb.StreamEventsRequest.SerializeToString,
+                response_deserializer=pb.EventBatch.FromString,
+            )
+        else:
+            self.mc = self.channel.stream_unary(
+                f"/gfxbpf.v1.Broker/{method}",
+                request_serializer=pb.HelloRequest.SerializeToString,
+                response_deserializer=pb.HelloReply.FromString,
+            )
+        self.calls: list[Any] = []
+
+    def _never(self) -> Iterator[Any]:
+        self.let_go.wait(60)
+        return
+        yield
+
+    def open(self, n: int, metadata: Any = None) -> list[Any]:
+        new = []
+        for _ in range(n):
+            if isinstance(self.mc, grpc.StreamStreamMultiCallable):
+                new.append(self.mc(self._never(), metadata=metadata))
+            else:
+                new.append(self.mc.future(self._never(), metadata=metadata))
+        self.calls += new
+        return new
+
+    def close(self) -> None:
+        self.let_go.set()
+        self.channel.close()
+
+
+def _code(call: Any) -> grpc.StatusCode | None:
+    """A finished call's status; None while it runs."""
+    if not call.done():
+        return None
+    return call.code()
+
+
+def _until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_header_only_calls_without_credentials_are_refused_at_once(broker: Any) -> None:
+    svc, handle, address = broker
+    flood = HeaderOnly(address)
+    try:
+        t0 = time.monotonic()
+        calls = flood.open(200)
+        assert _until(lambda: all(c.done() for c in calls), 10)
+        assert {c.code() for c in calls} == {grpc.StatusCode.UNAUTHENTICATED}
+        assert time.monotonic() - t0 < 10
+        md = dict(calls[0].trailing_metadata())
+        assert md[META_CODE] == "ERROR_UNAUTHENTICATED"
+        assert "IssueToken" in calls[0].details()
+        # Each one audited, with the peer (no uid is known).
+        auth = [d for d in svc.denials if d["op"] == "grpc_auth"]
+        assert len(auth) == 200
+        assert all(d["transport"] == "grpc" and "peer" in d and "uid" not in d for d in auth)
+        # Streams too: the refusal comes without a request message.
+        streams = HeaderOnly(address, "StreamEvents")
+        try:
+            call = streams.open(1)[0]
+            with pytest.raises(grpc.RpcError) as e:
+                next(call)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            streams.close()
+        # Meanwhile an authenticated caller is served as usual.
+        token, _ = svc.tokens.issue(ALICE)
+        assert stub(address).Hello(pb.HelloRequest(), metadata=bearer(token)).uid == 1001
+    finally:
+        flood.close()
+
+
+def test_held_calls_cost_no_thread_and_others_are_served(limited: Any) -> None:
+    svc, handle, address = limited
+    alice, _ = svc.tokens.issue(ALICE)
+    bob, _ = svc.tokens.issue(BOB)
+    s = stub(address)
+    s.Hello(pb.HelloRequest(), metadata=bearer(bob))
+    before = threading.active_count()
+    flood = HeaderOnly(address)
+    try:
+        held = flood.open(3, bearer(alice))
+        assert _until(lambda: handle.slots.count(1001) == 3)
+        refused = flood.open(50, bearer(alice))
+        assert _until(lambda: all(c.done() for c in refused))
+        assert {c.code() for c in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        md = dict(refused[0].trailing_metadata())
+        assert md[META_CODE] == "ERROR_RESOURCE_EXHAUSTED"
+        assert md[META_RULE] == "[limits] grpc_calls_per_user = 3"
+        assert "uid 1001 already has 3 gRPC calls in flight" in refused[0].details()
+        assert not any(c.done() for c in held)
+        limit = [d for d in svc.denials if d["op"] == "grpc_limit"]
+        assert len(limit) == 50 and all(d["uid"] == 1001 for d in limit)
+        # Bob (another uid) is served at once; the held calls took no server thread
+        # (the client library's own threads, one per held call, are the rest).
+        t0 = time.perf_counter()
+        assert s.Hello(pb.HelloRequest(), metadata=bearer(bob)).uid == 1002
+        assert time.perf_counter() - t0 < 0.5
+        server_threads = [t for t in threading.enumerate() if t.name.startswith("gfxbpf-grpc_")]
+        assert len(server_threads) <= 2, [t.name for t in server_threads]
+        assert threading.active_count() - before < 3 + 53 + 8
+        # The held calls end when their request does not come in time (1 s).
+        assert _until(lambda: all(c.done() for c in held), 5)
+        assert {c.code() for c in held} == {grpc.StatusCode.INVALID_ARGUMENT}
+        assert dict(held[0].trailing_metadata())[META_CODE] == "ERROR_PROTOCOL"
+        assert _until(lambda: handle.slots.count() == 0)
+    finally:
+        flood.close()
+
+
+def test_request_must_follow_the_headers_in_time(limited: Any) -> None:
+    svc, handle, address = limited
+    token, _ = svc.tokens.issue(ALICE)
+    flood = HeaderOnly(address)
+    try:
+        t0 = time.monotonic()
+        (call,) = flood.open(1, bearer(token))
+        with pytest.raises(grpc.RpcError) as e:
+            call.result(timeout=10)
+        took = time.monotonic() - t0
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no request message within 1 s" in e.value.details()
+        md = dict(e.value.trailing_metadata())
+        assert md[META_CODE] == "ERROR_PROTOCOL"
+        assert md[META_RULE] == "[limits] grpc_request_seconds = 1"
+        assert 0.9 < took < 4
+        rec = [d for d in svc.denials if d["op"] == "grpc_request"]
+        assert rec and rec[-1]["uid"] == 1001 and rec[-1]["transport"] == "grpc"
+        # A request stream closed without a message is refused too.
+        mc = flood.channel.stream_unary(
+            "/gfxbpf.v1.Broker/Hello",
+            request_serializer=pb.HelloRequest.SerializeToString,
+            response_deserializer=pb.HelloReply.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as e:
+            mc(iter(()), metadata=bearer(token), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "without a request message" in e.value.details()
+    finally:
+        flood.close()
+    assert _until(lambda: handle.slots.count() == 0)
+
+
+def test_a_uids_slots_come_back_on_every_way_a_call_ends(limited: Any) -> None:
+    svc, handle, address = limited
+    token, _ = svc.tokens.issue(ALICE)
+    md = bearer(token)
+    s = stub(address)
+
+    def free() -> bool:
+        return _until(lambda: handle.slots.count() == 0)
+
+    # Success, BrokerError, internal error: 3 rounds of 3 (the limit) each.
+    for _ in range(3):
+        assert s.Hello(pb.HelloRequest(), metadata=md).uid == 1001
+        for version, code in (("fail", "INVALID_ARGUMENT"), ("boom", "INTERNAL")):
+            with pytest.raises(grpc.RpcError) as e:
+                s.Hello(pb.HelloRequest(client_version=version), metadata=md)
+            assert e.value.code().name == code
+    assert free()
+    # Cancelled while waiting for the request; cancelled by its deadline.
+    flood = HeaderOnly(address)
+    calls = flood.open(3, md)
+    assert _until(lambda: handle.slots.count(1001) == 3)
+    for c in calls:
+        c.cancel()
+    assert free()
+    with pytest.raises(grpc.RpcError) as e:
+        flood.mc(flood._never(), metadata=md, timeout=0.2)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert free()
+    # Client gone (channel closed) while waiting for its request.
+    calls = flood.open(3, md)
+    assert _until(lambda: handle.slots.count(1001) == 3)
+    flood.close()
+    assert free()
+    # Cancelled while the Service works: the slot stays until the work is done,
+    # so hanging up does not let a user pile up work.
+    svc.release.clear()
+    busy = [s.Hello.future(pb.HelloRequest(client_version="wait"), metadata=md) for _ in range(3)]
+    assert _until(lambda: handle.slots.count(1001) == 3)
+    time.sleep(0.2)
+    for f in busy:
+        f.cancel()
+    time.sleep(0.3)
+    assert handle.slots.count(1001) == 3
+    with pytest.raises(grpc.RpcError) as e:
+        s.Hello(pb.HelloRequest(), metadata=md)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    svc.release.set()
+    assert free()
+    # Streams: refused, ended by the Service, cancelled by the client.
+    with pytest.raises(grpc.RpcError):
+        list(s.StreamEvents(pb.StreamEventsRequest(attachment_id=999), metadata=md))
+    aid = s.Attach(pb.AttachRequest(name="x"), metadata=md).attachment_id
+    svc.events = [b"a"]
+    got = list(s.StreamEvents(pb.StreamEventsRequest(attachment_id=aid, max_events=1), metadata=md))
+    assert got[-1].end
+    assert free()
+    call = s.StreamEvents(pb.StreamEventsRequest(attachment_id=aid), metadata=md)
+    assert next(call).events[0].data == b"a"
+    assert handle.slots.count(1001) == 1
+    call.cancel()
+    assert free()
+    # And the uid has its whole allowance again.
+    futs = [s.Hello.future(pb.HelloRequest(), metadata=md) for _ in range(3)]
+    assert all(f.result(5).uid == 1001 for f in futs)
+
+
+def test_the_grpc_limits_are_validated_like_the_others() -> None:
+    from gfxbpf.broker.policy import LIMIT_KEYS, PolicyError
+
+    assert {"grpc_calls_per_user", "grpc_request_seconds"} <= set(LIMIT_KEYS)
+    assert Policy.parse(LIMITED).limits.grpc_calls_per_user == 3
+    for bad in ("grpc_calls_per_user = 0", 'grpc_request_seconds = "10"'):
+        with pytest.raises(PolicyError, match=bad.split()[0]):
+            Policy.parse(f"[limits]\n{bad}\n")

@@ -1,0 +1,411 @@
+"""Floods by an ordinary user (issue #16, findings 4 and 5), against the broker as deployed.
+
+The broker runs from the unit's ExecStart as user gfxbpf with CAP_BPF +
+CAP_PERFMON (tests/kernel/brokerenv.py); gfxtest-mallory floods it, and
+gfxtest-alice / gfxtest-bob must not notice:
+
+- a connect flood (thousands of connections that never send Hello, all
+  held): alice's Hello round trip stays under 20 ms at p99, the broker's
+  threads stay bounded and its threads and fds return to their baseline;
+- a session that sends nothing is closed after hello_timeout_seconds, and
+  connections over sessions_per_user / sessions_total are answered with
+  the reason;
+- an audit-log flood (garbage datagrams and denied attaches): mallory's
+  lines stay within audit_lines_per_second (plus one second of burst),
+  and a summary line accounts for every line suppressed, even though the
+  flood stopped before it was due.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.kernel.brokerenv import (
+    ALICE,
+    BOB,
+    MALLORY,
+    VENV_PYTHON,
+    BrokerProcess,
+    policy_for,
+    run_as,
+    uid_of,
+)
+
+# The connect flood: mallory opens connections as fast as she can for this
+# long and holds every one of them.
+FLOOD_SECONDS = 5.0
+HELLO_SAMPLES = 300
+HELLO_P99_MS = 20.0
+# broker/unix_server.py: refused connections waiting for their first request, per user.
+REFUSE_PENDING_PER_USER = 4
+
+# Shared by the scripts below: connect, send, receive one message.
+_COMMON = """
+import json, os, resource, socket, sys, time
+from gfxbpf.proto import framing
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)  # blocking, as gfxbpf.client does: waits while the backlog is full
+    s.settimeout(10)
+    return s
+
+def hello(s, rid):
+    framing.send_message(s, pb.Request(id=rid, hello=pb.HelloRequest(protocol=1)))
+    resp, fds = framing.recv_message(s, pb.Response)
+    for fd in fds:
+        os.close(fd)
+    return resp
+"""
+
+# Mallory: connect, never send anything, hold the connection; until stdin closes.
+FLOOD_CONNECT = (
+    _COMMON
+    + """
+path, seconds = sys.argv[1], float(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held, made, failed = [], 0, {}
+print(json.dumps({"started": True}), flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        failed[type(e).__name__] = failed.get(type(e).__name__, 0) + 1
+        continue
+    made += 1
+    held.append(s)
+    if len(held) > hard - 64:  # out of fds: let the oldest go
+        for old in held[: len(held) // 2]:
+            old.close()
+        del held[: len(held) // 2]
+print(json.dumps({"connects": made, "held": len(held), "failed": failed}), flush=True)
+sys.stdin.read()
+"""
+)
+
+# Alice: one session, HELLO_SAMPLES Hellos 10 ms apart, each round trip timed.
+HELLO_TIMER = (
+    _COMMON
+    + """
+path, n = sys.argv[1], int(sys.argv[2])
+s = connect(path)
+hello(s, 1)
+print(json.dumps({"connected": True}), flush=True)
+sys.stdin.readline()  # go
+rtts = []
+for i in range(n):
+    t0 = time.perf_counter()
+    resp = hello(s, i + 2)
+    rtts.append((time.perf_counter() - t0) * 1000)
+    assert resp.WhichOneof("body") == "hello", resp
+    time.sleep(0.01)
+# A fresh connection during the flood, too (informational).
+t0 = time.perf_counter()
+s2 = connect(path)
+hello(s2, 1)
+fresh = (time.perf_counter() - t0) * 1000
+print(json.dumps({"rtts": rtts, "fresh_ms": fresh}), flush=True)
+"""
+)
+
+# One session per connection given in argv; each sends Hello (or nothing) and reports.
+SESSIONS = (
+    _COMMON
+    + """
+path, plan = sys.argv[1], json.loads(sys.argv[2])
+out, socks = [], []
+for step in plan:
+    if step == "connect":
+        socks.append(connect(path))
+        out.append({"connected": len(socks)})
+        continue
+    if step.startswith("sleep "):
+        time.sleep(float(step.split()[1]))
+        out.append({"slept": True})
+        continue
+    s = socks[int(step.split()[1])]
+    try:
+        if step.startswith("hello"):
+            resp = hello(s, 7)
+        else:  # "wait N": send nothing, read what the broker says
+            resp, _ = framing.recv_message(s, pb.Response)
+        body = resp.WhichOneof("body")
+        r = {"body": body, "id": resp.id}
+        if body == "error":
+            r.update(code=pb.ErrorCode.Name(resp.error.code), message=resp.error.message,
+                     rule=resp.error.rule)
+    except (framing.FramingError, OSError) as e:
+        r = {"body": None, "exception": f"{type(e).__name__}: {e}"}
+    out.append(r)
+print(json.dumps(out), flush=True)
+"""
+)
+
+# Mallory: bad requests (garbage datagrams, denied attaches), one at a time, for N s.
+FLOOD_AUDIT = (
+    _COMMON
+    + """
+path, seconds = sys.argv[1], float(sys.argv[2])
+s = connect(path)
+sent = {"garbage": 0, "attach": 0}
+end = time.monotonic() + seconds
+i = 0
+while time.monotonic() < end:
+    i += 1
+    if i % 2:
+        s.send(b"\\xff\\xfe not a protobuf")
+        sent["garbage"] += 1
+    else:
+        framing.send_message(s, pb.Request(id=i, attach=pb.AttachRequest(name="syscount")))
+        sent["attach"] += 1
+    resp, fds = framing.recv_message(s, pb.Response)
+    for fd in fds:
+        os.close(fd)
+    assert resp.WhichOneof("body") == "error", resp
+s.close()
+print(json.dumps(sent), flush=True)
+"""
+)
+
+
+def _script(broker: BrokerProcess, name: str, text: str) -> str:
+    path = Path(broker.directory) / name
+    path.write_text(text)
+    path.chmod(0o644)
+    return str(path)
+
+
+def _policy(**limits: int) -> str:
+    return policy_for({"syscount": {"users": [ALICE, BOB], "scope": ["self"]}}, limits=limits)
+
+
+def _wait(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def _json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"client died: {proc.stderr.read() if proc.stderr else ''}"
+    return json.loads(line)
+
+
+def test_connect_flood_does_not_slow_down_another_user() -> None:
+    """Finding 4: mallory's connect flood; alice's Hello p99 < 20 ms; threads bounded."""
+    with BrokerProcess.start(_policy(hello_timeout_seconds=2), grpc=False) as broker:
+        flood = _script(broker, "flood_connect.py", FLOOD_CONNECT)
+        timer = _script(broker, "hello_timer.py", HELLO_TIMER)
+        time.sleep(0.3)  # let start-up settle
+        base_threads, base_fds = broker.thread_count(), broker.fd_count()
+
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        alice = run_as(
+            ALICE,
+            [VENV_PYTHON, timer, broker.socket, str(HELLO_SAMPLES)],
+            background=True,
+            text=True,
+            **pipes,
+        )
+        mallory = None
+        try:
+            assert _json_line(alice).get("connected")
+            mallory = run_as(
+                MALLORY,
+                [VENV_PYTHON, flood, broker.socket, str(FLOOD_SECONDS)],
+                background=True,
+                text=True,
+                **pipes,
+            )
+            assert _json_line(mallory).get("started")
+            time.sleep(0.5)  # the flood is under way
+            assert alice.stdin is not None
+            alice.stdin.write("go\n")
+            alice.stdin.flush()
+            # While alice measures, watch the broker's threads.
+            peak_threads = peak_fds = 0
+            while alice.poll() is None:
+                with contextlib.suppress(OSError):  # a fd may close while listed
+                    peak_fds = max(peak_fds, broker.fd_count())
+                peak_threads = max(peak_threads, broker.thread_count())
+                time.sleep(0.05)
+            measured = _json_line(alice)
+            flooded = _json_line(mallory)
+        finally:
+            for p in (alice, mallory):
+                if p is not None:
+                    if p.poll() is None and p.stdin is not None:
+                        p.stdin.close()
+                    try:
+                        p.wait(30)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait(10)
+
+        rtts = measured["rtts"]
+        p99 = _p99(rtts)
+        summary = (
+            f"mallory: {flooded}; alice: p50 {sorted(rtts)[len(rtts) // 2]:.2f} "
+            f"p99 {p99:.2f} max {max(rtts):.2f} ms over {len(rtts)} Hellos, fresh "
+            f"connect+Hello {measured['fresh_ms']:.1f} ms; broker threads {base_threads} -> "
+            f"peak {peak_threads}, fds {base_fds} -> peak {peak_fds}"
+        )
+        print(summary)
+        assert flooded["connects"] >= 1000, summary  # it was a flood
+        assert len(rtts) == HELLO_SAMPLES
+        assert p99 < HELLO_P99_MS, summary
+        # One user holds at most sessions_per_user (8) session threads.
+        assert peak_threads <= base_threads + 8 + 2 + 2, summary
+        # ...and fds: those sessions, the refused ones waiting for their first request
+        # (4 per user), alice's, one being accepted.
+        assert peak_fds <= base_fds + 8 + REFUSE_PENDING_PER_USER + 1 + 2, summary
+        # Refusals and hello timeouts are in the audit log (rate-limited: lines or summary).
+        mallory_uid = uid_of(MALLORY)
+        recs = [r for r in broker.audit_records() if r.get("uid") == mallory_uid]
+        seen = collections.Counter(r["op"] for r in recs)
+        counted = collections.Counter()
+        for r in recs:
+            if r["op"] == "audit_suppressed":
+                counted.update({k.split()[0]: v for k, v in r["counts"].items()})
+        assert seen["open_session"] or counted["open_session"], seen
+        # Everything mallory held is gone once she is: back to the baseline.
+        assert _wait(
+            lambda: broker.thread_count() <= base_threads and broker.fd_count() <= base_fds, 10
+        ), (broker.thread_count(), base_threads, broker.fd_count(), base_fds)
+        assert broker.alive()
+
+
+def test_silent_sessions_time_out_and_refusals_say_why() -> None:
+    """A session without a first request is closed (audited); over-limit connections
+    are refused at accept with a readable reason."""
+    policy = _policy(hello_timeout_seconds=1, sessions_per_user=2, sessions_total=3)
+    with BrokerProcess.start(policy, grpc=False) as broker:
+        script = _script(broker, "sessions.py", SESSIONS)
+        plan = ["connect", "connect", "hello 0", "connect", "hello 2", "sleep 1.5", "hello 0"]
+        plan += ["wait 1"]  # session 1 never sent anything: closed at 1 s
+        r = run_as(ALICE, [VENV_PYTHON, script, broker.socket, json.dumps(plan)])
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        hello0, refused, hello0_later, silent = out[2], out[4], out[6], out[7]
+        assert hello0["body"] == "hello", out
+        # The third connection (over sessions_per_user = 2): the reason, as the
+        # answer to its first request.
+        assert refused["body"] == "error" and refused["code"] == "ERROR_RESOURCE_EXHAUSTED", out
+        assert "sessions_per_user = 2" in refused["rule"], refused
+        assert refused["id"] == 7, refused
+        # A session that spoke in time lives on; the silent one was told and closed.
+        assert hello0_later["body"] == "hello", out
+        assert silent["body"] == "error" and "hello_timeout_seconds = 1" in silent["rule"], out
+        alice = uid_of(ALICE)
+        assert _wait(
+            lambda: any(
+                rec.get("uid") == alice
+                and rec.get("op") == "open_session"
+                and "hello_timeout_seconds" in rec.get("rule", "")
+                for rec in broker.audit_records()
+            ),
+            5,
+        ), broker.stderr()
+
+        # sessions_total: alice holds 2 (her limit), bob 1; bob's second is refused.
+        plan_a = ["connect", "connect", "hello 0", "hello 1", "sleep 2"]
+        held = run_as(
+            ALICE,
+            [VENV_PYTHON, script, broker.socket, json.dumps(plan_a)],
+            background=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(0.8)
+            plan_b = ["connect", "hello 0", "connect", "hello 1"]
+            r = run_as(BOB, [VENV_PYTHON, script, broker.socket, json.dumps(plan_b)])
+            out = json.loads(r.stdout)
+            assert out[1]["body"] == "hello", out
+            assert out[3]["body"] == "error", out
+            assert "sessions_total = 3" in out[3]["rule"], out
+        finally:
+            held.wait(30)
+
+
+def test_audit_flood_is_rate_limited_with_a_summary() -> None:
+    """Finding 5: mallory's bad requests; her lines <= rate (+ burst) per second, and a
+    summary line (after the flood stopped) counts exactly what was left out."""
+    rate = 10
+    seconds = 2.0
+    with BrokerProcess.start(_policy(audit_lines_per_second=rate), grpc=False) as broker:
+        script = _script(broker, "flood_audit.py", FLOOD_AUDIT)
+        r = run_as(MALLORY, [VENV_PYTHON, script, broker.socket, str(seconds)])
+        assert r.returncode == 0, r.stderr
+        sent = json.loads(r.stdout)
+        requests = sent["garbage"] + sent["attach"]
+        assert requests > 10 * rate * seconds, sent  # a flood: far over the rate
+
+        # Alice, during the summary wait, is not limited by mallory's budget.
+        alice = run_as(
+            ALICE,
+            [
+                VENV_PYTHON,
+                _script(broker, "s.py", SESSIONS),
+                broker.socket,
+                json.dumps(["connect", "hello 0"]),
+            ],
+        )
+        assert json.loads(alice.stdout)[1]["body"] == "hello", alice.stdout
+
+        mallory = uid_of(MALLORY)
+
+        def summaries() -> list[dict[str, Any]]:
+            return [
+                rec
+                for rec in broker.audit_records()
+                if rec.get("op") == "audit_suppressed" and rec.get("uid") == mallory
+            ]
+
+        # The summary comes although the flood has stopped (SUMMARY_SECONDS = 5 after
+        # the first suppressed line).
+        assert _wait(lambda: bool(summaries()), 10), broker.stderr()[-3000:]
+        time.sleep(0.2)
+        recs = broker.audit_records()
+        lines = [
+            rec for rec in recs if rec.get("uid") == mallory and rec["op"] != "audit_suppressed"
+        ]
+        per_second = collections.Counter(rec["time"][:19] for rec in lines)
+        info = f"sent {sent}; written {len(lines)}; per second {dict(per_second)}"
+        assert max(per_second.values()) <= 2 * rate, info  # rate + one second of burst
+        assert len(lines) <= rate * (seconds + 1) + rate, info
+        got = summaries()
+        suppressed = sum(s["suppressed"] for s in got)
+        assert len(got) <= 2, got
+        # Every request was audited once: written or counted.
+        ops = collections.Counter(rec["op"] for rec in lines)
+        for s in got:
+            for k, v in s["counts"].items():
+                ops[k.split()[0]] += v
+        assert len(lines) + suppressed == ops.total(), (info, got)
+        assert ops["protocol"] == sent["garbage"], (ops, sent)
+        assert ops["attach"] == sent["attach"], (ops, sent)
+        assert got[0]["detail"].startswith(f"{got[0]['suppressed']} similar lines suppressed"), got
+        # alice's Hello was logged in full.
+        assert any(rec.get("uid") == uid_of(ALICE) and rec["op"] == "hello" for rec in recs), info

@@ -1,0 +1,86 @@
+"""broker.main.reload_policy (SIGHUP, issue #16 finding 8), offline."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.broker import main
+from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.config import parse_args
+from gfxbpf.broker.leases import LeaseManager
+from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.tokens import TokenStore
+
+CATALOG = load_catalog()
+
+
+def _policy_text(users: str, limits: str = "") -> str:
+    sha = CATALOG.get("syscount").sha256
+    return (
+        f'[[program]]\nname = "syscount"\nsha256 = "{sha}"\nusers = [{users}]\n'
+        f'scope = "self"\n\n[limits]\n{limits}\n'
+    )
+
+
+def _setup(tmp_path: Path) -> tuple[Path, SimpleNamespace, AuditLog, io.StringIO, SimpleNamespace]:
+    path = tmp_path / "policy.toml"
+    path.write_text(_policy_text('"root"'))
+    service = SimpleNamespace(policy=Policy.load(path), catalog=CATALOG)
+    buf = io.StringIO()
+    audit = AuditLog(buf, timer=False)
+    audit.set_rate(20)
+    tokens = TokenStore.from_policy(service.policy)
+    leases = LeaseManager(service, default_seconds=300, max_seconds=300)
+    grpc = SimpleNamespace(tokens=tokens, leases=leases)
+    return path, service, audit, buf, grpc
+
+
+def _last(buf: io.StringIO) -> dict:
+    return json.loads(buf.getvalue().splitlines()[-1])
+
+
+def test_a_broken_policy_is_refused_and_the_old_one_kept(tmp_path: Path) -> None:
+    path, service, audit, buf, grpc = _setup(tmp_path)
+    config = parse_args(["--policy", str(path)])
+    old = service.policy
+    for text in ("[[program]\n", _policy_text('"root"', "sessions_per_user = 0")):
+        path.write_text(text)
+        assert main.reload_policy(config, service, audit, grpc) is False
+        assert service.policy is old
+        rec = _last(buf)
+        assert rec["op"] == "reload" and rec["result"] == "error", rec
+        assert "NOT reloaded" in rec["detail"] and rec["problems"], rec
+    path.unlink()
+    assert main.reload_policy(config, service, audit, grpc) is False
+    assert "cannot read" in _last(buf)["problems"][0]
+    assert service.policy is old
+
+
+def test_a_good_policy_replaces_it_with_its_limits(tmp_path: Path) -> None:
+    path, service, audit, buf, grpc = _setup(tmp_path)
+    config = parse_args(["--policy", str(path)])
+    limits = (
+        "tokens_per_user = 2\ntoken_ttl_seconds = 60\nlease_seconds = 30\n"
+        "audit_lines_per_second = 3\nsessions_total = 9\nhello_timeout_seconds = 4\n"
+    )
+    path.write_text(_policy_text('"root", "nobody-gfxbpf-test"', limits))
+    assert main.reload_policy(config, service, audit, grpc) is True
+    rec = _last(buf)
+    assert rec["op"] == "reload" and rec["result"] == "ok", rec
+    assert "applies to new requests" in rec["detail"]
+    assert any("nobody-gfxbpf-test" in w for w in rec["warnings"]), rec
+    lim = service.policy.limits
+    assert (lim.sessions_total, lim.hello_timeout_seconds) == (9, 4)
+    assert (grpc.tokens.per_user, grpc.tokens.max_ttl) == (2, 60)
+    assert (grpc.leases.default_seconds, grpc.leases.max_seconds) == (30.0, 30.0)
+    assert audit.rate == 3
+
+
+def test_reload_works_without_grpc(tmp_path: Path) -> None:
+    path, service, audit, buf, _ = _setup(tmp_path)
+    config = parse_args(["--policy", str(path)])
+    assert main.reload_policy(config, service, audit, None) is True
