@@ -231,6 +231,20 @@ def test_internal_errors_fail_one_call_only(broker: Any) -> None:
     assert s.Hello(pb.HelloRequest(), metadata=bearer(token)).uid == 1001
 
 
+def test_a_body_that_is_no_message_is_a_protocol_error(broker: Any) -> None:
+    svc, _, address = broker
+    token, _ = svc.tokens.issue(ALICE)
+    raw = grpc.insecure_channel(address).unary_unary("/gfxbpf.v1.Broker/Attach")
+    with pytest.raises(grpc.RpcError) as e:
+        raw(b"\x0a\xff\xff", metadata=bearer(token))  # a string field longer than the body
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(e.value.trailing_metadata())[META_CODE] == "ERROR_PROTOCOL"
+    assert "not a valid gfxbpf.v1.AttachRequest" in e.value.details()
+    bad = [d for d in svc.denials if d["op"] == "grpc_request"]
+    assert bad and bad[-1]["uid"] == 1001
+    assert stub(address).Hello(pb.HelloRequest(), metadata=bearer(token)).uid == 1001
+
+
 def test_attach_passes_no_fds_and_lease_expires(broker: Any) -> None:
     svc, handle, address = broker
     token, _ = svc.tokens.issue(ALICE)
