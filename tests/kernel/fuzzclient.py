@@ -171,6 +171,7 @@ class UnixFuzzer:
         resp = self.call(pb.Request(id=4, issue_token=pb.IssueTokenRequest(ttl_seconds=600)))
         if resp is not None and resp.WhichOneof("body") == "issue_token":
             self.token = resp.issue_token.token
+            self.counts["learned_token"] = 1
 
     def mutant(self) -> bytes:
         rng = self.rng
