@@ -198,13 +198,17 @@ class UnixFuzzer:
             else:
                 sock.send(data)
             self.counts["unix_sent"] += 1
+            # A zero-length datagram reads as end-of-file on SOCK_SEQPACKET:
+            # the broker then ends that session, like any client hanging up.
+            self.counts["unix_empty"] += not data
             resp, got = framing.recv_message(sock, pb.Response)
         except TimeoutError:
             self.counts["unix_unanswered"] += 1
             self.drop()
             return
-        except (OSError, framing.FramingError):
+        except (OSError, framing.FramingError) as e:
             self.counts["unix_closed_by_broker"] += 1
+            self.counts[f"unix_closed_{type(e).__name__}"] += 1
             self.drop()
             return
         finally:

@@ -151,18 +151,20 @@ def test_fuzzed_requests_leave_the_broker_serving_others(broker: BrokerProcess) 
     counts, fuzz_err, seen = _round(broker, FUZZ_SECONDS, FUZZ_SEED)
 
     assert broker.alive(), broker.stderr()[-4000:]
-    # Enough mutants to mean something, on both transports, most gRPC ones
-    # past authentication.
+    # Enough mutants to mean something, on both transports; a real token, so
+    # most gRPC mutants get past authentication.
     assert counts.get("learned_token") == 1, counts
     assert counts.get("unix_sent", 0) >= 50 * FUZZ_SECONDS, counts
     assert counts.get("grpc_sent", 0) >= 20 * FUZZ_SECONDS, counts
-    # Every datagram is answered (an error reply is an answer); nothing is
-    # left hanging, and no mutant found a broker bug.
-    assert counts.get("unix_unanswered", 0) == 0, counts
+    # Every datagram is answered (an error reply is an answer), except that
+    # an empty one reads as the client hanging up; nothing is left hanging.
+    assert counts.get("unix_unanswered", 0) == 0, json.dumps(counts)
+    assert counts.get("unix_closed_by_broker", 0) <= counts.get("unix_empty", 0), counts
     assert (
         counts.get("unix_answered", 0) + counts.get("unix_closed_by_broker", 0)
         == (counts["unix_sent"])
     ), counts
+    # No mutant found a broker bug.
     assert counts.get("internal", 0) == 0, (json.dumps(counts), fuzz_err)
     assert not _tracebacks(broker), _tracebacks(broker)[:5]
     # The other user was served on both transports all along.
