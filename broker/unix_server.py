@@ -7,8 +7,10 @@ it all. One datagram is one Request; the Response echoes its id and carries
 map fds as SCM_RIGHTS (gfxbpf.proto.framing).
 
 A garbage, truncated or oversized datagram gets an ERROR_PROTOCOL reply
-(id 0, since its id cannot be read) and the session goes on; fds a client
-sends are closed. Nothing a client sends can stop the others being served.
+(id 0, since its id cannot be read) and the session goes on. The only fd
+a client sends is an Attach's library (AttachParams.library_fd_index);
+every fd a request carries is closed once it is answered. Nothing a client
+sends can stop the others being served.
 """
 
 from __future__ import annotations
@@ -98,10 +100,12 @@ class Session:
                 self._audit_protocol(str(e))
                 self.error(0, pb.ERROR_PROTOCOL, str(e))
                 continue
-            for fd in fds:  # clients have no reason to send fds
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self.handle(req)
+            try:
+                self.handle(req, fds)
+            finally:  # the service duplicated what it keeps (an Attach's library fd)
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def _audit_protocol(self, detail: str) -> None:
         assert self.caller is not None
@@ -114,7 +118,7 @@ class Session:
             detail=detail,
         )
 
-    def handle(self, req: pb.Request) -> None:
+    def handle(self, req: pb.Request, fds: list[int] | None = None) -> None:
         service = self.server.service
         caller, owner = self.caller, self.owner
         assert caller is not None and owner is not None
@@ -126,9 +130,9 @@ class Session:
                 reply = service.list_programs(caller, req.list_programs)
                 self.send(pb.Response(id=req.id, list_programs=reply))
             elif body == "attach":
-                areply, fds = service.attach(caller, owner, req.attach)
+                areply, map_fds = service.attach(caller, owner, req.attach, fds or ())
                 try:
-                    self.send(pb.Response(id=req.id, attach=areply), fds)
+                    self.send(pb.Response(id=req.id, attach=areply), map_fds)
                 except framing.MessageTooLarge as e:
                     self.error(req.id, pb.ERROR_INTERNAL, f"attach reply too large: {e}")
             elif body == "detach":
