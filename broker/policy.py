@@ -588,8 +588,9 @@ class Policy:
         else:
             candidates = [e for e in self.programs if e.sha256 == sha]
             if not candidates:
-                why = f"no [[program]] entry approves sha256 {sha}"
-                return Decision(False, f"default deny: {why}", reason=why, ref="default deny")
+                rule = f"default deny: no [[program]] entry approves sha256 {sha}"
+                why = "no [[program]] entry approves that sha256"
+                return Decision(False, rule, reason=why, ref="default deny")
 
         hashed = [e for e in candidates if e.sha256 == sha]
         if not hashed:
@@ -602,7 +603,7 @@ class Policy:
                     f"{self.path} [[program]] {which} {_show(program_name)}: no entry's sha256 "
                     f"matches the object's {sha}"
                 )
-            why = f"its sha256 {sha} is not the approved one"
+            why = "no entry for it approves that sha256"
             return Decision(False, rule, e, reason=why, ref=f"{_labels(candidates)}: sha256")
 
         admitted = [(e, why) for e in hashed if (why := self._who(e, uid, gid_set))]
