@@ -115,6 +115,12 @@ class ProgramEntry:
         return f"{self.source} {self.label}"
 
 
+def _labels(entries: list[ProgramEntry]) -> str:
+    """'[[program]] #1, #3 "name"': a reference to entries that tells nothing else."""
+    which = ", ".join(f"#{e.index}" for e in entries)
+    return f"[[program]] {which} {json.dumps(entries[0].name)}"
+
+
 @dataclass(frozen=True)
 class TlsClient:
     """One [[tls_client]] table: a client certificate mapped to a user."""
@@ -127,10 +133,20 @@ class TlsClient:
 
 @dataclass(frozen=True)
 class Decision:
+    """A policy decision, in two tellings.
+
+    rule is the whole rule that decided (policy path, principals, hashes),
+    for the audit log only. The caller is told reason (what they lack) and
+    ref (a reference to quote to the administrator): neither names another
+    principal, the policy's path or an entry's lists.
+    """
+
     allowed: bool
-    rule: str  # the rule that decided, for the client and the audit log
+    rule: str  # the whole rule, for the audit log
     entry: ProgramEntry | None = None  # the allowing entry (or the nearest miss)
     scope: str | None = None  # the scope granted (resolves an unspecified scope)
+    reason: str = ""  # for the caller: what they lack
+    ref: str = ""  # for the caller: which rule, e.g. '[[program]] #2 "syscount"'
 
 
 class PolicyError(ValueError):
@@ -433,6 +449,13 @@ def _resolve_pattern(pattern: str) -> str:
     return head.rstrip("/") + ("/" + "/".join(rest) if rest else "") or "/"
 
 
+def is_plain_path(path: str) -> bool:
+    """Absolute, no NUL, no "." or ".." component: its text names one place."""
+    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+        return False
+    return not any(c in (".", "..") for c in _split_path(path))
+
+
 def _path_matches(pattern: str, path: str) -> bool:
     # Component by component, so "*" never crosses a "/".
     pat, got = _split_path(pattern), _split_path(path)
@@ -563,31 +586,34 @@ class Policy:
         sha = sha256.lower()
         gid_set = frozenset(gids)
         if scope is not None and scope not in SCOPES:
-            return Decision(False, f'invalid scope {_show(scope)} (expected "self" or "system")')
+            why = f'invalid scope {_show(scope)} (expected "self" or "system")'
+            return Decision(False, why, reason=why)
 
         if program_name is not None:
             candidates = [e for e in self.programs if e.name == program_name]
             if not candidates:
-                return Decision(
-                    False, f"default deny: no [[program]] entry names {_show(program_name)}"
-                )
+                why = f"no [[program]] entry names {_show(program_name)}"
+                return Decision(False, f"default deny: {why}", reason=why, ref="default deny")
         else:
             candidates = [e for e in self.programs if e.sha256 == sha]
             if not candidates:
-                return Decision(False, f"default deny: no [[program]] entry approves sha256 {sha}")
+                rule = f"default deny: no [[program]] entry approves sha256 {sha}"
+                why = "no [[program]] entry approves that sha256"
+                return Decision(False, rule, reason=why, ref="default deny")
 
         hashed = [e for e in candidates if e.sha256 == sha]
         if not hashed:
+            e = candidates[0]
             if len(candidates) == 1:
-                e = candidates[0]
                 rule = f"{e.where}: sha256 = {_show(e.sha256)} does not match the object's {sha}"
             else:
-                which = ", ".join(f"#{e.index}" for e in candidates)
+                which = ", ".join(f"#{x.index}" for x in candidates)
                 rule = (
                     f"{self.path} [[program]] {which} {_show(program_name)}: no entry's sha256 "
                     f"matches the object's {sha}"
                 )
-            return Decision(False, rule, candidates[0])
+            why = "no entry for it approves that sha256"
+            return Decision(False, rule, e, reason=why, ref=f"{_labels(candidates)}: sha256")
 
         admitted = [(e, why) for e in hashed if (why := self._who(e, uid, gid_set))]
         if not admitted:
@@ -599,20 +625,26 @@ class Policy:
                 f"{e.where}{others}: {fields} do not include {self._caller(uid)} "
                 "or any of its groups",
                 e,
+                reason="no entry for it names you or any of your groups "
+                f"(you are {self._caller(uid)})",
+                ref=f"{_labels(hashed)}: users, groups",
             )
 
         wanted = (scope,) if scope is not None else SCOPES
         for want in wanted:
             for e, why in admitted:
                 if want in e.scopes:
-                    return Decision(True, f"{e.where}: {why}", e, want)
+                    return Decision(True, f"{e.where}: {why}", e, want, ref=e.label)
         e = admitted[0][0]
+        # Only the scopes of entries that admit this caller: theirs to know.
         granted = sorted({s for x, _ in admitted for s in x.scopes})
         return Decision(
             False,
             f"{e.where}: scope = {_show(list(e.scopes))} does not allow scope {_show(scope)} "
             f"for {self._caller(uid)} (allowed: {', '.join(granted)})",
             e,
+            reason=f"scope {scope} is not granted to you (yours: {', '.join(granted)})",
+            ref=f"{_labels([x for x, _ in admitted])}: scope",
         )
 
     def programs_for(self, uid: int, gids: Iterable[int]) -> list[ProgramEntry]:
@@ -635,6 +667,22 @@ class Policy:
             return False
         real = os.path.realpath(path)
         return any(_path_matches(_resolve_pattern(p), real) for p in entry.libraries)
+
+    def library_named(self, entry: ProgramEntry, path: str) -> bool:
+        """May path, as written, name one of entry's libraries?
+
+        A lexical check, made before the broker touches the file system, so
+        a path no glob can match is refused alike whether or not it exists.
+        path must be absolute and plain (no "." or ".." component); it may
+        match a glob as written or with the glob's leading directories
+        resolved. library_allowed() then checks the file actually opened.
+        """
+        if not entry.libraries or not is_plain_path(path):
+            return False
+        return any(
+            _path_matches(p, path) or _path_matches(_resolve_pattern(p), path)
+            for p in entry.libraries
+        )
 
     def function_allowed(self, entry: ProgramEntry, function: str) -> bool:
         """May entry's uprobes attach to this symbol (the `functions` globs)?"""

@@ -21,13 +21,13 @@ attachment lives (the session handles one request at a time).
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import itertools
 import os
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,9 +42,10 @@ from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.broker import audit as staticaudit
+from gfxbpf.broker import libraries
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
-from gfxbpf.broker.policy import Policy, ProgramEntry
+from gfxbpf.broker.policy import Decision, Policy, ProgramEntry, is_plain_path
 from gfxbpf.broker.registry import InstanceKey, Registry
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -88,13 +89,19 @@ class Caller:
 
 
 class BrokerError(Exception):
-    """An operation failed; code is a pb.ErrorCode, rule the policy rule that decided."""
+    """An operation failed; code is a pb.ErrorCode.
 
-    def __init__(self, code: int, message: str, rule: str = "") -> None:
+    message and rule go to the caller: rule is a reference to the policy
+    rule that decided, to quote to the administrator (no policy path, no
+    other principal). audit_rule, the whole rule, goes to the audit log only.
+    """
+
+    def __init__(self, code: int, message: str, rule: str = "", *, audit_rule: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.rule = rule
+        self.audit_rule = audit_rule or rule
 
     def to_pb(self) -> pb.Error:
         return pb.Error(code=self.code, message=self.message, rule=self.rule)
@@ -187,7 +194,7 @@ class _Resolved:
     entry: Program
     policy_entry: ProgramEntry
     scope: str
-    rule: str
+    rule: str  # the whole rule, for the audit log
     via: str  # "name" or "bytes"
 
 
@@ -291,10 +298,15 @@ class Service:
 
     def _fail(self, op: str, caller: Caller, err: BrokerError, **fields: object) -> BrokerError:
         fields.setdefault("detail", err.message)
-        if err.rule:
-            fields.setdefault("rule", err.rule)
+        if err.audit_rule:
+            fields.setdefault("rule", err.audit_rule)
         self._log(op, caller, err.result, code=pb.ErrorCode.Name(err.code), **fields)
         return err
+
+    def _limit_rule(self, key: str, limit: int) -> dict[str, str]:
+        """rule and audit_rule of a [limits] refusal (the caller's own limit)."""
+        rule = f"[limits] {key} = {limit}"
+        return {"rule": rule, "audit_rule": f"{self.policy.path} {rule}"}
 
     def _check_owner(self, caller: Caller, owner: Owner) -> None:
         if owner.closed:
@@ -335,7 +347,7 @@ class Service:
                     pb.ERROR_RESOURCE_EXHAUSTED,
                     f"uid {caller.uid} already has {have} open sessions, the policy's "
                     f"limit (close one, or ask the administrator to raise it)",
-                    rule=f"{self.policy.path} [limits] sessions_per_user = {limit}",
+                    **self._limit_rule("sessions_per_user", limit),
                 )
             else:
                 err = None
@@ -510,11 +522,16 @@ class Service:
 
     def _decide(
         self, caller: Caller, name: str | None, sha: str, scope: str | None
-    ) -> tuple[ProgramEntry, str, str]:
+    ) -> tuple[ProgramEntry, str, Decision]:
+        """(allowing entry, granted scope, decision), or BrokerError.
+
+        The caller is told what they lack and a reference to the rule; the
+        whole rule (other principals, the policy's path) is for the audit log.
+        """
         d = self.policy.decide(caller.uid, caller.gids, name, sha, scope)
         if d.allowed:
             assert d.entry is not None and d.scope is not None
-            return d.entry, d.scope, d.rule
+            return d.entry, d.scope, d
         if name is None:
             code = pb.ERROR_HASH_MISMATCH
             msg = f"uploaded object (sha256 {sha}) is not approved for you"
@@ -528,7 +545,7 @@ class Service:
                 msg = f"you may not run program {name!r}" + (
                     f" with scope {scope}" if scope else ""
                 )
-        raise BrokerError(code, f"{msg}: {d.rule}", rule=d.rule)
+        raise BrokerError(code, f"{msg}: {d.reason}", rule=d.ref, audit_rule=d.rule)
 
     def _resolve(
         self, caller: Caller, req: pb.AttachRequest, fields: dict[str, object]
@@ -555,8 +572,8 @@ class Service:
             fields["sha256"] = entry.sha256
             data = self._catalog_bytes(entry)
             sha = entry.sha256
-            pentry, granted, rule = self._decide(caller, name, sha, scope)
-            return _Resolved(data, sha, entry, pentry, granted, rule, "name")
+            pentry, granted, d = self._decide(caller, name, sha, scope)
+            return _Resolved(data, sha, entry, pentry, granted, d.rule, "name")
         if which == "object":
             data = bytes(req.object)
             limit = self.policy.limits.max_object_bytes
@@ -564,11 +581,11 @@ class Service:
                 raise BrokerError(
                     pb.ERROR_RESOURCE_EXHAUSTED,
                     f"uploaded object is {len(data)} bytes, over the policy's limit of {limit}",
-                    rule=f"{self.policy.path} [limits] max_object_bytes = {limit}",
+                    **self._limit_rule("max_object_bytes", limit),
                 )
             sha = hashlib.sha256(data).hexdigest()
             fields["sha256"] = sha
-            pentry, granted, rule = self._decide(caller, None, sha, scope)
+            pentry, granted, d = self._decide(caller, None, sha, scope)
             fields["program"] = pentry.name
             # The audit runs before anything else touches these bytes' meaning.
             self._audit(data, sha, pentry.name)
@@ -578,12 +595,13 @@ class Service:
             if entry is None:
                 raise BrokerError(
                     pb.ERROR_NOT_FOUND,
-                    f"uploaded object (sha256 {sha}) is approved by {pentry.where}, but no "
+                    f"uploaded object (sha256 {sha}) is approved by {pentry.label}, but no "
                     f"catalog program is named {pentry.name!r} or has that hash: the broker "
                     "needs a catalog entry (attach points, knobs, visible maps) to run it",
-                    rule=rule,
+                    rule=d.ref,
+                    audit_rule=d.rule,
                 )
-            return _Resolved(data, sha, entry, pentry, granted, rule, "bytes")
+            return _Resolved(data, sha, entry, pentry, granted, d.rule, "bytes")
         raise BrokerError(
             pb.ERROR_INVALID_ARGUMENT, "AttachRequest names no program: set name or object"
         )
@@ -609,7 +627,9 @@ class Service:
             )
         return report
 
-    def _check_params(self, caller: Caller, res: _Resolved, params: pb.AttachParams) -> _Target:
+    def _check_params(
+        self, caller: Caller, res: _Resolved, params: pb.AttachParams, fds: Sequence[int] = ()
+    ) -> _Target:
         entry = res.entry
         uprobe = any(a.kind in _UPROBE_KINDS for a in entry.attach)
         required = {p.name for p in entry.parameters if p.required}
@@ -635,15 +655,16 @@ class Service:
                     pb.ERROR_INVALID_ARGUMENT, f"program {entry.name!r} needs a pid (params.pid)"
                 )
             funcs = tuple(params.functions)
+            wants_library = bool(params.library) or params.HasField("library_fd_index")
             if not uprobe:
-                if params.library or funcs:
+                if wants_library or funcs:
                     raise BrokerError(
                         pb.ERROR_INVALID_ARGUMENT,
                         f"program {entry.name!r} attaches no uprobes: it takes no library "
                         "or functions",
                     )
                 return t
-            if not params.library or not funcs:
+            if not wants_library or not funcs:
                 raise BrokerError(
                     pb.ERROR_INVALID_ARGUMENT,
                     f"program {entry.name!r} needs params.library and params.functions",
@@ -656,42 +677,110 @@ class Service:
             for fn in funcs:
                 if not fn or len(fn) > MAX_SYMBOL_LEN or "\0" in fn:
                     raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"bad function name {fn!r}")
-            lib = params.library
-            if not lib.startswith("/") or "\0" in lib:
-                raise BrokerError(
-                    pb.ERROR_INVALID_ARGUMENT, f"library must be an absolute path, got {lib!r}"
-                )
-            try:
-                fd = os.open(lib, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-            except OSError as e:
-                raise BrokerError(
-                    pb.ERROR_INVALID_ARGUMENT, f"cannot open library {lib}: {e.strerror}"
-                ) from None
-            t.library_fd = fd
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"{lib} is not a regular file")
-            real = os.readlink(f"/proc/self/fd/{fd}")
-            if not self.policy.library_allowed(res.policy_entry, real):
-                raise BrokerError(
-                    pb.ERROR_PERMISSION_DENIED,
-                    f"library {real} is not allowed: {res.policy_entry.where}: libraries = "
-                    f"{list(res.policy_entry.libraries)}",
-                    rule=f"{res.policy_entry.where}: libraries",
-                )
+            t.library_fd, t.library = self._open_library(caller, res.policy_entry, params, fds)
             for fn in funcs:
                 if not self.policy.function_allowed(res.policy_entry, fn):
+                    pe = res.policy_entry
                     raise BrokerError(
                         pb.ERROR_PERMISSION_DENIED,
-                        f"function {fn!r} is not allowed: {res.policy_entry.where}: "
-                        f"functions = {list(res.policy_entry.functions)}",
-                        rule=f"{res.policy_entry.where}: functions",
+                        f"function {fn!r} is not allowed for you in this library",
+                        rule=f"{pe.label}: functions",
+                        audit_rule=f"{pe.where}: functions = {list(pe.functions)}",
                     )
-            t.library = real
             t.functions = funcs
             return t
         except BaseException:
             t.close()
             raise
+
+    def _library_refused(self, entry: ProgramEntry, shown: str) -> BrokerError:
+        """The one answer for a library the policy does not allow (before or after opening)."""
+        return BrokerError(
+            pb.ERROR_PERMISSION_DENIED,
+            f"library {shown} is not allowed for you (`gfxclient info {entry.name}` lists "
+            "the libraries you may trace)",
+            rule=f"{entry.label}: libraries",
+            audit_rule=f"{entry.where}: libraries = {list(entry.libraries)}",
+        )
+
+    def _open_library(
+        self, caller: Caller, entry: ProgramEntry, params: pb.AttachParams, fds: Sequence[int]
+    ) -> tuple[int, str]:
+        """The uprobe target as (fd the broker owns, real path), judged by the policy.
+
+        Never a file the caller could not open themselves (broker/libraries.py):
+        over the Unix socket the client passes the fd; over gRPC the path is
+        checked against the policy's globs before the broker touches the file
+        system, then opened only if the caller could have opened it.
+        """
+        if caller.transport == "unix":
+            fd = self._passed_library(params, fds)
+        else:
+            fd = self._library_as_caller(caller, entry, params)
+        try:
+            try:
+                real = libraries.from_fd(fd)
+            except libraries.LibraryError as e:
+                raise BrokerError(
+                    pb.ERROR_INVALID_ARGUMENT,
+                    f"library {params.library or '(passed fd)'}: {e}",
+                ) from None
+            if not self.policy.library_allowed(entry, real):
+                named = params.library
+                raise self._library_refused(
+                    entry, f"{named} ({real})" if named and named != real else real
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, real
+
+    def _passed_library(self, params: pb.AttachParams, fds: Sequence[int]) -> int:
+        """A duplicate of the library fd that came with a Unix-socket request."""
+        if not params.HasField("library_fd_index"):
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                "over the Unix socket, open the library yourself and send its fd with the "
+                "request (AttachParams.library_fd_index, SCM_RIGHTS); gfxbpf.client and "
+                "gfxclient do this",
+            )
+        i = params.library_fd_index
+        if not 0 <= i < len(fds):
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"library_fd_index {i}, but the request carried {len(fds)} fds",
+            )
+        return fcntl.fcntl(fds[i], fcntl.F_DUPFD_CLOEXEC, 0)
+
+    def _library_as_caller(
+        self, caller: Caller, entry: ProgramEntry, params: pb.AttachParams
+    ) -> int:
+        """Open params.library for a gRPC caller, revealing nothing they could not see."""
+        if params.HasField("library_fd_index"):
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                "gRPC passes no fds: send the library's path (params.library) only",
+            )
+        lib = params.library
+        if not is_plain_path(lib):
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"library must be an absolute path without . or .. components, got {lib!r}",
+            )
+        # Lexically first: a path no glob can match is refused without a lookup.
+        if not self.policy.library_named(entry, lib):
+            raise self._library_refused(entry, lib)
+        try:
+            fd, _ = libraries.open_as(lib, caller.uid, caller.gids)
+        except libraries.Unreachable:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"cannot open library {lib} as uid {caller.uid}: it does not exist or you "
+                "may not read it (the broker opens only what you could open yourself)",
+            ) from None
+        except libraries.LibraryError as e:
+            raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"library {lib}: {e}") from None
+        return fd
 
     def _reserve_attachment(self, caller: Caller) -> None:
         limit = self.policy.limits.attachments_per_user
@@ -702,7 +791,7 @@ class Service:
                     pb.ERROR_RESOURCE_EXHAUSTED,
                     f"uid {caller.uid} already has {have} attachments, the policy's limit "
                     "(detach one, or ask the administrator to raise it)",
-                    rule=f"{self.policy.path} [limits] attachments_per_user = {limit}",
+                    **self._limit_rule("attachments_per_user", limit),
                 )
             self._counts.attachments[caller.uid] = have + 1
 
@@ -793,8 +882,10 @@ class Service:
                 raise BrokerError(pb.ERROR_KERNEL, f"attaching {a.program!r} failed: {e}") from None
 
     def attach(
-        self, caller: Caller, owner: Owner, req: pb.AttachRequest
+        self, caller: Caller, owner: Owner, req: pb.AttachRequest, fds: Sequence[int] = ()
     ) -> tuple[pb.AttachReply, list[int]]:
+        """Attach; fds are those that came with a Unix-socket request (the caller
+        keeps and closes them; the broker duplicates what it needs)."""
         started = time.perf_counter()  # the audit record says how long attaching took
         name = req.name if req.WhichOneof("program") == "name" else None
         fields: dict[str, object] = {"program": name}
@@ -803,7 +894,7 @@ class Service:
             res = self._resolve(caller, req, fields)
             fields.update(program=res.entry.name, sha256=res.sha256, scope=res.scope)
             self._audit(res.data, res.sha256, res.entry.name)
-            target = self._check_params(caller, res, req.params)
+            target = self._check_params(caller, res, req.params, fds)
             try:
                 events = any(m.show == "events" for m in res.entry.visible_maps)
                 key = InstanceKey(

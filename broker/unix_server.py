@@ -7,8 +7,10 @@ it all. One datagram is one Request; the Response echoes its id and carries
 map fds as SCM_RIGHTS (gfxbpf.proto.framing).
 
 A garbage, truncated or oversized datagram gets an ERROR_PROTOCOL reply
-(id 0, since its id cannot be read) and the session goes on; fds a client
-sends are closed. Nothing a client sends can stop the others being served.
+(id 0, since its id cannot be read) and the session goes on. The only fd
+a client sends is an Attach's library (AttachParams.library_fd_index);
+every fd a request carries is closed once it is answered. Nothing a client
+sends can stop the others being served.
 
 Floods (issue #16): the accept loop reads SO_PEERCRED and refuses a
 connection over the policy's sessions_per_user (per uid) or sessions_total
@@ -141,15 +143,17 @@ class Session:
             if first:
                 first = False
                 self.conn.settimeout(None)
-            for fd in fds:  # clients have no reason to send fds
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self.handle(req)
+            try:
+                self.handle(req, fds)
+            finally:  # the service duplicated what it keeps (an Attach's library fd)
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def _hello_timeout(self, timeout: int) -> None:
         """No first request within hello_timeout_seconds: say so, audit, end the session."""
         assert self.caller is not None
-        rule = f"{self.server.service.policy.path} [limits] hello_timeout_seconds = {timeout}"
+        rule = f"[limits] hello_timeout_seconds = {timeout}"
         message = (
             f"no request within {timeout} s of connecting: the session is closed (send Hello first)"
         )
@@ -178,7 +182,7 @@ class Session:
             detail=detail,
         )
 
-    def handle(self, req: pb.Request) -> None:
+    def handle(self, req: pb.Request, fds: list[int] | None = None) -> None:
         service = self.server.service
         caller, owner = self.caller, self.owner
         assert caller is not None and owner is not None
@@ -190,9 +194,9 @@ class Session:
                 reply = service.list_programs(caller, req.list_programs)
                 self.send(pb.Response(id=req.id, list_programs=reply))
             elif body == "attach":
-                areply, fds = service.attach(caller, owner, req.attach)
+                areply, map_fds = service.attach(caller, owner, req.attach, fds or ())
                 try:
-                    self.send(pb.Response(id=req.id, attach=areply), fds)
+                    self.send(pb.Response(id=req.id, attach=areply), map_fds)
                 except framing.MessageTooLarge as e:
                     self.error(req.id, pb.ERROR_INTERNAL, f"attach reply too large: {e}")
             elif body == "detach":
@@ -322,7 +326,6 @@ class UnixServer:
                 conn.close()
             return
         limits = self.service.policy.limits
-        path = self.service.policy.path
         with self._lock:
             have = self._per_uid.get(creds.uid, 0)
             total = len(self._sessions)
@@ -330,13 +333,13 @@ class UnixServer:
                 why = (
                     f"uid {creds.uid} already has {have} open sessions, the policy's limit "
                     "(close one, or ask the administrator to raise it)",
-                    f"{path} [limits] sessions_per_user = {limits.sessions_per_user}",
+                    f"[limits] sessions_per_user = {limits.sessions_per_user}",
                 )
             elif total >= limits.sessions_total:
                 why = (
                     f"the broker already serves {total} sessions, the policy's limit for all "
                     "users together (try again later)",
-                    f"{path} [limits] sessions_total = {limits.sessions_total}",
+                    f"[limits] sessions_total = {limits.sessions_total}",
                 )
             else:
                 why = None

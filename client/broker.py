@@ -243,7 +243,12 @@ class Broker:
         object: bytes | None = None,
         lease_seconds: int = 0,
     ) -> Attachment:
-        """Attach a catalog program by name (or approved object bytes)."""
+        """Attach a catalog program by name (or approved object bytes).
+
+        library (uprobe programs): over the Unix socket this process opens it
+        and passes the fd, so it must be readable by this user; over gRPC the
+        broker opens it, and only if this user could.
+        """
         if (name is None) == (object is None):
             raise UsageError("attach needs exactly one of a program name or object bytes")
         params = pb.AttachParams(
@@ -257,7 +262,16 @@ class Broker:
             req.name = name
         else:
             req.object = bytes(object or b"")
-        reply, fds = self.transport.attach(req)
+        if library and isinstance(self.transport, UnixConnection):
+            # The broker opens no path for us: we open the library and pass it.
+            lib_fd = open_library(library)
+            req.params.library_fd_index = 0
+            try:
+                reply, fds = self.transport.attach(req, [lib_fd])
+            finally:
+                os.close(lib_fd)
+        else:
+            reply, fds = self.transport.attach(req)
         try:
             att = Attachment(self, reply, fds)
         except BaseException:
@@ -277,6 +291,17 @@ class Broker:
     def stats(self, attachment_id: int = 0) -> pb.StatsReply:
         """Run counts and run times (0: every attachment this caller holds)."""
         return self.transport.stats(attachment_id)
+
+
+def open_library(path: str) -> int:
+    """An fd on the uprobe target, opened as the user (the broker checks the file)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise UsageError(
+            f"cannot open library {path}: {e.strerror}\n"
+            "  the broker traces only a library you can read yourself; check the path"
+        ) from None
 
 
 def _hello_request() -> pb.HelloRequest:

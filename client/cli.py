@@ -152,7 +152,9 @@ def _add_attach(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="program name (see `gfxclient list`)")
     p.add_argument("--scope", choices=("self", "system"), help="default: the policy's scope")
     p.add_argument("--pid", type=_pid, help="target process (per-process programs)")
-    p.add_argument("--library", metavar="PATH", help="uprobe target (ucalls)")
+    p.add_argument(
+        "--library", metavar="PATH", help="uprobe target (ucalls); a file you can read yourself"
+    )
     p.add_argument(
         "--function",
         dest="functions",

@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import threading
+from collections.abc import Sequence
 
 from gfxbpf.client.errors import (
     EXIT_DENIED,
@@ -128,12 +129,12 @@ class UnixConnection:
             raise ClientError("the connection to the broker is closed")
         return self._sock
 
-    def _send(self, field: str, body: object) -> int:
+    def _send(self, field: str, body: object, fds: Sequence[int] = ()) -> int:
         req_id = next(self._ids)
         req = pb.Request(id=req_id)
         getattr(req, field).CopyFrom(body)
         try:
-            framing.send_message(self._socket(), req)
+            framing.send_message(self._socket(), req, fds)
         except framing.PeerClosed as e:
             last_word = self._pending_error()
             self.close()
@@ -192,11 +193,11 @@ class UnixConnection:
                 raise ProtocolError(f"the broker answered {op} with {kind or 'nothing'}")
             return getattr(resp, field), fds
 
-    def call(self, field: str, body: object) -> tuple[object, list[int]]:
-        """Send one request; return (reply body, received fds)."""
+    def call(self, field: str, body: object, fds: Sequence[int] = ()) -> tuple[object, list[int]]:
+        """Send one request (with fds, which stay ours); return (reply body, received fds)."""
         op = field
         with self._lock:
-            req_id = self._send(field, body)
+            req_id = self._send(field, body, fds)
             return self._recv(req_id, field, op)
 
     def call_nofds(self, field: str, body: object) -> object:
@@ -212,8 +213,11 @@ class UnixConnection:
     def list_programs(self) -> pb.ListProgramsReply:
         return self.call_nofds("list_programs", pb.ListProgramsRequest())  # type: ignore[return-value]
 
-    def attach(self, req: pb.AttachRequest) -> tuple[pb.AttachReply, list[int]]:
-        return self.call("attach", req)  # type: ignore[return-value]
+    def attach(
+        self, req: pb.AttachRequest, fds: Sequence[int] = ()
+    ) -> tuple[pb.AttachReply, list[int]]:
+        """fds: the library fd a uprobe attach passes (AttachParams.library_fd_index)."""
+        return self.call("attach", req, fds)  # type: ignore[return-value]
 
     def detach(self, attachment_id: int) -> pb.DetachReply:
         return self.call_nofds("detach", pb.DetachRequest(attachment_id=attachment_id))  # type: ignore[return-value]

@@ -8,9 +8,10 @@ Run as a test user with the venv python:
     python rawclient.py SOCKET loop SECONDS PROGRAMS_JSON   # stress loop, one JSON line
 
 Commands (JSON objects with "cmd"): hello, list, attach {name | object_path, scope,
-pid, library, functions}, detach {id}, read_fd {id, map}, read_rpc {id, map},
-write_fd {id, map}, scan {id}, events {id, map, want_pids, timeout}, stats {id},
-getppid {n}, exec {n}, garbage {data_hex}, rpc_raw {request_hex}, quit.
+pid, library, functions, library_fd (default true: open library, pass its fd)},
+detach {id}, read_fd {id, map}, read_rpc {id, map}, write_fd {id, map}, scan {id},
+events {id, map, want_pids, timeout}, stats {id}, getppid {n}, exec {n},
+garbage {data_hex}, rpc_raw {request_hex}, quit.
 Replies: {"ok": true, ...} or {"ok": false, "code": NAME, "message": ..., "rule": ...}.
 """
 
@@ -51,11 +52,11 @@ class RawClient:
         self.next_id = 1
         self.attachments: dict[int, tuple[pb.AttachReply, list[int]]] = {}
 
-    def call(self, **body: Any) -> tuple[pb.Response, list[int]]:
+    def call(self, send_fds: tuple[int, ...] = (), **body: Any) -> tuple[pb.Response, list[int]]:
         rid = self.next_id
         self.next_id += 1
         try:
-            framing.send_message(self.sock, pb.Request(id=rid, **body))
+            framing.send_message(self.sock, pb.Request(id=rid, **body), send_fds)
         except framing.PeerClosed:
             pass  # the broker may have answered (e.g. a session limit) and closed
         resp, fds = framing.recv_message(self.sock, pb.Response)
@@ -66,8 +67,8 @@ class RawClient:
         assert resp.id == rid, (resp.id, rid)
         return resp, fds
 
-    def attach(self, **kw: Any) -> pb.AttachReply:
-        resp, fds = self.call(attach=pb.AttachRequest(**kw))
+    def attach(self, send_fds: tuple[int, ...] = (), **kw: Any) -> pb.AttachReply:
+        resp, fds = self.call(send_fds, attach=pb.AttachRequest(**kw))
         self.attachments[resp.attach.attachment_id] = (resp.attach, fds)
         return resp.attach
 
@@ -184,9 +185,18 @@ def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:
         else:
             kw["name"] = cmd["name"]
         params = {k: cmd[k] for k in ("pid", "library", "functions") if k in cmd}
+        lib_fd = -1
+        if "library" in cmd and cmd.get("library_fd", True):
+            # As gfxbpf.client does: open the library as this user, pass the fd.
+            lib_fd = os.open(cmd["library"], os.O_RDONLY | os.O_CLOEXEC)
+            params["library_fd_index"] = 0
         if params:
             kw["params"] = pb.AttachParams(**params)
-        a = c.attach(**kw)
+        try:
+            a = c.attach(send_fds=(lib_fd,) if lib_fd >= 0 else (), **kw)
+        finally:
+            if lib_fd >= 0:
+                os.close(lib_fd)
         return {
             "ok": True,
             "id": a.attachment_id,

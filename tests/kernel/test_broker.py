@@ -343,9 +343,10 @@ def test_unnamed_user_is_refused_with_the_rule(broker: BrokerProcess, clients: A
     assert mallory.ok("list")["programs"] == {}
     r = mallory("attach", name="syscount", scope="self")
     assert r["code"] == "ERROR_PERMISSION_DENIED"
-    assert '[[program]] #1 "syscount"' in r["rule"]
-    assert "users = " in r["rule"] and MALLORY in r["rule"]
-    assert r["rule"] in r["message"]
+    # A reference to quote and what mallory lacks; the entry's users stay unsaid.
+    assert r["rule"] == '[[program]] #1 "syscount": users, groups'
+    assert "names you or any of your groups" in r["message"] and MALLORY in r["message"]
+    assert ALICE not in r["message"] + r["rule"] and "users = " not in r["message"]
     r = mallory("attach", name="nosuchprogram")
     assert r["code"] == "ERROR_PERMISSION_DENIED"
     assert "default deny" in r["rule"]

@@ -541,3 +541,42 @@ def test_policy_file_in_deploy_example_if_present():
     if not os.path.exists(path):
         pytest.skip("no deploy/policy.example.toml yet")
     Policy.load(path)
+
+
+# ---------------------------------------------------------------- what a refused caller is told
+
+
+@pytest.mark.parametrize(
+    ("uid", "gids", "name", "sha", "scope", "ref"),
+    [
+        (1001, [], "foo", SHA_A, "self", "default deny"),
+        (1003, [1003], "syscount", SHA_A, "self", '[[program]] #1, #2 "syscount": users, groups'),
+        (1002, [], "ucalls", SHA_A, "self", '[[program]] #4 "ucalls": sha256'),
+        (1001, [], "syscount", SHA_A, "system", '[[program]] #1 "syscount": scope'),
+        (1001, [], None, "d" * 64, "self", "default deny"),
+    ],
+)
+def test_denials_tell_the_caller_a_reference_not_the_rule(policy, uid, gids, name, sha, scope, ref):
+    d = policy.decide(uid, gids, name, sha, scope)
+    assert not d.allowed and d.ref == ref and d.reason
+    told = d.reason + d.ref
+    # Other principals, the policy's path and the entry's hash stay in d.rule (the audit log).
+    others = [n for n, u in FakeResolver.users.items() if u != uid] + ["1004", "video"]
+    assert not [o for o in others if o in told], told
+    assert "policy.toml" not in told and SHA_C not in told and "users =" not in told
+
+
+def test_library_named_is_lexical(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "link").symlink_to(lib)
+    p = _lib_policy(tmp_path, f"{tmp_path}/link/*.so")
+    e = p.programs[0]
+    # Matched as written, or with the glob's leading directories resolved; nothing
+    # is looked up, so a file that does not exist matches alike.
+    assert p.library_named(e, f"{tmp_path}/link/missing.so")
+    assert p.library_named(e, f"{lib}/missing.so")
+    assert not p.library_named(e, f"{tmp_path}/other/missing.so")
+    assert not p.library_named(e, f"{lib}/../lib/x.so")  # not plain
+    assert not p.library_named(e, f"{lib}/./x.so")
+    assert not p.library_named(e, "x.so")

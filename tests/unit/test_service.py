@@ -237,9 +237,12 @@ def test_denied_attach_carries_the_rule(service: Service, log: io.StringIO) -> N
         attach(service, c, name="syscount", scope=pb.SCOPE_SELF)
     e = ei.value
     assert e.code == pb.ERROR_PERMISSION_DENIED
-    assert e.rule.startswith('/etc/gfxbpf/policy.toml [[program]] #1 "syscount": users = ')
-    assert "uid 1003 (mallory)" in e.rule
-    assert e.rule in e.message
+    # The caller gets a reference to quote and what they lack: not the
+    # policy's path, not the principals the entry names.
+    assert e.rule == '[[program]] #1 "syscount": users, groups'
+    assert "names you or any of your groups (you are uid 1003 (mallory))" in e.message
+    for hidden in ("/etc/gfxbpf", "alice", "bob", "users ="):
+        assert hidden not in e.message + e.rule
     assert e.to_pb().rule == e.rule
     last = records(log)[-1]
     assert (last["op"], last["result"], last["uid"], last["pid"]) == (
@@ -249,7 +252,9 @@ def test_denied_attach_carries_the_rule(service: Service, log: io.StringIO) -> N
         4242,
     )
     assert (last["program"], last["sha256"], last["scope"]) == ("syscount", sha("syscount"), "self")
-    assert last["rule"] == e.rule
+    # The audit line keeps the whole rule.
+    assert last["rule"].startswith('/etc/gfxbpf/policy.toml [[program]] #1 "syscount": users = ')
+    assert '["alice", "bob"]' in last["rule"] and "uid 1003 (mallory)" in last["rule"]
     assert last["code"] == "ERROR_PERMISSION_DENIED"
 
 
@@ -368,39 +373,44 @@ def test_ucalls_pid_that_does_not_exist_is_not_found(service: Service) -> None:
     assert ei.value.message == f"no process {dead.pid}"
 
 
-def test_ucalls_library_and_functions_follow_the_policy(service: Service) -> None:
-    me = caller(os.getuid())
+def attach_ucalls(
+    s: Service, c: Caller, library: str, functions: tuple[str, ...] = ("getpid",)
+) -> tuple[pb.AttachReply, list[int]]:
+    """ucalls as a client asks for it: over Unix the library's fd rides along, over gRPC
+    its path."""
+    params = pb.AttachParams(pid=os.getpid(), library=library, functions=list(functions))
+    req = pb.AttachRequest(name="ucalls", params=params)
+    if c.transport != "unix":
+        return s.attach(c, s.open_owner(c), req)
+    fd = os.open(library, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        req.params.library_fd_index = 0
+        return s.attach(c, s.open_owner(c), req, [fd])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("transport", ["unix", "grpc"])
+def test_ucalls_library_and_functions_follow_the_policy(
+    service: Service, log: io.StringIO, transport: str
+) -> None:
+    me = caller(os.getuid(), transport)
     with pytest.raises(BrokerError) as ei:
-        attach(
-            service,
-            me,
-            name="ucalls",
-            params=pb.AttachParams(pid=os.getpid(), library="/bin/true", functions=["getpid"]),
-        )
+        attach_ucalls(service, me, "/bin/true")
     assert ei.value.code == pb.ERROR_PERMISSION_DENIED
-    assert "libraries = " in ei.value.message and ei.value.rule.endswith("libraries")
-    with pytest.raises(BrokerError) as ei:
-        attach(
-            service,
-            me,
-            name="ucalls",
-            params=pb.AttachParams(
-                pid=os.getpid(),
-                library="/usr/lib/x86_64-linux-gnu/libc.so.6",
-                functions=["system"],
-            ),
-        )
-    assert ei.value.code == pb.ERROR_PERMISSION_DENIED
-    assert "function 'system' is not allowed" in ei.value.message
+    assert "library /bin/true" in ei.value.message and "is not allowed" in ei.value.message
+    assert ei.value.rule == '[[program]] #4 "ucalls": libraries'
+    # The allowed globs stay in the audit line.
+    assert records(log)[-1]["rule"].endswith("libraries = ['/usr/lib/x86_64-linux-gnu/libc.so.6']")
     libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
     if not os.path.exists(libc):
         pytest.skip(f"{libc} is not here")
-    reply, _ = attach(
-        service,
-        me,
-        name="ucalls",
-        params=pb.AttachParams(pid=os.getpid(), library=libc, functions=["getpid"]),
-    )
+    with pytest.raises(BrokerError) as ei:
+        attach_ucalls(service, me, libc, ("system",))
+    assert ei.value.code == pb.ERROR_PERMISSION_DENIED
+    assert "function 'system' is not allowed" in ei.value.message
+    assert "getpid" not in ei.value.message + ei.value.rule  # the allowed list stays unsaid
+    attach_ucalls(service, me, libc)
     key = service.created[-1].key  # type: ignore[attr-defined]
     assert (key.pid, key.library, key.functions, key.uid) == (
         os.getpid(),
@@ -408,6 +418,18 @@ def test_ucalls_library_and_functions_follow_the_policy(service: Service) -> Non
         ("getpid",),
         os.getuid(),
     )
+
+
+def test_ucalls_over_unix_needs_the_library_fd(service: Service) -> None:
+    # The broker never opens a path a Unix client names: the client passes the file.
+    params = pb.AttachParams(pid=os.getpid(), library="/bin/true", functions=["getpid"])
+    with pytest.raises(BrokerError) as ei:
+        attach(service, caller(os.getuid()), name="ucalls", params=params)
+    assert ei.value.code == pb.ERROR_INVALID_ARGUMENT
+    assert "send its fd" in ei.value.message
+    params.library_fd_index = 1
+    with pytest.raises(BrokerError, match="library_fd_index 1, but the request carried 0 fds"):
+        attach(service, caller(os.getuid()), name="ucalls", params=params)
 
 
 # ---------------------------------------------------------------- sharing, limits, lifetime
@@ -465,7 +487,7 @@ def test_attachments_per_user(log: io.StringIO, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(BrokerError) as ei:
         attach(s, a, o2, name="execsnoop", scope=pb.SCOPE_SELF)
     assert ei.value.code == pb.ERROR_RESOURCE_EXHAUSTED
-    assert ei.value.rule == "/etc/gfxbpf/policy.toml [limits] attachments_per_user = 2"
+    assert ei.value.rule == "[limits] attachments_per_user = 2"  # no policy path
     attach(s, caller(BOB), name="syscount", scope=pb.SCOPE_SELF)  # per user
     # sessions_per_user
     with pytest.raises(BrokerError) as ei:
