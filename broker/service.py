@@ -10,8 +10,8 @@ Attach, in order: find the object (catalog name or uploaded bytes, hashed
 once), ask the policy (hash, user, scope), parse those same bytes, run the
 static audit, check parameters (pid ownership by pidfd, library and
 function globs), then join a live identical instance or load a new one:
-.rodata knobs (scope uid/pid, tracepoint field offsets), BPF_F_RDONLY on
-every client-visible map that is not a ring buffer, load, attach.
+.rodata knobs (scope uid/pid, tracepoint field offsets), load with every
+client-visible map but ring buffers frozen, attach.
 
 fds returned by attach() are the broker's own (the instance's map fds):
 send them with SCM_RIGHTS and do NOT close them; they stay valid while the
@@ -743,8 +743,7 @@ class Service:
                 pb.ERROR_INVALID_ARGUMENT,
                 f"program {entry.name!r}: the object does not match its catalog entry: {e}",
             ) from None
-        # Read-only from the syscall side for every map a client may hold
-        # (the program still writes); ring buffers refuse the flag.
+        visible_specs = []
         for m in entry.visible_maps:
             ms = spec.maps.get(m.name)
             if ms is None:
@@ -752,11 +751,14 @@ class Service:
                     pb.ERROR_INVALID_ARGUMENT,
                     f"program {entry.name!r}: catalog map {m.name!r} is not in the object",
                 )
-            if ms.map_type != C.MapType.RINGBUF:
-                ms.flags |= C.BPF_F_RDONLY
+            visible_specs.append(ms)
+        # Frozen: no fd of a map a client may hold can write it, not even one
+        # reopened from a bpffs pin (the program still writes). A ring buffer
+        # cannot be frozen; each attachment gets its own (InstanceKey.unique).
+        read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
         wanted = list(dict.fromkeys(a.program for a in entry.attach_for(variant)))
         try:
-            obj = load(spec, programs=wanted)
+            obj = load(spec, programs=wanted, read_only=read_only)
         except LoadError as e:
             raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
         inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)

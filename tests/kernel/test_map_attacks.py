@@ -1,0 +1,256 @@
+"""Issue #16, finding 1: what a user can do with the map fds she receives.
+
+1. Pin a received fd into a bpffs she may write (a plain `mount -t bpf` is
+   mode 1777), open the pin again read-write, write the map: every map a
+   client can receive is frozen, so every write fails, on shared system-scope
+   maps and per-session ones; ring buffers have no elements to write.
+
+The broker runs as the unit runs it (user gfxbpf, CAP_BPF + CAP_PERFMON);
+the attacker is gfxtest-mallory running tests/kernel/mapattack.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
+from gfxbpf.bpf.loader import LoadError, load
+from gfxbpf.bpf.object import MapSpec, ObjectSpec
+from tests.kernel.brokerenv import (
+    BOB,
+    MALLORY,
+    VENV_PYTHON,
+    BrokerProcess,
+    policy_for,
+    run_as,
+)
+from tests.kernel.mapattack import LIBC, obj_get, obj_pin, write_attempts
+from tests.kernel.sysmaps_util import run_unprivileged
+
+HERE = Path(__file__).parent
+NCPU = bpfsys.possible_cpus()
+
+
+@pytest.fixture
+def bpffs() -> Iterator[Path]:
+    """A bpffs mounted as an administrator's plain `mount -t bpf` would: mode 1777."""
+    d = Path(tempfile.mkdtemp(prefix="gfxbpf-bpffs-", dir="/tmp"))
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(d)], check=True, timeout=30)
+    try:
+        assert os.stat(d).st_mode & 0o7777 == 0o1777
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], check=False, timeout=30)
+        d.rmdir()
+
+
+def start_broker(policy: str) -> BrokerProcess:
+    broker = BrokerProcess.start(policy, grpc=False)
+    for name in ("rawclient.py", "mapattack.py"):
+        shutil.copy(HERE / name, broker.directory / name)
+        os.chmod(broker.directory / name, 0o644)
+    return broker
+
+
+def mallory(broker: BrokerProcess, *args: str) -> dict[str, Any]:
+    r = run_as(
+        MALLORY,
+        [VENV_PYTHON, str(broker.directory / "mapattack.py"), broker.socket, *args],
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class Session:
+    """rawclient.py as a test user: one JSON command per call."""
+
+    def __init__(self, broker: BrokerProcess, user: str) -> None:
+        self.proc: subprocess.Popen[str] = run_as(
+            user,
+            [VENV_PYTHON, str(broker.directory / "rawclient.py"), broker.socket],
+            background=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._line()["ready"]
+
+    def _line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        return json.loads(self.proc.stdout.readline())
+
+    def __call__(self, cmd: str, **kw: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
+        self.proc.stdin.flush()
+        r = self._line()
+        assert r["ok"], r
+        return r
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+# ---------------------------------------------------------------- finding 1
+
+ATTACKED = [
+    {"name": "clonecount", "scope": "system"},  # shared with bob
+    {"name": "syscount", "scope": "system"},  # shared with bob
+    {"name": "execsnoop", "scope": "self"},  # her own ring buffer
+    {"name": "ucalls", "scope": "self"},  # two per-session hash maps
+    {"name": "fence", "scope": "system"},
+]
+
+
+def test_pinned_and_reopened_map_fds_cannot_write(bpffs: Path) -> None:
+    both = [MALLORY, BOB]
+    policy = policy_for(
+        {
+            "clonecount": {"users": both, "scope": ["system"]},
+            "syscount": {"users": both, "scope": ["system"]},
+            "execsnoop": {"users": [MALLORY], "scope": ["self"]},
+            "ucalls": {
+                "users": [MALLORY],
+                "scope": ["self"],
+                "libraries": [LIBC],
+                "functions": ["getpid"],
+            },
+            "fence": {"users": [MALLORY], "scope": ["system"]},
+        }
+    )
+    broker = start_broker(policy)
+    bob = None
+    try:
+        bob = Session(broker, BOB)
+        clone = bob("attach", name="clonecount", scope="system")["id"]
+        sysc = bob("attach", name="syscount", scope="system")["id"]
+        bob("fork", n=3)
+        before = {a: bob("read_rpc", id=a)["entries"] for a in (clone, sysc)}
+        assert all(before.values())
+
+        out = mallory(broker, "pin", str(bpffs), json.dumps(ATTACKED))
+
+        assert out["refused"] == {}, out["refused"]
+        want = {
+            "clonecount/counts",
+            "syscount/counts",
+            "execsnoop/events",
+            "ucalls/calls",
+            "ucalls/latency",
+            "fence/fence_latency",
+        }
+        assert set(out["maps"]) == want, out["maps"]
+        for name, m in out["maps"].items():
+            assert m["same_map"], name
+            if m["type"] == MapType.RINGBUF:
+                # Her own ring, already read-write: no elements, and the kernel
+                # maps only the consumer page writable.
+                assert m["insert"] != "ok" and m["delete"] != "ok", (name, m)
+                assert m["mmap_producer_page_writable"] == "EPERM", (name, m)
+                assert m["mmap_data_writable"] == "EPERM", (name, m)
+            else:
+                writes = {k: v for k, v in m.items() if k not in ("type", "same_map")}
+                assert set(writes.values()) <= {"EPERM", "no keys"}, (name, m)
+                assert writes["insert"] == "EPERM", (name, m)
+
+        # Bob's view through the broker: nothing deleted, nothing of hers,
+        # and the programs still count into their frozen maps.
+        bob("fork", n=3)
+        after = {a: bob("read_rpc", id=a)["entries"] for a in (clone, sysc)}
+        for a in (clone, sysc):
+            assert set(before[a]) <= set(after[a]), a
+            assert not any(b"mallory".hex() in k for k in after[a]), after[a]
+        grew = [k for k in before[clone] if after[clone][k] != before[clone][k]]
+        assert grew, "clonecount stopped counting"
+    finally:
+        if bob is not None:
+            bob.close()
+        broker.stop()
+
+    # The pins outlive her session and the broker itself: the maps stay in the
+    # kernel until the pin is removed (here: the unmount), still frozen.
+    fd = obj_get(str(bpffs / "clonecount-counts"), 0)
+    try:
+        with pytest.raises(bpfsys.BpfError) as ei:
+            bpfsys.map_update_elem(fd, b"x" * 16, b"\0" * 8)
+        assert ei.value.errno == errno.EPERM
+    finally:
+        os.close(fd)
+
+
+def _spec(maps: list[MapSpec]) -> ObjectSpec:
+    spec = ObjectSpec()
+    spec.name = "frozen_maps"
+    spec.maps = {m.real_name: m for m in maps}
+    return spec
+
+
+def _m(name: str, map_type: int, key: int, value: int, entries: int, flags: int = 0) -> MapSpec:
+    return MapSpec(name, name, map_type, key, value, entries, flags)
+
+
+FREEZABLE = [
+    _m("hash", MapType.HASH, 4, 8, 64),
+    _m("hash_noprealloc", MapType.HASH, 4, 8, 64, BPF_F_NO_PREALLOC),
+    _m("array", MapType.ARRAY, 4, 8, 16),
+    _m("percpu_hash", MapType.PERCPU_HASH, 4, 8, 16),
+    _m("percpu_array", MapType.PERCPU_ARRAY, 4, 8, 16),
+    _m("lru_hash", MapType.LRU_HASH, 4, 8, 64),
+    _m("lru_pcpu_hash", MapType.LRU_PERCPU_HASH, 4, 8, 64),
+    _m("stack_trace", MapType.STACK_TRACE, 4, 8 * 8, 16),
+    _m("perf_events", MapType.PERF_EVENT_ARRAY, 4, 4, NCPU),
+]
+
+
+def _pin_reopen_write(bpffs: str, fds: dict[str, int]) -> dict[str, dict[str, str]]:
+    """Runs as uid 65534 without capabilities."""
+    out = {}
+    for name, fd in fds.items():
+        path = f"{bpffs}/{name}"
+        obj_pin(fd, path)
+        again = obj_get(path, 0)
+        try:
+            out[name] = write_attempts(again, bpfsys.map_info(again))
+        finally:
+            os.close(again)
+    return out
+
+
+def test_loader_read_only_maps_refuse_writes_through_a_reopened_pin(bpffs: Path) -> None:
+    control = _m("control", MapType.HASH, 4, 8, 4)  # not made read-only
+    maps = [*FREEZABLE, control]
+    spec = _spec(maps)
+    shapes = [dataclasses.astuple(m) for m in maps]
+    with load(spec, programs=[], read_only=[m.real_name for m in FREEZABLE]) as obj:
+        assert [dataclasses.astuple(m) for m in maps] == shapes  # the spec is untouched
+        fds = {name: m.fileno() for name, m in obj.maps.items()}
+        out = run_unprivileged(_pin_reopen_write, str(bpffs), fds)
+    assert out["control"]["insert"] == "ok"  # the attack itself works
+    for m in FREEZABLE:
+        assert set(out[m.real_name].values()) <= {"EPERM", "no keys"}, (m.real_name, out)
+        assert out[m.real_name]["insert"] == "EPERM", m.real_name
+
+
+def test_loader_refuses_to_freeze_a_ring_buffer() -> None:
+    ring = _m("ring", MapType.RINGBUF, 0, 0, 4096)
+    with pytest.raises(LoadError, match="ring buffer cannot be frozen"):
+        load(_spec([ring]), programs=[], read_only=["ring"])
+    with pytest.raises(LoadError, match="no map 'nope'"):
+        load(_spec([ring]), programs=[], read_only=["nope"])
