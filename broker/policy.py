@@ -77,6 +77,10 @@ class Limits:
     lease_seconds: int = 300  # gRPC attachment lease when the client names none
     max_object_bytes: int = 512 * 1024  # uploaded object size
     read_map_entries: int = 4096  # entries per ReadMap page
+    # Kernel bytes of client-visible maps the broker creates for one user per
+    # window: a client can keep a map alive past its attachment (broker/budget.py).
+    map_bytes_per_user: int = 64 * 1024 * 1024
+    map_bytes_window_seconds: int = 600
 
 
 LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(Limits))
