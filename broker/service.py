@@ -10,8 +10,9 @@ Attach, in order: find the object (catalog name or uploaded bytes, hashed
 once), ask the policy (hash, user, scope), parse those same bytes, run the
 static audit, check parameters (pid ownership by pidfd, library and
 function globs), then join a live identical instance or load a new one:
-.rodata knobs (scope uid/pid, tracepoint field offsets), load with every
-client-visible map but ring buffers frozen, attach.
+.rodata knobs (scope uid/pid, tracepoint field offsets), charge the
+client-visible maps to the caller's map budget (broker/budget.py), load with
+every client-visible map but ring buffers frozen, attach.
 
 fds returned by attach() are the broker's own (the instance's map fds):
 send them with SCM_RIGHTS and do NOT close them; they stay valid while the
@@ -39,9 +40,10 @@ from gfxbpf.bpf.btf import KIND_STRUCT
 from gfxbpf.bpf.catalog import Catalog, MapEntry, Program
 from gfxbpf.bpf.loader import LoadedObject, LoadError, load
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec
+from gfxbpf.bpf.object import MAX_OBJECT_SIZE, MapSpec, ObjectError, ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.broker import audit as staticaudit
+from gfxbpf.broker import budget
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.policy import Policy, ProgramEntry
@@ -131,6 +133,7 @@ class SharedInstance:
     spec: ObjectSpec
     inst: bpfinstance.Instance
     visible: dict[str, Map]  # client-visible maps by catalog name
+    map_bytes: int = 0  # charged to its creator's map budget
 
     @property
     def obj(self) -> LoadedObject:
@@ -276,6 +279,7 @@ class Service:
         self._registry: Registry[SharedInstance] = Registry()
         self._objects: dict[str, bytes] = {}  # catalog name -> bytes, read once
         self._audits: dict[str, staticaudit.AuditReport] = {}  # sha256 -> verdict
+        self._map_budget = budget.MapBudget(clock)
 
     # ------------------------------------------------------------ helpers
 
@@ -756,23 +760,59 @@ class Service:
         # reopened from a bpffs pin (the program still writes). A ring buffer
         # cannot be frozen; each attachment gets its own (InstanceKey.unique).
         read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
-        wanted = list(dict.fromkeys(a.program for a in entry.attach_for(variant)))
+        charge = self._charge_maps(caller, entry, visible_specs)
         try:
-            obj = load(spec, programs=wanted, read_only=read_only)
-        except LoadError as e:
-            raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
-        inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)
-        try:
-            self._attach_all(inst, entry, variant, target, params)
-            if target.pid_handle is not None and not target.pid_handle.alive():
-                raise BrokerError(
-                    pb.ERROR_NOT_FOUND, f"process {target.pid} exited while attaching"
-                )
+            wanted = list(dict.fromkeys(a.program for a in entry.attach_for(variant)))
+            try:
+                obj = load(spec, programs=wanted, read_only=read_only)
+            except LoadError as e:
+                raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
+            inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)
+            try:
+                self._attach_all(inst, entry, variant, target, params)
+                if target.pid_handle is not None and not target.pid_handle.alive():
+                    raise BrokerError(
+                        pb.ERROR_NOT_FOUND, f"process {target.pid} exited while attaching"
+                    )
+            except BaseException:
+                inst.close()
+                raise
         except BaseException:
-            inst.close()
+            self._map_budget.refund(charge)  # its maps are gone with the failed load
             raise
         visible = {m.name: obj.maps[m.name] for m in entry.visible_maps}
-        return SharedInstance(key, entry, spec, inst, visible)
+        return SharedInstance(key, entry, spec, inst, visible, charge.nbytes)
+
+    def _charge_maps(self, caller: Caller, entry: Program, specs: list[MapSpec]) -> budget.Charge:
+        """Charge a new instance's client-visible maps to the caller's map budget:
+        a client may keep them alive (fd, bpffs pin) long after detaching."""
+        ncpus = bpfsys.possible_cpus()
+        need = sum(
+            budget.map_bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus)
+            for m in specs
+        )
+        limit = self.policy.limits.map_bytes_per_user
+        window = self.policy.limits.map_bytes_window_seconds
+        try:
+            return self._map_budget.charge(caller.uid, need, limit, window)
+        except budget.OverBudget as e:
+            rule = f"{self.policy.path} [limits] map_bytes_per_user = {limit}"
+            if e.retry_after is None:
+                msg = (
+                    f"program {entry.name!r} needs {budget.human(need)} of BPF maps, more than "
+                    f"the policy lets one user create in {window} s ({budget.human(limit)}): "
+                    "ask the administrator to raise map_bytes_per_user"
+                )
+            else:
+                msg = (
+                    f"uid {caller.uid} had the broker create {budget.human(e.used)} of BPF maps "
+                    f"in the last {window} s; program {entry.name!r} needs "
+                    f"{budget.human(need)} more, over the policy's limit of "
+                    f"{budget.human(limit)} per {window} s (a client can keep a map alive after "
+                    f"detaching). Retry in {max(1, round(e.retry_after))} s, or ask the "
+                    "administrator to raise map_bytes_per_user"
+                )
+            raise BrokerError(pb.ERROR_RESOURCE_EXHAUSTED, msg, rule=rule) from None
 
     def _attach_all(
         self,
@@ -858,6 +898,7 @@ class Service:
             "ok",
             attachment_id=att.id,
             shared=joined,
+            map_bytes=0 if joined else shared.map_bytes,  # charged to the map budget
             rule=res.rule,
             via=res.via,
             prog_ids=[p.prog_id for p in reply.programs],

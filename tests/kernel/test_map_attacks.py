@@ -1,9 +1,11 @@
-"""Issue #16, finding 1: what a user can do with the map fds she receives.
+"""Issue #16, findings 1 and 2: what a user can do with the map fds she receives.
 
 1. Pin a received fd into a bpffs she may write (a plain `mount -t bpf` is
    mode 1777), open the pin again read-write, write the map: every map a
    client can receive is frozen, so every write fails, on shared system-scope
    maps and per-session ones; ring buffers have no elements to write.
+2. Attach and detach again and again, keeping the fds: the kernel keeps those
+   maps; the broker's per-user map budget refuses once it is spent.
 
 The broker runs as the unit runs it (user gfxbpf, CAP_BPF + CAP_PERFMON);
 the attacker is gfxtest-mallory running tests/kernel/mapattack.py.
@@ -25,9 +27,11 @@ from typing import Any
 import pytest
 
 from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.catalog import load_catalog
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import MapSpec, ObjectSpec
+from gfxbpf.broker.budget import PAGE, map_bytes
 from tests.kernel.brokerenv import (
     BOB,
     MALLORY,
@@ -41,6 +45,7 @@ from tests.kernel.sysmaps_util import run_unprivileged
 
 HERE = Path(__file__).parent
 NCPU = bpfsys.possible_cpus()
+BUDGET = 1 << 20  # 1 MiB: three execsnoop rings (256 KiB of data each), not four
 
 
 @pytest.fixture
@@ -254,3 +259,91 @@ def test_loader_refuses_to_freeze_a_ring_buffer() -> None:
         load(_spec([ring]), programs=[], read_only=["ring"])
     with pytest.raises(LoadError, match="no map 'nope'"):
         load(_spec([ring]), programs=[], read_only=["nope"])
+
+
+# ---------------------------------------------------------------- finding 2
+
+
+def test_retaining_map_fds_is_bounded_by_the_map_budget() -> None:
+    policy = policy_for(
+        {
+            "execsnoop": {"users": [MALLORY], "scope": ["self"]},
+            "syscount": {"users": [MALLORY, BOB], "scope": ["system"]},
+        },
+        limits={"map_bytes_per_user": BUDGET, "map_bytes_window_seconds": 600},
+    )
+    broker = start_broker(policy)
+    bob = her = None
+    try:
+        out = mallory(broker, "retain", "40")
+        assert out["refusal"] is not None, f"40 attaches allowed, {out['held_memlock']} bytes held"
+        assert 1 <= out["allowed"] < 40
+        assert out["held_fds"] == out["allowed"]
+        # What the kernel keeps for her stays within the budget.
+        assert 0 < out["held_memlock"] <= BUDGET, out
+        refusal = out["refusal"]
+        assert refusal["code"] == "ERROR_RESOURCE_EXHAUSTED"
+        assert refusal["rule"].endswith(f"[limits] map_bytes_per_user = {BUDGET}")
+        assert "Retry in" in refusal["message"] and "execsnoop" in refusal["message"]
+        denied = [
+            r
+            for r in broker.audit_records()
+            if r["op"] == "attach" and r["result"] == "denied" and "map_bytes" in r.get("rule", "")
+        ]
+        assert len(denied) == 1 and denied[0]["code"] == "ERROR_RESOURCE_EXHAUSTED"
+        charged = [
+            r["map_bytes"]
+            for r in broker.audit_records()
+            if r["op"] == "attach" and r["result"] == "ok"
+        ]
+        assert len(charged) == out["allowed"] and sum(charged) <= BUDGET
+
+        # Joining a live instance allocates nothing, so it costs nothing.
+        bob = Session(broker, BOB)
+        bob("attach", name="syscount", scope="system")
+        her = Session(broker, MALLORY)
+        assert her("attach", name="syscount", scope="system")["shared"] is True
+    finally:
+        for s in (bob, her):
+            if s is not None:
+                s.close()
+        broker.stop()
+
+
+def _memlock(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("memlock:"))
+
+
+def _catalog_visible_maps() -> list[MapSpec]:
+    out = []
+    for p in load_catalog().programs:
+        spec = ObjectSpec.from_file(str(p.directory / p.object))
+        out += [spec.maps[m.name] for m in p.visible_maps]
+    return out
+
+
+@pytest.mark.parametrize("fill", [False, True], ids=["empty", "full"])
+def test_map_bytes_covers_what_the_kernel_accounts(fill: bool) -> None:
+    shapes = [
+        *_catalog_visible_maps(),
+        *FREEZABLE,
+        _m("ring_small", MapType.RINGBUF, 0, 0, PAGE),
+        _m("ring_big", MapType.RINGBUF, 0, 0, 1 << 20),
+    ]
+    for m in shapes:
+        fd = bpfsys.map_create(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags)
+        try:
+            hashes = (MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH)
+            if fill and m.map_type in hashes:  # a non-preallocated hash grows with its entries
+                vsize = ((m.value_size + 7) & ~7) * (NCPU if m.map_type == 5 else 1)
+                for i in range(m.max_entries):
+                    key = i.to_bytes(4, "little").ljust(m.key_size, b"\0")
+                    bpfsys.map_update_elem(fd, key, b"\0" * vsize)
+            kernel = _memlock(fd)
+        finally:
+            os.close(fd)
+        est = map_bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, NCPU)
+        assert kernel <= est, (m.real_name, kernel, est)
+        if fill or not m.flags & BPF_F_NO_PREALLOC:  # an empty one may still grow
+            assert est <= 2 * kernel + 2 * PAGE, (m.real_name, kernel, est)
