@@ -762,26 +762,38 @@ class Service:
         read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
         charge = self._charge_maps(caller, entry, visible_specs)
         try:
-            wanted = list(dict.fromkeys(a.program for a in entry.attach_for(variant)))
-            try:
-                obj = load(spec, programs=wanted, read_only=read_only)
-            except LoadError as e:
-                raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
-            inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)
-            try:
-                self._attach_all(inst, entry, variant, target, params)
-                if target.pid_handle is not None and not target.pid_handle.alive():
-                    raise BrokerError(
-                        pb.ERROR_NOT_FOUND, f"process {target.pid} exited while attaching"
-                    )
-            except BaseException:
-                inst.close()
-                raise
+            inst = self._load_and_attach(entry, variant, spec, read_only, target, params)
         except BaseException:
             self._map_budget.refund(charge)  # its maps are gone with the failed load
             raise
-        visible = {m.name: obj.maps[m.name] for m in entry.visible_maps}
+        visible = {m.name: inst.obj.maps[m.name] for m in entry.visible_maps}
         return SharedInstance(key, entry, spec, inst, visible, charge.nbytes)
+
+    def _load_and_attach(
+        self,
+        entry: Program,
+        variant: str | None,
+        spec: ObjectSpec,
+        read_only: list[str],
+        target: _Target,
+        params: bpfinstance.Params,
+    ) -> bpfinstance.Instance:
+        wanted = list(dict.fromkeys(a.program for a in entry.attach_for(variant)))
+        try:
+            obj = load(spec, programs=wanted, read_only=read_only)
+        except LoadError as e:
+            raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
+        inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)
+        try:
+            self._attach_all(inst, entry, variant, target, params)
+            if target.pid_handle is not None and not target.pid_handle.alive():
+                raise BrokerError(
+                    pb.ERROR_NOT_FOUND, f"process {target.pid} exited while attaching"
+                )
+        except BaseException:
+            inst.close()
+            raise
+        return inst
 
     def _charge_maps(self, caller: Caller, entry: Program, specs: list[MapSpec]) -> budget.Charge:
         """Charge a new instance's client-visible maps to the caller's map budget:
