@@ -7,8 +7,10 @@ stays in the kernel.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
@@ -74,16 +76,34 @@ class LoadedObject:
         self.close()
 
 
-def load(spec: ObjectSpec, programs: list[str] | None = None) -> LoadedObject:
+def load(
+    spec: ObjectSpec, programs: list[str] | None = None, read_only: Collection[str] = ()
+) -> LoadedObject:
     """Load `spec`: every autoload program, or just the ones named.
+
+    read_only names maps (by real name) to freeze right after creation, before
+    any program uses them: from then on no fd can update or delete their
+    elements, not even one opened later from a bpffs pin, while the programs
+    still write them. Ring buffers cannot be frozen (their consumer maps a
+    writable page), nor maps whose values hold spin locks, timers and the like.
+    `spec` itself is never changed by this option.
 
     Raises LoadError (with .log holding the verifier log for a rejected program).
     """
+    frozen = set(read_only)
+    unknown = frozen - set(spec.maps)
+    if unknown:
+        raise LoadError(
+            f"object {spec.name!r} has no map {sorted(unknown)[0]!r} to make read-only; "
+            f"maps: {list(spec.maps)}"
+        )
     obj = LoadedObject(spec)
     try:
         _load_btf(obj)
         for m in spec.maps.values():
             obj.maps[m.real_name] = _create_map(obj, m)
+            if m.real_name in frozen:
+                _freeze(obj, m, obj.maps[m.real_name])
         names = (
             programs
             if programs is not None
@@ -166,6 +186,20 @@ def _create_map(obj: LoadedObject, m: MapSpec) -> Map:
                 f"object {obj.spec.name!r}: filling global data {m.real_name!r} failed: {e}"
             ) from e
     return result
+
+
+def _freeze(obj: LoadedObject, m: MapSpec, kmap: Map) -> None:
+    where = f"object {obj.spec.name!r}: making map {m.real_name!r} read-only"
+    if m.map_type == C.MapType.RINGBUF:
+        # A frozen ring buffer refuses the writable mapping of its consumer page.
+        raise LoadError(f"{where}: a ring buffer cannot be frozen and still be consumed")
+    try:
+        bpfsys.map_freeze(kmap.fileno())
+    except bpfsys.BpfError as e:
+        why = str(e)
+        if e.errno in (bpfsys.ENOTSUPP, errno.EOPNOTSUPP):
+            why = "its value holds a field the kernel cannot freeze (spin lock, timer, kptr...)"
+        raise LoadError(f"{where}: {why}") from e
 
 
 def _load_program(obj: LoadedObject, p: ProgramSpec) -> LoadedProgram:

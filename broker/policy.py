@@ -86,6 +86,10 @@ class Limits:
     # and a call whose request message does not follow its headers this soon is ended.
     grpc_calls_per_user: int = 32
     grpc_request_seconds: int = 10
+    # Kernel bytes of client-visible maps the broker creates for one user per
+    # window: a client can keep a map alive past its attachment (broker/budget.py).
+    map_bytes_per_user: int = 64 * 1024 * 1024
+    map_bytes_window_seconds: int = 600
 
 
 LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(Limits))

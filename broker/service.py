@@ -10,8 +10,9 @@ Attach, in order: find the object (catalog name or uploaded bytes, hashed
 once), ask the policy (hash, user, scope), parse those same bytes, run the
 static audit, check parameters (pid ownership by pidfd, library and
 function globs), then join a live identical instance or load a new one:
-.rodata knobs (scope uid/pid, tracepoint field offsets), BPF_F_RDONLY on
-every client-visible map that is not a ring buffer, load, attach.
+.rodata knobs (scope uid/pid, tracepoint field offsets), charge the
+client-visible maps to the caller's map budget (broker/budget.py), load with
+every client-visible map but ring buffers frozen, attach.
 
 fds returned by attach() are the broker's own (the instance's map fds):
 send them with SCM_RIGHTS and do NOT close them; they stay valid while the
@@ -39,10 +40,10 @@ from gfxbpf.bpf.btf import KIND_STRUCT
 from gfxbpf.bpf.catalog import Catalog, MapEntry, Program
 from gfxbpf.bpf.loader import LoadedObject, LoadError, load
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec
+from gfxbpf.bpf.object import MAX_OBJECT_SIZE, MapSpec, ObjectError, ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.broker import audit as staticaudit
-from gfxbpf.broker import libraries
+from gfxbpf.broker import budget, libraries
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.policy import Decision, Policy, ProgramEntry, is_plain_path
@@ -138,6 +139,7 @@ class SharedInstance:
     spec: ObjectSpec
     inst: bpfinstance.Instance
     visible: dict[str, Map]  # client-visible maps by catalog name
+    map_bytes: int = 0  # charged to its creator's map budget
 
     @property
     def obj(self) -> LoadedObject:
@@ -283,6 +285,7 @@ class Service:
         self._registry: Registry[SharedInstance] = Registry()
         self._objects: dict[str, bytes] = {}  # catalog name -> bytes, read once
         self._audits: dict[str, staticaudit.AuditReport] = {}  # sha256 -> verdict
+        self._map_budget = budget.MapBudget(clock)
 
     # ------------------------------------------------------------ helpers
 
@@ -832,8 +835,7 @@ class Service:
                 pb.ERROR_INVALID_ARGUMENT,
                 f"program {entry.name!r}: the object does not match its catalog entry: {e}",
             ) from None
-        # Read-only from the syscall side for every map a client may hold
-        # (the program still writes); ring buffers refuse the flag.
+        visible_specs = []
         for m in entry.visible_maps:
             ms = spec.maps.get(m.name)
             if ms is None:
@@ -841,11 +843,32 @@ class Service:
                     pb.ERROR_INVALID_ARGUMENT,
                     f"program {entry.name!r}: catalog map {m.name!r} is not in the object",
                 )
-            if ms.map_type != C.MapType.RINGBUF:
-                ms.flags |= C.BPF_F_RDONLY
+            visible_specs.append(ms)
+        # Frozen: no fd of a map a client may hold can write it, not even one
+        # reopened from a bpffs pin (the program still writes). A ring buffer
+        # cannot be frozen; each attachment gets its own (InstanceKey.unique).
+        read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
+        charge = self._charge_maps(caller, entry, visible_specs)
+        try:
+            inst = self._load_and_attach(entry, variant, spec, read_only, target, params)
+        except BaseException:
+            self._map_budget.refund(charge)  # its maps are gone with the failed load
+            raise
+        visible = {m.name: inst.obj.maps[m.name] for m in entry.visible_maps}
+        return SharedInstance(key, entry, spec, inst, visible, charge.nbytes)
+
+    def _load_and_attach(
+        self,
+        entry: Program,
+        variant: str | None,
+        spec: ObjectSpec,
+        read_only: list[str],
+        target: _Target,
+        params: bpfinstance.Params,
+    ) -> bpfinstance.Instance:
         wanted = list(dict.fromkeys(a.program for a in entry.attach_for(variant)))
         try:
-            obj = load(spec, programs=wanted)
+            obj = load(spec, programs=wanted, read_only=read_only)
         except LoadError as e:
             raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
         inst = bpfinstance.Instance(entry, variant, obj, functions=target.functions)
@@ -858,8 +881,39 @@ class Service:
         except BaseException:
             inst.close()
             raise
-        visible = {m.name: obj.maps[m.name] for m in entry.visible_maps}
-        return SharedInstance(key, entry, spec, inst, visible)
+        return inst
+
+    def _charge_maps(self, caller: Caller, entry: Program, specs: list[MapSpec]) -> budget.Charge:
+        """Charge a new instance's client-visible maps to the caller's map budget:
+        a client may keep them alive (fd, bpffs pin) long after detaching."""
+        ncpus = bpfsys.possible_cpus()
+        need = sum(
+            budget.map_bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus)
+            for m in specs
+        )
+        limit = self.policy.limits.map_bytes_per_user
+        window = self.policy.limits.map_bytes_window_seconds
+        try:
+            return self._map_budget.charge(caller.uid, need, limit, window)
+        except budget.OverBudget as e:
+            if e.retry_after is None:
+                msg = (
+                    f"program {entry.name!r} needs {budget.human(need)} of BPF maps, more than "
+                    f"the policy lets one user create in {window} s ({budget.human(limit)}): "
+                    "ask the administrator to raise map_bytes_per_user"
+                )
+            else:
+                msg = (
+                    f"uid {caller.uid} had the broker create {budget.human(e.used)} of BPF maps "
+                    f"in the last {window} s; program {entry.name!r} needs "
+                    f"{budget.human(need)} more, over the policy's limit of "
+                    f"{budget.human(limit)} per {window} s (a client can keep a map alive after "
+                    f"detaching). Retry in {max(1, round(e.retry_after))} s, or ask the "
+                    "administrator to raise map_bytes_per_user"
+                )
+            raise BrokerError(
+                pb.ERROR_RESOURCE_EXHAUSTED, msg, **self._limit_rule("map_bytes_per_user", limit)
+            ) from None
 
     def _attach_all(
         self,
@@ -947,6 +1001,7 @@ class Service:
             "ok",
             attachment_id=att.id,
             shared=joined,
+            map_bytes=0 if joined else shared.map_bytes,  # charged to the map budget
             rule=res.rule,
             via=res.via,
             prog_ids=[p.prog_id for p in reply.programs],

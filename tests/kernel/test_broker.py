@@ -77,7 +77,15 @@ def main_policy(limits: dict[str, int] | None = None) -> str:
                 "sha256": sha256_of(PROBE_WRITE_USER),
             },
         },
-        limits=limits or {"sessions_per_user": 64, "attachments_per_user": 256},
+        # The 50-client loop creates maps far faster than any map budget meant
+        # for people allows (test_map_attacks.py tests the budget).
+        limits=limits
+        or {
+            "sessions_per_user": 64,
+            "attachments_per_user": 256,
+            "map_bytes_per_user": 2**31 - 1,
+            "map_bytes_window_seconds": 1,
+        },
     )
 
 
@@ -673,7 +681,9 @@ def test_audit_log_has_denied_and_ok_lines(broker: BrokerProcess, clients: Any) 
 
 def _broker_cmd(*args: str) -> list[str]:
     info = _unit_exec_module().unit_exec(SERVICE)
-    return [info.argv[0], *args]
+    # The unit names the default venv; GFXBPF_VENV moves it (as in brokerenv).
+    program = info.argv[0] if VENV == "/opt/gfxbpf/venv" else f"{VENV}/bin/gfxbpf-broker"
+    return [program, *args]
 
 
 def test_check_policy_good_and_broken(tmp_path: Path) -> None:

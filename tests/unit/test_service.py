@@ -155,6 +155,7 @@ class FakeShared:
             }
         )
         self.closed = False
+        self.map_bytes = 0
 
     def close(self) -> None:
         self.closed = True

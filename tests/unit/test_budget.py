@@ -1,0 +1,155 @@
+"""The per-user map budget (broker/budget.py) and how the broker uses it."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
+from gfxbpf.bpf.object import MapSpec
+from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.budget import PAGE, MapBudget, OverBudget, human, map_bytes
+from gfxbpf.broker.policy import Limits, Policy, PolicyError
+from gfxbpf.broker.service import BrokerError, Caller, Service
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+KIB = 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_charges_lapse_after_the_window() -> None:
+    clock = Clock()
+    b = MapBudget(clock)
+    b.charge(1, 600, limit=1000, window=60)
+    clock.now += 30
+    b.charge(1, 300, limit=1000, window=60)
+    with pytest.raises(OverBudget) as ei:
+        b.charge(1, 200, limit=1000, window=60)
+    # The first charge (600) must lapse for 200 more to fit: 30 s from now.
+    assert (ei.value.used, ei.value.need, ei.value.retry_after) == (900, 200, 30.0)
+    b.charge(2, 1000, limit=1000, window=60)  # per uid
+    clock.now += 30
+    b.charge(1, 200, limit=1000, window=60)
+    assert b.used(1, window=60) == 500
+
+
+def test_more_than_the_whole_limit_never_fits() -> None:
+    b = MapBudget(Clock())
+    with pytest.raises(OverBudget) as ei:
+        b.charge(1, 1001, limit=1000, window=60)
+    assert ei.value.retry_after is None and ei.value.used == 0
+
+
+def test_refund_gives_back_that_charge_only() -> None:
+    b = MapBudget(Clock())
+    first = b.charge(1, 400, limit=1000, window=60)
+    b.charge(1, 400, limit=1000, window=60)
+    b.refund(first)
+    b.refund(first)  # twice is harmless
+    assert b.used(1, window=60) == 400
+
+
+def _bytes(
+    map_type: int, key: int, value: int, entries: int, flags: int = 0, ncpus: int = 4
+) -> int:
+    return map_bytes(map_type, key, value, entries, flags, ncpus)
+
+
+def test_map_bytes_follows_the_kernel_layouts() -> None:
+    # A ring buffer: its data pages, three meta pages, the page array, a header page.
+    assert _bytes(MapType.RINGBUF, 0, 0, 256 * KIB) == PAGE + 67 * PAGE + PAGE
+    # Arrays: rounded values; per-CPU arrays a pointer and a value per CPU.
+    assert _bytes(MapType.ARRAY, 4, 12, 100) == PAGE + PAGE
+    assert _bytes(MapType.PERCPU_ARRAY, 4, 8, 1024, ncpus=4) == PAGE + 40 * KIB
+    # Hashes grow with entries, key and value sizes, and per-CPU copies.
+    small = _bytes(MapType.HASH, 4, 8, 1024)
+    assert small < _bytes(MapType.HASH, 4, 8, 4096) < _bytes(MapType.HASH, 64, 8, 4096)
+    assert _bytes(MapType.PERCPU_HASH, 4, 8, 1024, ncpus=64) > 64 * 8 * 1024
+    # Not preallocated: the most it can hold, the same order as preallocated.
+    assert _bytes(MapType.HASH, 4, 8, 1024, BPF_F_NO_PREALLOC) >= small
+    assert _bytes(MapType.LRU_HASH, 4, 8, 1024) >= 1024 * (4 + 8)
+    assert _bytes(99, 8, 8, 1000) >= 1000 * 16  # unknown types still cost
+
+
+def test_every_catalog_program_fits_the_default_budget() -> None:
+    from gfxbpf.bpf.object import ObjectSpec
+
+    limit = Limits().map_bytes_per_user
+    for p in load_catalog().programs:
+        spec = ObjectSpec.from_file(str(p.directory / p.object))
+        need = sum(
+            _bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus=256)
+            for m in (spec.maps[v.name] for v in p.visible_maps)
+        )
+        # Room for many instances of each, even with 256 possible CPUs.
+        assert need * 16 <= limit, (p.name, human(need))
+
+
+def test_human() -> None:
+    assert (human(512), human(276 * KIB), human(3 << 20)) == ("512 bytes", "276 KiB", "3.0 MiB")
+
+
+# ---------------------------------------------------------------- policy
+
+
+def test_policy_keys() -> None:
+    p = Policy.parse("[limits]\nmap_bytes_per_user = 1048576\nmap_bytes_window_seconds = 60\n")
+    assert (p.limits.map_bytes_per_user, p.limits.map_bytes_window_seconds) == (1 << 20, 60)
+    with pytest.raises(PolicyError) as ei:
+        Policy.parse("[limits]\nmap_bytes_per_user = -1\nmap_bytes_window_seconds = 0\n")
+    assert len(ei.value.problems) == 2
+    assert "field 'map_bytes_per_user': expected a positive integer" in ei.value.problems[0]
+
+
+# ---------------------------------------------------------------- the broker
+
+
+def _service(limits: str) -> tuple[Service, Clock]:
+    clock = Clock()
+    policy = Policy.parse(limits, path="/etc/gfxbpf/policy.toml")
+    return Service(policy, load_catalog(), AuditLog(stream=io.StringIO()), clock=clock), clock
+
+
+def _ring() -> list[MapSpec]:
+    return [MapSpec("events", "events", MapType.RINGBUF, 0, 0, 256 * KIB)]
+
+
+ALICE = Caller(uid=1001, gid=1001, gids=(1001,), pid=42, transport="unix")
+
+
+def test_broker_refuses_past_the_budget_and_says_when_it_frees() -> None:
+    s, clock = _service("[limits]\nmap_bytes_per_user = 600000\nmap_bytes_window_seconds = 60\n")
+    entry = load_catalog().get("execsnoop")
+    s._charge_maps(ALICE, entry, _ring())
+    clock.now += 20
+    s._charge_maps(ALICE, entry, _ring())
+    with pytest.raises(BrokerError) as ei:
+        s._charge_maps(ALICE, entry, _ring())
+    e = ei.value
+    assert e.code == pb.ERROR_RESOURCE_EXHAUSTED and e.result == "denied"
+    assert e.rule == "/etc/gfxbpf/policy.toml [limits] map_bytes_per_user = 600000"
+    assert "uid 1001 had the broker create 552 KiB of BPF maps in the last 60 s" in e.message
+    assert "'execsnoop' needs 276 KiB more" in e.message
+    assert "Retry in 40 s" in e.message
+    clock.now += 40
+    s._charge_maps(ALICE, entry, _ring())  # the first charge lapsed
+
+
+def test_one_instance_larger_than_the_budget_says_so() -> None:
+    s, _ = _service("[limits]\nmap_bytes_per_user = 100000\n")
+    with pytest.raises(BrokerError) as ei:
+        s._charge_maps(ALICE, load_catalog().get("execsnoop"), _ring())
+    assert ei.value.code == pb.ERROR_RESOURCE_EXHAUSTED
+    assert "needs 276 KiB of BPF maps, more than the policy lets one user create in 600 s" in (
+        ei.value.message
+    )
+    assert "raise map_bytes_per_user" in ei.value.message
