@@ -136,13 +136,20 @@ def pin(sock: str, bpffs: str, programs: list[dict[str, Any]]) -> dict[str, Any]
     result: dict[str, Any] = {"maps": {}, "refused": {}, "pins": []}
     for p in programs:
         kw: dict[str, Any] = {"name": p["name"], "scope": SCOPES[p.get("scope", "")]}
-        if p["name"] == "ucalls":
-            kw["params"] = pb.AttachParams(pid=os.getpid(), library=LIBC, functions=["getpid"])
+        lib_fds: tuple[int, ...] = ()
+        if p["name"] == "ucalls":  # the library goes as an fd she opened herself
+            kw["params"] = pb.AttachParams(
+                pid=os.getpid(), library=LIBC, functions=["getpid"], library_fd_index=0
+            )
+            lib_fds = (os.open(LIBC, os.O_RDONLY | os.O_CLOEXEC),)
         try:
-            a = c.attach(**kw)
+            a = c.attach(send_fds=lib_fds, **kw)
         except Failed as e:
             result["refused"][p["name"]] = e.err.message
             continue
+        finally:
+            for fd in lib_fds:
+                os.close(fd)
         os.getpid()  # something for ucalls to count
         fds = c.attachments[a.attachment_id][1]
         for m in a.maps:
