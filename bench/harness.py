@@ -33,11 +33,18 @@ BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 # Programs the bench user may attach, system-wide like the bpftrace peers.
 POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount")
+# A measuring harness, not a security test: the flood bounds, the audit rate
+# and the map budget must not shape the figures (attach loops create far more
+# than a user's default 64 MiB of maps per 10 minutes).
 POLICY_LIMITS = """
 [limits]
 sessions_per_user = 256
+sessions_total = 1024
 attachments_per_user = 512
 tokens_per_user = 64
+grpc_calls_per_user = 1024
+audit_lines_per_second = 1000000
+map_bytes_per_user = 2147483647
 """
 
 
