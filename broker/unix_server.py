@@ -157,30 +157,27 @@ class Session:
         message = (
             f"no request within {timeout} s of connecting: the session is closed (send Hello first)"
         )
-        self.server.service.audit.record(
-            op="open_session",
-            result="denied",
-            uid=self.caller.uid,
-            pid=self.caller.pid,
-            transport="unix",
-            code="ERROR_RESOURCE_EXHAUSTED",
-            detail=message,
-            rule=rule,
+        self._audit(
+            "open_session", "denied", code="ERROR_RESOURCE_EXHAUSTED", detail=message, rule=rule
         )
         with contextlib.suppress(framing.FramingError, OSError):
             self.conn.settimeout(1.0)
             self.error(0, pb.ERROR_RESOURCE_EXHAUSTED, message, rule)
 
-    def _audit_protocol(self, detail: str) -> None:
+    def _audit(self, op: str, result: str, **fields: object) -> None:
+        """One audit line about this session's caller."""
         assert self.caller is not None
         self.server.service.audit.record(
-            op="protocol",
-            result="error",
+            op=op,
+            result=result,
             uid=self.caller.uid,
             pid=self.caller.pid,
             transport="unix",
-            detail=detail,
+            **fields,
         )
+
+    def _audit_protocol(self, detail: str) -> None:
+        self._audit("protocol", "error", detail=detail)
 
     def handle(self, req: pb.Request, fds: list[int] | None = None) -> None:
         service = self.server.service
@@ -229,13 +226,8 @@ class Session:
         except (framing.FramingError, OSError):
             raise
         except Exception as e:  # a broker bug: answer, log, keep serving
-            service.audit.record(
-                op=body or "unknown",
-                result="error",
-                uid=caller.uid,
-                pid=caller.pid,
-                transport="unix",
-                detail=f"internal error: {type(e).__name__}: {e}",
+            self._audit(
+                body or "unknown", "error", detail=f"internal error: {type(e).__name__}: {e}"
             )
             self.error(req.id, pb.ERROR_INTERNAL, f"internal error: {type(e).__name__}: {e}")
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+RAWCLIENT = Path(__file__).with_name("rawclient.py")
 SERVICE = ROOT / "deploy" / "gfxbpf.service"
 SOCKET_UNIT = ROOT / "deploy" / "gfxbpf.socket"
 MOUNT_DROPIN = ROOT / "deploy" / "sys-kernel-tracing.mount.d" / "gfxbpf.conf"
@@ -387,6 +388,16 @@ class BrokerProcess:
                 )
         raise BrokerStartError(f"broker not ready after {timeout} s:\n{self.stderr()}")
 
+    def install(self, path: str | os.PathLike[str]) -> Path:
+        """A copy of path in the broker's directory, readable by the test users
+        (who cannot read the checkout under /root, say); copied once."""
+        src = Path(path)
+        dest = self.directory / src.name
+        if not dest.exists():
+            shutil.copy(src, dest)
+            os.chmod(dest, 0o644)
+        return dest
+
     # ------------------------------------------------------------ inspection
 
     def stderr(self) -> str:
@@ -522,3 +533,78 @@ def bpftool_prog_exists(prog_id: int) -> bool:
         ["bpftool", "prog", "show", "id", str(prog_id)], capture_output=True, timeout=30
     )
     return r.returncode == 0
+
+
+def wait_until(pred: Any, timeout: float, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+class Client:
+    """tests/kernel/rawclient.py run as a test user: one session, JSON commands."""
+
+    def __init__(self, broker: BrokerProcess, user: str) -> None:
+        self.user = user
+        self.broker = broker
+        self.opened = False  # the broker answered a request: a session exists
+        self.proc: subprocess.Popen[str] = run_as(
+            user,
+            [VENV_PYTHON, str(broker.install(RAWCLIENT)), broker.socket],
+            background=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        ready = self._line()
+        assert ready.get("ready"), ready
+        self.pid = ready["pid"]
+
+    def _line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"client {self.user} died: {err}")
+        return json.loads(line)
+
+    def __call__(self, cmd: str, **kw: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
+        self.proc.stdin.flush()
+        r = self._line()
+        self.opened |= r["ok"]
+        return r
+
+    def ok(self, cmd: str, **kw: Any) -> dict[str, Any]:
+        r = self(cmd, **kw)
+        assert r["ok"], r
+        return r
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self("quit")
+            except (OSError, ValueError, AssertionError):
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+        if self.opened:
+            # Wait until the broker closed the session, so the next test
+            # starts from a broker that holds nothing for this client.
+            assert wait_until(lambda: self.session_closed(), 5), f"session of {self.pid} open"
+
+    def session_closed(self) -> bool:
+        return any(
+            r["op"] == "close_session" and r["pid"] == self.pid for r in self.broker.audit_records()
+        )

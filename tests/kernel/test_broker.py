@@ -34,16 +34,17 @@ from tests.kernel.brokerenv import (
     VENV,
     VENV_PYTHON,
     BrokerProcess,
+    Client,
     _unit_exec_module,
     bpftool_prog_exists,
     ensure_user,
     policy_for,
     run_as,
     shared_dir,
+    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-RAWCLIENT = Path(__file__).with_name("rawclient.py")
 OBJECTS = ROOT / "tests" / "data" / "objects"
 PROBE_WRITE_USER = OBJECTS / "probe_write_user.bpf.o"
 TRACE_PRINTK = OBJECTS / "trace_printk.bpf.o"
@@ -89,79 +90,10 @@ def main_policy(limits: dict[str, int] | None = None) -> str:
     )
 
 
-class Client:
-    """A rawclient process run as a test user; commands are JSON lines."""
-
-    def __init__(self, broker: BrokerProcess, user: str) -> None:
-        self.user = user
-        self.broker = broker
-        self.opened = False  # the broker answered a request: a session exists
-        self.proc: subprocess.Popen[str] = run_as(
-            user,
-            [VENV_PYTHON, str(broker.directory / "rawclient.py"), broker.socket],
-            background=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        ready = self._line()
-        assert ready.get("ready"), ready
-        self.pid = ready["pid"]
-
-    def _line(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"client {self.user} died: {err}")
-        return json.loads(line)
-
-    def __call__(self, cmd: str, **kw: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
-        self.proc.stdin.flush()
-        r = self._line()
-        self.opened |= r["ok"]
-        return r
-
-    def ok(self, cmd: str, **kw: Any) -> dict[str, Any]:
-        r = self(cmd, **kw)
-        assert r["ok"], r
-        return r
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self("quit")
-            except (OSError, ValueError, AssertionError):
-                pass
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
-        if self.opened:
-            # Wait until the broker closed the session, so the next test
-            # starts from a broker that holds nothing for this client.
-            assert wait_until(lambda: self.session_closed(), 5), f"session of {self.pid} open"
-
-    def session_closed(self) -> bool:
-        return any(
-            r["op"] == "close_session" and r["pid"] == self.pid for r in self.broker.audit_records()
-        )
-
-
 def start_broker(policy: str, **kw: Any) -> BrokerProcess:
     broker = BrokerProcess.start(policy, **kw)
-    shutil.copy(RAWCLIENT, broker.directory / "rawclient.py")
-    os.chmod(broker.directory / "rawclient.py", 0o644)
     for obj in (PROBE_WRITE_USER, TRACE_PRINTK):
-        shutil.copy(obj, broker.directory / obj.name)
-        os.chmod(broker.directory / obj.name, 0o644)
+        broker.install(obj)
     return broker
 
 
@@ -199,15 +131,6 @@ def world_dir() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def wait_until(pred: Any, timeout: float, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
 
 
 # ---------------------------------------------------------------- privileges

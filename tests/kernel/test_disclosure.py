@@ -75,8 +75,7 @@ def env() -> Iterator[dict[str, Any]]:
         }
     )
     b = BrokerProcess.start(text, base)
-    shutil.copy(ASKCLIENT, b.directory / "askclient.py")
-    os.chmod(b.directory / "askclient.py", 0o644)
+    b.install(ASKCLIENT)
     try:
         yield {"broker": b, "hidden": hidden, "public": public, "base": str(base)}
     finally:

@@ -23,7 +23,6 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from tests.kernel.brokerenv import (
     policy_for,
     run_as,
     uid_of,
+    wait_until,
 )
 
 # The connect flood: mallory opens connections as fast as she can for this
@@ -191,15 +191,6 @@ def _policy(**limits: int) -> str:
     return policy_for({"syscount": {"users": [ALICE, BOB], "scope": ["self"]}}, limits=limits)
 
 
-def _wait(cond: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -290,7 +281,7 @@ def test_connect_flood_does_not_slow_down_another_user() -> None:
                 counted.update({k.split()[0]: v for k, v in r["counts"].items()})
         assert seen["open_session"] or counted["open_session"], seen
         # Everything mallory held is gone once she is: back to the baseline.
-        assert _wait(
+        assert wait_until(
             lambda: broker.thread_count() <= base_threads and broker.fd_count() <= base_fds, 10
         ), (broker.thread_count(), base_threads, broker.fd_count(), base_fds)
         assert broker.alive()
@@ -318,7 +309,7 @@ def test_silent_sessions_time_out_and_refusals_say_why() -> None:
         assert hello0_later["body"] == "hello", out
         assert silent["body"] == "error" and "hello_timeout_seconds = 1" in silent["rule"], out
         alice = uid_of(ALICE)
-        assert _wait(
+        assert wait_until(
             lambda: any(
                 rec.get("uid") == alice
                 and rec.get("op") == "open_session"
@@ -385,7 +376,7 @@ def test_audit_flood_is_rate_limited_with_a_summary() -> None:
 
         # The summary comes although the flood has stopped (SUMMARY_SECONDS = 5 after
         # the first suppressed line).
-        assert _wait(lambda: bool(summaries()), 10), broker.stderr()[-3000:]
+        assert wait_until(lambda: bool(summaries()), 10), broker.stderr()[-3000:]
         time.sleep(0.2)
         recs = broker.audit_records()
         lines = [

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections import Counter
@@ -33,6 +32,7 @@ from tests.kernel.brokerenv import (
     BrokerProcess,
     policy_for,
     run_as,
+    wait_until,
 )
 
 FUZZ_SECONDS = float(os.environ.get("GFXBPF_FUZZ_SECONDS", "4"))
@@ -72,8 +72,7 @@ def fuzz_policy() -> str:
 @pytest.fixture(scope="module")
 def broker() -> Iterator[BrokerProcess]:
     b = BrokerProcess.start(fuzz_policy())
-    shutil.copy(FUZZCLIENT, b.directory / FUZZCLIENT.name)
-    os.chmod(b.directory / FUZZCLIENT.name, 0o644)
+    b.install(FUZZCLIENT)
     try:
         yield b
     finally:
@@ -116,15 +115,6 @@ def _thread_names(broker: BrokerProcess) -> list[str]:
         with open(f"/proc/{broker.pid}/task/{tid}/comm") as f:
             names.append(f.read().strip())
     return sorted(names)
-
-
-def _wait_for(pred: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 def _tracebacks(broker: BrokerProcess) -> list[str]:
@@ -172,12 +162,12 @@ def test_fuzzed_requests_leave_the_broker_serving_others(broker: BrokerProcess) 
     assert seen["unix"]["n"] >= 10 and seen["grpc"]["n"] >= 10, seen
 
     # Back to baseline: every session, lease and fd the fuzzer caused is gone.
-    assert _wait_for(lambda: broker.fd_count() <= fds0, SETTLE_SECONDS), (
+    assert wait_until(lambda: broker.fd_count() <= fds0, SETTLE_SECONDS), (
         broker.fd_count(),
         fds0,
         counts,
     )
-    assert _wait_for(lambda: _threads(broker) <= threads0, SETTLE_SECONDS), (
+    assert wait_until(lambda: _threads(broker) <= threads0, SETTLE_SECONDS), (
         f"threads before: {Counter(names0)}; after: {Counter(_thread_names(broker))}"
     )
 

@@ -17,7 +17,6 @@ import dataclasses
 import errno
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -35,8 +34,10 @@ from gfxbpf.broker.budget import PAGE, map_bytes
 from tests.kernel.brokerenv import (
     BOB,
     MALLORY,
+    RAWCLIENT,
     VENV_PYTHON,
     BrokerProcess,
+    Client,
     policy_for,
     run_as,
 )
@@ -63,9 +64,8 @@ def bpffs() -> Iterator[Path]:
 
 def start_broker(policy: str) -> BrokerProcess:
     broker = BrokerProcess.start(policy, grpc=False)
-    for name in ("rawclient.py", "mapattack.py"):
-        shutil.copy(HERE / name, broker.directory / name)
-        os.chmod(broker.directory / name, 0o644)
+    broker.install(RAWCLIENT)  # mapattack.py speaks through it
+    broker.install(HERE / "mapattack.py")
     return broker
 
 
@@ -77,40 +77,6 @@ def mallory(broker: BrokerProcess, *args: str) -> dict[str, Any]:
     )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-class Session:
-    """rawclient.py as a test user: one JSON command per call."""
-
-    def __init__(self, broker: BrokerProcess, user: str) -> None:
-        self.proc: subprocess.Popen[str] = run_as(
-            user,
-            [VENV_PYTHON, str(broker.directory / "rawclient.py"), broker.socket],
-            background=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self._line()["ready"]
-
-    def _line(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        return json.loads(self.proc.stdout.readline())
-
-    def __call__(self, cmd: str, **kw: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
-        self.proc.stdin.flush()
-        r = self._line()
-        assert r["ok"], r
-        return r
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(10)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
 
 
 # ---------------------------------------------------------------- finding 1
@@ -143,11 +109,11 @@ def test_pinned_and_reopened_map_fds_cannot_write(bpffs: Path) -> None:
     broker = start_broker(policy)
     bob = None
     try:
-        bob = Session(broker, BOB)
-        clone = bob("attach", name="clonecount", scope="system")["id"]
-        sysc = bob("attach", name="syscount", scope="system")["id"]
-        bob("fork", n=3)
-        before = {a: bob("read_rpc", id=a)["entries"] for a in (clone, sysc)}
+        bob = Client(broker, BOB)
+        clone = bob.ok("attach", name="clonecount", scope="system")["id"]
+        sysc = bob.ok("attach", name="syscount", scope="system")["id"]
+        bob.ok("fork", n=3)
+        before = {a: bob.ok("read_rpc", id=a)["entries"] for a in (clone, sysc)}
         assert all(before.values())
 
         out = mallory(broker, "pin", str(bpffs), json.dumps(ATTACKED))
@@ -155,8 +121,8 @@ def test_pinned_and_reopened_map_fds_cannot_write(bpffs: Path) -> None:
         # Bob's view through the broker first (what the attack was after):
         # nothing deleted, nothing of hers, and the programs still count into
         # their frozen maps.
-        bob("fork", n=3)
-        after = {a: bob("read_rpc", id=a)["entries"] for a in (clone, sysc)}
+        bob.ok("fork", n=3)
+        after = {a: bob.ok("read_rpc", id=a)["entries"] for a in (clone, sysc)}
         for a in (clone, sysc):
             mine = [k for k in after[a] if b"mallory".hex() in k]
             assert not mine, f"bob sees mallory's entries {mine}"
@@ -303,10 +269,10 @@ def test_retaining_map_fds_is_bounded_by_the_map_budget() -> None:
         assert len(charged) == out["allowed"] and sum(charged) <= BUDGET
 
         # Joining a live instance allocates nothing, so it costs nothing.
-        bob = Session(broker, BOB)
-        bob("attach", name="syscount", scope="system")
-        her = Session(broker, MALLORY)
-        assert her("attach", name="syscount", scope="system")["shared"] is True
+        bob = Client(broker, BOB)
+        bob.ok("attach", name="syscount", scope="system")
+        her = Client(broker, MALLORY)
+        assert her.ok("attach", name="syscount", scope="system")["shared"] is True
     finally:
         for s in (bob, her):
             if s is not None:

@@ -9,64 +9,16 @@ existing attachments as they are.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
 
 from tests.kernel.brokerenv import (
     ALICE,
     BOB,
-    VENV_PYTHON,
     BrokerProcess,
+    Client,
     policy_for,
-    run_as,
 )
-
-RAWCLIENT = Path(__file__).with_name("rawclient.py")
-
-
-class Client:
-    """tests/kernel/rawclient.py as a test user: one session, JSON commands."""
-
-    def __init__(self, broker: BrokerProcess, user: str) -> None:
-        script = Path(broker.directory) / "rawclient.py"
-        if not script.exists():
-            shutil.copy(RAWCLIENT, script)
-            os.chmod(script, 0o644)
-        self.proc: subprocess.Popen[str] = run_as(
-            user,
-            [VENV_PYTHON, str(script), broker.socket],
-            background=True,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self._line().get("ready")
-
-    def _line(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"client died: {self.proc.stderr.read() if self.proc.stderr else ''}"
-        return json.loads(line)
-
-    def __call__(self, cmd: str, **kw: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
-        self.proc.stdin.flush()
-        return self._line()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            self.proc.wait(10)
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
 
 
 def _policy(users: list[str], **limits: int) -> str:
