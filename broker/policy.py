@@ -19,15 +19,14 @@ import grp
 import json
 import os
 import pwd
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
+
 SCOPES = ("self", "system")
 WILDCARD = "*"
-
-_GLOB_CHARS = re.compile(r"[*?\[]")
 
 
 @dataclass(frozen=True)
@@ -157,42 +156,6 @@ def _show(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     return str(value)
-
-
-def _split_path(path: str) -> list[str]:
-    return [c for c in path.split("/") if c]
-
-
-def _resolve_pattern(pattern: str) -> str:
-    """Resolve the glob-free leading directories of pattern (e.g. /lib -> /usr/lib).
-
-    Targets are compared by their real path, so a pattern written through a
-    symlinked directory (or naming a symlink itself) must be resolved too.
-    """
-    parts = _split_path(pattern)
-    fixed = 0
-    while fixed < len(parts) and not _GLOB_CHARS.search(parts[fixed]):
-        fixed += 1
-    if fixed == 0:
-        return pattern
-    head = os.path.realpath("/" + "/".join(parts[:fixed]))
-    rest = parts[fixed:]
-    return head.rstrip("/") + ("/" + "/".join(rest) if rest else "") or "/"
-
-
-def is_plain_path(path: str) -> bool:
-    """Absolute, no NUL, no "." or ".." component: its text names one place."""
-    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
-        return False
-    return not any(c in (".", "..") for c in _split_path(path))
-
-
-def _path_matches(pattern: str, path: str) -> bool:
-    # Component by component, so "*" never crosses a "/".
-    pat, got = _split_path(pattern), _split_path(path)
-    return len(pat) == len(got) and all(
-        fnmatch.fnmatchcase(g, p) for p, g in zip(pat, got, strict=True)
-    )
 
 
 class Policy:
@@ -364,7 +327,7 @@ class Policy:
         if "\x00" in path:
             return False
         real = os.path.realpath(path)
-        return any(_path_matches(_resolve_pattern(p), real) for p in entry.libraries)
+        return any(path_matches(resolve_pattern(p), real) for p in entry.libraries)
 
     def library_named(self, entry: ProgramEntry, path: str) -> bool:
         """May path, as written, name one of entry's libraries?
@@ -378,8 +341,7 @@ class Policy:
         if not entry.libraries or not is_plain_path(path):
             return False
         return any(
-            _path_matches(p, path) or _path_matches(_resolve_pattern(p), path)
-            for p in entry.libraries
+            path_matches(p, path) or path_matches(resolve_pattern(p), path) for p in entry.libraries
         )
 
     def function_allowed(self, entry: ProgramEntry, function: str) -> bool:
