@@ -1,6 +1,6 @@
 """Numeric constants of the BPF ABI (include/uapi/linux/bpf.h), x86-64.
 
-Only the values gfxbpf uses; see shared/BPF-ABI.md for sources.
+Only the values gfxbpf uses; docs/BPF-ABI.md says where each comes from.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class MapType(IntEnum):
     RINGBUF = 27
 
 
-# Map types an object may use (DESIGN.md, "The object format we accept").
+# Map types an object may use (docs/ARCHITECTURE.md, "Adding a program").
 SUPPORTED_MAP_TYPES = frozenset(
     {
         MapType.HASH,

@@ -2,7 +2,7 @@
 
 Read methods use only BPF_MAP_LOOKUP_ELEM, GET_NEXT_KEY, LOOKUP_BATCH and
 OBJ_GET_INFO_BY_FD, the commands a process without capabilities may run on
-an fd it was handed (BPF-ABI.md section 7).
+an fd it was handed (docs/BPF-ABI.md, "What an unprivileged fd holder may do").
 """
 
 from __future__ import annotations

@@ -558,7 +558,7 @@ class ObjectSpec:
                     )
                 continue
             if not target.flags & SHF_EXECINSTR or target.index not in progs_by_sec:
-                continue  # .rel.BTF and friends: never applied (BPF-ABI.md section 2)
+                continue  # .rel.BTF and friends: never applied (docs/BPF-ABI.md, BTF)
             if len(rel.data) % _REL.size:
                 raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
             for r_offset, r_info in _REL.iter_unpack(rel.data):

@@ -1,6 +1,6 @@
 """RingBuffer: the user-space consumer of a BPF_MAP_TYPE_RINGBUF map.
 
-Layout (BPF-ABI.md section 6): page 0 holds consumer_pos and is the only
+Layout (kernel/bpf/ringbuf.c; docs/BPF-ABI.md): page 0 holds consumer_pos and is the only
 writable mapping; page 1 holds producer_pos, and the data area follows,
 mapped twice so a record that wraps reads contiguously. Each record starts
 with an 8-byte header {u32 len | BUSY | DISCARD; u32 pg_off}.

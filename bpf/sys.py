@@ -2,7 +2,7 @@
 
 Every call passes a zeroed ``union bpf_attr`` of ATTR_SIZE bytes; the kernel
 requires the bytes past the fields a command uses to be zero. Layouts and
-numbers: shared/BPF-ABI.md section 4 (x86-64). File descriptors are plain
+numbers: include/uapi/linux/bpf.h, x86-64 (docs/BPF-ABI.md). File descriptors are plain
 ints; the caller owns them (os.close). bpf(2) fds are close-on-exec.
 """
 

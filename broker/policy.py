@@ -1,25 +1,9 @@
 """The broker's policy: which users may run which reviewed programs, how.
 
-A TOML file (e.g. /etc/gfxbpf/policy.toml); anything it does not allow is
-denied.
-
-    [[program]]
-    name = "syscount"                 # catalog name
-    sha256 = "..."                    # the reviewed object (64 hex digits)
-    users = ["alice", 1001]           # names or uids; "*" = everyone
-    groups = ["video", "render"]      # names or gids; "*" = everyone
-    scope = "self"                    # "self", "system", or a list of both (default "self")
-    libraries = ["/usr/lib/x86_64-linux-gnu/libvulkan.so.1*"]  # uprobe targets (globs)
-    functions = ["vk*"]               # uprobe symbols (globs; default: any)
-    description = "..."               # free text, shown by ListPrograms
-
-    [limits]                          # per-user limits; every key optional
-    sessions_per_user = 8
-    attachments_per_user = 16
-
-    [[tls_client]]                    # gRPC mTLS: client certificate -> user
-    subject_cn = "ci-runner"          # and/or cert_sha256 = "<64 hex>"
-    user = "alice"                    # name or uid
+Anything the policy does not allow is denied. This module holds what a
+policy is (its entries, limits and certificate mappings) and what it
+decides; gfxbpf.broker.policy_file reads and validates the TOML file, and
+its docstring shows the format.
 
 Several entries may name the same program (different users, scopes or
 hashes). User and group names are resolved when a decision is made, so a
@@ -30,40 +14,19 @@ do not resolve now.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import fnmatch
 import grp
 import json
 import os
 import pwd
-import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
+
 SCOPES = ("self", "system")
 WILDCARD = "*"
-
-_SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
-_PROGRAM_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-# POSIX-ish account names (Debian's adduser is laxer; this covers real use).
-_ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\$?$")
-_MAX_ID = 2**32 - 2  # (uid_t)-1 means "no change" to the kernel, never a real id
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
-_PROGRAM_KEYS = (
-    "name",
-    "sha256",
-    "users",
-    "groups",
-    "scope",
-    "libraries",
-    "functions",
-    "description",
-)
-_TLS_KEYS = ("subject_cn", "cert_sha256", "user")
-_TOP_KEYS = ("program", "limits", "tls_client")
 
 
 @dataclass(frozen=True)
@@ -184,24 +147,6 @@ class NameResolver:
             return None
 
 
-def _toml_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
-        return "date/time"
-    return type(value).__name__
-
-
 def _show(value: Any) -> str:
     """A value as it would be written in TOML (near enough), for messages."""
     if isinstance(value, str):
@@ -211,261 +156,6 @@ def _show(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     return str(value)
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _Collector:
-    """Collects validation problems, each naming file, entry and field."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.problems: list[str] = []
-
-    def add(self, where: str, fld: str | None, message: str) -> None:
-        loc = f"{self.path}: {where}"
-        if fld is not None:
-            loc += f": field {fld!r}"
-        self.problems.append(f"{loc}: {message}")
-
-
-def _check_accounts(
-    value: Any, kind: str, where: str, fld: str, errs: _Collector
-) -> tuple[str | int, ...]:
-    id_word = "uid" if kind == "user" else "gid"
-    if not isinstance(value, list):
-        errs.add(
-            where,
-            fld,
-            f"expected an array of {kind} names or {id_word}s (e.g. {fld} = "
-            f'["alice", 1001]), got {_toml_type(value)} {_show(value)}',
-        )
-        return ()
-    out: list[str | int] = []
-    for item in value:
-        if _is_id(item):
-            if 0 <= item <= _MAX_ID:
-                out.append(item)
-            else:
-                errs.add(where, fld, f"{id_word} {item} is out of range 0..{_MAX_ID}")
-        elif isinstance(item, str):
-            if item == WILDCARD:
-                out.append(item)
-            elif item.isdigit():
-                errs.add(
-                    where, fld, f"write {id_word}s as integers: {item} rather than {_show(item)}"
-                )
-            elif len(item) <= 256 and _ACCOUNT_RE.match(item):
-                out.append(item)
-            else:
-                errs.add(where, fld, f"{_show(item)} is not a valid {kind} name")
-        else:
-            errs.add(
-                where,
-                fld,
-                f"each item must be a {kind} name (string) or {id_word} (integer), "
-                f"got {_toml_type(item)} {_show(item)}",
-            )
-    return tuple(out)
-
-
-def _check_str_list(value: Any, where: str, fld: str, errs: _Collector) -> tuple[str, ...] | None:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        errs.add(
-            where,
-            fld,
-            f"expected an array of non-empty strings, got {_toml_type(value)} {_show(value)}",
-        )
-        return None
-    return tuple(value)
-
-
-def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> ProgramEntry | None:
-    where = f"[[program]] #{index}"
-    if not isinstance(table, dict):
-        errs.add(where, None, f"expected a table, got {_toml_type(table)}")
-        return None
-    name = table.get("name")
-    if isinstance(name, str) and name:
-        where = f"[[program]] #{index} {json.dumps(name)}"
-    start = len(errs.problems)
-
-    for key in table:
-        if key not in _PROGRAM_KEYS:
-            errs.add(where, key, f"unknown key (known: {', '.join(_PROGRAM_KEYS)})")
-
-    if "name" not in table:
-        errs.add(where, "name", "missing (the catalog program's name)")
-    elif not isinstance(name, str) or not _PROGRAM_NAME_RE.match(name):
-        errs.add(
-            where,
-            "name",
-            f"expected a program name (letters, digits, _ . -), got {_toml_type(name)} "
-            f"{_show(name)}",
-        )
-
-    sha = table.get("sha256")
-    if "sha256" not in table:
-        errs.add(
-            where, "sha256", "missing (`gfxbpf-admin approve NAME` prints the entry with its hash)"
-        )
-    elif not isinstance(sha, str) or not _SHA256_RE.match(sha):
-        errs.add(where, "sha256", f"expected 64 hex digits, got {_toml_type(sha)} {_show(sha)}")
-
-    users = _check_accounts(table.get("users", []), "user", where, "users", errs)
-    groups = _check_accounts(table.get("groups", []), "group", where, "groups", errs)
-
-    scopes: tuple[str, ...] = ("self",)
-    if "scope" in table:
-        raw = table["scope"]
-        items = raw if isinstance(raw, list) else [raw]
-        if not items or not all(isinstance(s, str) for s in items):
-            errs.add(
-                where,
-                "scope",
-                f'expected "self", "system" or an array of them, got {_toml_type(raw)} '
-                f"{_show(raw)}",
-            )
-        else:
-            bad = [s for s in items if s not in SCOPES]
-            if bad:
-                errs.add(
-                    where,
-                    "scope",
-                    f'unknown scope {_show(bad[0])} (expected "self" or "system")',
-                )
-            else:
-                scopes = tuple(dict.fromkeys(items))
-
-    libraries: tuple[str, ...] = ()
-    if "libraries" in table:
-        libs = _check_str_list(table["libraries"], where, "libraries", errs)
-        for lib in libs or ():
-            if not lib.startswith("/"):
-                errs.add(where, "libraries", f"{_show(lib)} is not an absolute path")
-            elif ".." in lib.split("/"):
-                errs.add(where, "libraries", f"{_show(lib)} contains a '..' component")
-        libraries = libs or ()
-
-    functions: tuple[str, ...] = (WILDCARD,)
-    if "functions" in table:
-        funcs = _check_str_list(table["functions"], where, "functions", errs)
-        functions = funcs if funcs is not None else ()
-
-    description = table.get("description", "")
-    if not isinstance(description, str):
-        errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
-        description = ""
-
-    if len(errs.problems) > start:
-        return None
-    assert isinstance(name, str) and isinstance(sha, str)
-    return ProgramEntry(
-        index=index,
-        name=name,
-        sha256=sha.lower(),
-        users=users,
-        groups=groups,
-        scopes=scopes,
-        libraries=libraries,
-        functions=functions,
-        description=description,
-        source=path,
-    )
-
-
-def _parse_limits(table: Any, errs: _Collector) -> Limits:
-    where = "[limits]"
-    if not isinstance(table, dict):
-        errs.add(where, None, f"expected a table, got {_toml_type(table)}")
-        return Limits()
-    values: dict[str, int] = {}
-    for key, value in table.items():
-        if key not in LIMIT_KEYS:
-            errs.add(where, key, f"unknown key (known: {', '.join(LIMIT_KEYS)})")
-        elif not _is_id(value) or value <= 0:
-            errs.add(
-                where, key, f"expected a positive integer, got {_toml_type(value)} {_show(value)}"
-            )
-        elif value > 2**31 - 1:
-            errs.add(where, key, f"{value} is too large (at most {2**31 - 1})")
-        else:
-            values[key] = value
-    return Limits(**values)
-
-
-def _parse_tls_client(index: int, table: Any, errs: _Collector) -> TlsClient | None:
-    where = f"[[tls_client]] #{index}"
-    if not isinstance(table, dict):
-        errs.add(where, None, f"expected a table, got {_toml_type(table)}")
-        return None
-    start = len(errs.problems)
-    for key in table:
-        if key not in _TLS_KEYS:
-            errs.add(where, key, f"unknown key (known: {', '.join(_TLS_KEYS)})")
-    cn = table.get("subject_cn")
-    if cn is not None and (not isinstance(cn, str) or not cn):
-        errs.add(where, "subject_cn", f"expected a non-empty string, got {_toml_type(cn)}")
-    fp = table.get("cert_sha256")
-    if fp is not None and (not isinstance(fp, str) or not _SHA256_RE.match(fp.replace(":", ""))):
-        errs.add(where, "cert_sha256", f"expected 64 hex digits, got {_show(fp)}")
-    if cn is None and fp is None:
-        errs.add(where, None, "needs subject_cn or cert_sha256 to identify the certificate")
-    user: str | int | None = None
-    if "user" not in table:
-        errs.add(where, "user", "missing (the user name or uid the certificate acts as)")
-    else:
-        got = _check_accounts([table["user"]], "user", where, "user", errs)
-        if got and got[0] == WILDCARD:
-            errs.add(where, "user", '"*" is not a user; name one user or uid')
-        elif got:
-            user = got[0]
-    if len(errs.problems) > start or user is None:
-        return None
-    return TlsClient(
-        index=index,
-        user=user,
-        subject_cn=cn,
-        cert_sha256=fp.replace(":", "").lower() if isinstance(fp, str) else None,
-    )
-
-
-def _split_path(path: str) -> list[str]:
-    return [c for c in path.split("/") if c]
-
-
-def _resolve_pattern(pattern: str) -> str:
-    """Resolve the glob-free leading directories of pattern (e.g. /lib -> /usr/lib).
-
-    Targets are compared by their real path, so a pattern written through a
-    symlinked directory (or naming a symlink itself) must be resolved too.
-    """
-    parts = _split_path(pattern)
-    fixed = 0
-    while fixed < len(parts) and not _GLOB_CHARS.search(parts[fixed]):
-        fixed += 1
-    if fixed == 0:
-        return pattern
-    head = os.path.realpath("/" + "/".join(parts[:fixed]))
-    rest = parts[fixed:]
-    return head.rstrip("/") + ("/" + "/".join(rest) if rest else "") or "/"
-
-
-def is_plain_path(path: str) -> bool:
-    """Absolute, no NUL, no "." or ".." component: its text names one place."""
-    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
-        return False
-    return not any(c in (".", "..") for c in _split_path(path))
-
-
-def _path_matches(pattern: str, path: str) -> bool:
-    # Component by component, so "*" never crosses a "/".
-    pat, got = _split_path(pattern), _split_path(path)
-    return len(pat) == len(got) and all(
-        fnmatch.fnmatchcase(g, p) for p, g in zip(pat, got, strict=True)
-    )
 
 
 class Policy:
@@ -487,30 +177,24 @@ class Policy:
         self.resolver = resolver or NameResolver()
 
     # ------------------------------------------------------------ loading
+    # The file format lives in policy_file, which builds this module's data
+    # classes: it is imported here, at call time, so that neither module
+    # needs the other half-initialised.
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, resolver: NameResolver | None = None) -> Policy:
+        from gfxbpf.broker import policy_file
+
         p = os.fspath(path)
-        try:
-            with open(p, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            raise PolicyError(p, [f"{p}: cannot read the policy: {e.strerror or e}"]) from e
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise PolicyError(p, [f"{p}: not UTF-8 text (byte {e.start})"]) from e
-        return cls.parse(text, path=p, resolver=resolver)
+        return cls.parse(policy_file.read_text(p), path=p, resolver=resolver)
 
     @classmethod
     def parse(
         cls, text: str, *, path: str = "<policy>", resolver: NameResolver | None = None
     ) -> Policy:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise PolicyError(path, [f"{path}: TOML syntax error: {e}"]) from e
-        return cls.from_dict(data, path=path, resolver=resolver)
+        from gfxbpf.broker import policy_file
+
+        return cls.from_dict(policy_file.parse_toml(text, path), path=path, resolver=resolver)
 
     @classmethod
     def from_dict(
@@ -520,36 +204,9 @@ class Policy:
         path: str = "<policy>",
         resolver: NameResolver | None = None,
     ) -> Policy:
-        errs = _Collector(path)
-        for key in data:
-            if key not in _TOP_KEYS:
-                hint = " (did you mean [[program]]?)" if key == "programs" else ""
-                errs.add("top level", key, f"unknown key{hint} (known: {', '.join(_TOP_KEYS)})")
+        from gfxbpf.broker import policy_file
 
-        programs: list[ProgramEntry] = []
-        raw_programs = data.get("program", [])
-        if not isinstance(raw_programs, list):
-            errs.add("top level", "program", "write programs as [[program]] tables")
-            raw_programs = []
-        for i, table in enumerate(raw_programs, start=1):
-            entry = _parse_program(i, table, path, errs)
-            if entry is not None:
-                programs.append(entry)
-
-        limits = _parse_limits(data["limits"], errs) if "limits" in data else Limits()
-
-        tls: list[TlsClient] = []
-        raw_tls = data.get("tls_client", [])
-        if not isinstance(raw_tls, list):
-            errs.add("top level", "tls_client", "write certificates as [[tls_client]] tables")
-            raw_tls = []
-        for i, table in enumerate(raw_tls, start=1):
-            client = _parse_tls_client(i, table, errs)
-            if client is not None:
-                tls.append(client)
-
-        if errs.problems:
-            raise PolicyError(path, errs.problems)
+        programs, limits, tls = policy_file.parse_tables(data, path)
         return cls(programs, limits, tls, path=path, resolver=resolver)
 
     # ------------------------------------------------------------ decisions
@@ -670,7 +327,7 @@ class Policy:
         if "\x00" in path:
             return False
         real = os.path.realpath(path)
-        return any(_path_matches(_resolve_pattern(p), real) for p in entry.libraries)
+        return any(path_matches(resolve_pattern(p), real) for p in entry.libraries)
 
     def library_named(self, entry: ProgramEntry, path: str) -> bool:
         """May path, as written, name one of entry's libraries?
@@ -684,8 +341,7 @@ class Policy:
         if not entry.libraries or not is_plain_path(path):
             return False
         return any(
-            _path_matches(p, path) or _path_matches(_resolve_pattern(p), path)
-            for p in entry.libraries
+            path_matches(p, path) or path_matches(resolve_pattern(p), path) for p in entry.libraries
         )
 
     def function_allowed(self, entry: ProgramEntry, function: str) -> bool:
@@ -709,88 +365,28 @@ class Policy:
         return None
 
     # ------------------------------------------------------------ reporting
+    # In policy_report, imported at call time like policy_file above.
 
     def check_warnings(self) -> list[str]:
         """Things that are valid but probably wrong (for --check-policy)."""
-        out: list[str] = []
-        seen: dict[tuple[Any, ...], int] = {}
-        for e in self.programs:
-            for u in e.users:
-                if isinstance(u, str) and u != WILDCARD and self.resolver.uid_of(u) is None:
-                    out.append(f"{e.where}: field 'users': no user {_show(u)} on this host (yet)")
-            for g in e.groups:
-                if isinstance(g, str) and g != WILDCARD and self.resolver.gid_of(g) is None:
-                    out.append(f"{e.where}: field 'groups': no group {_show(g)} on this host (yet)")
-            if not e.users and not e.groups:
-                out.append(f"{e.where}: neither users nor groups: the entry admits nobody")
-            if not e.functions:
-                out.append(f"{e.where}: field 'functions' is empty: no uprobe can attach")
-            key = (e.name, e.sha256, e.users, e.groups, e.scopes, e.libraries, e.functions)
-            if key in seen:
-                out.append(f"{e.where}: same as [[program]] #{seen[key]}")
-            else:
-                seen[key] = e.index
-        for c in self.tls_clients:
-            if isinstance(c.user, str) and self.resolver.uid_of(c.user) is None:
-                out.append(
-                    f"{self.path} [[tls_client]] #{c.index}: field 'user': no user "
-                    f"{_show(c.user)} on this host (yet)"
-                )
-        return out
+        from gfxbpf.broker import policy_report
+
+        return policy_report.check_warnings(self)
 
     def catalog_warnings(self, catalog: Iterable[Any]) -> list[str]:
         """Entries that disagree with the catalog (for --check-policy).
 
         catalog: programs with .name, .sha256 and .scopes (gfxbpf.bpf.catalog).
         """
-        programs = {p.name: p for p in catalog}
-        out: list[str] = []
-        for e in self.programs:
-            prog = programs.get(e.name)
-            if prog is None:
-                out.append(
-                    f"{e.where}: no program {_show(e.name)} in the catalog "
-                    f"(known: {', '.join(sorted(programs)) or 'none'}); only uploaded "
-                    "objects with this hash can match"
-                )
-                continue
-            if prog.sha256.lower() != e.sha256:
-                out.append(
-                    f"{e.where}: field 'sha256': the catalog's object has sha256 "
-                    f"{prog.sha256.lower()}; this entry approves another build, so the "
-                    "catalog program is refused (re-approve it: gfxbpf-admin approve "
-                    f"{e.name})"
-                )
-            unsupported = [sc for sc in e.scopes if sc not in tuple(prog.scopes)]
-            if unsupported:
-                out.append(
-                    f"{e.where}: field 'scope': the catalog program supports only "
-                    f"{', '.join(prog.scopes)}, not {', '.join(unsupported)}"
-                )
-        return out
+        from gfxbpf.broker import policy_report
+
+        return policy_report.catalog_warnings(self, catalog)
 
     def summary(self) -> str:
-        names = {e.name for e in self.programs}
-        lines = [
-            f"{self.path}: {len(self.programs)} [[program]] entries for {len(names)} programs, "
-            f"{len(self.tls_clients)} [[tls_client]] entries"
-        ]
-        for e in self.programs:
-            who = []
-            if e.users:
-                who.append(f"users {', '.join(str(u) for u in e.users)}")
-            if e.groups:
-                who.append(f"groups {', '.join(str(g) for g in e.groups)}")
-            line = (
-                f"  #{e.index} {e.name}  sha256 {e.sha256[:16]}...  scope {'/'.join(e.scopes)}  "
-                + ("; ".join(who) or "nobody")
-            )
-            if e.libraries:
-                line += f"  libraries {', '.join(e.libraries)}"
-            lines.append(line)
-        lim = ", ".join(f"{k}={getattr(self.limits, k)}" for k in LIMIT_KEYS)
-        lines.append(f"  limits: {lim}")
-        return "\n".join(lines)
+        """The policy in a few lines (for --check-policy)."""
+        from gfxbpf.broker import policy_report
+
+        return policy_report.summary(self)
 
 
 __all__ = [

@@ -51,7 +51,7 @@ def compile_bpf(source: str, directory: Path, name: str = "t") -> Path:
 def _ensure_tracefs() -> None:
     if os.path.exists(os.path.join(TRACEFS, "events")):
         return
-    # A fresh machine has tracefs unmounted (DESIGN.md): tests mount it.
+    # tracefs is not mounted on a fresh machine: tests mount it.
     r = subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(os.path.join(TRACEFS, "events")):
         skip_or_fail(f"cannot mount tracefs at {TRACEFS}: {r.stderr.strip()}")

@@ -28,7 +28,7 @@ BUILD = ROOT / "tools" / "build_bpf.py"
 
 EXPECTED = {"vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls"}
 
-# Default knob values, from GPU-TRACEPOINTS.md (newest layouts) and this
+# Default knob values, from the kernel's trace headers (newest layouts) and this
 # machine's 6.18 sched_process_exec format.
 KNOB_DEFAULTS = {
     "vmabind": {"off_bind_vm": 16, "off_bind_size": 32, "off_unbind_vm": 16, "off_unbind_size": 32},

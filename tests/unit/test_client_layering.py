@@ -1,5 +1,9 @@
-"""The client's layering (DESIGN.md): it imports nothing from the broker, only the
-read side of gfxbpf.bpf and gfxbpf.proto, and never touches tracefs or capabilities."""
+"""The layers' import directions (docs/ARCHITECTURE.md, "Layers").
+
+Every module of every layer is parsed, imports inside functions and under
+TYPE_CHECKING included, and checked against one table of forbidden
+directions. The client gets stricter checks below: only the read side of
+gfxbpf.bpf, and no tracefs or capability code at all."""
 
 from __future__ import annotations
 
@@ -11,8 +15,56 @@ from pathlib import Path
 
 import pytest
 
-CLIENT = Path(__file__).resolve().parents[2] / "client"
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT = ROOT / "client"
 FILES = sorted(CLIENT.glob("*.py"))
+
+# Folder -> the package its modules are imported as (pyproject's package-dir);
+# tools/ are scripts, run from a bare checkout.
+PACKAGES = {
+    "bpf": "gfxbpf.bpf",
+    "proto": "gfxbpf.proto",
+    "broker": "gfxbpf.broker",
+    "client": "gfxbpf.client",
+    "bench": "bench",
+    "tools": "tools",
+}
+# What each layer must never import: other layers by folder name, and
+# third-party packages by top-level name. tests/ may import anything.
+FORBIDDEN: dict[str, frozenset[str]] = {
+    # The loader knows no policy and no wire format.
+    "bpf": frozenset({"proto", "broker", "client", "bench", "tests", "tools", "grpc", "google"}),
+    # Messages and framing know no daemon and no kernel object.
+    "proto": frozenset({"bpf", "broker", "client", "bench", "tests", "tools", "elftools"}),
+    # The daemon uses bpf and proto, never the client library.
+    "broker": frozenset({"client", "bench", "tests", "tools"}),
+    # The client never holds a capability nor runs broker code.
+    "client": frozenset({"broker", "bench", "tests", "tools", "prctl"}),
+    # The benchmark measures what a user runs: the client, and bpf for its own programs.
+    "bench": frozenset({"broker", "tests", "tools"}),
+    # Build scripts run before the package is installed.
+    "tools": frozenset({"bpf", "proto", "broker", "client", "bench", "tests"}),
+}
+
+
+def _package_of(path: Path) -> str:
+    """The package a module file belongs to: gfxbpf.bpf.programs for bpf/programs/x.py."""
+    rel = path.relative_to(ROOT)
+    return ".".join([PACKAGES[rel.parts[0]], *rel.parts[1:-1]])
+
+
+def _layer_of(name: str) -> str:
+    """bpf/proto/broker/client for gfxbpf.*, the folder for bench/tests/tools,
+    else the top-level package name (stdlib or third-party)."""
+    parts = name.split(".")
+    if parts[0] == "gfxbpf" and len(parts) > 1:
+        return parts[1]
+    return parts[0]
+
+
+def _module_files(layer: str) -> list[Path]:
+    return sorted((ROOT / layer).rglob("*.py"))
+
 
 # gfxbpf.bpf modules a client may use: reading map fds it was handed, consuming
 # a ring buffer, decoding BTF (and what those import themselves).
@@ -33,15 +85,20 @@ FORBIDDEN_TEXT = (
 )
 
 
-def _imports(tree: ast.AST) -> list[str]:
+def _imports(tree: ast.AST, package: str = "gfxbpf.client") -> list[str]:
+    """Every module name tree imports, anywhere in it, relative ones resolved
+    against package (the package of the module that tree is)."""
     names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against gfxbpf.client
-                base = "gfxbpf.client" + ("." + node.module if node.module else "")
-                names.append(base)
+            if node.level:  # relative: resolve against the module's package
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                full = base + ("." + node.module if node.module else "")
+                names.append(full)
+                names.extend(f"{full}.{a.name}" for a in node.names)
             elif node.module is not None:
                 names.append(node.module)
                 names.extend(f"{node.module}.{a.name}" for a in node.names)
@@ -64,6 +121,69 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 ids.add(id(body[0].value))
     return ids
+
+
+LAYER_FILES = [(layer, f) for layer in FORBIDDEN for f in _module_files(layer)]
+
+
+def test_every_source_folder_is_in_the_table() -> None:
+    folders = {p.parent.relative_to(ROOT).parts[0] for p in ROOT.glob("*/**/*.py")}
+    folders -= {"tests", "build"}  # tests may import anything; build/ is setuptools' scratch
+    assert {f for f in folders if not f.startswith(".") and not f.endswith(".egg-info")} <= set(
+        FORBIDDEN
+    )
+    for layer in FORBIDDEN:
+        assert _module_files(layer), f"no modules under {layer}/"
+
+
+def test_the_collector_sees_lazy_relative_and_dynamic_imports() -> None:
+    tree = ast.parse(
+        "from . import perf\n"
+        "from ..proto import framing\n"
+        "def f():\n"
+        "    from gfxbpf.broker import policy_file\n"
+        "    importlib.import_module('gfxbpf.client.cli')\n"
+        "if TYPE_CHECKING:\n"
+        "    import grpc\n"
+    )
+    got = set(_imports(tree, "gfxbpf.bpf"))
+    assert {"gfxbpf.bpf.perf", "gfxbpf.proto.framing", "gfxbpf.broker.policy_file"} <= got
+    assert {"gfxbpf.client.cli", "grpc"} <= got
+    assert {_layer_of(n) for n in got} == {"bpf", "proto", "broker", "client", "grpc"}
+
+
+@pytest.mark.parametrize(
+    ("layer", "path"), LAYER_FILES, ids=[str(f.relative_to(ROOT)) for _, f in LAYER_FILES]
+)
+def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    bad = sorted({n for n in _imports(tree, _package_of(path)) if _layer_of(n) in FORBIDDEN[layer]})
+    assert not bad, f"{path.relative_to(ROOT)} ({layer}/) imports {bad}"
+
+
+# Loading a layer must not load a forbidden gfxbpf layer either (what the
+# parse above cannot see: an import hidden behind a computed name).
+PRODUCT_LAYERS = ("bpf", "proto", "broker", "client")
+
+
+@pytest.mark.parametrize("layer", PRODUCT_LAYERS)
+def test_importing_a_layer_loads_no_forbidden_layer(layer: str) -> None:
+    modules = [
+        f"{_package_of(f)}.{f.stem}" if f.stem != "__init__" else _package_of(f)
+        for f in _module_files(layer)
+        if f.stem != "__main__"
+    ]
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('gfxbpf.'))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = json.loads(r.stdout)
+    bad = [m for m in loaded if _layer_of(m) in FORBIDDEN[layer]]
+    assert not bad, f"importing gfxbpf.{layer} loads {bad}"
 
 
 def test_client_has_modules() -> None:

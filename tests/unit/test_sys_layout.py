@@ -1,5 +1,5 @@
-"""bpf(2) attr layouts match the kernel ABI (shared/BPF-ABI.md section 4,
-x86-64; the fields past it from include/uapi/linux/bpf.h). Offline."""
+"""bpf(2) attr layouts match the kernel ABI (include/uapi/linux/bpf.h, x86-64;
+docs/BPF-ABI.md). Offline."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_prog_load() -> None:
         "line_info_cnt": 104,
         "attach_btf_id": 108,
         "attach_btf_obj_fd": 112,
-        # uapi bpf.h, past the table in BPF-ABI.md:
+        # newer fields of uapi bpf.h:
         "core_relo_cnt": 116,
         "fd_array": 120,
         "core_relos": 128,

@@ -25,7 +25,7 @@ from gfxbpf.bpf.tracefs import (
 
 FORMATS = Path(__file__).resolve().parent.parent / "data" / "formats"
 
-# (field, type, offset, size, signed, data_loc) per event, from GPU-TRACEPOINTS.md.
+# (field, type, offset, size, signed, data_loc) per event, from the kernel's trace headers.
 EXPECTED: dict[str, list[tuple[str, str, int, int, bool, bool]]] = {
     "i915/i915_vma_bind": [
         ("obj", "struct drm_i915_gem_object *", 8, 8, False, False),
