@@ -21,7 +21,6 @@ attachment lives (the session handles one request at a time).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import itertools
@@ -39,7 +38,7 @@ from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.btf import KIND_STRUCT
 from gfxbpf.bpf.catalog import Catalog, MapEntry, Program
 from gfxbpf.bpf.loader import LoadedObject, LoadError, load
-from gfxbpf.bpf.maps import Map
+from gfxbpf.bpf.maps import CursorError, Map
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, MapSpec, ObjectError, ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.broker import audit as staticaudit
@@ -59,8 +58,6 @@ READ_MAP_MAX_BYTES = 768 * 1024
 EVENT_BATCH_RECORDS = 512
 EVENT_BATCH_BYTES = 512 * 1024
 EVENT_POLL_SECONDS = 0.2
-# The kernel's internal ENOTSUPP leaks to user space from some map types.
-_ENOTSUPP = 524
 _UPROBE_KINDS = ("uprobe", "uretprobe")
 _SCOPE_NAMES = {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}
 _SCOPE_ENUMS = {"self": pb.SCOPE_SELF, "system": pb.SCOPE_SYSTEM}
@@ -1116,70 +1113,21 @@ class Service:
     def _read_page(self, kmap: Map, max_entries: int, cursor: bytes) -> pb.ReadMapReply:
         limit = self.policy.limits.read_map_entries
         per_entry = kmap.key_size + kmap.buf_size + 16 + (8 * kmap.ncpus if kmap.percpu else 0)
-        page = max(1, min(max_entries or limit, limit, READ_MAP_MAX_BYTES // per_entry))
-        reply = pb.ReadMapReply()
-        token_size = max(kmap.key_size, 8)
-        token: bytes | None = None
-        mode = b"B"
-        if cursor:
-            mode, rest = cursor[:1], cursor[1:]
-            if mode == b"B" and len(rest) == token_size:
-                token = rest
-            elif mode == b"K" and len(rest) == kmap.key_size:
-                token = rest
-            else:
-                raise BrokerError(
-                    pb.ERROR_INVALID_ARGUMENT, "bad ReadMap cursor: pass next_cursor unchanged"
-                )
-        fd = kmap.fileno()
-        items: list[tuple[bytes, bytes]] = []
-        next_cursor = b""
-        if mode == b"B":
-            count = page
-            while True:
-                try:
-                    keys, values, n, nxt = bpfsys.map_lookup_batch(
-                        fd, kmap.key_size, kmap.buf_size, count, token
-                    )
-                except bpfsys.BpfError as e:
-                    if e.errno == errno.ENOSPC and count < kmap.max_entries:
-                        count = min(kmap.max_entries, count * 2)  # one bucket held more
-                        continue
-                    if e.errno in (errno.EINVAL, _ENOTSUPP, errno.EOPNOTSUPP) and not token:
-                        mode = b"K"  # no batch ops for this map type
-                        break
-                    raise BrokerError(pb.ERROR_KERNEL, f"reading map: {e}") from None
-                ks, vs = kmap.key_size, kmap.buf_size
-                items = [
-                    (keys[i * ks : (i + 1) * ks], values[i * vs : (i + 1) * vs]) for i in range(n)
-                ]
-                next_cursor = b"" if nxt is None else b"B" + nxt
-                break
-        if mode == b"K":
-            key = token
-            try:
-                while len(items) < page:
-                    key = bpfsys.map_get_next_key(fd, key, kmap.key_size)
-                    if key is None:
-                        break
-                    value = bpfsys.map_lookup_elem(fd, key, kmap.buf_size)
-                    if value is not None:
-                        items.append((key, value))
-            except bpfsys.BpfError as e:
-                raise BrokerError(pb.ERROR_KERNEL, f"reading map: {e}") from None
-            next_cursor = b"K" + key if key is not None and len(items) >= page else b""
-        for k, v in items:
-            if kmap.percpu:
-                s = kmap.stride
-                reply.entries.append(
-                    pb.MapEntry(
-                        key=k,
-                        per_cpu=[v[i * s : i * s + kmap.value_size] for i in range(kmap.ncpus)],
-                    )
-                )
+        count = max(1, min(max_entries or limit, limit, READ_MAP_MAX_BYTES // per_entry))
+        try:
+            page = kmap.read_page(count, cursor)
+        except CursorError:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT, "bad ReadMap cursor: pass next_cursor unchanged"
+            ) from None
+        except bpfsys.BpfError as e:
+            raise BrokerError(pb.ERROR_KERNEL, f"reading map: {e}") from None
+        reply = pb.ReadMapReply(next_cursor=page.cursor)
+        for k, v in page.items:
+            if isinstance(v, list):
+                reply.entries.append(pb.MapEntry(key=k, per_cpu=v))
             else:
                 reply.entries.append(pb.MapEntry(key=k, value=v))
-        reply.next_cursor = next_cursor
         return reply
 
     # ------------------------------------------------------------ StreamEvents
