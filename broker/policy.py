@@ -165,6 +165,14 @@ class Decision:
     refusal: str = ""  # a Refusal kind, when refused
 
 
+def _upload(program_name: str | None, d: Decision) -> Decision:
+    """An upload is known only by its hash: whatever refuses it, that hash is
+    what is not approved for this caller."""
+    if program_name is None and not d.allowed:
+        return dataclasses.replace(d, refusal=Refusal.UNAPPROVED_HASH)
+    return d
+
+
 class PolicyError(ValueError):
     """The policy file is unreadable or invalid. .problems lists every problem found."""
 
@@ -599,25 +607,12 @@ class Policy:
         entry grants ("self" before "system"). gids should hold the caller's
         primary and supplementary groups (e.g. framing.peer_groups).
         """
-        d = self._decide(uid, gids, program_name, sha256, scope)
-        if program_name is None and not d.allowed:
-            # An upload is known only by its hash: whatever refuses it, that
-            # hash is what is not approved for this caller.
-            return dataclasses.replace(d, refusal=Refusal.UNAPPROVED_HASH)
-        return d
-
-    def _decide(
-        self,
-        uid: int,
-        gids: Iterable[int],
-        program_name: str | None,
-        sha256: str,
-        scope: str | None,
-    ) -> Decision:
         sha = sha256.lower()
         if scope is not None and scope not in SCOPES:
             why = f'invalid scope {_show(scope)} (expected "self" or "system")'
-            return Decision(False, why, reason=why, refusal=Refusal.BAD_SCOPE)
+            return _upload(
+                program_name, Decision(False, why, reason=why, refusal=Refusal.BAD_SCOPE)
+            )
         candidates = self._candidates(program_name, sha)
         if isinstance(candidates, Decision):
             return candidates
@@ -627,8 +622,8 @@ class Policy:
         gid_set = frozenset(gids)
         admitted = [(e, why) for e in hashed if (why := self._who(e, uid, gid_set))]
         if not admitted:
-            return self._not_listed(hashed, uid)
-        return self._grant_scope(admitted, scope, uid)
+            return _upload(program_name, self._not_listed(hashed, uid))
+        return _upload(program_name, self._grant_scope(admitted, scope, uid))
 
     def _candidates(self, program_name: str | None, sha: str) -> list[ProgramEntry] | Decision:
         """The entries for the program (by name, else by hash), or default deny."""
