@@ -8,7 +8,7 @@ into `.rodata`, load, and attach every program of that variant.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import attach as bpfattach
@@ -161,14 +161,48 @@ def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:
 
 
 @dataclass
+class Opened:
+    """A parsed object with its knobs set, not yet in the kernel (a skeleton's
+    "open" state): change spec before load() if need be."""
+
+    entry: Program
+    variant: str | None
+    spec: ObjectSpec
+    params: Params
+
+    def load(self, read_only: Collection[str] = ()) -> Instance:
+        """Load the variant's programs; read_only names maps to freeze (loader.load)."""
+        wanted = list(dict.fromkeys(a.program for a in self.entry.attach_for(self.variant)))
+        obj = load(self.spec, programs=wanted, read_only=read_only)
+        return Instance(self.entry, self.variant, obj, self.params.functions, self.params)
+
+
+# Turns one attach point's failure into the error to raise (the broker's codes).
+ErrorMap = Callable[[Attach, Exception], Exception]
+
+
+@dataclass
 class Instance:
     """A loaded and attached catalog program; close() detaches and unloads."""
 
     entry: Program
     variant: str | None
     obj: LoadedObject
-    attachments: list[bpfattach.Attachment] = field(default_factory=list)
     functions: tuple[str, ...] = ()  # uprobe functions, by cookie (index)
+    params: Params = field(default_factory=Params)
+    attachments: list[bpfattach.Attachment] = field(default_factory=list)
+
+    def attach(self, library_path: str | None = None, errors: ErrorMap | None = None) -> None:
+        """Attach every program of the variant. On failure close() undoes what
+        was attached; errors, if given, chooses the exception to raise instead."""
+        for a in self.entry.attach_for(self.variant):
+            try:
+                attach_entry(self, a, self.params, library_path)
+            except Exception as e:
+                mapped = e if errors is None else errors(a, e)
+                if mapped is e:
+                    raise
+                raise mapped from None
 
     def close(self) -> None:
         for a in self.attachments:
@@ -218,22 +252,36 @@ def attach_entry(
         raise ParameterError(f"unknown attach kind {a.kind!r}")
 
 
+def open_program(
+    entry: Program,
+    data: bytes,
+    params: Params = Params(),
+    *,
+    exists: Callable[[str, str], bool] = tracefs.event_exists,
+    read_format: Callable[[str, str], tracefs.EventFormat] = tracefs.read_format,
+) -> Opened:
+    """The first step of the pipeline: parse, choose the variant, set the knobs."""
+    spec, variant = prepare(entry, data, params, exists=exists, read_format=read_format)
+    return Opened(entry, variant, spec, params)
+
+
 def start(
     entry: Program,
     data: bytes,
     params: Params = Params(),
     *,
     attach: bool = True,
+    read_only: Collection[str] = (),
 ) -> Instance:
-    """Prepare, load and attach. All or nothing: a failure leaves nothing behind."""
-    spec, variant = prepare(entry, data, params)
-    wanted = [a.program for a in entry.attach_for(variant)]
-    obj = load(spec, programs=list(dict.fromkeys(wanted)))
-    inst = Instance(entry, variant, obj, functions=params.functions)
+    """open_program → load → attach. All or nothing: a failure leaves nothing behind.
+
+    The broker runs the same steps one by one (it charges its map budget
+    between open and load, and maps each step's errors to its own codes).
+    """
+    inst = open_program(entry, data, params).load(read_only)
     try:
         if attach:
-            for a in entry.attach_for(variant):
-                attach_entry(inst, a, params)
+            inst.attach()
     except BaseException:
         inst.close()
         raise

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.btf import Btf
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 
@@ -124,10 +125,13 @@ def _load_btf(obj: LoadedObject) -> None:
     if spec.btf is None:
         return
     btf = spec.btf
-    # Hidden global subprograms are verified as static functions (as libbpf does).
-    for p in spec.programs.values():
-        if p.btf_static:
-            btf.set_func_linkage(p.name, 0)
+    # Hidden global subprograms are verified as static functions (as libbpf
+    # does), in a copy: the spec stays as parsed.
+    hidden = [p.name for p in spec.programs.values() if p.btf_static]
+    if hidden:
+        btf = Btf.parse(btf.to_bytes())
+        for name in hidden:
+            btf.set_func_linkage(name, 0)
     try:
         obj.btf_fd = bpfsys.btf_load(btf.to_bytes())
     except bpfsys.BpfError as e:

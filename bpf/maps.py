@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.bpf import sys as bpfsys
@@ -23,8 +24,23 @@ BATCH_BYTES = 4 << 20
 # Errnos meaning "this map type has no batch lookup": fall back to elem ops.
 _NO_BATCH = frozenset({errno.EINVAL, errno.EOPNOTSUPP, bpfsys.ENOTSUPP})
 
+# read_page cursors: a batch token, or the last key of a GET_NEXT_KEY walk.
+_BATCH, _KEYS = b"B", b"K"
+
 Value = bytes | list[bytes]  # list (one per possible CPU) for per-CPU maps
 KeyLike = bytes | bytearray | memoryview | int
+
+
+class CursorError(ValueError):
+    """A read_page cursor that this map did not hand out."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One read_page: the pairs, and the cursor of the next page (b"": no more)."""
+
+    items: list[tuple[bytes, Value]]
+    cursor: bytes
 
 
 def _round8(n: int) -> int:
@@ -223,31 +239,80 @@ class Map:
                 yield key, value
 
     def batch_items(self) -> list[tuple[bytes, Value]]:
-        """Every (key, value), by BPF_MAP_LOOKUP_BATCH in chunks.
+        """Every (key, value), by BPF_MAP_LOOKUP_BATCH in chunks (read_page).
 
-        Falls back to items() for map types without batch lookup.
+        Map types without batch lookup are walked by GET_NEXT_KEY instead.
         """
-        fd = self.fileno()
-        ks, vs = self.key_size, self.buf_size
-        count = max(1, min(self.max_entries, BATCH_BYTES // max(1, ks + vs)))
+        count = max(1, min(self.max_entries, BATCH_BYTES // max(1, self.key_size + self.buf_size)))
         out: list[tuple[bytes, Value]] = []
-        token: bytes | None = None
-        # Each call returns >= 1 element or ends; the bound stops a map that
+        cursor = b""
+        # Each page holds >= 1 element or ends; the bound stops a map that
         # keeps growing under us (LRU churn) from making this unbounded.
         for _ in range(self.max_entries + 2):
+            page = self.read_page(count, cursor)
+            out.extend(page.items)
+            cursor = page.cursor
+            if not cursor or len(out) >= self.max_entries:
+                break
+        return out
+
+    def read_page(self, max_entries: int, cursor: bytes = b"") -> Page:
+        """Up to max_entries (key, value) pairs, from where cursor left off.
+
+        cursor is b"" for the first page, then the previous Page.cursor, passed
+        unchanged (it is opaque); Page.cursor is b"" once the map is read. A
+        batch may hold more than max_entries when one hash bucket does. Raises
+        CursorError for a cursor this map did not hand out, BpfError otherwise.
+        """
+        mode, token = self._parse_cursor(cursor)
+        if mode == _BATCH:
+            page = self._batch_page(max(1, max_entries), token)
+            if page is not None:
+                return page
+            token = None  # no batch lookup for this map type: walk the keys
+        return self._key_page(max(1, max_entries), token)
+
+    def _parse_cursor(self, cursor: bytes) -> tuple[bytes, bytes | None]:
+        if not cursor:
+            return _BATCH, None
+        mode, rest = cursor[:1], bytes(cursor[1:])
+        size = max(self.key_size, 8) if mode == _BATCH else self.key_size
+        if mode not in (_BATCH, _KEYS) or len(rest) != size:
+            raise CursorError(f"map {self.name!r}: not a cursor of this map")
+        return mode, rest
+
+    def _batch_page(self, count: int, token: bytes | None) -> Page | None:
+        """One LOOKUP_BATCH page; None when the map type has no batch lookup."""
+        fd = self.fileno()
+        while True:
             try:
-                keys, values, n, token = bpfsys.map_lookup_batch(fd, ks, vs, count, token)
+                keys, values, n, nxt = bpfsys.map_lookup_batch(
+                    fd, self.key_size, self.buf_size, count, token
+                )
             except bpfsys.BpfError as e:
-                if e.errno in _NO_BATCH and not out and token is None:
-                    return list(self.items())
                 if e.errno == errno.ENOSPC and count < self.max_entries:
                     count = min(self.max_entries, count * 2)  # a bucket was bigger than count
                     continue
+                if e.errno in _NO_BATCH and token is None:
+                    return None
                 raise
-            self._append_split(out, keys, values, n)
-            if token is None or len(out) >= self.max_entries:
+            items: list[tuple[bytes, Value]] = []
+            self._append_split(items, keys, values, n)
+            return Page(items, b"" if nxt is None else _BATCH + nxt)
+
+    def _key_page(self, count: int, key: bytes | None) -> Page:
+        """One page by GET_NEXT_KEY + LOOKUP (keys deleted meanwhile skipped)."""
+        fd = self.fileno()
+        items: list[tuple[bytes, Value]] = []
+        while len(items) < count:
+            key = bpfsys.map_get_next_key(fd, key, self.key_size)
+            if key is None:
                 break
-        return out
+            raw = bpfsys.map_lookup_elem(fd, key, self.buf_size)
+            if raw is not None:
+                items.append((key, self._split(raw)))
+        more = key is not None and len(items) >= count
+        return Page(items, _KEYS + key if more and key is not None else b"")
 
     def _append_split(
         self, out: list[tuple[bytes, Value]], keys: bytes, values: bytes, n: int

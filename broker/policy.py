@@ -98,6 +98,17 @@ class TlsClient:
     cert_sha256: str | None = None
 
 
+class Refusal:
+    """Why a Decision refuses, as a kind the protocol maps to one error code
+    (broker/errors.py DENIAL_CODES); the text for people is Decision.reason."""
+
+    UNKNOWN_PROGRAM = "unknown_program"  # no entry names the program
+    UNAPPROVED_HASH = "unapproved_hash"  # no entry approves the object's sha256
+    NOT_LISTED = "not_listed"  # no entry for it names the caller or their groups
+    SCOPE = "scope"  # the scope asked for is not granted
+    BAD_SCOPE = "bad_scope"  # not a scope at all
+
+
 @dataclass(frozen=True)
 class Decision:
     """A policy decision, in two tellings.
@@ -114,6 +125,15 @@ class Decision:
     scope: str | None = None  # the scope granted (resolves an unspecified scope)
     reason: str = ""  # for the caller: what they lack
     ref: str = ""  # for the caller: which rule, e.g. '[[program]] #2 "syscount"'
+    refusal: str = ""  # a Refusal kind, when refused
+
+
+def _upload(program_name: str | None, d: Decision) -> Decision:
+    """An upload is known only by its hash: whatever refuses it, that hash is
+    what is not approved for this caller."""
+    if program_name is None and not d.allowed:
+        return dataclasses.replace(d, refusal=Refusal.UNAPPROVED_HASH)
+    return d
 
 
 class PolicyError(ValueError):
@@ -245,52 +265,84 @@ class Policy:
         primary and supplementary groups (e.g. framing.peer_groups).
         """
         sha = sha256.lower()
-        gid_set = frozenset(gids)
         if scope is not None and scope not in SCOPES:
             why = f'invalid scope {_show(scope)} (expected "self" or "system")'
-            return Decision(False, why, reason=why)
+            return _upload(
+                program_name, Decision(False, why, reason=why, refusal=Refusal.BAD_SCOPE)
+            )
+        candidates = self._candidates(program_name, sha)
+        if isinstance(candidates, Decision):
+            return candidates
+        hashed = [e for e in candidates if e.sha256 == sha]
+        if not hashed:
+            return self._wrong_hash(candidates, program_name, sha)
+        gid_set = frozenset(gids)
+        admitted = [(e, why) for e in hashed if (why := self._who(e, uid, gid_set))]
+        if not admitted:
+            return _upload(program_name, self._not_listed(hashed, uid))
+        return _upload(program_name, self._grant_scope(admitted, scope, uid))
 
+    def _candidates(self, program_name: str | None, sha: str) -> list[ProgramEntry] | Decision:
+        """The entries for the program (by name, else by hash), or default deny."""
         if program_name is not None:
             candidates = [e for e in self.programs if e.name == program_name]
             if not candidates:
                 why = f"no [[program]] entry names {_show(program_name)}"
-                return Decision(False, f"default deny: {why}", reason=why, ref="default deny")
-        else:
-            candidates = [e for e in self.programs if e.sha256 == sha]
-            if not candidates:
-                rule = f"default deny: no [[program]] entry approves sha256 {sha}"
-                why = "no [[program]] entry approves that sha256"
-                return Decision(False, rule, reason=why, ref="default deny")
-
-        hashed = [e for e in candidates if e.sha256 == sha]
-        if not hashed:
-            e = candidates[0]
-            if len(candidates) == 1:
-                rule = f"{e.where}: sha256 = {_show(e.sha256)} does not match the object's {sha}"
-            else:
-                which = ", ".join(f"#{x.index}" for x in candidates)
-                rule = (
-                    f"{self.path} [[program]] {which} {_show(program_name)}: no entry's sha256 "
-                    f"matches the object's {sha}"
+                return Decision(
+                    False,
+                    f"default deny: {why}",
+                    reason=why,
+                    ref="default deny",
+                    refusal=Refusal.UNKNOWN_PROGRAM,
                 )
-            why = "no entry for it approves that sha256"
-            return Decision(False, rule, e, reason=why, ref=f"{_labels(candidates)}: sha256")
-
-        admitted = [(e, why) for e in hashed if (why := self._who(e, uid, gid_set))]
-        if not admitted:
-            e = hashed[0]
-            fields = f"users = {_show(e.users)}, groups = {_show(e.groups)}"
-            others = "".join(f", #{x.index}" for x in hashed[1:])
+            return candidates
+        candidates = [e for e in self.programs if e.sha256 == sha]
+        if not candidates:
+            rule = f"default deny: no [[program]] entry approves sha256 {sha}"
+            why = "no [[program]] entry approves that sha256"
             return Decision(
-                False,
-                f"{e.where}{others}: {fields} do not include {self._caller(uid)} "
-                "or any of its groups",
-                e,
-                reason="no entry for it names you or any of your groups "
-                f"(you are {self._caller(uid)})",
-                ref=f"{_labels(hashed)}: users, groups",
+                False, rule, reason=why, ref="default deny", refusal=Refusal.UNAPPROVED_HASH
             )
+        return candidates
 
+    def _wrong_hash(
+        self, candidates: list[ProgramEntry], program_name: str | None, sha: str
+    ) -> Decision:
+        e = candidates[0]
+        if len(candidates) == 1:
+            rule = f"{e.where}: sha256 = {_show(e.sha256)} does not match the object's {sha}"
+        else:
+            which = ", ".join(f"#{x.index}" for x in candidates)
+            rule = (
+                f"{self.path} [[program]] {which} {_show(program_name)}: no entry's sha256 "
+                f"matches the object's {sha}"
+            )
+        return Decision(
+            False,
+            rule,
+            e,
+            reason="no entry for it approves that sha256",
+            ref=f"{_labels(candidates)}: sha256",
+            refusal=Refusal.UNAPPROVED_HASH,
+        )
+
+    def _not_listed(self, hashed: list[ProgramEntry], uid: int) -> Decision:
+        e = hashed[0]
+        fields = f"users = {_show(e.users)}, groups = {_show(e.groups)}"
+        others = "".join(f", #{x.index}" for x in hashed[1:])
+        return Decision(
+            False,
+            f"{e.where}{others}: {fields} do not include {self._caller(uid)} or any of its groups",
+            e,
+            reason=f"no entry for it names you or any of your groups (you are {self._caller(uid)})",
+            ref=f"{_labels(hashed)}: users, groups",
+            refusal=Refusal.NOT_LISTED,
+        )
+
+    def _grant_scope(
+        self, admitted: list[tuple[ProgramEntry, str]], scope: str | None, uid: int
+    ) -> Decision:
+        """The narrowest scope asked for that an admitting entry grants."""
         wanted = (scope,) if scope is not None else SCOPES
         for want in wanted:
             for e, why in admitted:
@@ -306,6 +358,7 @@ class Policy:
             e,
             reason=f"scope {scope} is not granted to you (yours: {', '.join(granted)})",
             ref=f"{_labels([x for x, _ in admitted])}: scope",
+            refusal=Refusal.SCOPE,
         )
 
     def programs_for(self, uid: int, gids: Iterable[int]) -> list[ProgramEntry]:

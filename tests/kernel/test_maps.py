@@ -159,6 +159,42 @@ def test_batch_10000_entries(monkeypatch: pytest.MonkeyPatch) -> None:
         assert [k for k, _ in m.items()] and sorted(m.keys()) == sorted(u32(i) for i in range(n))
 
 
+def pages(m: Map, size: int) -> tuple[list[tuple[bytes, object]], int]:
+    """Every pair by Map.read_page, following the cursor; and how many pages."""
+    out: list[tuple[bytes, object]] = []
+    cursor, n = b"", 0
+    while True:
+        page = m.read_page(size, cursor)
+        out.extend(page.items)
+        n += 1
+        if not page.cursor:
+            return out, n
+        cursor = page.cursor
+
+
+def test_read_page_follows_the_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+    with make(MapType.PERCPU_HASH, 4, 4, 1000, name="t_pages") as m:
+        for i in range(1000):
+            m.update(i, u32(i))
+        items, n = pages(m, 97)
+        assert n > 1000 // 97 and dict(items) == {u32(i): [u32(i)] * NCPU for i in range(1000)}
+        assert len(items) == 1000
+        with pytest.raises(mapsmod.CursorError):
+            m.read_page(10, b"X" + bytes(8))
+        with pytest.raises(mapsmod.CursorError):
+            m.read_page(10, b"B" + bytes(3))  # a batch token is at least 8 bytes
+
+        # Without batch lookup the walk goes by GET_NEXT_KEY, with a key cursor.
+        def no_batch(*a: object) -> None:
+            raise bpfsys.BpfError(errno.EINVAL, "BPF_MAP_LOOKUP_BATCH")
+
+        monkeypatch.setattr(bpfsys, "map_lookup_batch", no_batch)
+        first = m.read_page(97)
+        assert len(first.items) == 97 and first.cursor[:1] == b"K"
+        items, _ = pages(m, 97)
+        assert dict(items) == {u32(i): [u32(i)] * NCPU for i in range(1000)}
+
+
 def test_read_decodes_with_btf_stand_in() -> None:
     class StandIn:  # the btf.Btf interface Map uses: decode(type_id, data)
         def decode(self, type_id: int, data: bytes) -> object:

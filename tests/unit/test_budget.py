@@ -129,11 +129,11 @@ ALICE = Caller(uid=1001, gid=1001, gids=(1001,), pid=42, transport="unix")
 def test_broker_refuses_past_the_budget_and_says_when_it_frees() -> None:
     s, clock = _service("[limits]\nmap_bytes_per_user = 600000\nmap_bytes_window_seconds = 60\n")
     entry = load_catalog().get("execsnoop")
-    s._charge_maps(ALICE, entry, _ring())
+    s.loader.charge_maps(ALICE, entry, _ring())
     clock.now += 20
-    s._charge_maps(ALICE, entry, _ring())
+    s.loader.charge_maps(ALICE, entry, _ring())
     with pytest.raises(BrokerError) as ei:
-        s._charge_maps(ALICE, entry, _ring())
+        s.loader.charge_maps(ALICE, entry, _ring())
     e = ei.value
     assert e.code == pb.ERROR_RESOURCE_EXHAUSTED and e.result == "denied"
     # The caller is told the limit; the audit line also names the policy file.
@@ -143,13 +143,13 @@ def test_broker_refuses_past_the_budget_and_says_when_it_frees() -> None:
     assert "'execsnoop' needs 276 KiB more" in e.message
     assert "Retry in 40 s" in e.message
     clock.now += 40
-    s._charge_maps(ALICE, entry, _ring())  # the first charge lapsed
+    s.loader.charge_maps(ALICE, entry, _ring())  # the first charge lapsed
 
 
 def test_one_instance_larger_than_the_budget_says_so() -> None:
     s, _ = _service("[limits]\nmap_bytes_per_user = 100000\n")
     with pytest.raises(BrokerError) as ei:
-        s._charge_maps(ALICE, load_catalog().get("execsnoop"), _ring())
+        s.loader.charge_maps(ALICE, load_catalog().get("execsnoop"), _ring())
     assert ei.value.code == pb.ERROR_RESOURCE_EXHAUSTED
     assert "needs 276 KiB of BPF maps, more than the policy lets one user create in 600 s" in (
         ei.value.message

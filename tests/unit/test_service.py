@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from gfxbpf.bpf import instance as bpfinstance
 from gfxbpf.bpf.catalog import Catalog, load_catalog
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.broker import service as svc
+from gfxbpf.broker import features
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.policy import NameResolver, Policy
 from gfxbpf.broker.service import BrokerError, Caller, Service
@@ -180,7 +181,7 @@ def service(log: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> Service:
         raise AssertionError("nothing may reach the kernel in this test")
 
     monkeypatch.setattr(Service, "_create", fake_create)
-    monkeypatch.setattr(svc, "load", no_load)
+    monkeypatch.setattr(bpfinstance, "load", no_load)
     s.created = created  # type: ignore[attr-defined]
     return s
 
@@ -582,7 +583,7 @@ def test_hello(service: Service, log: io.StringIO) -> None:
 
 
 def test_kernel_version_parse() -> None:
-    assert svc._kernel_at_least("6.18.44-fc", 5, 19)
-    assert svc._kernel_at_least("5.19.0", 5, 19)
-    assert not svc._kernel_at_least("5.15.0-91-generic", 5, 19)
-    assert not svc._kernel_at_least("garbage", 5, 19)
+    assert features.direct_map_reads("6.18.44-fc")
+    assert features.direct_map_reads("5.19.0")
+    assert not features.direct_map_reads("5.15.0-91-generic")
+    assert not features.direct_map_reads("garbage")

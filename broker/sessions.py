@@ -1,0 +1,155 @@
+"""Who holds what: callers, owners (sessions, token holders), attachments, and
+the per-user counts the [limits] bound."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gfxbpf.broker.errors import over_limit
+from gfxbpf.broker.registry import InstanceKey
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.instances import SharedInstance
+    from gfxbpf.broker.policy import Policy
+    from gfxbpf.broker.service import Service
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: from SO_PEERCRED (Unix) or a token / certificate (gRPC)."""
+
+    uid: int
+    gid: int
+    gids: tuple[int, ...]  # primary and supplementary groups
+    pid: int  # 0 over gRPC
+    transport: str  # "unix" | "grpc"
+
+
+@dataclass
+class Attachment:
+    id: int
+    owner: Owner
+    uid: int
+    program: str
+    sha256: str
+    scope: str
+    key: InstanceKey
+    shared: SharedInstance
+    closed: bool = False
+    streaming: bool = False
+
+
+class Owner:
+    """Holds attachments: a Unix session, or a gRPC token's lease holder.
+
+    close() detaches everything it holds (idempotent). Create with
+    Service.open_owner(caller).
+    """
+
+    def __init__(self, service: Service, caller: Caller, owner_id: int, counted: bool) -> None:
+        self.service = service
+        self.caller = caller
+        self.id = owner_id
+        self.counted = counted  # counts against sessions_per_user
+        self.closed = False
+        self.lock = threading.Lock()
+        self.attachments: dict[int, Attachment] = {}
+
+    def attachment_ids(self) -> list[int]:
+        with self.lock:
+            return list(self.attachments)
+
+    def add(self, att: Attachment) -> bool:
+        """Hold att; False if the owner closed meanwhile."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.attachments[att.id] = att
+            return True
+
+    def take_all(self) -> list[Attachment] | None:
+        """Close: hand over every attachment held; None if closed already."""
+        with self.lock:
+            if self.closed:
+                return None
+            self.closed = True
+            atts = list(self.attachments.values())
+            self.attachments.clear()
+            return atts
+
+    def close(self) -> None:
+        self.service.close_owner(self)
+
+
+class PerUser:
+    """A count per uid under a limit (open sessions, attachments)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[int, int] = {}
+
+    def take(self, uid: int, limit: int) -> int | None:
+        """Count one more for uid: None when counted, else how many uid holds
+        already (its limit or more)."""
+        with self._lock:
+            have = self._counts.get(uid, 0)
+            if have >= limit:
+                return have
+            self._counts[uid] = have + 1
+            return None
+
+    def give_back(self, uid: int) -> None:
+        """One fewer for uid; a uid at zero leaves the table."""
+        with self._lock:
+            n = self._counts.get(uid, 0) - 1
+            if n > 0:
+                self._counts[uid] = n
+            else:
+                self._counts.pop(uid, None)
+
+
+class Owners:
+    """The open owners, and the open Unix sessions per uid."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owners: dict[int, Owner] = {}
+        self._ids = itertools.count(1)
+        self._sessions = PerUser()
+
+    def open(self, service: Service, caller: Caller, policy: Policy) -> Owner:
+        """A new owner; a Unix session counts against sessions_per_user."""
+        counted = caller.transport == "unix"
+        if counted:
+            limit = policy.limits.sessions_per_user
+            have = self._sessions.take(caller.uid, limit)
+            if have is not None:
+                raise over_limit(
+                    f"uid {caller.uid} already has {have} open sessions, the policy's "
+                    f"limit (close one, or ask the administrator to raise it)",
+                    policy.path,
+                    "sessions_per_user",
+                    limit,
+                )
+        with self._lock:
+            owner = Owner(service, caller, next(self._ids), counted)
+            self._owners[owner.id] = owner
+        return owner
+
+    def forget(self, owner: Owner) -> None:
+        """A closed owner leaves the table and gives back its session."""
+        with self._lock:
+            self._owners.pop(owner.id, None)
+        if owner.counted:
+            self._sessions.give_back(owner.caller.uid)
+
+    def all(self) -> list[Owner]:
+        with self._lock:
+            return list(self._owners.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._owners)
