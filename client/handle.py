@@ -23,6 +23,7 @@ from gfxbpf.bpf.btf import Btf, BtfError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
+from gfxbpf.client.transport import EventCall
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -36,8 +37,11 @@ READ_PAGE = 1024
 Value = bytes | list[bytes]
 
 
+_SCOPE_NAMES: dict[int, str] = {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}
+
+
 def scope_name(scope: int) -> str:
-    return {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}.get(scope, "unspecified")
+    return _SCOPE_NAMES.get(scope, "unspecified")
 
 
 def raw_int(data: bytes) -> Any:
@@ -76,6 +80,11 @@ class ClientMap:
     def __repr__(self) -> str:
         how = "fd" if self._fd is not None else "broker"
         return f"<ClientMap {self.name!r} show={self.show!r} via={how}>"
+
+    @property
+    def fd(self) -> int | None:
+        """The map's fd the broker passed (None: it is read through the broker)."""
+        return self._fd
 
     @property
     def is_events(self) -> bool:
@@ -189,9 +198,9 @@ class ClientMap:
 class EventStream:
     """Decoded records of one ring buffer: poll(timeout) -> list; close() ends it.
 
-    fd path: a RingBuffer over the passed fd. gRPC path: a thread consumes
-    StreamEvents into a queue, so poll() can time out and Ctrl-C is never
-    stuck inside the gRPC library.
+    fd path: a RingBuffer over the passed fd. Otherwise the transport's
+    StreamEvents (gRPC): a thread consumes it into a queue, so poll() can
+    time out and Ctrl-C is never stuck inside the gRPC library.
     """
 
     def __init__(self, attachment: Attachment, cmap: ClientMap, max_events: int = 0) -> None:
@@ -202,30 +211,26 @@ class EventStream:
         self.lost = 0  # records the broker reported dropped (gRPC); unknowable on the fd path
         self.ended = False
         self._ring: RingBuffer | None = None
-        self._call: Any = None
+        self._call: EventCall | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._decode = self._event_decoder()
-        if cmap._fd is not None:
+        if cmap.fd is not None:
             try:
-                self._ring = RingBuffer(cmap._fd, cmap.desc.max_entries or None)
+                self._ring = RingBuffer(cmap.fd, cmap.desc.max_entries or None)
             except (RingBufferError, OSError, ValueError) as e:
                 raise ClientError(f"cannot map the ring buffer {cmap.name!r}: {e}") from e
-        elif attachment.broker.transport.transport == "grpc":
-            self._call = attachment.broker.transport.stream_events(
-                pb.StreamEventsRequest(
-                    attachment_id=attachment.id, map=cmap.name, max_events=max_events
-                )
+            return
+        call = attachment.broker.transport.stream_events(
+            pb.StreamEventsRequest(
+                attachment_id=attachment.id, map=cmap.name, max_events=max_events
             )
-            self._thread = threading.Thread(
-                target=self._pump, name=f"gfxbpf-events-{cmap.name}", daemon=True
-            )
-            self._thread.start()
-        else:
-            raise ClientError(
-                f"the broker passed no fd for the ring buffer {cmap.name!r}; "
-                "stream it over gRPC instead (--via grpc)"
-            )
+        )
+        self._call = call
+        self._thread = threading.Thread(
+            target=self._pump, args=(call,), name=f"gfxbpf-events-{cmap.name}", daemon=True
+        )
+        self._thread.start()
 
     def _event_decoder(self) -> Any:
         btf, d = self.map.btf, self.map.desc
@@ -249,19 +254,12 @@ class EventStream:
                 pass
         return {"data": record.hex()}
 
-    def _pump(self) -> None:
-        import grpc  # only the gRPC path gets here
-
-        from gfxbpf.client.grpc_transport import convert_error
-
+    def _pump(self, call: EventCall) -> None:
         try:
-            for batch in self._call:
+            for batch in call:
                 self._queue.put(batch)
                 if batch.end:
                     break
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-                self._queue.put(convert_error(e, "stream_events"))
         except Exception as e:  # noqa: BLE001 - handed to the consumer thread
             self._queue.put(e)
         self._queue.put(None)  # end of stream
