@@ -2,7 +2,7 @@
 
 FakeBroker speaks the real protocol on both transports: SOCK_SEQPACKET with
 gfxbpf.proto.framing, and grpcio with the generated servicer, answering
-errors the way broker/grpc_server.py does (status + gfxbpf-* trailers). Its
+errors the way broker/grpc_errors.py does (status + gfxbpf-* trailers). Its
 maps hold fixed bytes, encoded with the catalog objects' own BTF, so the
 client's BTF decoding, ReadMap paging, token handling and error messages
 are checked end to end. The real broker is exercised in
