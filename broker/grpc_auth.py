@@ -3,7 +3,7 @@
 Two steps, both before the broker reads a byte of the request body:
 
 - Authenticator.from_metadata(): the call's metadata, as the server's method
-  lookup sees it (grpc_server._Gate). A bearer token ("authorization: Bearer
+  lookup sees it (grpc_servicer.Gate). A bearer token ("authorization: Bearer
   <token>", a token IssueToken gave out on a Unix-socket session) becomes a
   Holder; malformed, unknown or expired credentials become an AuthFailure;
   no authorization metadata at all gives None (look at the certificate).
@@ -12,10 +12,6 @@ Two steps, both before the broker reads a byte of the request body:
   against --tls-client-ca), mapped to a user by a [[tls_client]] entry.
   The auth context belongs to the call, so the handler does this as its
   first step, still before reading the request.
-
-CallSlots counts the calls each authenticated uid has in flight (policy
-[limits] grpc_calls_per_user): a caller over it is refused at once, so one
-user's held calls cannot crowd out another's.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ import hashlib
 import os
 import pwd
 import ssl
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,36 +107,4 @@ class Authenticator:
         return self.leases.holder("cert:" + fingerprint, caller_for_uid(uid))
 
 
-class CallSlots:
-    """Calls in flight per uid. Thread-safe; every acquire() needs one release()."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: dict[int, int] = {}
-
-    def acquire(self, uid: int, limit: int) -> bool:
-        """Take a slot for uid unless it already has limit calls in flight."""
-        with self._lock:
-            n = self._calls.get(uid, 0)
-            if n >= limit:
-                return False
-            self._calls[uid] = n + 1
-            return True
-
-    def release(self, uid: int) -> None:
-        with self._lock:
-            n = self._calls.get(uid, 0) - 1
-            if n > 0:
-                self._calls[uid] = n
-            else:
-                self._calls.pop(uid, None)
-
-    def count(self, uid: int | None = None) -> int:
-        """Calls in flight for uid (all uids when None)."""
-        with self._lock:
-            if uid is None:
-                return sum(self._calls.values())
-            return self._calls.get(uid, 0)
-
-
-__all__ = ["AuthFailure", "Authenticator", "CallSlots", "caller_for_uid"]
+__all__ = ["AuthFailure", "Authenticator", "caller_for_uid"]

@@ -19,7 +19,8 @@ from gfxbpf.client.errors import (
     ProtocolError,
     UsageError,
 )
-from gfxbpf.client.handle import Attachment, ClientMap, EventStream
+from gfxbpf.client.events import EventStream
+from gfxbpf.client.handle import Attachment, ClientMap
 
 __all__ = [
     "Attachment",

@@ -21,17 +21,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import cast
 
 from gfxbpf.client.connection import UnixConnection, default_socket
 from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
 from gfxbpf.client.grpc_config import TlsFiles, default_grpc
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.tokens import TokenCache, cache_key
+from gfxbpf.client.transport import Transport
 from gfxbpf.proto import gfxbpf_pb2 as pb
-
-if TYPE_CHECKING:  # imported when a gRPC connection is made: grpc is slow to import
-    from gfxbpf.client.grpc_transport import GrpcTransport
 
 PROTOCOL = 1
 VIAS = ("auto", "fd", "grpc")
@@ -52,11 +50,11 @@ def client_version() -> str:
         return "0+unknown"
 
 
-def scope_value(scope: str | int | None) -> int:
+def scope_value(scope: str | int | None) -> pb.Scope:
     if isinstance(scope, int):
         if scope not in (pb.SCOPE_UNSPECIFIED, pb.SCOPE_SELF, pb.SCOPE_SYSTEM):
             raise UsageError(f"unknown scope {scope}")
-        return scope
+        return cast(pb.Scope, scope)  # one of the three: the stubs type them as the enum
     try:
         return _SCOPES[scope]
     except KeyError:
@@ -68,7 +66,7 @@ class Broker:
 
     def __init__(
         self,
-        transport: UnixConnection | GrpcTransport,
+        transport: Transport,
         hello: pb.HelloReply,
         via: str,
         *,
@@ -76,7 +74,7 @@ class Broker:
         socket_path: str | None = None,
         grpc_address: str | None = None,
     ) -> None:
-        self.transport: UnixConnection | GrpcTransport = transport
+        self.transport: Transport = transport
         self._hello = hello
         self.via = via
         self.direct_reads = direct_reads  # read passed map fds ourselves
@@ -262,7 +260,7 @@ class Broker:
             req.name = name
         else:
             req.object = bytes(object or b"")
-        if library and isinstance(self.transport, UnixConnection):
+        if library and self.transport.passes_fds:
             # The broker opens no path for us: we open the library and pass it.
             lib_fd = open_library(library)
             req.params.library_fd_index = 0

@@ -24,6 +24,7 @@ from gfxbpf.client.errors import (
     ProtocolError,
     from_pb,
 )
+from gfxbpf.client.transport import EventCall
 from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -58,9 +59,10 @@ def _close_fds(fds: list[int]) -> None:
 
 
 class UnixConnection:
-    """A session with the broker over its Unix control socket."""
+    """A session with the broker over its Unix control socket (a transport.Transport)."""
 
     transport = "unix"
+    passes_fds = True
 
     def __init__(self, path: str | None = None, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
         self.path = path or default_socket()
@@ -230,3 +232,10 @@ class UnixConnection:
 
     def issue_token(self, ttl_seconds: int = 0) -> pb.IssueTokenReply:
         return self.call_nofds("issue_token", pb.IssueTokenRequest(ttl_seconds=ttl_seconds))  # type: ignore[return-value]
+
+    def stream_events(self, req: pb.StreamEventsRequest) -> EventCall:
+        """Not over this socket: the attach reply hands each ring buffer's fd instead."""
+        raise ClientError(
+            f"the broker passed no fd for the ring buffer {req.map!r}; "
+            "stream it over gRPC instead (--via grpc)"
+        )

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from gfxbpf.client.errors import BrokerError, BrokerUnreachable
+from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
 from gfxbpf.client.grpc_config import TlsFiles, default_grpc
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
 CONNECT_TIMEOUT = 10.0
 CALL_TIMEOUT = 120.0
-# Trailers the broker's gRPC server sets on errors (broker/grpc_server.py):
+# Trailers the broker's gRPC server sets on errors (broker/grpc_errors.py):
 RULE_KEY = "gfxbpf-rule"  # the policy rule that decided
 CODE_KEY = "gfxbpf-error-code"  # the ErrorCode name: more precise than the gRPC status
 ERROR_KEY = "gfxbpf-error-bin"  # the serialized gfxbpf.v1.Error (exact message and rule)
@@ -85,7 +86,7 @@ def convert_error(err: grpc.RpcError, op: str, address: str = "") -> Exception:
             f"cannot reach the broker's gRPC listener{where}: {details}\n"
             "  is the broker running with --grpc? (or use --via fd)"
         )
-    code = _STATUS_TO_CODE.get(status, pb.ERROR_INTERNAL)
+    code: int = _STATUS_TO_CODE.get(status, pb.ERROR_INTERNAL)
     if code_text:
         try:
             code = pb.ErrorCode.Value(code_text)
@@ -118,10 +119,30 @@ def _check_unix_listener(path: str) -> None:
         probe.close()
 
 
+class GrpcEvents:
+    """An open StreamEvents call (a transport.EventCall): its batches, with
+    gRPC errors turned into the client's; cancel() ends it quietly."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[pb.EventBatch]:
+        try:
+            yield from self._call
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+                raise convert_error(e, "stream_events") from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
 class GrpcTransport:
-    """Calls to the broker's gRPC service with a token or client certificate."""
+    """Calls to the broker's gRPC service with a token or client certificate
+    (a transport.Transport)."""
 
     transport = "grpc"
+    passes_fds = False
 
     def __init__(
         self,
@@ -195,7 +216,11 @@ class GrpcTransport:
     def list_programs(self) -> pb.ListProgramsReply:
         return self._call(self._stub.ListPrograms, pb.ListProgramsRequest(), "list_programs")
 
-    def attach(self, req: pb.AttachRequest) -> tuple[pb.AttachReply, list[int]]:
+    def attach(
+        self, req: pb.AttachRequest, fds: Sequence[int] = ()
+    ) -> tuple[pb.AttachReply, list[int]]:
+        if fds:
+            raise UsageError("gRPC carries no fds: the broker opens the library by its path")
         return self._call(self._stub.Attach, req, "attach"), []
 
     def detach(self, attachment_id: int) -> pb.DetachReply:
@@ -208,8 +233,8 @@ class GrpcTransport:
     def stats(self, attachment_id: int = 0) -> pb.StatsReply:
         return self._call(self._stub.Stats, pb.StatsRequest(attachment_id=attachment_id), "stats")
 
-    def stream_events(self, req: pb.StreamEventsRequest) -> Any:
+    def stream_events(self, req: pb.StreamEventsRequest) -> GrpcEvents:
         """The streaming call: iterate it for EventBatch messages; .cancel() ends it."""
         if self._channel is None:
             raise BrokerUnreachable("the gRPC channel is closed")
-        return self._stub.StreamEvents(req, metadata=self._metadata())
+        return GrpcEvents(self._stub.StreamEvents(req, metadata=self._metadata()))

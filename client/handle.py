@@ -4,8 +4,8 @@ Over the Unix socket the broker passes read-only map fds (and each ring
 buffer's own fd): maps are read directly with BPF_MAP_LOOKUP_BATCH/ELEM
 (gfxbpf.bpf.maps.Map) when the kernel lets an unprivileged holder do so,
 and through the broker's ReadMap otherwise. Over gRPC, maps come through
-ReadMap (paged) and events through StreamEvents. Keys and values are
-decoded with the object's BTF from AttachReply.btf.
+ReadMap (paged) and events through StreamEvents (events.EventStream). Keys
+and values are decoded with the object's BTF from AttachReply.btf.
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import queue
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.bpf.btf import Btf, BtfError
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
+from gfxbpf.client.events import EventStream
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -36,8 +34,11 @@ READ_PAGE = 1024
 Value = bytes | list[bytes]
 
 
+_SCOPE_NAMES: dict[int, str] = {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}
+
+
 def scope_name(scope: int) -> str:
-    return {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}.get(scope, "unspecified")
+    return _SCOPE_NAMES.get(scope, "unspecified")
 
 
 def raw_int(data: bytes) -> Any:
@@ -76,6 +77,11 @@ class ClientMap:
     def __repr__(self) -> str:
         how = "fd" if self._fd is not None else "broker"
         return f"<ClientMap {self.name!r} show={self.show!r} via={how}>"
+
+    @property
+    def fd(self) -> int | None:
+        """The map's fd the broker passed (None: it is read through the broker)."""
+        return self._fd
 
     @property
     def is_events(self) -> bool:
@@ -184,156 +190,6 @@ class ClientMap:
             fd, self._fd = self._fd, None
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-class EventStream:
-    """Decoded records of one ring buffer: poll(timeout) -> list; close() ends it.
-
-    fd path: a RingBuffer over the passed fd. gRPC path: a thread consumes
-    StreamEvents into a queue, so poll() can time out and Ctrl-C is never
-    stuck inside the gRPC library.
-    """
-
-    def __init__(self, attachment: Attachment, cmap: ClientMap, max_events: int = 0) -> None:
-        self.attachment = attachment
-        self.map = cmap
-        self.max_events = max_events
-        self.received = 0
-        self.lost = 0  # records the broker reported dropped (gRPC); unknowable on the fd path
-        self.ended = False
-        self._ring: RingBuffer | None = None
-        self._call: Any = None
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._decode = self._event_decoder()
-        if cmap._fd is not None:
-            try:
-                self._ring = RingBuffer(cmap._fd, cmap.desc.max_entries or None)
-            except (RingBufferError, OSError, ValueError) as e:
-                raise ClientError(f"cannot map the ring buffer {cmap.name!r}: {e}") from e
-        elif attachment.broker.transport.transport == "grpc":
-            self._call = attachment.broker.transport.stream_events(
-                pb.StreamEventsRequest(
-                    attachment_id=attachment.id, map=cmap.name, max_events=max_events
-                )
-            )
-            self._thread = threading.Thread(
-                target=self._pump, name=f"gfxbpf-events-{cmap.name}", daemon=True
-            )
-            self._thread.start()
-        else:
-            raise ClientError(
-                f"the broker passed no fd for the ring buffer {cmap.name!r}; "
-                "stream it over gRPC instead (--via grpc)"
-            )
-
-    def _event_decoder(self) -> Any:
-        btf, d = self.map.btf, self.map.desc
-        if btf is None:
-            return None
-        type_id = d.btf_event_type_id
-        if not type_id and d.event_type:
-            type_id = btf.find(d.event_type) or 0
-        if not type_id:
-            return None
-        try:
-            return btf.decoder(type_id)
-        except BtfError:
-            return None
-
-    def decode(self, record: bytes) -> Any:
-        if self._decode is not None:
-            try:
-                return self._decode(record)
-            except BtfError:
-                pass
-        return {"data": record.hex()}
-
-    def _pump(self) -> None:
-        import grpc  # only the gRPC path gets here
-
-        from gfxbpf.client.grpc_transport import convert_error
-
-        try:
-            for batch in self._call:
-                self._queue.put(batch)
-                if batch.end:
-                    break
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-                self._queue.put(convert_error(e, "stream_events"))
-        except Exception as e:  # noqa: BLE001 - handed to the consumer thread
-            self._queue.put(e)
-        self._queue.put(None)  # end of stream
-
-    def poll(self, timeout: float | None = None) -> list[Any]:
-        """Records that arrived, waiting up to timeout seconds (None: until some arrive)."""
-        return [self.decode(r) for r in self.poll_raw(timeout)]
-
-    def poll_raw(self, timeout: float | None = None) -> list[bytes]:
-        if self.ended:
-            return []
-        if self._ring is not None:
-            try:
-                records = self._ring.poll(timeout)
-            except InterruptedError:
-                records = []
-            return self._count(records)
-        out: list[bytes] = []
-        deadline = None if timeout is None else time.monotonic() + timeout
-        block = True
-        while True:
-            try:
-                if not block:
-                    item = self._queue.get_nowait()
-                elif deadline is None:
-                    item = self._queue.get()
-                else:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            block = False  # after the first item, take only what is already there
-            if item is None:
-                self.ended = True
-                break
-            if isinstance(item, Exception):
-                self.ended = True
-                raise item
-            self.lost = max(self.lost, item.lost)
-            out.extend(e.data for e in item.events)
-            if item.end:
-                self.ended = True
-                break
-        return self._count(out)
-
-    def _count(self, records: list[bytes]) -> list[bytes]:
-        if self.max_events and self.received + len(records) >= self.max_events:
-            records = records[: self.max_events - self.received]
-            self.ended = True
-        self.received += len(records)
-        return records
-
-    def __iter__(self) -> Iterator[Any]:
-        while not self.ended:
-            yield from self.poll(None)
-
-    def close(self) -> None:
-        self.ended = True
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> EventStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Attachment:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -126,13 +127,7 @@ class TokenCache:
 
     def put(self, key: str, token: str, expires: int) -> None:
         now = self._clock()
-        data = {
-            k: v
-            for k, v in self._load().items()
-            if isinstance(v, dict)
-            and isinstance(v.get("expires"), int | float)
-            and v["expires"] > now
-        }
+        data = {k: v for k, v in self._load().items() if _expiry(v) > now}
         data[key] = {"token": token, "expires": int(expires), "issued": int(now)}
         self._store(data)
 
@@ -140,3 +135,11 @@ class TokenCache:
         data = self._load()
         if data.pop(key, None) is not None:
             self._store(data)
+
+
+def _expiry(entry: object) -> float:
+    """A cache entry's expiry time (unix seconds); -inf (expired) without a number there."""
+    if not isinstance(entry, dict):
+        return -math.inf
+    expires = entry.get("expires")
+    return expires if isinstance(expires, int | float) else -math.inf

@@ -2,7 +2,7 @@
 
 FakeBroker speaks the real protocol on both transports: SOCK_SEQPACKET with
 gfxbpf.proto.framing, and grpcio with the generated servicer, answering
-errors the way broker/grpc_server.py does (status + gfxbpf-* trailers). Its
+errors the way broker/grpc_errors.py does (status + gfxbpf-* trailers). Its
 maps hold fixed bytes, encoded with the catalog objects' own BTF, so the
 client's BTF decoding, ReadMap paging, token handling and error messages
 are checked end to end. The real broker is exercised in
@@ -28,9 +28,10 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf.btf import Btf
-from gfxbpf.client import Broker, BrokerError, BrokerUnreachable, UsageError, cli
+from gfxbpf.client import Broker, BrokerError, BrokerUnreachable, ClientError, UsageError, cli
 from gfxbpf.client.errors import EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_UNREACHABLE
 from gfxbpf.client.tokens import TokenCache
+from gfxbpf.client.transport import Transport
 from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
@@ -436,6 +437,44 @@ def test_fd_transport_without_ring_fd_says_use_grpc(fake: FakeBroker) -> None:
     with _connect(fake, "fd") as broker, broker.attach("execsnoop") as att:
         with pytest.raises(Exception, match="--via grpc"):
             att.open_events()
+
+
+@pytest.mark.parametrize("via", ["fd", "grpc"])
+def test_both_transports_meet_the_transport_interface(fake: FakeBroker, via: str) -> None:
+    with _connect(fake, via) as broker:
+        assert isinstance(broker.transport, Transport)
+        assert broker.transport.passes_fds == (via == "fd")
+
+
+def test_unix_transport_streams_no_events(fake: FakeBroker) -> None:
+    with _connect(fake, "fd") as broker:
+        req = pb.StreamEventsRequest(attachment_id=1, map="events")
+        with pytest.raises(ClientError, match="ring buffer 'events'.*--via grpc"):
+            broker.transport.stream_events(req)
+
+
+def test_grpc_transport_sends_no_fds(fake: FakeBroker) -> None:
+    r, w = os.pipe()
+    try:
+        with _connect(fake, "grpc") as broker:
+            with pytest.raises(UsageError, match="no fds"):
+                broker.transport.attach(pb.AttachRequest(name="syscount"), [r])
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_grpc_stream_errors_are_client_errors(fake: FakeBroker) -> None:
+    with _connect(fake, "grpc") as broker, broker.attach("execsnoop") as att:
+        tokens = set(fake.tokens)
+        fake.tokens.clear()  # StreamEvents is refused: UNAUTHENTICATED
+        try:
+            with att.open_events() as stream, pytest.raises(BrokerError) as refused:
+                while not stream.ended:
+                    stream.poll(5)
+        finally:
+            fake.tokens |= tokens
+        assert refused.value.code == pb.ERROR_UNAUTHENTICATED
 
 
 def test_table_read_of_ring_buffer_is_refused(fake: FakeBroker) -> None:

@@ -1,0 +1,166 @@
+"""A stream of one ring buffer's events, as the client sees them.
+
+Over the Unix socket the broker passes the ring buffer's own fd, which the
+client maps and polls (gfxbpf.bpf.ringbuf); otherwise the transport streams
+the records (gRPC StreamEvents, which the broker consumes for us). Records
+are decoded with the object's BTF, by the map's event type.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from gfxbpf.bpf.btf import BtfError
+from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
+from gfxbpf.client.errors import ClientError
+from gfxbpf.client.transport import EventCall
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:
+    from gfxbpf.client.handle import Attachment, ClientMap
+
+
+class EventStream:
+    """Decoded records of one ring buffer: poll(timeout) -> list; close() ends it.
+
+    fd path: a RingBuffer over the passed fd. Otherwise the transport's
+    StreamEvents (gRPC): a thread consumes it into a queue, so poll() can
+    time out and Ctrl-C is never stuck inside the gRPC library.
+    """
+
+    def __init__(self, attachment: Attachment, cmap: ClientMap, max_events: int = 0) -> None:
+        self.attachment = attachment
+        self.map = cmap
+        self.max_events = max_events
+        self.received = 0
+        self.lost = 0  # records the broker reported dropped (gRPC); unknowable on the fd path
+        self.ended = False
+        self._ring: RingBuffer | None = None
+        self._call: EventCall | None = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._decode = self._event_decoder()
+        if cmap.fd is not None:
+            try:
+                self._ring = RingBuffer(cmap.fd, cmap.desc.max_entries or None)
+            except (RingBufferError, OSError, ValueError) as e:
+                raise ClientError(f"cannot map the ring buffer {cmap.name!r}: {e}") from e
+            return
+        call = attachment.broker.transport.stream_events(
+            pb.StreamEventsRequest(
+                attachment_id=attachment.id, map=cmap.name, max_events=max_events
+            )
+        )
+        self._call = call
+        self._thread = threading.Thread(
+            target=self._pump, args=(call,), name=f"gfxbpf-events-{cmap.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _event_decoder(self) -> Any:
+        btf, d = self.map.btf, self.map.desc
+        if btf is None:
+            return None
+        type_id = d.btf_event_type_id
+        if not type_id and d.event_type:
+            type_id = btf.find(d.event_type) or 0
+        if not type_id:
+            return None
+        try:
+            return btf.decoder(type_id)
+        except BtfError:
+            return None
+
+    def decode(self, record: bytes) -> Any:
+        if self._decode is not None:
+            try:
+                return self._decode(record)
+            except BtfError:
+                pass
+        return {"data": record.hex()}
+
+    def _pump(self, call: EventCall) -> None:
+        try:
+            for batch in call:
+                self._queue.put(batch)
+                if batch.end:
+                    break
+        except Exception as e:  # noqa: BLE001 - handed to the consumer thread
+            self._queue.put(e)
+        self._queue.put(None)  # end of stream
+
+    def poll(self, timeout: float | None = None) -> list[Any]:
+        """Records that arrived, waiting up to timeout seconds (None: until some arrive)."""
+        return [self.decode(r) for r in self.poll_raw(timeout)]
+
+    def poll_raw(self, timeout: float | None = None) -> list[bytes]:
+        if self.ended:
+            return []
+        if self._ring is not None:
+            try:
+                records = self._ring.poll(timeout)
+            except InterruptedError:
+                records = []
+            return self._count(records)
+        out: list[bytes] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        block = True
+        while True:
+            try:
+                if not block:
+                    item = self._queue.get_nowait()
+                elif deadline is None:
+                    item = self._queue.get()
+                else:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            block = False  # after the first item, take only what is already there
+            if item is None:
+                self.ended = True
+                break
+            if isinstance(item, Exception):
+                self.ended = True
+                raise item
+            self.lost = max(self.lost, item.lost)
+            out.extend(e.data for e in item.events)
+            if item.end:
+                self.ended = True
+                break
+        return self._count(out)
+
+    def _count(self, records: list[bytes]) -> list[bytes]:
+        if self.max_events and self.received + len(records) >= self.max_events:
+            records = records[: self.max_events - self.received]
+            self.ended = True
+        self.received += len(records)
+        return records
+
+    def __iter__(self) -> Iterator[Any]:
+        while not self.ended:
+            yield from self.poll(None)
+
+    def close(self) -> None:
+        self.ended = True
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["EventStream"]
