@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gfxbpf.bpf.errors import InputError
+
 __all__ = [
     "BtfError",
     "Btf",
@@ -130,7 +132,7 @@ _II = struct.Struct("<II")
 _IIi = struct.Struct("<IIi")
 
 
-class BtfError(ValueError):
+class BtfError(ValueError, InputError):
     """A BTF blob, .BTF.ext blob or BTF map definition is corrupt or unsupported."""
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gfxbpf.bpf.errors import InputError
+
 SCOPES = ("self", "system")
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
@@ -35,11 +37,11 @@ _TRACEPOINT = re.compile(r"^[A-Za-z0-9_]+/[A-Za-z0-9_]+$")
 _OBJECT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.bpf\.o$")
 
 
-class CatalogError(ValueError):
+class CatalogError(ValueError, InputError):
     """catalog.toml is malformed or names something that is not there."""
 
 
-class CatalogKeyError(KeyError):
+class CatalogKeyError(KeyError, InputError):
     """A program (or a program's map) the catalog does not have."""
 
     def __str__(self) -> str:  # KeyError would repr() the message

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.errors import KernelError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 
 _INSN = struct.Struct("<BBhi")
 
 
-class LoadError(Exception):
+class LoadError(KernelError):
     """Loading failed; the message names the object and the step."""
 
     def __init__(self, message: str, log: str | None = None) -> None:

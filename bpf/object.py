@@ -30,6 +30,7 @@ from gfxbpf.bpf.btf import (
     Var,
     parse_btf_maps,
 )
+from gfxbpf.bpf.errors import InputError
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -54,7 +55,7 @@ MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hosti
 MAX_INSNS = 1_000_000  # the kernel's own limit for a privileged program
 
 
-class ObjectError(ValueError):
+class ObjectError(ValueError, InputError):
     """The object is malformed: says what is wrong and where."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
+from gfxbpf.bpf.errors import KernelError
+
 SYS_BPF = 321  # x86-64
 ATTR_SIZE = 168  # sizeof(union bpf_attr) on current kernels
 
@@ -292,7 +294,7 @@ class BpfMapInfo(ctypes.Structure):
 # --- errors and the raw call ---
 
 
-class BpfError(OSError):
+class BpfError(OSError, KernelError):
     """A failed bpf(2) command: .errno, .command (e.g. "BPF_PROG_LOAD"), .log."""
 
     def __init__(self, err: int, command: str, log: str | None = None, hint: str = "") -> None:
