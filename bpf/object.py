@@ -312,9 +312,9 @@ class ObjectSpec:
         sections: list[_Section] = []
         for i, sec in enumerate(elf.iter_sections()):
             h = sec.header
-            stype = h["sh_type"]
+            raw_type = h["sh_type"]
             stype = {"SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_NOBITS": 8, "SHT_REL": 9}.get(
-                stype, stype if isinstance(stype, int) else -1
+                raw_type, raw_type if isinstance(raw_type, int) else -1
             )
             off, size = h["sh_offset"], h["sh_size"]
             if stype != SHT_NOBITS and i and off + size > len(data):

@@ -304,7 +304,8 @@ class BpfError(OSError, KernelError):
         self.hint = hint
 
     def __str__(self) -> str:
-        name = _errno.errorcode.get(self.errno, "ENOTSUPP" if self.errno == ENOTSUPP else "?")
+        code = self.errno if self.errno is not None else -1  # always set by __init__
+        name = _errno.errorcode.get(code, "ENOTSUPP" if code == ENOTSUPP else "?")
         text = f"{self.command} failed: [{name} {self.errno}] {self.strerror}"
         if self.hint:
             text += f" ({self.hint})"
