@@ -6,8 +6,8 @@ Pure Python, no syscalls. Btf.parse() reads a raw BTF blob (an object's
 leaves undone before BPF_BTF_LOAD, decode() turns raw map/event bytes into
 Python values.
 
-The work is split by job: btf_types (kinds, BtfError, a dataclass per kind
-family), btf_table (lookups), btf_parse, btf_encode, btf_decode, btf_maps
+The work is split by job: btf_types (kinds, BtfError, a dataclass per
+kind), btf_table (lookups), btf_parse, btf_encode, btf_decode, btf_maps
 (`.maps` definitions, parse_btf_maps) and btf_ext (`.BTF.ext`). This module
 re-exports their public names, so `from gfxbpf.bpf.btf import X` finds them.
 
@@ -71,6 +71,7 @@ from gfxbpf.bpf.btf_types import (
     BtfError,
     BtfType,
     Composite,
+    Const,
     Datasec,
     DeclTag,
     Enum,
@@ -82,10 +83,17 @@ from gfxbpf.bpf.btf_types import (
     Int,
     Member,
     Param,
+    Ptr,
     Ref,
+    Restrict,
+    Struct,
+    Typedef,
+    TypeTag,
+    Union,
     Var,
     VarSecinfo,
     Void,
+    Volatile,
 )
 
 __all__ = [
@@ -95,8 +103,16 @@ __all__ = [
     "Void",
     "Int",
     "Ref",
+    "Ptr",
+    "Typedef",
+    "Volatile",
+    "Const",
+    "Restrict",
+    "TypeTag",
     "Array",
     "Composite",
+    "Struct",
+    "Union",
     "Member",
     "Enum",
     "EnumValue",

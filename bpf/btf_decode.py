@@ -17,8 +17,6 @@ from gfxbpf.bpf.btf_types import (
     INT_BOOL,
     INT_CHAR,
     INT_SIGNED,
-    KIND_PTR,
-    KIND_STRUCT,
     MAX_DEPTH,
     Array,
     BtfError,
@@ -32,7 +30,8 @@ from gfxbpf.bpf.btf_types import (
     Fwd,
     Int,
     Member,
-    Ref,
+    Ptr,
+    Struct,
     Var,
     Void,
 )
@@ -124,7 +123,7 @@ class Decoders:
                 if t.encoding & INT_BOOL:
                     return _INT_CODES[t.size][0], bool
                 return _INT_CODES[t.size][t.encoding & INT_SIGNED], None
-            case Ref() if t.kind == KIND_PTR:
+            case Ptr():
                 return "Q", None
             case Enum():
                 if t.size not in _INT_CODES:
@@ -204,7 +203,7 @@ class Decoders:
 
     def _composite_plan(self, t: Composite, stack: tuple[int, ...]) -> tuple[str, int, list[_Step]]:
         """(struct format of the scalar members, how many, a step per member)."""
-        is_struct = t.kind == KIND_STRUCT
+        is_struct = isinstance(t, Struct)
         fmt = ["<"]
         pos = 0
         nscalar = 0

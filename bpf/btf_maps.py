@@ -11,15 +11,13 @@ from dataclasses import dataclass
 from gfxbpf.bpf.btf_table import TypeTable
 from gfxbpf.bpf.btf_types import (
     KIND_DATASEC,
-    KIND_PTR,
-    KIND_STRUCT,
     Array,
     BtfError,
-    Composite,
     Datasec,
     Enum,
     Member,
-    Ref,
+    Ptr,
+    Struct,
     Var,
 )
 
@@ -80,7 +78,7 @@ def _parse_map(btf: TypeTable, var: Var, offset: int) -> BtfMapDef:
     if not name:
         raise BtfError(f"VAR type id {var.id} in '.maps' has no name")
     defn = btf.resolve_type(var.type)
-    if not isinstance(defn, Composite) or defn.kind != KIND_STRUCT:
+    if not isinstance(defn, Struct):
         raise BtfError(
             f"map '{name}': definition is {btf.type_str(var.type)} ({defn.kind_name}), "
             "expected a struct"
@@ -142,7 +140,7 @@ def _set_type(btf: TypeTable, md: BtfMapDef, m: Member) -> None:
 def _pointee(btf: TypeTable, m: Member) -> int | None:
     """The type id member `m` points to, or None when it is no pointer."""
     ptr = btf.resolve_type(m.type)
-    return ptr.type if isinstance(ptr, Ref) and ptr.kind == KIND_PTR else None
+    return ptr.type if isinstance(ptr, Ptr) else None
 
 
 def _map_int(btf: TypeTable, map_name: str, m: Member) -> int:

@@ -11,6 +11,7 @@ import gc
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from gfxbpf.bpf.btf_table import string_at, string_table
 from gfxbpf.bpf.btf_types import (
@@ -32,11 +33,11 @@ from gfxbpf.bpf.btf_types import (
     KIND_UNION,
     KIND_VAR,
     KIND_VOID,
+    REF_CLASSES,
     REF_KINDS,
     Array,
     BtfError,
     BtfType,
-    Composite,
     Datasec,
     DeclTag,
     Enum,
@@ -48,7 +49,8 @@ from gfxbpf.bpf.btf_types import (
     Int,
     Member,
     Param,
-    Ref,
+    Struct,
+    Union,
     Var,
     VarSecinfo,
     Void,
@@ -193,6 +195,8 @@ class _TypeParser:
         hdr = _III.unpack_from
         sget = self.names.get
         parsers = self.parsers
+        list_rec = _LIST_REC.get
+        fixed_tail = _FIXED_TAIL.get
         pos = start
         tid = 0
         while pos < end:
@@ -213,7 +217,10 @@ class _TypeParser:
                     nm = string_at(self.strings, self.names, name_off)
             except BtfError as e:
                 raise BtfError(f"BTF type id {tid} at byte offset {here}: {e}") from None
-            need = self._tail_len(tid, kind, vlen, here)
+            rec = list_rec(kind)
+            need = rec * vlen if rec is not None else fixed_tail(kind, -1)
+            if need < 0 or (vlen and rec is None and kind != KIND_FUNC):
+                _bad_tail(tid, kind, vlen, here)
             if pos + need > end:
                 raise BtfError(
                     f"BTF type id {tid} ({KIND_NAMES[kind]}, vlen {vlen}) at byte offset {here}: "
@@ -231,21 +238,6 @@ class _TypeParser:
         if self.maxref >= len(types):
             _report_bad_ref(types)
         return types
-
-    @staticmethod
-    def _tail_len(tid: int, kind: int, vlen: int, here: int) -> int:
-        """Bytes that follow the 12-byte header of a type of `kind`."""
-        if kind in _LIST_REC:
-            return _LIST_REC[kind] * vlen
-        need = _FIXED_TAIL.get(kind, -1)
-        if need < 0:
-            raise BtfError(f"BTF type id {tid} at byte offset {here}: unknown kind {kind}")
-        if vlen and kind != KIND_FUNC:
-            raise BtfError(
-                f"BTF type id {tid} ({KIND_NAMES[kind]}) at byte offset {here}: "
-                f"vlen must be 0, got {vlen}"
-            )
-        return need
 
     # One method per kind family, each a _KindParser.
 
@@ -275,7 +267,7 @@ class _TypeParser:
     ) -> BtfType:
         if st > self.maxref:
             self.maxref = st
-        return Ref(tid, kind, nm, noff, kf, st)
+        return REF_CLASSES[kind](tid, kind, nm, noff, kf, st)
 
     def _composite(
         self, tid: int, kind: int, nm: str, noff: int, kf: bool, vlen: int, st: int, p: int, n: int
@@ -292,7 +284,8 @@ class _TypeParser:
                 members.append(Member(name(m_off), m_off, m_type, m_bits, 0))
         if mx > self.maxref:
             self.maxref = mx
-        return Composite(tid, kind, nm, noff, kf, st, members)
+        cls = Struct if kind == KIND_STRUCT else Union
+        return cls(tid, kind, nm, noff, kf, st, members)
 
     def _array(
         self, tid: int, kind: int, nm: str, noff: int, kf: bool, vlen: int, st: int, p: int, n: int
@@ -375,6 +368,14 @@ class _TypeParser:
         if st > self.maxref:
             self.maxref = st
         return DeclTag(tid, kind, nm, noff, kf, st, comp)
+
+
+def _bad_tail(tid: int, kind: int, vlen: int, here: int) -> NoReturn:
+    if kind not in _FIXED_TAIL:  # nor in _LIST_REC: the caller checked
+        raise BtfError(f"BTF type id {tid} at byte offset {here}: unknown kind {kind}")
+    raise BtfError(
+        f"BTF type id {tid} ({KIND_NAMES[kind]}) at byte offset {here}: vlen must be 0, got {vlen}"
+    )
 
 
 def _report_bad_ref(types: list[BtfType]) -> None:

@@ -9,20 +9,13 @@ from __future__ import annotations
 import itertools
 
 from gfxbpf.bpf.btf_types import (
-    KIND_CONST,
-    KIND_PTR,
-    KIND_RESTRICT,
-    KIND_STRUCT,
-    KIND_TYPE_TAG,
-    KIND_UNION,
-    KIND_VOLATILE,
     MAX_DEPTH,
-    MODIFIER_KINDS,
     PTR_SIZE,
     Array,
     BtfError,
     BtfType,
     Composite,
+    Const,
     Datasec,
     DeclTag,
     Enum,
@@ -31,12 +24,16 @@ from gfxbpf.bpf.btf_types import (
     FuncProto,
     Fwd,
     Int,
+    Ptr,
     Ref,
+    Restrict,
+    Struct,
+    TypeTag,
+    Union,
     Var,
     Void,
+    Volatile,
 )
-
-_QUALIFIERS = {KIND_CONST: "const", KIND_VOLATILE: "volatile", KIND_RESTRICT: "restrict"}
 
 
 def string_table(strings: bytes) -> dict[int, str]:
@@ -135,7 +132,7 @@ class TypeTable:
         n = len(types)
         t = self.type_by_id(type_id)
         steps = 0
-        while isinstance(t, Ref) and t.kind in MODIFIER_KINDS:
+        while isinstance(t, Ref) and not isinstance(t, Ptr):  # typedefs and qualifiers
             steps += 1
             if steps > n:
                 raise BtfError(f"BTF type id {type_id}: reference cycle through typedefs/modifiers")
@@ -165,7 +162,7 @@ class TypeTable:
         match t:
             case Int() | Composite() | Enum() | Datasec() | Float():
                 return t.size
-            case Ref() if t.kind == KIND_PTR:
+            case Ptr():
                 return PTR_SIZE
             case Array():
                 n = t.nelems
@@ -186,15 +183,15 @@ class TypeTable:
         t = self.type_by_id(type_id)
         deeper = depth + 1
         match t:
-            case Ref() if t.kind == KIND_PTR:
+            case Ptr():
                 target = self.type_by_id(t.type)
                 ptr = "*" + inner
                 if isinstance(target, Array | FuncProto):
                     ptr = f"({ptr})"
                 return self._type_str(target.id, ptr, deeper)
-            case Ref() if t.kind in _QUALIFIERS:
+            case Const() | Volatile() | Restrict():
                 return self._qualified_str(t, inner, deeper)
-            case Ref() if t.kind == KIND_TYPE_TAG:
+            case TypeTag():
                 return self._type_str(t.type, inner, deeper)
             case Array():
                 return self._type_str(t.type, f"{inner}[{t.nelems}]", deeper)
@@ -208,9 +205,9 @@ class TypeTable:
                 return self._type_str(t.type, t.name + inner, deeper)
         return _join(_tag_str(t), inner)
 
-    def _qualified_str(self, t: Ref, inner: str, depth: int) -> str:
-        word = _QUALIFIERS[t.kind]
-        if self.type_by_id(t.type).kind == KIND_PTR:
+    def _qualified_str(self, t: Const | Volatile | Restrict, inner: str, depth: int) -> str:
+        word = _QUALIFIERS[type(t)]
+        if isinstance(self.type_by_id(t.type), Ptr):
             # `char *const p`: the qualifier binds to the pointer
             return self._type_str(t.type, f"{word} {inner}".rstrip(), depth)
         base = self._type_str(t.type, "", depth)
@@ -220,9 +217,12 @@ class TypeTable:
 def _tag_str(t: BtfType) -> str:
     """The name of a type that names no other: "struct x", "datasec .data", "int"."""
     match t:
-        case Composite() | Enum():
-            word = {KIND_STRUCT: "struct", KIND_UNION: "union"}.get(t.kind, "enum")
-            return f"{word} {t.name or '(anon)'}"
+        case Struct():
+            return f"struct {t.name or '(anon)'}"
+        case Union():
+            return f"union {t.name or '(anon)'}"
+        case Enum():
+            return f"enum {t.name or '(anon)'}"
         case Fwd():
             return f"{'union' if t.kind_flag else 'struct'} {t.name or '(anon)'}"
         case Datasec():
@@ -232,6 +232,9 @@ def _tag_str(t: BtfType) -> str:
         case Void():
             return "void"
     return t.name or "(anon)"  # INT, FLOAT, TYPEDEF
+
+
+_QUALIFIERS: dict[type[Ref], str] = {Const: "const", Volatile: "volatile", Restrict: "restrict"}
 
 
 def _join(base: str, inner: str) -> str:

@@ -1,9 +1,10 @@
-"""BTF's vocabulary: kind numbers, encoding bits, BtfError and one dataclass per kind family.
+"""BTF's vocabulary: kind numbers, encoding bits, BtfError and a dataclass per kind.
 
-Leaf module: everything else in the btf_* modules builds on it. A type's
-class says what fields it has (match on it); `kind` tells the kinds of one
-family apart (a Ref is a PTR, TYPEDEF, CONST...; a Composite a STRUCT or
-UNION; an Enum an ENUM or ENUM64) and is what the blob holds.
+Leaf module: everything else in the btf_* modules builds on it. Code
+dispatches on a type's class (match): Ptr, Typedef, Const... share Ref's
+fields, Struct and Union share Composite's. ENUM and ENUM64 are both an
+Enum, told apart by `kind` (only their encoding differs). `kind` is also
+kept on every type: it is what the blob holds.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ LINKAGE_STATIC = 0
 LINKAGE_GLOBAL = 1
 LINKAGE_EXTERN = 2
 
-# The Ref kinds resolve() skips: every Ref kind but PTR.
-MODIFIER_KINDS = frozenset({KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT, KIND_TYPE_TAG})
-REF_KINDS = MODIFIER_KINDS | {KIND_PTR}
+REF_KINDS = frozenset(
+    {KIND_PTR, KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT, KIND_TYPE_TAG}
+)
 # Nesting limit for recursive walks (arrays of arrays, structs in structs):
 # legitimate types nest far less; corrupt ones must not blow the stack.
 MAX_DEPTH = 64
@@ -124,6 +125,47 @@ class Ref(BtfType):
 
 
 @dataclass(slots=True)
+class Ptr(Ref):
+    """PTR: the only Ref resolve() does not skip."""
+
+
+@dataclass(slots=True)
+class Typedef(Ref):
+    """TYPEDEF: `name` is the typedef's own name."""
+
+
+@dataclass(slots=True)
+class Volatile(Ref):
+    """VOLATILE qualifier."""
+
+
+@dataclass(slots=True)
+class Const(Ref):
+    """CONST qualifier."""
+
+
+@dataclass(slots=True)
+class Restrict(Ref):
+    """RESTRICT qualifier."""
+
+
+@dataclass(slots=True)
+class TypeTag(Ref):
+    """TYPE_TAG: an attribute (`__user`...) on the type it refers to."""
+
+
+# The Ref class of each Ref kind.
+REF_CLASSES: dict[int, type[Ref]] = {
+    KIND_PTR: Ptr,
+    KIND_TYPEDEF: Typedef,
+    KIND_VOLATILE: Volatile,
+    KIND_CONST: Const,
+    KIND_RESTRICT: Restrict,
+    KIND_TYPE_TAG: TypeTag,
+}
+
+
+@dataclass(slots=True)
 class Array(BtfType):
     type: int
     index_type: int
@@ -145,6 +187,16 @@ class Composite(BtfType):
 
     size: int
     members: list[Member]
+
+
+@dataclass(slots=True)
+class Struct(Composite):
+    """STRUCT."""
+
+
+@dataclass(slots=True)
+class Union(Composite):
+    """UNION: every member at offset 0."""
 
 
 @dataclass(slots=True)
