@@ -2,13 +2,15 @@
 
 inspect OBJECT [--json] [--disasm]   programs, maps, global data, relocations, helpers
 load OBJECT                          load it, print {"programs": {...}, "maps": {...}}
-                                     with kernel ids, keep it loaded until stdin closes
+                                     with kernel ids, keep it loaded until stdin closes;
+                                     a warning on stderr if the kernel refused its BTF
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
@@ -115,7 +117,7 @@ def _print_text(d: dict[str, Any]) -> None:
             print(f"    {vname} @{v['offset']} ({v['size']} bytes) = {v['value']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m gfxbpf.bpf",
         description="Inspect or load a clang-built BPF object with gfxbpf's loader.",
@@ -132,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         help="load it and print kernel ids as one JSON line; unload when stdin closes",
     )
     ld.add_argument("object")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        args = ap.parse_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as e:
         return EXIT_USAGE if e.code else EXIT_OK
 
@@ -147,21 +153,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_OBJECT
 
     if args.cmd == "inspect":
-        try:
-            d = describe(spec, args.disasm)
-        except ObjectError as e:
-            print(f"error: {args.object}: {e}", file=sys.stderr)
-            return EXIT_BAD_OBJECT
-        if args.json:
-            json.dump(d, sys.stdout, indent=2)
-            print()
-        else:
-            _print_text(d)
-        return EXIT_OK
+        return _inspect(spec, args.object, as_json=args.json, with_disasm=args.disasm)
+    return _load(spec)
 
+
+def _inspect(spec: ObjectSpec, path: str, *, as_json: bool, with_disasm: bool) -> int:
+    try:
+        d = describe(spec, with_disasm)
+    except ObjectError as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
+        return EXIT_BAD_OBJECT
+    if as_json:
+        json.dump(d, sys.stdout, indent=2)
+        print()
+    else:
+        _print_text(d)
+    return EXIT_OK
+
+
+def _load(spec: ObjectSpec) -> int:
     from gfxbpf.bpf.loader import LoadError, load  # needs bpf(2): only for `load`
     from gfxbpf.bpf.sys import map_info
 
+    # The loader's warnings (the kernel refused the object's BTF...) go to stderr.
+    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     try:
         obj = load(spec)
     except (LoadError, ObjectError) as e:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from . import perf, sys, tracefs
 from .consts import BPF_PERF_EVENT
+from .errors import KernelError
 from .symbols import resolve_symbol
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class AttachError(OSError):
+class AttachError(OSError, KernelError):
     """Attaching failed; str() names the attach point and the kernel's reason."""
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
-if TYPE_CHECKING:
-    from gfxbpf.bpf.btf import Btf
+from gfxbpf.bpf.btf_table import TypeTable
+from gfxbpf.bpf.btf_types import BtfError
 
 BTF_EXT_MAGIC = 0xEB9F
 INSN_SIZE = 8
@@ -27,12 +27,6 @@ _HDR_CORE = 32  # up to core_relo_len
 _U32 = struct.Struct("<I")
 _II = struct.Struct("<II")
 _IIII = struct.Struct("<IIII")
-
-
-def _error(msg: str) -> Exception:
-    from gfxbpf.bpf.btf import BtfError
-
-    return BtfError(msg)
 
 
 class FuncInfo(NamedTuple):
@@ -83,18 +77,18 @@ class BtfExt:
         )
 
     @classmethod
-    def parse(cls, data: bytes | bytearray | memoryview, btf: Btf) -> BtfExt:
+    def parse(cls, data: bytes | bytearray | memoryview, btf: TypeTable) -> BtfExt:
         data = bytes(data)
         n = len(data)
         if n < 8:
-            raise _error(f".BTF.ext is {n} bytes, shorter than its 8-byte preamble")
+            raise BtfError(f".BTF.ext is {n} bytes, shorter than its 8-byte preamble")
         magic, version, flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
         if magic != BTF_EXT_MAGIC:
-            raise _error(f"bad .BTF.ext magic 0x{magic:04x} at byte offset 0 (expected 0xeb9f)")
+            raise BtfError(f"bad .BTF.ext magic 0x{magic:04x} at byte offset 0 (expected 0xeb9f)")
         if version != 1:
-            raise _error(f"unsupported .BTF.ext version {version} at byte offset 2 (expected 1)")
+            raise BtfError(f"unsupported .BTF.ext version {version} at byte offset 2 (expected 1)")
         if hdr_len < _HDR_MIN or hdr_len > n:
-            raise _error(
+            raise BtfError(
                 f".BTF.ext hdr_len {hdr_len} at byte offset 4 is invalid "
                 f"(section is {n} bytes, header needs at least {_HDR_MIN})"
             )
@@ -140,7 +134,7 @@ class BtfExt:
             if start <= off < end:
                 rel = off - start
                 if rel % INSN_SIZE:
-                    raise _error(
+                    raise BtfError(
                         f".BTF.ext {what} record of section '{sec}' at byte offset {off} "
                         "is not on an instruction boundary"
                     )
@@ -200,56 +194,41 @@ class BtfExt:
 
 def _parse_sub(
     data: bytes,
-    btf: Btf,
+    btf: TypeTable,
     hdr_len: int,
     off: int,
     length: int,
     min_rec: int,
     what: str,
     fmt: str,
-    rec_type: type,
-    out: dict,
-    out_raw: dict,
+    rec_type: type[FuncInfo] | type[LineInfo] | type[CoreRelo],
+    out: dict[str, list[Any]],
+    out_raw: dict[str, list[bytes]],
 ) -> int:
     """Parse one info subsection into `out`/`out_raw`; return its record size."""
     if length == 0:
         return min_rec
-    n = len(data)
     start = hdr_len + off
-    if off % 4:
-        raise _error(f".BTF.ext {what} offset {off} is not 4-byte aligned")
-    if start + length > n:
-        raise _error(
-            f".BTF.ext {what} subsection (bytes {start}..{start + length}) runs past the end "
-            f"of the {n}-byte section"
-        )
-    if length < 4:
-        raise _error(f".BTF.ext {what} subsection at byte offset {start} has no record size")
-    (rec_size,) = _U32.unpack_from(data, start)
-    if rec_size < min_rec or rec_size % 4:
-        raise _error(
-            f".BTF.ext {what} record size {rec_size} at byte offset {start} is invalid "
-            f"(at least {min_rec}, a multiple of 4)"
-        )
+    rec_size = _record_size(data, off, start, length, min_rec, what)
     pos = start + 4
     end = start + length
     known = struct.calcsize(fmt)
     while pos < end:
         if end - pos < 8:
-            raise _error(f".BTF.ext {what}: truncated section header at byte offset {pos}")
+            raise BtfError(f".BTF.ext {what}: truncated section header at byte offset {pos}")
         name_off, num = _II.unpack_from(data, pos)
         if num == 0:
-            raise _error(f".BTF.ext {what}: section header at byte offset {pos} has 0 records")
+            raise BtfError(f".BTF.ext {what}: section header at byte offset {pos} has 0 records")
         body = pos + 8
         if num * rec_size > end - body:
-            raise _error(
+            raise BtfError(
                 f".BTF.ext {what}: {num} records of {rec_size} bytes at byte offset {body} "
                 f"run past the end of the subsection (byte {end})"
             )
         try:
             sec = btf.string_at(name_off)
         except ValueError as e:
-            raise _error(f".BTF.ext {what}: section name at byte offset {pos}: {e}") from None
+            raise BtfError(f".BTF.ext {what}: section name at byte offset {pos}: {e}") from None
         recs = out.setdefault(sec, [])
         raws = out_raw.setdefault(sec, [])
         stop = body + num * rec_size
@@ -263,14 +242,35 @@ def _parse_sub(
     return rec_size
 
 
+def _record_size(data: bytes, off: int, start: int, length: int, min_rec: int, what: str) -> int:
+    """The record size a subsection starts with, once its bounds are checked."""
+    n = len(data)
+    if off % 4:
+        raise BtfError(f".BTF.ext {what} offset {off} is not 4-byte aligned")
+    if start + length > n:
+        raise BtfError(
+            f".BTF.ext {what} subsection (bytes {start}..{start + length}) runs past the end "
+            f"of the {n}-byte section"
+        )
+    if length < 4:
+        raise BtfError(f".BTF.ext {what} subsection at byte offset {start} has no record size")
+    (rec_size,) = _U32.unpack_from(data, start)
+    if rec_size < min_rec or rec_size % 4:
+        raise BtfError(
+            f".BTF.ext {what} record size {rec_size} at byte offset {start} is invalid "
+            f"(at least {min_rec}, a multiple of 4)"
+        )
+    return rec_size
+
+
 def pack_ext_records(records: Iterable[tuple[int, bytes]], rec_size: int) -> bytes:
     """(insn index, raw record) pairs -> bytes; insn_off is rewritten, the rest kept."""
     parts = []
     for insn, raw in records:
         if len(raw) != rec_size:
-            raise _error(f".BTF.ext record is {len(raw)} bytes, expected {rec_size}")
+            raise BtfError(f".BTF.ext record is {len(raw)} bytes, expected {rec_size}")
         if not 0 <= insn <= 0xFFFFFFFF:
-            raise _error(f".BTF.ext record instruction index {insn} out of range")
+            raise BtfError(f".BTF.ext record instruction index {insn} out of range")
         parts.append(_U32.pack(insn))
         parts.append(raw[4:])
     return b"".join(parts)

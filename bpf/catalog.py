@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gfxbpf.bpf.errors import InputError
+
 SCOPES = ("self", "system")
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
@@ -35,11 +37,11 @@ _TRACEPOINT = re.compile(r"^[A-Za-z0-9_]+/[A-Za-z0-9_]+$")
 _OBJECT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.bpf\.o$")
 
 
-class CatalogError(ValueError):
+class CatalogError(ValueError, InputError):
     """catalog.toml is malformed or names something that is not there."""
 
 
-class CatalogKeyError(KeyError):
+class CatalogKeyError(KeyError, InputError):
     """A program (or a program's map) the catalog does not have."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
@@ -280,16 +282,17 @@ def check_object(entry: Program, data: bytes | None = None) -> list[str]:
     for name in sorted(declared - maps):
         problems.append(f"{where}: catalog map {name!r} is not in the object's .maps")
     for a in entry.attach:
-        sec = funcs.get(a.program)
-        if sec is None:
+        section = funcs.get(a.program)
+        if section is None:
             problems.append(f"{where}: attach program {a.program!r} is not a function")
             continue
-        kind, target = _section_kind(sec)
+        kind, target = _section_kind(section)
         if kind != a.kind:
-            problems.append(f"{where}: {a.program!r} is in section {sec!r}, not a {a.kind}")
+            problems.append(f"{where}: {a.program!r} is in section {section!r}, not a {a.kind}")
         elif target is not None and a.target is not None and target != a.target:
             problems.append(
-                f"{where}: {a.program!r} is in section {sec!r} but the catalog says {a.target!r}"
+                f"{where}: {a.program!r} is in section {section!r} "
+                f"but the catalog says {a.target!r}"
             )
     for knob in entry.knobs:
         if knob not in rodata:

@@ -8,6 +8,7 @@ stays in the kernel.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 from collections.abc import Collection
@@ -16,13 +17,15 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
+from gfxbpf.bpf.errors import KernelError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 
 _INSN = struct.Struct("<BBhi")
+log = logging.getLogger(__name__)
 
 
-class LoadError(Exception):
+class LoadError(KernelError):
     """Loading failed; the message names the object and the step."""
 
     def __init__(self, message: str, log: str | None = None) -> None:
@@ -101,6 +104,8 @@ def load(
     obj = LoadedObject(spec)
     try:
         _load_btf(obj)
+        if obj.btf_error:
+            log.warning("object %r: %s; its maps have no BTF types", spec.name, obj.btf_error)
         for m in spec.maps.values():
             obj.maps[m.real_name] = _create_map(obj, m)
             if m.real_name in frozen:

@@ -30,6 +30,7 @@ from gfxbpf.bpf.btf import (
     Var,
     parse_btf_maps,
 )
+from gfxbpf.bpf.errors import InputError
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -54,7 +55,7 @@ MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hosti
 MAX_INSNS = 1_000_000  # the kernel's own limit for a privileged program
 
 
-class ObjectError(ValueError):
+class ObjectError(ValueError, InputError):
     """The object is malformed: says what is wrong and where."""
 
 
@@ -311,9 +312,9 @@ class ObjectSpec:
         sections: list[_Section] = []
         for i, sec in enumerate(elf.iter_sections()):
             h = sec.header
-            stype = h["sh_type"]
+            raw_type = h["sh_type"]
             stype = {"SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_NOBITS": 8, "SHT_REL": 9}.get(
-                stype, stype if isinstance(stype, int) else -1
+                raw_type, raw_type if isinstance(raw_type, int) else -1
             )
             off, size = h["sh_offset"], h["sh_size"]
             if stype != SHT_NOBITS and i and off + size > len(data):

@@ -19,6 +19,7 @@ from typing import Any
 
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.consts import MapType
+from gfxbpf.bpf.errors import KernelError
 
 BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30
@@ -35,7 +36,7 @@ _U64 = struct.Struct("Q")
 _U32 = struct.Struct("I")
 
 
-class RingBufferError(OSError):
+class RingBufferError(OSError, KernelError):
     """The ring buffer cannot be mapped or is inconsistent."""
 
 

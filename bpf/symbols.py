@@ -16,6 +16,8 @@ from typing import Any
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from gfxbpf.bpf.errors import InputError
+
 __all__ = ["FunctionSymbol", "SymbolError", "list_functions", "resolve_symbol"]
 
 _FUNC_TYPES = ("STT_FUNC", "STT_LOOS")  # STT_LOOS (10) is STT_GNU_IFUNC
@@ -23,7 +25,7 @@ _TABLES = (".dynsym", ".symtab")
 _VERSYM_HIDDEN = 0x8000
 
 
-class SymbolError(ValueError):
+class SymbolError(ValueError, InputError):
     """The file, or the symbol in it, cannot be used for a uprobe."""
 
 

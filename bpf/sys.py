@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
+from gfxbpf.bpf.errors import KernelError
+
 SYS_BPF = 321  # x86-64
 ATTR_SIZE = 168  # sizeof(union bpf_attr) on current kernels
 
@@ -292,7 +294,7 @@ class BpfMapInfo(ctypes.Structure):
 # --- errors and the raw call ---
 
 
-class BpfError(OSError):
+class BpfError(OSError, KernelError):
     """A failed bpf(2) command: .errno, .command (e.g. "BPF_PROG_LOAD"), .log."""
 
     def __init__(self, err: int, command: str, log: str | None = None, hint: str = "") -> None:
@@ -302,7 +304,8 @@ class BpfError(OSError):
         self.hint = hint
 
     def __str__(self) -> str:
-        name = _errno.errorcode.get(self.errno, "ENOTSUPP" if self.errno == ENOTSUPP else "?")
+        code = self.errno if self.errno is not None else -1  # always set by __init__
+        name = _errno.errorcode.get(code, "ENOTSUPP" if code == ENOTSUPP else "?")
         text = f"{self.command} failed: [{name} {self.errno}] {self.strerror}"
         if self.hint:
             text += f" ({self.hint})"

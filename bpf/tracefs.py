@@ -26,6 +26,8 @@ __all__ = [
     "validate_name",
 ]
 
+from gfxbpf.bpf.errors import HostError, InputError
+
 MOUNT_HINT = "mount it with `mount -t tracefs nodev /sys/kernel/tracing` (as root)"
 
 # A format file is a few KiB; anything far larger is not one.
@@ -38,7 +40,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class TracefsError(OSError):
+class TracefsError(OSError, HostError):
     """tracefs is missing, unreadable, or an event is not there."""
 
 
@@ -46,7 +48,7 @@ class TracepointNotFound(TracefsError):
     """The tracepoint does not exist on this kernel."""
 
 
-class FormatError(ValueError):
+class FormatError(ValueError, InputError):
     """A `format` file that does not parse."""
 
 

@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 export GFXBPF_VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 VENV=$GFXBPF_VENV
+tools/lint.sh   # ruff and mypy first: CI fails when either regresses
 exec "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider tests "$@"

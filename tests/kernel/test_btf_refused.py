@@ -1,0 +1,68 @@
+"""A kernel refusal of an object's BTF is not silently dropped: the object
+loads without it, and the refusal is logged and printed by `python -m gfxbpf.bpf load`."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from gfxbpf.bpf import loader
+from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.bpf.object import ObjectSpec
+
+CATALOG = load_catalog()
+OBJECT = str(object_path(CATALOG.get("syscount")))
+
+REFUSE_BTF = (
+    "import errno, sys\n"
+    "import gfxbpf.bpf.sys as s\n"
+    "def refuse(*a, **k):\n"
+    "    raise s.BpfError(errno.EINVAL, 'BPF_BTF_LOAD')\n"
+    "s.btf_load = refuse\n"
+    "from gfxbpf.bpf.__main__ import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _refuse(*args: object, **kwargs: object) -> int:
+    raise bpfsys.BpfError(errno.EINVAL, "BPF_BTF_LOAD")
+
+
+def test_refused_btf_is_kept_and_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(bpfsys, "btf_load", _refuse)
+    with caplog.at_level(logging.WARNING, logger="gfxbpf.bpf.loader"):
+        with loader.load(ObjectSpec.from_file(OBJECT)) as obj:
+            assert obj.btf_fd == -1 and obj.programs
+            assert obj.btf_error is not None and "BPF_BTF_LOAD failed" in obj.btf_error
+    (record,) = [r for r in caplog.records if r.name == "gfxbpf.bpf.loader"]
+    assert "kernel refused the object's BTF" in record.getMessage()
+    assert "syscount" in record.getMessage()
+
+
+def test_accepted_btf_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gfxbpf.bpf.loader"):
+        with loader.load(ObjectSpec.from_file(OBJECT)) as obj:
+            assert obj.btf_fd >= 0 and obj.btf_error is None
+    assert not [r for r in caplog.records if r.name == "gfxbpf.bpf.loader"]
+
+
+def test_cli_load_prints_the_refusal() -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", REFUSE_BTF, "load", OBJECT],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["programs"]
+    assert r.stderr.startswith("warning: object 'syscount': kernel refused the object's BTF: ")
+    assert "BPF_BTF_LOAD failed" in r.stderr
