@@ -93,7 +93,8 @@ FORBIDDEN_HELPERS = {
 
 # Program types and the attach kinds each may be (KPROBE only as a uprobe:
 # kprobes are not supported).
-ALLOWED_PROGRAMS = {
+# Keyed by ProgType, looked up by the object's plain int (an IntEnum hashes as its value).
+ALLOWED_PROGRAMS: dict[int, tuple[str, ...]] = {
     C.ProgType.TRACEPOINT: ("tracepoint",),
     C.ProgType.RAW_TRACEPOINT: ("raw_tracepoint",),
     C.ProgType.KPROBE: ("uprobe", "uretprobe"),

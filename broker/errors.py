@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from gfxbpf.broker.policy import Refusal
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -42,7 +44,8 @@ class BrokerError(Exception):
         self.audit_rule = audit_rule or rule
 
     def to_pb(self) -> pb.Error:
-        return pb.Error(code=self.code, message=self.message, rule=self.rule)
+        code = cast("pb.ErrorCode", self.code)  # an ErrorCode value, typed as int here
+        return pb.Error(code=code, message=self.message, rule=self.rule)
 
     @property
     def result(self) -> str:

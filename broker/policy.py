@@ -277,7 +277,7 @@ class Policy:
         if not hashed:
             return self._wrong_hash(candidates, program_name, sha)
         gid_set = frozenset(gids)
-        admitted = [(e, why) for e in hashed if (why := self._who(e, uid, gid_set))]
+        admitted = [(e, field) for e in hashed if (field := self._who(e, uid, gid_set))]
         if not admitted:
             return _upload(program_name, self._not_listed(hashed, uid))
         return _upload(program_name, self._grant_scope(admitted, scope, uid))

@@ -194,7 +194,9 @@ class Session:
         assert caller is not None and owner is not None
         if body in UNARY:
             reply = UNARY[body](self.service, caller, owner, getattr(req, body))
-            self.send(pb.Response(id=req.id, **{body: reply}))
+            # The reply field is named like the request's (typed per field in the stubs).
+            fields: dict[str, Any] = {body: reply}
+            self.send(pb.Response(id=req.id, **fields))
         elif body == "attach":
             areply, map_fds = self.service.attach(caller, owner, req.attach, fds)
             try:

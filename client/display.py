@@ -176,7 +176,7 @@ def sum_cpus(value: Any) -> Any:
         for k, v in first.items():
             parts = [d.get(k) for d in value if isinstance(d, dict)]
             if all(isinstance(p, int | float) and not isinstance(p, bool) for p in parts):
-                out[k] = sum(parts)  # type: ignore[arg-type]
+                out[k] = sum(parts)
             else:
                 out[k] = v
         return out

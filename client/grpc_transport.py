@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -48,10 +48,12 @@ _STATUS_TO_CODE = {
 
 def _trailers(err: grpc.RpcError) -> dict[str, str | bytes]:
     try:
-        md = err.trailing_metadata() or ()  # type: ignore[attr-defined]
+        md = err.trailing_metadata() or ()
     except Exception:  # noqa: BLE001 - a call that never reached the server has none
         return {}
-    return {k: v for k, v in md}
+    # (key, value) pairs at run time, whatever the stubs call them.
+    pairs = cast("Iterable[tuple[str, str | bytes]]", md)
+    return {k: v for k, v in pairs}
 
 
 def _text(value: str | bytes | None) -> str:
@@ -62,8 +64,8 @@ def _text(value: str | bytes | None) -> str:
 
 def convert_error(err: grpc.RpcError, op: str, address: str = "") -> Exception:
     """The client error for a failed gRPC call."""
-    status = err.code()  # type: ignore[attr-defined]
-    details = err.details() or ""  # type: ignore[attr-defined]
+    status = err.code()
+    details = err.details() or ""
     md = _trailers(err)
     raw = md.get(ERROR_KEY)
     if isinstance(raw, bytes):
@@ -130,7 +132,7 @@ class GrpcEvents:
         try:
             yield from self._call
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+            if e.code() != grpc.StatusCode.CANCELLED:
                 raise convert_error(e, "stream_events") from None
 
     def cancel(self) -> None:

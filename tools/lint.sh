@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and type-check with the venv's tools: ruff on the whole tree, mypy on
-# the packages that pass it (see [tool.mypy] in pyproject.toml). tools/test.sh
-# runs this before the tests, so CI fails when either regresses.
+# every package, generated stubs excepted (see [tool.mypy] in pyproject.toml).
+# tools/test.sh runs this before the tests, so CI fails when either regresses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -13,12 +13,12 @@ VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 # mypy cannot follow setuptools' package-dir mapping (bpf/ is gfxbpf.bpf), not
 # even through an editable install, so it checks a tree of links that spells
 # the installed names; paths in its messages are mapped back to the repository.
-# broker/ and client/ are being restructured (issue #13) and get added here later.
 TREE=$(mktemp -d)
 trap 'rm -rf "$TREE"' EXIT
 mkdir "$TREE/gfxbpf"
-for pkg in bpf proto; do
+for pkg in bpf proto broker client; do
     ln -s "$ROOT/$pkg" "$TREE/gfxbpf/$pkg"
 done
 (cd "$TREE" && MYPYPATH="$TREE" "$VENV/bin/mypy" --config-file "$ROOT/pyproject.toml" \
-    -p gfxbpf.bpf -p gfxbpf.proto) | sed -e 's#^gfxbpf/\(bpf\|proto\)/#\1/#'
+    -p gfxbpf.bpf -p gfxbpf.proto -p gfxbpf.broker -p gfxbpf.client) |
+    sed -e 's#^gfxbpf/\(bpf\|proto\|broker\|client\)/#\1/#'
