@@ -1,11 +1,20 @@
-"""Numeric constants of the BPF ABI (include/uapi/linux/bpf.h), x86-64.
+"""Constants: the BPF ABI numbers (include/uapi/linux/bpf.h, x86-64) and the scope names.
 
 Only the values gfxbpf uses; docs/BPF-ABI.md says where each comes from.
+Names and numbers only, no syscalls: bpf/, the broker and the client all import it.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Final, Literal
+
+# The scopes a program runs in, narrowest first: catalog, policy, broker and
+# client all use these names (gfxbpf.proto.scopes maps them to the wire's enum).
+Scope = Literal["self", "system"]
+SELF: Final = "self"  # only the caller's own events (uid/pid knobs in .rodata)
+SYSTEM: Final = "system"  # every process's events
+SCOPES: Final[tuple[Scope, ...]] = (SELF, SYSTEM)
 
 
 class ProgType(IntEnum):

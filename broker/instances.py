@@ -81,7 +81,7 @@ class InstanceLoader:
     def _open(self, caller: Caller, res: Resolved, target: Target) -> bpfinstance.Opened:
         entry = res.entry
         params = bpfinstance.Params(
-            uid=caller.uid if res.scope == "self" and entry.uid_knob else None,
+            uid=caller.uid if res.scope == C.SELF and entry.uid_knob else None,
             pid=target.pid if entry.pid_knob else None,
             library=target.library,
             functions=target.functions,

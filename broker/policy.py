@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gfxbpf.bpf.consts import SCOPES, SELF
 from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
 
-SCOPES = ("self", "system")
 WILDCARD = "*"
 
 
@@ -67,7 +67,7 @@ class ProgramEntry:
     sha256: str  # lower-case hex
     users: tuple[str | int, ...] = ()
     groups: tuple[str | int, ...] = ()
-    scopes: tuple[str, ...] = ("self",)
+    scopes: tuple[str, ...] = (SELF,)
     libraries: tuple[str, ...] = ()
     functions: tuple[str, ...] = (WILDCARD,)
     description: str = ""
@@ -444,7 +444,6 @@ class Policy:
 
 __all__ = [
     "LIMIT_KEYS",
-    "SCOPES",
     "Decision",
     "Limits",
     "NameResolver",

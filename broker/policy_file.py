@@ -33,9 +33,9 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from gfxbpf.bpf.consts import SCOPES, SELF
 from gfxbpf.broker.policy import (
     LIMIT_KEYS,
-    SCOPES,
     WILDCARD,
     Limits,
     PolicyError,
@@ -284,7 +284,7 @@ def _check_name_and_sha(table: dict[str, Any], where: str, errs: _Collector) -> 
 
 def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:
     if "scope" not in table:
-        return ("self",)
+        return (SELF,)
     raw = table["scope"]
     items = raw if isinstance(raw, list) else [raw]
     if not items or not all(isinstance(s, str) for s in items):
@@ -293,11 +293,11 @@ def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[s
             "scope",
             f'expected "self", "system" or an array of them, got {_toml_type(raw)} {_show(raw)}',
         )
-        return ("self",)
+        return (SELF,)
     bad = [s for s in items if s not in SCOPES]
     if bad:
         errs.add(where, "scope", f'unknown scope {_show(bad[0])} (expected "self" or "system")')
-        return ("self",)
+        return (SELF,)
     return tuple(dict.fromkeys(items))
 
 
