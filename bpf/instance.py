@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.bpf.sys import BPF_TRACE_UPROBE_MULTI
 
 # What a user must do to make a tracepoint system appear (for error messages).
 _SYSTEM_HINTS = {
