@@ -33,7 +33,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gfxbpf.bpf.consts import SCOPES, SELF
+from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy import (
     LIMIT_KEYS,
     WILDCARD,
@@ -282,7 +282,7 @@ def _check_name_and_sha(table: dict[str, Any], where: str, errs: _Collector) -> 
         errs.add(where, "sha256", f"expected 64 hex digits, got {_toml_type(sha)} {_show(sha)}")
 
 
-def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:
+def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[Scope, ...]:
     if "scope" not in table:
         return (SELF,)
     raw = table["scope"]
@@ -298,7 +298,7 @@ def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[s
     if bad:
         errs.add(where, "scope", f'unknown scope {_show(bad[0])} (expected "self" or "system")')
         return (SELF,)
-    return tuple(dict.fromkeys(items))
+    return tuple(dict.fromkeys(items))  # each one of SCOPES (checked above)
 
 
 def _parse_libraries(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass
 
 from gfxbpf.bpf.catalog import Catalog, Program
+from gfxbpf.bpf.consts import Scope
 from gfxbpf.broker.errors import DENIAL_CODES, BrokerError, over_limit
 from gfxbpf.broker.objects import Objects
 from gfxbpf.broker.policy import Decision, Policy, ProgramEntry
@@ -23,7 +24,7 @@ class Resolved:
     sha256: str
     entry: Program
     policy_entry: ProgramEntry
-    scope: str
+    scope: Scope
     rule: str  # the whole rule, for the audit log
     via: str  # "name" or "bytes"
 
