@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
 
-SCOPES = ("self", "system")
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
 UNITS = ("count", "bytes", "ns")

@@ -1,11 +1,20 @@
-"""Numeric constants of the BPF ABI (include/uapi/linux/bpf.h), x86-64.
+"""Constants: the BPF ABI numbers (include/uapi/linux/bpf.h, x86-64) and the scope names.
 
 Only the values gfxbpf uses; docs/BPF-ABI.md says where each comes from.
+Names and numbers only, no syscalls: bpf/, the broker and the client all import it.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Final, Literal
+
+# The scopes a program runs in, narrowest first: catalog, policy, broker and
+# client all use these names (gfxbpf.proto.scopes maps them to the wire's enum).
+Scope = Literal["self", "system"]
+SELF: Final = "self"  # only the caller's own events (uid/pid knobs in .rodata)
+SYSTEM: Final = "system"  # every process's events
+SCOPES: Final[tuple[Scope, ...]] = (SELF, SYSTEM)
 
 
 class ProgType(IntEnum):
@@ -75,7 +84,10 @@ BPF_F_MMAPABLE = 1 << 10
 # ld_imm64 src_reg values.
 BPF_PSEUDO_MAP_FD = 1
 BPF_PSEUDO_MAP_VALUE = 2
+BPF_PSEUDO_BTF_ID = 3
 BPF_PSEUDO_FUNC = 4
+BPF_PSEUDO_MAP_IDX = 5
+BPF_PSEUDO_MAP_IDX_VALUE = 6
 # call src_reg values.
 BPF_PSEUDO_CALL = 1
 BPF_PSEUDO_KFUNC_CALL = 2
@@ -88,8 +100,35 @@ R_BPF_64_ABS32 = 3
 R_BPF_64_NODYLD32 = 4
 R_BPF_64_32 = 10
 
-# Attach types.
+# bpf(2) commands (enum bpf_cmd).
+BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_PROG_LOAD = 5
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_RAW_TRACEPOINT_OPEN = 17
+BPF_BTF_LOAD = 18
+BPF_MAP_FREEZE = 22
+BPF_MAP_LOOKUP_BATCH = 24
+BPF_LINK_CREATE = 28
+BPF_ENABLE_STATS = 32
+
+# Element update flags.
+BPF_ANY = 0
+BPF_NOEXIST = 1
+BPF_EXIST = 2
+
+# BPF_ENABLE_STATS types.
+BPF_STATS_RUN_TIME = 0
+
+# Attach types (enum bpf_attach_type).
 BPF_PERF_EVENT = 41
+BPF_TRACE_UPROBE_MULTI = 48
+
+# uprobe_multi link flags.
+BPF_F_UPROBE_MULTI_RETURN = 1
 
 BPF_OBJ_NAME_LEN = 16
 INSN_SIZE = 8

@@ -15,9 +15,18 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from gfxbpf.bpf.consts import (
+    BPF_PSEUDO_BTF_ID,
+    BPF_PSEUDO_CALL,
+    BPF_PSEUDO_FUNC,
+    BPF_PSEUDO_KFUNC_CALL,
+    BPF_PSEUDO_MAP_FD,
+    BPF_PSEUDO_MAP_IDX,
+    BPF_PSEUDO_MAP_IDX_VALUE,
+    BPF_PSEUDO_MAP_VALUE,
+    INSN_SIZE,
+)
 from gfxbpf.bpf.helpers import helper_name
-
-INSN_SIZE = 8
 
 # Instruction classes (code & 0x07).
 BPF_LD = 0x00
@@ -87,18 +96,6 @@ BPF_XCHG = 0xE0 | BPF_FETCH
 BPF_CMPXCHG = 0xF0 | BPF_FETCH
 BPF_LOAD_ACQ = 0x100
 BPF_STORE_REL = 0x110
-
-# src_reg of a call.
-BPF_PSEUDO_CALL = 1
-BPF_PSEUDO_KFUNC_CALL = 2
-
-# src_reg of an ld_imm64.
-BPF_PSEUDO_MAP_FD = 1
-BPF_PSEUDO_MAP_VALUE = 2
-BPF_PSEUDO_BTF_ID = 3
-BPF_PSEUDO_FUNC = 4
-BPF_PSEUDO_MAP_IDX = 5
-BPF_PSEUDO_MAP_IDX_VALUE = 6
 
 CODE_LD_IMM64 = BPF_LD | BPF_DW | BPF_IMM  # 0x18
 CODE_CALL = BPF_JMP | BPF_CALL | BPF_K  # 0x85

@@ -8,15 +8,17 @@ into `.rodata`, load, and attach every program of that variant.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
+from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.bpf.sys import BPF_TRACE_UPROBE_MULTI
 
 # What a user must do to make a tracepoint system appear (for error messages).
 _SYSTEM_HINTS = {
@@ -28,7 +30,7 @@ _SYSTEM_HINTS = {
 }
 
 
-class Unavailable(Exception):
+class Unavailable(HostError):
     """The program cannot run on this host; the message says why and what to do."""
 
 
@@ -36,8 +38,30 @@ class FieldMissing(Unavailable):
     """A tracepoint on this kernel lacks a field the program reads."""
 
 
-class ParameterError(ValueError):
+class ParameterError(ValueError, InputError):
     """Attach-time parameters do not fit the program."""
+
+
+class CatalogMismatch(ValueError, InputError):
+    """The object lacks, or sizes differently, a knob or program its catalog entry names."""
+
+
+@contextmanager
+def _must_match_catalog() -> Iterator[None]:
+    """ObjectSpec answers a variable or program it lacks (or cannot take the value
+    for) with a plain KeyError, TypeError or ValueError; here that means the object
+    does not match its catalog entry. The message stays the original's."""
+    try:
+        yield
+    except GfxBpfError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise CatalogMismatch(str(e)) from e
+
+
+def _set_knob(spec: ObjectSpec, name: str, value: int) -> None:
+    with _must_match_catalog():
+        spec.set_variable(name, value)
 
 
 @dataclass(frozen=True)
@@ -91,9 +115,7 @@ def availability(
     """None when the program can run here, else the reason it cannot."""
     try:
         choose_variant(entry, exists)
-    except Unavailable as e:
-        return str(e)
-    except tracefs.TracefsError as e:
+    except HostError as e:  # Unavailable, or tracefs itself
         return str(e)
     return None
 
@@ -120,10 +142,10 @@ def fill_field_knobs(
                 f"this kernel's {system}:{event} has no field {f.field!r} "
                 f"(it has: {have}); program {entry.name!r} cannot run here"
             )
-        spec.set_variable(f.knob, fld.offset)
+        _set_knob(spec, f.knob, fld.offset)
         written[f.knob] = fld.offset
         if f.size_knob:
-            spec.set_variable(f.size_knob, fld.size)
+            _set_knob(spec, f.size_knob, fld.size)
             written[f.size_knob] = fld.size
     return written
 
@@ -143,11 +165,11 @@ def prepare(
     if params.uid is not None:
         if not entry.uid_knob:
             raise ParameterError(f"program {entry.name!r} has no uid filter")
-        spec.set_variable(entry.uid_knob, params.uid)
+        _set_knob(spec, entry.uid_knob, params.uid)
     if params.pid is not None:
         if not entry.pid_knob:
             raise ParameterError(f"program {entry.name!r} takes no pid")
-        spec.set_variable(entry.pid_knob, params.pid)
+        _set_knob(spec, entry.pid_knob, params.pid)
     use_uprobe_multi(spec, entry)
     return spec, variant
 
@@ -157,7 +179,9 @@ def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:
     at load time (the uprobe perf PMU would need CAP_SYS_ADMIN)."""
     for a in entry.attach:
         if a.kind in ("uprobe", "uretprobe"):
-            spec.programs[a.program].expected_attach_type = BPF_TRACE_UPROBE_MULTI
+            with _must_match_catalog():
+                prog = spec.programs[a.program]
+            prog.expected_attach_type = BPF_TRACE_UPROBE_MULTI
 
 
 @dataclass

@@ -16,25 +16,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
+from gfxbpf.bpf.consts import (
+    BPF_ANY,
+    BPF_BTF_LOAD,
+    BPF_ENABLE_STATS,
+    BPF_F_UPROBE_MULTI_RETURN,
+    BPF_LINK_CREATE,
+    BPF_MAP_CREATE,
+    BPF_MAP_DELETE_ELEM,
+    BPF_MAP_FREEZE,
+    BPF_MAP_GET_NEXT_KEY,
+    BPF_MAP_LOOKUP_BATCH,
+    BPF_MAP_LOOKUP_ELEM,
+    BPF_MAP_UPDATE_ELEM,
+    BPF_OBJ_GET_INFO_BY_FD,
+    BPF_OBJ_NAME_LEN,
+    BPF_PROG_LOAD,
+    BPF_RAW_TRACEPOINT_OPEN,
+    BPF_STATS_RUN_TIME,
+    BPF_TRACE_UPROBE_MULTI,
+)
 from gfxbpf.bpf.errors import KernelError
 
 SYS_BPF = 321  # x86-64
 ATTR_SIZE = 168  # sizeof(union bpf_attr) on current kernels
-
-# Commands.
-BPF_MAP_CREATE = 0
-BPF_MAP_LOOKUP_ELEM = 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_MAP_DELETE_ELEM = 3
-BPF_MAP_GET_NEXT_KEY = 4
-BPF_PROG_LOAD = 5
-BPF_OBJ_GET_INFO_BY_FD = 15
-BPF_RAW_TRACEPOINT_OPEN = 17
-BPF_BTF_LOAD = 18
-BPF_MAP_FREEZE = 22
-BPF_MAP_LOOKUP_BATCH = 24
-BPF_LINK_CREATE = 28
-BPF_ENABLE_STATS = 32
 
 COMMAND_NAMES = {
     BPF_MAP_CREATE: "BPF_MAP_CREATE",
@@ -52,20 +57,12 @@ COMMAND_NAMES = {
     BPF_ENABLE_STATS: "BPF_ENABLE_STATS",
 }
 
-# Element update flags.
-BPF_ANY = 0
-BPF_NOEXIST = 1
-BPF_EXIST = 2
-
-BPF_STATS_RUN_TIME = 0
-
 # The kernel-internal "not supported" errno that bpf(2) leaks to user space.
 ENOTSUPP = 524
 
 LOG_BUF_SIZE = 16 << 20  # first verifier-log buffer
 LOG_BUF_MAX = 1 << 30  # the kernel refuses log_size above UINT_MAX >> 2
 
-OBJ_NAME_LEN = 16
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]*")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -89,7 +86,7 @@ class MapCreateAttr(ctypes.Structure):
         ("map_flags", u32),
         ("inner_map_fd", u32),
         ("numa_node", u32),
-        ("map_name", ctypes.c_char * OBJ_NAME_LEN),
+        ("map_name", ctypes.c_char * BPF_OBJ_NAME_LEN),
         ("map_ifindex", u32),
         ("btf_fd", u32),
         ("btf_key_type_id", u32),
@@ -135,7 +132,7 @@ class ProgLoadAttr(ctypes.Structure):
         ("log_buf", u64),
         ("kern_version", u32),
         ("prog_flags", u32),
-        ("prog_name", ctypes.c_char * OBJ_NAME_LEN),
+        ("prog_name", ctypes.c_char * BPF_OBJ_NAME_LEN),
         ("prog_ifindex", u32),
         ("expected_attach_type", u32),
         ("prog_btf_fd", u32),
@@ -240,7 +237,7 @@ class BpfProgInfo(ctypes.Structure):
         ("created_by_uid", u32),
         ("nr_map_ids", u32),
         ("map_ids", u64),
-        ("name", ctypes.c_char * OBJ_NAME_LEN),
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
         ("ifindex", u32),
         ("gpl_compatible", u32),  # bit 0
         ("netns_dev", u64),
@@ -278,7 +275,7 @@ class BpfMapInfo(ctypes.Structure):
         ("value_size", u32),
         ("max_entries", u32),
         ("map_flags", u32),
-        ("name", ctypes.c_char * OBJ_NAME_LEN),
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
         ("ifindex", u32),
         ("btf_vmlinux_value_type_id", u32),
         ("netns_dev", u64),
@@ -352,7 +349,7 @@ def _obj_name(name: str, what: str) -> bytes:
         raise ValueError(
             f"invalid {what} name {name!r}: the kernel accepts only letters, digits, '_' and '.'"
         )
-    return name[: OBJ_NAME_LEN - 1].encode("ascii")
+    return name[: BPF_OBJ_NAME_LEN - 1].encode("ascii")
 
 
 def _ptr(buf: ctypes.Array | None) -> int:
@@ -417,7 +414,7 @@ def map_lookup_elem(fd: int, key: bytes, value_size: int) -> bytes | None:
     return vbuf.raw
 
 
-def map_update_elem(fd: int, key: bytes, value: bytes, flags: int = 0) -> None:
+def map_update_elem(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
     kbuf = _in_buf(key)
     vbuf = _in_buf(value)
     attr = BpfAttr()
@@ -746,10 +743,6 @@ def link_create(
     a.flags = flags
     a.bpf_cookie = cookie
     return _check(BPF_LINK_CREATE, attr)
-
-
-BPF_TRACE_UPROBE_MULTI = 48
-BPF_F_UPROBE_MULTI_RETURN = 1
 
 
 def link_create_uprobe_multi(

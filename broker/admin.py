@@ -23,9 +23,9 @@ from gfxbpf.bpf.catalog import (
     check_object,
     load_catalog,
 )
+from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
 from gfxbpf.broker import audit
-from gfxbpf.broker.policy import SCOPES
 
 PROG = "gfxbpf-admin"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from gfxbpf.bpf.consts import SELF
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
 from gfxbpf.broker.params import Target
@@ -38,7 +39,7 @@ class Attachments:
         key = InstanceKey(
             sha256=res.sha256,
             scope=res.scope,
-            uid=caller.uid if res.scope == "self" else None,
+            uid=caller.uid if res.scope == SELF else None,
             pid=target.pid,
             library=target.library,
             functions=target.functions,

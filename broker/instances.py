@@ -12,6 +12,7 @@ from gfxbpf.bpf import instance as bpfinstance
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf.errors import HostError, InputError, KernelError
 from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
@@ -81,7 +82,7 @@ class InstanceLoader:
     def _open(self, caller: Caller, res: Resolved, target: Target) -> bpfinstance.Opened:
         entry = res.entry
         params = bpfinstance.Params(
-            uid=caller.uid if res.scope == "self" and entry.uid_knob else None,
+            uid=caller.uid if res.scope == C.SELF and entry.uid_knob else None,
             pid=target.pid if entry.pid_knob else None,
             library=target.library,
             functions=target.functions,
@@ -96,11 +97,9 @@ class InstanceLoader:
             )
         except ObjectError as e:
             raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"object cannot be used: {e}") from None
-        except bpfinstance.Unavailable as e:
+        except HostError as e:  # no such tracepoint, field or driver; tracefs itself
             raise BrokerError(pb.ERROR_UNAVAILABLE, str(e)) from None
-        except tracefs.TracefsError as e:
-            raise BrokerError(pb.ERROR_UNAVAILABLE, str(e)) from None
-        except (KeyError, ValueError, TypeError) as e:
+        except InputError as e:  # a knob, program, format or parameter that does not fit
             raise BrokerError(
                 pb.ERROR_INVALID_ARGUMENT,
                 f"program {entry.name!r}: the object does not match its catalog entry: {e}",
@@ -170,10 +169,13 @@ def _load_and_attach(
 
 
 def _attach_error(a: Attach, e: Exception) -> Exception:
-    if isinstance(e, tracefs.TracefsError):
+    if isinstance(e, HostError):  # tracefs
         return BrokerError(pb.ERROR_UNAVAILABLE, str(e))
-    if isinstance(e, (LookupError, ValueError)):  # symbol not found and friends
+    # A symbol not found, parameters that do not fit; bpf/attach.py also checks
+    # its own arguments (a path, a pid) with plain ValueError.
+    if isinstance(e, (InputError, ValueError)):
         return BrokerError(pb.ERROR_INVALID_ARGUMENT, f"cannot attach: {e}")
-    if isinstance(e, OSError):
+    # The kernel refused (AttachError, BpfError), or a plain OSError on the way.
+    if isinstance(e, (KernelError, OSError)):
         return BrokerError(pb.ERROR_KERNEL, f"attaching {a.program!r} failed: {e}")
     return e

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gfxbpf.bpf.consts import SELF
 from gfxbpf.broker import libraries
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
@@ -84,7 +85,7 @@ def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, Pid
         return None, None
     if not entry.pid_knob and not any(a.kind in _UPROBE_KINDS for a in entry.attach):
         raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"program {entry.name!r} takes no pid")
-    if res.scope != "self":
+    if res.scope != SELF:
         return pid, None
     try:
         return pid, verify_owner(pid, caller.uid)

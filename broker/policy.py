@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
 
-SCOPES = ("self", "system")
 WILDCARD = "*"
 
 
@@ -67,7 +67,7 @@ class ProgramEntry:
     sha256: str  # lower-case hex
     users: tuple[str | int, ...] = ()
     groups: tuple[str | int, ...] = ()
-    scopes: tuple[str, ...] = ("self",)
+    scopes: tuple[Scope, ...] = (SELF,)
     libraries: tuple[str, ...] = ()
     functions: tuple[str, ...] = (WILDCARD,)
     description: str = ""
@@ -122,7 +122,7 @@ class Decision:
     allowed: bool
     rule: str  # the whole rule, for the audit log
     entry: ProgramEntry | None = None  # the allowing entry (or the nearest miss)
-    scope: str | None = None  # the scope granted (resolves an unspecified scope)
+    scope: Scope | None = None  # the scope granted (resolves an unspecified scope)
     reason: str = ""  # for the caller: what they lack
     ref: str = ""  # for the caller: which rule, e.g. '[[program]] #2 "syscount"'
     refusal: str = ""  # a Refusal kind, when refused
@@ -444,7 +444,6 @@ class Policy:
 
 __all__ = [
     "LIMIT_KEYS",
-    "SCOPES",
     "Decision",
     "Limits",
     "NameResolver",

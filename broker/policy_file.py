@@ -33,9 +33,9 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy import (
     LIMIT_KEYS,
-    SCOPES,
     WILDCARD,
     Limits,
     PolicyError,
@@ -282,9 +282,9 @@ def _check_name_and_sha(table: dict[str, Any], where: str, errs: _Collector) -> 
         errs.add(where, "sha256", f"expected 64 hex digits, got {_toml_type(sha)} {_show(sha)}")
 
 
-def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:
+def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[Scope, ...]:
     if "scope" not in table:
-        return ("self",)
+        return (SELF,)
     raw = table["scope"]
     items = raw if isinstance(raw, list) else [raw]
     if not items or not all(isinstance(s, str) for s in items):
@@ -293,12 +293,12 @@ def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[s
             "scope",
             f'expected "self", "system" or an array of them, got {_toml_type(raw)} {_show(raw)}',
         )
-        return ("self",)
+        return (SELF,)
     bad = [s for s in items if s not in SCOPES]
     if bad:
         errs.add(where, "scope", f'unknown scope {_show(bad[0])} (expected "self" or "system")')
-        return ("self",)
-    return tuple(dict.fromkeys(items))
+        return (SELF,)
+    return tuple(dict.fromkeys(items))  # each one of SCOPES (checked above)
 
 
 def _parse_libraries(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:

@@ -14,9 +14,9 @@ from gfxbpf.bpf.maps import CursorError, Map
 from gfxbpf.broker import features
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy import ProgramEntry
-from gfxbpf.broker.resolve import SCOPE_ENUMS
 from gfxbpf.broker.sessions import Attachment
 from gfxbpf.proto import gfxbpf_pb2 as pb
+from gfxbpf.proto.scopes import SCOPE_ENUMS
 
 # A ReadMap page stays well inside one control-socket datagram (1 MiB).
 READ_MAP_MAX_BYTES = 768 * 1024

@@ -7,14 +7,13 @@ import hashlib
 from dataclasses import dataclass
 
 from gfxbpf.bpf.catalog import Catalog, Program
+from gfxbpf.bpf.consts import Scope
 from gfxbpf.broker.errors import DENIAL_CODES, BrokerError, over_limit
 from gfxbpf.broker.objects import Objects
 from gfxbpf.broker.policy import Decision, Policy, ProgramEntry
 from gfxbpf.broker.sessions import Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
-
-SCOPE_NAMES = {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}
-SCOPE_ENUMS = {"self": pb.SCOPE_SELF, "system": pb.SCOPE_SYSTEM}
+from gfxbpf.proto.scopes import SCOPE_NAMES, is_scope_value
 
 
 @dataclass
@@ -25,7 +24,7 @@ class Resolved:
     sha256: str
     entry: Program
     policy_entry: ProgramEntry
-    scope: str
+    scope: Scope
     rule: str  # the whole rule, for the audit log
     via: str  # "name" or "bytes"
 
@@ -62,7 +61,7 @@ def resolve(
 ) -> Resolved:
     """Find the object and ask the policy; fields (for the audit line) fill in as
     they become known, so a refusal is logged with what was asked."""
-    if req.scope not in (pb.SCOPE_UNSPECIFIED, pb.SCOPE_SELF, pb.SCOPE_SYSTEM):
+    if not is_scope_value(req.scope):
         raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"unknown scope value {req.scope}")
     scope = SCOPE_NAMES.get(req.scope)
     fields["scope"] = scope

@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gfxbpf.bpf.consts import Scope
 from gfxbpf.broker.errors import over_limit
 from gfxbpf.broker.registry import InstanceKey
 
@@ -35,7 +36,7 @@ class Attachment:
     uid: int
     program: str
     sha256: str
-    scope: str
+    scope: Scope
     key: InstanceKey
     shared: SharedInstance
     closed: bool = False

@@ -30,15 +30,10 @@ from gfxbpf.client.handle import Attachment
 from gfxbpf.client.tokens import TokenCache, cache_key
 from gfxbpf.client.transport import Transport
 from gfxbpf.proto import gfxbpf_pb2 as pb
+from gfxbpf.proto.scopes import SCOPE_ENUMS, is_scope_value
 
 PROTOCOL = 1
 VIAS = ("auto", "fd", "grpc")
-_SCOPES = {
-    None: pb.SCOPE_UNSPECIFIED,
-    "": pb.SCOPE_UNSPECIFIED,
-    "self": pb.SCOPE_SELF,
-    "system": pb.SCOPE_SYSTEM,
-}
 
 
 def client_version() -> str:
@@ -52,11 +47,13 @@ def client_version() -> str:
 
 def scope_value(scope: str | int | None) -> pb.Scope:
     if isinstance(scope, int):
-        if scope not in (pb.SCOPE_UNSPECIFIED, pb.SCOPE_SELF, pb.SCOPE_SYSTEM):
+        if not is_scope_value(scope):
             raise UsageError(f"unknown scope {scope}")
         return cast(pb.Scope, scope)  # one of the three: the stubs type them as the enum
+    if not scope:  # None or "": the policy picks
+        return pb.SCOPE_UNSPECIFIED
     try:
-        return _SCOPES[scope]
+        return SCOPE_ENUMS[scope]
     except KeyError:
         raise UsageError(f"unknown scope {scope!r}: use 'self' or 'system'") from None
 

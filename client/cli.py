@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
@@ -150,7 +151,7 @@ def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
 
 def _add_attach(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="program name (see `gfxclient list`)")
-    p.add_argument("--scope", choices=("self", "system"), help="default: the policy's scope")
+    p.add_argument("--scope", choices=SCOPES, help="default: the policy's scope")
     p.add_argument("--pid", type=_pid, help="target process (per-process programs)")
     p.add_argument(
         "--library", metavar="PATH", help="uprobe target (ucalls); a file you can read yourself"
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="attach NAME for the report (repeatable)",
     )
-    p.add_argument("--scope", choices=("self", "system"), help="scope for --attach")
+    p.add_argument("--scope", choices=SCOPES, help="scope for --attach")
     p.add_argument(
         "--wait", type=_nonnegative, default=1.0, metavar="S", help="after --attach (default 1)"
     )

@@ -18,15 +18,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.bpf.btf import Btf, BtfError
+from gfxbpf.bpf.consts import MapType
 from gfxbpf.bpf.maps import Map
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
 from gfxbpf.client.events import EventStream
 from gfxbpf.proto import gfxbpf_pb2 as pb
+from gfxbpf.proto.scopes import SCOPE_NAMES
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
 
-BPF_MAP_TYPE_RINGBUF = 27
 # Errnos that mean "this process may not read the map fd itself".
 _NO_DIRECT = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS})
 READ_PAGE = 1024
@@ -34,11 +35,8 @@ READ_PAGE = 1024
 Value = bytes | list[bytes]
 
 
-_SCOPE_NAMES: dict[int, str] = {pb.SCOPE_SELF: "self", pb.SCOPE_SYSTEM: "system"}
-
-
 def scope_name(scope: int) -> str:
-    return _SCOPE_NAMES.get(scope, "unspecified")
+    return SCOPE_NAMES.get(scope, "unspecified")
 
 
 def raw_int(data: bytes) -> Any:
@@ -85,7 +83,7 @@ class ClientMap:
 
     @property
     def is_events(self) -> bool:
-        return self.show == "events" or self.map_type == BPF_MAP_TYPE_RINGBUF
+        return self.show == "events" or self.map_type == MapType.RINGBUF
 
     def fileno(self) -> int:
         if self._fd is None:

@@ -13,7 +13,7 @@ import pytest
 from gfxbpf.bpf import maps as mapsmod
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
-from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, BPF_F_RDONLY, MapType
+from gfxbpf.bpf.consts import BPF_EXIST, BPF_F_NO_PREALLOC, BPF_F_RDONLY, BPF_NOEXIST, MapType
 from gfxbpf.bpf.maps import Map, sum_percpu, sum_percpu_u64s
 from tests.kernel.sysmaps_util import ChildError, map_fd_by_id, run_unprivileged
 
@@ -48,10 +48,10 @@ def test_hash_update_lookup_delete(hash_map: Map) -> None:
     assert m[2] == u64(222)
     # NOEXIST on an existing key and EXIST on a missing one fail with the kernel's errno.
     with pytest.raises(bpfsys.BpfError) as ei:
-        m.update(1, 5, bpfsys.BPF_NOEXIST)
+        m.update(1, 5, BPF_NOEXIST)
     assert ei.value.errno == errno.EEXIST and ei.value.command == "BPF_MAP_UPDATE_ELEM"
     with pytest.raises(bpfsys.BpfError) as ei:
-        m.update(3, 5, bpfsys.BPF_EXIST)
+        m.update(3, 5, BPF_EXIST)
     assert ei.value.errno == errno.ENOENT
     assert m.delete(1) is True
     assert m.delete(1) is False

@@ -11,6 +11,7 @@ from gfxbpf.bpf.attach import AttachError
 from gfxbpf.bpf.btf import BtfError
 from gfxbpf.bpf.catalog import CatalogError, CatalogKeyError
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError, KernelError
+from gfxbpf.bpf.instance import CatalogMismatch, FieldMissing, ParameterError, Unavailable
 from gfxbpf.bpf.loader import LoadError
 from gfxbpf.bpf.object import ObjectError, UnsupportedError
 from gfxbpf.bpf.ringbuf import RingBufferError
@@ -32,6 +33,10 @@ CASES = [
     (BpfError, OSError, KernelError),
     (TracefsError, OSError, HostError),
     (TracepointNotFound, OSError, HostError),
+    (Unavailable, Exception, HostError),
+    (FieldMissing, Exception, HostError),
+    (ParameterError, ValueError, InputError),
+    (CatalogMismatch, ValueError, InputError),
 ]
 
 

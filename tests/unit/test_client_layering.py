@@ -67,8 +67,9 @@ def _module_files(layer: str) -> list[Path]:
 
 
 # gfxbpf.bpf modules a client may use: reading map fds it was handed, consuming
-# a ring buffer, decoding BTF (and what those import themselves).
-ALLOWED_BPF = {"gfxbpf.bpf.maps", "gfxbpf.bpf.ringbuf", "gfxbpf.bpf.btf"}
+# a ring buffer, decoding BTF (and what those import themselves), and the
+# constants (names and numbers, no syscalls: map types, scope names).
+ALLOWED_BPF = {"gfxbpf.bpf.maps", "gfxbpf.bpf.ringbuf", "gfxbpf.bpf.btf", "gfxbpf.bpf.consts"}
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
 FORBIDDEN_TEXT = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,14 @@ def test_scope_knobs_are_written() -> None:
             exists=lambda s, e: True,
             read_format=stored_format,
         )
+
+
+def test_a_knob_the_object_lacks_is_a_catalog_mismatch() -> None:
+    entry = dataclasses.replace(CATALOG.get("ucalls"), uid_knob="no_such_knob")
+    with pytest.raises(instance.CatalogMismatch) as ei:
+        instance.prepare(
+            entry, read_object(entry), instance.Params(uid=5), exists=lambda s, e: True
+        )
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value.__cause__, KeyError)
+    assert str(ei.value) == str(ei.value.__cause__)  # the broker's message is unchanged
+    assert "has no global variable 'no_such_knob'" in str(ei.value)
