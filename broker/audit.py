@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import insn as bpfinsn
-from gfxbpf.bpf.object import ObjectError, ObjectSpec
+from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
 
 # Helpers a reviewed tracing program may call, by group. Anything else is
 # refused, so a new kernel helper is denied until someone reviews it here.
@@ -209,53 +209,69 @@ def audit_spec(spec: ObjectSpec, *, ncpus: int = 1) -> AuditReport:
     if len(loadable) > MAX_PROGRAMS:
         report.problems.append(f"{len(loadable)} programs, more than the limit of {MAX_PROGRAMS}")
     for p in loadable:
-        pa = ProgramAudit(p.name, p.section, p.prog_type, p.attach_kind)
-        report.programs.append(pa)
-        kinds = ALLOWED_PROGRAMS.get(p.prog_type)
-        if kinds is None or p.attach_kind not in kinds:
-            report.problems.append(
-                f"program {p.name!r} (section {p.section!r}): program type "
-                f"{p.prog_type} as {p.attach_kind} is not allowed (allowed: tracepoint, "
-                "raw_tracepoint, uprobe/uretprobe, perf_event)"
-            )
-        try:
-            linked = spec.link_program(p.name)
-            facts = bpfinsn.analyze(bytes(linked.insns))
-        except (ObjectError, ValueError) as e:
-            report.problems.append(f"program {p.name!r}: cannot decode its instructions: {e}")
-            continue
-        pa.insn_count = facts.insn_count
-        pa.helpers = facts.helpers
-        pa.kfunc_calls = len(facts.kfunc_calls)
-        if facts.insn_count > MAX_PROGRAM_INSNS:
-            report.problems.append(
-                f"program {p.name!r}: {facts.insn_count} instructions once linked, more than "
-                f"the limit of {MAX_PROGRAM_INSNS}"
-            )
-        seen: set[str] = set()
-        for idx, helper_id, name in facts.helper_calls:
-            if name in ALLOWED_HELPERS or name in seen:
-                continue
-            seen.add(name)
-            why = FORBIDDEN_HELPERS.get(name, "not on the broker's helper allowlist")
-            report.problems.append(
-                f"program {p.name!r} calls bpf_{name} (helper {helper_id}, instruction "
-                f"{idx}): {why}"
-            )
-        if facts.kfunc_calls:
-            idx, btf_id = facts.kfunc_calls[0]
-            report.problems.append(
-                f"program {p.name!r} calls a kernel function (kfunc, BTF id {btf_id}, "
-                f"instruction {idx}): kfunc calls are not allowed"
-            )
-        for idx, src, _ in facts.ld_imm64:
-            if src == C.BPF_PSEUDO_FUNC:
-                report.problems.append(
-                    f"program {p.name!r}: callback function pointer at instruction {idx} "
-                    "(bpf_loop and friends) is not allowed"
-                )
-                break
+        _audit_program(spec, p, report)
+    _audit_maps(spec, ncpus, report)
+    return report
 
+
+def _audit_program(spec: ObjectSpec, p: ProgramSpec, report: AuditReport) -> None:
+    """The program's type, then what its linked instructions call and load."""
+    pa = ProgramAudit(p.name, p.section, p.prog_type, p.attach_kind)
+    report.programs.append(pa)
+    kinds = ALLOWED_PROGRAMS.get(p.prog_type)
+    if kinds is None or p.attach_kind not in kinds:
+        report.problems.append(
+            f"program {p.name!r} (section {p.section!r}): program type "
+            f"{p.prog_type} as {p.attach_kind} is not allowed (allowed: tracepoint, "
+            "raw_tracepoint, uprobe/uretprobe, perf_event)"
+        )
+    try:
+        linked = spec.link_program(p.name)
+        facts = bpfinsn.analyze(bytes(linked.insns))
+    except (ObjectError, ValueError) as e:
+        report.problems.append(f"program {p.name!r}: cannot decode its instructions: {e}")
+        return
+    pa.insn_count = facts.insn_count
+    pa.helpers = facts.helpers
+    pa.kfunc_calls = len(facts.kfunc_calls)
+    if facts.insn_count > MAX_PROGRAM_INSNS:
+        report.problems.append(
+            f"program {p.name!r}: {facts.insn_count} instructions once linked, more than "
+            f"the limit of {MAX_PROGRAM_INSNS}"
+        )
+    report.problems.extend(_call_problems(p.name, facts))
+
+
+def _call_problems(name: str, facts: bpfinsn.ProgramFacts) -> list[str]:
+    """Helpers off the allowlist (each named once), kfuncs, callback pointers."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for idx, helper_id, helper in facts.helper_calls:
+        if helper in ALLOWED_HELPERS or helper in seen:
+            continue
+        seen.add(helper)
+        why = FORBIDDEN_HELPERS.get(helper, "not on the broker's helper allowlist")
+        problems.append(
+            f"program {name!r} calls bpf_{helper} (helper {helper_id}, instruction {idx}): {why}"
+        )
+    if facts.kfunc_calls:
+        idx, btf_id = facts.kfunc_calls[0]
+        problems.append(
+            f"program {name!r} calls a kernel function (kfunc, BTF id {btf_id}, "
+            f"instruction {idx}): kfunc calls are not allowed"
+        )
+    for idx, src, _ in facts.ld_imm64:
+        if src == C.BPF_PSEUDO_FUNC:
+            problems.append(
+                f"program {name!r}: callback function pointer at instruction {idx} "
+                "(bpf_loop and friends) is not allowed"
+            )
+            break
+    return problems
+
+
+def _audit_maps(spec: ObjectSpec, ncpus: int, report: AuditReport) -> None:
+    """Map count, types and the memory they would take."""
     if len(spec.maps) > MAX_MAPS:
         report.problems.append(f"{len(spec.maps)} maps, more than the limit of {MAX_MAPS}")
     for m in spec.maps.values():
@@ -271,7 +287,6 @@ def audit_spec(spec: ObjectSpec, *, ncpus: int = 1) -> AuditReport:
         report.problems.append(
             f"maps need ~{report.map_memory} bytes, more than the limit of {MAX_MAP_MEMORY}"
         )
-    return report
 
 
 def audit_bytes(data: bytes, name: str = "obj", *, ncpus: int = 1) -> AuditReport:
