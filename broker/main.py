@@ -31,6 +31,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,61 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
     return True
 
 
+def _start_grpc(config: BrokerConfig, service: Any, listener: socket.socket) -> Any:
+    """The gRPC listener if --grpc was given (None otherwise); StartError if it cannot."""
+    if not config.grpc:
+        return None
+    from gfxbpf.broker.grpc_server import start_grpc_server, tls_from_config
+
+    try:
+        return start_grpc_server(service, config.grpc, tls_from_config(config))
+    except (OSError, ValueError, RuntimeError) as e:
+        listener.close()
+        raise StartError(f"gRPC: {e}") from None
+
+
+class _Signals:
+    """SIGTERM/SIGINT ask to stop, SIGHUP to reload; the handlers only set flags
+    (the main loop does the work), SIGPIPE is ignored."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.reload = threading.Event()
+        self.wake = threading.Event()
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        self.stop.set()
+        self.wake.set()
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self.reload.set()
+        self.wake.set()
+
+
+def _serve_until_stopped(
+    signals: _Signals, reload: Callable[[], bool], config: BrokerConfig
+) -> None:
+    """Wait for a signal: reload the policy on SIGHUP (telling systemd), return on stop."""
+    while True:
+        signals.wake.wait(1.0)
+        signals.wake.clear()
+        if signals.stop.is_set():
+            return
+        if signals.reload.is_set():
+            signals.reload.clear()
+            now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+            sd_notify(f"RELOADING=1\nMONOTONIC_USEC={now_us}")
+            ok = reload()
+            sd_notify(
+                "READY=1\nSTATUS=serving"
+                + ("" if ok else f" (last reload failed: {config.policy} invalid, old policy kept)")
+            )
+
+
 def run(config: BrokerConfig, audit: AuditLog) -> int:
     from gfxbpf.broker.privileges import PrivilegeError, ensure_broker_privileges
 
@@ -222,32 +278,8 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     audit.ok("start", detail=report.summary(), uid=report.uid, pid=os.getpid())
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
-    grpc_server = None
-    if config.grpc:
-        from gfxbpf.broker.grpc_server import start_grpc_server, tls_from_config
-
-        try:
-            grpc_server = start_grpc_server(service, config.grpc, tls_from_config(config))
-        except (OSError, ValueError, RuntimeError) as e:
-            listener.close()
-            raise StartError(f"gRPC: {e}") from None
-
-    stop = threading.Event()
-    reload = threading.Event()
-    wake = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-        wake.set()
-
-    def on_hup(signum: int, frame: object) -> None:
-        reload.set()
-        wake.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_hup)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    grpc_server = _start_grpc(config, service, listener)
+    signals = _Signals()
 
     server = UnixServer(service, listener, on_error=lambda m: audit.error("accept", detail=m))
     server.start()
@@ -259,21 +291,9 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
         grpc=config.grpc,
     )
     sd_notify("READY=1\nSTATUS=serving")
-    while True:
-        wake.wait(1.0)
-        wake.clear()
-        if stop.is_set():
-            break
-        if reload.is_set():
-            reload.clear()
-            sd_notify(
-                f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
-            )
-            ok = reload_policy(config, service, audit, grpc_server)
-            sd_notify(
-                "READY=1\nSTATUS=serving"
-                + ("" if ok else f" (last reload failed: {config.policy} invalid, old policy kept)")
-            )
+    _serve_until_stopped(
+        signals, lambda: reload_policy(config, service, audit, grpc_server), config
+    )
     sd_notify("STOPPING=1")
     server.shutdown()
     if grpc_server is not None:
