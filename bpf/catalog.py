@@ -9,7 +9,6 @@ Every error names the catalog file, the program and the key at fault.
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 import tomllib
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.object import ObjectError, ObjectSpec, object_name
 
 SCOPES = ("self", "system")
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_event")
@@ -238,86 +238,71 @@ def check_object(entry: Program, data: bytes | None = None) -> list[str]:
     of the matching kind and target, and that the knobs are exactly the
     object's .rodata variables.
     """
-    from elftools.common.exceptions import ELFError
-    from elftools.construct import ConstructError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
     if data is None:
         data = object_path(entry).read_bytes()
     where = f"program {entry.name!r} ({entry.object})"
     try:
-        elf = ELFFile(io.BytesIO(data))
-        secnames = {i: s.name for i, s in enumerate(elf.iter_sections())}
-        exec_sections = {
-            i
-            for i, s in enumerate(elf.iter_sections())
-            if s["sh_flags"] & 0x4  # SHF_EXECINSTR
-        }
-        maps: set[str] = set()
-        rodata: set[str] = set()
-        funcs: dict[str, str] = {}
-        for sec in elf.iter_sections():
-            if not isinstance(sec, SymbolTableSection):
-                continue
-            for sym in sec.iter_symbols():
-                shndx = sym["st_shndx"]
-                if not isinstance(shndx, int):
-                    continue
-                sname = secnames.get(shndx, "")
-                if sname == ".maps":
-                    maps.add(sym.name)
-                elif sname == ".rodata" and sym["st_info"]["type"] == "STT_OBJECT":
-                    rodata.add(sym.name)
-                elif shndx in exec_sections and sym["st_info"]["type"] == "STT_FUNC":
-                    funcs[sym.name] = sname
-    except (ELFError, ConstructError, ValueError, KeyError, IndexError, EOFError) as e:
-        # Corrupt input: pyelftools fails in many ways; say so, never crash.
+        spec = ObjectSpec.parse(data, object_name(entry.object))
+    except ObjectError as e:
         return [f"{where}: not a readable ELF object: {e}"]
+    return (
+        _map_problems(entry, spec, where)
+        + _attach_problems(entry, spec, where)
+        + _knob_problems(entry, spec, where)
+    )
 
-    problems: list[str] = []
+
+def _map_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
+    """Maps in the object's .maps and in the catalog, each side against the other."""
+    in_object = {m.real_name for m in spec.maps.values() if not m.is_data}
     declared = {m.name for m in entry.maps}
-    for name in sorted(maps - declared):
-        problems.append(f"{where}: map {name!r} is in the object but not in the catalog")
-    for name in sorted(declared - maps):
-        problems.append(f"{where}: catalog map {name!r} is not in the object's .maps")
+    return [
+        f"{where}: map {name!r} is in the object but not in the catalog"
+        for name in sorted(in_object - declared)
+    ] + [
+        f"{where}: catalog map {name!r} is not in the object's .maps"
+        for name in sorted(declared - in_object)
+    ]
+
+
+def _attach_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
+    """Each attach entry against the kind and target of its function's section."""
+    problems: list[str] = []
     for a in entry.attach:
-        section = funcs.get(a.program)
-        if section is None:
+        prog = spec.programs.get(a.program)
+        if prog is None:
             problems.append(f"{where}: attach program {a.program!r} is not a function")
             continue
-        kind, target = _section_kind(section)
+        # A program that does not autoload ("?" section) attaches as nothing.
+        kind = prog.attach_kind if prog.autoload else None
+        target = prog.attach_target if prog.autoload else None
         if kind != a.kind:
-            problems.append(f"{where}: {a.program!r} is in section {section!r}, not a {a.kind}")
+            problems.append(
+                f"{where}: {a.program!r} is in section {prog.section!r}, not a {a.kind}"
+            )
         elif target is not None and a.target is not None and target != a.target:
             problems.append(
-                f"{where}: {a.program!r} is in section {section!r} "
+                f"{where}: {a.program!r} is in section {prog.section!r} "
                 f"but the catalog says {a.target!r}"
             )
-    for knob in entry.knobs:
-        if knob not in rodata:
-            problems.append(f"{where}: knob {knob!r} is not a .rodata variable")
-    # Every load-time setting is reviewed in the catalog, none left implicit.
-    for name in sorted(rodata - set(entry.knobs)):
-        problems.append(f"{where}: .rodata variable {name!r} is not a declared knob")
     return problems
 
 
-def _section_kind(section: str) -> tuple[str | None, str | None]:
-    """libbpf section name -> (attach kind, target or None)."""
-    for prefixes, kind in (
-        (("tracepoint", "tp"), "tracepoint"),
-        (("raw_tracepoint", "raw_tp"), "raw_tracepoint"),
-        (("uretprobe",), "uretprobe"),
-        (("uprobe",), "uprobe"),
-        (("perf_event",), "perf_event"),
-    ):
-        for p in prefixes:
-            if section == p:
-                return kind, None
-            if section.startswith(p + "/"):
-                return kind, section[len(p) + 1 :]
-    return None, None
+def _knob_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
+    """The declared knobs against the object's .rodata variables, both ways."""
+    rodata_map = spec.maps.get(".rodata")
+    rodata = set(rodata_map.variables) if rodata_map is not None else set()
+    problems = [
+        f"{where}: knob {knob!r} is not a .rodata variable"
+        for knob in entry.knobs
+        if knob not in rodata
+    ]
+    # Every load-time setting is reviewed in the catalog, none left implicit.
+    problems += [
+        f"{where}: .rodata variable {name!r} is not a declared knob"
+        for name in sorted(rodata - set(entry.knobs))
+    ]
+    return problems
 
 
 # --- validation helpers ---------------------------------------------------
