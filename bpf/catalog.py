@@ -405,7 +405,43 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     unknown = sorted(set(entry) - _PROGRAM_KEYS)
     if unknown:
         raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_PROGRAM_KEYS))})")
+    name, obj, sha, description = _parse_identity(c, entry, directory)
+    scopes = _parse_scopes(c, entry)
+    uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
+    pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
+    if "self" in scopes and not (uid_knob or pid_knob):
+        raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
+    attach = _parse_attach_list(c, entry)
+    fields = tuple(
+        _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
+    )
+    knobs = [k for k in (uid_knob, pid_knob) if k]
+    knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
+    _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
+    maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
+    _refuse_duplicates(c, "map", [m.name for m in maps], "map {!r} is declared twice")
+    params = tuple(
+        _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
+    )
+    _refuse_duplicates(c, "parameter", [p.name for p in params], "parameter {!r} is declared twice")
+    return Program(
+        name=name,
+        object=obj,
+        sha256=sha,
+        description=description,
+        scopes=scopes,
+        attach=attach,
+        directory=directory,
+        uid_knob=uid_knob,
+        pid_knob=pid_knob,
+        fields=fields,
+        maps=maps,
+        parameters=params,
+    )
 
+
+def _parse_identity(c: _Ctx, entry: dict[str, Any], directory: Path) -> tuple[str, str, str, str]:
+    """name, object (which must exist in directory), sha256 and description."""
     name = c.get_str(entry, "name", "")
     assert name is not None
     if not _NAME.match(name):
@@ -424,7 +460,10 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         raise c.fail("sha256", f"{sha!r} is not 64 lowercase hex digits")
     description = c.get_str(entry, "description", "")
     assert description is not None
+    return name, obj, sha, description
 
+
+def _parse_scopes(c: _Ctx, entry: dict[str, Any]) -> tuple[str, ...]:
     scopes = entry.get("scopes")
     if scopes is None:
         raise c.fail("scopes", "missing")
@@ -435,61 +474,28 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
             raise c.fail("scopes", f"{s!r} is not one of {', '.join(SCOPES)}")
     if len(set(scopes)) != len(scopes):
         raise c.fail("scopes", "lists a scope twice")
-    uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
-    pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
-    if "self" in scopes and not (uid_knob or pid_knob):
-        raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
+    return tuple(scopes)
 
+
+def _parse_attach_list(c: _Ctx, entry: dict[str, Any]) -> tuple[Attach, ...]:
+    """The [[program.attach]] entries: at least one, none repeated."""
     attach = tuple(_parse_attach(c, t, i) for i, t in enumerate(c.get_tables(entry, "attach")))
     if not attach:
         raise c.fail("attach", "a program needs at least one [[program.attach]]")
-    seen_attach: set[tuple[str, str | None, str | None]] = set()
+    seen: set[tuple[str, str | None, str | None]] = set()
     for i, a in enumerate(attach):
         key = (a.program, a.target, a.variant)
-        if key in seen_attach:
+        if key in seen:
             raise c.fail(f"attach[{i}]", f"duplicates an earlier entry for {a.program!r}")
-        seen_attach.add(key)
+        seen.add(key)
+    return attach
 
-    fields = tuple(
-        _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
-    )
-    knobs = [k for k in (uid_knob, pid_knob) if k]
-    for f in fields:
-        knobs.append(f.knob)
-        if f.size_knob:
-            knobs.append(f.size_knob)
-    dup = sorted({k for k in knobs if knobs.count(k) > 1})
+
+def _refuse_duplicates(c: _Ctx, key: str, names: list[str], problem: str) -> None:
+    """Fail on the alphabetically first name that appears twice (problem formats it)."""
+    dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise c.fail("field", f"knob {dup[0]!r} is assigned more than once")
-
-    maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
-    map_names = [m.name for m in maps]
-    dup = sorted({n for n in map_names if map_names.count(n) > 1})
-    if dup:
-        raise c.fail("map", f"map {dup[0]!r} is declared twice")
-
-    params = tuple(
-        _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
-    )
-    pnames = [p.name for p in params]
-    dup = sorted({n for n in pnames if pnames.count(n) > 1})
-    if dup:
-        raise c.fail("parameter", f"parameter {dup[0]!r} is declared twice")
-
-    return Program(
-        name=name,
-        object=obj,
-        sha256=sha,
-        description=description,
-        scopes=tuple(scopes),
-        attach=attach,
-        directory=directory,
-        uid_knob=uid_knob,
-        pid_knob=pid_knob,
-        fields=fields,
-        maps=maps,
-        parameters=params,
-    )
+        raise c.fail(key, problem.format(dup[0]))
 
 
 def _parse_attach(c: _Ctx, t: dict[str, Any], i: int) -> Attach:
