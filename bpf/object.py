@@ -31,6 +31,7 @@ from gfxbpf.bpf.btf import (
     parse_btf_maps,
 )
 from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.insn import CODE_CALL, CODE_LD_IMM64
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -583,7 +584,7 @@ class _Linker:
                 assert r.map_name is not None
                 self.map_refs.append((start + i, r.map_name, r.kind, r.offset))
                 continue
-            if code != 0x85 or regs >> 4 != C.BPF_PSEUDO_CALL:
+            if code != CODE_CALL or regs >> 4 != C.BPF_PSEUDO_CALL:
                 continue
             target = self.call_target(prog, i, imm, r)
             if target.name not in self.placed:
@@ -689,7 +690,7 @@ class _Relocator:
         code, regs, _off, _imm = _INSN.unpack_from(prog.insns, local * C.INSN_SIZE)
         sname = sym.name or self.by_index.get(sym.shndx, _EMPTY_SEC).name
         _check_relocation(prog, local, code, rtype, sym, sname)
-        if code == 0x85:
+        if code == CODE_CALL:
             prog.relocations.append(self.call(prog, local, regs >> 4, sym, sname))
         else:
             prog.relocations.append(self.load(prog, local, sym, sname))
@@ -734,7 +735,7 @@ def _check_relocation(
     """A relocation gfxbpf can apply: a known type, on a call or ld_imm64, to a defined symbol."""
     if rtype not in (C.R_BPF_64_64, C.R_BPF_64_32):
         raise UnsupportedError(f"program {prog.name!r}: relocation type {rtype} at insn {local}")
-    if code not in (0x85, 0x18):  # call, ld_imm64
+    if code not in (CODE_CALL, CODE_LD_IMM64):
         raise ObjectError(
             f"program {prog.name!r}: relocation against {sname!r} on insn "
             f"{local} (opcode {code:#x}) that is neither a call nor ld_imm64"
