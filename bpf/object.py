@@ -360,54 +360,51 @@ class ObjectSpec:
     def _parse_programs(self, sections: list[_Section], symbols: list[Symbol]) -> None:
         progs: list[ProgramSpec] = []
         for sec in sections:
-            if sec.type != SHT_PROGBITS or not sec.flags & SHF_EXECINSTR or not sec.size:
-                continue
-            if sec.size % C.INSN_SIZE:
-                raise ObjectError(f"section {sec.name!r}: size is not a multiple of 8")
-            is_text = sec.index == self._text_index
-            autoload = True
-            sec_name = sec.name
-            if sec_name.startswith("?"):
-                autoload, sec_name = False, sec_name[1:]
-            if is_text:
-                ptype, eatt, kind, target = 0, 0, "subprog", None
-            else:
-                ptype, eatt, kind, target = _section_program_type(sec_name)
-            funcs = [s for s in symbols if s.shndx == sec.index and s.type == STT_FUNC]
-            if not funcs:
-                raise ObjectError(f"section {sec.name!r} holds code but no function symbol")
-            for sym in funcs:
-                if sym.value % C.INSN_SIZE or sym.size % C.INSN_SIZE or not sym.size:
-                    raise ObjectError(f"program {sym.name!r}: misaligned or empty function")
-                if sym.value + sym.size > sec.size:
-                    raise ObjectError(f"program {sym.name!r} runs past the end of {sec.name!r}")
-                if not is_text and sym.bind == STB_LOCAL:
-                    raise UnsupportedError(
-                        f"program {sym.name!r} in {sec.name!r} is static: make it global"
-                    )
-                if sym.name in self.programs or any(p.name == sym.name for p in progs):
-                    raise ObjectError(f"two functions are named {sym.name!r}")
-                progs.append(
-                    ProgramSpec(
-                        name=sym.name,
-                        section=sec.name,
-                        prog_type=int(ptype),
-                        expected_attach_type=eatt,
-                        attach_kind=kind,
-                        attach_target=target,
-                        insns=sec.data[sym.value : sym.value + sym.size],
-                        section_index=sec.index,
-                        insn_offset=sym.value // C.INSN_SIZE,
-                        autoload=autoload,
-                        btf_static=sym.bind != STB_LOCAL
-                        and sym.visibility in (STV_HIDDEN, STV_INTERNAL),
-                    )
-                )
+            if sec.type == SHT_PROGBITS and sec.flags & SHF_EXECINSTR and sec.size:
+                progs += self._section_programs(sec, symbols, progs)
         # libbpf orders programs by section index, then offset.
         progs.sort(key=lambda p: (p.section_index, p.insn_offset))
         if not any(not p.is_subprog for p in progs) and progs:
             raise ObjectError("the object has subprograms in .text but no program section")
         self.programs = {p.name: p for p in progs}
+
+    def _section_programs(
+        self, sec: _Section, symbols: list[Symbol], earlier: list[ProgramSpec]
+    ) -> list[ProgramSpec]:
+        """The functions of one code section: programs, or subprograms in .text."""
+        if sec.size % C.INSN_SIZE:
+            raise ObjectError(f"section {sec.name!r}: size is not a multiple of 8")
+        is_text = sec.index == self._text_index
+        autoload = not sec.name.startswith("?")
+        if is_text:
+            ptype, eatt, kind, target = 0, 0, "subprog", None
+        else:
+            ptype, eatt, kind, target = _section_program_type(sec.name.removeprefix("?"))
+        funcs = [s for s in symbols if s.shndx == sec.index and s.type == STT_FUNC]
+        if not funcs:
+            raise ObjectError(f"section {sec.name!r} holds code but no function symbol")
+        out: list[ProgramSpec] = []
+        for sym in funcs:
+            _check_function(sym, sec, is_text)
+            if sym.name in self.programs or any(p.name == sym.name for p in (*earlier, *out)):
+                raise ObjectError(f"two functions are named {sym.name!r}")
+            out.append(
+                ProgramSpec(
+                    name=sym.name,
+                    section=sec.name,
+                    prog_type=int(ptype),
+                    expected_attach_type=eatt,
+                    attach_kind=kind,
+                    attach_target=target,
+                    insns=sec.data[sym.value : sym.value + sym.size],
+                    section_index=sec.index,
+                    insn_offset=sym.value // C.INSN_SIZE,
+                    autoload=autoload,
+                    btf_static=sym.bind != STB_LOCAL
+                    and sym.visibility in (STV_HIDDEN, STV_INTERNAL),
+                )
+            )
+        return out
 
     def _parse_maps(
         self, by_name: dict[str, _Section], sections: list[_Section], symbols: list[Symbol]
@@ -834,6 +831,16 @@ def _parse_symbols(data: bytes, strtab: bytes) -> list[Symbol]:
             )
         )
     return out
+
+
+def _check_function(sym: Symbol, sec: _Section, is_text: bool) -> None:
+    """A function that is whole instructions inside its section, global unless in .text."""
+    if sym.value % C.INSN_SIZE or sym.size % C.INSN_SIZE or not sym.size:
+        raise ObjectError(f"program {sym.name!r}: misaligned or empty function")
+    if sym.value + sym.size > sec.size:
+        raise ObjectError(f"program {sym.name!r} runs past the end of {sec.name!r}")
+    if not is_text and sym.bind == STB_LOCAL:
+        raise UnsupportedError(f"program {sym.name!r} in {sec.name!r} is static: make it global")
 
 
 def _check_map_type(name: str, map_type: int) -> None:
