@@ -9,7 +9,6 @@ Every error names the catalog file, the program and the key at fault.
 from __future__ import annotations
 
 import hashlib
-import io
 import re
 import tomllib
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.object import ObjectError, ObjectSpec, object_name
 
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
@@ -238,86 +238,71 @@ def check_object(entry: Program, data: bytes | None = None) -> list[str]:
     of the matching kind and target, and that the knobs are exactly the
     object's .rodata variables.
     """
-    from elftools.common.exceptions import ELFError
-    from elftools.construct import ConstructError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
     if data is None:
         data = object_path(entry).read_bytes()
     where = f"program {entry.name!r} ({entry.object})"
     try:
-        elf = ELFFile(io.BytesIO(data))
-        secnames = {i: s.name for i, s in enumerate(elf.iter_sections())}
-        exec_sections = {
-            i
-            for i, s in enumerate(elf.iter_sections())
-            if s["sh_flags"] & 0x4  # SHF_EXECINSTR
-        }
-        maps: set[str] = set()
-        rodata: set[str] = set()
-        funcs: dict[str, str] = {}
-        for sec in elf.iter_sections():
-            if not isinstance(sec, SymbolTableSection):
-                continue
-            for sym in sec.iter_symbols():
-                shndx = sym["st_shndx"]
-                if not isinstance(shndx, int):
-                    continue
-                sname = secnames.get(shndx, "")
-                if sname == ".maps":
-                    maps.add(sym.name)
-                elif sname == ".rodata" and sym["st_info"]["type"] == "STT_OBJECT":
-                    rodata.add(sym.name)
-                elif shndx in exec_sections and sym["st_info"]["type"] == "STT_FUNC":
-                    funcs[sym.name] = sname
-    except (ELFError, ConstructError, ValueError, KeyError, IndexError, EOFError) as e:
-        # Corrupt input: pyelftools fails in many ways; say so, never crash.
+        spec = ObjectSpec.parse(data, object_name(entry.object))
+    except ObjectError as e:
         return [f"{where}: not a readable ELF object: {e}"]
+    return (
+        _map_problems(entry, spec, where)
+        + _attach_problems(entry, spec, where)
+        + _knob_problems(entry, spec, where)
+    )
 
-    problems: list[str] = []
+
+def _map_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
+    """Maps in the object's .maps and in the catalog, each side against the other."""
+    in_object = {m.real_name for m in spec.maps.values() if not m.is_data}
     declared = {m.name for m in entry.maps}
-    for name in sorted(maps - declared):
-        problems.append(f"{where}: map {name!r} is in the object but not in the catalog")
-    for name in sorted(declared - maps):
-        problems.append(f"{where}: catalog map {name!r} is not in the object's .maps")
+    return [
+        f"{where}: map {name!r} is in the object but not in the catalog"
+        for name in sorted(in_object - declared)
+    ] + [
+        f"{where}: catalog map {name!r} is not in the object's .maps"
+        for name in sorted(declared - in_object)
+    ]
+
+
+def _attach_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
+    """Each attach entry against the kind and target of its function's section."""
+    problems: list[str] = []
     for a in entry.attach:
-        section = funcs.get(a.program)
-        if section is None:
+        prog = spec.programs.get(a.program)
+        if prog is None:
             problems.append(f"{where}: attach program {a.program!r} is not a function")
             continue
-        kind, target = _section_kind(section)
+        # A program that does not autoload ("?" section) attaches as nothing.
+        kind = prog.attach_kind if prog.autoload else None
+        target = prog.attach_target if prog.autoload else None
         if kind != a.kind:
-            problems.append(f"{where}: {a.program!r} is in section {section!r}, not a {a.kind}")
+            problems.append(
+                f"{where}: {a.program!r} is in section {prog.section!r}, not a {a.kind}"
+            )
         elif target is not None and a.target is not None and target != a.target:
             problems.append(
-                f"{where}: {a.program!r} is in section {section!r} "
+                f"{where}: {a.program!r} is in section {prog.section!r} "
                 f"but the catalog says {a.target!r}"
             )
-    for knob in entry.knobs:
-        if knob not in rodata:
-            problems.append(f"{where}: knob {knob!r} is not a .rodata variable")
-    # Every load-time setting is reviewed in the catalog, none left implicit.
-    for name in sorted(rodata - set(entry.knobs)):
-        problems.append(f"{where}: .rodata variable {name!r} is not a declared knob")
     return problems
 
 
-def _section_kind(section: str) -> tuple[str | None, str | None]:
-    """libbpf section name -> (attach kind, target or None)."""
-    for prefixes, kind in (
-        (("tracepoint", "tp"), "tracepoint"),
-        (("raw_tracepoint", "raw_tp"), "raw_tracepoint"),
-        (("uretprobe",), "uretprobe"),
-        (("uprobe",), "uprobe"),
-        (("perf_event",), "perf_event"),
-    ):
-        for p in prefixes:
-            if section == p:
-                return kind, None
-            if section.startswith(p + "/"):
-                return kind, section[len(p) + 1 :]
-    return None, None
+def _knob_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
+    """The declared knobs against the object's .rodata variables, both ways."""
+    rodata_map = spec.maps.get(".rodata")
+    rodata = set(rodata_map.variables) if rodata_map is not None else set()
+    problems = [
+        f"{where}: knob {knob!r} is not a .rodata variable"
+        for knob in entry.knobs
+        if knob not in rodata
+    ]
+    # Every load-time setting is reviewed in the catalog, none left implicit.
+    problems += [
+        f"{where}: .rodata variable {name!r} is not a declared knob"
+        for name in sorted(rodata - set(entry.knobs))
+    ]
+    return problems
 
 
 # --- validation helpers ---------------------------------------------------
@@ -420,7 +405,43 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     unknown = sorted(set(entry) - _PROGRAM_KEYS)
     if unknown:
         raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_PROGRAM_KEYS))})")
+    name, obj, sha, description = _parse_identity(c, entry, directory)
+    scopes = _parse_scopes(c, entry)
+    uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
+    pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
+    if "self" in scopes and not (uid_knob or pid_knob):
+        raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
+    attach = _parse_attach_list(c, entry)
+    fields = tuple(
+        _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
+    )
+    knobs = [k for k in (uid_knob, pid_knob) if k]
+    knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
+    _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
+    maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
+    _refuse_duplicates(c, "map", [m.name for m in maps], "map {!r} is declared twice")
+    params = tuple(
+        _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
+    )
+    _refuse_duplicates(c, "parameter", [p.name for p in params], "parameter {!r} is declared twice")
+    return Program(
+        name=name,
+        object=obj,
+        sha256=sha,
+        description=description,
+        scopes=scopes,
+        attach=attach,
+        directory=directory,
+        uid_knob=uid_knob,
+        pid_knob=pid_knob,
+        fields=fields,
+        maps=maps,
+        parameters=params,
+    )
 
+
+def _parse_identity(c: _Ctx, entry: dict[str, Any], directory: Path) -> tuple[str, str, str, str]:
+    """name, object (which must exist in directory), sha256 and description."""
     name = c.get_str(entry, "name", "")
     assert name is not None
     if not _NAME.match(name):
@@ -439,7 +460,10 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         raise c.fail("sha256", f"{sha!r} is not 64 lowercase hex digits")
     description = c.get_str(entry, "description", "")
     assert description is not None
+    return name, obj, sha, description
 
+
+def _parse_scopes(c: _Ctx, entry: dict[str, Any]) -> tuple[str, ...]:
     scopes = entry.get("scopes")
     if scopes is None:
         raise c.fail("scopes", "missing")
@@ -450,61 +474,28 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
             raise c.fail("scopes", f"{s!r} is not one of {', '.join(SCOPES)}")
     if len(set(scopes)) != len(scopes):
         raise c.fail("scopes", "lists a scope twice")
-    uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
-    pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
-    if "self" in scopes and not (uid_knob or pid_knob):
-        raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
+    return tuple(scopes)
 
+
+def _parse_attach_list(c: _Ctx, entry: dict[str, Any]) -> tuple[Attach, ...]:
+    """The [[program.attach]] entries: at least one, none repeated."""
     attach = tuple(_parse_attach(c, t, i) for i, t in enumerate(c.get_tables(entry, "attach")))
     if not attach:
         raise c.fail("attach", "a program needs at least one [[program.attach]]")
-    seen_attach: set[tuple[str, str | None, str | None]] = set()
+    seen: set[tuple[str, str | None, str | None]] = set()
     for i, a in enumerate(attach):
         key = (a.program, a.target, a.variant)
-        if key in seen_attach:
+        if key in seen:
             raise c.fail(f"attach[{i}]", f"duplicates an earlier entry for {a.program!r}")
-        seen_attach.add(key)
+        seen.add(key)
+    return attach
 
-    fields = tuple(
-        _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
-    )
-    knobs = [k for k in (uid_knob, pid_knob) if k]
-    for f in fields:
-        knobs.append(f.knob)
-        if f.size_knob:
-            knobs.append(f.size_knob)
-    dup = sorted({k for k in knobs if knobs.count(k) > 1})
+
+def _refuse_duplicates(c: _Ctx, key: str, names: list[str], problem: str) -> None:
+    """Fail on the alphabetically first name that appears twice (problem formats it)."""
+    dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise c.fail("field", f"knob {dup[0]!r} is assigned more than once")
-
-    maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
-    map_names = [m.name for m in maps]
-    dup = sorted({n for n in map_names if map_names.count(n) > 1})
-    if dup:
-        raise c.fail("map", f"map {dup[0]!r} is declared twice")
-
-    params = tuple(
-        _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
-    )
-    pnames = [p.name for p in params]
-    dup = sorted({n for n in pnames if pnames.count(n) > 1})
-    if dup:
-        raise c.fail("parameter", f"parameter {dup[0]!r} is declared twice")
-
-    return Program(
-        name=name,
-        object=obj,
-        sha256=sha,
-        description=description,
-        scopes=tuple(scopes),
-        attach=attach,
-        directory=directory,
-        uid_knob=uid_knob,
-        pid_knob=pid_knob,
-        fields=fields,
-        maps=maps,
-        parameters=params,
-    )
+        raise c.fail(key, problem.format(dup[0]))
 
 
 def _parse_attach(c: _Ctx, t: dict[str, Any], i: int) -> Attach:

@@ -31,6 +31,7 @@ from gfxbpf.bpf.btf import (
     parse_btf_maps,
 )
 from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.insn import CODE_CALL, CODE_LD_IMM64
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -297,54 +298,21 @@ class ObjectSpec:
         return spec
 
     def _parse(self, data: bytes) -> None:
-        if data[:4] != b"\x7fELF":
-            raise ObjectError("not an ELF file (bad magic)")
-        if len(data) < 64:
-            raise ObjectError("truncated ELF header")
-        elf = ELFFile(io.BytesIO(data))
-        if elf.elfclass != 64 or not elf.little_endian:
-            raise ObjectError("not a 64-bit little-endian ELF object")
-        if elf["e_machine"] not in ("EM_BPF", EM_BPF):
-            raise ObjectError(f"not a BPF object (e_machine {elf['e_machine']})")
-        if elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"] > len(data):
-            raise ObjectError("truncated ELF: section header table runs past the end")
-
-        sections: list[_Section] = []
-        for i, sec in enumerate(elf.iter_sections()):
-            h = sec.header
-            raw_type = h["sh_type"]
-            stype = {"SHT_PROGBITS": 1, "SHT_SYMTAB": 2, "SHT_NOBITS": 8, "SHT_REL": 9}.get(
-                raw_type, raw_type if isinstance(raw_type, int) else -1
-            )
-            off, size = h["sh_offset"], h["sh_size"]
-            if stype != SHT_NOBITS and i and off + size > len(data):
-                raise ObjectError(f"truncated ELF: section {sec.name!r} runs past the end")
-            body = b"" if stype == SHT_NOBITS or i == 0 else data[off : off + size]
-            sections.append(
-                _Section(
-                    i,
-                    sec.name,
-                    stype,
-                    h["sh_flags"],
-                    off,
-                    size,
-                    h["sh_link"],
-                    h["sh_info"],
-                    h["sh_entsize"],
-                    body,
-                )
-            )
+        sections = _read_sections(_open_elf(data), data)
         self._sections = {s.name: s.index for s in sections}
-
-        symtabs = [s for s in sections if s.type == SHT_SYMTAB]
-        if len(symtabs) != 1:
-            raise ObjectError("expected exactly one symbol table (is the object stripped?)")
-        symtab = symtabs[0]
-        if symtab.link >= len(sections):
-            raise ObjectError("symbol table links to a missing string table")
-        symbols = _parse_symbols(symtab.data, sections[symtab.link].data)
-
+        symbols = _read_symtab(sections)
         by_name = {s.name: s for s in sections}
+        self._parse_metadata(by_name, sections)
+        text = by_name.get(".text")
+        self._text_index = text.index if text is not None and text.size else None
+
+        self._parse_btf(by_name, sections, symbols)
+        self._parse_programs(sections, symbols)
+        self._parse_maps(by_name, sections, symbols)
+        self._parse_relocations(sections, symbols)
+
+    def _parse_metadata(self, by_name: dict[str, _Section], sections: list[_Section]) -> None:
+        """License and kernel version; refuse the sections gfxbpf does not support."""
         if "maps" in by_name:
             raise UnsupportedError(
                 "legacy 'maps' section: define maps with BTF in SEC(\".maps\") "
@@ -359,14 +327,6 @@ class ObjectSpec:
         for s in sections:
             if s.name in (".kconfig", ".ksyms") or s.name.startswith(".struct_ops"):
                 raise UnsupportedError(f"section {s.name!r} is not supported")
-
-        text = by_name.get(".text")
-        self._text_index = text.index if text is not None and text.size else None
-
-        self._parse_btf(by_name, sections, symbols)
-        self._parse_programs(sections, symbols)
-        self._parse_maps(by_name, sections, symbols)
-        self._parse_relocations(sections, symbols)
 
     def _parse_btf(
         self, by_name: dict[str, _Section], sections: list[_Section], symbols: list[Symbol]
@@ -400,249 +360,136 @@ class ObjectSpec:
     def _parse_programs(self, sections: list[_Section], symbols: list[Symbol]) -> None:
         progs: list[ProgramSpec] = []
         for sec in sections:
-            if sec.type != SHT_PROGBITS or not sec.flags & SHF_EXECINSTR or not sec.size:
-                continue
-            if sec.size % C.INSN_SIZE:
-                raise ObjectError(f"section {sec.name!r}: size is not a multiple of 8")
-            is_text = sec.index == self._text_index
-            autoload = True
-            sec_name = sec.name
-            if sec_name.startswith("?"):
-                autoload, sec_name = False, sec_name[1:]
-            if is_text:
-                ptype, eatt, kind, target = 0, 0, "subprog", None
-            else:
-                ptype, eatt, kind, target = _section_program_type(sec_name)
-            funcs = [s for s in symbols if s.shndx == sec.index and s.type == STT_FUNC]
-            if not funcs:
-                raise ObjectError(f"section {sec.name!r} holds code but no function symbol")
-            for sym in funcs:
-                if sym.value % C.INSN_SIZE or sym.size % C.INSN_SIZE or not sym.size:
-                    raise ObjectError(f"program {sym.name!r}: misaligned or empty function")
-                if sym.value + sym.size > sec.size:
-                    raise ObjectError(f"program {sym.name!r} runs past the end of {sec.name!r}")
-                if not is_text and sym.bind == STB_LOCAL:
-                    raise UnsupportedError(
-                        f"program {sym.name!r} in {sec.name!r} is static: make it global"
-                    )
-                if sym.name in self.programs or any(p.name == sym.name for p in progs):
-                    raise ObjectError(f"two functions are named {sym.name!r}")
-                progs.append(
-                    ProgramSpec(
-                        name=sym.name,
-                        section=sec.name,
-                        prog_type=int(ptype),
-                        expected_attach_type=eatt,
-                        attach_kind=kind,
-                        attach_target=target,
-                        insns=sec.data[sym.value : sym.value + sym.size],
-                        section_index=sec.index,
-                        insn_offset=sym.value // C.INSN_SIZE,
-                        autoload=autoload,
-                        btf_static=sym.bind != STB_LOCAL
-                        and sym.visibility in (STV_HIDDEN, STV_INTERNAL),
-                    )
-                )
+            if sec.type == SHT_PROGBITS and sec.flags & SHF_EXECINSTR and sec.size:
+                progs += self._section_programs(sec, symbols, progs)
         # libbpf orders programs by section index, then offset.
         progs.sort(key=lambda p: (p.section_index, p.insn_offset))
         if not any(not p.is_subprog for p in progs) and progs:
             raise ObjectError("the object has subprograms in .text but no program section")
         self.programs = {p.name: p for p in progs}
 
+    def _section_programs(
+        self, sec: _Section, symbols: list[Symbol], earlier: list[ProgramSpec]
+    ) -> list[ProgramSpec]:
+        """The functions of one code section: programs, or subprograms in .text."""
+        if sec.size % C.INSN_SIZE:
+            raise ObjectError(f"section {sec.name!r}: size is not a multiple of 8")
+        is_text = sec.index == self._text_index
+        autoload = not sec.name.startswith("?")
+        if is_text:
+            ptype, eatt, kind, target = 0, 0, "subprog", None
+        else:
+            ptype, eatt, kind, target = _section_program_type(sec.name.removeprefix("?"))
+        funcs = [s for s in symbols if s.shndx == sec.index and s.type == STT_FUNC]
+        if not funcs:
+            raise ObjectError(f"section {sec.name!r} holds code but no function symbol")
+        out: list[ProgramSpec] = []
+        for sym in funcs:
+            _check_function(sym, sec, is_text)
+            if sym.name in self.programs or any(p.name == sym.name for p in (*earlier, *out)):
+                raise ObjectError(f"two functions are named {sym.name!r}")
+            out.append(
+                ProgramSpec(
+                    name=sym.name,
+                    section=sec.name,
+                    prog_type=int(ptype),
+                    expected_attach_type=eatt,
+                    attach_kind=kind,
+                    attach_target=target,
+                    insns=sec.data[sym.value : sym.value + sym.size],
+                    section_index=sec.index,
+                    insn_offset=sym.value // C.INSN_SIZE,
+                    autoload=autoload,
+                    btf_static=sym.bind != STB_LOCAL
+                    and sym.visibility in (STV_HIDDEN, STV_INTERNAL),
+                )
+            )
+        return out
+
     def _parse_maps(
         self, by_name: dict[str, _Section], sections: list[_Section], symbols: list[Symbol]
     ) -> None:
         maps: dict[str, MapSpec] = {}
         if ".maps" in by_name and by_name[".maps"].size:
-            assert self.btf is not None  # checked in _parse_btf
-            offsets = {s.name: s.value for s in symbols if s.shndx == by_name[".maps"].index}
-            for d in parse_btf_maps(self.btf):
-                mtype = d.map_type
-                if mtype not in C.SUPPORTED_MAP_TYPES:
-                    try:
-                        tname = C.MapType(mtype).name.lower()
-                    except ValueError:
-                        tname = f"type {mtype}"
-                    raise UnsupportedError(
-                        f"map {d.name!r}: map type {tname} is not supported; supported are "
-                        + ", ".join(sorted(t.name.lower() for t in C.SUPPORTED_MAP_TYPES))
-                    )
-                key_size, value_size, max_entries = d.key_size, d.value_size, d.max_entries
-                if mtype == C.MapType.PERF_EVENT_ARRAY:
-                    key_size = key_size or 4
-                    value_size = value_size or 4
-                if mtype == C.MapType.RINGBUF and (
-                    max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % 4096
-                ):
-                    raise ObjectError(
-                        f"map {d.name!r}: ring buffer max_entries {max_entries} must be a "
-                        "power of two and a multiple of the page size"
-                    )
-                if d.name not in offsets:
-                    raise ObjectError(f"map {d.name!r} is in BTF but has no symbol in .maps")
-                maps[d.name] = MapSpec(
-                    name=d.name[: C.BPF_OBJ_NAME_LEN - 1],
-                    real_name=d.name,
-                    map_type=mtype,
-                    key_size=key_size,
-                    value_size=value_size,
-                    max_entries=max_entries,
-                    flags=d.map_flags,
-                    key_type_id=d.key_type_id,
-                    value_type_id=d.value_type_id,
-                    numa_node=d.numa_node,
-                    map_extra=d.map_extra,
-                    offset=offsets[d.name],
-                )
+            maps.update(self._btf_maps(by_name[".maps"], symbols))
         for sec in sections:
-            if not sec.index or not sec.size:
-                continue
-            kind = None
-            if sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR:
-                if _is_data(sec.name):
-                    kind = "data"
-                elif _is_rodata(sec.name):
-                    kind = "rodata"
-            elif sec.type == SHT_NOBITS and _is_bss(sec.name):
-                kind = "bss"
-            if kind is None:
-                continue
-            value_type_id = 0
-            mmapable = False
-            if self.btf is not None:
-                ds = self.btf.find(sec.name, KIND_DATASEC)
-                if ds is not None:
-                    value_type_id = ds
-                    mmapable = _datasec_has_global_var(self.btf, ds)
-            flags = C.BPF_F_RDONLY_PROG if kind == "rodata" else 0
-            if mmapable:
-                flags |= C.BPF_F_MMAPABLE
-            variables = {
-                s.name: Variable(s.name, s.value, s.size)
-                for s in symbols
-                if s.shndx == sec.index and s.type == STT_OBJECT
-            }
-            maps[sec.name] = MapSpec(
-                name=internal_map_name(self.name, sec.name),
-                real_name=sec.name,
-                map_type=C.MapType.ARRAY,
-                key_size=4,
-                value_size=sec.size,
-                max_entries=1,
-                flags=flags,
-                value_type_id=value_type_id,
-                section=sec.name,
-                data=bytearray(sec.size) if kind == "bss" else bytearray(sec.data),
-                variables=variables,
-            )
+            kind = _data_section_kind(sec)
+            if kind is not None:
+                maps[sec.name] = self._data_map(sec, kind, symbols)
         self.maps = maps
 
-    def _parse_relocations(self, sections: list[_Section], symbols: list[Symbol]) -> None:
-        by_index = {s.index: s for s in sections}
-        progs_by_sec: dict[int, list[ProgramSpec]] = {}
-        for p in self.programs.values():
-            progs_by_sec.setdefault(p.section_index, []).append(p)
-        maps_sec = self._sections.get(".maps")
-        map_by_offset = {m.offset: m for m in self.maps.values() if not m.is_data}
-        data_maps = {self._sections[m.section]: m for m in self.maps.values() if m.section}
+    def _btf_maps(self, maps_sec: _Section, symbols: list[Symbol]) -> dict[str, MapSpec]:
+        """The maps BTF defines in .maps, by variable name."""
+        assert self.btf is not None  # checked in _parse_btf
+        offsets = {s.name: s.value for s in symbols if s.shndx == maps_sec.index}
+        maps: dict[str, MapSpec] = {}
+        for d in parse_btf_maps(self.btf):
+            _check_map_type(d.name, d.map_type)
+            key_size, value_size, max_entries = d.key_size, d.value_size, d.max_entries
+            if d.map_type == C.MapType.PERF_EVENT_ARRAY:
+                key_size = key_size or 4
+                value_size = value_size or 4
+            if d.map_type == C.MapType.RINGBUF and (
+                max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % 4096
+            ):
+                raise ObjectError(
+                    f"map {d.name!r}: ring buffer max_entries {max_entries} must be a "
+                    "power of two and a multiple of the page size"
+                )
+            if d.name not in offsets:
+                raise ObjectError(f"map {d.name!r} is in BTF but has no symbol in .maps")
+            maps[d.name] = MapSpec(
+                name=d.name[: C.BPF_OBJ_NAME_LEN - 1],
+                real_name=d.name,
+                map_type=d.map_type,
+                key_size=key_size,
+                value_size=value_size,
+                max_entries=max_entries,
+                flags=d.map_flags,
+                key_type_id=d.key_type_id,
+                value_type_id=d.value_type_id,
+                numa_node=d.numa_node,
+                map_extra=d.map_extra,
+                offset=offsets[d.name],
+            )
+        return maps
 
+    def _data_map(self, sec: _Section, kind: str, symbols: list[Symbol]) -> MapSpec:
+        """The one-entry array map libbpf makes of a .data, .rodata or .bss section."""
+        value_type_id = 0
+        mmapable = False
+        if self.btf is not None:
+            ds = self.btf.find(sec.name, KIND_DATASEC)
+            if ds is not None:
+                value_type_id = ds
+                mmapable = _datasec_has_global_var(self.btf, ds)
+        flags = C.BPF_F_RDONLY_PROG if kind == "rodata" else 0
+        if mmapable:
+            flags |= C.BPF_F_MMAPABLE
+        variables = {
+            s.name: Variable(s.name, s.value, s.size)
+            for s in symbols
+            if s.shndx == sec.index and s.type == STT_OBJECT
+        }
+        return MapSpec(
+            name=internal_map_name(self.name, sec.name),
+            real_name=sec.name,
+            map_type=C.MapType.ARRAY,
+            key_size=4,
+            value_size=sec.size,
+            max_entries=1,
+            flags=flags,
+            value_type_id=value_type_id,
+            section=sec.name,
+            data=bytearray(sec.size) if kind == "bss" else bytearray(sec.data),
+            variables=variables,
+        )
+
+    def _parse_relocations(self, sections: list[_Section], symbols: list[Symbol]) -> None:
+        relocator = _Relocator(self, sections, symbols)
         for rel in sections:
-            if rel.type != SHT_REL:
-                continue
-            target = by_index.get(rel.info)
-            if target is None:
-                raise ObjectError(f"relocation section {rel.name!r} targets a missing section")
-            if target.name == ".maps":
-                if rel.size:
-                    raise UnsupportedError(
-                        "map-in-map and program arrays initialised in .maps are not supported"
-                    )
-                continue
-            if not target.flags & SHF_EXECINSTR or target.index not in progs_by_sec:
-                continue  # .rel.BTF and friends: never applied (docs/BPF-ABI.md, BTF)
-            if len(rel.data) % _REL.size:
-                raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
-            for r_offset, r_info in _REL.iter_unpack(rel.data):
-                sym_idx, rtype = r_info >> 32, r_info & 0xFFFFFFFF
-                if sym_idx >= len(symbols):
-                    raise ObjectError(
-                        f"{rel.name}: relocation names symbol #{sym_idx}, past the end"
-                    )
-                sym = symbols[sym_idx]
-                if r_offset % C.INSN_SIZE or r_offset + C.INSN_SIZE > target.size:
-                    raise ObjectError(f"{rel.name}: relocation offset {r_offset} is not an insn")
-                insn_idx = r_offset // C.INSN_SIZE
-                prog = next(
-                    (
-                        p
-                        for p in progs_by_sec[target.index]
-                        if p.insn_offset <= insn_idx < p.insn_offset + p.insn_count
-                    ),
-                    None,
-                )
-                if prog is None:
-                    raise ObjectError(f"{rel.name}: relocation at insn {insn_idx} is outside code")
-                local = insn_idx - prog.insn_offset
-                code, regs, _off, _imm = _INSN.unpack_from(prog.insns, local * C.INSN_SIZE)
-                src = regs >> 4
-                sname = sym.name or by_index.get(sym.shndx, _EMPTY_SEC).name
-                is_call = code == 0x85
-                is_ldimm = code == 0x18
-                if rtype not in (C.R_BPF_64_64, C.R_BPF_64_32):
-                    raise UnsupportedError(
-                        f"program {prog.name!r}: relocation type {rtype} at insn {local}"
-                    )
-                if not is_call and not is_ldimm:
-                    raise ObjectError(
-                        f"program {prog.name!r}: relocation against {sname!r} on insn "
-                        f"{local} (opcode {code:#x}) that is neither a call nor ld_imm64"
-                    )
-                if sym.shndx == SHN_UNDEF:
-                    raise UnsupportedError(
-                        f"program {prog.name!r}: extern symbol {sname!r} (kfuncs, ksyms and "
-                        "kconfig externs are not supported)"
-                    )
-                if sym.shndx >= SHN_LORESERVE:
-                    raise ObjectError(
-                        f"program {prog.name!r}: relocation against {sname!r} in a special "
-                        "section (an uninitialised global variable? initialise it)"
-                    )
-                if is_call:
-                    if src != C.BPF_PSEUDO_CALL:
-                        raise UnsupportedError(
-                            f"program {prog.name!r}: call relocation on a non-subprogram call"
-                        )
-                    if sym.shndx != self._text_index:
-                        raise ObjectError(
-                            f"program {prog.name!r}: call into {sname!r} outside .text"
-                        )
-                    if sym.value % C.INSN_SIZE:
-                        raise ObjectError(f"program {prog.name!r}: misaligned call target")
-                    prog.relocations.append(Relocation(local, "call", sname, offset=sym.value))
-                    continue
-                if sym.shndx == self._text_index:
-                    raise UnsupportedError(
-                        f"program {prog.name!r}: taking the address of function {sname!r} "
-                        "(callbacks for bpf_loop and friends) is not supported yet"
-                    )
-                if sym.shndx == maps_sec:
-                    m = map_by_offset.get(sym.value)
-                    if m is None:
-                        raise ObjectError(
-                            f"program {prog.name!r}: no map at .maps offset {sym.value}"
-                        )
-                    prog.relocations.append(Relocation(local, "map", sname, m.real_name))
-                    continue
-                dm = data_maps.get(sym.shndx)
-                if dm is None:
-                    secname = by_index.get(sym.shndx, _EMPTY_SEC).name
-                    raise ObjectError(
-                        f"program {prog.name!r}: reference to {sname!r} in section "
-                        f"{secname!r}, which is neither a map nor global data"
-                    )
-                prog.relocations.append(
-                    Relocation(local, "data", sname, dm.real_name, offset=sym.value)
-                )
+            if rel.type == SHT_REL:
+                relocator.apply_section(rel)
         for p in self.programs.values():
             p.relocations.sort(key=lambda r: r.insn_index)
 
@@ -697,71 +544,269 @@ class ObjectSpec:
         main = self.programs[name]
         if main.is_subprog:
             raise ValueError(f"{name!r} is a subprogram in .text, not a loadable program")
-        subprogs = {p.insn_offset: p for p in self.programs.values() if p.is_subprog}
-        insns = bytearray(main.insns)
-        placed: dict[str, int] = {}  # subprogram name -> start index in `insns`
-        order: list[str] = []
-        map_refs: list[tuple[int, str, str, int]] = []
-        func_info: list[tuple[int, int]] = []
-        line_info: list[tuple[int, int, int, int]] = []
+        linker = _Linker(self, main)
+        linker.place(main, 0)
+        linker.func_info.sort()
+        linker.line_info.sort()
+        return LinkedProgram(
+            name, linker.insns, linker.map_refs, linker.func_info, linker.line_info, linker.order
+        )
 
-        def ext_info(prog: ProgramSpec, start: int) -> None:
-            if self.btf_ext is None:
-                return
-            lo = prog.insn_offset * C.INSN_SIZE
-            hi = lo + len(prog.insns)
-            sec = prog.section
-            for off, tid in self.btf_ext.func_info.get(sec, ()):
-                if lo <= off < hi:
-                    func_info.append((start + (off - lo) // C.INSN_SIZE, tid))
-            for off, f, ln, col in self.btf_ext.line_info.get(sec, ()):
-                if lo <= off < hi:
-                    line_info.append((start + (off - lo) // C.INSN_SIZE, f, ln, col))
 
-        def place(prog: ProgramSpec, start: int) -> None:
-            # Depth first, like libbpf: a subprogram is appended the first time
-            # a call into it is seen, and processed before the caller goes on.
-            ext_info(prog, start)
-            relos = {r.insn_index: r for r in prog.relocations}
-            for i in range(prog.insn_count):
-                at = (start + i) * C.INSN_SIZE
-                code, regs, off, imm = _INSN.unpack_from(insns, at)
-                r = relos.get(i)
-                if r is not None and r.kind in ("map", "data"):
-                    assert r.map_name is not None
-                    map_refs.append((start + i, r.map_name, r.kind, r.offset))
-                    continue
-                if code != 0x85 or regs >> 4 != C.BPF_PSEUDO_CALL:
-                    continue
-                if r is not None:
-                    target_idx = r.offset // C.INSN_SIZE + imm + 1
-                elif prog.is_subprog:
-                    target_idx = prog.insn_offset + i + imm + 1
-                else:
-                    raise ObjectError(f"program {prog.name!r}: call at insn {i} has no relocation")
-                target = subprogs.get(target_idx)
-                if target is None:
-                    raise ObjectError(
-                        f"program {prog.name!r}: call at insn {i} into .text insn "
-                        f"{target_idx}, which starts no function"
-                    )
-                if target.name not in placed:
-                    placed[target.name] = len(insns) // C.INSN_SIZE
-                    order.append(target.name)
-                    insns.extend(target.insns)
-                    if len(insns) // C.INSN_SIZE > MAX_INSNS:
-                        raise ObjectError(f"program {name!r} is too large once linked")
-                    place(target, placed[target.name])
-                new_imm = placed[target.name] - (start + i) - 1
-                struct.pack_into("<BBhi", insns, at, code, regs, off, new_imm)
+class _Linker:
+    """One program's instructions being linked: subprograms appended, calls resolved."""
 
-        place(main, 0)
-        func_info.sort()
-        line_info.sort()
-        return LinkedProgram(name, insns, map_refs, func_info, line_info, order)
+    def __init__(self, spec: ObjectSpec, main: ProgramSpec) -> None:
+        self.name = main.name
+        self.btf_ext = spec.btf_ext
+        self.subprogs = {p.insn_offset: p for p in spec.programs.values() if p.is_subprog}
+        self.insns = bytearray(main.insns)
+        self.placed: dict[str, int] = {}  # subprogram name -> start index in `insns`
+        self.order: list[str] = []
+        self.map_refs: list[tuple[int, str, str, int]] = []
+        self.func_info: list[tuple[int, int]] = []
+        self.line_info: list[tuple[int, int, int, int]] = []
+
+    def place(self, prog: ProgramSpec, start: int) -> None:
+        """Resolve the instructions of prog, which sit at `start` in the linked stream."""
+        # Depth first, like libbpf: a subprogram is appended the first time
+        # a call into it is seen, and processed before the caller goes on.
+        self.ext_info(prog, start)
+        relos = {r.insn_index: r for r in prog.relocations}
+        for i in range(prog.insn_count):
+            at = (start + i) * C.INSN_SIZE
+            code, regs, off, imm = _INSN.unpack_from(self.insns, at)
+            r = relos.get(i)
+            if r is not None and r.kind in ("map", "data"):
+                assert r.map_name is not None
+                self.map_refs.append((start + i, r.map_name, r.kind, r.offset))
+                continue
+            if code != CODE_CALL or regs >> 4 != C.BPF_PSEUDO_CALL:
+                continue
+            target = self.call_target(prog, i, imm, r)
+            if target.name not in self.placed:
+                self.append(target)
+            new_imm = self.placed[target.name] - (start + i) - 1
+            struct.pack_into("<BBhi", self.insns, at, code, regs, off, new_imm)
+
+    def call_target(self, prog: ProgramSpec, i: int, imm: int, r: Relocation | None) -> ProgramSpec:
+        """The subprogram that the call at insn i of prog enters."""
+        if r is not None:
+            target_idx = r.offset // C.INSN_SIZE + imm + 1
+        elif prog.is_subprog:
+            target_idx = prog.insn_offset + i + imm + 1
+        else:
+            raise ObjectError(f"program {prog.name!r}: call at insn {i} has no relocation")
+        target = self.subprogs.get(target_idx)
+        if target is None:
+            raise ObjectError(
+                f"program {prog.name!r}: call at insn {i} into .text insn "
+                f"{target_idx}, which starts no function"
+            )
+        return target
+
+    def append(self, sub: ProgramSpec) -> None:
+        """Append a subprogram at the end of the stream and link it in turn."""
+        self.placed[sub.name] = len(self.insns) // C.INSN_SIZE
+        self.order.append(sub.name)
+        self.insns.extend(sub.insns)
+        if len(self.insns) // C.INSN_SIZE > MAX_INSNS:
+            raise ObjectError(f"program {self.name!r} is too large once linked")
+        self.place(sub, self.placed[sub.name])
+
+    def ext_info(self, prog: ProgramSpec, start: int) -> None:
+        """Carry prog's func_info and line_info records over to their linked positions."""
+        if self.btf_ext is None:
+            return
+        lo = prog.insn_offset * C.INSN_SIZE
+        hi = lo + len(prog.insns)
+        sec = prog.section
+        for off, tid in self.btf_ext.func_info.get(sec, ()):
+            if lo <= off < hi:
+                self.func_info.append((start + (off - lo) // C.INSN_SIZE, tid))
+        for off, f, ln, col in self.btf_ext.line_info.get(sec, ()):
+            if lo <= off < hi:
+                self.line_info.append((start + (off - lo) // C.INSN_SIZE, f, ln, col))
 
 
 _EMPTY_SEC = _Section(0, "", 0, 0, 0, 0, 0, 0, 0, b"")
+
+
+class _Relocator:
+    """Turns the object's REL entries into Relocations of its programs."""
+
+    def __init__(self, spec: ObjectSpec, sections: list[_Section], symbols: list[Symbol]) -> None:
+        self.symbols = symbols
+        self.text_index = spec._text_index
+        self.by_index = {s.index: s for s in sections}
+        self.progs_by_sec: dict[int, list[ProgramSpec]] = {}
+        for p in spec.programs.values():
+            self.progs_by_sec.setdefault(p.section_index, []).append(p)
+        self.maps_sec = spec._sections.get(".maps")
+        self.map_by_offset = {m.offset: m for m in spec.maps.values() if not m.is_data}
+        self.data_maps = {spec._sections[m.section]: m for m in spec.maps.values() if m.section}
+
+    def apply_section(self, rel: _Section) -> None:
+        """Record every relocation of one REL section that targets program code."""
+        target = self.by_index.get(rel.info)
+        if target is None:
+            raise ObjectError(f"relocation section {rel.name!r} targets a missing section")
+        if target.name == ".maps":
+            if rel.size:
+                raise UnsupportedError(
+                    "map-in-map and program arrays initialised in .maps are not supported"
+                )
+            return
+        if not target.flags & SHF_EXECINSTR or target.index not in self.progs_by_sec:
+            return  # .rel.BTF and friends: never applied (docs/BPF-ABI.md, BTF)
+        if len(rel.data) % _REL.size:
+            raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
+        for r_offset, r_info in _REL.iter_unpack(rel.data):
+            self.apply_one(rel, target, r_offset, r_info)
+
+    def apply_one(self, rel: _Section, target: _Section, r_offset: int, r_info: int) -> None:
+        """One REL entry: find its instruction and program, check it, record it."""
+        sym_idx, rtype = r_info >> 32, r_info & 0xFFFFFFFF
+        if sym_idx >= len(self.symbols):
+            raise ObjectError(f"{rel.name}: relocation names symbol #{sym_idx}, past the end")
+        sym = self.symbols[sym_idx]
+        if r_offset % C.INSN_SIZE or r_offset + C.INSN_SIZE > target.size:
+            raise ObjectError(f"{rel.name}: relocation offset {r_offset} is not an insn")
+        insn_idx = r_offset // C.INSN_SIZE
+        prog = next(
+            (
+                p
+                for p in self.progs_by_sec[target.index]
+                if p.insn_offset <= insn_idx < p.insn_offset + p.insn_count
+            ),
+            None,
+        )
+        if prog is None:
+            raise ObjectError(f"{rel.name}: relocation at insn {insn_idx} is outside code")
+        local = insn_idx - prog.insn_offset
+        code, regs, _off, _imm = _INSN.unpack_from(prog.insns, local * C.INSN_SIZE)
+        sname = sym.name or self.by_index.get(sym.shndx, _EMPTY_SEC).name
+        _check_relocation(prog, local, code, rtype, sym, sname)
+        if code == CODE_CALL:
+            prog.relocations.append(self.call(prog, local, regs >> 4, sym, sname))
+        else:
+            prog.relocations.append(self.load(prog, local, sym, sname))
+
+    def call(self, prog: ProgramSpec, local: int, src: int, sym: Symbol, sname: str) -> Relocation:
+        """A call into a subprogram in .text."""
+        if src != C.BPF_PSEUDO_CALL:
+            raise UnsupportedError(
+                f"program {prog.name!r}: call relocation on a non-subprogram call"
+            )
+        if sym.shndx != self.text_index:
+            raise ObjectError(f"program {prog.name!r}: call into {sname!r} outside .text")
+        if sym.value % C.INSN_SIZE:
+            raise ObjectError(f"program {prog.name!r}: misaligned call target")
+        return Relocation(local, "call", sname, offset=sym.value)
+
+    def load(self, prog: ProgramSpec, local: int, sym: Symbol, sname: str) -> Relocation:
+        """An ld_imm64 of a map or of an address in global data."""
+        if sym.shndx == self.text_index:
+            raise UnsupportedError(
+                f"program {prog.name!r}: taking the address of function {sname!r} "
+                "(callbacks for bpf_loop and friends) is not supported yet"
+            )
+        if sym.shndx == self.maps_sec:
+            m = self.map_by_offset.get(sym.value)
+            if m is None:
+                raise ObjectError(f"program {prog.name!r}: no map at .maps offset {sym.value}")
+            return Relocation(local, "map", sname, m.real_name)
+        dm = self.data_maps.get(sym.shndx)
+        if dm is None:
+            secname = self.by_index.get(sym.shndx, _EMPTY_SEC).name
+            raise ObjectError(
+                f"program {prog.name!r}: reference to {sname!r} in section "
+                f"{secname!r}, which is neither a map nor global data"
+            )
+        return Relocation(local, "data", sname, dm.real_name, offset=sym.value)
+
+
+def _check_relocation(
+    prog: ProgramSpec, local: int, code: int, rtype: int, sym: Symbol, sname: str
+) -> None:
+    """A relocation gfxbpf can apply: a known type, on a call or ld_imm64, to a defined symbol."""
+    if rtype not in (C.R_BPF_64_64, C.R_BPF_64_32):
+        raise UnsupportedError(f"program {prog.name!r}: relocation type {rtype} at insn {local}")
+    if code not in (CODE_CALL, CODE_LD_IMM64):
+        raise ObjectError(
+            f"program {prog.name!r}: relocation against {sname!r} on insn "
+            f"{local} (opcode {code:#x}) that is neither a call nor ld_imm64"
+        )
+    if sym.shndx == SHN_UNDEF:
+        raise UnsupportedError(
+            f"program {prog.name!r}: extern symbol {sname!r} (kfuncs, ksyms and "
+            "kconfig externs are not supported)"
+        )
+    if sym.shndx >= SHN_LORESERVE:
+        raise ObjectError(
+            f"program {prog.name!r}: relocation against {sname!r} in a special "
+            "section (an uninitialised global variable? initialise it)"
+        )
+
+
+def _open_elf(data: bytes) -> ELFFile:
+    """The ELF header, checked: a 64-bit little-endian BPF object whose headers fit."""
+    if data[:4] != b"\x7fELF":
+        raise ObjectError("not an ELF file (bad magic)")
+    if len(data) < 64:
+        raise ObjectError("truncated ELF header")
+    elf = ELFFile(io.BytesIO(data))
+    if elf.elfclass != 64 or not elf.little_endian:
+        raise ObjectError("not a 64-bit little-endian ELF object")
+    if elf["e_machine"] not in ("EM_BPF", EM_BPF):
+        raise ObjectError(f"not a BPF object (e_machine {elf['e_machine']})")
+    if elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"] > len(data):
+        raise ObjectError("truncated ELF: section header table runs past the end")
+    return elf
+
+
+# pyelftools names the section types it knows; the ones read here, by number.
+_SECTION_TYPES = {"SHT_PROGBITS": SHT_PROGBITS, "SHT_SYMTAB": SHT_SYMTAB}
+_SECTION_TYPES |= {"SHT_NOBITS": SHT_NOBITS, "SHT_REL": SHT_REL}
+
+
+def _read_sections(elf: ELFFile, data: bytes) -> list[_Section]:
+    """Every section with its body, refusing one that runs past the end of data."""
+    sections: list[_Section] = []
+    for i, sec in enumerate(elf.iter_sections()):
+        h = sec.header
+        raw_type = h["sh_type"]
+        stype = _SECTION_TYPES.get(raw_type, raw_type if isinstance(raw_type, int) else -1)
+        off, size = h["sh_offset"], h["sh_size"]
+        if stype != SHT_NOBITS and i and off + size > len(data):
+            raise ObjectError(f"truncated ELF: section {sec.name!r} runs past the end")
+        body = b"" if stype == SHT_NOBITS or i == 0 else data[off : off + size]
+        sections.append(
+            _Section(
+                i,
+                sec.name,
+                stype,
+                h["sh_flags"],
+                off,
+                size,
+                h["sh_link"],
+                h["sh_info"],
+                h["sh_entsize"],
+                body,
+            )
+        )
+    return sections
+
+
+def _read_symtab(sections: list[_Section]) -> list[Symbol]:
+    """The symbols of the object's one symbol table."""
+    symtabs = [s for s in sections if s.type == SHT_SYMTAB]
+    if len(symtabs) != 1:
+        raise ObjectError("expected exactly one symbol table (is the object stripped?)")
+    symtab = symtabs[0]
+    if symtab.link >= len(sections):
+        raise ObjectError("symbol table links to a missing string table")
+    return _parse_symbols(symtab.data, sections[symtab.link].data)
 
 
 def _parse_symbols(data: bytes, strtab: bytes) -> list[Symbol]:
@@ -786,6 +831,42 @@ def _parse_symbols(data: bytes, strtab: bytes) -> list[Symbol]:
             )
         )
     return out
+
+
+def _check_function(sym: Symbol, sec: _Section, is_text: bool) -> None:
+    """A function that is whole instructions inside its section, global unless in .text."""
+    if sym.value % C.INSN_SIZE or sym.size % C.INSN_SIZE or not sym.size:
+        raise ObjectError(f"program {sym.name!r}: misaligned or empty function")
+    if sym.value + sym.size > sec.size:
+        raise ObjectError(f"program {sym.name!r} runs past the end of {sec.name!r}")
+    if not is_text and sym.bind == STB_LOCAL:
+        raise UnsupportedError(f"program {sym.name!r} in {sec.name!r} is static: make it global")
+
+
+def _check_map_type(name: str, map_type: int) -> None:
+    if map_type not in C.SUPPORTED_MAP_TYPES:
+        try:
+            tname = C.MapType(map_type).name.lower()
+        except ValueError:
+            tname = f"type {map_type}"
+        raise UnsupportedError(
+            f"map {name!r}: map type {tname} is not supported; supported are "
+            + ", ".join(sorted(t.name.lower() for t in C.SUPPORTED_MAP_TYPES))
+        )
+
+
+def _data_section_kind(sec: _Section) -> str | None:
+    """ "data", "rodata" or "bss" for a non-empty global-data section, else None."""
+    if not sec.index or not sec.size:
+        return None
+    if sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR:
+        if _is_data(sec.name):
+            return "data"
+        if _is_rodata(sec.name):
+            return "rodata"
+    elif sec.type == SHT_NOBITS and _is_bss(sec.name):
+        return "bss"
+    return None
 
 
 def _datasec_has_global_var(btf: Btf, datasec_id: int) -> bool:

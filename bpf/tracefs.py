@@ -256,49 +256,15 @@ def parse_format(text: str) -> EventFormat:
     print_fmt = ""
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if not line:
-            continue
         if line.startswith("name:"):
-            name = line[5:].strip()
-            if not _NAME_RE.fullmatch(name):
-                raise FormatError(f"line {lineno}: bad event name {name!r}")
+            name = _parse_name_line(line, lineno)
         elif line.startswith("ID:"):
-            v = line[3:].strip()
-            if not v.isdigit() or int(v) > 0xFFFFFFFF:
-                raise FormatError(f"line {lineno}: bad ID {v!r}")
-            ev_id = int(v)
+            ev_id = _parse_id_line(line, lineno)
         elif line.startswith("field:") or line.startswith("field "):
-            if line.startswith("field special:"):
-                line = "field:" + line[len("field special:") :]
-            m = _FIELD_RE.match(line)
-            if not m:
-                raise FormatError(f"line {lineno}: cannot parse field line {line!r}")
-            fname, typ, alen, data_loc, rel_loc = _parse_decl(m.group("decl"), lineno)
-            offset, size = int(m.group("offset")), int(m.group("size"))
-            if not (0 <= offset < MAX_RECORD_OFFSET and 0 <= size < MAX_RECORD_OFFSET):
-                raise FormatError(
-                    f"line {lineno}: field {fname}: offset {offset} / size {size} out of range"
-                )
-            if fname in fields:
-                raise FormatError(f"line {lineno}: field {fname} declared twice")
-            if len(fields) >= MAX_FIELDS:
-                raise FormatError(f"more than {MAX_FIELDS} fields")
-            signed = m.group("signed")
-            fields[fname] = Field(
-                name=fname,
-                type=typ,
-                offset=offset,
-                size=size,
-                signed=signed is not None and int(signed) != 0,
-                is_data_loc=data_loc,
-                array_len=alen,
-                is_rel_loc=rel_loc,
-            )
+            _add_field(fields, _parse_field_line(line, lineno), lineno)
         elif line.startswith("print fmt:"):
             print_fmt = line[len("print fmt:") :].strip()
-        elif line == "format:":
-            continue
-        # Anything else (future headers) is ignored on purpose.
+        # Anything else (blank lines, "format:", future headers) is ignored on purpose.
     if name is None:
         raise FormatError("no 'name:' line: not a tracefs format file")
     if ev_id is None:
@@ -306,3 +272,51 @@ def parse_format(text: str) -> EventFormat:
     if not fields:
         raise FormatError(f"event {name}: no fields")
     return EventFormat(name=name, id=ev_id, fields=fields, print_fmt=print_fmt)
+
+
+def _parse_name_line(line: str, lineno: int) -> str:
+    name = line[5:].strip()
+    if not _NAME_RE.fullmatch(name):
+        raise FormatError(f"line {lineno}: bad event name {name!r}")
+    return name
+
+
+def _parse_id_line(line: str, lineno: int) -> int:
+    v = line[3:].strip()
+    if not v.isdigit() or int(v) > 0xFFFFFFFF:
+        raise FormatError(f"line {lineno}: bad ID {v!r}")
+    return int(v)
+
+
+def _parse_field_line(line: str, lineno: int) -> Field:
+    """One 'field:' (or 'field special:') line."""
+    if line.startswith("field special:"):
+        line = "field:" + line[len("field special:") :]
+    m = _FIELD_RE.match(line)
+    if not m:
+        raise FormatError(f"line {lineno}: cannot parse field line {line!r}")
+    fname, typ, alen, data_loc, rel_loc = _parse_decl(m.group("decl"), lineno)
+    offset, size = int(m.group("offset")), int(m.group("size"))
+    if not (0 <= offset < MAX_RECORD_OFFSET and 0 <= size < MAX_RECORD_OFFSET):
+        raise FormatError(
+            f"line {lineno}: field {fname}: offset {offset} / size {size} out of range"
+        )
+    signed = m.group("signed")
+    return Field(
+        name=fname,
+        type=typ,
+        offset=offset,
+        size=size,
+        signed=signed is not None and int(signed) != 0,
+        is_data_loc=data_loc,
+        array_len=alen,
+        is_rel_loc=rel_loc,
+    )
+
+
+def _add_field(fields: dict[str, Field], f: Field, lineno: int) -> None:
+    if f.name in fields:
+        raise FormatError(f"line {lineno}: field {f.name} declared twice")
+    if len(fields) >= MAX_FIELDS:
+        raise FormatError(f"more than {MAX_FIELDS} fields")
+    fields[f.name] = f
