@@ -25,6 +25,7 @@ import ctypes
 import os
 import pwd
 from dataclasses import dataclass, field
+from typing import Any
 
 CAP_PERFMON = 38
 CAP_BPF = 39
@@ -259,12 +260,32 @@ def ensure_broker_privileges(user: str | None = None) -> PrivilegeReport:
     the process already runs as that user (or user is None and it is not
     root), it only drops what it holds beyond the two capabilities.
     Raises PrivilegeError naming what is missing and how to fix it.
+
+    The steps run in this order, each refusing with its own message: what
+    the process holds, whom to become, the drop, and a check of the result.
     """
     try:
         import prctl
     except ImportError as e:
         raise PrivilegeError("python-prctl is missing: pip install python-prctl") from e
 
+    before = _holdings_before()
+    target, switch = _target_user(user, before)
+    _drop(prctl, before, target, switch)
+    after = read_status()
+    problems = _problems_after(before, after, target, switch, user)
+    if problems:
+        raise PrivilegeError(
+            "cannot reach exactly CAP_BPF+CAP_PERFMON with no_new_privs: "
+            + "; ".join(problems)
+            + f". {FIX_HINT}"
+        )
+    return _report(before, after, switch)
+
+
+def _holdings_before() -> CapState:
+    """The state to drop from; refuses a kernel without CAP_BPF, a process with
+    threads (capabilities are per thread) or one lacking the two capabilities."""
     if _cap_last_cap() < CAP_BPF:
         raise PrivilegeError(
             "this kernel does not know CAP_BPF/CAP_PERFMON (Linux >= 5.8 needed); "
@@ -284,7 +305,11 @@ def ensure_broker_privileges(user: str | None = None) -> PrivilegeReport:
             f"lacks {missing} in its permitted set "
             f"(holds: {','.join(cap_names(before.prm)) or 'none'}). {FIX_HINT}"
         )
+    return before
 
+
+def _target_user(user: str | None, before: CapState) -> tuple[pwd.struct_passwd | None, bool]:
+    """(the account to become, whether the uids/gids must change); never root."""
     target: pwd.struct_passwd | None = _lookup_user(user) if user is not None else None
     if target is not None and target.pw_uid == 0:
         raise PrivilegeError(
@@ -300,7 +325,11 @@ def ensure_broker_privileges(user: str | None = None) -> PrivilegeReport:
                 f"switching to --user {user} needs {','.join(cap_name(c) for c in lacking)}; "
                 f"start as root, or start directly as {user} and leave out --user. {FIX_HINT}"
             )
+    return target, switch
 
+
+def _drop(prctl: Any, before: CapState, target: pwd.struct_passwd | None, switch: bool) -> None:
+    """Bounding set, user, capability sets, ambient set, no_new_privs: in that order."""
     try:
         # Use everything permitted for the steps below (CAP_SETPCAP, CAP_SETUID...).
         _set_caps(prctl, before.prm, before.prm, before.inh & before.prm)
@@ -324,14 +353,21 @@ def ensure_broker_privileges(user: str | None = None) -> PrivilegeReport:
     except OSError as e:
         raise PrivilegeError(f"dropping privileges failed: {e}. {FIX_HINT}") from e
 
-    after = read_status()
+
+def _problems_after(
+    before: CapState,
+    after: CapState,
+    target: pwd.struct_passwd | None,
+    switch: bool,
+    user: str | None,
+) -> list[str]:
+    """What the drop failed to reach (empty: exactly the broker's state)."""
     problems = state_problems(after)
     if after.bnd & ~BROKER_CAPS_MASK and not before.prm >> _CAP_SETPCAP & 1:
         problems.append(
             "the bounding set can only shrink with CAP_SETPCAP, which this process lacks: "
             "start it with a reduced bounding set (CapabilityBoundingSet=CAP_BPF CAP_PERFMON)"
         )
-    uid, gid = os.getuid(), os.getgid()
     if target is not None:
         if os.getresuid() != (target.pw_uid,) * 3 or os.getresgid() != (target.pw_gid,) * 3:
             problems.append(
@@ -340,13 +376,12 @@ def ensure_broker_privileges(user: str | None = None) -> PrivilegeReport:
             )
         if switch and os.getgroups():
             problems.append(f"supplementary groups remain: {os.getgroups()}")
-    if problems:
-        raise PrivilegeError(
-            "cannot reach exactly CAP_BPF+CAP_PERFMON with no_new_privs: "
-            + "; ".join(problems)
-            + f". {FIX_HINT}"
-        )
+    return problems
 
+
+def _report(before: CapState, after: CapState, switch: bool) -> PrivilegeReport:
+    """Who the broker is now, what it dropped, and a warning if that is still root."""
+    uid, gid = os.getuid(), os.getgid()
     warnings = []
     if uid == 0:
         warnings.append(
