@@ -208,26 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     catalog_srcs = sources()
     srcs = catalog_srcs + side_sources()
     if args.check:
-        bad: list[str] = []
-        recorded = catalog_hashes(CATALOG) if CATALOG.exists() else {}
-        with tempfile.TemporaryDirectory(prefix="gfxbpf-build-") as tmp:
-            for src in srcs:
-                name = object_name(src)
-                out = Path(tmp) / name
-                build(clang, src, out)
-                committed = ROOT / src.with_name(name)
-                if not committed.exists():
-                    bad.append(f"{name}: not built (run python3 tools/build_bpf.py)")
-                elif committed.read_bytes() != out.read_bytes():
-                    bad.append(f"{name}: differs from a rebuild of {src}")
-                elif name in recorded and recorded[name] != sha256_file(committed):
-                    bad.append(f"{name}: catalog.toml sha256 is stale")
-                else:
-                    print(f"build_bpf: {src.with_name(name)} ok")
-        for line in bad:
-            print(f"build_bpf: MISMATCH {line}", file=sys.stderr)
-        return 1 if bad else 0
-
+        return check(clang, srcs)
     hashes: dict[str, str] = {}
     for src in srcs:
         out = ROOT / src.with_name(object_name(src))
@@ -236,24 +217,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build_bpf: {out.relative_to(ROOT)} sha256 {digest}")
         if src in catalog_srcs:
             hashes[out.name] = digest
-    if CATALOG.exists():
-        text = CATALOG.read_text()
-        new, missing = rewrite_sha256(text, hashes)
-        if new != text:
-            CATALOG.write_text(new)
-            print(f"build_bpf: updated sha256 lines in {CATALOG.relative_to(ROOT)}")
-        for name in missing:
-            print(f"build_bpf: warning: {name} has no [[program]] in catalog.toml", file=sys.stderr)
-        by_name = {p["name"]: p["sha256"] for p in tomllib.loads(new)["program"]}
-        if EXAMPLE_POLICY.exists():
-            old = EXAMPLE_POLICY.read_text()
-            updated = rewrite_policy_hashes(old, by_name)
-            if updated != old:
-                EXAMPLE_POLICY.write_text(updated)
-                print(f"build_bpf: updated sha256 lines in {EXAMPLE_POLICY.relative_to(ROOT)}")
-    else:
-        print(f"build_bpf: warning: {CATALOG} does not exist; no hashes recorded", file=sys.stderr)
+    record_hashes(hashes)
     return 0
+
+
+def check(clang: str, srcs: list[Path]) -> int:
+    """Rebuild every object in a temporary directory and compare: 1 on any mismatch."""
+    bad: list[str] = []
+    recorded = catalog_hashes(CATALOG) if CATALOG.exists() else {}
+    with tempfile.TemporaryDirectory(prefix="gfxbpf-build-") as tmp:
+        for src in srcs:
+            name = object_name(src)
+            out = Path(tmp) / name
+            build(clang, src, out)
+            committed = ROOT / src.with_name(name)
+            if not committed.exists():
+                bad.append(f"{name}: not built (run python3 tools/build_bpf.py)")
+            elif committed.read_bytes() != out.read_bytes():
+                bad.append(f"{name}: differs from a rebuild of {src}")
+            elif name in recorded and recorded[name] != sha256_file(committed):
+                bad.append(f"{name}: catalog.toml sha256 is stale")
+            else:
+                print(f"build_bpf: {src.with_name(name)} ok")
+    for line in bad:
+        print(f"build_bpf: MISMATCH {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def record_hashes(hashes: dict[str, str]) -> None:
+    """Write the catalog objects' sha256 into catalog.toml and the example policy."""
+    if not CATALOG.exists():
+        print(f"build_bpf: warning: {CATALOG} does not exist; no hashes recorded", file=sys.stderr)
+        return
+    text = CATALOG.read_text()
+    new, missing = rewrite_sha256(text, hashes)
+    if new != text:
+        CATALOG.write_text(new)
+        print(f"build_bpf: updated sha256 lines in {CATALOG.relative_to(ROOT)}")
+    for name in missing:
+        print(f"build_bpf: warning: {name} has no [[program]] in catalog.toml", file=sys.stderr)
+    by_name = {p["name"]: p["sha256"] for p in tomllib.loads(new)["program"]}
+    if EXAMPLE_POLICY.exists():
+        old = EXAMPLE_POLICY.read_text()
+        updated = rewrite_policy_hashes(old, by_name)
+        if updated != old:
+            EXAMPLE_POLICY.write_text(updated)
+            print(f"build_bpf: updated sha256 lines in {EXAMPLE_POLICY.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
