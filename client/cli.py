@@ -167,7 +167,7 @@ def _add_attach(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # Over 60 lines, but a flat list of declarations: one place reads as the --help.
+    # long: a flat list of declarations, so that one place reads as the --help.
     parser = _Parser(
         prog=PROG,
         description="Profile the GPU stack and your processes with eBPF through the "
