@@ -10,10 +10,11 @@ from gfxbpf.bpf.consts import SELF
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
 from gfxbpf.broker.params import Target
+from gfxbpf.broker.peruser import PerUser
 from gfxbpf.broker.policy import Policy
 from gfxbpf.broker.registry import InstanceKey, Registry
 from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Attachment, Caller, Owner, PerUser
+from gfxbpf.broker.sessions import Attachment, Caller, Owner
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # Makes a new shared instance (InstanceLoader.create, or a test's stand-in).

@@ -13,37 +13,25 @@ from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
+from gfxbpf.broker.peruser import PerUser
+
 
 class CallSlots:
     """Calls in flight per uid. Thread-safe; every acquire() needs one release()."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: dict[int, int] = {}
+        self._calls = PerUser()
 
     def acquire(self, uid: int, limit: int) -> bool:
         """Take a slot for uid unless it already has limit calls in flight."""
-        with self._lock:
-            n = self._calls.get(uid, 0)
-            if n >= limit:
-                return False
-            self._calls[uid] = n + 1
-            return True
+        return self._calls.take(uid, limit) is None
 
     def release(self, uid: int) -> None:
-        with self._lock:
-            n = self._calls.get(uid, 0) - 1
-            if n > 0:
-                self._calls[uid] = n
-            else:
-                self._calls.pop(uid, None)
+        self._calls.give_back(uid)
 
     def count(self, uid: int | None = None) -> int:
         """Calls in flight for uid (all uids when None)."""
-        with self._lock:
-            if uid is None:
-                return sum(self._calls.values())
-            return self._calls.get(uid, 0)
+        return self._calls.count(uid)
 
 
 class CallSlot:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gfxbpf.bpf.consts import Scope
 from gfxbpf.broker.errors import over_limit
+from gfxbpf.broker.peruser import PerUser
 from gfxbpf.broker.registry import InstanceKey
 
 if TYPE_CHECKING:
@@ -83,33 +84,6 @@ class Owner:
 
     def close(self) -> None:
         self.service.close_owner(self)
-
-
-class PerUser:
-    """A count per uid under a limit (open sessions, attachments)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[int, int] = {}
-
-    def take(self, uid: int, limit: int) -> int | None:
-        """Count one more for uid: None when counted, else how many uid holds
-        already (its limit or more)."""
-        with self._lock:
-            have = self._counts.get(uid, 0)
-            if have >= limit:
-                return have
-            self._counts[uid] = have + 1
-            return None
-
-    def give_back(self, uid: int) -> None:
-        """One fewer for uid; a uid at zero leaves the table."""
-        with self._lock:
-            n = self._counts.get(uid, 0) - 1
-            if n > 0:
-                self._counts[uid] = n
-            else:
-                self._counts.pop(uid, None)
 
 
 class Owners:
