@@ -212,6 +212,58 @@ def policy_for(
     return "\n".join(out) + "\n"
 
 
+def _prepare(
+    tmpdir: str | os.PathLike[str] | None, policy_text: str
+) -> tuple[Path, Path, Path, bool]:
+    """Users, tracefs and a run directory for one broker: (base, run dir,
+    policy file, whether base is ours to remove)."""
+    ensure_user(BROKER_USER)
+    for u in TEST_USERS:
+        ensure_user(u)
+    ensure_tracefs_for_broker()
+    owns = tmpdir is None
+    base = shared_dir(tmpdir)
+    if tmpdir is not None and base != Path(tmpdir):
+        owns = True
+    run = Path(tempfile.mkdtemp(prefix="broker-", dir=base))
+    uid, gid = ensure_user(BROKER_USER)
+    os.chown(run, uid, gid)
+    os.chmod(run, 0o755)
+    policy_path = base / f"policy-{run.name}.toml"
+    policy_path.write_text(policy_text)
+    os.chmod(policy_path, 0o644)
+    return base, run, policy_path, owns
+
+
+def _unit_argv(
+    flags: dict[str, str], overrides: Mapping[str, str] | None, as_root_with_user: bool
+) -> list[str]:
+    """The unit's ExecStart with flags: through setpriv as User=gfxbpf with the
+    unit's capabilities, or run as root with --user (the broker drops itself)."""
+    ue = _unit_exec_module()
+    if VENV != "/opt/gfxbpf/venv":  # the unit's ExecStart names the default venv
+        flags["program"] = f"{VENV}/bin/gfxbpf-broker"
+    flags.update(overrides or {})
+    if as_root_with_user:
+        flags["--user"] = BROKER_USER
+        return list(ue.apply_overrides(ue.unit_exec(SERVICE), flags).argv)
+    return list(ue.setpriv_argv(SERVICE, flags))
+
+
+def _socket_activated(argv: list[str], socket_path: str, env: Mapping[str, str]) -> list[str]:
+    """argv under systemd-socket-activate holding the control socket, as
+    gfxbpf.socket would. It passes on no environment of its own accord:
+    each variable goes by --setenv."""
+    return [
+        "systemd-socket-activate",
+        "--seqpacket",
+        "--fdname=control",
+        f"--listen={socket_path}",
+        *(f"--setenv={k}={v}" for k, v in env.items()),
+        *argv,
+    ]
+
+
 class BrokerStartError(RuntimeError):
     """The broker exited or did not become ready; the message holds its stderr."""
 
@@ -242,6 +294,7 @@ class BrokerProcess:
         self.returncode: int | None = None
         self._notify: socket.socket | None = None  # until READY=1 arrived
 
+    # long: its docstring is a third of it; the start sequence reads best in one place.
     @classmethod
     def start(
         cls,
@@ -268,21 +321,7 @@ class BrokerProcess:
         broker's stderr if it exits or is not ready within timeout seconds.
         """
         ue = _unit_exec_module()
-        ensure_user(BROKER_USER)
-        for u in TEST_USERS:
-            ensure_user(u)
-        ensure_tracefs_for_broker()
-        owns = tmpdir is None
-        base = shared_dir(tmpdir)
-        if tmpdir is not None and base != Path(tmpdir):
-            owns = True
-        run = Path(tempfile.mkdtemp(prefix="broker-", dir=base))
-        uid, gid = ensure_user(BROKER_USER)
-        os.chown(run, uid, gid)
-        os.chmod(run, 0o755)
-        policy_path = base / f"policy-{run.name}.toml"
-        policy_path.write_text(policy_text)
-        os.chmod(policy_path, 0o644)
+        base, run, policy_path, owns = _prepare(tmpdir, policy_text)
         socket_path = str(run / "control.sock")
         grpc_addr = f"unix:{run / 'grpc.sock'}" if grpc else None
 
@@ -291,14 +330,7 @@ class BrokerProcess:
             flags["--socket"] = str(run / "not-used.sock")
         if catalog is not None:
             flags["--catalog"] = catalog
-        if VENV != "/opt/gfxbpf/venv":  # the unit's ExecStart names the default venv
-            flags["program"] = f"{VENV}/bin/gfxbpf-broker"
-        flags.update(overrides or {})
-        if as_root_with_user:
-            flags["--user"] = BROKER_USER
-            argv = ue.apply_overrides(ue.unit_exec(SERVICE), flags).argv
-        else:
-            argv = ue.setpriv_argv(SERVICE, flags)
+        argv = _unit_argv(flags, overrides, as_root_with_user)
         info = ue.unit_exec(SERVICE)
 
         # sd_notify: the broker says READY=1 once both sockets listen.
@@ -310,15 +342,7 @@ class BrokerProcess:
         env.update(info.environment)
         env["NOTIFY_SOCKET"] = notify_path
         if socket_activated:
-            # It passes on no environment of its own accord: each variable by -E.
-            argv = [
-                "systemd-socket-activate",
-                "--seqpacket",
-                "--fdname=control",
-                f"--listen={socket_path}",
-                *(f"--setenv={k}={v}" for k, v in env.items()),
-                *argv,
-            ]
+            argv = _socket_activated(argv, socket_path, env)
         stderr_path = run / "stderr.log"
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(

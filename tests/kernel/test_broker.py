@@ -454,6 +454,7 @@ def test_per_user_limits() -> None:
                 c.close()
 
 
+# long: one stress scenario (baseline, 50 clients, checks, baseline again).
 def test_fifty_clients_loop_and_fds_return_to_baseline(broker: BrokerProcess) -> None:
     programs = [
         {"name": "syscount", "scope": "system"},

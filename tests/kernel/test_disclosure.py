@@ -167,6 +167,7 @@ def _names(text: str, users: list[str]) -> list[str]:
     return [u for u in users if u in text or re.search(rf"\b{uid_of(u)}\b", text)]
 
 
+# long: one table of every refusal a user can provoke, then one check over all.
 def test_denials_name_no_other_principal_and_no_policy_path(env: dict[str, Any]) -> None:
     b: BrokerProcess = env["broker"]
     changed = b.directory / "changed.bpf.o"

@@ -203,6 +203,7 @@ def _json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(line)
 
 
+# long: one attack scenario: the flood, the victim's timings, then the broker's state.
 def test_connect_flood_does_not_slow_down_another_user() -> None:
     """Finding 4: mallory's connect flood; alice's Hello p99 < 20 ms; threads bounded."""
     with BrokerProcess.start(_policy(hello_timeout_seconds=2), grpc=False) as broker:

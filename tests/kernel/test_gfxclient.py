@@ -387,6 +387,7 @@ def _header(screen: str) -> str:
     return next((ln for ln in screen.splitlines() if ln.startswith("gfxclient watch")), "")
 
 
+# long: one terminal session driven step by step (start, refresh, Ctrl-C, screen).
 def test_watch_in_tmux_refreshes_and_ctrl_c_exits_cleanly(broker: BrokerProcess) -> None:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")

@@ -352,6 +352,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# long: one mTLS scenario: certificates, listener, mapped and unmapped callers.
 def test_mtls_client_certificate_maps_to_alice() -> None:
     from tests import tlscerts  # needs cryptography (a dev dependency)
 

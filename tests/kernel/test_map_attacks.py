@@ -90,6 +90,7 @@ ATTACKED = [
 ]
 
 
+# long: one attack scenario: bob's view, mallory's pins, every write, bob's view again.
 def test_pinned_and_reopened_map_fds_cannot_write(bpffs: Path) -> None:
     both = [MALLORY, BOB]
     policy = policy_for(

@@ -142,6 +142,7 @@ class FakeBroker:
 
     # --- operations ---
 
+    # long: the fake broker's answer to every request kind, one short branch each.
     def dispatch(self, kind: str, body: Any, transport: str) -> tuple[str, Any]:
         if kind == "hello":
             return "hello", pb.HelloReply(

@@ -622,6 +622,7 @@ def test_request_must_follow_the_headers_in_time(limited: Any) -> None:
     assert _until(lambda: handle.slots.count() == 0)
 
 
+# long: one case per way a call can end, each checking the slot comes back.
 def test_a_uids_slots_come_back_on_every_way_a_call_ends(limited: Any) -> None:
     svc, handle, address = limited
     token, _ = svc.tokens.issue(ALICE)
