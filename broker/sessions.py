@@ -86,6 +86,14 @@ class Owner:
         self.service.close_owner(self)
 
 
+def too_many_sessions(uid: int, have: int) -> str:
+    """The refusal of a session over sessions_per_user (at accept, or at open_owner)."""
+    return (
+        f"uid {uid} already has {have} open sessions, the policy's limit "
+        "(close one, or ask the administrator to raise it)"
+    )
+
+
 class Owners:
     """The open owners, and the open Unix sessions per uid."""
 
@@ -103,8 +111,7 @@ class Owners:
             have = self._sessions.take(caller.uid, limit)
             if have is not None:
                 raise over_limit(
-                    f"uid {caller.uid} already has {have} open sessions, the policy's "
-                    f"limit (close one, or ask the administrator to raise it)",
+                    too_many_sessions(caller.uid, have),
                     policy.path,
                     "sessions_per_user",
                     limit,

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gfxbpf.broker.peruser import PerUser
+from gfxbpf.broker.sessions import too_many_sessions
 from gfxbpf.broker.unix_session import REFUSE_WAIT_SECONDS
 from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -47,11 +49,7 @@ def over_limit(limits: Limits, uid: int, have: int, total: int) -> tuple[str, st
     """(message, rule) when uid, with have sessions of total, may open no other."""
     per_user, all_users = limits.sessions_per_user, limits.sessions_total
     if have >= per_user:
-        return (
-            f"uid {uid} already has {have} open sessions, the policy's limit "
-            "(close one, or ask the administrator to raise it)",
-            f"[limits] sessions_per_user = {per_user}",
-        )
+        return too_many_sessions(uid, have), f"[limits] sessions_per_user = {per_user}"
     if total >= all_users:
         return (
             f"the broker already serves {total} sessions, the policy's limit for all "
@@ -74,7 +72,7 @@ class Refusals:
     def __init__(self, poller: select.poll) -> None:
         self._poller = poller
         self._waiting: dict[int, Refusal] = {}
-        self._per_uid: dict[int, int] = {}
+        self._per_uid = PerUser()  # waiting refusals by uid
 
     def __contains__(self, fd: int) -> bool:
         return fd in self._waiting
@@ -90,7 +88,7 @@ class Refusals:
         """Answer conn's first request with error, then close it; or now, when too many wait."""
         if (
             len(self._waiting) >= REFUSE_PENDING_TOTAL
-            or self._per_uid.get(uid, 0) >= REFUSE_PENDING_PER_USER
+            or self._per_uid.take(uid, REFUSE_PENDING_PER_USER) is not None
         ):
             send_error(conn, 0, error)
             with contextlib.suppress(OSError):
@@ -98,7 +96,6 @@ class Refusals:
             return
         fd = conn.fileno()
         self._waiting[fd] = Refusal(conn, uid, time.monotonic() + REFUSE_WAIT_SECONDS, error)
-        self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
         self._poller.register(fd, select.POLLIN)
 
     def answer(self, fd: int) -> None:
@@ -131,11 +128,7 @@ class Refusals:
             return
         with contextlib.suppress(KeyError, ValueError):
             self._poller.unregister(fd)
-        n = self._per_uid.get(r.uid, 1) - 1
-        if n > 0:
-            self._per_uid[r.uid] = n
-        else:
-            self._per_uid.pop(r.uid, None)
+        self._per_uid.give_back(r.uid)
         with contextlib.suppress(OSError):
             r.conn.close()
 

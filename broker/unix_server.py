@@ -23,6 +23,7 @@ import socket
 import threading
 from collections.abc import Callable
 
+from gfxbpf.broker.peruser import PerUser
 from gfxbpf.broker.service import Service
 from gfxbpf.broker.unix_refusals import (
     REFUSE_PENDING_PER_USER,
@@ -53,7 +54,7 @@ class UnixServer:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sessions: set[Session] = set()
-        self._per_uid: dict[int, int] = {}  # open sessions by SO_PEERCRED uid
+        self._per_uid = PerUser()  # open sessions by SO_PEERCRED uid
         self._poller = select.poll()  # the accept loop's: listener, wake pipe, refusals
         self._refusals = Refusals(self._poller)
         self._thread: threading.Thread | None = None
@@ -66,7 +67,7 @@ class UnixServer:
 
     def sessions_of(self, uid: int) -> int:
         with self._lock:
-            return self._per_uid.get(uid, 0)
+            return self._per_uid.count(uid)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve, name="gfxbpf-unix-accept", daemon=True)
@@ -118,12 +119,13 @@ class UnixServer:
                 conn.close()
             return
         with self._lock:
-            have = self._per_uid.get(creds.uid, 0)
-            why = over_limit(self.service.policy.limits, creds.uid, have, len(self._sessions))
+            limits = self.service.policy.limits
+            have = self._per_uid.count(creds.uid)
+            why = over_limit(limits, creds.uid, have, len(self._sessions))
             if why is None:
                 session = Session(self.service, conn, creds.uid, on_end=self._forget)
                 self._sessions.add(session)
-                self._per_uid[creds.uid] = have + 1
+                self._per_uid.take(creds.uid, limits.sessions_per_user)  # room: checked above
         if why is not None:
             message, rule = why
             self.service.audit.record(
@@ -156,11 +158,7 @@ class UnixServer:
         with self._lock:
             if session in self._sessions:
                 self._sessions.discard(session)
-                n = self._per_uid.get(session.uid, 1) - 1
-                if n > 0:
-                    self._per_uid[session.uid] = n
-                else:
-                    self._per_uid.pop(session.uid, None)
+                self._per_uid.give_back(session.uid)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop accepting, end every session (their owners close), wait a little."""
