@@ -10,6 +10,11 @@ DEB_PACKAGES=(
     libcap-dev python3-dev python3-venv gcc   # python-prctl builds against libcap
     bpftrace tmux procps util-linux   # peers for benchmarks, terminal tests, setpriv
     systemd   # systemd-analyze (unit checks), systemd-socket-activate (activation test)
+    linux-perf   # perf record: the profiler the profile benchmark compares against
+    chromium   # headless browser: the flame-graph SVG is tested in a real one
+    prometheus   # a real Prometheus server (and promtool) for the exporter's tests
+    libbpf-tools   # conformance corpus: BPF objects embedded in Debian's built tools
+    systemtap-sdt-dev   # <sys/sdt.h>: the USDT probe test program
 )
 
 missing=()
@@ -37,8 +42,8 @@ fi
 echo "setup: installing gfxbpf into $VENV"
 # GFXBPF_EDITABLE=1: developers' machines, where the tree is readable by all.
 if [ "${GFXBPF_EDITABLE:-0}" = 1 ]; then
-    "$VENV/bin/pip" install -q -e ".[broker,client,dev]"
+    "$VENV/bin/pip" install -q -e ".[broker,client,dev,exporter]"
 else
-    "$VENV/bin/pip" install -q ".[broker,client,dev]"
+    "$VENV/bin/pip" install -q ".[broker,client,dev,exporter]"
 fi
 chmod -R a+rX "$(dirname "$VENV")"
