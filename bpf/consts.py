@@ -55,6 +55,9 @@ SUPPORTED_MAP_TYPES = frozenset(
         MapType.RINGBUF,
         MapType.STACK_TRACE,
         MapType.PERF_EVENT_ARRAY,
+        # bcc-style cgroup filters: the program only tests membership
+        # (bpf_current_task_under_cgroup); user space fills it with cgroup fds.
+        MapType.CGROUP_ARRAY,
     }
 )
 
@@ -113,6 +116,8 @@ BPF_BTF_LOAD = 18
 BPF_MAP_FREEZE = 22
 BPF_MAP_LOOKUP_BATCH = 24
 BPF_LINK_CREATE = 28
+BPF_ITER_CREATE = 33
+BPF_PROG_BIND_MAP = 35
 BPF_ENABLE_STATS = 32
 
 # Element update flags.
@@ -124,7 +129,12 @@ BPF_EXIST = 2
 BPF_STATS_RUN_TIME = 0
 
 # Attach types (enum bpf_attach_type).
+BPF_TRACE_RAW_TP = 23
+BPF_TRACE_FENTRY = 24
+BPF_TRACE_FEXIT = 25
+BPF_TRACE_ITER = 28
 BPF_PERF_EVENT = 41
+BPF_TRACE_KPROBE_MULTI = 42
 BPF_TRACE_UPROBE_MULTI = 48
 
 # uprobe_multi link flags.

@@ -18,6 +18,7 @@ from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
 from gfxbpf.bpf.errors import KernelError
+from gfxbpf.bpf.kernel_btf import KernelBtfError, vmlinux_type_id
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 
@@ -244,6 +245,7 @@ def _load_program(obj: LoadedObject, p: ProgramSpec) -> LoadedProgram:
             name=_prog_name(p.name),
             expected_attach_type=p.expected_attach_type,
             kern_version=spec.kern_version,
+            attach_btf_id=_attach_btf_id(spec, p),
             **kwargs,  # type: ignore[arg-type]
         )
     except bpfsys.BpfError as e:
@@ -252,8 +254,36 @@ def _load_program(obj: LoadedObject, p: ProgramSpec) -> LoadedProgram:
             f"(section {p.section!r}): {e.strerror or e}",
             log=e.log,
         ) from e
+    _bind_rodata(obj, fd)
     info = bpfsys.prog_info(fd)
     return LoadedProgram(p.name, fd, info.id, p, linked)
+
+
+def _bind_rodata(obj: LoadedObject, prog_fd: int) -> None:
+    """libbpf binds the object's .rodata map to every program, even one that never
+    reads it (so its metadata travels with the program); so does gfxbpf, for the
+    same map set. Kernels before 5.10 lack the command: skipped there, as libbpf does."""
+    rodata = obj.maps.get(".rodata")
+    if rodata is None:
+        return
+    try:
+        bpfsys.prog_bind_map(prog_fd, rodata.fileno())
+    except bpfsys.BpfError as e:
+        if e.errno != errno.EINVAL:
+            os.close(prog_fd)
+            raise LoadError(f"object {obj.spec.name!r}: binding .rodata failed: {e}") from e
+
+
+def _attach_btf_id(spec: ObjectSpec, p: ProgramSpec) -> int:
+    """tp_btf, fentry, iter...: the vmlinux type id of the target; 0 for other kinds."""
+    if p.attach_btf_name is None:
+        return 0
+    try:
+        return vmlinux_type_id(p.attach_btf_name, p.attach_btf_kind)
+    except KernelBtfError as e:
+        raise LoadError(
+            f"object {spec.name!r}: program {p.name!r} (section {p.section!r}): {e}"
+        ) from e
 
 
 def _prog_name(name: str) -> str:

@@ -32,6 +32,7 @@ from gfxbpf.bpf.btf import (
 )
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.insn import CODE_CALL, CODE_LD_IMM64
+from gfxbpf.bpf.sections import SectionError, SectionProgram, SectionUnsupported, parse_section
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -93,7 +94,7 @@ class ProgramSpec:
     section: str
     prog_type: int
     expected_attach_type: int
-    attach_kind: str  # tracepoint | raw_tracepoint | uprobe | uretprobe | perf_event | subprog
+    attach_kind: str  # sections.py: tracepoint, tp_btf, kprobe, usdt, ... or subprog
     attach_target: str | None  # "sys/event", raw tracepoint name, "path:func", or None
     insns: bytes
     section_index: int
@@ -101,6 +102,10 @@ class ProgramSpec:
     relocations: list[Relocation] = field(default_factory=list)
     autoload: bool = True
     btf_static: bool = False  # hidden global subprogram: its BTF FUNC is made static
+    # BTF-typed kinds (tp_btf, fentry, iter...): the vmlinux type naming the
+    # target, resolved to PROG_LOAD's attach_btf_id at load time.
+    attach_btf_name: str | None = None
+    attach_btf_kind: int = 0
 
     @property
     def is_subprog(self) -> bool:
@@ -172,52 +177,14 @@ def _is_bss(name: str) -> bool:
     return name == ".bss" or name.startswith(".bss.")
 
 
-# Section prefixes that exist in libbpf but that gfxbpf refuses, with why.
-_UNSUPPORTED_SECTIONS = {
-    "kprobe": "kprobes are not supported (and CONFIG_KPROBES is off on these hosts)",
-    "kretprobe": "kprobes are not supported (and CONFIG_KPROBES is off on these hosts)",
-    "ksyscall": "kprobes are not supported",
-    "kretsyscall": "kprobes are not supported",
-    "kprobe.multi": "kprobes are not supported",
-    "kretprobe.multi": "kprobes are not supported",
-    "fentry": "fentry/fexit (BPF trampolines) are not supported yet",
-    "fexit": "fentry/fexit (BPF trampolines) are not supported yet",
-    "fmod_ret": "fentry/fexit (BPF trampolines) are not supported yet",
-    "tp_btf": "BTF-enabled tracepoints (tp_btf) are not supported yet",
-    "lsm": "LSM programs are not supported",
-    "usdt": "USDT probes are not supported yet",
-    "iter": "BPF iterators are not supported",
-    "struct_ops": "struct_ops is not supported",
-}
-
-
-def _section_program_type(section: str) -> tuple[int, int, str, str | None]:
-    """(prog type, expected attach type, attach kind, target) for a section name."""
-    base, _, rest = section.partition("/")
-    if base in ("tracepoint", "tp"):
-        cat, _, event = rest.partition("/")
-        if not cat or not event or "/" in event:
-            raise ObjectError(
-                f"section {section!r}: a tracepoint section must be 'tracepoint/<category>/<event>'"
-            )
-        return C.ProgType.TRACEPOINT, 0, "tracepoint", rest
-    if base in ("raw_tracepoint", "raw_tp"):
-        if not rest:
-            raise ObjectError(f"section {section!r}: expected 'raw_tracepoint/<name>'")
-        return C.ProgType.RAW_TRACEPOINT, 0, "raw_tracepoint", rest
-    if base in ("uprobe", "uretprobe"):
-        return C.ProgType.KPROBE, 0, base, rest or None
-    if section == "perf_event":
-        return C.ProgType.PERF_EVENT, 0, "perf_event", None
-    key = base.split(".s", 1)[0] if base.endswith(".s") else base
-    if base.endswith(".s"):
-        raise UnsupportedError(f"section {section!r}: sleepable programs are not supported")
-    if key in _UNSUPPORTED_SECTIONS:
-        raise UnsupportedError(f"section {section!r}: {_UNSUPPORTED_SECTIONS[key]}")
-    raise UnsupportedError(
-        f"section {section!r}: unknown program type; supported are tracepoint/<cat>/<event>, "
-        "raw_tracepoint/<name>, uprobe, uretprobe and perf_event"
-    )
+def _section_program_type(section: str) -> SectionProgram:
+    """The program type, attach type and target a section name declares (sections.py)."""
+    try:
+        return parse_section(section)
+    except SectionUnsupported as e:
+        raise UnsupportedError(str(e)) from None
+    except SectionError as e:
+        raise ObjectError(str(e)) from None
 
 
 def internal_map_name(obj_name: str, section: str) -> str:
@@ -376,10 +343,11 @@ class ObjectSpec:
             raise ObjectError(f"section {sec.name!r}: size is not a multiple of 8")
         is_text = sec.index == self._text_index
         autoload = not sec.name.startswith("?")
-        if is_text:
-            ptype, eatt, kind, target = 0, 0, "subprog", None
-        else:
-            ptype, eatt, kind, target = _section_program_type(sec.name.removeprefix("?"))
+        kind_of = (
+            SectionProgram(0, 0, "subprog", None, None, 0)
+            if is_text
+            else _section_program_type(sec.name.removeprefix("?"))
+        )
         funcs = [s for s in symbols if s.shndx == sec.index and s.type == STT_FUNC]
         if not funcs:
             raise ObjectError(f"section {sec.name!r} holds code but no function symbol")
@@ -392,16 +360,18 @@ class ObjectSpec:
                 ProgramSpec(
                     name=sym.name,
                     section=sec.name,
-                    prog_type=int(ptype),
-                    expected_attach_type=eatt,
-                    attach_kind=kind,
-                    attach_target=target,
+                    prog_type=kind_of.prog_type,
+                    expected_attach_type=kind_of.attach_type,
+                    attach_kind=kind_of.attach_kind,
+                    attach_target=kind_of.target,
                     insns=sec.data[sym.value : sym.value + sym.size],
                     section_index=sec.index,
                     insn_offset=sym.value // C.INSN_SIZE,
                     autoload=autoload,
                     btf_static=sym.bind != STB_LOCAL
                     and sym.visibility in (STV_HIDDEN, STV_INTERNAL),
+                    attach_btf_name=kind_of.btf_name,
+                    attach_btf_kind=kind_of.btf_kind,
                 )
             )
         return out

@@ -21,6 +21,7 @@ from gfxbpf.bpf.consts import (
     BPF_BTF_LOAD,
     BPF_ENABLE_STATS,
     BPF_F_UPROBE_MULTI_RETURN,
+    BPF_ITER_CREATE,
     BPF_LINK_CREATE,
     BPF_MAP_CREATE,
     BPF_MAP_DELETE_ELEM,
@@ -31,6 +32,7 @@ from gfxbpf.bpf.consts import (
     BPF_MAP_UPDATE_ELEM,
     BPF_OBJ_GET_INFO_BY_FD,
     BPF_OBJ_NAME_LEN,
+    BPF_PROG_BIND_MAP,
     BPF_PROG_LOAD,
     BPF_RAW_TRACEPOINT_OPEN,
     BPF_STATS_RUN_TIME,
@@ -55,6 +57,8 @@ COMMAND_NAMES = {
     BPF_MAP_LOOKUP_BATCH: "BPF_MAP_LOOKUP_BATCH",
     BPF_LINK_CREATE: "BPF_LINK_CREATE",
     BPF_ENABLE_STATS: "BPF_ENABLE_STATS",
+    BPF_ITER_CREATE: "BPF_ITER_CREATE",
+    BPF_PROG_BIND_MAP: "BPF_PROG_BIND_MAP",
 }
 
 # The kernel-internal "not supported" errno that bpf(2) leaks to user space.
@@ -207,6 +211,14 @@ class EnableStatsAttr(ctypes.Structure):
     _fields_ = [("type", u32)]
 
 
+class IterCreateAttr(ctypes.Structure):
+    _fields_ = [("link_fd", u32), ("flags", u32)]
+
+
+class ProgBindMapAttr(ctypes.Structure):
+    _fields_ = [("prog_fd", u32), ("map_fd", u32), ("flags", u32)]
+
+
 class BpfAttr(ctypes.Union):
     _fields_ = [
         ("map_create", MapCreateAttr),
@@ -220,6 +232,8 @@ class BpfAttr(ctypes.Union):
         ("link_create", LinkCreateAttr),
         ("map_freeze", MapFreezeAttr),
         ("enable_stats", EnableStatsAttr),
+        ("iter_create", IterCreateAttr),
+        ("prog_bind_map", ProgBindMapAttr),
         ("raw", ctypes.c_ubyte * ATTR_SIZE),
     ]
 
@@ -516,9 +530,9 @@ def prog_load(
     line_info_rec_size: int = 0,
     prog_flags: int = 0,
     kern_version: int = 0,
+    attach_btf_id: int = 0,
 ) -> int:
-    """Load a program; returns its fd.
-
+    """Load a program; returns its fd. attach_btf_id: a vmlinux type id (tp_btf, fentry...).
     Loads without a log first; on failure loads again with log_level 1 so the
     BpfError carries the verifier's log.
     """
@@ -547,6 +561,7 @@ def prog_load(
         a.prog_name = pname
         a.expected_attach_type = expected_attach_type
         a.prog_btf_fd = prog_btf_fd
+        a.attach_btf_id = attach_btf_id
         if fi_buf is not None:
             a.func_info_rec_size = func_info_rec_size
             a.func_info = ctypes.addressof(fi_buf)
@@ -562,6 +577,14 @@ def prog_load(
         return _call(BPF_PROG_LOAD, attr), attr
 
     return _load_with_log("BPF_PROG_LOAD", attempt, lambda a: a.prog_load.log_true_size)
+
+
+def prog_bind_map(prog_fd: int, map_fd: int) -> None:
+    """Make a loaded program hold a map it does not reference (libbpf does so with .rodata)."""
+    attr = BpfAttr()
+    attr.prog_bind_map.prog_fd = prog_fd
+    attr.prog_bind_map.map_fd = map_fd
+    _check(BPF_PROG_BIND_MAP, attr)
 
 
 def btf_load(data: bytes) -> int:
@@ -743,6 +766,13 @@ def link_create(
     a.flags = flags
     a.bpf_cookie = cookie
     return _check(BPF_LINK_CREATE, attr)
+
+
+def iter_create(link_fd: int) -> int:
+    """BPF_ITER_CREATE: an fd whose read() runs an iterator link's program."""
+    attr = BpfAttr()
+    attr.iter_create.link_fd = link_fd
+    return _check(BPF_ITER_CREATE, attr)
 
 
 def link_create_uprobe_multi(

@@ -74,6 +74,12 @@ def _bpftool_loadall(path: str, pin_dir: str) -> dict[str, int]:
     return theirs
 
 
+def _shown_name(prog_id: int) -> str:
+    info = bpftool_json("prog", "show", "id", str(prog_id))
+    assert isinstance(info, dict)
+    return str(info["name"])
+
+
 def bpftool_loadall_count(path: str, bpffs: str) -> int:
     """How many programs libbpf loads from `path` (LibbpfRefused if it cannot)."""
     pin_dir = tempfile.mkdtemp(prefix="gfxtest_", dir=bpffs)
@@ -95,11 +101,17 @@ def assert_loads_like_libbpf(path: str, spec: ObjectSpec, bpffs: str) -> int:
     try:
         theirs = _bpftool_loadall(path, pin_dir)
         with load(spec) as obj:
-            ours = {p.name[:15]: p.id for p in obj.programs.values()}
-            assert set(ours) == set(theirs), f"{spec.name}: programs differ from libbpf's"
+            # Names as bpftool shows them (the BTF name when the kernel's is cut to 15).
+            ours = {_shown_name(p.id): p.id for p in obj.programs.values()}
+            assert set(ours) == set(theirs), (
+                f"programs: ours {sorted(ours)}, libbpf {sorted(theirs)}"
+            )
             for name, our_id in ours.items():
                 assert xlated(our_id) == xlated(theirs[name]), f"{spec.name}: {name} differs"
-                assert map_names(our_id) == map_names(theirs[name]), f"{name}: map names"
+                ours_m, theirs_m = map_names(our_id), map_names(theirs[name])
+                assert ours_m == theirs_m, (
+                    f"{name}: maps {sorted(ours_m)}, libbpf {sorted(theirs_m)}"
+                )
             # Every map carries libbpf's name (global data maps: "<obj>.rodata" ...).
             for m in obj.maps.values():
                 assert bpfsys.map_info(m.fileno()).name == m.name

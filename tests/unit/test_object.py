@@ -114,8 +114,8 @@ def test_subprogram_linking(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "source, message",
     [
-        ('SEC("kprobe/do_sys_open") int k(void *ctx) { return 0; }', "kprobes are not supported"),
-        ('SEC("fentry/do_sys_open") int f(void *ctx) { return 0; }', "fentry"),
+        ('SEC("xdp") int x(void *ctx) { return 2; }', "networking/cgroup program type"),
+        ('SEC("lsm/file_open") int f(void *ctx) { return 0; }', "tracing programs only"),
         (
             """struct { __uint(type, BPF_MAP_TYPE_QUEUE); __uint(max_entries, 4);
                         __uint(value_size, 4); } q SEC(".maps");
@@ -135,7 +135,7 @@ def test_subprogram_linking(tmp_path: Path) -> None:
             "extern symbol",
         ),
     ],
-    ids=["kprobe", "fentry", "queue-map", "co-re", "kfunc"],
+    ids=["xdp", "lsm", "queue-map", "co-re", "kfunc"],
 )
 def test_unsupported_objects_are_refused(tmp_path: Path, source: str, message: str) -> None:
     data = build(tmp_path, source)

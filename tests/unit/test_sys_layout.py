@@ -131,9 +131,14 @@ def test_attach_and_misc() -> None:
     assert o["bpf_cookie"] == 16  # link_create.perf_event.bpf_cookie
     assert offsets(bpfsys.MapFreezeAttr)["map_fd"] == 0
     assert offsets(bpfsys.EnableStatsAttr)["type"] == 0
+    o = offsets(bpfsys.ProgBindMapAttr)
+    assert (o["prog_fd"], o["map_fd"], o["flags"]) == (0, 4, 8)
+    o = offsets(bpfsys.IterCreateAttr)
+    assert (o["link_fd"], o["flags"]) == (0, 4)
 
 
 def test_command_numbers() -> None:
+    assert (bpfsys.BPF_ITER_CREATE, bpfsys.BPF_PROG_BIND_MAP) == (33, 35)
     assert (bpfsys.BPF_MAP_CREATE, bpfsys.BPF_PROG_LOAD, bpfsys.BPF_OBJ_GET_INFO_BY_FD) == (
         0,
         5,
