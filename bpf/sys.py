@@ -745,11 +745,14 @@ def map_info(fd: int) -> MapInfo:
 # --- attaching and stats ---
 
 
-def raw_tracepoint_open(name: str, prog_fd: int) -> int:
-    """Attach a RAW_TRACEPOINT program to tracepoint name; returns the link fd."""
-    name_buf = ctypes.create_string_buffer(name.encode())
+def raw_tracepoint_open(name: str | None, prog_fd: int) -> int:
+    """Attach a RAW_TRACEPOINT program to tracepoint name; returns the link fd.
+
+    name None: a BTF-typed program (tp_btf, fentry, fexit) attaches to the
+    target its attach_btf_id named at load."""
+    name_buf = ctypes.create_string_buffer(name.encode()) if name is not None else None
     attr = BpfAttr()
-    attr.raw_tracepoint.name = ctypes.addressof(name_buf)
+    attr.raw_tracepoint.name = ctypes.addressof(name_buf) if name_buf is not None else 0
     attr.raw_tracepoint.prog_fd = prog_fd
     return _check(BPF_RAW_TRACEPOINT_OPEN, attr)
 
