@@ -18,6 +18,8 @@ from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
 from gfxbpf.bpf.errors import KernelError
+from gfxbpf.bpf.externs import Extern, ExternError, kconfig_data, resolve_ksym
+from gfxbpf.bpf.kconfig import KconfigError
 from gfxbpf.bpf.kernel_btf import KernelBtfError, vmlinux_type_id
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
@@ -185,9 +187,10 @@ def _create_map(obj: LoadedObject, m: MapSpec) -> Map:
         key_type_id=m.key_type_id,
         value_type_id=m.value_type_id,
     )
-    if m.data is not None:
+    data = _kconfig_value(obj) if m.real_name == ".kconfig" else m.data
+    if data is not None:
         try:
-            bpfsys.map_update_elem(fd, b"\0\0\0\0", bytes(m.data))
+            bpfsys.map_update_elem(fd, b"\0\0\0\0", bytes(data))
             if m.freeze:
                 bpfsys.map_freeze(fd)
         except bpfsys.BpfError as e:
@@ -196,6 +199,16 @@ def _create_map(obj: LoadedObject, m: MapSpec) -> Map:
                 f"object {obj.spec.name!r}: filling global data {m.real_name!r} failed: {e}"
             ) from e
     return result
+
+
+def _kconfig_value(obj: LoadedObject) -> bytes:
+    """The .kconfig map's value: this kernel's config and version (kconfig.py)."""
+    spec = obj.spec
+    assert spec.btf is not None  # externs need BTF
+    try:
+        return kconfig_data(spec.btf, spec.externs, spec.kconfig_size)
+    except (ExternError, KconfigError) as e:
+        raise LoadError(f"object {spec.name!r}: {e}") from e
 
 
 def _freeze(obj: LoadedObject, m: MapSpec, kmap: Map) -> None:
@@ -217,6 +230,9 @@ def _load_program(obj: LoadedObject, p: ProgramSpec) -> LoadedProgram:
     linked = spec.link_program(p.name)
     insns = linked.insns
     for idx, map_name, kind, offset in linked.map_refs:
+        if kind in ("ksym", "kfunc"):
+            _patch_extern(obj, insns, idx, spec.externs[map_name])
+            continue
         fd = obj.maps[map_name].fileno()
         at = idx * C.INSN_SIZE
         code, regs, off, imm = _INSN.unpack_from(insns, at)
@@ -272,6 +288,29 @@ def _bind_rodata(obj: LoadedObject, prog_fd: int) -> None:
         if e.errno != errno.EINVAL:
             os.close(prog_fd)
             raise LoadError(f"object {obj.spec.name!r}: binding .rodata failed: {e}") from e
+
+
+def _patch_extern(obj: LoadedObject, insns: bytearray, idx: int, e: Extern) -> None:
+    """A ksym ld_imm64 or kfunc call, resolved on the running kernel as libbpf does."""
+    try:
+        how, value = resolve_ksym(e)
+    except (ExternError, OSError) as err:
+        raise LoadError(f"object {obj.spec.name!r}: {err}") from err
+    at = idx * C.INSN_SIZE
+    code, regs, off, _imm = _INSN.unpack_from(insns, at)
+    if e.kind == "kfunc":  # id 0: an unresolved __weak kfunc, left to dead-code removal
+        src = C.BPF_PSEUDO_KFUNC_CALL
+        _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), 0, value)
+        return
+    c2, r2, o2, _ = _INSN.unpack_from(insns, at + C.INSN_SIZE)
+    if how == "btf_id" and value:  # typed ksym: the verifier knows its type
+        _INSN.pack_into(insns, at, code, (regs & 0x0F) | (C.BPF_PSEUDO_BTF_ID << 4), off, value)
+        _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, 0)  # vmlinux, not a module
+        return
+    # A kernel address (typeless ksym), or 0 for an unresolved __weak one.
+    lo, hi = value & 0xFFFFFFFF, value >> 32
+    _INSN.pack_into(insns, at, code, regs & 0x0F, off, lo - (1 << 32) if lo >= 1 << 31 else lo)
+    _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, hi - (1 << 32) if hi >= 1 << 31 else hi)
 
 
 def _attach_btf_id(spec: ObjectSpec, p: ProgramSpec) -> int:

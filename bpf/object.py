@@ -31,6 +31,7 @@ from gfxbpf.bpf.btf import (
     parse_btf_maps,
 )
 from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.externs import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
 from gfxbpf.bpf.insn import CODE_CALL, CODE_LD_IMM64
 from gfxbpf.bpf.sections import SectionError, SectionProgram, SectionUnsupported, parse_section
 
@@ -82,7 +83,9 @@ class Relocation:
     """One relocation of a program, by instruction index within that program."""
 
     insn_index: int
-    kind: str  # "map" (ld_imm64 of a map), "data" (ld_imm64 into global data), "call"
+    # "map" (ld_imm64 of a map), "data" (ld_imm64 into global data or .kconfig),
+    # "call" (into .text), "ksym" (ld_imm64 of a __ksym), "kfunc" (call of a kfunc)
+    kind: str
     symbol: str
     map_name: str | None = None  # for "map" and "data"
     offset: int = 0  # "data": symbol offset in the section; "call": target byte offset in .text
@@ -148,8 +151,8 @@ class MapSpec:
 
     @property
     def freeze(self) -> bool:
-        # libbpf freezes .rodata maps after filling them.
-        return self.section is not None and _is_rodata(self.section)
+        # libbpf freezes .rodata and .kconfig maps after filling them.
+        return self.section is not None and (_is_rodata(self.section) or self.section == ".kconfig")
 
 
 @dataclass
@@ -158,7 +161,8 @@ class LinkedProgram:
 
     name: str
     insns: bytearray
-    # (insn index, map name, kind "map" | "data", data offset)
+    # (insn index, map name, kind "map" | "data", data offset); kinds "ksym" and
+    # "kfunc" name an extern instead of a map
     map_refs: list[tuple[int, str, str, int]]
     func_info: list[tuple[int, int]]  # (insn index, btf type id)
     line_info: list[tuple[int, int, int, int]]  # (insn index, file off, line off, col)
@@ -233,6 +237,8 @@ class ObjectSpec:
         self.btf_ext: BtfExt | None = None
         self.btf_error: str | None = None  # why BTF could not be used, if so
         self.btf_bytes: bytes = b""  # the object's raw .BTF section (for clients)
+        self.externs: dict[str, Extern] = {}  # __kconfig, __ksym and kfunc externs
+        self.kconfig_size = 0  # value size of the .kconfig map (0: none)
         self._text_index: int | None = None
         self._sections: dict[str, int] = {}
 
@@ -274,6 +280,7 @@ class ObjectSpec:
         self._text_index = text.index if text is not None and text.size else None
 
         self._parse_btf(by_name, sections, symbols)
+        self._parse_externs(symbols)
         self._parse_programs(sections, symbols)
         self._parse_maps(by_name, sections, symbols)
         self._parse_relocations(sections, symbols)
@@ -292,7 +299,7 @@ class ObjectSpec:
         if "version" in by_name and len(by_name["version"].data) >= 4:
             self.kern_version = struct.unpack_from("<I", by_name["version"].data)[0]
         for s in sections:
-            if s.name in (".kconfig", ".ksyms") or s.name.startswith(".struct_ops"):
+            if s.name.startswith(".struct_ops"):
                 raise UnsupportedError(f"section {s.name!r} is not supported")
 
     def _parse_btf(
@@ -323,6 +330,17 @@ class ObjectSpec:
                     "without BPF_CORE_READ / preserve_access_index, reading tracepoint "
                     "fields from its context instead"
                 )
+
+    def _parse_externs(self, symbols: list[Symbol]) -> None:
+        """Extern symbols (externs.py); the BTF is fixed so the kernel accepts it."""
+        undefined = [(s.name, s.bind) for s in symbols if s.shndx == SHN_UNDEF and s.index]
+        try:
+            self.externs = collect(self.btf, undefined)
+        except ExternError as e:
+            raise UnsupportedError(str(e)) from None
+        if self.externs and self.btf is not None:
+            self.kconfig_size = layout_kconfig(self.btf, self.externs)
+            fix_ksyms_btf(self.btf)
 
     def _parse_programs(self, sections: list[_Section], symbols: list[Symbol]) -> None:
         progs: list[ProgramSpec] = []
@@ -386,7 +404,27 @@ class ObjectSpec:
             kind = _data_section_kind(sec)
             if kind is not None:
                 maps[sec.name] = self._data_map(sec, kind, symbols)
+        if self.kconfig_size:
+            maps[".kconfig"] = self._kconfig_map()
         self.maps = maps
+
+    def _kconfig_map(self) -> MapSpec:
+        """libbpf's read-only `<obj>.kconfig` map; filled with values at load time."""
+        assert self.btf is not None  # externs need BTF
+        kcfg = [e for e in self.externs.values() if e.kind == "kconfig"]
+        return MapSpec(
+            name=internal_map_name(self.name, ".kconfig"),
+            real_name=".kconfig",
+            map_type=C.MapType.ARRAY,
+            key_size=4,
+            value_size=self.kconfig_size,
+            max_entries=1,
+            flags=C.BPF_F_RDONLY_PROG | C.BPF_F_MMAPABLE,
+            value_type_id=self.btf.find(".kconfig", KIND_DATASEC) or 0,
+            section=".kconfig",
+            data=bytearray(self.kconfig_size),
+            variables={e.name: Variable(e.name, e.offset, e.size) for e in kcfg},
+        )
 
     def _btf_maps(self, maps_sec: _Section, symbols: list[Symbol]) -> dict[str, MapSpec]:
         """The maps BTF defines in .maps, by variable name."""
@@ -551,6 +589,10 @@ class _Linker:
                 assert r.map_name is not None
                 self.map_refs.append((start + i, r.map_name, r.kind, r.offset))
                 continue
+            if r is not None and r.kind in ("ksym", "kfunc"):
+                # Resolved by the loader against the running kernel (externs.py).
+                self.map_refs.append((start + i, r.symbol, r.kind, 0))
+                continue
             if code != CODE_CALL or regs >> 4 != C.BPF_PSEUDO_CALL:
                 continue
             target = self.call_target(prog, i, imm, r)
@@ -614,7 +656,10 @@ class _Relocator:
             self.progs_by_sec.setdefault(p.section_index, []).append(p)
         self.maps_sec = spec._sections.get(".maps")
         self.map_by_offset = {m.offset: m for m in spec.maps.values() if not m.is_data}
-        self.data_maps = {spec._sections[m.section]: m for m in spec.maps.values() if m.section}
+        self.data_maps = {
+            spec._sections[m.section]: m for m in spec.maps.values() if m.section in spec._sections
+        }
+        self.externs = spec.externs
 
     def apply_section(self, rel: _Section) -> None:
         """Record every relocation of one REL section that targets program code."""
@@ -656,11 +701,24 @@ class _Relocator:
         local = insn_idx - prog.insn_offset
         code, regs, _off, _imm = _INSN.unpack_from(prog.insns, local * C.INSN_SIZE)
         sname = sym.name or self.by_index.get(sym.shndx, _EMPTY_SEC).name
-        _check_relocation(prog, local, code, rtype, sym, sname)
-        if code == CODE_CALL:
+        _check_relocation(prog, local, code, rtype, sym, sname, self.externs)
+        if sym.shndx == SHN_UNDEF:
+            prog.relocations.append(self.extern(prog, local, code, self.externs[sname]))
+        elif code == CODE_CALL:
             prog.relocations.append(self.call(prog, local, regs >> 4, sym, sname))
         else:
             prog.relocations.append(self.load(prog, local, sym, sname))
+
+    def extern(self, prog: ProgramSpec, local: int, code: int, e: Extern) -> Relocation:
+        """A use of an extern: a kfunc call, or an ld_imm64 of a kconfig value or ksym."""
+        if (code == CODE_CALL) != (e.kind == "kfunc"):
+            raise ObjectError(
+                f"program {prog.name!r}: insn {local} uses {e.kind} extern {e.name!r} "
+                + ("as a call" if code == CODE_CALL else "but is not a call")
+            )
+        if e.kind == "kconfig":
+            return Relocation(local, "data", e.name, ".kconfig", offset=e.offset)
+        return Relocation(local, e.kind, e.name)
 
     def call(self, prog: ProgramSpec, local: int, src: int, sym: Symbol, sname: str) -> Relocation:
         """A call into a subprogram in .text."""
@@ -697,7 +755,13 @@ class _Relocator:
 
 
 def _check_relocation(
-    prog: ProgramSpec, local: int, code: int, rtype: int, sym: Symbol, sname: str
+    prog: ProgramSpec,
+    local: int,
+    code: int,
+    rtype: int,
+    sym: Symbol,
+    sname: str,
+    externs: dict[str, Extern],
 ) -> None:
     """A relocation gfxbpf can apply: a known type, on a call or ld_imm64, to a defined symbol."""
     if rtype not in (C.R_BPF_64_64, C.R_BPF_64_32):
@@ -707,11 +771,8 @@ def _check_relocation(
             f"program {prog.name!r}: relocation against {sname!r} on insn "
             f"{local} (opcode {code:#x}) that is neither a call nor ld_imm64"
         )
-    if sym.shndx == SHN_UNDEF:
-        raise UnsupportedError(
-            f"program {prog.name!r}: extern symbol {sname!r} (kfuncs, ksyms and "
-            "kconfig externs are not supported)"
-        )
+    if sym.shndx == SHN_UNDEF and sname not in externs:
+        raise ObjectError(f"program {prog.name!r}: undefined symbol {sname!r} is not an extern")
     if sym.shndx >= SHN_LORESERVE:
         raise ObjectError(
             f"program {prog.name!r}: relocation against {sname!r} in a special "

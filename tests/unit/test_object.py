@@ -129,13 +129,8 @@ def test_subprogram_linking(tmp_path: Path) -> None:
                    return t->pid; }""",
             "CO-RE relocations",
         ),
-        (
-            """extern int bpf_fake_kfunc(int x) __ksym;
-               SEC("raw_tracepoint/sys_enter") int p(void *ctx) { return bpf_fake_kfunc(1); }""",
-            "extern symbol",
-        ),
     ],
-    ids=["xdp", "lsm", "queue-map", "co-re", "kfunc"],
+    ids=["xdp", "lsm", "queue-map", "co-re"],
 )
 def test_unsupported_objects_are_refused(tmp_path: Path, source: str, message: str) -> None:
     data = build(tmp_path, source)
