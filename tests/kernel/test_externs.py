@@ -1,8 +1,8 @@
 """Externs on the live kernel: .kconfig values, __ksym variables, kfunc calls.
 
 tests/data/programs/externs.bpf.c declares each kind (typed_ksym.bpf.c a
-typed ksym). gfxbpf must load it exactly as libbpf does (bpftool_compare.py: same xlated code, same maps,
-"<obj>.kconfig" included), and the running programs must see this kernel's
+typed ksym). gfxbpf must load it exactly as libbpf does (bpftool_compare.py:
+same xlated code, same maps, "<obj>.kconfig" included), and the running programs must see this kernel's
 config, version and symbol address.
 """
 
