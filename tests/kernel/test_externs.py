@@ -2,8 +2,8 @@
 
 tests/data/programs/externs.bpf.c declares each kind (typed_ksym.bpf.c a
 typed ksym). gfxbpf must load it exactly as libbpf does (bpftool_compare.py:
-same xlated code, same maps, "<obj>.kconfig" included), and the running programs must see this kernel's
-config, version and symbol address.
+same xlated code, same maps, "<obj>.kconfig" included), and the running
+programs must see this kernel's config, version and symbol address.
 """
 
 from __future__ import annotations
