@@ -89,7 +89,7 @@ def collect(btf: Btf | None, undefined: list[tuple[str, int]]) -> dict[str, Exte
                 f"extern {name!r} is neither a __kconfig or __ksym variable nor a kfunc "
                 "(only those externs can be resolved: no static linking of BPF objects)"
             )
-        out[name] = Extern(name, "kfunc", bind == STB_WEAK, fid)
+        out[name] = Extern(name, "kfunc", bind == STB_WEAK, f.id)
     return out
 
 
