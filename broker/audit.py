@@ -7,9 +7,9 @@ pipe, or call kernel functions. It runs on the LINKED instructions of each
 program (subprograms appended, as they will be loaded), so a forbidden call
 hidden in a .text subprogram is seen too.
 
-Checked: program types, helper calls (an allowlist), kfunc calls (none),
-map types, sizes (instructions per program, programs and maps per object,
-total map memory).
+Checked: program kinds, kfuncs and __ksym externs (one table,
+audit_table.py), helper calls (an allowlist), map types, sizes
+(instructions per program, programs and maps per object, total map memory).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import insn as bpfinsn
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
+from gfxbpf.broker.audit_table import extern_problem, program_kind_problem
 
 # Helpers a reviewed tracing program may call, by group. Anything else is
 # refused, so a new kernel helper is denied until someone reviews it here.
@@ -89,16 +90,6 @@ FORBIDDEN_HELPERS = {
     "sys_bpf": "issues bpf() syscalls",
     "copy_from_user": "sleepable programs are not supported",
     "kptr_xchg": "stores kernel pointers in maps",
-}
-
-# Program types and the attach kinds each may be (KPROBE only as a uprobe:
-# kprobes are not supported).
-# Keyed by ProgType, looked up by the object's plain int (an IntEnum hashes as its value).
-ALLOWED_PROGRAMS: dict[int, tuple[str, ...]] = {
-    C.ProgType.TRACEPOINT: ("tracepoint",),
-    C.ProgType.RAW_TRACEPOINT: ("raw_tracepoint",),
-    C.ProgType.KPROBE: ("uprobe", "uretprobe"),
-    C.ProgType.PERF_EVENT: ("perf_event",),
 }
 
 # Size limits. Catalog programs are a few hundred instructions.
@@ -218,12 +209,11 @@ def _audit_program(spec: ObjectSpec, p: ProgramSpec, report: AuditReport) -> Non
     """The program's type, then what its linked instructions call and load."""
     pa = ProgramAudit(p.name, p.section, p.prog_type, p.attach_kind)
     report.programs.append(pa)
-    kinds = ALLOWED_PROGRAMS.get(p.prog_type)
-    if kinds is None or p.attach_kind not in kinds:
+    why = program_kind_problem(p.prog_type, p.attach_kind)
+    if why is not None:
         report.problems.append(
             f"program {p.name!r} (section {p.section!r}): program type "
-            f"{p.prog_type} as {p.attach_kind} is not allowed (allowed: tracepoint, "
-            "raw_tracepoint, uprobe/uretprobe, perf_event)"
+            f"{_prog_type_name(p.prog_type)} as {p.attach_kind}: {why}"
         )
     try:
         linked = spec.link_program(p.name)
@@ -240,6 +230,32 @@ def _audit_program(spec: ObjectSpec, p: ProgramSpec, report: AuditReport) -> Non
             f"the limit of {MAX_PROGRAM_INSNS}"
         )
     report.problems.extend(_call_problems(p.name, facts))
+    report.problems.extend(_extern_problems(spec, p.name, linked.map_refs))
+
+
+def _extern_problems(
+    spec: ObjectSpec, name: str, refs: list[tuple[int, str, str, int]]
+) -> list[str]:
+    """kfunc calls and __ksym loads, by the table in audit_table.py (each named once)."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for idx, ext_name, kind, _ in refs:
+        e = spec.externs.get(ext_name) if kind in ("ksym", "kfunc") else None
+        if e is None or ext_name in seen:
+            continue
+        seen.add(ext_name)
+        why = extern_problem(e.kind, e.name, e.typed)
+        if why is not None:
+            what = "calls kfunc" if e.kind == "kfunc" else "loads __ksym"
+            problems.append(f"program {name!r} {what} {ext_name} (instruction {idx}): {why}")
+    return problems
+
+
+def _prog_type_name(t: int) -> str:
+    try:
+        return C.ProgType(t).name.lower()
+    except ValueError:
+        return f"type {t}"
 
 
 def _call_problems(name: str, facts: bpfinsn.ProgramFacts) -> list[str]:
