@@ -1,6 +1,7 @@
 """python -m gfxbpf.bpf: inspect or load a BPF object, for people who debug objects.
 
-inspect OBJECT [--json] [--disasm]   programs, maps, global data, relocations, helpers
+inspect OBJECT [--json] [--disasm]   programs, maps, global data, relocations, helpers,
+                                     externs and how they resolve on this kernel
 load OBJECT                          load it, print {"programs": {...}, "maps": {...}}
                                      with kernel ids, keep it loaded until stdin closes;
                                      a warning on stderr if the kernel refused its BTF
@@ -16,6 +17,7 @@ from typing import Any
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.insn import analyze, disasm
+from gfxbpf.bpf.inspect_externs import describe_externs, print_externs
 from gfxbpf.bpf.object import ObjectError, ObjectSpec
 
 EXIT_OK, EXIT_BAD_OBJECT, EXIT_LOAD_FAILED, EXIT_USAGE = 0, 1, 2, 64
@@ -36,6 +38,7 @@ def describe(spec: ObjectSpec, with_disasm: bool = False) -> dict[str, Any]:
             "section": p.section,
             "kind": p.attach_kind,
             "target": p.attach_target,
+            "attach_btf": p.attach_btf_name,  # tp_btf, fentry, iter: vmlinux type of the target
             "insns": p.insn_count,
             "relocations": [
                 {"insn": r.insn_index, "kind": r.kind, "symbol": r.symbol, "map": r.map_name}
@@ -67,7 +70,7 @@ def describe(spec: ObjectSpec, with_disasm: bool = False) -> dict[str, Any]:
                 spec.btf.type_str(m.value_type_id) if spec.btf and m.value_type_id else None
             ),
         }
-        if m.is_data:
+        if m.is_data and m.real_name != ".kconfig":  # .kconfig: filled at load, see externs
             maps[m.real_name]["variables"] = {
                 v.name: {"offset": v.offset, "size": v.size, "value": _value(spec, v.name)}
                 for v in m.variables.values()
@@ -80,6 +83,7 @@ def describe(spec: ObjectSpec, with_disasm: bool = False) -> dict[str, Any]:
         "btf": spec.btf is not None,
         "programs": progs,
         "maps": maps,
+        "externs": describe_externs(spec),
     }
 
 
@@ -115,6 +119,7 @@ def _print_text(d: dict[str, Any]) -> None:
         )
         for vname, v in m.get("variables", {}).items():
             print(f"    {vname} @{v['offset']} ({v['size']} bytes) = {v['value']}")
+    print_externs(d["externs"])
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ from gfxbpf.bpf.attach import AttachError
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf
+from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"
 
@@ -74,3 +75,20 @@ def test_task_iterator_runs_once_per_line(tmp_path: Path) -> None:
     assert set(lines) == {"task"}
     assert len(lines) == runs  # every run wrote its line, nothing else was written
     assert runs >= len(os.listdir("/proc/self/task"))  # at least this process's threads
+
+
+def test_object_without_license_loads_like_libbpf(tmp_path: Path) -> None:
+    src = """#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1);
+         __type(key, __u32); __type(value, __u64); } hits SEC(".maps");
+SEC("raw_tp/sys_enter") int nolicense(void *ctx) {
+    __u32 k = 0; __u64 *v = bpf_map_lookup_elem(&hits, &k);
+    if (v) __sync_fetch_and_add(v, 1);
+    return 0;
+}
+"""
+    path = compile_bpf(src, tmp_path, "nolicense")
+    spec = ObjectSpec.from_file(str(path))
+    assert spec.license == ""  # as libbpf: the kernel then refuses only GPL-only helpers
+    assert assert_loads_like_libbpf(str(path), spec, ensure_bpffs()) == 1

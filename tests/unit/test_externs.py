@@ -115,3 +115,29 @@ SEC("raw_tp/sys_enter") int p(void *ctx) { return not_an_extern_kind; }
         UnsupportedError, match="neither a __kconfig or __ksym variable nor a kfunc"
     ):
         ObjectSpec.from_file(str(obj))
+
+
+def test_inspect_shows_externs_and_how_they_resolve(
+    spec: ObjectSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from gfxbpf.bpf.__main__ import main
+
+    obj = compile_bpf((SOURCES / "externs.bpf.c").read_text(), tmp_path, "externs")
+    assert main(["inspect", "--json", str(obj)]) == 0
+    ext = json.loads(capsys.readouterr().out)["externs"]
+    assert set(ext) == set(spec.externs)
+    assert ext["LINUX_KERNEL_VERSION"]["value"] == str(kconfig.kernel_version())
+    assert ext["LINUX_KERNEL_VERSION"]["from"] == "computed"
+    assert ext["vfs_read"] == {
+        "kind": "ksym",
+        "weak": False,
+        "typed": False,
+        "resolves_to": "kernel address (from /proc/kallsyms)",
+    }
+    assert ext["bpf_rcu_read_lock"]["kind"] == "kfunc"
+    assert main(["inspect", str(obj)]) == 0
+    text = capsys.readouterr().out
+    assert "externs (as they resolve on this kernel):" in text
+    assert "CONFIG_GFXBPF_NOT_AN_OPTION  kconfig __weak" in text
