@@ -1,0 +1,84 @@
+"""USDT: a BPF_USDT program (libbpf's usdt.bpf.h) counts exact hits of a probe
+in a small C program built here with <sys/sdt.h>, and reads its arguments
+from a register and from the stack, with the cookie it was attached with."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from gfxbpf.bpf import usdt
+from gfxbpf.bpf.loader import load
+from gfxbpf.bpf.object import ObjectSpec
+from tests.conftest import compile_bpf, skip_or_fail
+from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
+
+SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"
+HITS = 250
+
+
+def _target(tmp_path: Path) -> Path:
+    cc = shutil.which("cc")
+    if cc is None:
+        skip_or_fail("no C compiler (apt-get install gcc)")
+    out = tmp_path / "usdt_target"
+    r = subprocess.run(
+        [cc, "-O1", "-o", str(out), str(SOURCES / "usdt_target.c")], capture_output=True, text=True
+    )
+    if r.returncode and "sys/sdt.h" in r.stderr:
+        skip_or_fail("<sys/sdt.h> is missing (apt-get install systemtap-sdt-dev)")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _spec(tmp_path: Path) -> tuple[Path, ObjectSpec]:
+    obj = compile_bpf((SOURCES / "usdt.bpf.c").read_text(), tmp_path, "usdt")
+    return obj, ObjectSpec.from_file(str(obj))
+
+
+def test_usdt_object_loads_like_libbpf(tmp_path: Path) -> None:
+    obj, spec = _spec(tmp_path)
+    assert spec.programs["tick"].attach_kind == "usdt"
+    assert assert_loads_like_libbpf(str(obj), spec, ensure_bpffs()) == 1
+
+
+def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:
+    target = _target(tmp_path)
+    (site,) = [p for p in usdt.read_probes(str(target)) if p.name == "tick"]
+    assert site.provider == "gfxtest" and len(usdt.parse_args(site.args)) == 2
+    _, spec = _spec(tmp_path)
+    with load(spec) as obj:
+        proc = subprocess.Popen(
+            [str(target), str(HITS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline() == "ready\n"
+            with usdt.attach_usdt(
+                obj.programs["tick"].fd,
+                obj.map(usdt.SPECS_MAP),
+                str(target),
+                "gfxtest",
+                "tick",
+                pid=proc.pid,
+                cookie=0xC0FFEE,
+                ip_map=obj.map(usdt.IP_MAP),
+            ):
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline() == "done\n"
+                assert proc.wait(timeout=30) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        bss = obj.map(".bss").lookup(0)
+
+    def var(name: str) -> int:
+        v = spec.maps[".bss"].variables[name]
+        return int.from_bytes(bss[v.offset : v.offset + v.size], "little", signed=True)
+
+    assert var("hits") == HITS
+    assert var("sum_first") == HITS * (HITS + 1) // 2  # i = 1..N, from %eax
+    assert var("sum_second") == -7 * HITS  # from 8(%rsp), sign kept
+    assert var("cookie") == 0xC0FFEE
