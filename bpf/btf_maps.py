@@ -15,6 +15,7 @@ from gfxbpf.bpf.btf_types import (
     BtfError,
     Datasec,
     Enum,
+    FuncProto,
     Member,
     Ptr,
     Struct,
@@ -49,6 +50,11 @@ class BtfMapDef:
     map_extra: int = 0
     offset: int = 0
     var_type_id: int = 0
+    # `__array(values, ...)`: "maps" (map-in-map, with the inner map's definition)
+    # or "progs" (program array); values_offset is the member's byte offset.
+    values_kind: str = ""
+    values_offset: int = 0
+    inner: BtfMapDef | None = None
 
 
 def parse_btf_maps(btf: TypeTable) -> list[BtfMapDef]:
@@ -83,7 +89,14 @@ def _parse_map(btf: TypeTable, var: Var, offset: int) -> BtfMapDef:
             f"map '{name}': definition is {btf.type_str(var.type)} ({defn.kind_name}), "
             "expected a struct"
         )
-    md = BtfMapDef(name=name, map_type=0, offset=offset, var_type_id=var.id)
+    md = _parse_def(btf, name, defn)
+    md.offset, md.var_type_id = offset, var.id
+    return md
+
+
+def _parse_def(btf: TypeTable, name: str, defn: Struct, inner: bool = False) -> BtfMapDef:
+    """The members of one map definition struct (an outer map's or an inner one's)."""
+    md = BtfMapDef(name=name, map_type=0)
     have_type = False
     for m in defn.members:
         mname = m.name
@@ -102,15 +115,32 @@ def _parse_map(btf: TypeTable, var: Var, offset: int) -> BtfMapDef:
             md.map_extra = _map_long(btf, name, m)
         elif mname in ("key", "value"):
             _set_type(btf, md, m)
-        elif mname == "values":
-            raise BtfError(
-                f"map '{name}': member 'values' (map-in-map or prog-array) is not supported"
-            )
+        elif mname == "values" and not inner:
+            _set_values(btf, md, m)
         else:
             raise BtfError(f"map '{name}': unknown member '{mname or '(anon)'}'")
     if not have_type:
         raise BtfError(f"map '{name}': no 'type' member (__uint(type, ...))")
     return md
+
+
+def _set_values(btf: TypeTable, md: BtfMapDef, m: Member) -> None:
+    """`__array(values, struct inner_def)` (map-in-map) or `__array(values, int (void *))`
+    (program array): an array of pointers, initialised through `.rel.maps`."""
+    arr = btf.resolve_type(m.type)
+    ptr = btf.resolve_type(arr.type) if isinstance(arr, Array) else None
+    target = btf.resolve_type(ptr.type) if isinstance(ptr, Ptr) else None
+    md.values_offset = m.bit_offset // 8
+    if isinstance(target, Struct):
+        md.values_kind = "maps"
+        md.inner = _parse_def(btf, f"{md.name}.inner", target, inner=True)
+    elif isinstance(target, FuncProto):
+        md.values_kind = "progs"
+    else:
+        raise BtfError(
+            f"map '{md.name}': member 'values' is {btf.type_str(m.type)}, expected an array "
+            "of pointers to a map definition or a function (__array(values, ...))"
+        )
 
 
 def _set_size(md: BtfMapDef, map_name: str, what: str, size: int) -> None:

@@ -58,8 +58,14 @@ SUPPORTED_MAP_TYPES = frozenset(
         # bcc-style cgroup filters: the program only tests membership
         # (bpf_current_task_under_cgroup); user space fills it with cgroup fds.
         MapType.CGROUP_ARRAY,
+        # Initial values from `.values = {...}` (bpf/object.py, loader.py).
+        MapType.ARRAY_OF_MAPS,
+        MapType.HASH_OF_MAPS,
+        MapType.PROG_ARRAY,
     }
 )
+
+MAP_IN_MAP_TYPES = frozenset({MapType.ARRAY_OF_MAPS, MapType.HASH_OF_MAPS})
 
 PERCPU_MAP_TYPES = frozenset({MapType.PERCPU_HASH, MapType.PERCPU_ARRAY, MapType.LRU_PERCPU_HASH})
 

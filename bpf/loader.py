@@ -111,6 +111,8 @@ def load(
             log.warning("object %r: %s; its maps have no BTF types", spec.name, obj.btf_error)
         for m in spec.maps.values():
             obj.maps[m.real_name] = _create_map(obj, m)
+        _init_slots(obj, "maps", {n: m.fileno() for n, m in obj.maps.items()})
+        for m in spec.maps.values():
             if m.real_name in frozen:
                 _freeze(obj, m, obj.maps[m.real_name])
         names = (
@@ -122,6 +124,7 @@ def load(
             if name not in spec.programs or spec.programs[name].is_subprog:
                 raise LoadError(f"object {spec.name!r} has no program {name!r}")
             obj.programs[name] = _load_program(obj, spec.programs[name])
+        _init_slots(obj, "progs", {n: p.fd for n, p in obj.programs.items()})
     except BaseException:
         obj.close()
         raise
@@ -149,7 +152,35 @@ def _load_btf(obj: LoadedObject) -> None:
         obj.btf_fd = -1
 
 
+def _init_slots(obj: LoadedObject, kind: str, fds: dict[str, int]) -> None:
+    """Initial values of map-in-maps ("maps") or program arrays ("progs"), as libbpf
+    sets them: maps once all exist, programs once loaded (slots of programs not
+    loaded stay empty)."""
+    for m in obj.spec.maps.values():
+        if m.values_kind != kind:
+            continue
+        for slot, target in sorted(m.init.items()):
+            if target not in fds:
+                continue
+            try:
+                obj.maps[m.real_name].update(slot, struct.pack("<I", fds[target]))
+            except OSError as e:
+                raise LoadError(
+                    f"object {obj.spec.name!r}: setting {m.real_name}[{slot}] = {target}: {e}"
+                ) from e
+
+
 def _create_map(obj: LoadedObject, m: MapSpec) -> Map:
+    if m.inner is None:
+        return _create_map_with(obj, m, -1)
+    template = _create_map(obj, m.inner)  # for the kernel's checks, closed once used
+    try:
+        return _create_map_with(obj, m, template.fileno())
+    finally:
+        template.close()
+
+
+def _create_map_with(obj: LoadedObject, m: MapSpec, inner_fd: int) -> Map:
     btf_fd = obj.btf_fd if obj.btf_fd >= 0 else 0
     key_id, value_id = (m.key_type_id, m.value_type_id) if btf_fd else (0, 0)
     if m.map_type in C.MAP_TYPES_WITHOUT_BTF:
@@ -170,6 +201,7 @@ def _create_map(obj: LoadedObject, m: MapSpec) -> Map:
             btf_value_type_id=value_id,
             map_extra=m.map_extra,
             numa_node=m.numa_node,
+            inner_map_fd=max(inner_fd, 0),
         )
     except bpfsys.BpfError as e:
         raise LoadError(

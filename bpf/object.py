@@ -26,6 +26,7 @@ from gfxbpf.bpf.btf import (
     Btf,
     BtfError,
     BtfExt,
+    BtfMapDef,
     Datasec,
     Var,
     parse_btf_maps,
@@ -144,6 +145,13 @@ class MapSpec:
     offset: int = 0  # offset in .maps (BTF-defined maps)
     data: bytearray | None = None  # initial value for global data maps
     variables: dict[str, Variable] = field(default_factory=dict)
+    # Map-in-map: the inner maps' definition (a template the kernel checks
+    # values against); with values_kind "maps" or "progs", `init` gives the
+    # initial value of each slot: a map's real name or a program's name.
+    inner: MapSpec | None = None
+    values_kind: str = ""
+    values_offset: int = 0
+    init: dict[int, str] = field(default_factory=dict)
 
     @property
     def is_data(self) -> bool:
@@ -432,34 +440,9 @@ class ObjectSpec:
         offsets = {s.name: s.value for s in symbols if s.shndx == maps_sec.index}
         maps: dict[str, MapSpec] = {}
         for d in parse_btf_maps(self.btf):
-            _check_map_type(d.name, d.map_type)
-            key_size, value_size, max_entries = d.key_size, d.value_size, d.max_entries
-            if d.map_type == C.MapType.PERF_EVENT_ARRAY:
-                key_size = key_size or 4
-                value_size = value_size or 4
-            if d.map_type == C.MapType.RINGBUF and (
-                max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % 4096
-            ):
-                raise ObjectError(
-                    f"map {d.name!r}: ring buffer max_entries {max_entries} must be a "
-                    "power of two and a multiple of the page size"
-                )
             if d.name not in offsets:
                 raise ObjectError(f"map {d.name!r} is in BTF but has no symbol in .maps")
-            maps[d.name] = MapSpec(
-                name=d.name[: C.BPF_OBJ_NAME_LEN - 1],
-                real_name=d.name,
-                map_type=d.map_type,
-                key_size=key_size,
-                value_size=value_size,
-                max_entries=max_entries,
-                flags=d.map_flags,
-                key_type_id=d.key_type_id,
-                value_type_id=d.value_type_id,
-                numa_node=d.numa_node,
-                map_extra=d.map_extra,
-                offset=offsets[d.name],
-            )
+            maps[d.name] = _map_spec(d, offsets[d.name])
         return maps
 
     def _data_map(self, sec: _Section, kind: str, symbols: list[Symbol]) -> MapSpec:
@@ -667,10 +650,10 @@ class _Relocator:
         if target is None:
             raise ObjectError(f"relocation section {rel.name!r} targets a missing section")
         if target.name == ".maps":
-            if rel.size:
-                raise UnsupportedError(
-                    "map-in-map and program arrays initialised in .maps are not supported"
-                )
+            if len(rel.data) % _REL.size:
+                raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
+            for r_offset, r_info in _REL.iter_unpack(rel.data):
+                self.map_slot(r_offset, r_info >> 32)
             return
         if not target.flags & SHF_EXECINSTR or target.index not in self.progs_by_sec:
             return  # .rel.BTF and friends: never applied (docs/BPF-ABI.md, BTF)
@@ -708,6 +691,31 @@ class _Relocator:
             prog.relocations.append(self.call(prog, local, regs >> 4, sym, sname))
         else:
             prog.relocations.append(self.load(prog, local, sym, sname))
+
+    def map_slot(self, r_offset: int, sym_idx: int) -> None:
+        """One initial value in a map-in-map or prog array: `.values = { [i] = &x }`."""
+        if sym_idx >= len(self.symbols):
+            raise ObjectError(f".rel.maps: relocation names symbol #{sym_idx}, past the end")
+        sym = self.symbols[sym_idx]
+        outer = max(
+            (m for m in self.map_by_offset.values() if m.offset <= r_offset),
+            key=lambda m: m.offset,
+            default=None,
+        )
+        if outer is None or not outer.values_kind:
+            raise ObjectError(f".rel.maps: relocation at {r_offset} is in no map's 'values'")
+        slot, rem = divmod(r_offset - outer.offset - outer.values_offset, 8)
+        if rem or not 0 <= slot < outer.max_entries:
+            raise ObjectError(f"map {outer.real_name!r}: initial value at a bad offset")
+        if outer.values_kind == "maps":
+            inner = self.map_by_offset.get(sym.value) if sym.shndx == self.maps_sec else None
+            if inner is None:
+                raise ObjectError(f"map {outer.real_name!r}: slot {slot} names no map")
+            outer.init[slot] = inner.real_name
+        else:
+            if sym.type != STT_FUNC or sym.shndx not in self.progs_by_sec:
+                raise ObjectError(f"map {outer.real_name!r}: slot {slot} names no program")
+            outer.init[slot] = sym.name
 
     def extern(self, prog: ProgramSpec, local: int, code: int, e: Extern) -> Relocation:
         """A use of an extern: a kfunc call, or an ld_imm64 of a kconfig value or ksym."""
@@ -872,6 +880,49 @@ def _check_function(sym: Symbol, sec: _Section, is_text: bool) -> None:
         raise ObjectError(f"program {sym.name!r} runs past the end of {sec.name!r}")
     if not is_text and sym.bind == STB_LOCAL:
         raise UnsupportedError(f"program {sym.name!r} in {sec.name!r} is static: make it global")
+
+
+def _map_spec(d: BtfMapDef, offset: int) -> MapSpec:
+    """A BTF-defined map's spec (an inner map definition's too, at offset 0)."""
+    _check_map_type(d.name, d.map_type)
+    key_size, value_size, max_entries = d.key_size, d.value_size, d.max_entries
+    if d.map_type in _FD_VALUE_MAP_TYPES:
+        # Values are fds (programs, perf events, maps): 4 bytes; keys u32 indices.
+        key_size = key_size or 4
+        value_size = value_size or 4
+    if d.map_type == C.MapType.RINGBUF and (
+        max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % 4096
+    ):
+        raise ObjectError(
+            f"map {d.name!r}: ring buffer max_entries {max_entries} must be a "
+            "power of two and a multiple of the page size"
+        )
+    if d.values_kind == "maps" and d.map_type not in C.MAP_IN_MAP_TYPES:
+        raise ObjectError(f"map {d.name!r}: __array(values, struct ...) on a non map-in-map")
+    if d.values_kind == "progs" and d.map_type != C.MapType.PROG_ARRAY:
+        raise ObjectError(f"map {d.name!r}: __array(values, int (void *)) on a non prog array")
+    return MapSpec(
+        name=d.name[: C.BPF_OBJ_NAME_LEN - 1],
+        real_name=d.name,
+        map_type=d.map_type,
+        key_size=key_size,
+        value_size=value_size,
+        max_entries=max_entries,
+        flags=d.map_flags,
+        key_type_id=d.key_type_id,
+        value_type_id=d.value_type_id,
+        numa_node=d.numa_node,
+        map_extra=d.map_extra,
+        offset=offset,
+        inner=_map_spec(d.inner, 0) if d.inner is not None else None,
+        values_kind=d.values_kind,
+        values_offset=d.values_offset,
+    )
+
+
+_FD_VALUE_MAP_TYPES = frozenset(
+    {C.MapType.PERF_EVENT_ARRAY, C.MapType.PROG_ARRAY, *C.MAP_IN_MAP_TYPES}
+)
 
 
 def _check_map_type(name: str, map_type: int) -> None:

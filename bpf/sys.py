@@ -390,8 +390,9 @@ def map_create(
     btf_value_type_id: int = 0,
     map_extra: int = 0,
     numa_node: int = 0,
+    inner_map_fd: int = 0,
 ) -> int:
-    """Create a map; returns its fd."""
+    """Create a map; returns its fd. inner_map_fd: map-in-map's template of its values."""
     attr = BpfAttr()
     a = attr.map_create
     a.map_type = map_type
@@ -405,6 +406,7 @@ def map_create(
     a.btf_key_type_id = btf_key_type_id
     a.btf_value_type_id = btf_value_type_id
     a.map_extra = map_extra
+    a.inner_map_fd = inner_map_fd
     return _check(BPF_MAP_CREATE, attr)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import insn as bpfinsn
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
-from gfxbpf.broker.audit_table import extern_problem, program_kind_problem
+from gfxbpf.broker.audit_table import extern_problem, map_type_problem, program_kind_problem
 
 # Helpers a reviewed tracing program may call, by group. Anything else is
 # refused, so a new kernel helper is denied until someone reviews it here.
@@ -295,9 +295,10 @@ def _audit_maps(spec: ObjectSpec, ncpus: int, report: AuditReport) -> None:
         report.maps.append(
             MapAudit(m.real_name, m.map_type, m.key_size, m.value_size, m.max_entries, mem)
         )
-        if m.map_type not in C.SUPPORTED_MAP_TYPES:
+        why = map_type_problem(m.map_type)
+        if why is not None:
             report.problems.append(
-                f"map {m.real_name!r}: map type {_map_type_name(m.map_type)} is not allowed"
+                f"map {m.real_name!r}: map type {_map_type_name(m.map_type)}: {why}"
             )
     if report.map_memory > MAX_MAP_MEMORY:
         report.problems.append(

@@ -1,7 +1,7 @@
 """What a catalog object may use, beyond helpers: one table for the audit.
 
-Program kinds (program type and attach kind), kfuncs and kernel symbols
-(__ksym): each row allowed or refused with its reason. broker/audit.py
+Program kinds (program type and attach kind), map types, kfuncs and kernel
+symbols (__ksym): each row allowed or refused with its reason. broker/audit.py
 applies it; anything not listed is refused, so a new kind is denied until
 someone reviews it here. The loader (gfxbpf.bpf.sections) knows more kinds
 than this table allows: loading is not approving.
@@ -36,6 +36,25 @@ PROGRAM_KINDS: Final[dict[tuple[int, str], str | None]] = {
     (_T.KPROBE, "kretprobe.multi"): "multi-kprobe links attach to many functions by pattern",
     (_T.TRACING, "iter"): "iterators dump kernel objects (every task, map, ...) to a reader",
 }
+
+# Map types the loader supports that catalog objects may not use, with why.
+REFUSED_MAP_TYPES: Final[dict[int, str]] = {
+    C.MapType.PROG_ARRAY: "program arrays serve tail calls, which the audit refuses",
+    C.MapType.ARRAY_OF_MAPS: (
+        "map-in-map: the broker budgets and hands out the maps it creates, not inner maps"
+    ),
+    C.MapType.HASH_OF_MAPS: (
+        "map-in-map: the broker budgets and hands out the maps it creates, not inner maps"
+    ),
+}
+
+
+def map_type_problem(map_type: int) -> str | None:
+    """None if a catalog object may use the map type, else why not."""
+    if map_type not in C.SUPPORTED_MAP_TYPES:
+        return "not allowed"
+    return REFUSED_MAP_TYPES.get(map_type)
+
 
 # kfuncs (kernel functions a program calls through BTF) -> None if allowed, else why not.
 KFUNCS: Final[dict[str, str | None]] = {

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf import attach_kinds
+from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.attach import AttachError
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
@@ -92,3 +93,22 @@ SEC("raw_tp/sys_enter") int nolicense(void *ctx) {
     spec = ObjectSpec.from_file(str(path))
     assert spec.license == ""  # as libbpf: the kernel then refuses only GPL-only helpers
     assert assert_loads_like_libbpf(str(path), spec, ensure_bpffs()) == 1
+
+
+def test_map_in_map_and_prog_array_initial_values(tmp_path: Path) -> None:
+    path = compile_bpf((SOURCES / "mapinmap.bpf.c").read_text(), tmp_path, "mapinmap")
+    spec = ObjectSpec.from_file(str(path))
+    assert spec.maps["outer"].init == {0: "first", 2: "second"}
+    assert spec.maps["jump"].init == {1: "leaf"}
+    assert assert_loads_like_libbpf(str(path), spec, ensure_bpffs()) == 2
+    with load(spec) as obj:
+
+        def slot(m: str, i: int) -> int | None:
+            raw = obj.map(m).lookup(i)  # the kernel answers with ids for fd arrays
+            return None if raw is None else struct.unpack("<I", raw)[0]
+
+        assert slot("outer", 0) == bpfsys.map_info(obj.map("first").fileno()).id
+        assert slot("outer", 2) == bpfsys.map_info(obj.map("second").fileno()).id
+        assert slot("outer", 1) is None
+        assert slot("jump", 1) == obj.programs["leaf"].id
+        assert slot("jump", 0) is None

@@ -96,3 +96,11 @@ def test_program_rows() -> None:
     assert "not an allowed program kind" in str(
         audit_table.program_kind_problem(C.ProgType.TRACING, "tracepoint")
     )
+
+
+def test_map_in_map_and_prog_array_refused(tmp_path: Path) -> None:
+    report = audit.audit_spec(_spec(tmp_path, "mapinmap"))
+    problems = "\n".join(report.problems)
+    assert "map 'outer': map type array_of_maps: map-in-map" in problems
+    assert "map 'jump': map type prog_array: program arrays serve tail calls" in problems
+    assert "bpf_tail_call" in problems  # and the helper itself
