@@ -36,6 +36,7 @@ SIDE_SOURCES = (
     Path("bench/bench.bpf.c"),
     Path("tests/data/objects/probe_write_user.bpf.c"),
     Path("tests/data/objects/trace_printk.bpf.c"),
+    Path("tests/data/objects/ksym_address.bpf.c"),
 )
 CATALOG = ROOT / "bpf" / "catalog.toml"
 EXPECTED_CLANG = "Debian clang version 14.0.6"

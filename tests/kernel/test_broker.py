@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OBJECTS = ROOT / "tests" / "data" / "objects"
 PROBE_WRITE_USER = OBJECTS / "probe_write_user.bpf.o"
 TRACE_PRINTK = OBJECTS / "trace_printk.bpf.o"
+KSYM_ADDRESS = OBJECTS / "ksym_address.bpf.o"
 NR_GETPPID = 110  # x86-64
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 STRESS_SECONDS = float(os.environ.get("GFXBPF_STRESS_SECONDS", "30"))
@@ -77,6 +78,12 @@ def main_policy(limits: dict[str, int] | None = None) -> str:
                 "scope": ["system"],
                 "sha256": sha256_of(PROBE_WRITE_USER),
             },
+            # Approved by hash; copies a kernel address (a typeless __ksym) into a map.
+            "ksymleak": {
+                "users": [ALICE],
+                "scope": ["system"],
+                "sha256": sha256_of(KSYM_ADDRESS),
+            },
         },
         # The 50-client loop creates maps far faster than any map budget meant
         # for people allows (test_map_attacks.py tests the budget).
@@ -92,7 +99,7 @@ def main_policy(limits: dict[str, int] | None = None) -> str:
 
 def start_broker(policy: str, **kw: Any) -> BrokerProcess:
     broker = BrokerProcess.start(policy, **kw)
-    for obj in (PROBE_WRITE_USER, TRACE_PRINTK):
+    for obj in (PROBE_WRITE_USER, TRACE_PRINTK, KSYM_ADDRESS):
         broker.install(obj)
     return broker
 
@@ -346,6 +353,21 @@ def test_approved_object_calling_probe_write_user_fails_the_audit(
     ]
     assert lines and lines[-1]["result"] == "denied"
     assert lines[-1]["code"] == "ERROR_AUDIT_FAILED"
+
+
+def test_approved_object_leaking_a_kernel_address_fails_the_audit(
+    broker: BrokerProcess, clients: Any
+) -> None:
+    """An ordinary user attaches an approved object whose program would copy a
+    kernel address (a typeless __ksym) into a map she can read: refused."""
+    alice = clients(ALICE)
+    r = alice("attach", object_path=str(broker.directory / KSYM_ADDRESS.name))
+    assert r["code"] == "ERROR_AUDIT_FAILED", r
+    assert "__ksym vfs_read" in r["message"] and "kernel address" in r["message"]
+    lines = [
+        x for x in broker.audit_records() if x["op"] == "attach" and x["program"] == "ksymleak"
+    ]
+    assert lines and lines[-1]["result"] == "denied"
 
 
 # ---------------------------------------------------------------- fds

@@ -18,7 +18,7 @@ from gfxbpf.broker import audit
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECTS = ROOT / "tests" / "data" / "objects"
-TEST_OBJECTS = ("probe_write_user", "trace_printk")
+TEST_OBJECTS = ("probe_write_user", "trace_printk", "ksym_address")
 _INSN = struct.Struct("<BBhi")
 _CALL = 0x85
 
@@ -75,6 +75,14 @@ def test_trace_printk_object_refused() -> None:
     text = report.text()
     assert "helpers: trace_printk" in text
     assert text.splitlines()[-1].startswith("verdict: refused")
+
+
+def test_ksym_address_object_refused() -> None:
+    data = (OBJECTS / "ksym_address.bpf.o").read_bytes()
+    report = audit.audit_bytes(data, "ksym_address")
+    assert len(report.problems) == 1, report.problems  # only the extern stops it
+    assert "loads __ksym vfs_read" in report.problems[0]
+    assert "kernel address" in report.problems[0]
 
 
 def test_forbidden_helper_in_a_subprogram_is_seen_after_linking() -> None:
