@@ -20,7 +20,7 @@ from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, object_name
 
-ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_event")
+ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "tp_btf", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
 UNITS = ("count", "bytes", "ns")
 PARAMETER_TYPES = ("int", "str", "list[str]")
@@ -52,7 +52,7 @@ class CatalogKeyError(KeyError, InputError):
 class Attach:
     program: str  # BPF function name in the object
     kind: str  # one of ATTACH_KINDS
-    target: str | None = None  # "system/event", raw tracepoint name; None: chosen at attach
+    target: str | None = None  # "system/event", (raw/tp_btf) tracepoint name; None: at attach
     variant: str | None = None
 
     @property
@@ -516,6 +516,9 @@ def _parse_attach(c: _Ctx, t: dict[str, Any], i: int) -> Attach:
             raise c.fail(where + "target", "missing (a raw tracepoint needs its name)")
         if not _IDENT.match(target):
             raise c.fail(where + "target", f"{target!r} is not a raw tracepoint name")
+    elif kind == "tp_btf":  # needs vmlinux BTF, not tracefs
+        if target is None or not _IDENT.match(target):
+            raise c.fail(where + "target", "missing or not a tracepoint name (tp_btf/<name>)")
     elif target is not None:
         raise c.fail(
             where + "target", f"a {kind} takes no target in the catalog (chosen at attach time)"

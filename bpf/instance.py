@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import attach as bpfattach
-from gfxbpf.bpf import tracefs
+from gfxbpf.bpf import attach_kinds, tracefs
 from gfxbpf.bpf.catalog import Attach, Program
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
@@ -256,6 +256,8 @@ def attach_entry(
     elif a.kind == "raw_tracepoint":
         assert a.target
         inst.attachments.append(bpfattach.attach_raw_tracepoint(prog.fd, a.target))
+    elif a.kind == "tp_btf":  # the target was named by BTF id at load
+        inst.attachments.append(attach_kinds.attach_btf_traced(prog.fd, f"tp_btf {a.target}"))
     elif a.kind in ("uprobe", "uretprobe"):
         if not params.library or not params.functions:
             raise ParameterError(f"program {inst.entry.name!r} needs a library and functions")

@@ -501,3 +501,16 @@ def test_ambiguous_field_variant(tmp_path: Path) -> None:
     )
     assert c.get("demo").variants == ("a", "b")
     assert c.get("demo").fields_for("a") == ()
+
+
+def test_tp_btf_attach_kind(tmp_path: Path) -> None:
+    """A BTF-typed tracepoint names its tracepoint, like a raw one (no tracefs)."""
+    text = GOOD.replace('kind = "tracepoint"', 'kind = "tp_btf"', 1).replace(
+        'target = "sched/sched_process_exec"', 'target = "sched_process_exec"', 1
+    )
+    text = text[: text.index("[[program.field]]")] + text[text.index("[[program.map]]") :]
+    p = cat.load_catalog(_write(tmp_path, text)).get("demo")
+    assert p.attach == (cat.Attach("handler", "tp_btf", "sched_process_exec"),)
+    bad = text.replace('target = "sched_process_exec"', 'target = "sched/x"', 1)
+    with pytest.raises(cat.CatalogError, match="not a tracepoint name"):
+        cat.load_catalog(_write(tmp_path, bad))
