@@ -348,4 +348,3 @@ def _leaf_match(
     if isinstance(lt, Int):
         return isinstance(tt, Int) and lt.size == tt.size and lt.signed == tt.signed
     return False
-

@@ -530,7 +530,9 @@ class ObjectSpec:
         return next((m for m in self.maps.values() if m.name == name), None)
 
     # ---------------------------------------------------------------- linking
-    def link_program(self, name: str, patched: Mapping[str, bytes] | None = None) -> LinkedProgram:
+    def link_program(
+        self, name: str, patched: Mapping[str, bytes | bytearray] | None = None
+    ) -> LinkedProgram:
         """Append the subprograms a program calls and resolve calls, as libbpf does.
 
         Map and data references are left for the loader, which knows the fds.
@@ -552,7 +554,9 @@ class ObjectSpec:
 class _Linker:
     """One program's instructions being linked: subprograms appended, calls resolved."""
 
-    def __init__(self, spec: ObjectSpec, main: ProgramSpec, patched: Mapping[str, bytes]) -> None:
+    def __init__(
+        self, spec: ObjectSpec, main: ProgramSpec, patched: Mapping[str, bytes | bytearray]
+    ) -> None:
         self.name = main.name
         self.btf_ext = spec.btf_ext
         self.subprogs = {p.insn_offset: p for p in spec.programs.values() if p.is_subprog}

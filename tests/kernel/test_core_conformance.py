@@ -25,6 +25,7 @@ from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import skip_or_fail
+from tests.kernel.core_libbpf_log import gfxbpf_decisions, libbpf_decisions
 
 pytestmark = pytest.mark.kernel
 
@@ -107,3 +108,22 @@ def test_poisoned_reachable_read_is_refused_with_its_helper_number(tmp_path: Pat
     with pytest.raises(LoadError) as exc:
         load(spec).close()
     assert "195896080" in (exc.value.log or "")
+
+
+@pytest.mark.parametrize("name", ["core_kernel", "core_kinds"])
+def test_every_relocation_decided_as_libbpf_decides(name: str) -> None:
+    """Each relocation's patch (value, load size, or poison) equals the one libbpf logs.
+
+    core_kinds.bpf.o's local types differ from the kernel's on purpose
+    (fields it lacks, other bitfields, an enumerator it has not), so this
+    covers the poisoning paths against real vmlinux BTF too.
+    """
+    if shutil.which("bpftool") is None:
+        skip_or_fail("bpftool is not installed (apt-get install bpftool)")
+    path = OBJECT.with_name(f"{name}.bpf.o")
+    spec = ObjectSpec.from_file(str(path))
+    mine = gfxbpf_decisions(relocate(spec, Target.kernel()))
+    theirs = libbpf_decisions(str(path))
+    assert theirs is not None, "libbpf stopped before CO-RE"
+    assert len(mine) >= 30
+    assert mine == theirs
