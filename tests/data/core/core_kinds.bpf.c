@@ -18,6 +18,7 @@ struct task_struct {
 	int nice : 7;
 	struct mm_struct *mm;
 	unsigned int usage;
+	int weight;
 	int missing;
 } __attribute__((preserve_access_index));
 
@@ -105,11 +106,13 @@ int enums(void *ctx)
 }
 
 /* Direct loads (LDX) carry the offset relocation in the instruction itself,
- * with its size: usage is 4 bytes here, 4 in target_new, 8 in target_old. */
+ * with its size: usage is 4 bytes here, 4 in target_new, 8 in target_old
+ * (unsigned: the load grows); weight is a signed int here and a long in
+ * target_old, which no load size can fix: poisoned. */
 SEC("raw_tracepoint/direct")
 int direct(struct task_struct *t)
 {
-	out = t->pid + t->usage;
+	out = t->pid + t->usage + t->weight;
 	return 0;
 }
 

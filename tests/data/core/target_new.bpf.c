@@ -22,6 +22,7 @@ struct task_struct {
 	int nice : 7;
 	struct mm_struct *mm;
 	unsigned int usage;
+	int weight;
 	int tail[];
 };
 

@@ -18,6 +18,7 @@ struct task_struct {
 	unsigned short nice : 9;
 	struct mm_struct *mm;
 	unsigned long usage;
+	long weight;
 };
 
 enum rq_state { RQ_IDLE = 1, RQ_OLD = 2, RQ_BUSY = 3 };
