@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.btf_types import KIND_STRUCT, Int, Member, Struct, Void
 from gfxbpf.bpf.btf_encode import encode_types
+from gfxbpf.bpf.btf_types import KIND_STRUCT, Int, Member, Struct, Void
 from gfxbpf.bpf.core_apply import CoreRecord, CoreResult, relocate
 from gfxbpf.bpf.core_match import types_match
 from gfxbpf.bpf.core_patch import POISON_IMM, patch
