@@ -59,8 +59,8 @@ class Target:
     @classmethod
     def kernel(cls, root: str = SYSFS_BTF) -> Target:
         """The running kernel's BTF (vmlinux parsed once per process)."""
-        base = _vmlinux_blob(os.path.join(root, "vmlinux"))
-        return cls(_table("vmlinux", base, 1), lambda: _kernel_modules(root, base))
+        base, vmlinux = _vmlinux(os.path.join(root, "vmlinux"))
+        return cls(vmlinux, lambda: _kernel_modules(root, base))
 
     def modules(self) -> list[TargetBtf]:
         if self._modules is None:
@@ -93,7 +93,8 @@ def _split(name: str, data: bytes, base: ParsedBlob) -> TargetBtf:
     return _table(name, blob, len(base.types))
 
 
-_VMLINUX_CACHE: dict[tuple[str, int, int], ParsedBlob] = {}
+# vmlinux does not change while the kernel runs: parsed and indexed once.
+_VMLINUX_CACHE: dict[tuple[str, int, int], tuple[ParsedBlob, TargetBtf]] = {}
 
 
 def _read(path: str) -> bytes:
@@ -107,7 +108,7 @@ def _read(path: str) -> bytes:
         ) from None
 
 
-def _vmlinux_blob(path: str) -> ParsedBlob:
+def _vmlinux(path: str) -> tuple[ParsedBlob, TargetBtf]:
     try:
         st = os.stat(path)
     except OSError as e:
@@ -116,15 +117,16 @@ def _vmlinux_blob(path: str) -> ParsedBlob:
             "CONFIG_DEBUG_INFO_BTF"
         ) from None
     key = (path, st.st_size, st.st_mtime_ns)
-    blob = _VMLINUX_CACHE.get(key)
-    if blob is None:
+    cached = _VMLINUX_CACHE.get(key)
+    if cached is None:
         try:
             blob = parse_blob(_read(path))
         except BtfError as e:
             raise CoreError(f"kernel BTF {path} is unreadable: {e}") from None
+        cached = (blob, _table("vmlinux", blob, 1))
         _VMLINUX_CACHE.clear()
-        _VMLINUX_CACHE[key] = blob
-    return blob
+        _VMLINUX_CACHE[key] = cached
+    return cached
 
 
 def module_order(root: str = SYSFS_BTF, proc_modules: str = "/proc/modules") -> list[str]:
