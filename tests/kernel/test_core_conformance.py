@@ -10,17 +10,21 @@ translated code must be identical, map ids aside.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf.core_apply import relocate
+from gfxbpf.bpf.core_relo import CoreKind
 from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
@@ -127,3 +131,35 @@ def test_every_relocation_decided_as_libbpf_decides(name: str) -> None:
     assert theirs is not None, "libbpf stopped before CO-RE"
     assert len(mine) >= 30
     assert mine == theirs
+
+
+def _as_type_matches(data: bytes, spec: ObjectSpec, names: tuple[str, ...]) -> bytes:
+    """The object with its TYPE_EXISTS records on `names` turned into TYPE_MATCHES (kind 12)."""
+    assert spec.btf is not None and spec.btf_ext is not None
+    sec = ELFFile(io.BytesIO(data)).get_section_by_name(".BTF.ext")
+    start, end = sec["sh_offset"], sec["sh_offset"] + sec["sh_size"]
+    out = bytearray(data)
+    flipped = 0
+    for records in spec.btf_ext.core_relos.values():
+        for r in records:
+            if r.kind == CoreKind.TYPE_EXISTS and spec.btf.name_of(r.type_id) in names:
+                raw = struct.pack("<IIII", r.insn_off, r.type_id, r.access_str_off, r.kind)
+                at = bytes(out).find(raw, start, end)
+                assert at >= 0
+                struct.pack_into("<I", out, at + 12, CoreKind.TYPE_MATCHES)
+                flipped += 1
+    assert flipped == len(names)
+    return bytes(out)
+
+
+def test_type_matches_decided_as_libbpf_decides(tmp_path: Path) -> None:
+    data = OBJECT.read_bytes()
+    patched = tmp_path / "core_matches.bpf.o"
+    patched.write_bytes(
+        _as_type_matches(data, ObjectSpec.parse(data), ("list_head", "task_struct"))
+    )
+    spec = ObjectSpec.from_file(str(patched))
+    core = relocate(spec, Target.kernel())
+    got = {r.local: r.result.new_val for r in core.records if r.kind_name == "type_matches"}  # type: ignore[union-attr]
+    assert got == {"struct list_head": 1, "struct task_struct": 0}
+    assert gfxbpf_decisions(core) == libbpf_decisions(str(patched))

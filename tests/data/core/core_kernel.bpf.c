@@ -32,6 +32,13 @@ struct gfxbpf_not_a_kernel_type {
 	int x;
 };
 
+/* Matches the kernel's list_head; task_struct above does not (no_such_field).
+ * clang 14 cannot emit TYPE_MATCHES: the kernel test turns these two
+ * type-exists records into type-matches ones. */
+struct list_head {
+	struct list_head *next, *prev;
+};
+
 enum pid_type { PIDTYPE_PID, PIDTYPE_TGID, PIDTYPE_GFXBPF_NONE };
 
 long total;
@@ -73,6 +80,8 @@ int core_kinds(void *ctx)
 	v += BPF_CORE_READ_BITFIELD_PROBED(t, frozen);
 	v += bpf_core_field_size(t->comm) + bpf_core_field_offset(t->comm);
 	v += bpf_core_type_exists(struct gfxbpf_not_a_kernel_type);
+	v += bpf_core_type_exists(struct list_head) << 1;
+	v += bpf_core_type_exists(struct task_struct) << 2;
 	v += bpf_core_type_size(struct task_struct);
 	v += bpf_core_type_id_kernel(struct task_struct);
 	v += bpf_core_type_id_local(struct task_struct);
