@@ -11,6 +11,7 @@ appends one gets the same patched code.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf.btf_table import TypeTable
@@ -53,11 +54,15 @@ def has_core_relos(spec: ObjectSpec) -> bool:
     return spec.btf_ext is not None and any(spec.btf_ext.core_relos.values())
 
 
-def relocate(spec: ObjectSpec, target: Target, strict: bool = True) -> CoreResult:
+def relocate(
+    spec: ObjectSpec, target: Target, strict: bool = True, also: Collection[str] = ()
+) -> CoreResult:
     """Resolve and patch every CO-RE relocation of `spec` against `target`.
 
     strict: raise CoreError at the first relocation that fails (loading);
-    otherwise record the error and go on (inspection).
+    otherwise record the error and go on (inspection). also: programs to
+    relocate even though they are not autoloaded (a caller that names a
+    `?` program loads it, as libbpf does after bpf_program__set_autoload).
     """
     out = CoreResult()
     if spec.btf is None or spec.btf_ext is None:
@@ -70,7 +75,7 @@ def relocate(spec: ObjectSpec, target: Target, strict: bool = True) -> CoreResul
             if r.insn_off % INSN_SIZE:
                 raise CoreError(f"section {sec!r}: CO-RE record #{n} is not on an instruction")
             prog = _program_at(progs, r.insn_off // INSN_SIZE)
-            if prog is None or not prog.autoload:
+            if prog is None or not (prog.autoload or prog.name in also):
                 continue
             idx = r.insn_off // INSN_SIZE - prog.insn_offset
             access = _string(btf, r.access_str_off)

@@ -114,7 +114,7 @@ def load(
             obj.maps[m.real_name] = _create_map(obj, m)
             if m.real_name in frozen:
                 _freeze(obj, m, obj.maps[m.real_name])
-        core = _relocate_core(spec)
+        core = _relocate_core(spec, programs or ())
         names = (
             programs
             if programs is not None
@@ -216,12 +216,12 @@ def _freeze(obj: LoadedObject, m: MapSpec, kmap: Map) -> None:
         raise LoadError(f"{where}: {why}") from e
 
 
-def _relocate_core(spec: ObjectSpec) -> dict[str, bytearray]:
-    """CO-RE: every autoload program's patched code, against the running kernel's BTF."""
+def _relocate_core(spec: ObjectSpec, named: Collection[str]) -> dict[str, bytearray]:
+    """CO-RE: the patched code of every autoload or named program, against this kernel."""
     if not has_core_relos(spec):
         return {}
     try:
-        return core_relocate(spec, Target.kernel()).insns
+        return core_relocate(spec, Target.kernel(), also=named).insns
     except CoreError as e:
         raise LoadError(f"object {spec.name!r}: {e}") from e
 

@@ -163,3 +163,52 @@ def test_type_matches_decided_as_libbpf_decides(tmp_path: Path) -> None:
     got = {r.local: r.result.new_val for r in core.records if r.kind_name == "type_matches"}  # type: ignore[union-attr]
     assert got == {"struct list_head": 1, "struct task_struct": 0}
     assert gfxbpf_decisions(core) == libbpf_decisions(str(patched))
+
+
+def test_broker_privileges_suffice_for_core(tmp_path: Path) -> None:
+    """As the service user with only CAP_BPF+CAP_PERFMON, CO-RE resolves and loads libbpf's code.
+
+    The broker reads /sys/kernel/btf itself (libbpf's enumeration of BTF
+    objects by id would need CAP_SYS_ADMIN).
+    """
+    from tests.kernel.brokerenv import (
+        BASE_ENV,
+        BROKER_USER,
+        VENV_PYTHON,
+        ensure_user,
+        shared_dir,
+    )
+
+    uid, gid = ensure_user(BROKER_USER)
+    d = shared_dir(tmp_path / "shared")
+    obj = d / OBJECT.name
+    shutil.copyfile(OBJECT, obj)
+    os.chmod(obj, 0o644)
+    caps = "+bpf,+perfmon"
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
+    argv += [f"--inh-caps=-all,{caps}", f"--ambient-caps={caps}", f"--bounding-set=-all,{caps}"]
+    argv += ["--", VENV_PYTHON, "-m", "gfxbpf.bpf", "load", str(obj)]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        env=dict(BASE_ENV),
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    pin_dir = ""
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        ours = json.loads(line)["programs"]
+        pin_dir, theirs = _bpftool_load(OBJECT)
+        assert set(ours) == {"core_fields", "core_kinds"}
+        for name, our_id in ours.items():
+            assert _xlated(our_id) == _xlated(theirs[name]), f"program {name} differs"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        if pin_dir:
+            shutil.rmtree(pin_dir, ignore_errors=True)

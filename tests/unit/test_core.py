@@ -260,3 +260,16 @@ def test_module_btf_is_searched_when_vmlinux_has_no_candidate() -> None:
     assert r.result is not None and r.result.new_val == 1 and r.result.target_btf == "gfxmod"
     # vmlinux candidates win: task_struct still resolves in the base.
     assert find(core, "fields", "byte_off", f"{TS}.pid").result.target_btf == "vmlinux"  # type: ignore[union-attr]
+
+
+def test_programs_not_autoloaded_are_skipped_unless_named(tmp_path: Path) -> None:
+    data = (DATA / "core_kinds.bpf.o").read_bytes()
+    # Rename section "raw_tracepoint/direct" (in the ELF and the BTF strings) to
+    # "?raw_tp/sys_in/direct": same length, same tail (the symbol name "direct"
+    # shares it); "?" is libbpf's mark of a program that is not autoloaded.
+    data = data.replace(b"raw_tracepoint/direct\0", b"?raw_tp/sys_in/direct\0")
+    s = ObjectSpec.parse(data, "k")
+    assert not s.programs["direct"].autoload
+    target = Target.from_blobs(target_btf("target_old"))
+    assert "direct" not in relocate(s, target).insns and "fields" in relocate(s, target).insns
+    assert "direct" in relocate(s, target, also=["direct"]).insns
