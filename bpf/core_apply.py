@@ -15,6 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf.btf_table import TypeTable
+from gfxbpf.bpf.btf_types import BtfError
 from gfxbpf.bpf.core_patch import patch
 from gfxbpf.bpf.core_relo import CoreError, CoreKind, Spec, kind_name, parse_spec
 from gfxbpf.bpf.core_resolve import Candidate, Resolution, resolve
@@ -87,7 +88,7 @@ def relocate(
                 rec.local = local.describe()
                 rec.result = _resolve(local, target, cache)
                 rec.change = patch(insns, idx, rec.result)
-            except CoreError as e:
+            except (CoreError, BtfError) as e:  # BtfError: a corrupt local type chain
                 rec.error = str(e)
                 if strict:
                     raise CoreError(

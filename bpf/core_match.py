@@ -125,7 +125,8 @@ def _member_in(
     if not isinstance(tt, Composite):
         return 0, None
     lt = lbtf.types[local.type_id]
-    assert isinstance(lt, Composite)
+    if not isinstance(lt, Composite) or not 0 <= local.idx < len(lt.members):
+        raise CoreError(f"local accessor [{local.type_id}] #{local.idx} is not a member")
     lmember = lt.members[local.idx]
     for i, m in enumerate(tt.members):
         if len(spec.raw) >= SPEC_MAX_LEN:

@@ -82,7 +82,8 @@ def _field_value(kind: int, spec: Spec | None) -> _Field:
             return _Field(sz)
         raise CoreError(f"{kind_name(kind)} relocation cannot apply to an array element")
     t = btf.types[acc.type_id]
-    assert isinstance(t, Composite)
+    if not isinstance(t, Composite) or not 0 <= acc.idx < len(t.members):
+        raise CoreError(f"accessor [{acc.type_id}] #{acc.idx} is not a member")
     member = t.members[acc.idx]
     mt = btf.resolve_type(member.type)
     bit_off, bit_sz = spec.bit_offset, member.bitfield_size
@@ -144,7 +145,8 @@ def _enum_value(kind: int, spec: Spec | None) -> int:
         raise _Poison("the enumerator does not exist in the target")
     acc = spec.accessors[0]
     t = spec.btf.types[acc.type_id]
-    assert isinstance(t, Enum)
+    if not isinstance(t, Enum) or not 0 <= acc.idx < len(t.values):
+        raise CoreError(f"accessor [{acc.type_id}] #{acc.idx} is not an enumerator")
     v = t.values[acc.idx].value
     if t.kind == KIND_ENUM:  # a 32-bit enumerator widens as a signed int
         v &= 0xFFFFFFFF

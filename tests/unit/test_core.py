@@ -273,3 +273,32 @@ def test_programs_not_autoloaded_are_skipped_unless_named(tmp_path: Path) -> Non
     target = Target.from_blobs(target_btf("target_old"))
     assert "direct" not in relocate(s, target).insns and "fields" in relocate(s, target).insns
     assert "direct" in relocate(s, target, also=["direct"]).insns
+
+
+def test_corrupt_records_give_core_errors_only() -> None:
+    """Random type ids, access strings and kinds: a CoreError or a result, nothing else."""
+    import random
+
+    rng = random.Random(14)
+    base = spec()
+    assert base.btf is not None and base.btf_ext is not None
+    target = Target.from_blobs(target_btf("target_new"))
+    strings = [base.btf.add_string(s) for s in ("0", "0:1", "0:9:3", "1:0", "0:99", ":", "x", "-1")]
+    sections = list(base.btf_ext.core_relos.items())
+    for _ in range(300):
+        s = ObjectSpec.from_file(str(DATA / "core_kinds.bpf.o"))
+        assert s.btf is not None and s.btf_ext is not None
+        s.btf.strings = base.btf.strings
+        sec, records = sections[rng.randrange(len(sections))]
+        i = rng.randrange(len(records))
+        r = records[i]
+        r = r._replace(
+            type_id=rng.choice([r.type_id, 0, 1, rng.randrange(len(s.btf.types) + 3)]),
+            access_str_off=rng.choice([r.access_str_off, *strings]),
+            kind=rng.choice([r.kind, rng.randrange(14)]),
+        )
+        s.btf_ext.core_relos[sec][i] = r
+        try:
+            relocate(s, target)
+        except CoreError:
+            pass
