@@ -302,3 +302,25 @@ def test_corrupt_records_give_core_errors_only() -> None:
             relocate(s, target)
         except CoreError:
             pass
+
+
+def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) -> None:
+    from gfxbpf.bpf.core_target import module_order
+
+    base = target_btf("target_old")
+    table = Target.from_blobs(base).vmlinux.table
+    root = tmp_path / "btf"
+    root.mkdir()
+    (root / "vmlinux").write_bytes(base)
+    mod = _split_module(base, len(table.types), len(table.strings))
+    for name in ("zeta", "alpha", "nvidia"):
+        (root / name).write_bytes(mod)
+    proc = tmp_path / "modules"
+    # /proc/modules lists the newest module first.
+    proc.write_text("nvidia 1 0 - Live 0x0\nzeta 1 0 - Live 0x0\n")
+    assert module_order(str(root), str(proc)) == ["zeta", "nvidia", "alpha"]
+    t = Target.kernel(str(root))
+    local = spec().btf.types[spec().btf.find("only_new", KIND_STRUCT)]  # type: ignore[union-attr,index]
+    found = t.candidates(local)
+    assert [c.btf_name for c in found] == [m.name for m in t.modules()]
+    assert {c.type_id for c in found} == {len(table.types)}  # ids continue vmlinux's
