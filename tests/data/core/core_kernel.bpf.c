@@ -40,6 +40,8 @@ struct list_head {
 };
 
 enum pid_type { PIDTYPE_PID, PIDTYPE_TGID, PIDTYPE_GFXBPF_NONE };
+/* An ENUM64 in the kernel's BTF (values near 2^64), a 32-bit enum here. */
+enum perf_callchain_context { PERF_CONTEXT_KERNEL = 1 };
 
 long total;
 char last_comm[16];
@@ -86,6 +88,7 @@ int core_kinds(void *ctx)
 	v += bpf_core_type_id_kernel(struct task_struct);
 	v += bpf_core_type_id_local(struct task_struct);
 	v += bpf_core_enum_value(enum pid_type, PIDTYPE_TGID);
+	v += bpf_core_enum_value(enum perf_callchain_context, PERF_CONTEXT_KERNEL);
 	if (bpf_core_enum_value_exists(enum pid_type, PIDTYPE_GFXBPF_NONE))
 		v += bpf_core_enum_value(enum pid_type, PIDTYPE_GFXBPF_NONE);
 	v += parent_tgid(t);
