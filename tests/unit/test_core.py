@@ -324,3 +324,8 @@ def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) ->
     found = t.candidates(local)
     assert [c.btf_name for c in found] == [m.name for m in t.modules()]
     assert {c.type_id for c in found} == {len(table.types)}  # ids continue vmlinux's
+
+
+def test_kernel_without_btf_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CoreError, match="CONFIG_DEBUG_INFO_BTF"):
+        Target.kernel(str(tmp_path))
