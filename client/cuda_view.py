@@ -110,6 +110,7 @@ class ProcessView:
             "sync_calls": self.total("sync", "calls"),
             "sync_ns": self.total("sync", "time_ns"),
             "errors": sum(v.get("errors", 0) for v in self.functions.values()),
+            "functions": {name: dict(v) for name, v in sorted(self.functions.items())},
         }
 
 
