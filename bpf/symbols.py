@@ -16,9 +16,11 @@ user can set), so the next attach to the same file costs a dict lookup.
 
 from __future__ import annotations
 
+import array
 import difflib
 import os
 import struct
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -39,7 +41,6 @@ __all__ = [
 ]
 
 _STT_OBJECT, _STT_FUNC, _STT_TLS, _STT_GNU_IFUNC = 1, 2, 6, 10
-_FUNC_TYPES = (_STT_FUNC, _STT_GNU_IFUNC)
 _KIND_NAMES = {_STT_OBJECT: "data object", _STT_TLS: "thread-local variable"}
 _BIND_NAMES = {0: "STB_LOCAL", 1: "STB_GLOBAL", 2: "STB_WEAK", 10: "STB_GNU_UNIQUE"}
 _TABLES = (".dynsym", ".symtab")
@@ -128,6 +129,17 @@ def _cstr(table: bytes, start: int) -> str:
     return table[start:end].decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A symbol table read but not yet parsed."""
+
+    rank: int
+    table: str
+    data: bytes
+    strings: bytes
+    versions: array.array[int]
+
+
 # name -> (rank, value, shndx, size, bind, table): the symbol a name resolves to
 _Entry = tuple[tuple[int, bool], int, int, int, int, str]
 
@@ -152,13 +164,17 @@ class SymbolIndex:
         self.tables: list[str] = []
         self._sections: list[_Section] = []
         self._loads: list[tuple[int, int, int]] = []  # (vaddr, filesz, offset)
+        self._pending: list[_Pending] = []
+        self._lock = threading.Lock()
         self._read_headers(r)
         for rank, name in enumerate(_TABLES):
             sec = next((s for s in self._sections if s.name == name), None)
             if sec is None or sec.type == _SHT_NOBITS:
                 continue
             self.tables.append(name)
-            self._read_table(r, rank, sec)
+            self._pending.append(self._read_table(r, rank, sec))
+        if self._pending and self._pending[0].table == ".dynsym":
+            self._parse(self._pending.pop(0))
 
     def _read_headers(self, r: _Reader) -> None:
         lay = self._lay
@@ -195,7 +211,8 @@ class SymbolIndex:
                 if ptype == _PT_LOAD:
                     self._loads.append((vaddr, filesz, off))
 
-    def _read_table(self, r: _Reader, rank: int, sec: _Section) -> None:
+    def _read_table(self, r: _Reader, rank: int, sec: _Section) -> _Pending:
+        """The table's bytes, checked; parsed by _parse (at once for .dynsym)."""
         lay = self._lay
         if sec.entsize != lay.sym.size or sec.size % sec.entsize:
             raise SymbolError(f"{r.path}: corrupt {sec.name} section")
@@ -204,47 +221,70 @@ class SymbolIndex:
         strsec = self._sections[sec.link]
         strings = r.read(strsec.offset, strsec.size, f"{sec.name} strings")
         data = r.read(sec.offset, sec.size, sec.name)
-        versym = self._versym(r, sec)
-        i_name, i_info, i_shndx, i_value, i_size, _ = lay.sym_fields
+        return _Pending(rank, sec.name, data, strings, self._versym(r, sec))
+
+    def _parse(self, t: _Pending) -> None:
+        # The hot loop of a first attach: locals only, one precompiled struct.
+        i_name, i_info, i_shndx, i_value, i_size, _ = self._lay.sym_fields
         funcs, others, undefined = self._functions, self._others, self._undefined
-        for i, s in enumerate(lay.sym.iter_unpack(data)):
-            if not s[i_name]:
-                continue
-            name = _cstr(strings, s[i_name])
-            if not name:
-                continue
+        strings, find, nver = t.strings, t.strings.find, len(t.versions)
+        for i, s in enumerate(self._lay.sym.iter_unpack(t.data)):
+            start = s[i_name]
+            end = find(b"\0", start) if start else -1
+            if end <= start:
+                continue  # no name, or one running off the table
+            name = strings[start:end].decode("utf-8", "replace")
             shndx, kind = s[i_shndx], s[i_info] & 0xF
             if shndx == _SHN_UNDEF:
                 undefined.add(name)
-                continue
-            if kind not in _FUNC_TYPES:
+            elif kind != _STT_FUNC and kind != _STT_GNU_IFUNC:
                 others.setdefault(name, kind)
-                continue
-            hidden = bool(versym and 2 * i + 2 <= len(versym) and _hidden(versym, i, lay))
-            key = (rank, hidden)
-            have = funcs.get(name)
-            if have is None or key < have[0]:
-                funcs[name] = (key, s[i_value], shndx, s[i_size], s[i_info] >> 4, sec.name)
+            else:
+                key = (t.rank, i < nver and bool(t.versions[i] & _VERSYM_HIDDEN))
+                have = funcs.get(name)
+                if have is None or key < have[0]:
+                    funcs[name] = (key, s[i_value], shndx, s[i_size], s[i_info] >> 4, t.table)
 
-    def _versym(self, r: _Reader, sec: _Section) -> bytes:
-        """The .gnu.version table of .dynsym (one u16 per symbol), or b""."""
+    def _complete(self) -> None:
+        """Parse the tables put off so far (.symtab: static functions, rarely wanted).
+        Cached indexes are shared by the broker's threads: one parses, others wait."""
+        with self._lock:
+            while self._pending:
+                self._parse(self._pending[0])
+                self._pending.pop(0)
+
+    def _versym(self, r: _Reader, sec: _Section) -> array.array[int]:
+        """The .gnu.version table of .dynsym (one u16 per symbol), or empty."""
+        out = array.array("H")
         if sec.name != ".dynsym":
-            return b""
+            return out
         for v in self._sections:
             if v.type == _SHT_GNU_VERSYM:
                 try:
-                    return r.read(v.offset, v.size, ".gnu.version")
+                    raw = r.read(v.offset, v.size - v.size % 2, ".gnu.version")
                 except SymbolError:
-                    return b""  # versions only rank duplicates: do without
-        return b""
+                    return out  # versions only rank duplicates: do without
+                out.frombytes(raw)
+                if (self._lay.sym.format[0] == "<") != (sys.byteorder == "little"):
+                    out.byteswap()
+                return out
+        return out
 
     # -------------------------------------------------------------- lookups
 
     def names(self) -> list[str]:
+        self._complete()
         return sorted(self._functions)
 
     def has(self, name: str) -> bool:
-        return name in self._functions
+        return self._lookup(name) is not None
+
+    def _lookup(self, name: str) -> _Entry | None:
+        found = self._functions.get(name)
+        if found is None and self._pending:
+            self._complete()
+            found = self._functions.get(name)
+        return found
 
     def _file_offset(self, name: str, value: int, shndx: int) -> int:
         if self.machine == _EM_ARM:
@@ -269,7 +309,7 @@ class SymbolIndex:
         """File offset of function symbol; SymbolError saying why not."""
         if not symbol or "\0" in symbol:
             raise SymbolError(f"invalid symbol name {symbol!r}")
-        found = self._functions.get(symbol)
+        found = self._lookup(symbol)
         if found is not None:
             return self._file_offset(symbol, found[1], found[2])
         raise self._missing(symbol)
@@ -299,6 +339,7 @@ class SymbolIndex:
         )
 
     def functions(self) -> list[FunctionSymbol]:
+        self._complete()
         out = []
         for name in self.names():
             _, value, shndx, size, bind, table = self._functions[name]
@@ -313,12 +354,6 @@ class SymbolIndex:
                 )
             )
         return out
-
-
-def _hidden(versym: bytes, i: int, lay: _Layout) -> bool:
-    """A non-default symbol version (memcpy@GLIBC_2.2.5 next to memcpy@@...)."""
-    (ndx,) = struct.unpack_from(lay.sym.format[0] + "H", versym, 2 * i)
-    return bool(ndx & _VERSYM_HIDDEN)
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
