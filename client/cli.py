@@ -344,6 +344,8 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
 def key_formatter(att: Attachment, cmap: ClientMap | MapData, functions: list[str]) -> Any:
     """Keys as people know them: syscall numbers as names, function indexes as names."""
     label = cmap.key_label
+    if att.program == cuda_view.PROGRAM:
+        return cuda_view.key_text
 
     def fmt(key: Any) -> str:
         if isinstance(key, int) and not isinstance(key, bool):
@@ -749,9 +751,10 @@ def _dump_lines(att: Attachment, snaps: Snapshot, functions: list[str]) -> list[
         lines.append(f"{m.name} ({what}): {m.description}" if m.description else m.name)
         fmt = key_formatter(att, m, functions)
         if m.show == "log2_histogram":
-            data = MapData.from_client_map(m)
+            # From the snapshot: the attachment (and its map fds) is gone by now.
+            data = MapData(m.name, m.show, m.unit, m.key_label, m.description)
             data.entries = [(k, sum_cpus(v)) for k, v in entries]
-            lines.extend(histogram_lines(data))
+            lines.extend(histogram_lines(data, key_format=fmt))
             continue
         if not entries:
             lines.append("  (empty)")

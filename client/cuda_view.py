@@ -16,6 +16,7 @@ from typing import Any
 from gfxbpf.bpf import cuda_api
 from gfxbpf.client.display import (
     MapData,
+    format_key,
     histogram_lines,
     humanize_bytes,
     humanize_count,
@@ -138,9 +139,22 @@ def processes(snap: dict[str, MapData]) -> dict[int, ProcessView]:
 
 
 def function_name(key: Any) -> str:
-    """A latency-map label (the function index) as its name."""
+    """A function index (a key member, or a histogram's label text) as its name."""
     idx = key.get("function", key) if isinstance(key, dict) else key
+    if isinstance(idx, str) and idx.isdigit():
+        idx = int(idx)
     return _NAMES[idx] if isinstance(idx, int) and 0 <= idx < len(_NAMES) else str(key)
+
+
+def key_text(key: Any) -> str:
+    """A cuda map key for dump and watch --map: the function by name."""
+    if isinstance(key, dict) and "function" in key:
+        rest = {k: v for k, v in key.items() if k != "function"}
+        named = {**rest, "function": function_name(key)}
+        return ", ".join(f"{k}={v}" for k, v in named.items()) if rest else function_name(key)
+    if isinstance(key, str) and key.isdigit():  # a histogram's label: the function index
+        return function_name(key)
+    return format_key(key)
 
 
 def _rate(cur: int, prev: int | None, dt: float) -> float | None:

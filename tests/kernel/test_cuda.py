@@ -241,3 +241,19 @@ def test_maps_are_read_only_and_hold_no_kernel_address_nor_device_pointer(
                         assert not any(0x7000_0000_0000 <= x < 0x7001_0000_0000 for x in words)
     finally:
         alice.close()
+
+
+def test_info_and_dump_say_what_cuda_needs(broker: BrokerProcess, built: dict[str, Path]) -> None:
+    info = run_as(ALICE, _client(broker, "fd", "info", "cuda"))
+    assert info.returncode == 0, info.stderr
+    assert "libcuda.so.1" in info.stdout and "NVIDIA" in info.stdout
+    with _workload(built, ALICE) as w:
+        dump = run_as(ALICE, _client(broker, "fd", "dump", "cuda", "--pid", str(w.pid),
+                                     "--wait", "2"), background=True, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)  # fmt: skip
+        while dump.poll() is None:  # launches until the dump has read its snapshot
+            w.run(cs.SCRIPT[:1])
+        out, err = dump.communicate()
+    assert dump.returncode == 0, err
+    assert "function=cuLaunchKernel" in out  # keys named from the table
+    assert "@latency[cuLaunchKernel]:" in out

@@ -127,3 +127,11 @@ def test_processes_sum_by_role_and_direction() -> None:
     assert views[5]["memory"]["peak"] == 20
     assert views[6]["sync_ns"] == 5000 and views[6]["sync_calls"] == 1
     assert views[6]["launches"] == 0  # index 99 is no table function: ignored
+
+
+def test_dump_keys_name_the_function() -> None:
+    i = cuda_api.index_of("cuMemAlloc_v2")
+    assert cuda_view.key_text({"tgid": 7, "function": i}) == "tgid=7, function=cuMemAlloc_v2"
+    assert cuda_view.key_text({"function": i, "slot": 3}) == "slot=3, function=cuMemAlloc_v2"
+    assert cuda_view.key_text(7) == "7"
+    assert cuda_view.key_text(str(i)) == "cuMemAlloc_v2"  # a histogram label
