@@ -22,6 +22,8 @@ __all__ = ["NO_ARG", "ROLES", "TableFunction", "cookie", "table"]
 # Roles as the BPF programs number them (bpf/programs/cuda.bpf.c ROLE_*).
 ROLES = {"launch": 1, "copy": 2, "alloc": 3, "free": 4, "sync": 5}
 NO_ARG = 0xFF
+# The programs read arguments at x86-64 struct pt_regs offsets (cuda.bpf.c).
+MACHINES = ("x86_64",)
 MAX_TABLE = 64  # the index is one byte, and the maps hold 64 functions
 
 

@@ -145,6 +145,13 @@ def _table_functions(
     follows resolves from memory.
     """
     assert res.entry.function_table and t.library_path
+    machine = os.uname().machine
+    if machine not in function_tables.MACHINES:
+        raise BrokerError(
+            pb.ERROR_UNAVAILABLE,
+            f"program {res.entry.name!r} reads function arguments from "
+            f"{'/'.join(function_tables.MACHINES)} registers; this host is {machine}",
+        )
     try:
         index = symbols.index_for(t.library_path)
     except symbols.SymbolError as e:

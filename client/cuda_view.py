@@ -16,6 +16,7 @@ from typing import Any
 from gfxbpf.bpf import cuda_api
 from gfxbpf.client.display import (
     MapData,
+    clip,
     format_key,
     histogram_lines,
     humanize_bytes,
@@ -225,7 +226,7 @@ class CudaWatch:
         if self.skipped:
             lines.append("")
             lines.append(f"not probed ({len(self.skipped)}): " + "; ".join(self.skipped))
-        return [ln if len(ln) <= width else ln[: max(width - 1, 0)] + "…" for ln in lines]
+        return clip(lines, width, height)
 
 
 def _per_s(rate: float | None, fmt: Any) -> str:
