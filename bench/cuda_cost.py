@@ -60,8 +60,9 @@ def _workload(stage: Stage, exe: Path, lib: Path) -> cs.Workload:
     )
 
 
-def _attach_ms(stage: Stage, pid: int) -> float:
-    """The broker's elapsed_ms of one `watch cuda --once` attach."""
+def _attach_ms(stage: Stage, pid: int, symbols_said: str) -> float:
+    """The broker's elapsed_ms of one `watch cuda --once` attach, whose audit
+    record must say the symbol index was symbols_said ("parsed" or "cached")."""
     seen = len(stage.audit())
     stage.timed_gfxclient("--json", "watch", "cuda", "--pid", str(pid), "--once",
                           "--interval", "0.05")  # fmt: skip
@@ -72,6 +73,9 @@ def _attach_ms(stage: Stage, pid: int) -> float:
     ]
     if len(recs) != 1:
         raise BenchError(f"expected one cuda attach record, found {len(recs)}")
+    if recs[0].get("symbols") != symbols_said:
+        raise BenchError(f"the attach's symbol index was {recs[0].get('symbols')!r}, "
+                         f"expected {symbols_said!r}")  # fmt: skip
     return float(recs[0]["elapsed_ms"])
 
 
@@ -164,8 +168,8 @@ def run(
     for n, lib in enumerate(libs):
         log(f"cuda: attaches to copy {n + 1}/{len(libs)} of the stand-in")
         with _workload(stage, exe, lib) as w:
-            first.append(_attach_ms(stage, w.pid))
-            second += [_attach_ms(stage, w.pid) for _ in range(attaches)]
+            first.append(_attach_ms(stage, w.pid, "parsed"))
+            second += [_attach_ms(stage, w.pid, "cached") for _ in range(attaches)]
     with _workload(stage, exe, libs[0]) as w:
         cost = _launch_cost(stage, w, calls, rounds)
     return {

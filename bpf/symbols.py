@@ -17,6 +17,7 @@ user can set), so the next attach to the same file costs a dict lookup.
 from __future__ import annotations
 
 import array
+import copy
 import difflib
 import os
 import struct
@@ -34,6 +35,7 @@ __all__ = [
     "SymbolIndex",
     "cache_clear",
     "cache_info",
+    "cached_index",
     "index_for",
     "list_functions",
     "resolve_symbol",
@@ -272,6 +274,14 @@ class SymbolIndex:
 
     # -------------------------------------------------------------- lookups
 
+    def named(self, path: str) -> SymbolIndex:
+        """This index with messages naming path (the same file, opened another way)."""
+        if path == self.path:
+            return self
+        other = copy.copy(self)  # shares the tables (and the lock that guards them)
+        other.path = path
+        return other
+
     def names(self) -> list[str]:
         self._complete()
         return sorted(self._functions)
@@ -370,14 +380,15 @@ class _Cache:
         self._items: OrderedDict[tuple[int, ...], SymbolIndex] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, fd: int, path: str) -> SymbolIndex:
+    def get(self, fd: int, path: str) -> tuple[SymbolIndex, bool]:
+        """(index, whether it came from the cache)."""
         key = _identity(os.fstat(fd))
         with self._lock:
             idx = self._items.get(key)
             if idx is not None:
                 self._items.move_to_end(key)
                 self.hits += 1
-                return idx
+                return idx.named(path), True
         idx = _parse(fd, path)  # outside the lock: a slow parse blocks no other file
         with self._lock:
             self.misses += 1
@@ -385,7 +396,7 @@ class _Cache:
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
-        return idx
+        return idx, False
 
     def clear(self) -> None:
         with self._lock:
@@ -406,6 +417,11 @@ _CACHE = _Cache(CACHE_SIZE)
 def index_for(path: str | os.PathLike[str]) -> SymbolIndex:
     """The symbol index of the file at path (e.g. /proc/self/fd/N), from the
     cache when the same file was indexed before."""
+    return cached_index(path)[0]
+
+
+def cached_index(path: str | os.PathLike[str]) -> tuple[SymbolIndex, bool]:
+    """index_for(path), and whether the cache already held it (for the audit log)."""
     spath = os.fspath(path)
     try:
         fd = os.open(spath, os.O_RDONLY | os.O_CLOEXEC)

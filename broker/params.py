@@ -35,6 +35,7 @@ class Target:
     pid_handle: PidHandle | None = None
     cookies: tuple[int, ...] = ()  # function-table programs: one bpf cookie per function
     skipped: tuple[str, ...] = ()  # function-table programs: "name: why" not probed
+    symbols: str = ""  # function-table programs: "cached" or "parsed" (the audit log says)
 
     @property
     def library_path(self) -> str | None:
@@ -64,7 +65,7 @@ def check_params(
         if res.entry.function_table:
             _refuse_client_functions(res, params)
             t.library_fd, t.library = _open_library(policy, caller, res.policy_entry, params, fds)
-            t.functions, t.cookies, t.skipped = _table_functions(policy, res, t)
+            t.functions, t.cookies, t.skipped, t.symbols = _table_functions(policy, res, t)
         elif any(a.kind in _UPROBE_KINDS for a in res.entry.attach):
             t.functions = _check_functions(res, params)
             t.library_fd, t.library = _open_library(policy, caller, res.policy_entry, params, fds)
@@ -136,8 +137,9 @@ def _refuse_client_functions(res: Resolved, params: pb.AttachParams) -> None:
 
 def _table_functions(
     policy: Policy, res: Resolved, t: Target
-) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
-    """(functions, cookies, skipped) of a function-table program in t's library.
+) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...], str]:
+    """(functions, cookies, skipped, "cached" or "parsed") of a function-table
+    program in t's library.
 
     Functions the library does not define, and those the policy's `functions`
     globs leave out, are skipped and reported, not an error; none at all is.
@@ -153,7 +155,7 @@ def _table_functions(
             f"{'/'.join(function_tables.MACHINES)} registers; this host is {machine}",
         )
     try:
-        index = symbols.index_for(t.library_path)
+        index, hit = symbols.cached_index(t.library_path)
     except symbols.SymbolError as e:
         raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"library {t.library}: {e}") from None
     names: list[str] = []
@@ -173,7 +175,7 @@ def _table_functions(
             f"program {res.entry.name!r} has nothing to probe in {t.library} (is it the "
             f"right library?): {'; '.join(skipped[:4])}" + ("; …" if len(skipped) > 4 else ""),
         )
-    return tuple(names), tuple(cookies), tuple(skipped)
+    return tuple(names), tuple(cookies), tuple(skipped), "cached" if hit else "parsed"
 
 
 def _check_functions_allowed(policy: Policy, pe: ProgramEntry, funcs: tuple[str, ...]) -> None:

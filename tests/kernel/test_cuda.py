@@ -257,3 +257,22 @@ def test_info_and_dump_say_what_cuda_needs(broker: BrokerProcess, built: dict[st
     assert dump.returncode == 0, err
     assert "function=cuLaunchKernel" in out  # keys named from the table
     assert "@latency[cuLaunchKernel]:" in out
+
+
+def test_later_attaches_reuse_the_symbol_index(
+    broker: BrokerProcess, built: dict[str, Path]
+) -> None:
+    with _workload(built, ALICE) as w:
+        for _ in range(2):
+            r = run_as(ALICE, _client(broker, "fd", "watch", "cuda", "--pid", str(w.pid),
+                                      "--once", "--interval", "0.1"))  # fmt: skip
+            assert r.returncode == 0, r.stderr
+    records = [
+        r
+        for r in broker.audit_records()
+        if r.get("op") == "attach" and r.get("program") == "cuda" and r.get("result") == "ok"
+    ]
+    said = [r["symbols"] for r in records]
+    assert said[-2:] == ["cached", "cached"]
+    # Each library file of this module was indexed once, however often it was attached.
+    assert said.count("parsed") <= 2 < len(said)

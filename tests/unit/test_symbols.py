@@ -22,6 +22,7 @@ from gfxbpf.bpf.symbols import (
     SymbolError,
     cache_clear,
     cache_info,
+    cached_index,
     index_for,
     list_functions,
     resolve_symbol,
@@ -223,7 +224,11 @@ def test_index_is_parsed_once_per_file_identity(libs: dict[str, Path], tmp_path:
     first = index_for(lib)
     fd = os.open(lib, os.O_RDONLY)
     try:
-        assert index_for(f"/proc/self/fd/{fd}") is first  # the same inode, as the broker sees it
+        # The same inode, as the broker sees it: from the cache, messages naming this path.
+        again, hit = cached_index(f"/proc/self/fd/{fd}")
+        assert hit and again.path == f"/proc/self/fd/{fd}" and again.names() == first.names()
+        with pytest.raises(SymbolError, match=f"not found in /proc/self/fd/{fd} "):
+            again.offset("demo_nothing")
     finally:
         os.close(fd)
     hits, misses, held = cache_info()
