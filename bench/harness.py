@@ -130,6 +130,10 @@ class Stage:
             sh([admin, "approve", name, "--users", BENCH_USER, "--scope", "system"]).stdout
             for name in POLICY_PROGRAMS
         ]
+        # cuda (bench/cuda_cost.py): the bench user's own processes, on the stand-in.
+        libs = str(self.work / "cuda" / "*" / "libcuda.so.1")
+        cuda = [admin, "approve", "cuda", "--users", BENCH_USER, "--scope", "self"]
+        entries.append(sh([*cuda, "--libraries", libs]).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)

@@ -207,6 +207,46 @@ def _footprint(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _cuda(r: dict[str, Any]) -> list[Row]:
+    size = f"{r['library_bytes'] / 1e6:.0f} MB, {r['dynsym_functions']} functions"
+    launch = r["launch"]
+    return [
+        (
+            f"7 cuda: index the stand-in libcuda's symbols ({size}) vs pyelftools' walk",
+            f"{r['index_ms']:.0f} ms",
+            f"{r['pyelftools_dynsym_ms']:.0f} ms",
+            f"{r['ratio_index']}x",
+            "—",
+            "—",
+        ),
+        (
+            "7 cuda: first attach to that library (broker-side, cold symbol index)",
+            f"{r['first_attach_ms']:.0f} ms",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        (
+            "7 cuda: second attach to the same library (broker-side, median; max in brackets)",
+            f"{r['second_attach_ms']:.1f} ms [{r['second_attach_max_ms']:.1f}]",
+            "—",
+            "—",
+            "≤ 50 ms",
+            _met(r["second_attach_ms"], lambda v: v <= 50),
+        ),
+        (
+            "7 cuda: ns added per cuLaunchKernel by the entry and return probes (stand-in)",
+            f"+{launch['added_ns']:.0f} ns ({launch['untraced_ns']:.0f} → "
+            f"{launch['traced_ns']:.0f} ns)",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -214,6 +254,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "map_reads": _map_reads,
     "ringbuf": _ringbuf,
     "footprint": _footprint,
+    "cuda": _cuda,
 }
 
 

@@ -69,7 +69,16 @@ def _module_files(layer: str) -> list[Path]:
 # gfxbpf.bpf modules a client may use: reading map fds it was handed, consuming
 # a ring buffer, decoding BTF (and what those import themselves), and the
 # constants (names and numbers, no syscalls: map types, scope names).
-ALLOWED_BPF = {"gfxbpf.bpf.maps", "gfxbpf.bpf.ringbuf", "gfxbpf.bpf.btf", "gfxbpf.bpf.consts"}
+# cuda_api and function_tables are data (the cuda program's function table):
+# the client names map keys by the table the broker attached by.
+ALLOWED_BPF = {
+    "gfxbpf.bpf.maps",
+    "gfxbpf.bpf.ringbuf",
+    "gfxbpf.bpf.btf",
+    "gfxbpf.bpf.consts",
+    "gfxbpf.bpf.cuda_api",
+    "gfxbpf.bpf.function_tables",
+}
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
 FORBIDDEN_TEXT = (
