@@ -1,0 +1,257 @@
+"""gfxbpf-exporter end to end: the broker (gfxbpf, two capabilities), the exporter as
+another unprivileged user, and a real Prometheus scraping it every second.
+
+The workload runs as the exporter's own user, and the programs are attached
+with scope "self", so the kernel counts exactly the workload's events (other
+users' processes on a shared host cannot add to them): N getppid calls must
+show as exactly +N in syscount's counter and ucalls' call counter, N in
+ucalls' latency histogram's _count, and M execs as +M in execsnoop's events.
+Then the broker is killed and restarted: gfxbpf_up goes 0, then 1, and the
+counters count again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.kernel.brokerenv import (
+    BROKER_USER,
+    VENV,
+    VENV_PYTHON,
+    BrokerProcess,
+    ensure_user,
+    policy_for,
+    run_as,
+    shared_dir,
+    wait_until,
+)
+from tests.kernel.promenv import PrometheusServer, free_port, http_get
+
+pytestmark = pytest.mark.kernel
+
+EXPORTER_USER = "gfxtest-exporter"
+LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+SYSCALLS = 'gfxbpf_syscount_counts_total{syscall="getppid"}'
+CALLS = 'gfxbpf_ucalls_calls_total{function="getppid"}'
+LATENCY_COUNT = 'gfxbpf_ucalls_latency_seconds_count{function="getppid"}'
+EXECS = "gfxbpf_execsnoop_events_total"
+
+WORKLOAD = """
+import os, sys
+print(os.getpid(), flush=True)
+for line in sys.stdin:
+    cmd, n = line.split()
+    for _ in range(int(n)):
+        if cmd == "getppid":
+            os.getppid()
+        else:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.execv("/bin/true", ["true"])
+                finally:
+                    os._exit(127)
+            os.waitpid(pid, 0)
+    print("done", flush=True)
+"""
+
+
+def policy() -> str:
+    user = [EXPORTER_USER]
+    return policy_for(
+        {
+            "syscount": {"users": user, "scope": "self"},
+            "execsnoop": {"users": user, "scope": "self"},
+            "ucalls": {"users": user, "scope": "self", "libraries": [LIBC]},
+            "vmabind": {"users": user, "scope": "system"},
+        }
+    )
+
+
+def exporter_config(socket_path: str, port: int, pid: int) -> str:
+    return f"""
+listen = "127.0.0.1:{port}"
+[broker]
+socket = "{socket_path}"
+via = "fd"
+[[program]]
+name = "syscount"
+scope = "self"
+[[program]]
+name = "execsnoop"
+scope = "self"
+[[program]]
+name = "ucalls"
+scope = "self"
+pid = {pid}
+library = "{LIBC}"
+functions = ["getppid"]
+[[program]]
+name = "vmabind"
+"""
+
+
+class Workload:
+    """A process of the exporter's user that makes getppid calls and execs on request."""
+
+    def __init__(self) -> None:
+        self.proc = run_as(
+            EXPORTER_USER,
+            [VENV_PYTHON, "-c", WORKLOAD],
+            background=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.pid = int(self.proc.stdout.readline())
+
+    def run(self, cmd: str, n: int) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{cmd} {n}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "done"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@dataclass
+class Stack:
+    base: Path
+    socket: str
+    port: int
+    broker: BrokerProcess
+    exporter: subprocess.Popen[bytes]
+    workload: Workload
+    prom: PrometheusServer
+
+    def start_broker(self) -> BrokerProcess:
+        self.broker = BrokerProcess.start(
+            policy(), self.base, grpc=False, overrides={"--socket": self.socket}
+        )
+        return self.broker
+
+    def scrape(self) -> str:
+        return http_get(f"http://127.0.0.1:{self.port}/metrics")
+
+
+@pytest.fixture
+def stack() -> Iterator[Stack]:
+    ensure_user(EXPORTER_USER)
+    base = shared_dir(None, prefix="gfxbpf-exporter-test-")
+    sockdir = base / "run"
+    sockdir.mkdir()
+    uid, gid = ensure_user(BROKER_USER)
+    os.chown(sockdir, uid, gid)
+    os.chmod(sockdir, 0o755)
+    socket_path = str(sockdir / "control.sock")
+    workload = Workload()
+    s = Stack(base, socket_path, free_port(), None, None, workload, None)  # type: ignore[arg-type]
+    try:
+        s.start_broker()
+        config = base / "exporter.toml"
+        config.write_text(exporter_config(socket_path, s.port, workload.pid))
+        os.chmod(config, 0o644)
+        exporter = f"{VENV}/bin/gfxbpf-exporter"
+        s.exporter = run_as(
+            EXPORTER_USER,
+            [exporter, "--config", str(config)],
+            background=True,
+            stdout=subprocess.DEVNULL,
+            stderr=open(base / "exporter.log", "wb"),  # noqa: SIM115 - the child keeps it
+        )
+        assert wait_until(lambda: _serving(s), 30), (base / "exporter.log").read_text()
+        s.prom = PrometheusServer.start([f"127.0.0.1:{s.port}"])
+        yield s
+    finally:
+        for stop in (
+            lambda: s.prom.stop(),
+            lambda: (s.exporter.terminate(), s.exporter.wait(10)),
+            lambda: s.broker.stop(),
+            workload.stop,
+        ):
+            try:
+                stop()
+            except Exception as e:  # noqa: BLE001 - tear everything down, report below
+                print(f"teardown: {e}", file=sys.stderr)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _serving(s: Stack) -> bool:
+    try:
+        return "gfxbpf_up 1.0" in s.scrape()
+    except OSError:
+        return False
+
+
+def _grows_by(s: Stack, expr: str, before: float | None, n: int) -> float | None:
+    """Wait for the series to reach before + n, then check it stays there."""
+    want = (before or 0.0) + n
+    got = s.prom.wait_value(expr, lambda v: v is not None and v >= want)
+    assert got == want, f"{expr}: {got}, expected {before} + {n}"
+    return got
+
+
+def test_counts_reach_prometheus_exactly_and_survive_a_broker_restart(stack: Stack) -> None:
+    s, prom = stack, stack.prom
+    assert prom.wait_value("gfxbpf_up", lambda v: v == 1) == 1
+    assert prom.value('gfxbpf_program_available{program="vmabind"}') == 0
+    assert prom.value('gfxbpf_program_available{program="ucalls"}') == 1
+    n, m = 137, 9
+    before = {e: prom.value(e) for e in (SYSCALLS, CALLS, LATENCY_COUNT, EXECS)}
+    s.workload.run("getppid", n)
+    s.workload.run("exec", m)
+    for expr in (SYSCALLS, CALLS, LATENCY_COUNT):
+        _grows_by(s, expr, before[expr], n)
+    execs = _grows_by(s, EXECS, before[EXECS], m)
+    # Exactly: three more scrapes later, nothing else was counted.
+    after = prom.wait_value("count_over_time(gfxbpf_up[1h])", lambda v: False, timeout=3)
+    assert after is not None
+    for expr, extra in ((SYSCALLS, n), (CALLS, n), (LATENCY_COUNT, n), (EXECS, m)):
+        assert prom.value(expr) == (before[expr] or 0) + extra, expr
+
+    # The broker dies: the exporter says so, then reconnects to the restarted one.
+    s.broker.proc.kill()
+    s.broker.stop()
+    assert prom.wait_value("gfxbpf_up", lambda v: v == 0) == 0
+    errors = prom.query("gfxbpf_last_error_info")
+    assert errors and "lost the broker session" in errors[0]["metric"]["error"], errors
+    assert "Traceback" not in s.scrape()
+    s.start_broker()
+    assert prom.wait_value("gfxbpf_up", lambda v: v == 1, timeout=90) == 1
+    assert prom.value("gfxbpf_reconnects_total") == 1
+    # New kernel instances count from 0 (a counter reset to Prometheus); events are
+    # counted by the exporter and carry on from where they were.
+    s.workload.run("getppid", 11)
+    s.workload.run("exec", 3)
+    _grows_by(s, SYSCALLS, 0, 11)
+    _grows_by(s, CALLS, 0, 11)
+    _grows_by(s, EXECS, execs, 3)
+    assert prom.value(f"resets({SYSCALLS}[1h])") == 1
+
+
+def test_a_scrape_passes_promtool_and_the_exporter_has_no_privilege(stack: Stack) -> None:
+    stack.workload.run("getppid", 5)
+    text = stack.scrape()
+    assert "gfxbpf_ucalls_latency_seconds_bucket" in text
+    r = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    status = Path(f"/proc/{stack.exporter.pid}/status").read_text()
+    # run_as execs setpriv, which execs the exporter: the same pid.
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    uid = ensure_user(EXPORTER_USER)[0]
+    assert fields["Uid"].split()[0] == str(uid)
+    assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0
