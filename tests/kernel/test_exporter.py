@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.kernel.brokerenv import (
+    BASE_ENV,
     BROKER_USER,
+    ROOT,
     VENV,
     VENV_PYTHON,
     BrokerProcess,
@@ -35,9 +37,15 @@ from tests.kernel.brokerenv import (
 )
 from tests.kernel.promenv import PrometheusServer, free_port, http_get
 
+sys.path.insert(0, str(ROOT / "tools"))
+from unit_exec import setpriv_argv, unit_exec  # noqa: E402
+
 pytestmark = pytest.mark.kernel
 
-EXPORTER_USER = "gfxtest-exporter"
+# The unit's own user (deploy/gfxbpf-exporter.service), created here as
+# brokerenv creates `gfxbpf`: a system user with no home and no shell.
+EXPORTER_USER = "gfxbpf-exporter"
+EXPORTER_UNIT = ROOT / "deploy" / "gfxbpf-exporter.service"
 LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
 SYSCALLS = 'gfxbpf_syscount_counts_total{syscall="getppid"}'
 CALLS = 'gfxbpf_ucalls_calls_total{function="getppid"}'
@@ -163,14 +171,7 @@ def stack() -> Iterator[Stack]:
         config = base / "exporter.toml"
         config.write_text(exporter_config(socket_path, s.port, workload.pid))
         os.chmod(config, 0o644)
-        exporter = f"{VENV}/bin/gfxbpf-exporter"
-        s.exporter = run_as(
-            EXPORTER_USER,
-            [exporter, "--config", str(config)],
-            background=True,
-            stdout=subprocess.DEVNULL,
-            stderr=open(base / "exporter.log", "wb"),  # noqa: SIM115 - the child keeps it
-        )
+        s.exporter = start_exporter(config, base / "exporter.log")
         assert wait_until(lambda: _serving(s), 30), (base / "exporter.log").read_text()
         s.prom = PrometheusServer.start([f"127.0.0.1:{s.port}"])
         yield s
@@ -186,6 +187,24 @@ def stack() -> Iterator[Stack]:
             except Exception as e:  # noqa: BLE001 - tear everything down, report below
                 print(f"teardown: {e}", file=sys.stderr)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def start_exporter(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The unit's ExecStart through setpriv, as systemd would run it (its User=,
+    no capability, no_new_privs, its Environment=), with the test's config."""
+    flags = {"--config": str(config), "program": f"{VENV}/bin/gfxbpf-exporter"}
+    env = dict(BASE_ENV)
+    env.update(unit_exec(EXPORTER_UNIT).environment)
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            setpriv_argv(EXPORTER_UNIT, flags),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+        )
 
 
 def _serving(s: Stack) -> bool:
@@ -250,8 +269,10 @@ def test_a_scrape_passes_promtool_and_the_exporter_has_no_privilege(stack: Stack
     )
     assert r.returncode == 0, r.stdout + r.stderr
     status = Path(f"/proc/{stack.exporter.pid}/status").read_text()
-    # run_as execs setpriv, which execs the exporter: the same pid.
+    # setpriv execs the exporter: the same pid.
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     uid = ensure_user(EXPORTER_USER)[0]
-    assert fields["Uid"].split()[0] == str(uid)
-    assert int(fields["CapEff"], 16) == 0 and int(fields["CapPrm"], 16) == 0
+    assert fields["Uid"].split() == [str(uid)] * 4
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap], 16) == 0, (cap, fields[cap])
+    assert fields["NoNewPrivs"].strip() == "1"
