@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import first_data, footprint, kernel_cost, machine, map_reads, report, ringbuf_rate
+from bench import (
+    exporter_scrape,
+    first_data,
+    footprint,
+    kernel_cost,
+    machine,
+    map_reads,
+    report,
+    ringbuf_rate,
+)
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
 
@@ -33,6 +42,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 10_000, "rounds": 2}),
     "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 200_000, "rounds": 1}),
     "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 100, "window": 3.0}),
+    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 2_000, "scrapes": 20}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -41,6 +51,7 @@ RUNNERS = {
     "map_reads": map_reads.run,
     "ringbuf": ringbuf_rate.run,
     "footprint": footprint.run,
+    "exporter": exporter_scrape.run,
 }
 
 NOTES = [
@@ -60,6 +71,9 @@ NOTES = [
     "ring fd, fed by bench/bench.bpf.c (one 16-byte record per system call of the workload); "
     "lost records are counted by the program in the kernel. bpftrace's rate is its output "
     "lines over the time until its output stopped growing.",
+    "Exporter: gfxbpf-exporter as the bench user with every catalog program that takes no "
+    "parameter (scope system); scrape latency is a whole HTTP GET of /metrics; no peer "
+    "exporter is installed to compare with.",
 ]
 
 

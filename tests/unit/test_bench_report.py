@@ -63,3 +63,22 @@ def test_table_rows_say_whether_targets_are_met() -> None:
     assert rows["| 2 ns per event, syscount vs an empty program (floor)"].endswith("| **no** |")
     assert "| 15.0x faster | ≥ 10x faster | yes |" in text
     assert "- a note" in text and "watchers" not in text  # only what ran is shown
+
+
+def test_exporter_rows() -> None:
+    exporter = {
+        "programs": {"syscount": True, "vmabind": False},
+        "comms": 2000,
+        "series": 2100,
+        "bytes": 200_000,
+        "scrapes": 20,
+        "scrape_ms": {"p50": 80.0, "p99": 1200.0},
+        "read_ms_last": 70.0,
+        "cpu_ms_per_scrape": 75.0,
+        "rss_idle_kib": 30 * 1024,
+        "rss_kib": 40 * 1024,
+    }
+    text = report.markdown(_doc({"exporter": exporter}))
+    (scrape,) = [ln for ln in text.splitlines() if ln.startswith("| 7 exporter scrape")]
+    assert "(syscount attached;" in scrape and scrape.endswith("| p99 < 1 s | **no** |")
+    assert "| 7 exporter RSS, idle → after the scrapes | 30.0 → 40.0 MiB |" in text
