@@ -26,7 +26,8 @@ DEFAULT_MAX_SERIES = 1000
 VIAS = ("auto", "fd", "grpc")
 SCOPES = ("self", "system")
 
-_TOP_KEYS = {"listen", "max_series_per_metric", "broker", "program"}
+_TOP_KEYS = {"listen", "listen_tls", "max_series_per_metric", "broker", "program"}
+_TLS_KEYS = {"cert", "key", "client_ca"}
 _BROKER_KEYS = {"socket", "grpc", "via", "tls_ca", "tls_cert", "tls_key"}
 _PROGRAM_KEYS = {"name", "scope", "maps", "pid", "library", "functions", "max_series"}
 
@@ -43,6 +44,15 @@ class BrokerConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ListenTls:
+    """HTTPS for /metrics; with client_ca, only scrapers holding a certificate it signed."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class ExporterConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     programs: tuple[ProgramConfig, ...] = ()
     source: str = "<config>"
+    tls: ListenTls | None = None
 
     def limit_for(self, program: ProgramConfig) -> int:
         return program.max_series or self.max_series_per_metric
@@ -138,6 +149,21 @@ def _broker(table: Any, source: str) -> BrokerConfig:
     return cfg
 
 
+def _listen_tls(table: Any, source: str) -> ListenTls | None:
+    if table is None:
+        return None
+    where = _Where(source, "[listen_tls]")
+    if not isinstance(table, dict):
+        raise where.fail("listen_tls", "must be a table ([listen_tls])")
+    where.keys(table, _TLS_KEYS)
+    cert, key = where.string(table, "cert"), where.string(table, "key")
+    if cert is None or key is None:
+        raise where.fail(
+            "cert" if cert is None else "key", "missing: HTTPS needs both cert and key"
+        )
+    return ListenTls(cert, key, where.string(table, "client_ca"))
+
+
 def _program(table: Any, index: int, source: str) -> ProgramConfig:
     where = _Where(source, f"[[program]] #{index}")
     if not isinstance(table, dict):
@@ -189,6 +215,7 @@ def parse_config(text: str, source: str = "<config>") -> ExporterConfig:
         broker=_broker(data.get("broker", {}), source),
         programs=programs,
         source=source,
+        tls=_listen_tls(data.get("listen_tls"), source),
     )
 
 

@@ -18,9 +18,9 @@ from prometheus_client import (
     CollectorRegistry,
     ProcessCollector,
     generate_latest,
-    start_http_server,
 )
 
+from gfxbpf.exporter import listener
 from gfxbpf.exporter.collector import GfxbpfCollector
 from gfxbpf.exporter.config import ConfigError, ExporterConfig, load_config
 
@@ -36,6 +36,9 @@ the broker. Each scrape of /metrics reads the maps at that moment.
 EPILOG = f"""\
 configuration (TOML, default {DEFAULT_CONFIG}):
   listen = "127.0.0.1:9438"        # HOST:PORT for /metrics
+  [listen_tls]                     # optional HTTPS; with client_ca, only scrapers
+  cert = "...", key = "..."        # holding a certificate it signed (anyone who
+  client_ca = "..."                # reaches the port reads the metrics otherwise)
   max_series_per_metric = 1000     # more keys are dropped (largest kept) and
                                    # counted in gfxbpf_dropped_series_total
   [broker]                         # default: the local Unix socket
@@ -82,12 +85,18 @@ def check_config(path: str, as_json: bool, out: TextIO) -> int:
             "listen": f"{config.host}:{config.port}",
             "max_series_per_metric": config.max_series_per_metric,
             "broker": vars(config.broker),
+            "listen_tls": vars(config.tls) if config.tls else None,
             "programs": [vars(p) for p in config.programs],
         }
         print(json.dumps(summary, indent=2, default=list), file=out)
         return EXIT_OK
     where = config.broker.grpc or config.broker.socket or "the default Unix socket"
-    print(f"{path}: valid; listen {config.host}:{config.port}, broker {where}", file=out)
+    scheme = "https" if config.tls else "http"
+    mtls = " (client certificates required)" if config.tls and config.tls.client_ca else ""
+    print(
+        f"{path}: valid; {scheme}://{config.host}:{config.port}/metrics{mtls}, broker {where}",
+        file=out,
+    )
     for p in config.programs:
         maps = ", ".join(p.maps) or "every map"
         print(f"  {p.name} (scope {p.scope or 'from the policy'}): {maps}", file=out)
@@ -105,7 +114,11 @@ def serve(config: ExporterConfig, collector: GfxbpfCollector) -> int:
     registry = registry_for(collector)
     collector.open()  # attach now, so counting starts before the first scrape
     try:
-        server, thread = start_http_server(config.port, addr=config.host, registry=registry)
+        server, thread = listener.start(config.host, config.port, registry, config.tls)
+    except listener.TlsFilesError as e:
+        collector.close()
+        print(f"{PROG}: {config.source}: [listen_tls]: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except OSError as e:
         collector.close()
         print(
