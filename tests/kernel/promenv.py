@@ -14,13 +14,14 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http_get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - a local test URL
+def http_get(url: str, timeout: float = 5.0, context: ssl.SSLContext | None = None) -> str:
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as r:  # noqa: S310
         return str(r.read().decode())
+
+
+def _tls_config(tls: Mapping[str, str] | None) -> str:
+    if not tls:
+        return ""
+    lines = ["    scheme: https", "    tls_config:"]
+    lines += [f"      {k}: {json.dumps(v)}" for k, v in tls.items()]
+    return "\n".join(lines) + "\n"
 
 
 class PrometheusServer:
@@ -49,7 +58,10 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{port}"
 
     @classmethod
-    def start(cls, targets: Sequence[str], timeout: float = 60.0) -> PrometheusServer:
+    def start(
+        cls, targets: Sequence[str], tls: Mapping[str, str] | None = None, timeout: float = 60.0
+    ) -> PrometheusServer:
+        """tls: scrape over https with this tls_config (ca_file, cert_file, key_file)."""
         if not shutil.which(PROMETHEUS):
             skip_or_fail("prometheus is not installed (Debian package prometheus)")
         directory = Path(tempfile.mkdtemp(prefix="gfxbpf-prometheus-"))
@@ -59,8 +71,7 @@ class PrometheusServer:
             f"  scrape_interval: {SCRAPE_SECONDS}s\n"
             f"  scrape_timeout: {SCRAPE_SECONDS}s\n"
             "scrape_configs:\n"
-            "  - job_name: gfxbpf\n"
-            "    static_configs:\n"
+            "  - job_name: gfxbpf\n" + _tls_config(tls) + "    static_configs:\n"
             f"      - targets: {json.dumps(list(targets))}\n"
         )
         port = free_port()

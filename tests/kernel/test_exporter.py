@@ -7,13 +7,16 @@ users' processes on a shared host cannot add to them): N getppid calls must
 show as exactly +N in syscount's counter and ucalls' call counter, N in
 ucalls' latency histogram's _count, and M execs as +M in execsnoop's events.
 Then the broker is killed and restarted: gfxbpf_up goes 0, then 1, and the
-counters count again.
+counters count again. /metrics is served over HTTPS with required client
+certificates ([listen_tls]), as Prometheus scrapes it; another local user
+without one reads nothing.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ import pytest
 from tests.kernel.brokerenv import (
     BASE_ENV,
     BROKER_USER,
+    MALLORY,
     ROOT,
     VENV,
     VENV_PYTHON,
@@ -36,6 +40,7 @@ from tests.kernel.brokerenv import (
     wait_until,
 )
 from tests.kernel.promenv import PrometheusServer, free_port, http_get
+from tests.tlscerts import make_ca
 
 sys.path.insert(0, str(ROOT / "tools"))
 from unit_exec import setpriv_argv, unit_exec  # noqa: E402
@@ -84,9 +89,13 @@ def policy() -> str:
     )
 
 
-def exporter_config(socket_path: str, port: int, pid: int) -> str:
+def exporter_config(socket_path: str, port: int, pid: int, tls: Path) -> str:
     return f"""
 listen = "127.0.0.1:{port}"
+[listen_tls]
+cert = "{tls / "server.crt"}"
+key = "{tls / "server.key"}"
+client_ca = "{tls / "ca.crt"}"
 [broker]
 socket = "{socket_path}"
 via = "fd"
@@ -143,6 +152,7 @@ class Stack:
     exporter: subprocess.Popen[bytes]
     workload: Workload
     prom: PrometheusServer
+    tls: Path
 
     def start_broker(self) -> BrokerProcess:
         self.broker = BrokerProcess.start(
@@ -151,7 +161,18 @@ class Stack:
         return self.broker
 
     def scrape(self) -> str:
-        return http_get(f"http://127.0.0.1:{self.port}/metrics")
+        """/metrics as Prometheus gets it (its client certificate)."""
+        ctx = ssl.create_default_context(cafile=str(self.tls / "ca.crt"))
+        ctx.load_cert_chain(self.tls / "prometheus.crt", self.tls / "prometheus.key")
+        return http_get(f"https://127.0.0.1:{self.port}/metrics", context=ctx)
+
+    def prometheus_tls(self) -> dict[str, str]:
+        files = (
+            ("ca_file", "ca.crt"),
+            ("cert_file", "prometheus.crt"),
+            ("key_file", "prometheus.key"),
+        )
+        return {key: str(self.tls / name) for key, name in files}
 
 
 @pytest.fixture
@@ -165,15 +186,16 @@ def stack() -> Iterator[Stack]:
     os.chmod(sockdir, 0o755)
     socket_path = str(sockdir / "control.sock")
     workload = Workload()
-    s = Stack(base, socket_path, free_port(), None, None, workload, None)  # type: ignore[arg-type]
+    tls = make_pki(base / "tls")
+    s = Stack(base, socket_path, free_port(), None, None, workload, None, tls)  # type: ignore[arg-type]
     try:
         s.start_broker()
         config = base / "exporter.toml"
-        config.write_text(exporter_config(socket_path, s.port, workload.pid))
+        config.write_text(exporter_config(socket_path, s.port, workload.pid, tls))
         os.chmod(config, 0o644)
         s.exporter = start_exporter(config, base / "exporter.log")
         assert wait_until(lambda: _serving(s), 30), (base / "exporter.log").read_text()
-        s.prom = PrometheusServer.start([f"127.0.0.1:{s.port}"])
+        s.prom = PrometheusServer.start([f"127.0.0.1:{s.port}"], tls=s.prometheus_tls())
         yield s
     finally:
         for stop in (
@@ -187,6 +209,27 @@ def stack() -> Iterator[Stack]:
             except Exception as e:  # noqa: BLE001 - tear everything down, report below
                 print(f"teardown: {e}", file=sys.stderr)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def make_pki(directory: Path) -> Path:
+    """A CA, the exporter's server certificate (its key readable by the exporter's
+    user only) and Prometheus' client certificate (root's only)."""
+    directory.mkdir(mode=0o755)
+    ca = make_ca("gfxbpf test scrapers")
+    uid, gid = ensure_user(EXPORTER_USER)
+    for name, issued, owner in (
+        ("server", ca.issue("localhost", server=True), (uid, gid)),
+        ("prometheus", ca.issue("prometheus"), (0, 0)),
+    ):
+        (directory / f"{name}.crt").write_bytes(issued.cert_pem)
+        key = directory / f"{name}.key"
+        key.write_bytes(issued.key_pem)
+        os.chmod(key, 0o600)
+        os.chown(key, *owner)
+        os.chmod(directory / f"{name}.crt", 0o644)
+    (directory / "ca.crt").write_bytes(ca.cert_pem)
+    os.chmod(directory / "ca.crt", 0o644)
+    return directory
 
 
 def start_exporter(config: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -276,3 +319,30 @@ def test_a_scrape_passes_promtool_and_the_exporter_has_no_privilege(stack: Stack
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(fields[cap], 16) == 0, (cap, fields[cap])
     assert fields["NoNewPrivs"].strip() == "1"
+
+
+STRANGER = """
+import ssl, sys, urllib.request
+port = sys.argv[1]
+insecure = ssl.create_default_context()
+insecure.check_hostname = False
+insecure.verify_mode = ssl.CERT_NONE  # trusts anything: only the client certificate is missing
+for url, ctx in ((f"https://127.0.0.1:{port}/metrics", insecure),
+                 (f"http://127.0.0.1:{port}/metrics", None)):
+    try:
+        body = urllib.request.urlopen(url, context=ctx, timeout=5).read().decode()
+        print("READ", url, body[:200])
+    except Exception as e:
+        print("refused", url, type(e).__name__, e)
+"""
+
+
+def test_another_local_user_cannot_read_the_metrics(stack: Stack) -> None:
+    r = run_as(MALLORY, [VENV_PYTHON, "-c", STRANGER, str(stack.port)])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(ln.startswith("refused ") for ln in lines), r.stdout
+    assert "gfxbpf_" not in r.stdout
+    # The exporter's key is its own, and the server still serves Prometheus.
+    assert run_as(MALLORY, ["cat", str(stack.tls / "server.key")]).returncode != 0
+    assert "gfxbpf_up 1.0" in stack.scrape()
