@@ -346,3 +346,54 @@ def test_another_local_user_cannot_read_the_metrics(stack: Stack) -> None:
     # The exporter's key is its own, and the server still serves Prometheus.
     assert run_as(MALLORY, ["cat", str(stack.tls / "server.key")]).returncode != 0
     assert "gfxbpf_up 1.0" in stack.scrape()
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(ln.rpartition(" ")[2]) for ln in text.splitlines() if ln.startswith(name + " ")]
+    return values[0] if values else 0.0
+
+
+def test_over_grpc_the_counts_are_exact_too() -> None:
+    """via = "grpc": maps read with ReadMap, events through StreamEvents, leases
+    renewed by each scrape's Stats call."""
+    ensure_user(EXPORTER_USER)
+    policy_text = policy_for(
+        {p: {"users": [EXPORTER_USER], "scope": "self"} for p in ("syscount", "execsnoop")}
+    )
+    workload = Workload()
+    port = free_port()
+    exporter = None
+    with BrokerProcess.start(policy_text, grpc=True) as broker:
+        try:
+            assert broker.grpc is not None
+            config = broker.directory / "exporter-grpc.toml"
+            config.write_text(
+                f'listen = "127.0.0.1:{port}"\n[broker]\nsocket = "{broker.socket}"\n'
+                f'grpc = "{broker.grpc}"\nvia = "grpc"\n'
+                '[[program]]\nname = "syscount"\nscope = "self"\n'
+                '[[program]]\nname = "execsnoop"\nscope = "self"\n'
+            )
+            os.chmod(config, 0o644)
+            exporter = start_exporter(config, broker.directory / "exporter-grpc.log")
+            url = f"http://127.0.0.1:{port}/metrics"
+
+            def scrape() -> str:
+                try:
+                    return http_get(url)
+                except OSError:
+                    return ""
+
+            assert wait_until(lambda: "gfxbpf_up 1.0" in scrape(), 30), broker.stderr()
+            before = scrape()
+            workload.run("getppid", 64)
+            workload.run("exec", 5)
+            after = scrape()
+            assert _metric(after, SYSCALLS) - _metric(before, SYSCALLS) == 64
+            assert wait_until(lambda: _metric(scrape(), EXECS) - _metric(before, EXECS) == 5, 10)
+            audit = [r for r in broker.audit_records() if r.get("op") == "read_map"]
+            assert audit, "maps were not read through the broker"
+        finally:
+            if exporter is not None:
+                exporter.terminate()
+                exporter.wait(10)
+            workload.stop()
