@@ -18,6 +18,10 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
   `_bytes` unit; a member ending in `_ns` becomes `_seconds`.
 - "events": a counter `gfxbpf_<program>_<map>_total` of records consumed.
 
+Per-CPU maps arrive summed over CPUs (gfxbpf.client.display.MapData). An
+array holds every key from the start, so a counter (or a histogram's label
+set) still at 0 is left out until it counts something.
+
 Labels come from the key: a scalar key is labelled by the catalog's key_label
 (syscall numbers become names, ucalls' function indexes the configured
 function names); a struct key by its BTF member names (a histogram's `slot`
@@ -233,8 +237,8 @@ def _scalar_family(
     for key, value in entries:
         raw = value.get(spec.member) if spec.member and isinstance(value, dict) else value
         number = _number(raw)
-        if number is None:
-            continue
+        if number is None or (number == 0 and spec.kind == "counter"):
+            continue  # arrays hold every key: a counter still at 0 is no series yet
         labels = key_labels(key, shape.key_label, functions)
         if names is None:
             names = [n for n, _ in labels]
@@ -290,7 +294,7 @@ def histogram_family(
 ) -> tuple[Metric, int]:
     """A histogram family: every label set gets buckets up to the map's highest slot."""
     names, groups = split_slots(entries, shape, functions)
-    totals = {labels: float(sum(slots.values())) for labels, slots in groups.items()}
+    totals = {labels: float(sum(s.values())) for labels, s in groups.items() if sum(s.values())}
     kept, dropped = _top(totals, limit)
     top = max((max(s) for s in groups.values() if s), default=-1)
     edges = [floatToGoString((1 << (s + 1)) * spec.scale) for s in range(top + 1)]

@@ -285,3 +285,12 @@ def test_an_attach_refusal_is_not_retried() -> None:
     assert calls == ["syscount", "execsnoop"]
     assert got['gfxbpf_program_available{program="syscount"}'] == 0
     assert got["gfxbpf_up"] == 1
+
+
+def test_per_cpu_values_are_summed() -> None:
+    world = World()
+    world.counts.per_cpu = True  # e.g. syscount as a per-CPU array: one value per CPU
+    world.counts.entries = [(39, [1, 2]), (110, [0, 0])]
+    got = scrape(make(world))
+    assert got['gfxbpf_syscount_counts_total{syscall="getpid"}'] == 3
+    assert 'gfxbpf_syscount_counts_total{syscall="getppid"}' not in got

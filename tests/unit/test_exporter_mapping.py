@@ -188,3 +188,20 @@ def test_exposition_passes_promtool() -> None:
 )
 def test_sanitize(text: str, want: str) -> None:
     assert mapping.sanitize(text) == want
+
+
+def test_array_keys_still_at_zero_are_not_series_yet() -> None:
+    # A per-CPU array (summed) holds every syscall number from the start.
+    built = mapping.build(SYSCOUNT, [(0, 0), (39, 2), (110, 0)], limit=10)
+    assert samples(built.families[0]) == {
+        ("gfxbpf_syscount_counts_total", (("syscall", "getpid"),)): 2.0
+    }
+    entries = [({"ring": "gfx", "slot": 3}, 0), ({"ring": "sdma", "slot": 1}, 4)]
+    shape = MapShape("drmsched", "run_latency", "log2_histogram", "ns", "ring")
+    counts = [
+        s for s in mapping.build(shape, entries, 10).families[0].samples if "_count" in s.name
+    ]
+    assert [(s.labels, s.value) for s in counts] == [({"ring": "sdma"}, 4.0)]
+    depth = MapShape("p", "q", "table", "", "queue", ("queue_depth",))
+    gauges = mapping.build(depth, [(1, {"queue_depth": 0})], 10).families[0]
+    assert [s.value for s in gauges.samples] == [0.0]  # a level of 0 is a value
