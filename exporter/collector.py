@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gfxbpf.client import Broker
+from gfxbpf.client import Broker, BrokerUnreachable
 from gfxbpf.exporter import mapping
 from gfxbpf.exporter.backoff import Backoff
 from gfxbpf.exporter.config import ExporterConfig
@@ -111,7 +111,8 @@ class GfxbpfCollector(Collector):
             self.reconnects += 1
         self.lost_reason = f"lost the broker session: {type(error).__name__}: {error}"
         self._failed(self.lost_reason)
-        self.backoff.reset()  # the first reconnect is tried at once; later ones back off
+        if isinstance(error, BrokerUnreachable):
+            self.backoff.reset()  # the broker went away: the first reconnect is tried at once
 
     def close(self) -> None:
         with self._lock:
@@ -139,7 +140,7 @@ class GfxbpfCollector(Collector):
                 built = self.session.read(self.config.limit_for)
             except Exception as e:  # noqa: BLE001 - never a traceback on /metrics
                 self._lost(e)
-                if attempt == 0:
+                if attempt == 0 and self.backoff.ready():
                     continue
                 break
             families = built.families

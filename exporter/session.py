@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gfxbpf.client import Attachment, Broker, BrokerError, ClientMap, EventStream
+from gfxbpf.client import (
+    Attachment,
+    Broker,
+    BrokerError,
+    BrokerUnreachable,
+    ClientMap,
+    EventStream,
+    ProtocolError,
+)
 from gfxbpf.client.display import MapData
 from gfxbpf.client.grpc_config import TlsFiles
 from gfxbpf.exporter import mapping
@@ -24,6 +32,9 @@ from gfxbpf.exporter.backoff import Backoff
 from gfxbpf.exporter.config import BrokerConfig, ExporterConfig, ProgramConfig
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
+# Errors that end the session (the broker went away, or forgot us): reconnect.
+# Anything else while reading a map is that program's error, reported as such.
+SESSION_ERRORS = (BrokerUnreachable, ProtocolError, BrokerError)
 # Attach failures worth another try in the same session (the others will not change).
 TRANSIENT = frozenset({pb.ERROR_RESOURCE_EXHAUSTED, pb.ERROR_KERNEL, pb.ERROR_INTERNAL})
 
@@ -149,17 +160,27 @@ class Session:
         out = mapping.Built([], {})
         self.new_events = {}
         for state in self.programs:
+            if state.attachment is not None:
+                state.error = ""
             for reader in state.readers:
-                if reader.stream is not None:
-                    self.new_events[(state.config.name, reader.cmap.name)] = _drain(reader.stream)
-                    continue
-                data = MapData.from_client_map(reader.cmap)
-                built = mapping.build(
-                    reader.shape, data.entries, limit_for(state.config), state.config.functions
-                )
-                out.families.extend(built.families)
-                out.dropped.update(built.dropped)
+                try:
+                    self._read_one(state, reader, limit_for(state.config), out)
+                except SESSION_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001 - this map's problem, not the session's
+                    state.error = f"reading map {reader.cmap.name}: {type(e).__name__}: {e}"
         return out
+
+    def _read_one(
+        self, state: ProgramState, reader: MapReader, limit: int, out: mapping.Built
+    ) -> None:
+        if reader.stream is not None:
+            self.new_events[(state.config.name, reader.cmap.name)] = _drain(reader.stream)
+            return
+        data = MapData.from_client_map(reader.cmap)
+        built = mapping.build(reader.shape, data.entries, limit, state.config.functions)
+        out.families.extend(built.families)
+        out.dropped.update(built.dropped)
 
     def event_specs(self) -> list[tuple[tuple[str, str], mapping.MetricSpec]]:
         return [

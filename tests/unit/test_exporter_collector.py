@@ -255,13 +255,32 @@ def test_a_lost_session_is_reported_then_reopened() -> None:
     assert world.attaches == ["syscount", "execsnoop"] * 2  # re-attached
 
 
-def test_an_unexpected_error_while_reading_is_a_metric_not_a_traceback() -> None:
+def test_a_map_that_cannot_be_read_is_that_programs_error() -> None:
     world = World()
     c = make(world)
     world.counts.entries = RuntimeError("decoder exploded")
     got = scrape(c)
-    assert got["gfxbpf_up"] in (0.0, 1.0)  # reopened within the scrape, then failed again
-    assert any("decoder exploded" in k for k in got)
+    assert got["gfxbpf_up"] == 1  # the session stays; no reconnect loop
+    (key,) = [k for k in got if k.startswith("gfxbpf_program_error_info") and "syscount" in k]
+    assert "decoder exploded" in key
+    assert world.connects == 1
+    world.counts.entries = [(110, 1)]
+    got = scrape(c)
+    assert not [k for k in got if k.startswith("gfxbpf_program_error_info") and "syscount" in k]
+
+
+def test_a_broker_error_while_reading_reconnects_with_backoff() -> None:
+    world = World()
+    c = make(world)
+    world.counts.entries = BrokerError(pb.ERROR_NOT_FOUND, "no attachment 7 (lease expired)")
+    got = scrape(c)
+    assert got["gfxbpf_up"] == 0 and world.connects == 1  # not again within this scrape
+    assert any("lease expired" in k for k in got if k.startswith("gfxbpf_last_error_info"))
+    scrape(c)
+    assert world.connects == 1  # backing off
+    world.counts.entries = [(110, 1)]
+    world.now += 1.0
+    assert scrape(c)["gfxbpf_up"] == 1 and world.connects == 2
 
 
 def test_an_attach_refusal_is_not_retried() -> None:
