@@ -36,11 +36,12 @@ the broker. Each scrape of /metrics reads the maps at that moment.
 EPILOG = f"""\
 configuration (TOML, default {DEFAULT_CONFIG}):
   listen = "127.0.0.1:9438"        # HOST:PORT for /metrics
-  [listen_tls]                     # optional HTTPS; with client_ca, only scrapers
-  cert = "...", key = "..."        # holding a certificate it signed (anyone who
-  client_ca = "..."                # reaches the port reads the metrics otherwise)
   max_series_per_metric = 1000     # more keys are dropped (largest kept) and
                                    # counted in gfxbpf_dropped_series_total
+  [listen_tls]                     # optional HTTPS; with client_ca only scrapers
+  cert = "/etc/gfxbpf/exporter.crt"  # holding a certificate it signed get an
+  key = "/etc/gfxbpf/exporter.key"   # answer (otherwise anyone who reaches the
+  client_ca = "/etc/gfxbpf/ca.crt"   # port reads the metrics)
   [broker]                         # default: the local Unix socket
   socket = "/run/gfxbpf/control.sock"
   # grpc = "broker.example:50051"  # a remote broker, with mTLS:

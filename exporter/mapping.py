@@ -13,8 +13,9 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
   `_sum`: a log2 histogram does not keep one, and an estimate would mislead.
 - "table": one metric per numeric member of the value struct (BTF member
   names): a counter (the catalog's tables accumulate) unless the member is
-  named like a level (cur_*, *_inflight, *_depth, *_max, *_min, *_last,
-  *_level), which becomes a gauge. A member with `bytes` in its name gets the
+  named like a level (one of its `_`-separated words is in LEVEL_WORDS: cur,
+  live, peak, depth, max, ...), which becomes a gauge (cuda's live_bytes,
+  peak_bytes). A member with `bytes` in its name gets the
   `_bytes` unit; a member ending in `_ns` becomes `_seconds`.
 - "events": a counter `gfxbpf_<program>_<map>_total` of records consumed.
 
@@ -55,7 +56,10 @@ UNITS: dict[str, tuple[str, float]] = {
     "count": ("", 1.0),
     "": ("", 1.0),
 }
-_LEVEL = re.compile(r"(^cur_|^current_|_inflight$|^inflight|_depth$|_max$|_min$|_last$|_level$)")
+# Member-name words that mean a level (a gauge), not an accumulation.
+LEVEL_WORDS = frozenset(
+    {"cur", "current", "live", "peak", "inflight", "depth", "level", "max", "min", "last"}
+)
 MAX_SLOT = 127
 
 
@@ -138,7 +142,7 @@ def metric_specs(shape: MapShape) -> list[MetricSpec]:
         specs = []
         for member in shape.value_members:
             base, suffix, scale = _member_unit(member)
-            kind = "gauge" if _LEVEL.search(member) else "counter"
+            kind = "gauge" if LEVEL_WORDS & set(member.lower().split("_")) else "counter"
             name = _join(shape.base, sanitize(base), suffix)
             specs.append(MetricSpec(kind, name, f"{where} ({member})", member, scale))
         return specs

@@ -69,7 +69,7 @@ def test_table_members_are_counters_unless_named_as_levels() -> None:
         "table",
         "",
         "address space",
-        ("bytes_bound", "binds", "queue_depth", "wait_ns"),
+        ("bytes_bound", "binds", "queue_depth", "wait_ns", "live_bytes", "peak_bytes"),
     )
     got = {s.name: s.kind for s in mapping.metric_specs(shape)}
     assert got == {
@@ -77,6 +77,8 @@ def test_table_members_are_counters_unless_named_as_levels() -> None:
         "gfxbpf_vmabind_vm_stats_binds": "counter",
         "gfxbpf_vmabind_vm_stats_queue_depth": "gauge",
         "gfxbpf_vmabind_vm_stats_wait_seconds": "counter",
+        "gfxbpf_vmabind_vm_stats_live_bytes": "gauge",
+        "gfxbpf_vmabind_vm_stats_peak_bytes": "gauge",
     }
     entries = [(7, {"bytes_bound": 4096, "binds": 2, "queue_depth": 3, "wait_ns": 2_000_000_000})]
     built = mapping.build(shape, entries, limit=10)
