@@ -142,8 +142,11 @@ class Session:
             if cfg.maps and cmap.name not in cfg.maps:
                 continue
             shape = shape_of(cfg.name, cmap)
+            specs = mapping.metric_specs(shape)
+            if not specs:
+                continue  # nothing to show (e.g. a table of stack frames): never read it
             stream = att.open_events(cmap.name) if cmap.is_events else None
-            readers.append(MapReader(cmap, shape, mapping.metric_specs(shape), stream))
+            readers.append(MapReader(cmap, shape, specs, stream))
         return readers
 
     def retry_transient(self) -> None:

@@ -43,8 +43,9 @@ def catalog_shapes() -> list[mapping.MapShape]:
         for m in entry.visible_maps:
             members: tuple[str, ...] = ()
             kmap = spec.maps[m.name]
-            if m.show == "table":
-                assert spec.btf is not None and kmap.value_type_id, m.name
+            # As the exporter does (session.shape_of): a value without BTF
+            # (a stack-trace map) has no columns.
+            if m.show == "table" and spec.btf is not None and kmap.value_type_id:
                 zero = spec.btf.decode(kmap.value_type_id, bytes(kmap.value_size))
                 members = mapping.numeric_members(zero)
             shapes.append(
