@@ -25,7 +25,7 @@ from gfxbpf.exporter.collector import GfxbpfCollector
 from gfxbpf.exporter.config import ConfigError, ExporterConfig, load_config
 
 PROG = "gfxbpf-exporter"
-DEFAULT_CONFIG = "/etc/gfxbpf/exporter.toml"
+DEFAULT_CONFIG = "/etc/gfxbpf-exporter/exporter.toml"
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
 DESCRIPTION = """\
@@ -39,9 +39,9 @@ configuration (TOML, default {DEFAULT_CONFIG}):
   max_series_per_metric = 1000     # more keys are dropped (largest kept) and
                                    # counted in gfxbpf_dropped_series_total
   [listen_tls]                     # optional HTTPS; with client_ca only scrapers
-  cert = "/etc/gfxbpf/exporter.crt"  # holding a certificate it signed get an
-  key = "/etc/gfxbpf/exporter.key"   # answer (otherwise anyone who reaches the
-  client_ca = "/etc/gfxbpf/ca.crt"   # port reads the metrics)
+  cert = "/etc/gfxbpf-exporter/exporter.crt"  # holding a certificate it signed get an
+  key = "/etc/gfxbpf-exporter/exporter.key"   # answer (otherwise anyone who reaches the
+  client_ca = "/etc/gfxbpf-exporter/ca.crt"   # port reads the metrics)
   [broker]                         # default: the local Unix socket
   socket = "/run/gfxbpf/control.sock"
   # grpc = "broker.example:50051"  # a remote broker, with mTLS:
@@ -52,7 +52,7 @@ configuration (TOML, default {DEFAULT_CONFIG}):
   # maps = ["counts"]              # default: every map it shows
   # pid, library, functions        # for ucalls
 examples:
-  {PROG} --check-config /etc/gfxbpf/exporter.toml
+  {PROG} --check-config /etc/gfxbpf-exporter/exporter.toml
   {PROG} --config exporter.toml --once | promtool check metrics
 exit codes:
   {EXIT_OK}  success   {EXIT_RUNTIME}  cannot listen   {EXIT_USAGE}  bad configuration or usage

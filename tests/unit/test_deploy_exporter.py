@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 SERVICE = DEPLOY / "gfxbpf-exporter.service"
 SYSUSERS = DEPLOY / "sysusers.d" / "gfxbpf-exporter.conf"
+TMPFILES = DEPLOY / "tmpfiles.d" / "gfxbpf-exporter.conf"
+BROKER_TMPFILES = DEPLOY / "tmpfiles.d" / "gfxbpf.conf"
 EXAMPLE = DEPLOY / "exporter.example.toml"
 POLICY = DEPLOY / "policy.example.toml"
 SCRAPE = DEPLOY / "grafana" / "prometheus.yml"
@@ -85,7 +87,7 @@ def test_no_privilege_at_all() -> None:
     assert info.argv == [
         "/opt/gfxbpf/venv/bin/gfxbpf-exporter",
         "--config",
-        "/etc/gfxbpf/exporter.toml",
+        "/etc/gfxbpf-exporter/exporter.toml",
     ]
     svc = {k: v[-1] for k, v in read_unit(SERVICE)["Service"].items()}
     assert svc["ProtectSystem"] == "strict" and svc["ProtectHome"] == "yes"
@@ -150,3 +152,41 @@ def test_prometheus_scrape_config_passes_promtool() -> None:
         timeout=60,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def tmpfiles_dirs(path: Path) -> dict[str, tuple[str, str, str]]:
+    """d lines of a tmpfiles.d file: path -> (mode, user, group)."""
+    out = {}
+    for ln in path.read_text().splitlines():
+        f = ln.split()
+        if f and f[0] == "d":
+            out[f[1]] = (f[2], f[3], f[4])
+    return out
+
+
+def test_the_unit_can_read_its_config() -> None:
+    """The config's directory is one the exporter's user may enter: not /etc/gfxbpf
+    (0750 root:gfxbpf, the policy), whose group it is deliberately not in."""
+    config = Path(unit_exec(SERVICE).argv[2])
+    dirs = tmpfiles_dirs(TMPFILES)
+    assert str(config.parent) in dirs, f"{config.parent} is not created by {TMPFILES.name}"
+    mode, _, group = dirs[str(config.parent)]
+    assert group == USER and int(mode, 8) & 0o050 == 0o050 and int(mode, 8) & 0o007 == 0
+    broker_dirs = tmpfiles_dirs(BROKER_TMPFILES)
+    for parent in config.parents:
+        if str(parent) in broker_dirs:
+            mode, _, group = broker_dirs[str(parent)]
+            assert int(mode, 8) & 0o001 or group == USER, f"{parent} keeps {USER} out"
+
+
+def test_tmpfiles_creates_the_config_directory(tmp_path: Path) -> None:
+    need_root()
+    need("systemd-tmpfiles")
+    (tmp_path / "etc").mkdir()
+    assert run(["systemd-sysusers", f"--root={tmp_path}", str(SYSUSERS)]).returncode == 0
+    r = run(["systemd-tmpfiles", f"--root={tmp_path}", "--create", str(TMPFILES)])
+    assert r.returncode == 0, r.stderr
+    st = (tmp_path / "etc/gfxbpf-exporter").stat()
+    groups = [ln.split(":") for ln in (tmp_path / "etc/group").read_text().splitlines()]
+    (gid,) = [int(g[2]) for g in groups if g[0] == USER]
+    assert st.st_uid == 0 and st.st_gid == gid and st.st_mode & 0o777 == 0o750

@@ -318,5 +318,5 @@ def test_per_cpu_values_are_summed() -> None:
 def test_the_help_example_is_a_valid_config() -> None:
     block = exporter_main.EPILOG.split("\n", 1)[1].split("examples:")[0]
     cfg = parse_config("\n".join(ln[2:] for ln in block.splitlines()), "--help")
-    assert cfg.tls is not None and cfg.tls.client_ca == "/etc/gfxbpf/ca.crt"
+    assert cfg.tls is not None and cfg.tls.client_ca == "/etc/gfxbpf-exporter/ca.crt"
     assert cfg.max_series_per_metric == 1000 and cfg.programs[0].name == "syscount"
