@@ -392,6 +392,12 @@ def test_over_grpc_the_counts_are_exact_too() -> None:
             assert wait_until(lambda: _metric(scrape(), EXECS) - _metric(before, EXECS) == 5, 10)
             audit = [r for r in broker.audit_records() if r.get("op") == "read_map"]
             assert audit, "maps were not read through the broker"
+            once = run_as(
+                EXPORTER_USER, [f"{VENV}/bin/gfxbpf-exporter", "--config", str(config), "--once"]
+            )
+            assert once.returncode == 0 and "gfxbpf_up 1.0" in once.stdout, once.stderr
+            exporter.terminate()  # SIGTERM, as systemctl stop: a clean exit
+            assert exporter.wait(10) == 0
         finally:
             if exporter is not None:
                 exporter.terminate()
