@@ -14,7 +14,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gfxbpf.client import (
     Attachment,
@@ -63,7 +62,7 @@ class ProgramState:
     config: ProgramConfig
     attachment: Attachment | None = None
     readers: list[MapReader] = field(default_factory=list)
-    error: str = ""  # why it is not attached ("" while attached)
+    error: str = ""  # why it is not attached, or why a map of it could not be read
     retry: Backoff | None = None  # None: not retried in this session
 
     @property
@@ -207,8 +206,3 @@ def _drain(stream: EventStream) -> int:
         total += got
         if not got or stream.ended:
             return total
-
-
-def describe(states: list[ProgramState]) -> dict[str, Any]:
-    """For --json and logs: each program's state."""
-    return {s.config.name: {"attached": s.available, "error": s.error} for s in states}
