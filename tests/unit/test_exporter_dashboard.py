@@ -136,3 +136,16 @@ def test_dashboard_has_the_latency_heat_maps() -> None:
     } <= used
     for p in heatmaps:
         assert all(t.get("format") == "heatmap" for t in p["targets"]), p["title"]
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = p["title"]
