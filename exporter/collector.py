@@ -37,6 +37,7 @@ STATUS_SAMPLES = frozenset(
     | {READ_SECONDS}
 )
 MAX_ERROR_TEXT = 300
+BUSY_SECONDS = 5.0  # how long a scrape waits for one still reading
 
 
 def one_line(text: str) -> str:
@@ -67,6 +68,7 @@ class GfxbpfCollector(Collector):
         self.events: dict[tuple[str, str], int] = {}  # records seen, per (program, map)
         self.read_seconds = 0.0
         self._lock = threading.Lock()  # scrapes may overlap; the session is not shared
+        self.busy_wait = BUSY_SECONDS
 
     # ------------------------------------------------------------ the session
 
@@ -123,9 +125,25 @@ class GfxbpfCollector(Collector):
     # ------------------------------------------------------------ a scrape
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
+        # A broker that stopped answering holds a scrape until the client's
+        # timeout; later scrapes wait a while, then answer without reading
+        # rather than piling up threads behind it.
+        if not self._lock.acquire(timeout=self.busy_wait):
+            up = GaugeMetricFamily(UP, "1 while the exporter holds a broker session")
+            up.add_metric([], 0.0)
+            error = GaugeMetricFamily(
+                LAST_ERROR, "Why the broker session is down", labels=["error"]
+            )
+            error.add_metric(
+                [f"an earlier scrape still waits for the broker (after {self.busy_wait:g} s)"], 1
+            )
+            yield from (up, error)
+            return
+        try:
             families = self._read()
             families.extend(self._status())
+        finally:
+            self._lock.release()
         yield from families
 
     def _read(self) -> list[Metric]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -320,3 +321,29 @@ def test_the_help_example_is_a_valid_config() -> None:
     cfg = parse_config("\n".join(ln[2:] for ln in block.splitlines()), "--help")
     assert cfg.tls is not None and cfg.tls.client_ca == "/etc/gfxbpf-exporter/ca.crt"
     assert cfg.max_series_per_metric == 1000 and cfg.programs[0].name == "syscount"
+
+
+def test_a_scrape_stuck_on_the_broker_does_not_pile_up_others() -> None:
+    world = World()
+    c = make(world)
+    c.busy_wait = 0.2
+    scrape(c)
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Stuck(FakeMap):
+        def read(self) -> list[tuple[Any, Any]]:
+            entered.set()
+            release.wait(10)
+            return [(110, 1)]
+
+    world.counts.__class__ = Stuck
+    first = threading.Thread(target=scrape, args=(c,))
+    first.start()
+    assert entered.wait(5)
+    got = scrape(c)  # answers after busy_wait, without reading
+    assert got["gfxbpf_up"] == 0
+    assert any("still waits for the broker" in k for k in got)
+    release.set()
+    first.join(10)
+    assert scrape(c)["gfxbpf_up"] == 1
