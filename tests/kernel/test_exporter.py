@@ -403,3 +403,69 @@ def test_over_grpc_the_counts_are_exact_too() -> None:
                 exporter.terminate()
                 exporter.wait(10)
             workload.stop()
+
+
+# long: one remote scenario: certificates, a TCP listener, the exporter's config, counts.
+def test_a_remote_broker_over_grpc_with_mtls() -> None:
+    """[broker] grpc = "host:port" with tls_*: no Unix socket at all; the broker maps
+    the exporter's certificate to the user gfxbpf-exporter ([[tls_client]])."""
+    uid, gid = ensure_user(EXPORTER_USER)
+    broker_uid, broker_gid = ensure_user(BROKER_USER)
+    base = shared_dir(None, prefix="gfxbpf-exporter-mtls-")
+    ca = make_ca("gfxbpf test broker CA")
+    server = ca.issue("localhost", server=True)
+    client = ca.issue("gpu-host-exporter")
+    for name, data, owner in (
+        ("server.crt", server.cert_pem, (broker_uid, broker_gid)),
+        ("server.key", server.key_pem, (broker_uid, broker_gid)),
+        ("ca.crt", ca.cert_pem, (0, 0)),
+        ("exporter.crt", client.cert_pem, (uid, gid)),
+        ("exporter.key", client.key_pem, (uid, gid)),
+    ):
+        (base / name).write_bytes(data)
+        os.chown(base / name, *owner)
+        os.chmod(base / name, 0o644 if name.endswith(".crt") else 0o600)
+    grpc_port, port = free_port(), free_port()
+    extra = f'[[tls_client]]\nsubject_cn = "gpu-host-exporter"\nuser = "{EXPORTER_USER}"\n'
+    text = policy_for({"syscount": {"users": [EXPORTER_USER], "scope": "self"}}, extra=extra)
+    tls_flags = {
+        "--grpc": f"127.0.0.1:{grpc_port}",
+        "--tls-cert": str(base / "server.crt"),
+        "--tls-key": str(base / "server.key"),
+        "--tls-client-ca": str(base / "ca.crt"),
+    }
+    workload = Workload()
+    exporter = None
+    broker = BrokerProcess.start(text, base, grpc=False, overrides=tls_flags)
+    try:
+        config = base / "exporter-remote.toml"
+        config.write_text(
+            f'listen = "127.0.0.1:{port}"\n[broker]\nsocket = "{base / "no-such.sock"}"\n'
+            f'grpc = "127.0.0.1:{grpc_port}"\nvia = "grpc"\ntls_ca = "{base / "ca.crt"}"\n'
+            f'tls_cert = "{base / "exporter.crt"}"\ntls_key = "{base / "exporter.key"}"\n'
+            '[[program]]\nname = "syscount"\nscope = "self"\n'
+        )
+        os.chmod(config, 0o644)
+        exporter = start_exporter(config, base / "exporter-remote.log")
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scrape() -> str:
+            try:
+                return http_get(url)
+            except OSError:
+                return ""
+
+        up = wait_until(lambda: "gfxbpf_up 1.0" in scrape(), 30)
+        assert up, (base / "exporter-remote.log").read_text() + scrape()
+        before = scrape()
+        workload.run("getppid", 42)
+        assert _metric(scrape(), SYSCALLS) - _metric(before, SYSCALLS) == 42
+        hellos = [r for r in broker.audit_records() if r.get("op") == "hello"]
+        assert hellos and all(r["uid"] == uid for r in hellos)
+    finally:
+        if exporter is not None:
+            exporter.terminate()
+            exporter.wait(10)
+        workload.stop()
+        broker.stop()
+        shutil.rmtree(base, ignore_errors=True)
