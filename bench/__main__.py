@@ -20,6 +20,7 @@ from typing import Any
 
 from bench import (
     cuda_cost,
+    exporter_scrape,
     first_data,
     footprint,
     kernel_cost,
@@ -53,6 +54,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {"fillers": 30_000, "pad_mib": 64, "files": 2, "attaches": 5, "calls": 50_000, "rounds": 2},
     ),  # fmt: skip
+    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 2_000, "scrapes": 20}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -62,6 +64,7 @@ RUNNERS = {
     "ringbuf": ringbuf_rate.run,
     "footprint": footprint.run,
     "cuda": cuda_cost.run,
+    "exporter": exporter_scrape.run,
 }
 
 NOTES = [
@@ -86,6 +89,9 @@ NOTES = [
     "the BPF programs. Uprobe traps are slow in a VM: ucalls on the same function costs as "
     "much here; on a 2026-11-22 H100 host ucalls added about 1.7 us per real launch "
     "(docs/gpu-hosts.md).",
+    "Exporter: gfxbpf-exporter as the bench user with every catalog program that takes no "
+    "parameter (scope system); scrape latency is a whole HTTP GET of /metrics; no peer "
+    "exporter is installed to compare with.",
 ]
 
 

@@ -247,6 +247,31 @@ def _cuda(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _exporter(r: dict[str, Any]) -> list[Row]:
+    attached = ", ".join(sorted(k for k, v in r["programs"].items() if v)) or "none"
+    p99 = r["scrape_ms"]["p99"] / 1000
+    return [
+        (
+            f"8 exporter scrape of /metrics, {r['series']} series ({attached} attached; "
+            f"clonecount with {r['comms']} commands)",
+            f"p50 {r['scrape_ms']['p50']:.1f} ms, p99 {r['scrape_ms']['p99']:.1f} ms "
+            f"({r['cpu_ms_per_scrape']:.1f} ms CPU)",
+            "—",
+            "—",
+            "p99 < 1 s",
+            _met(p99, lambda v: v < 1.0),
+        ),
+        (
+            "8 exporter RSS, idle → after the scrapes",
+            f"{r['rss_idle_kib'] / 1024:.1f} → {r['rss_kib'] / 1024:.1f} MiB",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -255,6 +280,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "ringbuf": _ringbuf,
     "footprint": _footprint,
     "cuda": _cuda,
+    "exporter": _exporter,
 }
 
 

@@ -83,3 +83,20 @@ def test_cuda_rows_hold_attach_and_probe_cost() -> None:
     assert "71 MB, 30041 functions" in rows[0] and "| 34 ms | 644 ms | 0.053x |" in rows[0]
     assert rows[2].endswith("| ≤ 50 ms | **no** |")  # 60.5 ms misses the target
     assert "+1700 ns (3 → 1703 ns)" in rows[3]
+def test_exporter_rows() -> None:
+    exporter = {
+        "programs": {"syscount": True, "vmabind": False},
+        "comms": 2000,
+        "series": 2100,
+        "bytes": 200_000,
+        "scrapes": 20,
+        "scrape_ms": {"p50": 80.0, "p99": 1200.0},
+        "read_ms_last": 70.0,
+        "cpu_ms_per_scrape": 75.0,
+        "rss_idle_kib": 30 * 1024,
+        "rss_kib": 40 * 1024,
+    }
+    text = report.markdown(_doc({"exporter": exporter}))
+    (scrape,) = [ln for ln in text.splitlines() if ln.startswith("| 8 exporter scrape")]
+    assert "(syscount attached;" in scrape and scrape.endswith("| p99 < 1 s | **no** |")
+    assert "| 8 exporter RSS, idle → after the scrapes | 30.0 → 40.0 MiB |" in text
