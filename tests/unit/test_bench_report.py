@@ -83,6 +83,8 @@ def test_cuda_rows_hold_attach_and_probe_cost() -> None:
     assert "71 MB, 30041 functions" in rows[0] and "| 34 ms | 644 ms | 0.053x |" in rows[0]
     assert rows[2].endswith("| ≤ 50 ms | **no** |")  # 60.5 ms misses the target
     assert "+1700 ns (3 → 1703 ns)" in rows[3]
+
+
 def test_exporter_rows() -> None:
     exporter = {
         "programs": {"syscount": True, "vmabind": False},
