@@ -26,7 +26,9 @@ SIDE_OBJECTS = (
 )
 BUILD = ROOT / "tools" / "build_bpf.py"
 
-EXPECTED = {"vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls"}
+EXPECTED = {
+    "vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls", "cuda",
+}  # fmt: skip
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
 # machine's 6.18 sched_process_exec format.
@@ -65,6 +67,7 @@ KNOB_DEFAULTS = {
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
     "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")

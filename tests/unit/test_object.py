@@ -123,14 +123,8 @@ def test_subprogram_linking(tmp_path: Path) -> None:
                    __u32 v = 1; bpf_map_push_elem(&q, &v, 0); return 0; }""",
             "map type queue is not supported",
         ),
-        (
-            """struct task_struct { int pid; } __attribute__((preserve_access_index));
-               SEC("raw_tracepoint/sys_enter") int p(struct task_struct *t) {
-                   return t->pid; }""",
-            "CO-RE relocations",
-        ),
     ],
-    ids=["xdp", "lsm", "queue-map", "co-re"],
+    ids=["xdp", "lsm", "queue-map"],
 )
 def test_unsupported_objects_are_refused(tmp_path: Path, source: str, message: str) -> None:
     data = build(tmp_path, source)
