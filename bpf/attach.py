@@ -233,8 +233,12 @@ def attach_uprobe(
     pid: int = -1,
     retprobe: bool = False,
     cookie: int = 0,
+    ref_ctr_offset: int = 0,
 ) -> PerfEventAttachment:
     """Attach a KPROBE-type program to a uprobe (or uretprobe) in an ELF file.
+
+    ref_ctr_offset: the file offset of a USDT semaphore the kernel raises
+    while the probe is attached (the uprobe PMU's config bits 32-63).
 
     The probe point is `symbol` (plus `offset` bytes, if both are given) or a
     raw file `offset`. pid -1 probes every process that maps the file; a pid
@@ -264,6 +268,7 @@ def attach_uprobe(
         attr.type = perf.uprobe_pmu_type()
         if retprobe:
             attr.config = 1 << perf.uprobe_retprobe_bit()
+        attr.config |= ref_ctr_offset << 32
     except OSError as e:
         raise AttachError(e.errno or errno.ENOENT, str(e.strerror)) from None
     attr.size = ctypes.sizeof(attr)

@@ -85,9 +85,10 @@ class Probe:
     provider: str
     name: str
     pc: int  # link-time address of the probe's nop
-    semaphore: int
+    semaphore: int  # link-time address of its semaphore, 0 if none
     args: str
     file_offset: int = 0
+    semaphore_offset: int = 0  # the semaphore's file offset (uprobe ref_ctr_offset)
 
 
 def parse_arg(text: str) -> ArgSpec:
@@ -160,14 +161,22 @@ def read_probes(path: str) -> list[Probe]:
         return []
     base_sec = elf.get_section_by_name(BASE_SECTION)
     segments = [s.header for s in elf.iter_segments() if s.header["p_type"] == "PT_LOAD"]
+
+    def file_offset(addr: int, what: str) -> int:
+        seg = next(
+            (s for s in segments if s["p_vaddr"] <= addr < s["p_vaddr"] + s["p_filesz"]), None
+        )
+        if seg is None:
+            raise UsdtError(f"{path}: {what} at {addr:#x} is in no loadable segment")
+        return int(addr - seg["p_vaddr"] + seg["p_offset"])
+
     out = []
     for pc, base, sema, prov, name, args in _note_probes(notes.data()):
         if base and base_sec is not None:  # prelinked: the notes' base moved with the text
             pc += base_sec.header["sh_addr"] - base
-        seg = next((s for s in segments if s["p_vaddr"] <= pc < s["p_vaddr"] + s["p_memsz"]), None)
-        if seg is None:
-            raise UsdtError(f"{path}: probe {prov}:{name} at {pc:#x} is in no loadable segment")
-        out.append(Probe(prov, name, pc, sema, args, pc - seg["p_vaddr"] + seg["p_offset"]))
+        off = file_offset(pc, f"probe {prov}:{name}")
+        sema_off = file_offset(sema, f"the semaphore of {prov}:{name}") if sema else 0
+        out.append(Probe(prov, name, pc, sema, args, off, sema_off))
     return out
 
 
@@ -229,12 +238,6 @@ def attach_usdt(
     sites = [p for p in read_probes(spath) if (p.provider, p.name) == (provider, name)]
     if not sites:
         raise UsdtError(f"{spath} has no USDT probe {provider}:{name}")
-    for s in sites:
-        if s.semaphore:
-            raise UsdtError(
-                f"USDT probe {provider}:{name} is guarded by a semaphore, which gfxbpf does "
-                "not set yet (the probe would never fire)"
-            )
     ids = _alloc_ids(specs, len(sites))
     att = UsdtAttachment(f"usdt {spath}:{provider}:{name}", specs, ids)
     try:
@@ -242,9 +245,15 @@ def attach_usdt(
             specs.update(spec_id, encode_spec(parse_args(site.args), cookie))
             if ip_map is not None and _is_exec(spath):
                 ip_map.update(site.pc, struct.pack("<I", spec_id))
+            # A semaphore-guarded probe fires only while the kernel raises it.
             att.parts.append(
                 attach.attach_uprobe(
-                    prog_fd, spath, offset=site.file_offset, pid=pid, cookie=spec_id
+                    prog_fd,
+                    spath,
+                    offset=site.file_offset,
+                    pid=pid,
+                    cookie=spec_id,
+                    ref_ctr_offset=site.semaphore_offset,
                 )
             )
     except BaseException:

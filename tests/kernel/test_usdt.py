@@ -40,13 +40,14 @@ def _spec(tmp_path: Path) -> tuple[Path, ObjectSpec]:
 def test_usdt_object_loads_like_libbpf(tmp_path: Path) -> None:
     obj, spec = _spec(tmp_path)
     assert spec.programs["tick"].attach_kind == "usdt"
-    assert assert_loads_like_libbpf(str(obj), spec, ensure_bpffs()) == 1
+    assert assert_loads_like_libbpf(str(obj), spec, ensure_bpffs()) == 2
 
 
 def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:
     target = _target(tmp_path)
     (site,) = [p for p in usdt.read_probes(str(target)) if p.name == "tick"]
     assert site.provider == "gfxtest" and len(usdt.parse_args(site.args)) == 2
+    assert site.semaphore and site.semaphore_offset  # raised while attached: harmless
     _, spec = _spec(tmp_path)
     with load(spec) as obj:
         proc = subprocess.Popen(
@@ -67,7 +68,7 @@ def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:
             ):
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-                assert proc.stdout.readline() == "done\n"
+                assert proc.stdout.readline() == "done 0\n"  # gated's semaphore stayed down
                 assert proc.wait(timeout=30) == 0
         finally:
             proc.kill()
@@ -82,3 +83,35 @@ def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:
     assert var("sum_first") == HITS * (HITS + 1) // 2  # i = 1..N, from %eax
     assert var("sum_second") == -7 * HITS  # from 8(%rsp), sign kept
     assert var("cookie") == 0xC0FFEE
+
+
+def test_usdt_semaphore_is_raised_while_attached(tmp_path: Path) -> None:
+    """A probe guarded by its semaphore fires only while the kernel raises it
+    (uprobe ref_ctr_offset); the program counts every firing."""
+    target = _target(tmp_path)
+    _, spec = _spec(tmp_path)
+    with load(spec) as obj:
+        proc = subprocess.Popen(
+            [str(target), str(HITS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline() == "ready\n"
+            with usdt.attach_usdt(
+                obj.programs["gated"].fd,
+                obj.map(usdt.SPECS_MAP),
+                str(target),
+                "gfxtest",
+                "gated",
+                pid=proc.pid,
+            ):
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline() == f"done {HITS}\n"
+                assert proc.wait(timeout=30) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        bss = obj.map(".bss").lookup(0)
+    v = spec.maps[".bss"].variables["gated_hits"]
+    assert int.from_bytes(bss[v.offset : v.offset + v.size], "little") == HITS

@@ -63,8 +63,13 @@ def test_notes_of_a_built_program(tmp_path: Path) -> None:
         pytest.skip("needs cc and <sys/sdt.h> (systemtap-sdt-dev)")
     out = tmp_path / "t"
     subprocess.run([cc, "-O1", "-o", str(out), str(SOURCES / "usdt_target.c")], check=True)
-    (probe,) = usdt.read_probes(str(out))
-    assert (probe.provider, probe.name, probe.semaphore) == ("gfxtest", "tick", 0)
-    assert len(usdt.parse_args(probe.args)) == 2
-    # The uprobe offset points at the probe's nop in the file.
-    assert out.read_bytes()[probe.file_offset] == 0x90
+    probes = {p.name: p for p in usdt.read_probes(str(out))}
+    assert set(probes) == {"tick", "gated"}
+    assert {p.provider for p in probes.values()} == {"gfxtest"}
+    assert len(usdt.parse_args(probes["tick"].args)) == 2
+    data = out.read_bytes()
+    for p in probes.values():
+        assert data[p.file_offset] == 0x90  # the uprobe offset is the probe's nop
+        # Each semaphore: a distinct u16 in the file, 0 until a tracer raises it.
+        assert p.semaphore and data[p.semaphore_offset : p.semaphore_offset + 2] == b"\0\0"
+    assert probes["tick"].semaphore_offset != probes["gated"].semaphore_offset

@@ -14,6 +14,7 @@ __u64 hits = 0;
 __s64 sum_first = 0;  // a signed int argument, from a register
 __s64 sum_second = 0; // a negative constant or a stack slot
 __u64 cookie = 0;
+__u64 gated_hits = 0;
 
 SEC("usdt")
 int BPF_USDT(tick, int i, long minus_seven)
@@ -22,5 +23,12 @@ int BPF_USDT(tick, int i, long minus_seven)
 	__sync_fetch_and_add(&sum_first, i);
 	__sync_fetch_and_add(&sum_second, minus_seven);
 	cookie = bpf_usdt_cookie(ctx);
+	return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(gated, int i)
+{
+	__sync_fetch_and_add(&gated_hits, 1);
 	return 0;
 }
