@@ -237,12 +237,9 @@ def attach_uprobe(
 ) -> PerfEventAttachment:
     """Attach a KPROBE-type program to a uprobe (or uretprobe) in an ELF file.
 
-    ref_ctr_offset: the file offset of a USDT semaphore the kernel raises
-    while the probe is attached (the uprobe PMU's config bits 32-63).
-
     The probe point is `symbol` (plus `offset` bytes, if both are given) or a
     raw file `offset`. pid -1 probes every process that maps the file; a pid
-    probes only that process.
+    probes only that process. ref_ctr_offset: a USDT semaphore's file offset.
     """
     spath = os.path.abspath(os.fspath(path))
     if "\0" in spath:

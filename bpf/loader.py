@@ -24,7 +24,7 @@ from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.errors import KernelError
 from gfxbpf.bpf.externs import Extern, ExternError, kconfig_data, resolve_ksym
 from gfxbpf.bpf.kconfig import KconfigError
-from gfxbpf.bpf.kernel_btf import KernelBtfError, vmlinux_type_id
+from gfxbpf.bpf.kernel_btf import KernelBtfError, find_type, module_btf_fd
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 
@@ -302,6 +302,7 @@ def _load_program(
             line_info=ext.encode_line_info(linked.line_info),
             line_info_rec_size=ext.line_info_rec_size,
         )
+    btf_id, btf_obj_fd = _attach_target(spec, p)
     try:
         fd = bpfsys.prog_load(
             p.prog_type,
@@ -310,7 +311,8 @@ def _load_program(
             name=_prog_name(p.name),
             expected_attach_type=p.expected_attach_type,
             kern_version=spec.kern_version,
-            attach_btf_id=_attach_btf_id(spec, p),
+            attach_btf_id=btf_id,
+            attach_btf_obj_fd=btf_obj_fd,
             **kwargs,  # type: ignore[arg-type]
         )
     except bpfsys.BpfError as e:
@@ -319,6 +321,9 @@ def _load_program(
             f"(section {p.section!r}): {e.strerror or e}",
             log=e.log,
         ) from e
+    finally:
+        if btf_obj_fd:
+            os.close(btf_obj_fd)
     _bind_rodata(obj, fd)
     info = bpfsys.prog_info(fd)
     return LoadedProgram(p.name, fd, info.id, p, linked)
@@ -362,12 +367,15 @@ def _patch_extern(obj: LoadedObject, insns: bytearray, idx: int, e: Extern) -> N
     _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, hi - (1 << 32) if hi >= 1 << 31 else hi)
 
 
-def _attach_btf_id(spec: ObjectSpec, p: ProgramSpec) -> int:
-    """tp_btf, fentry, iter...: the vmlinux type id of the target; 0 for other kinds."""
+def _attach_target(spec: ObjectSpec, p: ProgramSpec) -> tuple[int, int]:
+    """tp_btf, fentry, iter...: (type id, module BTF fd or 0 for vmlinux); (0, 0) otherwise.
+
+    The caller closes a module BTF fd once the program is loaded."""
     if p.attach_btf_name is None:
-        return 0
+        return 0, 0
     try:
-        return vmlinux_type_id(p.attach_btf_name, p.attach_btf_kind)
+        t = find_type(p.attach_btf_name, p.attach_btf_kind)
+        return t.type_id, (0 if t.module == "vmlinux" else module_btf_fd(t.module))
     except KernelBtfError as e:
         raise LoadError(
             f"object {spec.name!r}: program {p.name!r} (section {p.section!r}): {e}"

@@ -18,6 +18,8 @@ from functools import cache
 
 from gfxbpf.bpf.consts import (
     BPF_ANY,
+    BPF_BTF_GET_FD_BY_ID,
+    BPF_BTF_GET_NEXT_ID,
     BPF_BTF_LOAD,
     BPF_ENABLE_STATS,
     BPF_F_UPROBE_MULTI_RETURN,
@@ -58,6 +60,8 @@ COMMAND_NAMES = {
     BPF_LINK_CREATE: "BPF_LINK_CREATE",
     BPF_ENABLE_STATS: "BPF_ENABLE_STATS",
     BPF_ITER_CREATE: "BPF_ITER_CREATE",
+    BPF_BTF_GET_FD_BY_ID: "BPF_BTF_GET_FD_BY_ID",
+    BPF_BTF_GET_NEXT_ID: "BPF_BTF_GET_NEXT_ID",
     BPF_PROG_BIND_MAP: "BPF_PROG_BIND_MAP",
 }
 
@@ -211,6 +215,23 @@ class EnableStatsAttr(ctypes.Structure):
     _fields_ = [("type", u32)]
 
 
+class ObjIdAttr(ctypes.Structure):
+    """GET_NEXT_ID (start_id, next_id) and GET_FD_BY_ID (the id, open_flags) views."""
+
+    _fields_ = [("id", u32), ("next_id", u32), ("open_flags", u32)]
+
+
+class BpfBtfInfo(ctypes.Structure):
+    _fields_ = [
+        ("btf", u64),
+        ("btf_size", u32),
+        ("id", u32),
+        ("name", u64),
+        ("name_len", u32),
+        ("kernel_btf", u32),
+    ]
+
+
 class IterCreateAttr(ctypes.Structure):
     _fields_ = [("link_fd", u32), ("flags", u32)]
 
@@ -233,6 +254,7 @@ class BpfAttr(ctypes.Union):
         ("map_freeze", MapFreezeAttr),
         ("enable_stats", EnableStatsAttr),
         ("iter_create", IterCreateAttr),
+        ("obj_id", ObjIdAttr),
         ("prog_bind_map", ProgBindMapAttr),
         ("raw", ctypes.c_ubyte * ATTR_SIZE),
     ]
@@ -533,11 +555,10 @@ def prog_load(
     prog_flags: int = 0,
     kern_version: int = 0,
     attach_btf_id: int = 0,
+    attach_btf_obj_fd: int = 0,
 ) -> int:
-    """Load a program; returns its fd. attach_btf_id: a vmlinux type id (tp_btf, fentry...).
-    Loads without a log first; on failure loads again with log_level 1 so the
-    BpfError carries the verifier's log.
-    """
+    """Load a program; its fd. attach_btf_id/_obj_fd: a target's BTF id and module BTF fd.
+    Loads without a log, then again with log_level 1 so the BpfError has the verifier's log."""
     if len(insns) % 8 or not insns:
         raise ValueError(f"instructions must be a non-empty multiple of 8 bytes, got {len(insns)}")
     if func_info and (func_info_rec_size <= 0 or len(func_info) % func_info_rec_size):
@@ -563,7 +584,7 @@ def prog_load(
         a.prog_name = pname
         a.expected_attach_type = expected_attach_type
         a.prog_btf_fd = prog_btf_fd
-        a.attach_btf_id = attach_btf_id
+        a.attach_btf_id, a.attach_btf_obj_fd = attach_btf_id, attach_btf_obj_fd  # fd 0: vmlinux
         if fi_buf is not None:
             a.func_info_rec_size = func_info_rec_size
             a.func_info = ctypes.addressof(fi_buf)
@@ -683,6 +704,35 @@ def _get_info(fd: int, info: ctypes.Structure) -> None:
     attr.info.info_len = ctypes.sizeof(info)
     attr.info.info = ctypes.addressof(info)
     _check(BPF_OBJ_GET_INFO_BY_FD, attr)
+
+
+def btf_next_id(start_id: int) -> int | None:
+    """The next BTF object id after start_id (kernel and loaded BTF alike); None at the end."""
+    attr = BpfAttr()
+    attr.obj_id.id = start_id
+    try:
+        _check(BPF_BTF_GET_NEXT_ID, attr)
+    except BpfError as e:
+        if e.errno == _errno.ENOENT:
+            return None
+        raise
+    return int(attr.obj_id.next_id)
+
+
+def btf_fd_by_id(btf_id: int) -> int:
+    attr = BpfAttr()
+    attr.obj_id.id = btf_id
+    return _check(BPF_BTF_GET_FD_BY_ID, attr)
+
+
+def btf_name(fd: int) -> tuple[str, bool]:
+    """(name, is kernel BTF) of a BTF object: "vmlinux" or a module's name for the kernel's."""
+    name = ctypes.create_string_buffer(64)
+    info = BpfBtfInfo()
+    info.name = ctypes.addressof(name)
+    info.name_len = len(name)
+    _get_info(fd, info)
+    return name.value.decode("utf-8", "replace"), bool(info.kernel_btf)
 
 
 def prog_info(fd: int) -> ProgInfo:

@@ -16,6 +16,7 @@ import pytest
 from gfxbpf.bpf import attach_kinds
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.attach import AttachError
+from gfxbpf.bpf.kernel_btf import KernelBtfError, module_btf_fd
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf
@@ -112,3 +113,15 @@ def test_map_in_map_and_prog_array_initial_values(tmp_path: Path) -> None:
         assert slot("outer", 1) is None
         assert slot("jump", 1) == obj.programs["leaf"].id
         assert slot("jump", 0) is None
+
+
+def test_kernel_btf_objects_are_found_by_name() -> None:
+    """The walk a module target's attach_btf_obj_fd takes, on the one kernel BTF
+    this VM has (it loads no modules): vmlinux's object, marked as kernel BTF."""
+    fd = module_btf_fd("vmlinux")
+    try:
+        assert bpfsys.btf_name(fd) == ("vmlinux", True)
+    finally:
+        os.close(fd)
+    with pytest.raises(KernelBtfError, match="no kernel BTF object for module 'no_such_mod'"):
+        module_btf_fd("no_such_mod")
