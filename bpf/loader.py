@@ -318,7 +318,7 @@ def _load_program(
     except bpfsys.BpfError as e:
         raise LoadError(
             f"object {spec.name!r}: the kernel refused program {p.name!r} "
-            f"(section {p.section!r}): {e.strerror or e}",
+            f"(section {p.section!r}): {e.strerror or e}{_refusal_hint(p, e)}",
             log=e.log,
         ) from e
     finally:
@@ -327,6 +327,16 @@ def _load_program(
     _bind_rodata(obj, fd)
     info = bpfsys.prog_info(fd)
     return LoadedProgram(p.name, fd, info.id, p, linked)
+
+
+def _refusal_hint(p: ProgramSpec, e: bpfsys.BpfError) -> str:
+    """Why a refusal with no verifier log is likely, where the kernel does not say."""
+    if p.attach_kind in ("fentry", "fexit") and e.errno == errno.EPERM and not e.log:
+        return (
+            " before verifying it: this kernel refuses BPF trampolines (fentry/fexit), "
+            "as it does for libbpf (docs/BPF-ABI.md); use tp_btf, a raw tracepoint or a kprobe"
+        )
+    return ""
 
 
 def _bind_rodata(obj: LoadedObject, prog_fd: int) -> None:

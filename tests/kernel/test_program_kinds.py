@@ -17,10 +17,10 @@ from gfxbpf.bpf import attach_kinds
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.attach import AttachError
 from gfxbpf.bpf.kernel_btf import KernelBtfError, module_btf_fd
-from gfxbpf.bpf.loader import load
+from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf
-from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
+from tests.kernel.bpftool_compare import LibbpfRefused, assert_loads_like_libbpf, ensure_bpffs
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"
 
@@ -125,3 +125,31 @@ def test_kernel_btf_objects_are_found_by_name() -> None:
         os.close(fd)
     with pytest.raises(KernelBtfError, match="no kernel BTF object for module 'no_such_mod'"):
         module_btf_fd("no_such_mod")
+
+
+def test_fentry_loads_like_libbpf_or_is_refused_like_it(tmp_path: Path) -> None:
+    """Where the kernel allows trampolines, fentry loads as libbpf loads it and
+    counts exact calls; where it refuses them (this VM: EPERM, docs/BPF-ABI.md),
+    libbpf is refused too and gfxbpf's error says why."""
+    path = compile_bpf((SOURCES / "fentry.bpf.c").read_text(), tmp_path, "fentry")
+    spec = ObjectSpec.from_file(str(path))
+    assert spec.programs["on_vfs_read"].attach_btf_name == "vfs_read"
+    spec.set_variable("target_tgid", os.getpid())
+    try:
+        obj = load(spec)
+    except LoadError as e:
+        assert "refuses BPF trampolines" in str(e), e
+        with pytest.raises(LibbpfRefused):
+            assert_loads_like_libbpf(str(path), spec, ensure_bpffs())
+        return
+    with obj:
+        with attach_kinds.attach_btf_traced(obj.programs["on_vfs_read"].fd, "fentry vfs_read"):
+            fd = os.open("/proc/self/stat", os.O_RDONLY)
+            try:
+                for _ in range(10):
+                    os.pread(fd, 64, 0)
+            finally:
+                os.close(fd)
+        raw = obj.map(".bss").lookup(0)
+        assert int.from_bytes(raw[:8], "little") >= 10
+    assert assert_loads_like_libbpf(str(path), spec, ensure_bpffs()) == 1
