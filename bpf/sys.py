@@ -837,6 +837,7 @@ def link_create_uprobe_multi(
     cookies: list[int] | None = None,
     pid: int = 0,
     retprobe: bool = False,
+    ref_ctr_offsets: list[int] | None = None,
 ) -> int:
     """BPF_LINK_CREATE of a uprobe_multi link (Linux >= 6.6): one link, many probes.
 
@@ -845,11 +846,12 @@ def link_create_uprobe_multi(
     expected_attach_type BPF_TRACE_UPROBE_MULTI. pid 0 probes every process.
     """
     n = len(offsets)
-    if not n or (cookies is not None and len(cookies) != n):
-        raise ValueError("uprobe_multi needs offsets, and one cookie per offset if any")
+    if not n or any(x is not None and len(x) != n for x in (cookies, ref_ctr_offsets)):
+        raise ValueError("uprobe_multi needs offsets, and one cookie (ref_ctr) per offset if any")
     path_buf = ctypes.create_string_buffer(os.fsencode(path))
     offs = (u64 * n)(*offsets)
     cks = (u64 * n)(*cookies) if cookies is not None else None
+    refs = (u64 * n)(*ref_ctr_offsets) if ref_ctr_offsets is not None else None  # semaphores
     attr = BpfAttr()
     a = attr.link_create_uprobe_multi
     a.prog_fd = prog_fd
@@ -857,6 +859,7 @@ def link_create_uprobe_multi(
     a.path = ctypes.addressof(path_buf)
     a.offsets = ctypes.addressof(offs)
     a.cookies = ctypes.addressof(cks) if cks is not None else 0
+    a.ref_ctr_offsets = ctypes.addressof(refs) if refs is not None else 0
     a.cnt = n
     a.um_flags = BPF_F_UPROBE_MULTI_RETURN if retprobe else 0
     a.pid = max(pid, 0)

@@ -11,6 +11,7 @@ one uprobe per probe site. Layout facts: libbpf's usdt.bpf.h and usdt.c.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from elftools.elf.elffile import ELFFile
 
-from . import attach
+from . import attach, sys
 from .errors import InputError
 from .maps import Map
 
@@ -225,12 +226,16 @@ def attach_usdt(
     pid: int = -1,
     cookie: int = 0,
     ip_map: Map | None = None,
+    multi: bool = False,
 ) -> UsdtAttachment:
     """Attach a BPF_USDT program to every site of provider:name in the binary at path.
 
     specs (and ip_map, for kernels without BPF cookies; only for non-PIE
     binaries here) are the object's `__bpf_usdt_specs` / `__bpf_usdt_ip_to_spec_id`
-    maps. cookie is what bpf_usdt_cookie() returns.
+    maps. cookie is what bpf_usdt_cookie() returns. multi: one uprobe_multi
+    link for all sites (CAP_BPF + CAP_PERFMON suffice; the program must be
+    loaded with BPF_TRACE_UPROBE_MULTI), else one perf uprobe per site (the
+    uprobe PMU wants CAP_SYS_ADMIN on recent kernels).
     """
     spath = os.path.abspath(path)
     if specs.value_size != SPEC_SIZE:
@@ -245,21 +250,45 @@ def attach_usdt(
             specs.update(spec_id, encode_spec(parse_args(site.args), cookie))
             if ip_map is not None and _is_exec(spath):
                 ip_map.update(site.pc, struct.pack("<I", spec_id))
-            # A semaphore-guarded probe fires only while the kernel raises it.
-            att.parts.append(
-                attach.attach_uprobe(
-                    prog_fd,
-                    spath,
-                    offset=site.file_offset,
-                    pid=pid,
-                    cookie=spec_id,
-                    ref_ctr_offset=site.semaphore_offset,
-                )
-            )
+        if multi:
+            att.parts.append(_attach_multi(prog_fd, spath, sites, ids, pid, att.description))
+        else:
+            att.parts += [
+                _attach_one(prog_fd, spath, s, i, pid) for s, i in zip(sites, ids, strict=True)
+            ]
     except BaseException:
         att.close()
         raise
     return att
+
+
+def _attach_one(prog_fd: int, path: str, site: Probe, spec_id: int, pid: int) -> attach.Attachment:
+    # A semaphore-guarded probe fires only while the kernel raises it (ref_ctr_offset).
+    return attach.attach_uprobe(
+        prog_fd,
+        path,
+        offset=site.file_offset,
+        pid=pid,
+        cookie=spec_id,
+        ref_ctr_offset=site.semaphore_offset,
+    )
+
+
+def _attach_multi(
+    prog_fd: int, path: str, sites: list[Probe], ids: list[int], pid: int, what: str
+) -> attach.Attachment:
+    try:
+        fd = sys.link_create_uprobe_multi(
+            prog_fd,
+            path,
+            [s.file_offset for s in sites],
+            cookies=ids,
+            pid=pid,
+            ref_ctr_offsets=[s.semaphore_offset for s in sites],
+        )
+    except OSError as e:
+        raise attach.AttachError(e.errno or errno.EINVAL, f"attaching {what}: {e}") from None
+    return attach.LinkAttachment(what, fd)
 
 
 def _is_exec(path: str) -> bool:

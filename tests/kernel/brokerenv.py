@@ -511,6 +511,13 @@ class BrokerProcess:
         self.stop()
 
 
+def unit_exec_argv(exec_start: str) -> list[str]:
+    """setpriv line that runs exec_start as the service unit runs the broker:
+    User=gfxbpf with exactly its capabilities (CAP_BPF + CAP_PERFMON)."""
+    ensure_user(BROKER_USER)
+    return list(_unit_exec_module().setpriv_argv(SERVICE, {"ExecStart": exec_start}))
+
+
 def setpriv_user_argv(user: str, argv: Sequence[str]) -> list[str]:
     """setpriv command that runs argv as user (its groups, no capabilities)."""
     uid, gid = ensure_user(user)

@@ -4,14 +4,20 @@ from a register and from the stack, with the cookie it was attached with."""
 
 from __future__ import annotations
 
+import errno
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gfxbpf.bpf import usdt
+from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf, skip_or_fail
+from tests.kernel import brokerenv
 from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"
@@ -85,11 +91,15 @@ def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:
     assert var("cookie") == 0xC0FFEE
 
 
-def test_usdt_semaphore_is_raised_while_attached(tmp_path: Path) -> None:
+@pytest.mark.parametrize("multi", [False, True], ids=["perf-uprobe", "uprobe-multi"])
+def test_usdt_semaphore_is_raised_while_attached(tmp_path: Path, multi: bool) -> None:
     """A probe guarded by its semaphore fires only while the kernel raises it
-    (uprobe ref_ctr_offset); the program counts every firing."""
+    (uprobe ref_ctr_offset, or the uprobe_multi link's ref_ctr_offsets); the
+    program counts every firing."""
     target = _target(tmp_path)
     _, spec = _spec(tmp_path)
+    if multi:  # a uprobe_multi link wants the program loaded for it
+        spec.programs["gated"].expected_attach_type = BPF_TRACE_UPROBE_MULTI
     with load(spec) as obj:
         proc = subprocess.Popen(
             [str(target), str(HITS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -104,6 +114,7 @@ def test_usdt_semaphore_is_raised_while_attached(tmp_path: Path) -> None:
                 "gfxtest",
                 "gated",
                 pid=proc.pid,
+                multi=multi,
             ):
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
@@ -115,3 +126,26 @@ def test_usdt_semaphore_is_raised_while_attached(tmp_path: Path) -> None:
         bss = obj.map(".bss").lookup(0)
     v = spec.maps[".bss"].variables["gated_hits"]
     assert int.from_bytes(bss[v.offset : v.offset + v.size], "little") == HITS
+
+
+def test_usdt_multi_needs_only_the_brokers_capabilities() -> None:
+    """As the service user with exactly CAP_BPF + CAP_PERFMON (the unit's
+    setpriv line): the perf uprobe PMU is refused, a uprobe_multi link with
+    the semaphore's ref_ctr_offset attaches and counts every firing."""
+    workdir = brokerenv.shared_dir()
+    try:
+        target = _target(workdir)
+        obj = compile_bpf((SOURCES / "usdt.bpf.c").read_text(), workdir, "usdt")
+        for p in (workdir, target, obj):
+            p.chmod(0o755)
+        helper = Path(__file__).with_name("usdt_unpriv.py")
+        cmd = brokerenv.unit_exec_argv(f"{brokerenv.VENV_PYTHON} {helper} {obj} {target} {HITS}")
+        r = subprocess.run(
+            cmd, env=brokerenv.BASE_ENV, cwd="/", capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["perf"] in (errno.EPERM, errno.EACCES), out  # needs CAP_SYS_ADMIN
+        assert out["target"] == f"done {HITS}" and out["gated_hits"] == HITS, out
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
