@@ -22,6 +22,7 @@ from gfxbpf.bpf.core_apply import relocate as core_relocate
 from gfxbpf.bpf.core_relo import CoreError
 from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.errors import KernelError
+from gfxbpf.bpf.insn import CODE_CALL
 from gfxbpf.bpf.externs import Extern, ExternError, kconfig_data, resolve_ksym
 from gfxbpf.bpf.kconfig import KconfigError
 from gfxbpf.bpf.kernel_btf import KernelBtfError, find_type, module_btf_fd
@@ -362,12 +363,12 @@ def _patch_extern(obj: LoadedObject, insns: bytearray, idx: int, e: Extern) -> N
         raise LoadError(f"object {obj.spec.name!r}: {err}") from err
     at = idx * C.INSN_SIZE
     code, regs, off, _imm = _INSN.unpack_from(insns, at)
-    if e.kind == "kfunc":  # id 0: an unresolved __weak kfunc, left to dead-code removal
+    if code == CODE_CALL:  # id 0: an unresolved __weak kfunc, left to dead-code removal
         src = C.BPF_PSEUDO_KFUNC_CALL
         _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), 0, value)
         return
     c2, r2, o2, _ = _INSN.unpack_from(insns, at + C.INSN_SIZE)
-    if how == "btf_id" and value:  # typed ksym: the verifier knows its type
+    if how == "btf_id" and value:  # typed ksym, or a kfunc's address: the verifier's to fill
         _INSN.pack_into(insns, at, code, (regs & 0x0F) | (C.BPF_PSEUDO_BTF_ID << 4), off, value)
         _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, 0)  # vmlinux, not a module
         return

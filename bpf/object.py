@@ -719,15 +719,15 @@ class _Relocator:
             outer.init[slot] = sym.name
 
     def extern(self, prog: ProgramSpec, local: int, code: int, e: Extern) -> Relocation:
-        """A use of an extern: a kfunc call, or an ld_imm64 of a kconfig value or ksym."""
-        if (code == CODE_CALL) != (e.kind == "kfunc"):
+        """A use of an extern: a kfunc call, or an ld_imm64 of a kconfig value or ksym
+        (or of a kfunc: `if (kfunc)` tests whether the kernel has it)."""
+        if code == CODE_CALL and e.kind != "kfunc":
             raise ObjectError(
-                f"program {prog.name!r}: insn {local} uses {e.kind} extern {e.name!r} "
-                + ("as a call" if code == CODE_CALL else "but is not a call")
+                f"program {prog.name!r}: insn {local} calls {e.kind} extern {e.name!r}"
             )
         if e.kind == "kconfig":
             return Relocation(local, "data", e.name, ".kconfig", offset=e.offset)
-        return Relocation(local, e.kind, e.name)
+        return Relocation(local, "kfunc" if code == CODE_CALL else "ksym", e.name)
 
     def call(self, prog: ProgramSpec, local: int, src: int, sym: Symbol, sname: str) -> Relocation:
         """A call into a subprogram in .text."""

@@ -74,3 +74,18 @@ def test_typed_ksym_gets_its_btf_id(tmp_path: Path) -> None:
     assert "failed to find the address for kernel symbol 'bpf_prog_active'" in (err.value.log or "")
     with pytest.raises(LibbpfRefused):  # libbpf gets the same refusal
         assert_loads_like_libbpf(str(path), spec, ensure_bpffs())
+
+
+def test_weak_kfuncs_resolve_or_drop_out_like_libbpf(tmp_path: Path) -> None:
+    """`if (kfunc)`: a missing __weak kfunc loads as 0 and its call is dead code;
+    a present one gets its BTF id. Same code as libbpf's; the program runs."""
+    path = _build(tmp_path, "weak_kfunc")
+    spec = ObjectSpec.from_file(str(path))
+    missing = spec.externs["bpf_gfx_no_such_kfunc"]
+    assert missing.weak and externs.resolve_ksym(missing) == ("btf_id", 0)
+    assert assert_loads_like_libbpf(str(path), spec, ensure_bpffs()) == 1
+    with load(spec) as obj:
+        with attach_kinds.attach_btf_traced(obj.programs["weak_kfuncs"].fd, "tp_btf"):
+            os.getppid()
+        seen = int.from_bytes(obj.map(".bss").lookup(0)[:8], "little")
+    assert seen == 2
