@@ -22,8 +22,8 @@ from gfxbpf.bpf.core_apply import relocate as core_relocate
 from gfxbpf.bpf.core_relo import CoreError
 from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.errors import KernelError
-from gfxbpf.bpf.insn import CODE_CALL
 from gfxbpf.bpf.externs import Extern, ExternError, kconfig_data, resolve_ksym
+from gfxbpf.bpf.insn import CODE_CALL
 from gfxbpf.bpf.kconfig import KconfigError
 from gfxbpf.bpf.kernel_btf import KernelBtfError, find_type, module_btf_fd
 from gfxbpf.bpf.maps import Map
