@@ -77,7 +77,7 @@ UNSUPPORTED_KINDS = {
 # Networking and cgroup program types: they change what the kernel does with
 # packets and sockets, not observe it; the loader does not load them.
 NON_TRACING = (
-    "socket sk_reuseport kprobe_multi tc tcx netkit classifier action xdp cgroup_skb cgroup "
+    "socket sk_reuseport tc tcx netkit classifier action xdp cgroup_skb cgroup "
     "sockops sk_skb sk_msg lirc_mode2 flow_dissector sk_lookup lwt_in lwt_out lwt_xmit "
     "lwt_seg6local netfilter"
 ).split()
