@@ -72,6 +72,11 @@ class Params:
     pid: int | None = None
     library: str | None = None
     functions: tuple[str, ...] = ()
+    frequency: int | None = None  # perf_event sampling, Hz (None: DEFAULT_FREQUENCY)
+
+
+# Sampling frequency of perf_event programs when the request names none.
+DEFAULT_FREQUENCY = 99
 
 
 def missing_tracepoint_message(target: str) -> str:
@@ -271,7 +276,8 @@ def attach_entry(
             )
         )
     elif a.kind == "perf_event":
-        inst.attachments.append(bpfattach.attach_perf_event(prog.fd, 99))
+        freq = params.frequency or DEFAULT_FREQUENCY
+        inst.attachments.append(bpfattach.attach_perf_event(prog.fd, freq))
     else:  # catalog validation keeps this unreachable
         raise ParameterError(f"unknown attach kind {a.kind!r}")
 

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cgfxbpf.proto\x12\tgfxbpf.v1\"J\n\x05\x45rror\x12\"\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x14.gfxbpf.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04rule\x18\x03 \x01(\t\"8\n\x0cHelloRequest\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x16\n\x0e\x63lient_version\x18\x02 \x01(\t\"7\n\x08\x46\x65\x61tures\x12\x18\n\x10\x64irect_map_reads\x18\x01 \x01(\x08\x12\x11\n\tbpf_stats\x18\x02 \x01(\x08\"\xb3\x01\n\nHelloReply\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x16\n\x0e\x62roker_version\x18\x02 \x01(\t\x12\x16\n\x0ekernel_release\x18\x03 \x01(\t\x12%\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0b\x32\x13.gfxbpf.v1.Features\x12\x0b\n\x03uid\x18\x05 \x01(\r\x12\x0b\n\x03gid\x18\x06 \x01(\r\x12\x0b\n\x03pid\x18\x07 \x01(\r\x12\x15\n\rpossible_cpus\x18\x08 \x01(\r\"\x15\n\x13ListProgramsRequest\"\x9c\x02\n\x0eProgramListing\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12 \n\x06scopes\x18\x04 \x03(\x0e\x32\x10.gfxbpf.v1.Scope\x12\x11\n\tavailable\x18\x05 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x06 \x01(\t\x12\x15\n\rattach_points\x18\x07 \x03(\t\x12\x11\n\tlibraries\x18\x08 \x03(\t\x12\x33\n\nparameters\x18\t \x03(\x0b\x32\x1f.gfxbpf.v1.ParameterDescription\x12\'\n\x04maps\x18\n \x03(\x0b\x32\x19.gfxbpf.v1.MapDescription\"Y\n\x14ParameterDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"@\n\x11ListProgramsReply\x12+\n\x08programs\x18\x01 \x03(\x0b\x32\x19.gfxbpf.v1.ProgramListing\"s\n\x0c\x41ttachParams\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0f\n\x07library\x18\x02 \x01(\t\x12\x11\n\tfunctions\x18\x03 \x03(\t\x12\x1d\n\x10library_fd_index\x18\x04 \x01(\x05H\x00\x88\x01\x01\x42\x13\n\x11_library_fd_index\"\x9d\x01\n\rAttachRequest\x12\x0e\n\x04name\x18\x01 \x01(\tH\x00\x12\x10\n\x06object\x18\x02 \x01(\x0cH\x00\x12\x1f\n\x05scope\x18\x03 \x01(\x0e\x32\x10.gfxbpf.v1.Scope\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.gfxbpf.v1.AttachParams\x12\x15\n\rlease_seconds\x18\x05 \x01(\rB\t\n\x07program\"\xb5\x02\n\x0eMapDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04show\x18\x02 \x01(\t\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\x11\n\tkey_label\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x10\n\x08map_type\x18\x06 \x01(\r\x12\x10\n\x08key_size\x18\x07 \x01(\r\x12\x12\n\nvalue_size\x18\x08 \x01(\r\x12\x13\n\x0bmax_entries\x18\t \x01(\r\x12\x0f\n\x07per_cpu\x18\n \x01(\x08\x12\x10\n\x08\x66\x64_index\x18\x0b \x01(\x05\x12\x17\n\x0f\x62tf_key_type_id\x18\x0c \x01(\r\x12\x19\n\x11\x62tf_value_type_id\x18\r \x01(\r\x12\x12\n\nevent_type\x18\x0e \x01(\t\x12\x19\n\x11\x62tf_event_type_id\x18\x0f \x01(\r\"i\n\x12ProgramDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x11\n\tprog_type\x18\x03 \x01(\r\x12\x0f\n\x07prog_id\x18\x04 \x01(\r\x12\x10\n\x08\x66\x64_index\x18\x05 \x01(\x05\"\x90\x02\n\x0b\x41ttachReply\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x1f\n\x05scope\x18\x04 \x01(\x0e\x32\x10.gfxbpf.v1.Scope\x12\x0e\n\x06shared\x18\x05 \x01(\x08\x12\'\n\x04maps\x18\x06 \x03(\x0b\x32\x19.gfxbpf.v1.MapDescription\x12/\n\x08programs\x18\x07 \x03(\x0b\x32\x1d.gfxbpf.v1.ProgramDescription\x12\x0b\n\x03\x62tf\x18\x08 \x01(\x0c\x12\x15\n\rpossible_cpus\x18\t \x01(\r\x12\x1a\n\x12lease_expires_unix\x18\n \x01(\x04\"&\n\rDetachRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\"\x1f\n\x0b\x44\x65tachReply\x12\x10\n\x08unloaded\x18\x01 \x01(\x08\"Y\n\x0eReadMapRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0b\n\x03map\x18\x02 \x01(\t\x12\x13\n\x0bmax_entries\x18\x03 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\x0c\"7\n\x08MapEntry\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x0f\n\x07per_cpu\x18\x03 \x03(\x0c\"I\n\x0cReadMapReply\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.gfxbpf.v1.MapEntry\x12\x13\n\x0bnext_cursor\x18\x02 \x01(\x0c\"M\n\x13StreamEventsRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0b\n\x03map\x18\x02 \x01(\t\x12\x12\n\nmax_events\x18\x03 \x01(\r\"\"\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"I\n\nEventBatch\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.gfxbpf.v1.Event\x12\x0c\n\x04lost\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\"%\n\x0cStatsRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\"\x99\x01\n\x0cProgramStats\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x10\n\x08\x66unction\x18\x03 \x01(\t\x12\x0f\n\x07prog_id\x18\x04 \x01(\r\x12\x0f\n\x07run_cnt\x18\x05 \x01(\x04\x12\x13\n\x0brun_time_ns\x18\x06 \x01(\x04\x12\x18\n\x10recursion_misses\x18\x07 \x01(\x04\"N\n\nStatsReply\x12)\n\x08programs\x18\x01 \x03(\x0b\x32\x17.gfxbpf.v1.ProgramStats\x12\x15\n\rstats_enabled\x18\x02 \x01(\x08\"(\n\x11IssueTokenRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\r\"6\n\x0fIssueTokenReply\x12\r\n\x05token\x18\x01 \x01(\t\x12\x14\n\x0c\x65xpires_unix\x18\x02 \x01(\x04\"\x9f\x03\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x05hello\x18\n \x01(\x0b\x32\x17.gfxbpf.v1.HelloRequestH\x00\x12\x37\n\rlist_programs\x18\x0b \x01(\x0b\x32\x1e.gfxbpf.v1.ListProgramsRequestH\x00\x12*\n\x06\x61ttach\x18\x0c \x01(\x0b\x32\x18.gfxbpf.v1.AttachRequestH\x00\x12*\n\x06\x64\x65tach\x18\r \x01(\x0b\x32\x18.gfxbpf.v1.DetachRequestH\x00\x12-\n\x08read_map\x18\x0e \x01(\x0b\x32\x19.gfxbpf.v1.ReadMapRequestH\x00\x12\x37\n\rstream_events\x18\x0f \x01(\x0b\x32\x1e.gfxbpf.v1.StreamEventsRequestH\x00\x12(\n\x05stats\x18\x10 \x01(\x0b\x32\x17.gfxbpf.v1.StatsRequestH\x00\x12\x33\n\x0bissue_token\x18\x11 \x01(\x0b\x32\x1c.gfxbpf.v1.IssueTokenRequestH\x00\x42\x06\n\x04\x62ody\"\xa5\x03\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\x04\x12!\n\x05\x65rror\x18\t \x01(\x0b\x32\x10.gfxbpf.v1.ErrorH\x00\x12&\n\x05hello\x18\n \x01(\x0b\x32\x15.gfxbpf.v1.HelloReplyH\x00\x12\x35\n\rlist_programs\x18\x0b \x01(\x0b\x32\x1c.gfxbpf.v1.ListProgramsReplyH\x00\x12(\n\x06\x61ttach\x18\x0c \x01(\x0b\x32\x16.gfxbpf.v1.AttachReplyH\x00\x12(\n\x06\x64\x65tach\x18\r \x01(\x0b\x32\x16.gfxbpf.v1.DetachReplyH\x00\x12+\n\x08read_map\x18\x0e \x01(\x0b\x32\x17.gfxbpf.v1.ReadMapReplyH\x00\x12\'\n\x06\x65vents\x18\x0f \x01(\x0b\x32\x15.gfxbpf.v1.EventBatchH\x00\x12&\n\x05stats\x18\x10 \x01(\x0b\x32\x15.gfxbpf.v1.StatsReplyH\x00\x12\x31\n\x0bissue_token\x18\x11 \x01(\x0b\x32\x1a.gfxbpf.v1.IssueTokenReplyH\x00\x42\x06\n\x04\x62ody*@\n\x05Scope\x12\x15\n\x11SCOPE_UNSPECIFIED\x10\x00\x12\x0e\n\nSCOPE_SELF\x10\x01\x12\x10\n\x0cSCOPE_SYSTEM\x10\x02*\xab\x02\n\tErrorCode\x12\x15\n\x11\x45RROR_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45RROR_INVALID_ARGUMENT\x10\x01\x12\x1b\n\x17\x45RROR_PERMISSION_DENIED\x10\x02\x12\x13\n\x0f\x45RROR_NOT_FOUND\x10\x03\x12\x1c\n\x18\x45RROR_RESOURCE_EXHAUSTED\x10\x04\x12\x15\n\x11\x45RROR_UNAVAILABLE\x10\x05\x12\x16\n\x12\x45RROR_AUDIT_FAILED\x10\x06\x12\x17\n\x13\x45RROR_HASH_MISMATCH\x10\x07\x12\x19\n\x15\x45RROR_UNAUTHENTICATED\x10\x08\x12\x10\n\x0c\x45RROR_KERNEL\x10\t\x12\x12\n\x0e\x45RROR_INTERNAL\x10\n\x12\x12\n\x0e\x45RROR_PROTOCOL\x10\x0b\x32\xc8\x03\n\x06\x42roker\x12\x37\n\x05Hello\x12\x17.gfxbpf.v1.HelloRequest\x1a\x15.gfxbpf.v1.HelloReply\x12L\n\x0cListPrograms\x12\x1e.gfxbpf.v1.ListProgramsRequest\x1a\x1c.gfxbpf.v1.ListProgramsReply\x12:\n\x06\x41ttach\x12\x18.gfxbpf.v1.AttachRequest\x1a\x16.gfxbpf.v1.AttachReply\x12:\n\x06\x44\x65tach\x12\x18.gfxbpf.v1.DetachRequest\x1a\x16.gfxbpf.v1.DetachReply\x12=\n\x07ReadMap\x12\x19.gfxbpf.v1.ReadMapRequest\x1a\x17.gfxbpf.v1.ReadMapReply\x12G\n\x0cStreamEvents\x12\x1e.gfxbpf.v1.StreamEventsRequest\x1a\x15.gfxbpf.v1.EventBatch0\x01\x12\x37\n\x05Stats\x12\x17.gfxbpf.v1.StatsRequest\x1a\x15.gfxbpf.v1.StatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cgfxbpf.proto\x12\tgfxbpf.v1\"J\n\x05\x45rror\x12\"\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x14.gfxbpf.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04rule\x18\x03 \x01(\t\"8\n\x0cHelloRequest\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x16\n\x0e\x63lient_version\x18\x02 \x01(\t\"7\n\x08\x46\x65\x61tures\x12\x18\n\x10\x64irect_map_reads\x18\x01 \x01(\x08\x12\x11\n\tbpf_stats\x18\x02 \x01(\x08\"\xb3\x01\n\nHelloReply\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x16\n\x0e\x62roker_version\x18\x02 \x01(\t\x12\x16\n\x0ekernel_release\x18\x03 \x01(\t\x12%\n\x08\x66\x65\x61tures\x18\x04 \x01(\x0b\x32\x13.gfxbpf.v1.Features\x12\x0b\n\x03uid\x18\x05 \x01(\r\x12\x0b\n\x03gid\x18\x06 \x01(\r\x12\x0b\n\x03pid\x18\x07 \x01(\r\x12\x15\n\rpossible_cpus\x18\x08 \x01(\r\"\x15\n\x13ListProgramsRequest\"\x9c\x02\n\x0eProgramListing\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12 \n\x06scopes\x18\x04 \x03(\x0e\x32\x10.gfxbpf.v1.Scope\x12\x11\n\tavailable\x18\x05 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x06 \x01(\t\x12\x15\n\rattach_points\x18\x07 \x03(\t\x12\x11\n\tlibraries\x18\x08 \x03(\t\x12\x33\n\nparameters\x18\t \x03(\x0b\x32\x1f.gfxbpf.v1.ParameterDescription\x12\'\n\x04maps\x18\n \x03(\x0b\x32\x19.gfxbpf.v1.MapDescription\"Y\n\x14ParameterDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\"@\n\x11ListProgramsReply\x12+\n\x08programs\x18\x01 \x03(\x0b\x32\x19.gfxbpf.v1.ProgramListing\"\x86\x01\n\x0c\x41ttachParams\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0f\n\x07library\x18\x02 \x01(\t\x12\x11\n\tfunctions\x18\x03 \x03(\t\x12\x1d\n\x10library_fd_index\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tfrequency\x18\x05 \x01(\rB\x13\n\x11_library_fd_index\"\x9d\x01\n\rAttachRequest\x12\x0e\n\x04name\x18\x01 \x01(\tH\x00\x12\x10\n\x06object\x18\x02 \x01(\x0cH\x00\x12\x1f\n\x05scope\x18\x03 \x01(\x0e\x32\x10.gfxbpf.v1.Scope\x12\'\n\x06params\x18\x04 \x01(\x0b\x32\x17.gfxbpf.v1.AttachParams\x12\x15\n\rlease_seconds\x18\x05 \x01(\rB\t\n\x07program\"\xb5\x02\n\x0eMapDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04show\x18\x02 \x01(\t\x12\x0c\n\x04unit\x18\x03 \x01(\t\x12\x11\n\tkey_label\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x10\n\x08map_type\x18\x06 \x01(\r\x12\x10\n\x08key_size\x18\x07 \x01(\r\x12\x12\n\nvalue_size\x18\x08 \x01(\r\x12\x13\n\x0bmax_entries\x18\t \x01(\r\x12\x0f\n\x07per_cpu\x18\n \x01(\x08\x12\x10\n\x08\x66\x64_index\x18\x0b \x01(\x05\x12\x17\n\x0f\x62tf_key_type_id\x18\x0c \x01(\r\x12\x19\n\x11\x62tf_value_type_id\x18\r \x01(\r\x12\x12\n\nevent_type\x18\x0e \x01(\t\x12\x19\n\x11\x62tf_event_type_id\x18\x0f \x01(\r\"i\n\x12ProgramDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\x11\n\tprog_type\x18\x03 \x01(\r\x12\x0f\n\x07prog_id\x18\x04 \x01(\r\x12\x10\n\x08\x66\x64_index\x18\x05 \x01(\x05\"\x90\x02\n\x0b\x41ttachReply\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x1f\n\x05scope\x18\x04 \x01(\x0e\x32\x10.gfxbpf.v1.Scope\x12\x0e\n\x06shared\x18\x05 \x01(\x08\x12\'\n\x04maps\x18\x06 \x03(\x0b\x32\x19.gfxbpf.v1.MapDescription\x12/\n\x08programs\x18\x07 \x03(\x0b\x32\x1d.gfxbpf.v1.ProgramDescription\x12\x0b\n\x03\x62tf\x18\x08 \x01(\x0c\x12\x15\n\rpossible_cpus\x18\t \x01(\r\x12\x1a\n\x12lease_expires_unix\x18\n \x01(\x04\"&\n\rDetachRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\"\x1f\n\x0b\x44\x65tachReply\x12\x10\n\x08unloaded\x18\x01 \x01(\x08\"Y\n\x0eReadMapRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0b\n\x03map\x18\x02 \x01(\t\x12\x13\n\x0bmax_entries\x18\x03 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\x0c\"7\n\x08MapEntry\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x0f\n\x07per_cpu\x18\x03 \x03(\x0c\"I\n\x0cReadMapReply\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.gfxbpf.v1.MapEntry\x12\x13\n\x0bnext_cursor\x18\x02 \x01(\x0c\"M\n\x13StreamEventsRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0b\n\x03map\x18\x02 \x01(\t\x12\x12\n\nmax_events\x18\x03 \x01(\r\"\"\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"I\n\nEventBatch\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.gfxbpf.v1.Event\x12\x0c\n\x04lost\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\"%\n\x0cStatsRequest\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\"\x99\x01\n\x0cProgramStats\x12\x15\n\rattachment_id\x18\x01 \x01(\x04\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x10\n\x08\x66unction\x18\x03 \x01(\t\x12\x0f\n\x07prog_id\x18\x04 \x01(\r\x12\x0f\n\x07run_cnt\x18\x05 \x01(\x04\x12\x13\n\x0brun_time_ns\x18\x06 \x01(\x04\x12\x18\n\x10recursion_misses\x18\x07 \x01(\x04\"N\n\nStatsReply\x12)\n\x08programs\x18\x01 \x03(\x0b\x32\x17.gfxbpf.v1.ProgramStats\x12\x15\n\rstats_enabled\x18\x02 \x01(\x08\"(\n\x11IssueTokenRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\r\"6\n\x0fIssueTokenReply\x12\r\n\x05token\x18\x01 \x01(\t\x12\x14\n\x0c\x65xpires_unix\x18\x02 \x01(\x04\"\x9f\x03\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x05hello\x18\n \x01(\x0b\x32\x17.gfxbpf.v1.HelloRequestH\x00\x12\x37\n\rlist_programs\x18\x0b \x01(\x0b\x32\x1e.gfxbpf.v1.ListProgramsRequestH\x00\x12*\n\x06\x61ttach\x18\x0c \x01(\x0b\x32\x18.gfxbpf.v1.AttachRequestH\x00\x12*\n\x06\x64\x65tach\x18\r \x01(\x0b\x32\x18.gfxbpf.v1.DetachRequestH\x00\x12-\n\x08read_map\x18\x0e \x01(\x0b\x32\x19.gfxbpf.v1.ReadMapRequestH\x00\x12\x37\n\rstream_events\x18\x0f \x01(\x0b\x32\x1e.gfxbpf.v1.StreamEventsRequestH\x00\x12(\n\x05stats\x18\x10 \x01(\x0b\x32\x17.gfxbpf.v1.StatsRequestH\x00\x12\x33\n\x0bissue_token\x18\x11 \x01(\x0b\x32\x1c.gfxbpf.v1.IssueTokenRequestH\x00\x42\x06\n\x04\x62ody\"\xa5\x03\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\x04\x12!\n\x05\x65rror\x18\t \x01(\x0b\x32\x10.gfxbpf.v1.ErrorH\x00\x12&\n\x05hello\x18\n \x01(\x0b\x32\x15.gfxbpf.v1.HelloReplyH\x00\x12\x35\n\rlist_programs\x18\x0b \x01(\x0b\x32\x1c.gfxbpf.v1.ListProgramsReplyH\x00\x12(\n\x06\x61ttach\x18\x0c \x01(\x0b\x32\x16.gfxbpf.v1.AttachReplyH\x00\x12(\n\x06\x64\x65tach\x18\r \x01(\x0b\x32\x16.gfxbpf.v1.DetachReplyH\x00\x12+\n\x08read_map\x18\x0e \x01(\x0b\x32\x17.gfxbpf.v1.ReadMapReplyH\x00\x12\'\n\x06\x65vents\x18\x0f \x01(\x0b\x32\x15.gfxbpf.v1.EventBatchH\x00\x12&\n\x05stats\x18\x10 \x01(\x0b\x32\x15.gfxbpf.v1.StatsReplyH\x00\x12\x31\n\x0bissue_token\x18\x11 \x01(\x0b\x32\x1a.gfxbpf.v1.IssueTokenReplyH\x00\x42\x06\n\x04\x62ody*@\n\x05Scope\x12\x15\n\x11SCOPE_UNSPECIFIED\x10\x00\x12\x0e\n\nSCOPE_SELF\x10\x01\x12\x10\n\x0cSCOPE_SYSTEM\x10\x02*\xab\x02\n\tErrorCode\x12\x15\n\x11\x45RROR_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x45RROR_INVALID_ARGUMENT\x10\x01\x12\x1b\n\x17\x45RROR_PERMISSION_DENIED\x10\x02\x12\x13\n\x0f\x45RROR_NOT_FOUND\x10\x03\x12\x1c\n\x18\x45RROR_RESOURCE_EXHAUSTED\x10\x04\x12\x15\n\x11\x45RROR_UNAVAILABLE\x10\x05\x12\x16\n\x12\x45RROR_AUDIT_FAILED\x10\x06\x12\x17\n\x13\x45RROR_HASH_MISMATCH\x10\x07\x12\x19\n\x15\x45RROR_UNAUTHENTICATED\x10\x08\x12\x10\n\x0c\x45RROR_KERNEL\x10\t\x12\x12\n\x0e\x45RROR_INTERNAL\x10\n\x12\x12\n\x0e\x45RROR_PROTOCOL\x10\x0b\x32\xc8\x03\n\x06\x42roker\x12\x37\n\x05Hello\x12\x17.gfxbpf.v1.HelloRequest\x1a\x15.gfxbpf.v1.HelloReply\x12L\n\x0cListPrograms\x12\x1e.gfxbpf.v1.ListProgramsRequest\x1a\x1c.gfxbpf.v1.ListProgramsReply\x12:\n\x06\x41ttach\x12\x18.gfxbpf.v1.AttachRequest\x1a\x16.gfxbpf.v1.AttachReply\x12:\n\x06\x44\x65tach\x12\x18.gfxbpf.v1.DetachRequest\x1a\x16.gfxbpf.v1.DetachReply\x12=\n\x07ReadMap\x12\x19.gfxbpf.v1.ReadMapRequest\x1a\x17.gfxbpf.v1.ReadMapReply\x12G\n\x0cStreamEvents\x12\x1e.gfxbpf.v1.StreamEventsRequest\x1a\x15.gfxbpf.v1.EventBatch0\x01\x12\x37\n\x05Stats\x12\x17.gfxbpf.v1.StatsRequest\x1a\x15.gfxbpf.v1.StatsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gfxbpf_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SCOPE']._serialized_start=3539
-  _globals['_SCOPE']._serialized_end=3603
-  _globals['_ERRORCODE']._serialized_start=3606
-  _globals['_ERRORCODE']._serialized_end=3905
+  _globals['_SCOPE']._serialized_start=3559
+  _globals['_SCOPE']._serialized_end=3623
+  _globals['_ERRORCODE']._serialized_start=3626
+  _globals['_ERRORCODE']._serialized_end=3925
   _globals['_ERROR']._serialized_start=27
   _globals['_ERROR']._serialized_end=101
   _globals['_HELLOREQUEST']._serialized_start=103
@@ -51,46 +51,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARAMETERDESCRIPTION']._serialized_end=799
   _globals['_LISTPROGRAMSREPLY']._serialized_start=801
   _globals['_LISTPROGRAMSREPLY']._serialized_end=865
-  _globals['_ATTACHPARAMS']._serialized_start=867
-  _globals['_ATTACHPARAMS']._serialized_end=982
-  _globals['_ATTACHREQUEST']._serialized_start=985
-  _globals['_ATTACHREQUEST']._serialized_end=1142
-  _globals['_MAPDESCRIPTION']._serialized_start=1145
-  _globals['_MAPDESCRIPTION']._serialized_end=1454
-  _globals['_PROGRAMDESCRIPTION']._serialized_start=1456
-  _globals['_PROGRAMDESCRIPTION']._serialized_end=1561
-  _globals['_ATTACHREPLY']._serialized_start=1564
-  _globals['_ATTACHREPLY']._serialized_end=1836
-  _globals['_DETACHREQUEST']._serialized_start=1838
-  _globals['_DETACHREQUEST']._serialized_end=1876
-  _globals['_DETACHREPLY']._serialized_start=1878
-  _globals['_DETACHREPLY']._serialized_end=1909
-  _globals['_READMAPREQUEST']._serialized_start=1911
-  _globals['_READMAPREQUEST']._serialized_end=2000
-  _globals['_MAPENTRY']._serialized_start=2002
-  _globals['_MAPENTRY']._serialized_end=2057
-  _globals['_READMAPREPLY']._serialized_start=2059
-  _globals['_READMAPREPLY']._serialized_end=2132
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=2134
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=2211
-  _globals['_EVENT']._serialized_start=2213
-  _globals['_EVENT']._serialized_end=2247
-  _globals['_EVENTBATCH']._serialized_start=2249
-  _globals['_EVENTBATCH']._serialized_end=2322
-  _globals['_STATSREQUEST']._serialized_start=2324
-  _globals['_STATSREQUEST']._serialized_end=2361
-  _globals['_PROGRAMSTATS']._serialized_start=2364
-  _globals['_PROGRAMSTATS']._serialized_end=2517
-  _globals['_STATSREPLY']._serialized_start=2519
-  _globals['_STATSREPLY']._serialized_end=2597
-  _globals['_ISSUETOKENREQUEST']._serialized_start=2599
-  _globals['_ISSUETOKENREQUEST']._serialized_end=2639
-  _globals['_ISSUETOKENREPLY']._serialized_start=2641
-  _globals['_ISSUETOKENREPLY']._serialized_end=2695
-  _globals['_REQUEST']._serialized_start=2698
-  _globals['_REQUEST']._serialized_end=3113
-  _globals['_RESPONSE']._serialized_start=3116
-  _globals['_RESPONSE']._serialized_end=3537
-  _globals['_BROKER']._serialized_start=3908
-  _globals['_BROKER']._serialized_end=4364
+  _globals['_ATTACHPARAMS']._serialized_start=868
+  _globals['_ATTACHPARAMS']._serialized_end=1002
+  _globals['_ATTACHREQUEST']._serialized_start=1005
+  _globals['_ATTACHREQUEST']._serialized_end=1162
+  _globals['_MAPDESCRIPTION']._serialized_start=1165
+  _globals['_MAPDESCRIPTION']._serialized_end=1474
+  _globals['_PROGRAMDESCRIPTION']._serialized_start=1476
+  _globals['_PROGRAMDESCRIPTION']._serialized_end=1581
+  _globals['_ATTACHREPLY']._serialized_start=1584
+  _globals['_ATTACHREPLY']._serialized_end=1856
+  _globals['_DETACHREQUEST']._serialized_start=1858
+  _globals['_DETACHREQUEST']._serialized_end=1896
+  _globals['_DETACHREPLY']._serialized_start=1898
+  _globals['_DETACHREPLY']._serialized_end=1929
+  _globals['_READMAPREQUEST']._serialized_start=1931
+  _globals['_READMAPREQUEST']._serialized_end=2020
+  _globals['_MAPENTRY']._serialized_start=2022
+  _globals['_MAPENTRY']._serialized_end=2077
+  _globals['_READMAPREPLY']._serialized_start=2079
+  _globals['_READMAPREPLY']._serialized_end=2152
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=2154
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=2231
+  _globals['_EVENT']._serialized_start=2233
+  _globals['_EVENT']._serialized_end=2267
+  _globals['_EVENTBATCH']._serialized_start=2269
+  _globals['_EVENTBATCH']._serialized_end=2342
+  _globals['_STATSREQUEST']._serialized_start=2344
+  _globals['_STATSREQUEST']._serialized_end=2381
+  _globals['_PROGRAMSTATS']._serialized_start=2384
+  _globals['_PROGRAMSTATS']._serialized_end=2537
+  _globals['_STATSREPLY']._serialized_start=2539
+  _globals['_STATSREPLY']._serialized_end=2617
+  _globals['_ISSUETOKENREQUEST']._serialized_start=2619
+  _globals['_ISSUETOKENREQUEST']._serialized_end=2659
+  _globals['_ISSUETOKENREPLY']._serialized_start=2661
+  _globals['_ISSUETOKENREPLY']._serialized_end=2715
+  _globals['_REQUEST']._serialized_start=2718
+  _globals['_REQUEST']._serialized_end=3133
+  _globals['_RESPONSE']._serialized_start=3136
+  _globals['_RESPONSE']._serialized_end=3557
+  _globals['_BROKER']._serialized_start=3928
+  _globals['_BROKER']._serialized_end=4384
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,17 @@ SIDE_OBJECTS = (
 )
 BUILD = ROOT / "tools" / "build_bpf.py"
 
-EXPECTED = {"vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls"}
+EXPECTED = {
+    "vmabind",
+    "fence",
+    "drmsched",
+    "execsnoop",
+    "syscount",
+    "clonecount",
+    "ucalls",
+    "profile",
+    "ustacks",
+}
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
 # machine's 6.18 sched_process_exec format.
@@ -65,6 +75,8 @@ KNOB_DEFAULTS = {
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
     "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "profile": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
@@ -129,6 +141,14 @@ def test_catalog_parses(catalog: cat.Catalog) -> None:
     assert all(a.target is None for a in ucalls.attach)
     assert [p.name for p in ucalls.parameters] == ["pid", "library", "functions"]
     assert ucalls.parameters[2].type == "list[str]"
+    profile = catalog.get("profile")
+    assert profile.attach == (cat.Attach("profile_sample", "perf_event"),)
+    assert [p.name for p in profile.parameters] == ["frequency", "pid"]
+    assert not any(p.required for p in profile.parameters)
+    assert profile.map("stacks").visible  # user addresses only: BPF_F_USER_STACK
+    ustacks = catalog.get("ustacks")
+    assert [p.name for p in ustacks.parameters] == ["pid", "library", "functions"]
+    assert not ustacks.map("entry_ts").visible
     # GPU programs run only system-wide.
     for name in ("vmabind", "fence", "drmsched"):
         assert catalog.get(name).scopes == ("system",)
