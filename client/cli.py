@@ -55,6 +55,7 @@ from gfxbpf.client.errors import (
 )
 from gfxbpf.client.grpc_config import DEFAULT_GRPC, TlsFiles
 from gfxbpf.client.handle import Attachment, ClientMap, scope_name
+from gfxbpf.client import profile_cmd
 from gfxbpf.client.syscalls import syscall_name
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -233,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait", type=_nonnegative, default=1.0, metavar="S", help="after --attach (default 1)"
     )
+
+    p = command(
+        "profile",
+        "CPU profile (flame graph) of your processes, or the stacks that call a function",
+        "\n\n" + profile_cmd.EXAMPLES,
+    )
+    profile_cmd.add_arguments(p)
     return parser
 
 
@@ -895,6 +903,12 @@ def _program_table(programs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def cmd_profile(args: argparse.Namespace, out: TextIO) -> int:
+    """The body is in profile_cmd.py; Ctrl-C ends the sampling, not the command."""
+    with StopSignal() as stop:
+        return profile_cmd.run(args, out, _connect, stop)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "list": cmd_list,
     "info": cmd_info,
@@ -902,6 +916,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": cmd_stream,
     "dump": cmd_dump,
     "status": cmd_status,
+    "profile": cmd_profile,
 }
 
 
