@@ -1,0 +1,171 @@
+"""Raw stacks (addresses) -> a Profile (function names), in the client.
+
+address -> mapping (/proc/PID/maps snapshot) -> file offset -> ELF virtual
+address (PT_LOAD segments) -> function (.symtab, else a separate debug file's,
+else .dynsym), or a perf map entry for JIT code (Python 3.12+ -X perf).
+Tables come from symtab.py's on-disk cache when the file was seen before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from gfxbpf.bpf.symbols import SymbolError, function_ranges
+from gfxbpf.client.profile import symtab
+from gfxbpf.client.profile.elfinfo import DEBUG_ROOT, debug_file, read_info
+from gfxbpf.client.profile.model import (
+    KERNEL_FRAME,
+    LOST_FRAME,
+    UNITS,
+    UNKNOWN_FRAME,
+    Profile,
+    RawStack,
+)
+from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
+from gfxbpf.client.profile.stackcheck import StackCheck
+
+__all__ = ["Symbolizer"]
+
+# A named frame and the object (file name) it lies in, for the stack check.
+_Frame = tuple[str, str | None]
+
+
+class Symbolizer:
+    def __init__(self, cache_dir: str | None = None, *, debug_root: str = DEBUG_ROOT) -> None:
+        self.cache_dir = cache_dir or symtab.default_cache_dir()
+        self.debug_root = debug_root
+        self._procs: dict[int, ProcessMaps] = {}
+        # (dev, inode, size, mtime) of a file -> its table (None: not usable)
+        self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
+        self._frames: dict[tuple[int, int], _Frame] = {}
+        self.parsed = 0  # symbol tables read from ELF files by this symbolizer
+        self.cache_hits = 0  # ... and loaded from the on-disk cache instead
+
+    def add_process(self, pid: int, maps: ProcessMaps) -> None:
+        """Call while the process lives; calling again adds what a later snapshot saw."""
+        if pid in self._procs:
+            self._procs[pid].merge(maps)
+        else:
+            self._procs[pid] = maps
+        self._frames = {k: v for k, v in self._frames.items() if k[0] != pid}
+
+    def symbolize(
+        self,
+        raw: Iterable[RawStack],
+        unit: str,
+        period_ns: int | None = None,
+        duration_s: float | None = None,
+    ) -> Profile:
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
+        stacks: dict[tuple[str, ...], int] = {}
+        check = StackCheck()
+        for r in raw:
+            frames = self._stack(r, check)
+            stacks[frames] = stacks.get(frames, 0) + r.weight
+        return Profile(
+            stacks=stacks,
+            unit=unit,
+            period_ns=period_ns,
+            duration_s=duration_s,
+            notes=check.notes(),
+        )
+
+    def _stack(self, r: RawStack, check: StackCheck) -> tuple[str, ...]:
+        maps = self._procs.get(r.pid)
+        comm = r.comm or (maps.comm if maps else "") or f"[pid {r.pid}]"
+        names = [comm]
+        if r.user_error is not None and not r.user:
+            names.append(LOST_FRAME)
+            check.add_lost(r.user_error, r.weight)
+        elif r.user:
+            # Every address but the innermost is a return address: look up the
+            # call instruction before it (a call can be a function's last one).
+            user = [self._frame(r.pid, maps, a if i == 0 else a - 1) for i, a in enumerate(r.user)]
+            user.reverse()
+            check.add([n for n, _ in user], user[0][1], r.weight)
+            names.extend(n for n, _ in user)
+        if r.leaf and names[-1] != r.leaf:
+            names.append(r.leaf)
+        if r.kernel:
+            names.append(KERNEL_FRAME)
+        return tuple(_clean(n) for n in names)
+
+    def _frame(self, pid: int, maps: ProcessMaps | None, addr: int) -> _Frame:
+        key = (pid, addr)
+        got = self._frames.get(key)
+        if got is None:
+            got = self._frames[key] = self._name(maps, addr)
+        return got
+
+    def _name(self, maps: ProcessMaps | None, addr: int) -> _Frame:
+        if maps is None:
+            return UNKNOWN_FRAME, None
+        m = maps.find(addr)
+        if m is None or not m.is_file:
+            jit = maps.find_perf(addr)
+            if jit is not None:
+                return jit.name, maps.perf_map_path
+            if m is not None and m.path.startswith("["):
+                return m.path, m.path  # [vdso], [heap], ...
+            return UNKNOWN_FRAME, None
+        obj = os.path.basename(m.file_path)
+        off = addr - m.start + m.offset
+        table = self._table(m, maps.root)
+        if table is not None:
+            vaddr = table.vaddr(off)
+            if vaddr is not None:
+                name = table.lookup(vaddr)
+                if name is not None:
+                    return name, obj
+        return f"[{obj}+{off:#x}]", obj
+
+    def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
+        path = root + m.file_path
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if st.st_ino != m.inode:
+            return None  # replaced on disk since it was mapped: its symbols would lie
+        local = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if local in self._tables:
+            return self._tables[local]
+        table = self._load_or_parse(path, st)
+        self._tables[local] = table
+        return table
+
+    def _load_or_parse(self, path: str, st: os.stat_result) -> symtab.SymbolTable | None:
+        info = read_info(path)
+        if info is None:
+            return None
+        key = symtab.cache_key(info.build_id, st)
+        table = symtab.load(self.cache_dir, key)
+        if table is not None:
+            self.cache_hits += 1
+            return table
+        source = path
+        if not info.has_symtab:
+            source = debug_file(path, info, self.debug_root) or path
+        try:
+            funcs = function_ranges(source)
+        except SymbolError:
+            funcs = []
+        if source != path:
+            # The debug file's .symtab, plus exported names it may lack.
+            try:
+                funcs += function_ranges(path)
+            except SymbolError:
+                pass
+        self.parsed += 1
+        table = symtab.SymbolTable.build(info.segments, funcs)
+        symtab.store(self.cache_dir, key, table)
+        return table
+
+
+def _clean(name: str) -> str:
+    """Frame names end up in line- and ';'-separated formats."""
+    if ";" in name or "\n" in name or "\r" in name:
+        return name.replace(";", ":").replace("\n", " ").replace("\r", " ")
+    return name
