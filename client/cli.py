@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.client import profile_cmd
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
@@ -55,7 +56,6 @@ from gfxbpf.client.errors import (
 )
 from gfxbpf.client.grpc_config import DEFAULT_GRPC, TlsFiles
 from gfxbpf.client.handle import Attachment, ClientMap, scope_name
-from gfxbpf.client import profile_cmd
 from gfxbpf.client.syscalls import syscall_name
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

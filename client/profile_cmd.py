@@ -21,15 +21,23 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.client import profile_read
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.errors import ClientError, UsageError
 from gfxbpf.client.handle import Attachment
-from gfxbpf.client.profile import FORMATS, Profile, RawStack, Symbolizer, capture
-from gfxbpf.client.profile import format_top, top_functions, write_profile
+from gfxbpf.client.profile import (
+    FORMATS,
+    Profile,
+    RawStack,
+    Symbolizer,
+    capture,
+    format_top,
+    top_functions,
+    write_profile,
+)
 
 DEFAULT_FREQUENCY = 99
 TOP_N = 15
@@ -84,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the profile here")
     p.add_argument("--top", type=_count, default=TOP_N, metavar="N", help=f"default {TOP_N}")
     p.add_argument(
-        "command",
+        "argv",  # not "command": that is the subcommand's name
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND ...",
         help="run COMMAND and profile it until it exits",
@@ -158,10 +166,10 @@ def _format_from(output: str | None) -> str | None:
 
 def parse_request(args: argparse.Namespace) -> Request:
     """Check the flags' combinations (before connecting); UsageError says what to change."""
-    command = list(args.command or [])
+    command = list(args.argv or [])
     if command and command[0] == "--":
         command = command[1:]
-    if args.command and not command:
+    if args.argv and not command:
         raise UsageError("nothing after --: give the command to run, e.g. -- ./prog arg")
     if command and args.pid:
         raise UsageError("give --pid or a COMMAND to run, not both")
@@ -281,13 +289,12 @@ class Maps:
 # ------------------------------------------------------------------ sampling
 
 
-class Stopper:
+class Stopper(Protocol):
     """What cli.StopSignal offers: a flag set by Ctrl-C, and a wait that it ends."""
 
     stopped: bool
 
-    def wait(self, timeout: float) -> bool:
-        raise NotImplementedError
+    def wait(self, timeout: float) -> bool: ...
 
 
 @dataclass
@@ -301,6 +308,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     samples: int = 0
+    processes: list[int] = field(default_factory=list)  # tgids the profile holds
 
     @property
     def targets(self) -> list[int]:
@@ -421,6 +429,7 @@ def run(
             progress = sys.stderr if sys.stderr.isatty() and not args.json else None
             sample(r, stop, args.duration, progress)
             raw, lost = collect(r)
+            r.processes = sorted({s.pid for s in raw})
         finally:
             att.detach()
     if not raw:
@@ -486,6 +495,7 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
         "frequency": None if req.probes else req.frequency,
         "functions": [f"{req.library}:{f}" for f in req.functions] if req.probes else None,
         "pids": r.targets,
+        "processes": r.processes,
         "command": req.command or None,
         "exit_status": r.child.status if r.child else None,
         "duration_s": round(r.elapsed(), 3),

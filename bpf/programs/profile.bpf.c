@@ -14,7 +14,7 @@
 #include "gfxbpf.h"
 #include <linux/bpf_perf_event.h>
 
-#define MAX_STACKS 16384
+#define MAX_STACKS 8192
 #define MAX_DEPTH 127  /* PERF_MAX_STACK_DEPTH */
 #define TASK_COMM_LEN 16
 

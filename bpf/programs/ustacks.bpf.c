@@ -15,7 +15,7 @@
 #include <linux/ptrace.h>
 
 #define MAX_FUNCTIONS 64
-#define MAX_STACKS 16384
+#define MAX_STACKS 8192
 #define MAX_DEPTH 127
 
 const volatile __u32 target_uid = GFX_ANY;
