@@ -434,6 +434,7 @@ def run(
             att.detach()
     if not raw:
         _say_empty(r)
+    read_s = time.monotonic() - (r.ended or 0.0)
     prof = _symbolize(symbolizer, r, raw, lost)
     if req.output:
         try:
@@ -441,7 +442,11 @@ def run(
         except OSError as e:
             raise ClientError(f"cannot write {req.output}: {e.strerror or e}") from None
     if args.json:
-        json.dump(_summary(r, prof, lost, args.top), out, indent=2)
+        doc = _summary(r, prof, lost, args.top)
+        # From the end of sampling: maps read and detached; the file written.
+        doc["read_s"] = round(read_s, 4)
+        doc["output_s"] = round(time.monotonic() - (r.ended or 0.0), 4)
+        json.dump(doc, out, indent=2)
         out.write("\n")
     else:
         out.write(_report(r, prof, args.top))
