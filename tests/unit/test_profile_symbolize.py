@@ -20,8 +20,15 @@ from gfxbpf.client.profile.elfinfo import read_info
 from gfxbpf.client.profile.model import Profile, RawStack
 from gfxbpf.client.profile.procmaps import capture
 from gfxbpf.client.profile.symbolize import Symbolizer
+from tests.conftest import skip_or_fail
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+@pytest.fixture(autouse=True)
+def _compilers() -> None:
+    for tool in ("gcc", "objcopy"):
+        if shutil.which(tool) is None:
+            skip_or_fail(f"{tool} is missing (apt-get install gcc binutils)")
+
 
 LIB_C = r"""
 #include <stdio.h>
