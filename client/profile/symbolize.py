@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from gfxbpf.bpf.symbols import SymbolError, function_ranges
 from gfxbpf.client.profile import symtab
+from gfxbpf.client.profile.demangle import demangle
 from gfxbpf.client.profile.elfinfo import DEBUG_ROOT, debug_file, read_info
 from gfxbpf.client.profile.model import (
     KERNEL_FRAME,
@@ -64,6 +65,13 @@ class Symbolizer:
         for r in raw:
             frames = self._stack(r, check)
             stacks[frames] = stacks.get(frames, 0) + r.weight
+        readable = demangle({name for frames in stacks for name in frames})
+        if readable:
+            named: dict[tuple[str, ...], int] = {}
+            for frames, w in stacks.items():
+                key = tuple(_clean(readable.get(n, n)) for n in frames)
+                named[key] = named.get(key, 0) + w
+            stacks = named
         return Profile(
             stacks=stacks,
             unit=unit,

@@ -6,6 +6,7 @@ the test captures its /proc/PID/maps while it waits, and symbolizes."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -287,3 +288,53 @@ def test_gone_process_captures_nothing() -> None:
     p = subprocess.Popen(["true"])
     p.wait()
     assert capture(p.pid) is None
+
+
+PY_PERF_SCRIPT = r"""
+import os, sys
+def hot_python_function(n):
+    return sum(i * i for i in range(n))
+hot_python_function(1000)
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _python_with_perf_maps() -> str | None:
+    """A Python 3.12+ that writes perf maps (-X perf), if this machine has one."""
+    found = [shutil.which(f"python3.{minor}") for minor in range(12, 20)]
+    found += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3")))
+    for exe in filter(None, found):
+        r = subprocess.run([exe, "-X", "perf", "-c", "pass"], capture_output=True, timeout=60)
+        if r.returncode == 0:
+            return exe
+    return None
+
+
+def test_python_perf_map_names_python_functions(tmp_path) -> None:
+    exe = _python_with_perf_maps()
+    if exe is None:
+        pytest.skip("no Python 3.12+ here (the kernel test covers -X perf end to end)")
+    script = tmp_path / "app.py"
+    script.write_text(PY_PERF_SCRIPT)
+    p = subprocess.Popen(
+        [exe, "-X", "perf", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None
+    pid = int(p.stdout.readline())
+    try:
+        maps = capture(pid)
+    finally:
+        p.communicate("\n", timeout=30)
+        perf_map = f"/tmp/perf-{pid}.map"
+        if os.path.exists(perf_map):
+            os.unlink(perf_map)  # Python leaves it behind
+    assert maps is not None and maps.perf_map_path == f"/tmp/perf-{pid}.map"
+    entry = next(e for e in maps.perf_map if "hot_python_function" in e.name)
+    assert entry.name == f"py::hot_python_function:{script}"
+    where = maps.find(entry.start)
+    assert where is None or not where.is_file, "trampolines live in anonymous memory"
+    sym = Symbolizer(cache_dir=str(tmp_path / "c"))
+    sym.add_process(pid, maps)
+    raw = [RawStack(pid, (entry.start + 1,), False, 1)]
+    assert _one(sym.symbolize(raw, "samples"))[-1] == entry.name
