@@ -88,9 +88,11 @@ class Symbolizer:
             names.append(LOST_FRAME)
             check.add_lost(r.user_error, r.weight)
         elif r.user:
-            # Every address but the innermost is a return address: look up the
-            # call instruction before it (a call can be a function's last one).
-            user = [self._frame(r.pid, maps, a if i == 0 else a - 1) for i, a in enumerate(r.user)]
+            # A return address is looked up at the call before it (a call can be
+            # a function's last instruction). All are return addresses but the
+            # innermost of a sampled stack; at a probe (leaf) it is one too.
+            ip = 0 if r.leaf is None else -1
+            user = [self._frame(r.pid, maps, a if i == ip else a - 1) for i, a in enumerate(r.user)]
             user.reverse()
             check.add([n for n, _ in user], user[0][1], r.weight)
             names.extend(n for n, _ in user)
