@@ -28,7 +28,7 @@ from gfxbpf.client.profile.stackcheck import StackCheck
 
 __all__ = ["Symbolizer"]
 
-# A named frame and the object (file name) it lies in, for the stack check.
+# A named frame and the file it lies in (a path; None if unknown), for the notes.
 _Frame = tuple[str, str | None]
 
 
@@ -40,6 +40,7 @@ class Symbolizer:
         # (dev, inode, size, mtime) of a file -> its table (None: not usable)
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
         self._frames: dict[tuple[int, int], _Frame] = {}
+        self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
         self.parsed = 0  # symbol tables read from ELF files by this symbolizer
         self.cache_hits = 0  # ... and loaded from the on-disk cache instead
 
@@ -77,7 +78,7 @@ class Symbolizer:
             unit=unit,
             period_ns=period_ns,
             duration_s=duration_s,
-            notes=check.notes(),
+            notes=check.notes() + self._problem_notes(check.objects),
         )
 
     def _stack(self, r: RawStack, check: StackCheck) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ class Symbolizer:
             ip = 0 if r.leaf is None else -1
             user = [self._frame(r.pid, maps, a if i == ip else a - 1) for i, a in enumerate(r.user)]
             user.reverse()
-            check.add([n for n, _ in user], user[0][1], r.weight)
+            check.add(user, r.weight)
             names.extend(n for n, _ in user)
         if r.leaf and names[-1] != r.leaf:
             names.append(r.leaf)
@@ -120,7 +121,6 @@ class Symbolizer:
             if m is not None and m.path.startswith("["):
                 return m.path, m.path  # [vdso], [heap], ...
             return UNKNOWN_FRAME, None
-        obj = os.path.basename(m.file_path)
         off = addr - m.start + m.offset
         table = self._table(m, maps.root)
         if table is not None:
@@ -128,50 +128,61 @@ class Symbolizer:
             if vaddr is not None:
                 name = table.lookup(vaddr)
                 if name is not None:
-                    return name, obj
-        return f"[{obj}+{off:#x}]", obj
+                    return name, m.file_path
+        return f"[{os.path.basename(m.file_path)}+{off:#x}]", m.file_path
 
     def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
         path = root + m.file_path
         try:
             st = os.stat(path)
-        except OSError:
+        except OSError as e:
+            self._problems.setdefault(m.file_path, f"cannot be read ({e.strerror})")
             return None
         if st.st_ino != m.inode:
-            return None  # replaced on disk since it was mapped: its symbols would lie
+            # Replaced on disk (an upgrade) since it was mapped: its symbols would lie.
+            self._problems.setdefault(m.file_path, "was replaced on disk after it was mapped")
+            return None
         local = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if local in self._tables:
-            return self._tables[local]
-        table = self._load_or_parse(path, st)
-        self._tables[local] = table
-        return table
+        if local not in self._tables:
+            self._tables[local] = self._load_or_parse(path, st)
+            if self._tables[local] is None:
+                self._problems.setdefault(m.file_path, "is not a readable ELF file")
+        return self._tables[local]
 
     def _load_or_parse(self, path: str, st: os.stat_result) -> symtab.SymbolTable | None:
         info = read_info(path)
         if info is None:
             return None
         key = symtab.cache_key(info.build_id, st)
+        debug = None
+        if not info.has_symtab:
+            # Stripped: a debug file installed later must not be hidden by the
+            # table cached without it, so the key says which one this is.
+            debug = debug_file(path, info, self.debug_root)
+            key += ".debug" if debug else ".dynsym"
         table = symtab.load(self.cache_dir, key)
         if table is not None:
             self.cache_hits += 1
             return table
-        source = path
-        if not info.has_symtab:
-            source = debug_file(path, info, self.debug_root) or path
-        try:
-            funcs = function_ranges(source)
-        except SymbolError:
-            funcs = []
-        if source != path:
-            # The debug file's .symtab, plus exported names it may lack.
-            try:
-                funcs += function_ranges(path)
-            except SymbolError:
-                pass
+        funcs: list[tuple[int, int, str]] = []
+        # The debug file's .symtab, plus the exported names it may lack.
+        for source in (debug, path):
+            if source is not None:
+                try:
+                    funcs += function_ranges(source)
+                except SymbolError:
+                    pass
         self.parsed += 1
         table = symtab.SymbolTable.build(info.segments, funcs)
         symtab.store(self.cache_dir, key, table)
         return table
+
+    def _problem_notes(self, used: set[str]) -> list[str]:
+        return [
+            f"frames in {path} are named by file offset only: it {why}"
+            for path, why in sorted(self._problems.items())
+            if path in used
+        ]
 
 
 def _clean(name: str) -> str:

@@ -338,3 +338,36 @@ def test_python_perf_map_names_python_functions(tmp_path) -> None:
     sym.add_process(pid, maps)
     raw = [RawStack(pid, (entry.start + 1,), False, 1)]
     assert _one(sym.symbolize(raw, "samples"))[-1] == entry.name
+
+
+def test_library_replaced_on_disk_is_not_trusted(tmp_path, run_prog) -> None:
+    b = _gcc(tmp_path / "upg", FP)
+    run = run_prog(b)
+    new = b.folder / "libfoo.so.new"
+    shutil.copy(b.lib, new)
+    os.replace(new, b.lib)  # an upgrade: same path, another inode
+    prof, _ = _symbolize(run, tmp_path / "cache")
+    stack = _one(prof)
+    assert stack[-1].startswith("[libfoo.so+0x"), stack
+    assert stack[-3:-1] == ("main", "hot")
+    assert f"frames in {b.lib} are named by file offset only: it was replaced on disk" in (
+        " ".join(prof.notes)
+    )
+
+
+def test_debug_file_installed_after_a_profile_is_used_by_the_next(tmp_path, run_prog) -> None:
+    b = _gcc(tmp_path / "late", FP)
+    root = tmp_path / "debugroot"
+    bid = read_info(str(b.prog)).build_id
+    keep = tmp_path / "prog.debug"
+    subprocess.run(["objcopy", "--only-keep-debug", b.prog, keep], check=True)
+    subprocess.run(["objcopy", "--strip-all", b.prog], check=True)
+    run = run_prog(b)
+    before, _ = _symbolize(run, tmp_path / "cache", debug_root=str(root))
+    assert _one(before)[-2].startswith("[prog+0x")
+    target = root / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    shutil.copy(keep, target)
+    after, sym = _symbolize(run, tmp_path / "cache", debug_root=str(root))
+    assert _one(after)[-3:] == ("main", "hot", "foo_walk")
+    assert sym.parsed == 1, "only prog is parsed again (now with its debug file)"
