@@ -17,6 +17,7 @@ thread root and no longer be reported here.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -48,9 +49,13 @@ class StackCheck:
     complete: int = 0
     cut: Counter[str] = field(default_factory=Counter)  # object of the outermost frame -> weight
     lost: Counter[str] = field(default_factory=Counter)  # RawStack.user_error -> weight
+    objects: set[str] = field(default_factory=set)  # every file a frame lay in
 
-    def add(self, names_root_first: list[str], outer_object: str | None, weight: int) -> None:
-        """One user stack (names root-first) and the object its outermost frame is in."""
+    def add(self, frames_root_first: list[tuple[str, str | None]], weight: int) -> None:
+        """One user stack: (name, file it lies in) per frame, root first."""
+        names_root_first = [n for n, _ in frames_root_first]
+        self.objects.update(o for _, o in frames_root_first if o)
+        outer_object = frames_root_first[0][1] if frames_root_first else None
         if any(n in THREAD_ROOTS for n in names_root_first):
             self.complete += weight
         else:
@@ -65,7 +70,10 @@ class StackCheck:
         lost = sum(self.lost.values())
         total = self.complete + cut + lost
         if total and cut / total >= _NOTE_SHARE:
-            where = ", ".join(f"{obj} ({w * 100 / cut:.0f}%)" for obj, w in self.cut.most_common(3))
+            where = ", ".join(
+                f"{os.path.basename(obj)} ({w * 100 / cut:.0f}%)"
+                for obj, w in self.cut.most_common(3)
+            )
             out.append(
                 f"{cut * 100 / total:.0f}% of the user stacks stop before reaching the thread's "
                 f"start, last in {where}: code built without frame pointers ends the kernel's "

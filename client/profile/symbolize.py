@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from gfxbpf.bpf.symbols import SymbolError, function_ranges
 from gfxbpf.client.profile import symtab
+from gfxbpf.client.profile.demangle import demangle
 from gfxbpf.client.profile.elfinfo import DEBUG_ROOT, debug_file, read_info
 from gfxbpf.client.profile.model import (
     KERNEL_FRAME,
@@ -27,7 +28,7 @@ from gfxbpf.client.profile.stackcheck import StackCheck
 
 __all__ = ["Symbolizer"]
 
-# A named frame and the object (file name) it lies in, for the stack check.
+# A named frame and the file it lies in (a path; None if unknown), for the notes.
 _Frame = tuple[str, str | None]
 
 
@@ -39,6 +40,7 @@ class Symbolizer:
         # (dev, inode, size, mtime) of a file -> its table (None: not usable)
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
         self._frames: dict[tuple[int, int], _Frame] = {}
+        self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
         self.parsed = 0  # symbol tables read from ELF files by this symbolizer
         self.cache_hits = 0  # ... and loaded from the on-disk cache instead
 
@@ -64,12 +66,19 @@ class Symbolizer:
         for r in raw:
             frames = self._stack(r, check)
             stacks[frames] = stacks.get(frames, 0) + r.weight
+        readable = demangle({name for frames in stacks for name in frames})
+        if readable:
+            named: dict[tuple[str, ...], int] = {}
+            for frames, w in stacks.items():
+                key = tuple(_clean(readable.get(n, n)) for n in frames)
+                named[key] = named.get(key, 0) + w
+            stacks = named
         return Profile(
             stacks=stacks,
             unit=unit,
             period_ns=period_ns,
             duration_s=duration_s,
-            notes=check.notes(),
+            notes=check.notes() + self._problem_notes(check.objects),
         )
 
     def _stack(self, r: RawStack, check: StackCheck) -> tuple[str, ...]:
@@ -80,11 +89,13 @@ class Symbolizer:
             names.append(LOST_FRAME)
             check.add_lost(r.user_error, r.weight)
         elif r.user:
-            # Every address but the innermost is a return address: look up the
-            # call instruction before it (a call can be a function's last one).
-            user = [self._frame(r.pid, maps, a if i == 0 else a - 1) for i, a in enumerate(r.user)]
+            # A return address is looked up at the call before it (a call can be
+            # a function's last instruction). All are return addresses but the
+            # innermost of a sampled stack; at a probe (leaf) it is one too.
+            ip = 0 if r.leaf is None else -1
+            user = [self._frame(r.pid, maps, a if i == ip else a - 1) for i, a in enumerate(r.user)]
             user.reverse()
-            check.add([n for n, _ in user], user[0][1], r.weight)
+            check.add(user, r.weight)
             names.extend(n for n, _ in user)
         if r.leaf and names[-1] != r.leaf:
             names.append(r.leaf)
@@ -110,7 +121,6 @@ class Symbolizer:
             if m is not None and m.path.startswith("["):
                 return m.path, m.path  # [vdso], [heap], ...
             return UNKNOWN_FRAME, None
-        obj = os.path.basename(m.file_path)
         off = addr - m.start + m.offset
         table = self._table(m, maps.root)
         if table is not None:
@@ -118,50 +128,61 @@ class Symbolizer:
             if vaddr is not None:
                 name = table.lookup(vaddr)
                 if name is not None:
-                    return name, obj
-        return f"[{obj}+{off:#x}]", obj
+                    return name, m.file_path
+        return f"[{os.path.basename(m.file_path)}+{off:#x}]", m.file_path
 
     def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
         path = root + m.file_path
         try:
             st = os.stat(path)
-        except OSError:
+        except OSError as e:
+            self._problems.setdefault(m.file_path, f"cannot be read ({e.strerror})")
             return None
         if st.st_ino != m.inode:
-            return None  # replaced on disk since it was mapped: its symbols would lie
+            # Replaced on disk (an upgrade) since it was mapped: its symbols would lie.
+            self._problems.setdefault(m.file_path, "was replaced on disk after it was mapped")
+            return None
         local = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if local in self._tables:
-            return self._tables[local]
-        table = self._load_or_parse(path, st)
-        self._tables[local] = table
-        return table
+        if local not in self._tables:
+            self._tables[local] = self._load_or_parse(path, st)
+            if self._tables[local] is None:
+                self._problems.setdefault(m.file_path, "is not a readable ELF file")
+        return self._tables[local]
 
     def _load_or_parse(self, path: str, st: os.stat_result) -> symtab.SymbolTable | None:
         info = read_info(path)
         if info is None:
             return None
         key = symtab.cache_key(info.build_id, st)
+        debug = None
+        if not info.has_symtab:
+            # Stripped: a debug file installed later must not be hidden by the
+            # table cached without it, so the key says which one this is.
+            debug = debug_file(path, info, self.debug_root)
+            key += ".debug" if debug else ".dynsym"
         table = symtab.load(self.cache_dir, key)
         if table is not None:
             self.cache_hits += 1
             return table
-        source = path
-        if not info.has_symtab:
-            source = debug_file(path, info, self.debug_root) or path
-        try:
-            funcs = function_ranges(source)
-        except SymbolError:
-            funcs = []
-        if source != path:
-            # The debug file's .symtab, plus exported names it may lack.
-            try:
-                funcs += function_ranges(path)
-            except SymbolError:
-                pass
+        funcs: list[tuple[int, int, str]] = []
+        # The debug file's .symtab, plus the exported names it may lack.
+        for source in (debug, path):
+            if source is not None:
+                try:
+                    funcs += function_ranges(source)
+                except SymbolError:
+                    pass
         self.parsed += 1
         table = symtab.SymbolTable.build(info.segments, funcs)
         symtab.store(self.cache_dir, key, table)
         return table
+
+    def _problem_notes(self, used: set[str]) -> list[str]:
+        return [
+            f"frames in {path} are named by file offset only: it {why}"
+            for path, why in sorted(self._problems.items())
+            if path in used
+        ]
 
 
 def _clean(name: str) -> str:

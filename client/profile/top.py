@@ -30,7 +30,8 @@ def _pct(part: int, whole: int) -> str:
 
 
 def format_top(profile: Profile, n: int) -> str:
-    """A table for the terminal: self and total weight with their shares."""
+    """A table for the terminal: self and total weight with their shares. Only
+    the table: the caller says what the profile covers and prints its notes."""
     total = profile.total()
     unit = _UNIT_LABEL.get(profile.unit, profile.unit)
     rows = top_functions(profile, n)
@@ -40,10 +41,5 @@ def format_top(profile: Profile, n: int) -> str:
     for name, s, t in rows:
         lines.append(f"{_pct(s, total):>6} {s:>{width}}  {_pct(t, total):>6} {t:>{width}}  {name}")
     if not rows:
-        lines.append("(no samples)")
-    summary = f"{total} {unit} in {len(profile.stacks)} distinct stacks"
-    if profile.duration_s is not None:
-        summary += f" over {profile.duration_s:.1f}s"
-    lines.append(summary)
-    lines.extend(f"note: {note}" for note in profile.notes)
+        lines.append(f"(no {unit})")
     return "\n".join(lines) + "\n"
