@@ -481,7 +481,10 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
 
 
 def _report(r: Run, prof: Profile, n: int) -> str:
-    lines = [format_top(prof, n).rstrip("\n")]  # with the totals and the notes
+    lines = [format_top(prof, n).rstrip("\n")]
+    what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
+    lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
+    lines.extend(f"note: {note}" for note in prof.notes)
     if r.req.output:
         lines.append(f"wrote {r.req.output} ({r.req.fmt})")
     else:
