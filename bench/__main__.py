@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import first_data, footprint, kernel_cost, machine, map_reads, report, ringbuf_rate
+from bench import (
+    first_data,
+    footprint,
+    kernel_cost,
+    machine,
+    map_reads,
+    profile_bench,
+    report,
+    ringbuf_rate,
+)
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
 
@@ -33,6 +42,10 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 10_000, "rounds": 2}),
     "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 200_000, "rounds": 1}),
     "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 100, "window": 3.0}),
+    "profile": (
+        {"rounds": 3, "seconds": 5.0, "fold_hz": 20000, "fold_seconds": 4.0},
+        {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
+    ),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -41,6 +54,7 @@ RUNNERS = {
     "map_reads": map_reads.run,
     "ringbuf": ringbuf_rate.run,
     "footprint": footprint.run,
+    "profile": profile_bench.run,
 }
 
 NOTES = [
@@ -60,6 +74,14 @@ NOTES = [
     "ring fd, fed by bench/bench.bpf.c (one 16-byte record per system call of the workload); "
     "lost records are counted by the program in the kernel. bpftrace's rate is its output "
     "lines over the time until its output stopped growing.",
+    "Profiles: the workload (bench/profile_bench.py, 10,000 distinct stacks, frame pointers) "
+    "times itself; gfxclient ran it as `-- COMMAND` (pid filter in the kernel), perf record "
+    "-g ran it through setpriv as the bench user, bpftrace sampled every CPU filtered by the "
+    "bench user's uid. The flame-graph row times gfxclient from the end of sampling to the "
+    "written file (maps read, symbols, output) against `perf script` plus a fold in Python "
+    "(Debian has no stackcollapse-perf.pl), each at the frequency shown; the stack-trace "
+    "map holds 8192 stacks and drops colliding ones (counted as lost), so gfxbpf folds "
+    "fewer distinct stacks than perf.",
 ]
 
 

@@ -32,7 +32,7 @@ TRACEFS = "/sys/kernel/tracing"
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 # Programs the bench user may attach, system-wide like the bpftrace peers.
-POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount")
+POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount", "profile")
 # A measuring harness, not a security test: the flood bounds, the audit rate
 # and the map budget must not shape the figures (attach loops create far more
 # than a user's default 64 MiB of maps per 10 minutes).
