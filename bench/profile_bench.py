@@ -4,7 +4,7 @@ and the time from the end of sampling to a written flame graph.
 
 The workload is generated here: 100 functions a_i each calling 100 functions
 b_j through a table, so main;a_i;b_j are 10,000 distinct stacks, every one
-spinning the same number of iterations per round (built with frame pointers).
+spinning the same number of iterations per round (built with frame pointers, -O0).
 It times itself, so start-up and attach are outside its figure.
 gfxclient runs it as `-- COMMAND` (as the bench user); perf record runs it
 through setpriv as the bench user; bpftrace samples system-wide, filtered by
@@ -74,8 +74,9 @@ def build(stage: Stage) -> Path:
     out = stage.work / "paths"
     src.write_text(_source())
     gcc = shutil.which("gcc") or "gcc"
-    sh([gcc, "-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"]
-       + ["-fno-optimize-sibling-calls", "-o", str(out), str(src)])  # fmt: skip
+    # -O0: gcc omits the frame of a leaf that needs no stack even with
+    # -fno-omit-frame-pointer at -O1, and b_j's caller would vanish from its stacks.
+    sh([gcc, "-O0", "-g", "-fno-omit-frame-pointer", "-o", str(out), str(src)])
     out.chmod(0o755)
     return out
 
@@ -224,6 +225,7 @@ def _flamegraph(
         "gfxbpf_read_s": summary["read_s"],
         "gfxbpf_stacks": summary["stacks"],
         "gfxbpf_lost": summary["lost"],
+        "gfxbpf_samples": summary["total"],
         "perf_fold_s": round(perf_s, 4),
         "perf_stacks": perf_stacks,
         "ratio_vs_perf": ratio(summary["output_s"], perf_s),
