@@ -82,7 +82,7 @@ static __always_inline int in_scope(void)
 SEC("uprobe")
 int ustack_entry(struct pt_regs *ctx)
 {
-	struct call_stats first = {.calls = 1}, *st;
+	struct call_stats first, *st;
 	struct entry_key ek;
 	struct entry_val ev = {};
 	__u32 zero = 0;
@@ -92,6 +92,9 @@ int ustack_entry(struct pt_regs *ctx)
 	ek.function = (__u32)bpf_get_attach_cookie(ctx);
 	if (ek.function >= MAX_FUNCTIONS)
 		return 0;
+	/* Field by field: a constant initializer would land in .rodata.cst16. */
+	first.calls = 1;
+	first.total_ns = 0;
 	ek.tid = (__u32)bpf_get_current_pid_tgid();
 	ev.key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	ev.key.function = ek.function;
