@@ -220,8 +220,9 @@ class Child:
             os.close(go_w)
             os.close(err_r)
             try:
-                os.read(go_r, 1)
-                os.execvp(argv[0], argv)
+                if os.read(go_r, 1) == b"g":  # EOF: the parent gave up (attach failed)
+                    os.execvp(argv[0], argv)
+                os._exit(127)
             except BaseException as e:  # noqa: BLE001 - reported by the parent
                 with contextlib.suppress(OSError):
                     os.write(err_w, str(getattr(e, "strerror", None) or e).encode()[:500])

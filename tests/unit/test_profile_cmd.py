@@ -115,3 +115,19 @@ def test_cli_reports_a_usage_error_without_connecting(capsys: pytest.CaptureFixt
 def test_frequency_must_be_a_positive_integer(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "--frequency", "0"]) == EXIT_USAGE
     assert "not a frequency" in capsys.readouterr().err
+
+
+def test_a_child_whose_attach_failed_never_runs_the_command(tmp_path: object) -> None:
+    marker = f"/tmp/gfxbpf-unit-{os.getpid()}-ran"
+    child = profile_cmd.Child(["/bin/sh", "-c", f"touch {marker}"])
+    child.abandon()
+    assert child.status == 127 and not os.path.exists(marker)
+
+
+def test_a_released_child_runs_and_a_missing_command_is_a_usage_error() -> None:
+    child = profile_cmd.Child(["/bin/sh", "-c", "exit 3"])
+    child.release()
+    assert child.wait() == 3
+    missing = profile_cmd.Child(["/nonexistent/prog"])
+    with pytest.raises(UsageError, match="cannot run '/nonexistent/prog'"):
+        missing.release()
