@@ -78,3 +78,12 @@ def test_a_program_that_does_not_sample_takes_no_frequency() -> None:
         check_params(p, CALLER, _resolved(p, "syscount"), pb.AttachParams(frequency=99))
     assert e.value.code == pb.ERROR_INVALID_ARGUMENT
     assert "takes no frequency" in e.value.message
+
+
+def test_admin_approve_writes_max_frequency(capsys: pytest.CaptureFixture[str]) -> None:
+    from gfxbpf.broker import admin
+
+    argv = ["approve", "profile", "--users", "alice", "--scope", "self", "--max-frequency", "499"]
+    assert admin.main(argv) == 0
+    entry = Policy.parse(capsys.readouterr().out, path="p.toml").programs[0]
+    assert entry.name == "profile" and entry.max_frequency == 499
