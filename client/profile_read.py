@@ -54,13 +54,19 @@ def stack_table(entries: Entries) -> dict[int, tuple[int, ...]]:
     return out
 
 
+# bpf_get_stackid's errors, as the reasons a sample has no user stack.
+_STACK_ERRORS = {
+    errno.EFAULT: "no user stack (a kernel thread, or unreadable)",
+    errno.EEXIST: "stack table collision (another stack holds its slot)",
+    errno.ENOMEM: "stack table full",
+}
+
+
 def stack_error(stack_id: int, stacks: dict[int, tuple[int, ...]]) -> str | None:
     """Why a sample has no user stack (None: it has one)."""
     if stack_id >= 0:
-        return None if stack_id in stacks else "lost"  # evicted or unread
-    if -stack_id == errno.EFAULT:
-        return "lost"  # no user stack to walk (a kernel thread) or unreadable
-    return f"lost ({os.strerror(-stack_id)})"
+        return None if stack_id in stacks else "stack not in the table when read"
+    return _STACK_ERRORS.get(-stack_id, f"lost ({os.strerror(-stack_id)})")
 
 
 def _comm(raw: bytes) -> str:
