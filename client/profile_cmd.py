@@ -327,8 +327,8 @@ class Run:
             return True
         if self.child is not None:
             return self.child.poll()
-        # Explicit pids: stop when none is left (a pid gone from /proc).
-        return bool(self.req.pids) and not any(os.path.exists(f"/proc/{p}") for p in self.req.pids)
+        # Explicit pids: stop when none is left running.
+        return bool(self.req.pids) and not any(_running(p) for p in self.req.pids)
 
     def tick(self, progress: bool) -> None:
         """Capture the targets' maps; every so often count what came in so far."""
@@ -340,6 +340,16 @@ class Run:
             if not self.targets:  # everything in scope: name whatever was sampled
                 pids = {profile_read.SAMPLE_KEY.unpack(k)[0] for k, _ in entries}
                 self.maps.capture(pids - self.maps.seen)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waits for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state not in ([b"Z"], [b"X"])
 
 
 def _total(entries: list[tuple[bytes, Any]], probes: bool) -> int:

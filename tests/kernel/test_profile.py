@@ -339,6 +339,29 @@ def test_another_users_process_never_appears(broker: BrokerProcess, progs: dict[
             p.wait()
 
 
+@pytest.mark.parametrize("via", VIAS)
+def test_pid_that_exits_during_the_profile_still_resolves(
+    broker: BrokerProcess, progs: dict[str, Path], via: str
+) -> None:
+    """--pid of a running process; it exits before --duration: the profile ends
+    with it, and its frames resolve from the maps captured while it lived."""
+    target = run_as(ALICE, [str(progs["hotcold"]), "150"], background=True)  # ~1.2 s
+    try:
+        out = progs["dir"] / f"pid-{via}.folded"
+        r = gfxclient(
+            broker, via, "--json", "profile", "--pid", str(target.pid), "--duration", "30",
+            "--frequency", "499", "-o", str(out),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["duration_s"] < 20 and summary["processes"] == [target.pid]
+        text = out.read_text()
+        assert ";main;hot;spin_until" in text and ";main;cold;spin_until" in text, text
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_frequency_above_the_policy_cap_is_refused(broker: BrokerProcess) -> None:
     r = gfxclient(broker, "fd", "profile", "--duration", "1", "--frequency", str(MAX_HZ + 1))
     assert r.returncode == 3, r.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import time
 
 import pytest
 
@@ -131,3 +132,19 @@ def test_a_released_child_runs_and_a_missing_command_is_a_usage_error() -> None:
     missing = profile_cmd.Child(["/nonexistent/prog"])
     with pytest.raises(UsageError, match="cannot run '/nonexistent/prog'"):
         missing.release()
+
+
+def test_a_zombie_is_not_running() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = 200
+        while profile_cmd._running(pid) and deadline:  # exits at once, unreaped
+            deadline -= 1
+            time.sleep(0.01)
+        assert not profile_cmd._running(pid)
+        assert os.path.exists(f"/proc/{pid}")  # still there, as a zombie
+    finally:
+        os.waitpid(pid, 0)
+    assert profile_cmd._running(os.getpid())
