@@ -10,6 +10,7 @@ the total they cover. Without a script (an image viewer) it still renders.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import zlib
@@ -65,6 +66,7 @@ def _depth(node: Node) -> int:
     return best
 
 
+@functools.lru_cache(maxsize=65536)
 def _color(name: str) -> str:
     if name.startswith("["):  # made-up frames: [kernel], [unknown], [lib.so+0x..]
         return "rgb(240,140,60)" if name == "[kernel]" else "rgb(190,190,190)"
@@ -79,6 +81,7 @@ def _label(name: str, px: float) -> str:
     return name[: fits - 2] + ".." if fits >= 3 else ""
 
 
+@functools.lru_cache(maxsize=65536)
 def _esc(s: str) -> str:
     return html.escape(_BAD_XML.sub("?", s), quote=True)
 

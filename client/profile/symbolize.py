@@ -85,6 +85,8 @@ class Symbolizer:
         maps = self._procs.get(r.pid)
         comm = r.comm or (maps.comm if maps else "") or f"[pid {r.pid}]"
         names = [comm]
+        if maps is None and r.user:
+            check.unmapped += r.weight
         if r.user_error is not None and not r.user:
             names.append(LOST_FRAME)
             check.add_lost(r.user_error, r.weight)

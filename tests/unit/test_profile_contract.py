@@ -132,3 +132,19 @@ def test_cpp_names_are_demangled() -> None:
 
 def test_profile_total() -> None:
     assert Profile(stacks={("a",): 2, ("a", "b"): 3}, unit="calls").total() == 5
+
+
+def test_notes_for_unmapped_processes_and_the_depth_limit(tmp_path) -> None:
+    sym = Symbolizer(cache_dir=str(tmp_path))
+    deep = tuple(range(0x1000, 0x1000 + 127 * 16, 16))
+    prof = sym.symbolize(
+        [RawStack(77, (0x1000, 0x2000), False, 3), RawStack(77, deep, False, 1)], "samples"
+    )
+    assert set(prof.stacks) == {
+        ("[pid 77]", "[unknown]", "[unknown]"),
+        ("[pid 77]",) + ("[unknown]",) * 127,
+    }
+    text = "\n".join(prof.notes)
+    assert "100.0% of the weight is from processes whose memory maps were never read" in text
+    assert "25% of the user stacks are 127 frames or deeper" in text
+    assert "75% of the user stacks stop before reaching the thread's start" in text
