@@ -20,6 +20,7 @@ __all__ = ["SymbolTable", "cache_key", "default_cache_dir", "load", "store"]
 
 _MAGIC = b"GFXSYM1\n"
 _HEADER = struct.Struct("<8sII")  # magic, number of segments, number of symbols
+_NESTED = 8  # how many symbols back lookup() looks for one that covers an address
 
 
 def default_cache_dir() -> str:
@@ -60,9 +61,13 @@ class SymbolTable:
         i = bisect.bisect_right(self.starts, vaddr) - 1
         if i < 0:
             return None
-        size = self.sizes[i]
-        if size == 0 or vaddr < self.starts[i] + size:
+        if self.sizes[i] == 0:
             return self.names[i]
+        # The nearest start may be a small symbol nested in (or ending before)
+        # a larger function that still covers vaddr: look a few back.
+        for j in range(i, max(i - _NESTED, -1), -1):
+            if vaddr < self.starts[j] + self.sizes[j]:
+                return self.names[j]
         return None
 
     def encode(self) -> bytes:
@@ -88,10 +93,10 @@ class SymbolTable:
         pos = _HEADER.size
         arrays = []
         for count in (3 * nseg, nsym, nsym):
+            if len(data) < pos + 8 * count:
+                return None  # cut short
             a = array("Q")
             a.frombytes(data[pos : pos + 8 * count])
-            if len(a) != count:
-                return None
             arrays.append(a)
             pos += 8 * count
         if struct.pack("=I", 1) != struct.pack("<I", 1):
