@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
+from gfxbpf.bpf.symbols import function_ranges, list_functions
 from gfxbpf.client.profile import symtab
 from gfxbpf.client.profile.symtab import SymbolTable
+from tests.conftest import skip_or_fail
 
 SEGMENTS = ((0, 0, 0x800), (0x1000, 0x401000, 0x2000))
 FUNCS = [
@@ -44,3 +49,26 @@ def test_unwritable_cache_is_only_a_miss(tmp_path) -> None:
     blocker.write_text("")
     symtab.store(str(blocker / "sub"), "k", SymbolTable.build(SEGMENTS, FUNCS))
     assert symtab.load(str(blocker / "sub"), "k") is None
+
+
+def test_function_ranges_keeps_same_named_statics(tmp_path) -> None:
+    """Two files' static helper() are two functions; list_functions keeps one name."""
+    if shutil.which("gcc") is None:
+        skip_or_fail("gcc is missing")
+    (tmp_path / "a.c").write_text(
+        "static int helper(int x) { return x + 1; }\nint a(int x) { return helper(x); }\n"
+    )
+    (tmp_path / "b.c").write_text(
+        "static int helper(int x) { return x * 3; }\nint b(int x) { return helper(x); }\n"
+    )
+    lib = tmp_path / "libab.so"
+    subprocess.run(
+        ["gcc", "-O0", "-shared", "-fPIC", "-o", lib, tmp_path / "a.c", tmp_path / "b.c"],
+        check=True,
+    )
+    ranges = function_ranges(lib)
+    assert ranges == sorted(ranges)
+    helpers = [r for r in ranges if r[2] == "helper"]
+    assert len(helpers) == 2 and helpers[0][0] != helpers[1][0]
+    assert all(size > 0 for _, size, _ in helpers)
+    assert sum(f.name == "helper" for f in list_functions(lib)) == 1
