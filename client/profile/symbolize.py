@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Literal
 
 from gfxbpf.bpf.symbols import SymbolError, function_ranges
 from gfxbpf.client.profile import symtab
@@ -25,6 +26,7 @@ from gfxbpf.client.profile.model import (
 )
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profile.stackcheck import StackCheck
+from gfxbpf.client.profile.vdso import own_vdso_table
 
 __all__ = ["Symbolizer"]
 
@@ -41,6 +43,7 @@ class Symbolizer:
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
         self._frames: dict[tuple[int, int], _Frame] = {}
         self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
+        self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
         self.parsed = 0  # symbol tables read from ELF files by this symbolizer
         self.cache_hits = 0  # ... and loaded from the on-disk cache instead
 
@@ -120,8 +123,10 @@ class Symbolizer:
             jit = maps.find_perf(addr)
             if jit is not None:
                 return jit.name, maps.perf_map_path
+            if m is not None and m.path == "[vdso]":
+                return self._vdso_name(addr - m.start), m.path
             if m is not None and m.path.startswith("["):
-                return m.path, m.path  # [vdso], [heap], ...
+                return m.path, m.path  # [heap], [stack], ...
             return UNKNOWN_FRAME, None
         off = addr - m.start + m.offset
         table = self._table(m, maps.root)
@@ -132,6 +137,13 @@ class Symbolizer:
                 if name is not None:
                     return name, m.file_path
         return f"[{os.path.basename(m.file_path)}+{off:#x}]", m.file_path
+
+    def _vdso_name(self, offset: int) -> str:
+        if self._vdso is False:
+            self._vdso = own_vdso_table()
+        vaddr = self._vdso.vaddr(offset) if self._vdso else None
+        name = self._vdso.lookup(vaddr) if self._vdso and vaddr is not None else None
+        return name or "[vdso]"
 
     def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
         path = root + m.file_path
