@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from gfxbpf.client.profile.procmaps import parse_maps
 from gfxbpf.client.profile.symtab import SymbolTable
@@ -42,7 +43,7 @@ def _table(image: bytes) -> SymbolTable | None:
         if seg["p_type"] == "PT_LOAD"
     )
     dynsym = elf.get_section_by_name(".dynsym")
-    if dynsym is None or not segments:
+    if not isinstance(dynsym, SymbolTableSection) or not segments:
         return None
     funcs = {
         (sym["st_value"], sym["st_size"], sym.name)
