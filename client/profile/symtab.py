@@ -16,11 +16,13 @@ import tempfile
 from array import array
 from dataclasses import dataclass
 
-__all__ = ["SymbolTable", "cache_key", "default_cache_dir", "load", "store"]
+__all__ = ["CACHE_LIMIT", "SymbolTable", "cache_key", "default_cache_dir", "load", "prune", "store"]
 
 _MAGIC = b"GFXSYM1\n"
 _HEADER = struct.Struct("<8sII")  # magic, number of segments, number of symbols
 _NESTED = 8  # how many symbols back lookup() looks for one that covers an address
+# The cache keeps the most recently used tables up to this size (libLLVM's is 3 MB).
+CACHE_LIMIT = 1 << 30
 
 
 def default_cache_dir() -> str:
@@ -121,11 +123,34 @@ def cache_key(build_id: str | None, st: os.stat_result) -> str:
 
 
 def load(cache_dir: str, key: str) -> SymbolTable | None:
+    path = os.path.join(cache_dir, key)
     try:
-        with open(os.path.join(cache_dir, key), "rb") as f:
-            return SymbolTable.decode(f.read())
+        with open(path, "rb") as f:
+            table = SymbolTable.decode(f.read())
+        if table is not None:
+            os.utime(path)  # recently used: pruned last
+        return table
     except OSError:
         return None
+
+
+def prune(cache_dir: str, limit: int = CACHE_LIMIT) -> None:
+    """Remove the least recently used tables until the folder holds at most limit bytes."""
+    try:
+        entries = []
+        with os.scandir(cache_dir) as it:
+            for e in it:
+                if e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((st.st_mtime_ns, st.st_size, e.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= limit:
+                break
+            os.unlink(path)
+            total -= size
+    except OSError:
+        pass
 
 
 def store(cache_dir: str, key: str, table: SymbolTable) -> None:
@@ -142,4 +167,5 @@ def store(cache_dir: str, key: str, table: SymbolTable) -> None:
             os.unlink(tmp)
             raise
     except OSError:
-        pass
+        return
+    prune(cache_dir)

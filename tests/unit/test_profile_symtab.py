@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -72,3 +73,14 @@ def test_function_ranges_keeps_same_named_statics(tmp_path) -> None:
     assert len(helpers) == 2 and helpers[0][0] != helpers[1][0]
     assert all(size > 0 for _, size, _ in helpers)
     assert sum(f.name == "helper" for f in list_functions(lib)) == 1
+
+
+def test_prune_drops_the_least_recently_used(tmp_path) -> None:
+    t = SymbolTable.build(SEGMENTS, FUNCS)
+    for i, key in enumerate(("old", "mid", "new")):
+        symtab.store(str(tmp_path), key, t)
+        os.utime(tmp_path / key, ns=(i * 10**9, i * 10**9))
+    assert symtab.load(str(tmp_path), "old") is not None  # used now: newest
+    size = (tmp_path / "old").stat().st_size
+    symtab.prune(str(tmp_path), limit=2 * size)
+    assert sorted(os.listdir(tmp_path)) == ["new", "old"]
