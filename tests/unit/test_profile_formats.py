@@ -139,6 +139,15 @@ def test_svg_is_well_formed_xml_whatever_the_names(tmp_path) -> None:
     assert not root.findall(".//s:g/s:script", ns), "a name never becomes markup"
 
 
+def test_svg_says_time_in_readable_units(tmp_path) -> None:
+    p = Profile(stacks={("prog", "wait"): 2_500_000, ("prog", "spin"): 900}, unit="nanoseconds")
+    path = tmp_path / "t.svg"
+    write_profile(p, "svg", str(path))
+    text = path.read_text()
+    assert "<title>wait (2.5 ms, 99.96%)</title>" in text
+    assert "<title>spin (900 ns, 0.04%)</title>" in text
+
+
 def test_tree_weights_add_up() -> None:
     root = build_tree(_profile())
     assert root.weight == 420
