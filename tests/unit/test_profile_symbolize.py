@@ -10,6 +10,7 @@ import glob
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,3 +407,16 @@ def test_vdso_frames_are_named(tmp_path) -> None:
     sym.add_process(p.pid, maps)
     raw = [RawStack(p.pid, (vdso.start + start + 3, vdso.end - 1), False, 1)]
     assert _one(sym.symbolize(raw, "samples"))[1:] == ("[vdso]", "clock_gettime")
+
+
+def test_perf_map_older_than_the_process_is_ignored(fp_build, run_prog, tmp_path) -> None:
+    """Python leaves /tmp/perf-PID.map behind; a later process with the same pid
+    must not get its names."""
+    run = run_prog(fp_build)
+    path = tmp_path / f"perf-{run.pid}.map"
+    path.write_text("7a0000000000 40 py::stale:/old.py\n")
+    assert capture(run.pid, str(tmp_path)).perf_map != []
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    maps = capture(run.pid, str(tmp_path))
+    assert maps is not None and maps.perf_map == [] and maps.perf_map_path is None
