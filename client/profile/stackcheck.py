@@ -75,7 +75,7 @@ class StackCheck:
         out = []
         cut = sum(self.cut.values())
         lost = sum(self.lost.values())
-        total = self.complete + cut + lost + self.too_deep
+        total = self.complete + cut + lost + self.too_deep + self.unmapped
         if total and self.unmapped:
             out.append(
                 f"{self.unmapped * 100 / total:.1f}% of the weight is from processes whose "
@@ -103,7 +103,8 @@ class StackCheck:
         if total and lost:
             why = ", ".join(f"{r}: {w}" for r, w in self.lost.most_common())
             out.append(
-                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}); the "
-                "stack-trace map may be full (profile for less time or fewer processes)."
+                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}): the "
+                "kernel could not record it (its stack table was full, or the stack could not "
+                "be read); profiling fewer processes or for less time helps with the first."
             )
         return out

@@ -100,7 +100,8 @@ class Symbolizer:
             ip = 0 if r.leaf is None else -1
             user = [self._frame(r.pid, maps, a if i == ip else a - 1) for i, a in enumerate(r.user)]
             user.reverse()
-            check.add(user, r.weight)
+            if maps is not None:  # else counted as unmapped, not as a cut stack
+                check.add(user, r.weight)
             names.extend(n for n, _ in user)
         if r.leaf and names[-1] != r.leaf:
             names.append(r.leaf)

@@ -136,15 +136,20 @@ def test_profile_total() -> None:
 
 def test_notes_for_unmapped_processes_and_the_depth_limit(tmp_path) -> None:
     sym = Symbolizer(cache_dir=str(tmp_path))
+    sym.add_process(78, procmaps.ProcessMaps(pid=78, mappings=[], comm="mapped"))
     deep = tuple(range(0x1000, 0x1000 + 127 * 16, 16))
-    prof = sym.symbolize(
-        [RawStack(77, (0x1000, 0x2000), False, 3), RawStack(77, deep, False, 1)], "samples"
-    )
-    assert set(prof.stacks) == {
-        ("[pid 77]", "[unknown]", "[unknown]"),
-        ("[pid 77]",) + ("[unknown]",) * 127,
+    raw = [
+        RawStack(77, (0x1000, 0x2000), False, 3),  # never captured
+        RawStack(78, deep, False, 1),
+        RawStack(78, (0x1000,), False, 4),
+    ]
+    prof = sym.symbolize(raw, "samples")
+    assert prof.stacks == {
+        ("[pid 77]", "[unknown]", "[unknown]"): 3,
+        ("mapped",) + ("[unknown]",) * 127: 1,
+        ("mapped", "[unknown]"): 4,
     }
     text = "\n".join(prof.notes)
-    assert "100.0% of the weight is from processes whose memory maps were never read" in text
-    assert "25% of the user stacks are 127 frames or deeper" in text
-    assert "75% of the user stacks stop before reaching the thread's start" in text
+    assert "37.5% of the weight is from processes whose memory maps were never read" in text
+    assert "12% of the user stacks are 127 frames or deeper" in text
+    assert "50% of the user stacks stop before reaching the thread's start, last in" in text
