@@ -12,10 +12,10 @@ import os
 from collections.abc import Iterable
 from typing import Literal
 
-from gfxbpf.bpf.symbols import SymbolError, function_ranges
 from gfxbpf.client.profile import symtab
 from gfxbpf.client.profile.demangle import demangle
 from gfxbpf.client.profile.elfinfo import DEBUG_ROOT, debug_file, read_info
+from gfxbpf.client.profile.elfsyms import function_ranges
 from gfxbpf.client.profile.model import (
     KERNEL_FRAME,
     LOST_FRAME,
@@ -41,6 +41,7 @@ class Symbolizer:
         self._procs: dict[int, ProcessMaps] = {}
         # (dev, inode, size, mtime) of a file -> its table (None: not usable)
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
+        self._mapped: dict[tuple[str, int], symtab.SymbolTable | None] = {}  # (path, inode)
         self._frames: dict[tuple[int, int], _Frame] = {}
         self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
         self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
@@ -148,6 +149,12 @@ class Symbolizer:
 
     def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
         path = root + m.file_path
+        key = (path, m.inode)
+        if key not in self._mapped:  # one stat per file, not per address
+            self._mapped[key] = self._stat_and_load(m, path)
+        return self._mapped[key]
+
+    def _stat_and_load(self, m: Mapping, path: str) -> symtab.SymbolTable | None:
         try:
             st = os.stat(path)
         except OSError as e:
@@ -183,10 +190,7 @@ class Symbolizer:
         # The debug file's .symtab, plus the exported names it may lack.
         for source in (debug, path):
             if source is not None:
-                try:
-                    funcs += function_ranges(source)
-                except SymbolError:
-                    pass
+                funcs += function_ranges(source)
         self.parsed += 1
         table = symtab.SymbolTable.build(info.segments, funcs)
         symtab.store(self.cache_dir, key, table)

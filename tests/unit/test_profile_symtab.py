@@ -6,8 +6,9 @@ import os
 import shutil
 import subprocess
 
-from gfxbpf.bpf.symbols import function_ranges, list_functions
+from gfxbpf.bpf.symbols import list_functions
 from gfxbpf.client.profile import symtab
+from gfxbpf.client.profile.elfsyms import function_ranges
 from gfxbpf.client.profile.symtab import SymbolTable
 from tests.conftest import skip_or_fail
 
@@ -53,7 +54,8 @@ def test_unwritable_cache_is_only_a_miss(tmp_path) -> None:
 
 
 def test_function_ranges_keeps_same_named_statics(tmp_path) -> None:
-    """Two files' static helper() are two functions; list_functions keeps one name."""
+    """Two files' static helper() are two functions (bpf.symbols.list_functions,
+    made for uprobes by name, keeps one)."""
     if shutil.which("gcc") is None:
         skip_or_fail("gcc is missing")
     (tmp_path / "a.c").write_text(
