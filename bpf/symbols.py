@@ -232,21 +232,3 @@ def list_functions(path: str | os.PathLike[str]) -> list[FunctionSymbol]:
                 table=table,
             )
     return [out[k] for k in sorted(out)]
-
-
-def function_ranges(path: str | os.PathLike[str]) -> list[tuple[int, int, str]]:
-    """(st_value, st_size, name) of every defined function, sorted by address, for
-    turning addresses into names: unlike list_functions, static functions that
-    share a name in different files are all kept, and no file offset is needed."""
-    seen: set[tuple[int, str]] = set()
-    out: list[tuple[int, int, str]] = []
-    with _Elf(path) as elf:
-        arm = elf.machine == "EM_ARM"
-        for _table, name, sym, _hidden in _iter_functions(elf):
-            value = sym["st_value"] & ~1 if arm else sym["st_value"]
-            if (value, name) in seen:
-                continue
-            seen.add((value, name))
-            out.append((value, sym["st_size"], name))
-    out.sort()
-    return out

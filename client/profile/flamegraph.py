@@ -10,6 +10,7 @@ the total they cover. Without a script (an image viewer) it still renders.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 import zlib
@@ -65,11 +66,22 @@ def _depth(node: Node) -> int:
     return best
 
 
+@functools.lru_cache(maxsize=65536)
 def _color(name: str) -> str:
     if name.startswith("["):  # made-up frames: [kernel], [unknown], [lib.so+0x..]
         return "rgb(240,140,60)" if name == "[kernel]" else "rgb(190,190,190)"
     h = zlib.crc32(name.encode("utf-8", "replace"))
     return f"rgb({205 + h % 50},{70 + (h >> 8) % 160},{(h >> 16) % 55})"
+
+
+def _amount(weight: int, unit: str) -> str:
+    """ "1234 samples"; time in the unit that reads best ("12.3 ms")."""
+    if unit != "ns":
+        return f"{weight} {unit}"
+    for scale, name in ((10**9, "s"), (10**6, "ms"), (10**3, "us")):
+        if weight >= scale:
+            return f"{weight / scale:.3g} {name}"
+    return f"{weight} ns"
 
 
 def _label(name: str, px: float) -> str:
@@ -79,6 +91,7 @@ def _label(name: str, px: float) -> str:
     return name[: fits - 2] + ".." if fits >= 3 else ""
 
 
+@functools.lru_cache(maxsize=65536)
 def _esc(s: str) -> str:
     return html.escape(_BAD_XML.sub("?", s), quote=True)
 
@@ -101,7 +114,7 @@ def _frames(root: Node, maxdepth: int, unit: str) -> tuple[list[str], int]:
         out.append(
             f'<g class="f" data-x="{x / total:.9g}" data-w="{node.weight / total:.9g}" '
             f'data-d="{depth}" data-n="{_esc(node.name)}">'
-            f"<title>{_esc(node.name)} ({node.weight} {unit}, {pct:.2f}%)</title>"
+            f"<title>{_esc(node.name)} ({_amount(node.weight, unit)}, {pct:.2f}%)</title>"
             f'<rect x="{rx:.2f}" y="{y}" width="{px:.2f}" height="{FRAME_H - 1}" '
             f'fill="{_color(node.name)}" rx="2"/>'
             f'<text x="{rx + 3:.2f}" y="{y + FRAME_H - 5}">{_esc(_label(node.name, px))}</text>'
@@ -123,7 +136,11 @@ def flamegraph_svg(profile: Profile, title: str = "Flame graph") -> str:
     unit = _UNIT.get(profile.unit, profile.unit)
     frames, dropped = _frames(root, maxdepth, unit)
     height = TOP + (maxdepth + 1) * FRAME_H + BOTTOM
-    sub = f"{root.weight} {unit}, {len(profile.stacks)} stacks"
+    sub = f"{_amount(root.weight, unit)}, {len(profile.stacks)} stacks"
+    if profile.duration_s is not None:
+        sub += f" in {profile.duration_s:.1f} s"
+    if profile.period_ns:
+        sub += f" at {1e9 / profile.period_ns:.0f} Hz"
     if dropped:
         sub += f"; {dropped} frames too narrow to draw"
     notes = "\n".join(profile.notes)

@@ -142,11 +142,30 @@ def _read_perf_map(pid: int, directory: str) -> tuple[list[PerfMapEntry], str | 
         with open(path, encoding="utf-8", errors="replace") as f:
             # Only a map written by the process's user or the caller: anyone can
             # create /tmp/perf-PID.map first and plant names for a pid.
-            if os.fstat(f.fileno()).st_uid not in (owner, os.getuid()):
+            st = os.fstat(f.fileno())
+            if st.st_uid not in (owner, os.getuid()):
+                return [], None
+            # Runtimes leave their maps behind: one older than the process is
+            # from an earlier process that had the same pid.
+            started = _start_time(pid)
+            if started is not None and st.st_mtime < started - 1:
                 return [], None
             return parse_perf_map(f.read(_PERF_MAP_LIMIT)), path
     except OSError:
         return [], None
+
+
+def _start_time(pid: int) -> float | None:
+    """When the process started (Unix time), from /proc/PID/stat and the boot time."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            # Field 22 counts clock ticks since boot; the name (field 2) may hold spaces.
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="utf-8") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def capture(pid: int, perf_map_dir: str = PERF_MAP_DIR) -> ProcessMaps | None:

@@ -42,6 +42,9 @@ THREAD_ROOTS = frozenset(
 
 # Below this share of the user-stack weight, cut stacks are not worth a note.
 _NOTE_SHARE = 0.01
+# The kernel records at most this many user frames (kernel.perf_event_max_stack):
+# a stack that long ends at the limit, not at a missing frame pointer.
+MAX_DEPTH = 127
 
 
 @dataclass
@@ -50,6 +53,8 @@ class StackCheck:
     cut: Counter[str] = field(default_factory=Counter)  # object of the outermost frame -> weight
     lost: Counter[str] = field(default_factory=Counter)  # RawStack.user_error -> weight
     objects: set[str] = field(default_factory=set)  # every file a frame lay in
+    too_deep: int = 0  # weight of stacks that hit the kernel's depth limit
+    unmapped: int = 0  # weight of stacks of processes with no maps snapshot
 
     def add(self, frames_root_first: list[tuple[str, str | None]], weight: int) -> None:
         """One user stack: (name, file it lies in) per frame, root first."""
@@ -58,6 +63,8 @@ class StackCheck:
         outer_object = frames_root_first[0][1] if frames_root_first else None
         if any(n in THREAD_ROOTS for n in names_root_first):
             self.complete += weight
+        elif len(frames_root_first) >= MAX_DEPTH:
+            self.too_deep += weight
         else:
             self.cut[outer_object or "[unknown]"] += weight
 
@@ -68,7 +75,18 @@ class StackCheck:
         out = []
         cut = sum(self.cut.values())
         lost = sum(self.lost.values())
-        total = self.complete + cut + lost
+        total = self.complete + cut + lost + self.too_deep + self.unmapped
+        if total and self.unmapped:
+            out.append(
+                f"{self.unmapped * 100 / total:.1f}% of the weight is from processes whose "
+                "memory maps were never read (they exited first): their frames are [unknown]"
+            )
+        if total and self.too_deep / total >= _NOTE_SHARE:
+            out.append(
+                f"{self.too_deep * 100 / total:.0f}% of the user stacks are {MAX_DEPTH} frames "
+                "or deeper and were cut at the kernel's limit (kernel.perf_event_max_stack): "
+                "their outermost callers are missing"
+            )
         if total and cut / total >= _NOTE_SHARE:
             where = ", ".join(
                 f"{os.path.basename(obj)} ({w * 100 / cut:.0f}%)"
@@ -85,7 +103,8 @@ class StackCheck:
         if total and lost:
             why = ", ".join(f"{r}: {w}" for r, w in self.lost.most_common())
             out.append(
-                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}); the "
-                "stack-trace map may be full (profile for less time or fewer processes)."
+                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}): the "
+                "kernel could not record it (its stack table was full, or the stack could not "
+                "be read); profiling fewer processes or for less time helps with the first."
             )
         return out

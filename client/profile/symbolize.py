@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Literal
 
-from gfxbpf.bpf.symbols import SymbolError, function_ranges
 from gfxbpf.client.profile import symtab
 from gfxbpf.client.profile.demangle import demangle
 from gfxbpf.client.profile.elfinfo import DEBUG_ROOT, debug_file, read_info
+from gfxbpf.client.profile.elfsyms import function_ranges
 from gfxbpf.client.profile.model import (
     KERNEL_FRAME,
     LOST_FRAME,
@@ -25,6 +26,7 @@ from gfxbpf.client.profile.model import (
 )
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profile.stackcheck import StackCheck
+from gfxbpf.client.profile.vdso import own_vdso_table
 
 __all__ = ["Symbolizer"]
 
@@ -39,8 +41,10 @@ class Symbolizer:
         self._procs: dict[int, ProcessMaps] = {}
         # (dev, inode, size, mtime) of a file -> its table (None: not usable)
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
+        self._mapped: dict[tuple[str, int], symtab.SymbolTable | None] = {}  # (path, inode)
         self._frames: dict[tuple[int, int], _Frame] = {}
         self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
+        self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
         self.parsed = 0  # symbol tables read from ELF files by this symbolizer
         self.cache_hits = 0  # ... and loaded from the on-disk cache instead
 
@@ -85,6 +89,8 @@ class Symbolizer:
         maps = self._procs.get(r.pid)
         comm = r.comm or (maps.comm if maps else "") or f"[pid {r.pid}]"
         names = [comm]
+        if maps is None and r.user:
+            check.unmapped += r.weight
         if r.user_error is not None and not r.user:
             names.append(LOST_FRAME)
             check.add_lost(r.user_error, r.weight)
@@ -95,7 +101,8 @@ class Symbolizer:
             ip = 0 if r.leaf is None else -1
             user = [self._frame(r.pid, maps, a if i == ip else a - 1) for i, a in enumerate(r.user)]
             user.reverse()
-            check.add(user, r.weight)
+            if maps is not None:  # else counted as unmapped, not as a cut stack
+                check.add(user, r.weight)
             names.extend(n for n, _ in user)
         if r.leaf and names[-1] != r.leaf:
             names.append(r.leaf)
@@ -118,8 +125,10 @@ class Symbolizer:
             jit = maps.find_perf(addr)
             if jit is not None:
                 return jit.name, maps.perf_map_path
+            if m is not None and m.path == "[vdso]":
+                return self._vdso_name(addr - m.start), m.path
             if m is not None and m.path.startswith("["):
-                return m.path, m.path  # [vdso], [heap], ...
+                return m.path, m.path  # [heap], [stack], ...
             return UNKNOWN_FRAME, None
         off = addr - m.start + m.offset
         table = self._table(m, maps.root)
@@ -131,8 +140,21 @@ class Symbolizer:
                     return name, m.file_path
         return f"[{os.path.basename(m.file_path)}+{off:#x}]", m.file_path
 
+    def _vdso_name(self, offset: int) -> str:
+        if self._vdso is False:
+            self._vdso = own_vdso_table()
+        vaddr = self._vdso.vaddr(offset) if self._vdso else None
+        name = self._vdso.lookup(vaddr) if self._vdso and vaddr is not None else None
+        return name or "[vdso]"
+
     def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
         path = root + m.file_path
+        key = (path, m.inode)
+        if key not in self._mapped:  # one stat per file, not per address
+            self._mapped[key] = self._stat_and_load(m, path)
+        return self._mapped[key]
+
+    def _stat_and_load(self, m: Mapping, path: str) -> symtab.SymbolTable | None:
         try:
             st = os.stat(path)
         except OSError as e:
@@ -168,10 +190,7 @@ class Symbolizer:
         # The debug file's .symtab, plus the exported names it may lack.
         for source in (debug, path):
             if source is not None:
-                try:
-                    funcs += function_ranges(source)
-                except SymbolError:
-                    pass
+                funcs += function_ranges(source)
         self.parsed += 1
         table = symtab.SymbolTable.build(info.segments, funcs)
         symtab.store(self.cache_dir, key, table)

@@ -16,10 +16,13 @@ import tempfile
 from array import array
 from dataclasses import dataclass
 
-__all__ = ["SymbolTable", "cache_key", "default_cache_dir", "load", "store"]
+__all__ = ["CACHE_LIMIT", "SymbolTable", "cache_key", "default_cache_dir", "load", "prune", "store"]
 
 _MAGIC = b"GFXSYM1\n"
 _HEADER = struct.Struct("<8sII")  # magic, number of segments, number of symbols
+_NESTED = 8  # how many symbols back lookup() looks for one that covers an address
+# The cache keeps the most recently used tables up to this size (libLLVM's is 3 MB).
+CACHE_LIMIT = 1 << 30
 
 
 def default_cache_dir() -> str:
@@ -60,9 +63,13 @@ class SymbolTable:
         i = bisect.bisect_right(self.starts, vaddr) - 1
         if i < 0:
             return None
-        size = self.sizes[i]
-        if size == 0 or vaddr < self.starts[i] + size:
+        if self.sizes[i] == 0:
             return self.names[i]
+        # The nearest start may be a small symbol nested in (or ending before)
+        # a larger function that still covers vaddr: look a few back.
+        for j in range(i, max(i - _NESTED, -1), -1):
+            if vaddr < self.starts[j] + self.sizes[j]:
+                return self.names[j]
         return None
 
     def encode(self) -> bytes:
@@ -88,10 +95,10 @@ class SymbolTable:
         pos = _HEADER.size
         arrays = []
         for count in (3 * nseg, nsym, nsym):
+            if len(data) < pos + 8 * count:
+                return None  # cut short
             a = array("Q")
             a.frombytes(data[pos : pos + 8 * count])
-            if len(a) != count:
-                return None
             arrays.append(a)
             pos += 8 * count
         if struct.pack("=I", 1) != struct.pack("<I", 1):
@@ -116,11 +123,34 @@ def cache_key(build_id: str | None, st: os.stat_result) -> str:
 
 
 def load(cache_dir: str, key: str) -> SymbolTable | None:
+    path = os.path.join(cache_dir, key)
     try:
-        with open(os.path.join(cache_dir, key), "rb") as f:
-            return SymbolTable.decode(f.read())
+        with open(path, "rb") as f:
+            table = SymbolTable.decode(f.read())
+        if table is not None:
+            os.utime(path)  # recently used: pruned last
+        return table
     except OSError:
         return None
+
+
+def prune(cache_dir: str, limit: int = CACHE_LIMIT) -> None:
+    """Remove the least recently used tables until the folder holds at most limit bytes."""
+    try:
+        entries = []
+        with os.scandir(cache_dir) as it:
+            for e in it:
+                if e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((st.st_mtime_ns, st.st_size, e.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= limit:
+                break
+            os.unlink(path)
+            total -= size
+    except OSError:
+        pass
 
 
 def store(cache_dir: str, key: str, table: SymbolTable) -> None:
@@ -137,4 +167,5 @@ def store(cache_dir: str, key: str, table: SymbolTable) -> None:
             os.unlink(tmp)
             raise
     except OSError:
-        pass
+        return
+    prune(cache_dir)

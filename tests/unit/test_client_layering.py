@@ -68,16 +68,8 @@ def _module_files(layer: str) -> list[Path]:
 
 # gfxbpf.bpf modules a client may use: reading map fds it was handed, consuming
 # a ring buffer, decoding BTF (and what those import themselves), and the
-# constants (names and numbers, no syscalls: map types, scope names), and the
-# ELF symbol reader (it only reads files: profile symbolization of the user's
-# own binaries, client/profile/).
-ALLOWED_BPF = {
-    "gfxbpf.bpf.maps",
-    "gfxbpf.bpf.ringbuf",
-    "gfxbpf.bpf.btf",
-    "gfxbpf.bpf.consts",
-    "gfxbpf.bpf.symbols",
-}
+# constants (names and numbers, no syscalls: map types, scope names).
+ALLOWED_BPF = {"gfxbpf.bpf.maps", "gfxbpf.bpf.ringbuf", "gfxbpf.bpf.btf", "gfxbpf.bpf.consts"}
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
 FORBIDDEN_TEXT = (

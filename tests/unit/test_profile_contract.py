@@ -132,3 +132,24 @@ def test_cpp_names_are_demangled() -> None:
 
 def test_profile_total() -> None:
     assert Profile(stacks={("a",): 2, ("a", "b"): 3}, unit="calls").total() == 5
+
+
+def test_notes_for_unmapped_processes_and_the_depth_limit(tmp_path) -> None:
+    sym = Symbolizer(cache_dir=str(tmp_path))
+    sym.add_process(78, procmaps.ProcessMaps(pid=78, mappings=[], comm="mapped"))
+    deep = tuple(range(0x1000, 0x1000 + 127 * 16, 16))
+    raw = [
+        RawStack(77, (0x1000, 0x2000), False, 3),  # never captured
+        RawStack(78, deep, False, 1),
+        RawStack(78, (0x1000,), False, 4),
+    ]
+    prof = sym.symbolize(raw, "samples")
+    assert prof.stacks == {
+        ("[pid 77]", "[unknown]", "[unknown]"): 3,
+        ("mapped",) + ("[unknown]",) * 127: 1,
+        ("mapped", "[unknown]"): 4,
+    }
+    text = "\n".join(prof.notes)
+    assert "37.5% of the weight is from processes whose memory maps were never read" in text
+    assert "12% of the user stacks are 127 frames or deeper" in text
+    assert "50% of the user stacks stop before reaching the thread's start, last in" in text

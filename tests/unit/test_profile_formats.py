@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import time
+from xml.etree import ElementTree
 
 import pytest
 
@@ -124,6 +125,27 @@ def test_svg_has_one_frame_per_call_tree_node(tmp_path) -> None:
     assert "<title>prog (409 samples," in text
     assert "work spaces" in text  # a space in a name is kept
     assert not re.search(r"""(src|href)=["']https?:""", text), "must load nothing"
+
+
+def test_svg_is_well_formed_xml_whatever_the_names(tmp_path) -> None:
+    odd = "operator<<(std::ostream&, Foo const&) ]]> \x01 \"q\" 'a'"
+    p = Profile(stacks={("prog", odd): 3, ("prog", "<script>x</script>"): 1}, unit="calls")
+    path = tmp_path / "odd.svg"
+    write_profile(p, "svg", str(path))
+    root = ElementTree.parse(path).getroot()
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    titles = [t.text or "" for t in root.iterfind(".//s:g/s:title", ns)]
+    assert any(t.startswith("operator<<(std::ostream&, Foo const&) ]]> ? ") for t in titles)
+    assert not root.findall(".//s:g/s:script", ns), "a name never becomes markup"
+
+
+def test_svg_says_time_in_readable_units(tmp_path) -> None:
+    p = Profile(stacks={("prog", "wait"): 2_500_000, ("prog", "spin"): 900}, unit="nanoseconds")
+    path = tmp_path / "t.svg"
+    write_profile(p, "svg", str(path))
+    text = path.read_text()
+    assert "<title>wait (2.5 ms, 99.96%)</title>" in text
+    assert "<title>spin (900 ns, 0.04%)</title>" in text
 
 
 def test_tree_weights_add_up() -> None:

@@ -10,6 +10,7 @@ import glob
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.client.profile import procmaps
+from gfxbpf.client.profile import vdso as vdso_module
 from gfxbpf.client.profile.elfinfo import read_info
 from gfxbpf.client.profile.model import Profile, RawStack
 from gfxbpf.client.profile.procmaps import capture
@@ -371,3 +373,50 @@ def test_debug_file_installed_after_a_profile_is_used_by_the_next(tmp_path, run_
     after, sym = _symbolize(run, tmp_path / "cache", debug_root=str(root))
     assert _one(after)[-3:] == ("main", "hot", "foo_walk")
     assert sym.parsed == 1, "only prog is parsed again (now with its debug file)"
+
+
+VDSO_PROG_C = r"""
+#include <stdio.h>
+#include <time.h>
+int main(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    printf("ready\n");
+    fflush(stdout);
+    getchar();
+    return 0;
+}
+"""
+
+
+def test_vdso_frames_are_named(tmp_path) -> None:
+    (tmp_path / "v.c").write_text(VDSO_PROG_C)
+    subprocess.run(["gcc", "-O2", "-o", tmp_path / "v", tmp_path / "v.c"], check=True)
+    p = subprocess.Popen([tmp_path / "v"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        maps = capture(p.pid)
+    finally:
+        p.communicate(b"\n", timeout=10)
+    assert maps is not None
+    vdso = next(m for m in maps.mappings if m.path == "[vdso]")
+    own = vdso_module.own_vdso_table()
+    assert own is not None
+    start = own.starts[own.names.index("clock_gettime")]
+    sym = Symbolizer(cache_dir=str(tmp_path / "c"))
+    sym.add_process(p.pid, maps)
+    raw = [RawStack(p.pid, (vdso.start + start + 3, vdso.end - 1), False, 1)]
+    assert _one(sym.symbolize(raw, "samples"))[1:] == ("[vdso]", "clock_gettime")
+
+
+def test_perf_map_older_than_the_process_is_ignored(fp_build, run_prog, tmp_path) -> None:
+    """Python leaves /tmp/perf-PID.map behind; a later process with the same pid
+    must not get its names."""
+    run = run_prog(fp_build)
+    path = tmp_path / f"perf-{run.pid}.map"
+    path.write_text("7a0000000000 40 py::stale:/old.py\n")
+    assert capture(run.pid, str(tmp_path)).perf_map != []
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    maps = capture(run.pid, str(tmp_path))
+    assert maps is not None and maps.perf_map == [] and maps.perf_map_path is None
