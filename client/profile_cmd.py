@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import struct
 import sys
 import time
 from collections.abc import Callable
@@ -382,8 +383,11 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
 def collect(run: Run) -> tuple[list[RawStack], int]:
     """Raw stacks from the maps (targets only), and the count the tables lost."""
     att, req = run.att, run.req
-    stacks = profile_read.stack_table(att.map("stacks").raw_items())
     entries = att.map(run.counts_map).raw_items()
+    # Through the fd, only the stacks the counts name (no walk of the table).
+    ids = profile_read.stack_ids(entries, req.probes)
+    found = att.map("stacks").lookup_many(struct.pack("<I", i) for i in sorted(ids))
+    stacks = profile_read.stack_table(att.map("stacks").raw_items() if found is None else found)
     if req.probes:
         raw = profile_read.call_stacks(entries, stacks, req.functions, req.weight)
     else:

@@ -50,7 +50,8 @@ def stack_table(entries: Entries) -> dict[int, tuple[int, ...]]:
         if len(raw) % 8:
             raise ProtocolError(f"map 'stacks': a {len(raw)}-byte stack is not whole u64s")
         addrs = struct.unpack(f"<{len(raw) // 8}Q", raw)
-        out[struct.unpack("<I", key)[0]] = tuple(a for a in addrs if a)
+        end = addrs.index(0) if 0 in addrs else len(addrs)  # the padding starts at the first 0
+        out[struct.unpack("<I", key)[0]] = addrs[:end]
     return out
 
 
@@ -60,6 +61,18 @@ _STACK_ERRORS = {
     errno.EEXIST: "stack table collision (another stack holds its slot)",
     errno.ENOMEM: "stack table full",
 }
+
+
+def stack_ids(entries: Entries, probes: bool = False) -> set[int]:
+    """The stack ids a counts (profile) or calls (ustacks) map refers to."""
+    layout = CALL_KEY if probes else SAMPLE_KEY
+    ids = set()
+    for key, _ in entries:
+        if len(key) == layout.size:
+            sid = layout.unpack(key)[1]
+            if sid >= 0:
+                ids.add(sid)
+    return ids
 
 
 def stack_error(stack_id: int, stacks: dict[int, tuple[int, ...]]) -> str | None:

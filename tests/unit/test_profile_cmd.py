@@ -148,3 +148,14 @@ def test_a_zombie_is_not_running() -> None:
     finally:
         os.waitpid(pid, 0)
     assert profile_cmd._running(os.getpid())
+
+
+def test_stack_ids_of_both_layouts() -> None:
+    counts = [
+        (_sample(1, 7, 0, b"p\0"), b""),
+        (_sample(1, -errno.EFAULT, 1, b"p\0"), b""),
+        (_sample(2, 9, 0, b"q\0"), b""),
+    ]
+    assert profile_read.stack_ids(counts) == {7, 9}
+    calls = [(profile_read.CALL_KEY.pack(1, 4, 0, 0, 0x1000), b"")]
+    assert profile_read.stack_ids(calls, probes=True) == {4}
