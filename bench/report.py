@@ -209,6 +209,71 @@ def _footprint(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _cuda(r: dict[str, Any]) -> list[Row]:
+    size = f"{r['library_bytes'] / 1e6:.0f} MB, {r['dynsym_functions']} functions"
+    launch = r["launch"]
+    return [
+        (
+            f"7 cuda: index the stand-in libcuda's symbols ({size}) vs pyelftools' walk",
+            f"{r['index_ms']:.0f} ms",
+            f"{r['pyelftools_dynsym_ms']:.0f} ms",
+            f"{r['ratio_index']}x",
+            "—",
+            "—",
+        ),
+        (
+            "7 cuda: first attach to that library (broker-side, cold symbol index)",
+            f"{r['first_attach_ms']:.0f} ms",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        (
+            "7 cuda: second attach to the same library (broker-side, median; max in brackets)",
+            f"{r['second_attach_ms']:.1f} ms [{r['second_attach_max_ms']:.1f}]",
+            "—",
+            "—",
+            "≤ 50 ms",
+            _met(r["second_attach_ms"], lambda v: v <= 50),
+        ),
+        (
+            "7 cuda: ns added per cuLaunchKernel by the entry and return probes (stand-in)",
+            f"+{launch['added_ns']:.0f} ns ({launch['untraced_ns']:.0f} → "
+            f"{launch['traced_ns']:.0f} ns)",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
+def _exporter(r: dict[str, Any]) -> list[Row]:
+    attached = ", ".join(sorted(k for k, v in r["programs"].items() if v)) or "none"
+    p99 = r["scrape_ms"]["p99"] / 1000
+    return [
+        (
+            f"8 exporter scrape of /metrics, {r['series']} series ({attached} attached; "
+            f"clonecount with {r['comms']} commands)",
+            f"p50 {r['scrape_ms']['p50']:.1f} ms, p99 {r['scrape_ms']['p99']:.1f} ms "
+            f"({r['cpu_ms_per_scrape']:.1f} ms CPU)",
+            "—",
+            "—",
+            "p99 < 1 s",
+            _met(p99, lambda v: v < 1.0),
+        ),
+        (
+            "8 exporter RSS, idle → after the scrapes",
+            f"{r['rss_idle_kib'] / 1024:.1f} → {r['rss_kib'] / 1024:.1f} MiB",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
 def _profile(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     base = r["untraced_s"]
@@ -216,7 +281,7 @@ def _profile(r: dict[str, Any]) -> list[Row]:
         for peer, key in (("perf record -g", "perf"), ("bpftrace profile:hz", "bpftrace")):
             rows.append(
                 (
-                    f"7 workload slowdown at {hz} Hz vs {peer} (untraced {_s(base)})",
+                    f"9 workload slowdown at {hz} Hz vs {peer} (untraced {_s(base)})",
                     f"{_s(f['gfxbpf_s'])} (×{f['gfxbpf_slowdown']})",
                     f"{_s(f[key + '_s'])} (×{f[key + '_slowdown']})",
                     str(ratio(f["gfxbpf_s"], f[key + "_s"])),
@@ -229,7 +294,7 @@ def _profile(r: dict[str, Any]) -> list[Row]:
     g = r["flamegraph"]
     rows.append(
         (
-            f"7 end of sampling → folded file at {g['hz']} Hz (stacks: gfxbpf "
+            f"9 end of sampling → folded file at {g['hz']} Hz (stacks: gfxbpf "
             f"{g['gfxbpf_stacks']}, {g['gfxbpf_lost']} lost; perf {g['perf_stacks']})",
             f"{_s(g['gfxbpf_folded_s'])} (svg {_s(g['gfxbpf_svg_s'])})",
             f"{_s(g['perf_fold_s'])} (perf script + fold)",
@@ -248,6 +313,8 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "map_reads": _map_reads,
     "ringbuf": _ringbuf,
     "footprint": _footprint,
+    "cuda": _cuda,
+    "exporter": _exporter,
     "profile": _profile,
 }
 

@@ -34,6 +34,7 @@ EXPECTED = {
     "syscount",
     "clonecount",
     "ucalls",
+    "cuda",
     "profile",
     "ustacks",
 }
@@ -75,6 +76,7 @@ KNOB_DEFAULTS = {
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
     "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "profile": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
