@@ -106,6 +106,8 @@ class Program:
     fields: tuple[Field, ...] = ()
     maps: tuple[MapEntry, ...] = ()
     parameters: tuple[Parameter, ...] = ()
+    # What the host needs for this program (hardware, driver), in words.
+    requires: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -391,6 +393,7 @@ _PROGRAM_KEYS = {
     "field",
     "map",
     "parameter",
+    "requires",
 }
 _ATTACH_KEYS = {"program", "kind", "target", "variant"}
 _FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant"}
@@ -407,6 +410,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_PROGRAM_KEYS))})")
     name, obj, sha, description = _parse_identity(c, entry, directory)
     scopes = _parse_scopes(c, entry)
+    requires = c.get_str(entry, "requires", "", required=False)
     uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
     pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
     if "self" in scopes and not (uid_knob or pid_knob):
@@ -437,6 +441,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         fields=fields,
         maps=maps,
         parameters=params,
+        requires=requires,
     )
 
 

@@ -110,14 +110,47 @@ def choose_variant(
 
 
 def availability(
-    entry: Program, exists: Callable[[str, str], bool] = tracefs.event_exists
+    entry: Program,
+    exists: Callable[[str, str], bool] = tracefs.event_exists,
+    read_format: Callable[[str, str], tracefs.EventFormat] | None = None,
 ) -> str | None:
-    """None when the program can run here, else the reason it cannot."""
+    """None when the program can run here, else the reason it cannot, led by
+    what the program needs ("needs the xe driver: tracepoint ... does not exist").
+
+    With read_format, the fields the program reads are checked as well, so a
+    kernel whose events lack a field is reported before anyone attaches."""
     try:
-        choose_variant(entry, exists)
-    except HostError as e:  # Unavailable, or tracefs itself
-        return str(e)
+        variant = choose_variant(entry, exists)
+        if read_format is not None:
+            missing_fields(entry, variant, read_format)
+    except (HostError, tracefs.FormatError) as e:  # Unavailable, tracefs, a bad format
+        return f"needs {entry.requires}: {e}" if entry.requires else str(e)
     return None
+
+
+def missing_fields(
+    entry: Program,
+    variant: str | None,
+    read_format: Callable[[str, str], tracefs.EventFormat],
+) -> None:
+    """Raise FieldMissing for the first field of variant the format files lack."""
+    formats: dict[str, tracefs.EventFormat] = {}
+    for f in entry.fields_for(variant):
+        if f.tracepoint not in formats:
+            formats[f.tracepoint] = read_format(*f.tracepoint.split("/", 1))
+        _field(entry, formats[f.tracepoint], f.tracepoint, f.field)
+
+
+def _field(entry: Program, fmt: tracefs.EventFormat, tracepoint: str, name: str) -> tracefs.Field:
+    fld = fmt.fields.get(name)
+    if fld is None:
+        system, _, event = tracepoint.partition("/")
+        have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
+        raise FieldMissing(
+            f"this kernel's {system}:{event} has no field {name!r} "
+            f"(it has: {have}); program {entry.name!r} cannot run here"
+        )
+    return fld
 
 
 def fill_field_knobs(
@@ -133,15 +166,7 @@ def fill_field_knobs(
         if f.tracepoint not in formats:
             system, _, event = f.tracepoint.partition("/")
             formats[f.tracepoint] = read_format(system, event)
-        fmt = formats[f.tracepoint]
-        fld = fmt.fields.get(f.field)
-        if fld is None:
-            system, _, event = f.tracepoint.partition("/")
-            have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
-            raise FieldMissing(
-                f"this kernel's {system}:{event} has no field {f.field!r} "
-                f"(it has: {have}); program {entry.name!r} cannot run here"
-            )
+        fld = _field(entry, formats[f.tracepoint], f.tracepoint, f.field)
         _set_knob(spec, f.knob, fld.offset)
         written[f.knob] = fld.offset
         if f.size_knob:

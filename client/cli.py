@@ -402,6 +402,7 @@ def _listing_json(p: pb.ProgramListing) -> dict[str, Any]:
         "scopes": [scope_name(s) for s in p.scopes],
         "available": p.available,
         "unavailable_reason": p.unavailable_reason or None,
+        "requires": p.requires or None,
         "attach_points": list(p.attach_points),
         "libraries": list(p.libraries),
         "parameters": [
@@ -469,6 +470,8 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         + ("available" if p.available else f"unavailable: {p.unavailable_reason}"),
         "  attach points " + (", ".join(p.attach_points) or "-"),
     ]
+    if p.requires:
+        lines.insert(4, f"  needs         {p.requires}")
     if p.libraries:
         lines.append("  libraries     " + ", ".join(p.libraries))
     if p.parameters:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import instance, tracefs
 from gfxbpf.bpf.catalog import load_catalog, read_object
 from gfxbpf.bpf.loader import load
@@ -19,7 +20,9 @@ from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from tests.conftest import skip_or_fail
+from tests.kernel.rawclient import kernel_looking
 from tests.kernel.sysmaps_util import run_unprivileged
+from tests.release_formats import RUNS, exists_in, reader_for
 
 CATALOG = load_catalog()
 TEST_UID = 54321  # a uid nothing else on the machine runs as
@@ -46,12 +49,132 @@ def test_every_catalog_object_loads(entry) -> None:
             assert obj.map(m.name).fileno() >= 0
 
 
-@pytest.mark.parametrize("name", ["vmabind", "drmsched"])
+@pytest.mark.parametrize("name", ["vmabind", "drmsched", "xe", "xid", "vblank"])
 def test_gpu_programs_say_why_they_cannot_attach(name: str) -> None:
-    reason = instance.availability(CATALOG.get(name))
+    entry = CATALOG.get(name)
+    reason = instance.availability(entry, read_format=tracefs.read_format)
     assert reason is not None and "does not exist on this kernel" in reason
+    assert entry.requires and reason.startswith(f"needs {entry.requires}: ")
     if name == "vmabind":
         assert "i915:i915_vma_bind" in reason and "i915 driver must be loaded" in reason
+
+
+@pytest.mark.parametrize("key", sorted(RUNS), ids=lambda k: f"{k[1]}@{k[0]}")
+def test_gpu_programs_pass_the_verifier_with_each_release_layout(key: tuple[str, str]) -> None:
+    # The events are absent here, but the kernel still verifies each layout's loads.
+    release, name = key
+    entry = CATALOG.get(name)
+    opened = instance.open_program(
+        entry, read_object(entry), exists=exists_in(release), read_format=reader_for(release)
+    )
+    with opened.load() as inst:
+        want = {a.program for a in entry.attach_for(opened.variant)}
+        assert set(inst.obj.programs) == want
+        assert all(p.id > 0 for p in inst.obj.programs.values())
+
+
+# Stand-ins for GPU events that do not exist here, with knobs pointed at
+# their fields, so each GPU program sees real kernel pointers where a driver
+# would pass fence and vm pointers: workqueue_queue_work (work, function:
+# pointers; workqueue: a string) for jobs and Xids, kmem:kmalloc (call_site,
+# ptr: pointers; bytes_req: a size) for binds. Both fire all the time.
+WQ = ("workqueue", "workqueue_queue_work")
+KMALLOC = ("kmem", "kmalloc")
+STAND_IN_FIELDS: dict[str, dict[str, tuple[tuple[str, str], str]]] = {
+    "xe": {
+        "off_x_dev": (WQ, "workqueue"),
+        "off_x_fence": (WQ, "work"),
+        "off_r_dev": (WQ, "workqueue"),
+        "off_r_fence": (WQ, "work"),
+        "off_f_fence": (WQ, "work"),
+        "off_t_dev": (WQ, "workqueue"),
+        "off_b_vm": (KMALLOC, "call_site"),
+        "off_b_start": (KMALLOC, "ptr"),
+        "off_b_end": (KMALLOC, "ptr"),
+        "off_u_vm": (KMALLOC, "call_site"),
+        "off_u_start": (KMALLOC, "ptr"),
+        "off_u_end": (KMALLOC, "ptr"),
+    },
+    "drmsched": {
+        "off_lq_fence": (WQ, "work"),
+        "off_lq_name": (WQ, "workqueue"),
+        "off_lr_fence": (WQ, "work"),
+        "off_lr_name": (WQ, "workqueue"),
+        "off_ld_fence": (WQ, "work"),
+    },
+    "vmabind": {
+        "off_bind_vm": (KMALLOC, "call_site"),
+        "off_bind_size": (KMALLOC, "bytes_req"),
+        "off_unbind_vm": (KMALLOC, "call_site"),
+        "off_unbind_size": (KMALLOC, "bytes_req"),
+    },
+    "xid": {
+        "off_dev": (WQ, "workqueue"),
+        "off_code": (WQ, "workqueue"),  # a small u32 (string offset and length)
+        "off_msg": (WQ, "workqueue"),
+    },
+    "vblank": {"off_crtc": (WQ, "workqueue"), "off_seq": (WQ, "workqueue")},
+}
+# Hidden maps that must hold pointers afterwards: proof the pointers went in.
+# (Jobs are not: on one stand-in event a job is queued, run and done at once.)
+POINTER_MAPS = {"xe": "vm_ids", "vmabind": "vm_ids"}
+
+
+def _stand_in_event(entry, program: str) -> tuple[str, str]:
+    """The stand-in event of the fields this BPF program reads."""
+    knobs = STAND_IN_FIELDS[entry.name]
+    events = {
+        knobs[f.knob][0]
+        for f in entry.fields
+        if f.knob in knobs
+        and any(a.program == program for a in entry.attach if a.target == f.tracepoint)
+    }
+    assert len(events) == 1, (entry.name, program, events)
+    return events.pop()
+
+
+def _visible_words(inst: instance.Instance) -> tuple[int, list[str]]:
+    """(bytes, kernel-looking words) over every key, value and ring-buffer record
+    a client could read from the visible maps, each scanned at its own alignment."""
+    total, found = 0, []
+    for m in inst.entry.visible_maps:
+        kmap = inst.obj.map(m.name)
+        if m.show == "events":
+            with RingBuffer(kmap.fileno()) as rb:
+                blobs = rb.poll(0.2)
+        else:
+            blobs = [b for k, v in kmap.items() for b in (k, *(v if isinstance(v, list) else [v]))]
+        for blob in blobs:
+            total += len(blob)
+            found += kernel_looking(blob)
+    return total, found
+
+
+@pytest.mark.parametrize("name", sorted(STAND_IN_FIELDS))
+def test_gpu_programs_keep_kernel_pointers_out_of_visible_maps(name: str) -> None:
+    entry = CATALOG.get(name)
+    variant = "legacy" if name == "drmsched" else None
+    spec = ObjectSpec.parse(read_object(entry), name)
+    for knob, (event, fld) in STAND_IN_FIELDS[name].items():
+        spec.set_variable(knob, tracefs.read_format(*event).fields[fld].offset)
+    opened = instance.Opened(entry, variant, spec, instance.Params())
+    with opened.load() as inst:
+        for a in entry.attach_for(variant):
+            prog = inst.obj.programs[a.program]
+            event = _stand_in_event(entry, a.program)
+            inst.attachments.append(bpfattach.attach_tracepoint(prog.fd, *event))
+        deadline = time.monotonic() + 10
+        total, found = 0, []
+        while time.monotonic() < deadline and total < 64:
+            subprocess.run(["sync"], check=True)  # queues writeback work
+            time.sleep(0.2)
+            n, f = _visible_words(inst)
+            total, found = total + n, found + f
+        assert total >= 64, f"{name}: the stand-in events never reached the maps"
+        assert found == [], name
+        if name in POINTER_MAPS:
+            hidden = [b for k, v in inst.obj.map(POINTER_MAPS[name]).items() for b in (k, v)]
+            assert any(kernel_looking(b) for b in hidden), f"{name}: no pointer in the test"
 
 
 def test_fence_attaches_to_the_dma_fence_tracepoints() -> None:

@@ -26,7 +26,18 @@ SIDE_OBJECTS = (
 )
 BUILD = ROOT / "tools" / "build_bpf.py"
 
-EXPECTED = {"vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls"}
+EXPECTED = {
+    "vmabind",
+    "fence",
+    "drmsched",
+    "execsnoop",
+    "syscount",
+    "clonecount",
+    "ucalls",
+    "xid",
+    "xe",
+    "vblank",
+}
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
 # machine's 6.18 sched_process_exec format.
@@ -60,7 +71,25 @@ KNOB_DEFAULTS = {
         "off_lr_fence": 16,
         "off_lr_name": 24,
         "off_ld_fence": 8,
+        "off_q_client": 40,
+        "off_r_client": 40,
     },
+    "xid": {"off_dev": 8, "off_code": 12, "off_msg": 16},
+    "xe": {
+        "off_x_dev": 8,
+        "off_x_fence": 40,
+        "off_r_dev": 8,
+        "off_r_fence": 40,
+        "off_f_fence": 40,
+        "off_t_dev": 8,
+        "off_b_vm": 24,
+        "off_b_start": 40,
+        "off_b_end": 48,
+        "off_u_vm": 24,
+        "off_u_start": 40,
+        "off_u_end": 48,
+    },
+    "vblank": {"off_crtc": 8, "off_seq": 12},
     "execsnoop": {"off_pid": 12, "off_filename": 8, "target_uid": 0xFFFFFFFF},
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
