@@ -185,8 +185,13 @@ def prepare(
 ) -> tuple[ObjectSpec, str | None]:
     """Parse the object bytes and set every knob; nothing touches bpf(2) yet."""
     spec = ObjectSpec.parse(data, entry.object.split(".", 1)[0])
-    variant = choose_variant(entry, exists)
-    fill_field_knobs(spec, entry, variant, read_format)
+    try:
+        variant = choose_variant(entry, exists)
+        fill_field_knobs(spec, entry, variant, read_format)
+    except Unavailable as e:
+        if not entry.requires:
+            raise
+        raise type(e)(f"needs {entry.requires}: {e}") from None
     if params.uid is not None:
         if not entry.uid_knob:
             raise ParameterError(f"program {entry.name!r} has no uid filter")

@@ -48,11 +48,49 @@ XE_611 = {
     "off_u_end": 48,
 }
 VBLANK = {"off_crtc": 8, "off_seq": 12}
+# dma_fence_signaled: context u32@16, seqno u32@20 in every release stored.
+AMDGPU_SIGNALED = {
+    "off_sig_context": 16,
+    "size_sig_context": 4,
+    "off_sig_seqno": 20,
+    "size_sig_seqno": 4,
+}
+AMDGPU_VM = {"off_map_start": 16, "off_map_last": 24, "off_unmap_start": 16, "off_unmap_last": 24}
+AMDGPU_616 = {
+    "off_cs_context": 20,
+    "size_cs_context": 4,
+    "off_cs_seqno": 24,
+    "size_cs_seqno": 4,
+    "off_cs_ring": 40,
+    "off_run_context": 20,
+    "size_run_context": 4,
+    "off_run_seqno": 24,
+    "size_run_seqno": 4,
+    "off_run_ring": 28,
+    **AMDGPU_SIGNALED,
+    **AMDGPU_VM,
+}
+AMDGPU_617 = {
+    "off_cs_context": 16,
+    "size_cs_context": 8,
+    "off_cs_seqno": 24,
+    "size_cs_seqno": 8,
+    "off_cs_ring": 40,
+    "off_run_context": 16,
+    "size_run_context": 8,
+    "off_run_seqno": 24,
+    "size_run_seqno": 8,
+    "off_run_ring": 32,
+    **AMDGPU_SIGNALED,
+    **AMDGPU_VM,
+}
 
 # (release, program) -> (variant, knobs) where the program runs on that release.
 RUNS = {
     ("6.16", "drmsched"): ("legacy", DRMSCHED_616),
     ("6.17", "drmsched"): ("6.17+", DRMSCHED_617),
+    ("6.16", "amdgpu"): (None, AMDGPU_616),
+    ("6.17", "amdgpu"): (None, AMDGPU_617),
     ("6.11", "xe"): (None, XE_611),
     ("nvidia-580", "xid"): (None, {"off_dev": 8, "off_code": 12, "off_msg": 16}),
     ("6.18", "vblank"): (None, VBLANK),

@@ -14,6 +14,8 @@
 
 #define NAME_LEN 32
 
+const volatile __u32 target_uid = GFX_ANY;
+
 /* 6.17+ class drm_sched_job: name dl@8, fence_context u64@24,
  * fence_seqno u64@32; drm_sched_job_done: fence_context@8, fence_seqno@16 */
 const volatile __u32 off_q_name = 8;
@@ -120,6 +122,8 @@ static __always_inline void on_queue(void *ctx, struct job_key *key, __u32 off_n
 {
 	struct job j;
 
+	if (!gfx_uid_ok(target_uid))
+		return;
 	__builtin_memset(&j, 0, sizeof(j));
 	j.queued_ns = bpf_ktime_get_ns();
 	j.client_id = client_id;
@@ -142,6 +146,9 @@ static __always_inline void on_run(void *ctx, struct job_key *key, __u32 off_nam
 		jp->run_ns = now;
 		return;
 	}
+	/* Queued before we attached: in scope self we cannot tell whose it is. */
+	if (target_uid != GFX_ANY)
+		return;
 	__builtin_memset(&j, 0, sizeof(j));
 	j.run_ns = now;
 	j.client_id = client_id;

@@ -49,7 +49,7 @@ def test_every_catalog_object_loads(entry) -> None:
             assert obj.map(m.name).fileno() >= 0
 
 
-@pytest.mark.parametrize("name", ["vmabind", "drmsched", "xe", "xid", "vblank"])
+@pytest.mark.parametrize("name", ["vmabind", "drmsched", "xe", "xid", "vblank", "amdgpu"])
 def test_gpu_programs_say_why_they_cannot_attach(name: str) -> None:
     entry = CATALOG.get(name)
     reason = instance.availability(entry, read_format=tracefs.read_format)
@@ -114,6 +114,20 @@ STAND_IN_FIELDS: dict[str, dict[str, tuple[tuple[str, str], str]]] = {
         "off_msg": (WQ, "workqueue"),
     },
     "vblank": {"off_crtc": (WQ, "workqueue"), "off_seq": (WQ, "workqueue")},
+    "amdgpu": {
+        "off_cs_context": (WQ, "work"),
+        "off_cs_seqno": (WQ, "function"),
+        "off_cs_ring": (WQ, "workqueue"),
+        "off_run_context": (WQ, "work"),
+        "off_run_seqno": (WQ, "function"),
+        "off_run_ring": (WQ, "workqueue"),
+        "off_sig_context": (WQ, "work"),
+        "off_sig_seqno": (WQ, "function"),
+        "off_map_start": (KMALLOC, "bytes_req"),
+        "off_map_last": (KMALLOC, "bytes_req"),
+        "off_unmap_start": (KMALLOC, "bytes_req"),
+        "off_unmap_last": (KMALLOC, "bytes_req"),
+    },
 }
 # Hidden maps that must hold pointers afterwards: proof the pointers went in.
 # (Jobs are not: on one stand-in event a job is queued, run and done at once.)

@@ -37,6 +37,7 @@ EXPECTED = {
     "xid",
     "xe",
     "vblank",
+    "amdgpu",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -90,6 +91,26 @@ KNOB_DEFAULTS = {
         "off_u_end": 48,
     },
     "vblank": {"off_crtc": 8, "off_seq": 12},
+    "amdgpu": {
+        "off_cs_context": 16,
+        "size_cs_context": 8,
+        "off_cs_seqno": 24,
+        "size_cs_seqno": 8,
+        "off_cs_ring": 40,
+        "off_run_context": 16,
+        "size_run_context": 8,
+        "off_run_seqno": 24,
+        "size_run_seqno": 8,
+        "off_run_ring": 32,
+        "off_sig_context": 16,
+        "size_sig_context": 4,
+        "off_sig_seqno": 20,
+        "size_sig_seqno": 4,
+        "off_map_start": 16,
+        "off_map_last": 24,
+        "off_unmap_start": 16,
+        "off_unmap_last": 24,
+    },
     "execsnoop": {"off_pid": 12, "off_filename": 8, "target_uid": 0xFFFFFFFF},
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
@@ -158,9 +179,13 @@ def test_catalog_parses(catalog: cat.Catalog) -> None:
     assert all(a.target is None for a in ucalls.attach)
     assert [p.name for p in ucalls.parameters] == ["pid", "library", "functions"]
     assert ucalls.parameters[2].type == "list[str]"
-    # GPU programs run only system-wide.
-    for name in ("vmabind", "fence", "drmsched"):
+    # GPU events that carry no submitter run only system-wide; submissions
+    # (drmsched's queue, amdgpu's CS ioctl) run in the submitter: self filters them.
+    for name in ("vmabind", "fence", "xid", "xe", "vblank"):
         assert catalog.get(name).scopes == ("system",)
+    for name in ("drmsched", "amdgpu"):
+        assert catalog.get(name).scopes == ("self", "system")
+        assert catalog.get(name).uid_knob == "target_uid"
 
 
 def test_drmsched_variants(catalog: cat.Catalog) -> None:
@@ -261,7 +286,8 @@ def test_knob_defaults(catalog: cat.Catalog) -> None:
             assert values[knob] == want, (entry.name, knob)
         for f in entry.fields:  # size knobs default to the documented widths
             if f.size_knob:
-                assert values[f.size_knob] == 4, (entry.name, f.size_knob)
+                want = KNOB_DEFAULTS[entry.name].get(f.size_knob, 4)
+                assert values[f.size_knob] == want, (entry.name, f.size_knob)
 
 
 def test_event_type_is_in_btf(catalog: cat.Catalog) -> None:

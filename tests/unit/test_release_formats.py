@@ -15,7 +15,7 @@ from tests.release_formats import LACKS, RELEASES_DIR, RUNS, exists_in, reader_f
 
 CATALOG = load_catalog()
 # fence needs only dma_fence (core kernel), so no release tree lacks it.
-GPU_PROGRAMS = ("drmsched", "xe", "xid", "vblank", "vmabind")
+GPU_PROGRAMS = ("drmsched", "xe", "xid", "vblank", "vmabind", "amdgpu")
 
 
 def test_the_release_trees_are_the_documented_ones() -> None:
@@ -59,8 +59,9 @@ def test_knobs_fill_from_each_release(key: tuple[str, str]) -> None:
     spec, variant = _prepare(name, release)
     assert variant == want_variant
     assert {k: spec.get_variable(k) for k in knobs} == knobs
-    # Every field of the variant was written, none left at a guess.
-    assert {f.knob for f in entry.fields_for(variant)} == set(knobs)
+    # Every field (and size) of the variant was written, none left at a guess.
+    written = {k for f in entry.fields_for(variant) for k in (f.knob, f.size_knob) if k}
+    assert written == set(knobs)
 
 
 @pytest.mark.parametrize("key", sorted(LACKS), ids=lambda k: f"{k[1]}@{k[0]}")
