@@ -54,10 +54,10 @@ struct ring_key {
 	__u32 slot;
 };
 
+/* slot is a u64 so the key has no padding bytes to leave uninitialized */
 struct client_key {
 	__u64 client_id;
-	__u32 slot;
-	__u32 pad;
+	__u64 slot;
 };
 
 /* job -> timestamps (broker-only: legacy keys are kernel addresses) */

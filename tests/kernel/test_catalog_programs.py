@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -164,23 +166,40 @@ def _visible_words(inst: instance.Instance) -> tuple[int, list[str]]:
     return total, found
 
 
-@pytest.mark.parametrize("name", sorted(STAND_IN_FIELDS))
-def test_gpu_programs_keep_kernel_pointers_out_of_visible_maps(name: str) -> None:
+@contextmanager
+def _on_stand_ins(name: str, uid: int | None = None) -> Iterator[instance.Instance]:
+    """Program name loaded with its knobs on the stand-in events and attached there."""
     entry = CATALOG.get(name)
     variant = "legacy" if name == "drmsched" else None
     spec = ObjectSpec.parse(read_object(entry), name)
     for knob, (event, fld) in STAND_IN_FIELDS[name].items():
         spec.set_variable(knob, tracefs.read_format(*event).fields[fld].offset)
-    opened = instance.Opened(entry, variant, spec, instance.Params())
-    with opened.load() as inst:
+    if uid is not None:
+        assert entry.uid_knob
+        spec.set_variable(entry.uid_knob, uid)
+    with instance.Opened(entry, variant, spec, instance.Params()).load() as inst:
         for a in entry.attach_for(variant):
             prog = inst.obj.programs[a.program]
             event = _stand_in_event(entry, a.program)
             inst.attachments.append(bpfattach.attach_tracepoint(prog.fd, *event))
+        yield inst
+
+
+def _queue_work() -> None:
+    """Dirty a page and sync: the writeback work is queued from this thread."""
+    with tempfile.NamedTemporaryFile(dir="/var/tmp") as f:
+        f.write(b"x" * 4096)
+        f.flush()
+        subprocess.run(["sync"], check=True)
+
+
+@pytest.mark.parametrize("name", sorted(STAND_IN_FIELDS))
+def test_gpu_programs_keep_kernel_pointers_out_of_visible_maps(name: str) -> None:
+    with _on_stand_ins(name) as inst:
         deadline = time.monotonic() + 10
         total, found = 0, []
         while time.monotonic() < deadline and total < 64:
-            subprocess.run(["sync"], check=True)  # queues writeback work
+            _queue_work()
             time.sleep(0.2)
             n, f = _visible_words(inst)
             total, found = total + n, found + f
@@ -189,6 +208,30 @@ def test_gpu_programs_keep_kernel_pointers_out_of_visible_maps(name: str) -> Non
         if name in POINTER_MAPS:
             hidden = [b for k, v in inst.obj.map(POINTER_MAPS[name]).items() for b in (k, v)]
             assert any(kernel_looking(b) for b in hidden), f"{name}: no pointer in the test"
+
+
+# Scope self of the submission programs: the kernel keeps only jobs queued by
+# the target uid. On the stand-in, a "job" is queued by whoever queues work.
+SELF_COUNTED = {"drmsched": "queue_latency", "amdgpu": "wait_latency"}
+
+
+@pytest.mark.parametrize("name", sorted(SELF_COUNTED))
+def test_scope_self_counts_only_the_target_users_submissions(name: str) -> None:
+    hist = SELF_COUNTED[name]
+    with _on_stand_ins(name) as everyone, _on_stand_ins(name, uid=TEST_UID) as inst:
+        for _ in range(5):
+            _queue_work()  # root's (and the kernel's) work: not the target's
+        time.sleep(0.3)
+        assert dict(everyone.obj.map(hist).items()), "no stand-in jobs at all"
+        assert dict(inst.obj.map(hist).items()) == {}, "another user's jobs were counted"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not dict(inst.obj.map(hist).items()):
+            _in_child_as(TEST_UID, lambda: _queue_work() or 0)
+            time.sleep(0.2)
+        assert dict(inst.obj.map(hist).items()), "the target user's jobs were not counted"
+        if name == "amdgpu":
+            rows = [k for k, _ in inst.obj.map("proc_jobs").read()]
+            assert rows and not any(k["comm"].startswith("kworker") for k in rows), rows
 
 
 def test_fence_attaches_to_the_dma_fence_tracepoints() -> None:
