@@ -10,11 +10,14 @@
 
 #define MAX_VMS 4096
 
-/* i915_vma_bind / i915_vma_unbind: vm ptr@16, size u64@32 (6.2 .. 6.18). */
+/* i915_vma_bind / i915_vma_unbind: vm ptr@16, size u64@32 (6.2 .. 6.18;
+ * older kernels had a u32 size, hence the size knobs). */
 const volatile __u32 off_bind_vm = 16;
 const volatile __u32 off_bind_size = 32;
+const volatile __u32 size_bind_size = 8;
 const volatile __u32 off_unbind_vm = 16;
 const volatile __u32 off_unbind_size = 32;
+const volatile __u32 size_unbind_size = 8;
 
 /* vm pointer -> id (broker-only: its keys are kernel addresses) */
 struct {
@@ -57,7 +60,7 @@ SEC("tracepoint/i915/i915_vma_bind")
 int vma_bind(void *ctx)
 {
 	__u64 vm = gfx_ctx_u64(ctx, off_bind_vm);
-	__u64 size = gfx_ctx_u64(ctx, off_bind_size);
+	__u64 size = gfx_ctx_uint(ctx, off_bind_size, size_bind_size);
 	__u32 slot;
 	__u64 *bucket;
 
@@ -73,7 +76,7 @@ SEC("tracepoint/i915/i915_vma_unbind")
 int vma_unbind(void *ctx)
 {
 	__u64 vm = gfx_ctx_u64(ctx, off_unbind_vm);
-	__u64 size = gfx_ctx_u64(ctx, off_unbind_size);
+	__u64 size = gfx_ctx_uint(ctx, off_unbind_size, size_unbind_size);
 	gfx_vm_account(&vm_stats, vm_id(vm), size, 0);
 	return 0;
 }

@@ -43,7 +43,14 @@ EXPECTED = {
 # Default knob values, from the kernel's trace headers (newest layouts) and this
 # machine's 6.18 sched_process_exec format.
 KNOB_DEFAULTS = {
-    "vmabind": {"off_bind_vm": 16, "off_bind_size": 32, "off_unbind_vm": 16, "off_unbind_size": 32},
+    "vmabind": {
+        "off_bind_vm": 16,
+        "off_bind_size": 32,
+        "size_bind_size": 8,
+        "off_unbind_vm": 16,
+        "off_unbind_size": 32,
+        "size_unbind_size": 8,
+    },
     "fence": {
         "off_emit_driver": 8,
         "off_emit_timeline": 12,

@@ -86,3 +86,24 @@ def test_programs_without_their_events_say_what_they_need(key: tuple[str, str]) 
     reason = instance.availability(entry, exists_in(release), reader_for(release))
     assert reason is not None and "does not exist on this kernel" in reason
     assert entry.requires and reason.startswith(f"needs {entry.requires}: ")
+
+
+def test_vmabind_reads_a_u32_size_on_kernels_that_had_one() -> None:
+    # Older i915_trace.h declared __field(u32, size) (then flags at 36).
+    stored = (RELEASES_DIR.parent / "i915" / "i915_vma_bind").read_text()
+    old = stored.replace(
+        "field:u64 size;\toffset:32;\tsize:8;", "field:u32 size;\toffset:32;\tsize:4;"
+    )
+    old = old.replace("field:unsigned flags;\toffset:40;", "field:unsigned flags;\toffset:36;")
+    assert old != stored
+
+    def read(system: str, event: str) -> tracefs.EventFormat:
+        text = old if event == "i915_vma_bind" else old.replace("i915_vma_bind", event)
+        return tracefs.parse_format(text)
+
+    entry = CATALOG.get("vmabind")
+    spec, _ = instance.prepare(
+        entry, read_object(entry), instance.Params(), exists=lambda s, e: True, read_format=read
+    )
+    assert spec.get_variable("off_bind_size") == 32
+    assert spec.get_variable("size_bind_size") == 4
