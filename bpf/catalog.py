@@ -24,6 +24,9 @@ ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "uprobe", "uretprobe", "perf_eve
 SHOWS = ("counter", "log2_histogram", "events", "table")
 UNITS = ("count", "bytes", "ns")
 PARAMETER_TYPES = ("int", "str", "list[str]")
+# What an optional field's knob holds on a kernel whose event lacks the field
+# (GFX_ABSENT in bpf/programs/gfxbpf.h).
+FIELD_ABSENT = 0xFFFFFFFF
 # The kernel keeps 15 characters of a map name (BPF_OBJ_NAME_LEN 16 with NUL).
 MAP_NAME_MAX = 15
 
@@ -71,6 +74,9 @@ class Field:
     field: str
     size_knob: str | None = None  # .rodata u32 that takes the field's size
     variant: str | None = None  # inherited from the tracepoint's attach entry when omitted
+    # A field some releases lack: then the knob takes FIELD_ABSENT (and the
+    # size knob 0) and the program does without it, instead of not running.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -396,7 +402,7 @@ _PROGRAM_KEYS = {
     "requires",
 }
 _ATTACH_KEYS = {"program", "kind", "target", "variant"}
-_FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant"}
+_FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant", "optional"}
 _MAP_KEYS = {"name", "visible", "show", "unit", "key_label", "description", "event_type"}
 _PARAMETER_KEYS = {"name", "type", "required", "description"}
 
@@ -536,6 +542,7 @@ def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...])
     fname = c.get_ident(t, "field", where)
     size_knob = c.get_ident(t, "size_knob", where, required=False)
     variant = c.get_str(t, "variant", where, required=False)
+    optional = c.get_bool(t, "optional", where, default=False)
     assert knob is not None and tracepoint is not None and fname is not None
     if not _TRACEPOINT.match(tracepoint):
         raise c.fail(where + "tracepoint", f"{tracepoint!r} is not 'system/event'")
@@ -557,7 +564,12 @@ def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...])
     else:
         variant = next(iter(variants))
     return Field(
-        knob=knob, tracepoint=tracepoint, field=fname, size_knob=size_knob, variant=variant
+        knob=knob,
+        tracepoint=tracepoint,
+        field=fname,
+        size_knob=size_knob,
+        variant=variant,
+        optional=optional,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import tracefs
-from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf.catalog import FIELD_ABSENT, Attach, Program
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
 from gfxbpf.bpf.loader import LoadedObject, load
@@ -122,35 +122,39 @@ def availability(
     try:
         variant = choose_variant(entry, exists)
         if read_format is not None:
-            missing_fields(entry, variant, read_format)
+            field_knobs(entry, variant, read_format)
     except (HostError, tracefs.FormatError) as e:  # Unavailable, tracefs, a bad format
         return f"needs {entry.requires}: {e}" if entry.requires else str(e)
     return None
 
 
-def missing_fields(
+def field_knobs(
     entry: Program,
     variant: str | None,
     read_format: Callable[[str, str], tracefs.EventFormat],
-) -> None:
-    """Raise FieldMissing for the first field of variant the format files lack."""
+) -> dict[str, int]:
+    """knob -> value for each field of variant, from the format files: the
+    field's offset (and size, for a size knob). An optional field the event
+    lacks gives FIELD_ABSENT (size 0); any other missing field raises
+    FieldMissing, naming it."""
     formats: dict[str, tracefs.EventFormat] = {}
+    values: dict[str, int] = {}
     for f in entry.fields_for(variant):
         if f.tracepoint not in formats:
             formats[f.tracepoint] = read_format(*f.tracepoint.split("/", 1))
-        _field(entry, formats[f.tracepoint], f.tracepoint, f.field)
-
-
-def _field(entry: Program, fmt: tracefs.EventFormat, tracepoint: str, name: str) -> tracefs.Field:
-    fld = fmt.fields.get(name)
-    if fld is None:
-        system, _, event = tracepoint.partition("/")
-        have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
-        raise FieldMissing(
-            f"this kernel's {system}:{event} has no field {name!r} "
-            f"(it has: {have}); program {entry.name!r} cannot run here"
-        )
-    return fld
+        fmt = formats[f.tracepoint]
+        fld = fmt.fields.get(f.field)
+        if fld is None and not f.optional:
+            system, _, event = f.tracepoint.partition("/")
+            have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
+            raise FieldMissing(
+                f"this kernel's {system}:{event} has no field {f.field!r} "
+                f"(it has: {have}); program {entry.name!r} cannot run here"
+            )
+        values[f.knob] = fld.offset if fld is not None else FIELD_ABSENT
+        if f.size_knob:
+            values[f.size_knob] = fld.size if fld is not None else 0
+    return values
 
 
 def fill_field_knobs(
@@ -160,19 +164,10 @@ def fill_field_knobs(
     read_format: Callable[[str, str], tracefs.EventFormat] = tracefs.read_format,
 ) -> dict[str, int]:
     """Write each declared field's offset (and size) from the live format file."""
-    formats: dict[str, tracefs.EventFormat] = {}
-    written: dict[str, int] = {}
-    for f in entry.fields_for(variant):
-        if f.tracepoint not in formats:
-            system, _, event = f.tracepoint.partition("/")
-            formats[f.tracepoint] = read_format(system, event)
-        fld = _field(entry, formats[f.tracepoint], f.tracepoint, f.field)
-        _set_knob(spec, f.knob, fld.offset)
-        written[f.knob] = fld.offset
-        if f.size_knob:
-            _set_knob(spec, f.size_knob, fld.size)
-            written[f.size_knob] = fld.size
-    return written
+    values = field_knobs(entry, variant, read_format)
+    for knob, value in values.items():
+        _set_knob(spec, knob, value)
+    return values
 
 
 def prepare(

@@ -110,6 +110,12 @@ static __always_inline void add_latency(void *map, const char *ring, __u64 ns)
 	gfx_count(map, &key, 1);
 }
 
+/* The client id at off, or 0 when this kernel's event has no client_id. */
+static __always_inline __u64 client_of(void *ctx, __u32 off)
+{
+	return off == GFX_ABSENT ? 0 : gfx_ctx_u64(ctx, off);
+}
+
 static __always_inline void add_client_latency(void *map, __u64 client_id, __u64 ns)
 {
 	struct client_key key = { .client_id = client_id, .slot = gfx_log2(ns) };
@@ -179,7 +185,7 @@ int job_queue(void *ctx)
 		.seqno = gfx_ctx_u64(ctx, off_q_seqno),
 	};
 
-	on_queue(ctx, &key, off_q_name, gfx_ctx_u64(ctx, off_q_client));
+	on_queue(ctx, &key, off_q_name, client_of(ctx, off_q_client));
 	return 0;
 }
 
@@ -191,7 +197,7 @@ int job_run(void *ctx)
 		.seqno = gfx_ctx_u64(ctx, off_r_seqno),
 	};
 
-	on_run(ctx, &key, off_r_name, gfx_ctx_u64(ctx, off_r_client));
+	on_run(ctx, &key, off_r_name, client_of(ctx, off_r_client));
 	return 0;
 }
 

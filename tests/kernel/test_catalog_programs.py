@@ -16,7 +16,7 @@ import pytest
 
 from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import instance, tracefs
-from gfxbpf.bpf.catalog import load_catalog, read_object
+from gfxbpf.bpf.catalog import FIELD_ABSENT, load_catalog, read_object
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import ObjectSpec
@@ -72,6 +72,17 @@ def test_gpu_programs_pass_the_verifier_with_each_release_layout(key: tuple[str,
     with opened.load() as inst:
         want = {a.program for a in entry.attach_for(opened.variant)}
         assert set(inst.obj.programs) == want
+        assert all(p.id > 0 for p in inst.obj.programs.values())
+
+
+def test_drmsched_without_client_id_passes_the_verifier() -> None:
+    entry = CATALOG.get("drmsched")
+    opened = instance.open_program(
+        entry, read_object(entry), exists=exists_in("6.17"), read_format=reader_for("6.17")
+    )
+    for knob in ("off_q_client", "off_r_client"):
+        opened.spec.set_variable(knob, FIELD_ABSENT)  # as on a kernel without the field
+    with opened.load() as inst:
         assert all(p.id > 0 for p in inst.obj.programs.values())
 
 

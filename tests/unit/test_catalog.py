@@ -485,6 +485,7 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
     p = c.get("demo")
     assert cat.object_path(p) == tmp_path / "programs" / "demo.bpf.o"
     assert p.fields[0].variant is None
+    assert p.fields[0].optional is False
     assert p.knobs == ("target_uid", "off_pid")
 
 
@@ -512,6 +513,11 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
         ('target = "sched/sched_process_exec"\n', "", "attach[0].target: missing"),
         ('target = "sched/sched_process_exec"', 'target = "sched"', "is not 'system/event'"),
         ('field = "pid"', 'field = "pid"\nvariant = "old"', "field[0].variant: 'old'"),
+        (
+            'field = "pid"',
+            'field = "pid"\noptional = 1',
+            "field[0].optional: must be true or false",
+        ),
         (
             'tracepoint = "sched/sched_process_exec"',
             'tracepoint = "sched/sched_switch"',

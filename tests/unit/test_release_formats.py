@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gfxbpf.bpf import instance, tracefs
-from gfxbpf.bpf.catalog import load_catalog, read_object
+from gfxbpf.bpf.catalog import FIELD_ABSENT, load_catalog, read_object
 from tests.release_formats import LACKS, RELEASES_DIR, RUNS, exists_in, reader_for, releases
 
 CATALOG = load_catalog()
@@ -107,3 +107,21 @@ def test_vmabind_reads_a_u32_size_on_kernels_that_had_one() -> None:
     )
     assert spec.get_variable("off_bind_size") == 32
     assert spec.get_variable("size_bind_size") == 4
+
+
+def test_drmsched_runs_without_client_id_counting_client_0() -> None:
+    # A 6.17-style kernel whose events lack client_id (an optional field).
+    def read(system: str, event: str) -> tracefs.EventFormat:
+        text = (RELEASES_DIR / "6.17" / system / event).read_text()
+        lines = [ln for ln in text.splitlines() if " client_id;" not in ln]
+        return tracefs.parse_format("\n".join(lines))
+
+    entry = CATALOG.get("drmsched")
+    assert instance.availability(entry, exists_in("6.17"), read) is None
+    spec, variant = instance.prepare(
+        entry, read_object(entry), instance.Params(), exists=exists_in("6.17"), read_format=read
+    )
+    assert variant == "6.17+"
+    assert spec.get_variable("off_q_client") == FIELD_ABSENT
+    assert spec.get_variable("off_r_client") == FIELD_ABSENT
+    assert spec.get_variable("off_q_context") == 24  # the others as usual
