@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gfxbpf.bpf import tracefs
+from gfxbpf.bpf.catalog import FIELD_ABSENT
 
 # The kernel sources' layouts (tests/data/formats/README.md), written out
 # independently of the stored files.
@@ -93,8 +94,8 @@ RUNS = {
     ("6.17", "amdgpu"): (None, AMDGPU_617),
     ("6.11", "xe"): (None, XE_611),
     ("nvidia-580", "xid"): (None, {"off_dev": 8, "off_code": 12, "off_msg": 16}),
-    ("6.18", "vblank"): (None, VBLANK),
-    ("drm-no-time", "vblank"): (None, VBLANK),
+    ("6.18", "vblank"): (None, {**VBLANK, "off_time": 16}),
+    ("drm-no-time", "vblank"): (None, {**VBLANK, "off_time": FIELD_ABSENT}),
 }
 # (release, program) -> the field that release lacks.
 LACKS = {("6.10", "xe"): "xe:xe_sched_job_exec has no field 'dev'"}

@@ -10,8 +10,10 @@
  *   backwards: vblank interrupts were off, e.g. an idle display, which is
  *   not a missed frame).
  *
- * Only `crtc` and `seq` are read: they are in every layout of the event
- * (later kernels add `time` and `high_prec`); the time is taken here.
+ * `crtc` and `seq` are in every layout of the event. Later kernels add
+ * `time`, the vblank timestamp the DRM core computed (CLOCK_MONOTONIC, the
+ * clock of bpf_ktime_get_ns()); it is an optional field: where the event
+ * lacks it, the time is taken here, when the event is handled.
  */
 #include "gfxbpf.h"
 
@@ -21,6 +23,8 @@
 /* drm_vblank_event: crtc s32@8, seq u32@12 (every layout) */
 const volatile __u32 off_crtc = 8;
 const volatile __u32 off_seq = 12;
+/* ktime_t time@16 (6.18); GFX_ABSENT on kernels without it */
+const volatile __u32 off_time = 16;
 
 struct crtc_last {
 	__u64 ts_ns;
@@ -78,7 +82,7 @@ int vblank_event(void *ctx)
 {
 	__u32 crtc = gfx_ctx_u32(ctx, off_crtc);
 	__u32 seq = gfx_ctx_u32(ctx, off_seq);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = off_time == GFX_ABSENT ? bpf_ktime_get_ns() : gfx_ctx_u64(ctx, off_time);
 	struct crtc_last *last, cur = { .ts_ns = now, .seq = seq, .seen = 1 };
 	struct crtc_stats *st = stats_for(crtc);
 	__u32 delta;

@@ -3,6 +3,7 @@ do, and real events the test causes land in their maps with exact counts."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -126,7 +127,11 @@ STAND_IN_FIELDS: dict[str, dict[str, tuple[tuple[str, str], str]]] = {
         "off_code": (WQ, "workqueue"),  # a small u32 (string offset and length)
         "off_msg": (WQ, "workqueue"),
     },
-    "vblank": {"off_crtc": (WQ, "workqueue"), "off_seq": (WQ, "workqueue")},
+    "vblank": {
+        "off_crtc": (WQ, "workqueue"),
+        "off_seq": (WQ, "workqueue"),
+        "off_time": (WQ, "work"),
+    },
     "amdgpu": {
         "off_cs_context": (WQ, "work"),
         "off_cs_seqno": (WQ, "function"),
@@ -147,9 +152,8 @@ STAND_IN_FIELDS: dict[str, dict[str, tuple[tuple[str, str], str]]] = {
 POINTER_MAPS = {"xe": "vm_ids", "vmabind": "vm_ids"}
 
 
-def _stand_in_event(entry, program: str) -> tuple[str, str]:
+def _stand_in_event(entry, program: str, knobs: dict) -> tuple[str, str]:
     """The stand-in event of the fields this BPF program reads."""
-    knobs = STAND_IN_FIELDS[entry.name]
     events = {
         knobs[f.knob][0]
         for f in entry.fields
@@ -178,20 +182,28 @@ def _visible_words(inst: instance.Instance) -> tuple[int, list[str]]:
 
 
 @contextmanager
-def _on_stand_ins(name: str, uid: int | None = None) -> Iterator[instance.Instance]:
-    """Program name loaded with its knobs on the stand-in events and attached there."""
+def _on_stand_ins(
+    name: str,
+    uid: int | None = None,
+    fields: dict[str, tuple[tuple[str, str], str | None]] | None = None,
+) -> Iterator[instance.Instance]:
+    """Program name loaded with its knobs on stand-in events (STAND_IN_FIELDS
+    unless fields says; a field None is absent) and attached there."""
     entry = CATALOG.get(name)
     variant = "legacy" if name == "drmsched" else None
     spec = ObjectSpec.parse(read_object(entry), name)
-    for knob, (event, fld) in STAND_IN_FIELDS[name].items():
-        spec.set_variable(knob, tracefs.read_format(*event).fields[fld].offset)
+    fields = fields if fields is not None else STAND_IN_FIELDS[name]  # type: ignore[assignment]
+    assert fields is not None
+    for knob, (event, fld) in fields.items():
+        offset = FIELD_ABSENT if fld is None else tracefs.read_format(*event).fields[fld].offset
+        spec.set_variable(knob, offset)
     if uid is not None:
         assert entry.uid_knob
         spec.set_variable(entry.uid_knob, uid)
     with instance.Opened(entry, variant, spec, instance.Params()).load() as inst:
         for a in entry.attach_for(variant):
             prog = inst.obj.programs[a.program]
-            event = _stand_in_event(entry, a.program)
+            event = _stand_in_event(entry, a.program, fields)
             inst.attachments.append(bpfattach.attach_tracepoint(prog.fd, *event))
         yield inst
 
@@ -243,6 +255,123 @@ def test_scope_self_counts_only_the_target_users_submissions(name: str) -> None:
         if name == "amdgpu":
             rows = [k for k, _ in inst.obj.map("proc_jobs").read()]
             assert rows and not any(k["comm"].startswith("kworker") for k in rows), rows
+
+
+GETPRIORITY = ("syscalls", "sys_enter_getpriority")
+
+
+def test_vblank_counts_intervals_missed_vblanks_and_resumes_exactly() -> None:
+    # getpriority(which, who) as a vblank of CRTC `which` with sequence `who`.
+    fields = {
+        "off_crtc": (GETPRIORITY, "which"),
+        "off_seq": (GETPRIORITY, "who"),
+        "off_time": (GETPRIORITY, None),  # no `time`: the program's own clock
+    }
+    crtc = 77  # not a valid `which`: the call fails, the tracepoint fires
+    with _on_stand_ins("vblank", fields=fields) as inst:
+        for seq in (1, 2, 3, 5, 100):
+            try:
+                os.getpriority(crtc, seq)
+            except OSError:
+                pass
+        stats = dict(inst.obj.map("crtc_stats").read())[crtc]
+        assert stats == {"vblanks": 5, "missed": 1, "resumes": 1}
+        intervals = [v for k, v in inst.obj.map("frame_interval").read() if k["crtc"] == crtc]
+        assert sum(intervals) == 2  # 1->2 and 2->3; 3->5 and 5->100 are gaps
+        assert _visible_words(inst)[1] == []
+
+
+def test_xid_streams_and_counts_each_error_exactly() -> None:
+    # sched_process_exec as an Xid: dev and msg = the exec'd path, code = pid.
+    exec_ = ("sched", "sched_process_exec")
+    fields = {
+        "off_dev": (exec_, "filename"),
+        "off_code": (exec_, "pid"),
+        "off_msg": (exec_, "filename"),
+    }
+    n = 4
+    with (
+        tempfile.TemporaryDirectory(dir="/tmp", prefix="x") as tmp,  # short: dev is 32 bytes
+        _on_stand_ins("xid", fields=fields) as inst,
+    ):
+        prog = Path(tmp, "xidtest")
+        shutil.copy("/bin/true", prog)
+        for _ in range(n):
+            subprocess.run([str(prog)], check=True)
+        counts = {
+            (k["dev"], k["code"]): v
+            for k, v in inst.obj.map("xid_counts").read()
+            if k["dev"] == str(prog)
+        }
+        btf = inst.obj.spec.btf
+        assert btf is not None
+        ev_type = btf.find("xid_event")
+        with RingBuffer(inst.obj.map("xid_events").fileno()) as rb:
+            events = [btf.decode(ev_type, r) for r in rb.poll(0.5)]
+        mine = [e for e in events if e["dev"] == str(prog)]
+        assert len(mine) == n and all(e["msg"] == str(prog) for e in mine)
+        assert sorted(counts) == sorted((str(prog), e["code"]) for e in mine)
+        assert set(counts.values()) == {1}
+        assert dict(inst.obj.map("xid_dropped").read()).get(0, 0) == 0
+
+
+SETPRIORITY = ("syscalls", "sys_enter_setpriority")
+IOPRIO_SET = ("syscalls", "sys_enter_ioprio_set")
+SYS_SETPRIORITY, SYS_IOPRIO_SET = 141, 251  # x86-64
+# setpriority(which=vm, who, niceval) as a bind, ioprio_set(which=vm, who,
+# ioprio) as an unbind: `which` values no kernel accepts, so nothing changes.
+VMA_FIELDS = {
+    "xe": {
+        "off_b_vm": (SETPRIORITY, "which"),
+        "off_b_start": (SETPRIORITY, "who"),
+        "off_b_end": (SETPRIORITY, "niceval"),  # inclusive: size = end - start + 1
+        "off_u_vm": (IOPRIO_SET, "which"),
+        "off_u_start": (IOPRIO_SET, "who"),
+        "off_u_end": (IOPRIO_SET, "ioprio"),
+    },
+    "vmabind": {
+        "off_bind_vm": (SETPRIORITY, "which"),
+        "off_bind_size": (SETPRIORITY, "niceval"),
+        "off_unbind_vm": (IOPRIO_SET, "which"),
+        "off_unbind_size": (IOPRIO_SET, "ioprio"),
+    },
+}
+
+
+def _bind(vm: int, third: int, unbind: bool = False) -> None:
+    """setpriority (bind) or ioprio_set (unbind) with `which` = vm; both fail."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(SYS_IOPRIO_SET if unbind else SYS_SETPRIORITY, vm, 0, third)
+
+
+@pytest.mark.parametrize("name", sorted(VMA_FIELDS))
+def test_vma_programs_count_binds_per_address_space_exactly(name: str) -> None:
+    vm_a, vm_b = 0x7A5E0001, 0x7A5E0002
+    # Job programs (xe) stay on their usual stand-in.
+    fields = {**STAND_IN_FIELDS[name], **VMA_FIELDS[name]}
+    with _on_stand_ins(name, fields=fields) as inst:
+        for _ in range(3):
+            _bind(vm_a, 4095)
+        _bind(vm_a, 4095, unbind=True)
+        _bind(vm_b, 8191)
+        ids = dict(inst.obj.map("vm_ids").read())
+        assert {vm_a, vm_b} <= set(ids) and ids[vm_a] != ids[vm_b]
+        stats = dict(inst.obj.map("vm_stats").read())
+        # xe's size is end - start + 1; i915 reports the size itself.
+        size_a, size_b = (4096, 8192) if name == "xe" else (4095, 8191)
+        assert stats[ids[vm_a]] == {
+            "bytes_bound": 3 * size_a,
+            "bytes_unbound": size_a,
+            "binds": 3,
+            "unbinds": 1,
+        }
+        assert stats[ids[vm_b]] == {
+            "bytes_bound": size_b,
+            "bytes_unbound": 0,
+            "binds": 1,
+            "unbinds": 0,
+        }
+        assert _visible_words(inst)[1] == []  # the ids, never the vm values
 
 
 def test_fence_attaches_to_the_dma_fence_tracepoints() -> None:

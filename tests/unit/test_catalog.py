@@ -97,7 +97,7 @@ KNOB_DEFAULTS = {
         "off_u_start": 40,
         "off_u_end": 48,
     },
-    "vblank": {"off_crtc": 8, "off_seq": 12},
+    "vblank": {"off_crtc": 8, "off_seq": 12, "off_time": 16},
     "amdgpu": {
         "off_cs_context": 16,
         "size_cs_context": 8,
