@@ -375,6 +375,15 @@ JOB_FIELDS = {
         "off_d_context": (SETPRIORITY, "which"),
         "off_d_seqno": (SETPRIORITY, "who"),
     },
+    "xe": {
+        **STAND_IN_FIELDS["xe"],  # the VMA programs stay on their stand-in
+        "off_x_dev": (EXEC, "filename"),
+        "off_x_fence": (EXEC, "pid"),  # read as u64 at 12: pid | old_pid << 32
+        "off_r_dev": (GETPRIORITY, "which"),  # not read: the job is known by then
+        "off_r_fence": (GETPRIORITY, "which"),
+        "off_f_fence": (SETPRIORITY, "which"),
+        "off_t_dev": (EXEC, "filename"),  # every job "times out" too
+    },
     "amdgpu": {
         **STAND_IN_FIELDS["amdgpu"],  # the VM programs stay on their stand-in
         "off_cs_context": (EXEC, "pid"),  # the size knobs follow: 4 bytes
@@ -427,6 +436,21 @@ def test_drmsched_times_each_job_per_ring_and_per_client_exactly() -> None:
         keys = {p | p << 32 for p in pids}
         left = [k for k, _ in inst.obj.map("sched_jobs").read() if k["context"] in keys]
         assert left == []  # done jobs are forgotten
+
+
+def test_xe_times_each_job_per_device_exactly() -> None:
+    n = 3
+    with (
+        tempfile.TemporaryDirectory(dir="/tmp", prefix="x") as tmp,
+        _on_stand_ins("xe", fields=JOB_FIELDS["xe"]) as inst,
+    ):
+        prog, pids = _run_jobs(tmp, n)
+        for hist in ("wait_latency", "run_latency"):
+            assert _hist_total(inst.obj.map(hist), dev=prog) == n, hist
+        timeouts = {k["dev"]: v for k, v in inst.obj.map("job_timeouts").read()}
+        assert timeouts[prog] == n
+        keys = {p | p << 32 for p in pids}
+        assert not keys & {k for k, _ in inst.obj.map("xe_jobs").read()}
 
 
 def test_amdgpu_self_times_only_the_callers_jobs_per_ring_and_process() -> None:
