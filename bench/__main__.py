@@ -18,7 +18,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import first_data, footprint, kernel_cost, machine, map_reads, report, ringbuf_rate
+from bench import (
+    cuda_cost,
+    exporter_scrape,
+    first_data,
+    footprint,
+    kernel_cost,
+    machine,
+    map_reads,
+    report,
+    ringbuf_rate,
+)
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
 
@@ -33,6 +43,18 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 10_000, "rounds": 2}),
     "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 200_000, "rounds": 1}),
     "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 100, "window": 3.0}),
+    "cuda": (
+        {
+            "fillers": 30_000,
+            "pad_mib": 64,
+            "files": 3,
+            "attaches": 10,
+            "calls": 100_000,
+            "rounds": 3,
+        },
+        {"fillers": 30_000, "pad_mib": 64, "files": 2, "attaches": 5, "calls": 50_000, "rounds": 2},
+    ),  # fmt: skip
+    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 2_000, "scrapes": 20}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -41,6 +63,8 @@ RUNNERS = {
     "map_reads": map_reads.run,
     "ringbuf": ringbuf_rate.run,
     "footprint": footprint.run,
+    "cuda": cuda_cost.run,
+    "exporter": exporter_scrape.run,
 }
 
 NOTES = [
@@ -60,6 +84,14 @@ NOTES = [
     "ring fd, fed by bench/bench.bpf.c (one 16-byte record per system call of the workload); "
     "lost records are counted by the program in the kernel. bpftrace's rate is its output "
     "lines over the time until its output stopped growing.",
+    "cuda: the stand-in libcuda (bench/cuda_standin.c) does no work, so a launch costs a few "
+    "ns untraced and the traced figure is the price of one uprobe and one uretprobe trap plus "
+    "the BPF programs. Uprobe traps are slow in a VM: ucalls on the same function costs as "
+    "much here; on a 2026-11-22 H100 host ucalls added about 1.7 us per real launch "
+    "(docs/gpu-hosts.md).",
+    "Exporter: gfxbpf-exporter as the bench user with every catalog program that takes no "
+    "parameter (scope system); scrape latency is a whole HTTP GET of /metrics; no peer "
+    "exporter is installed to compare with.",
 ]
 
 

@@ -32,7 +32,9 @@ TRACEFS = "/sys/kernel/tracing"
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 # Programs the bench user may attach, system-wide like the bpftrace peers.
-POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount")
+# fence, drmsched, vmabind: for the exporter's row (7), which attaches the whole
+# catalog; on a host without their tracepoints they are reported unattached.
+POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount", "fence", "drmsched", "vmabind")
 # A measuring harness, not a security test: the flood bounds, the audit rate
 # and the map budget must not shape the figures (attach loops create far more
 # than a user's default 64 MiB of maps per 10 minutes).
@@ -130,6 +132,10 @@ class Stage:
             sh([admin, "approve", name, "--users", BENCH_USER, "--scope", "system"]).stdout
             for name in POLICY_PROGRAMS
         ]
+        # cuda (bench/cuda_cost.py): the bench user's own processes, on the stand-in.
+        libs = str(self.work / "cuda" / "*" / "libcuda.so.1")
+        cuda = [admin, "approve", "cuda", "--users", BENCH_USER, "--scope", "self"]
+        entries.append(sh([*cuda, "--libraries", libs]).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)

@@ -207,6 +207,71 @@ def _footprint(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _cuda(r: dict[str, Any]) -> list[Row]:
+    size = f"{r['library_bytes'] / 1e6:.0f} MB, {r['dynsym_functions']} functions"
+    launch = r["launch"]
+    return [
+        (
+            f"7 cuda: index the stand-in libcuda's symbols ({size}) vs pyelftools' walk",
+            f"{r['index_ms']:.0f} ms",
+            f"{r['pyelftools_dynsym_ms']:.0f} ms",
+            f"{r['ratio_index']}x",
+            "—",
+            "—",
+        ),
+        (
+            "7 cuda: first attach to that library (broker-side, cold symbol index)",
+            f"{r['first_attach_ms']:.0f} ms",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        (
+            "7 cuda: second attach to the same library (broker-side, median; max in brackets)",
+            f"{r['second_attach_ms']:.1f} ms [{r['second_attach_max_ms']:.1f}]",
+            "—",
+            "—",
+            "≤ 50 ms",
+            _met(r["second_attach_ms"], lambda v: v <= 50),
+        ),
+        (
+            "7 cuda: ns added per cuLaunchKernel by the entry and return probes (stand-in)",
+            f"+{launch['added_ns']:.0f} ns ({launch['untraced_ns']:.0f} → "
+            f"{launch['traced_ns']:.0f} ns)",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
+def _exporter(r: dict[str, Any]) -> list[Row]:
+    attached = ", ".join(sorted(k for k, v in r["programs"].items() if v)) or "none"
+    p99 = r["scrape_ms"]["p99"] / 1000
+    return [
+        (
+            f"8 exporter scrape of /metrics, {r['series']} series ({attached} attached; "
+            f"clonecount with {r['comms']} commands)",
+            f"p50 {r['scrape_ms']['p50']:.1f} ms, p99 {r['scrape_ms']['p99']:.1f} ms "
+            f"({r['cpu_ms_per_scrape']:.1f} ms CPU)",
+            "—",
+            "—",
+            "p99 < 1 s",
+            _met(p99, lambda v: v < 1.0),
+        ),
+        (
+            "8 exporter RSS, idle → after the scrapes",
+            f"{r['rss_idle_kib'] / 1024:.1f} → {r['rss_kib'] / 1024:.1f} MiB",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -214,6 +279,8 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "map_reads": _map_reads,
     "ringbuf": _ringbuf,
     "footprint": _footprint,
+    "cuda": _cuda,
+    "exporter": _exporter,
 }
 
 

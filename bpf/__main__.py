@@ -1,6 +1,8 @@
 """python -m gfxbpf.bpf: inspect or load a BPF object, for people who debug objects.
 
-inspect OBJECT [--json] [--disasm]   programs, maps, global data, relocations, helpers
+inspect OBJECT [--json] [--disasm]   programs, maps, global data, relocations, helpers,
+        [--target-btf FILE]          CO-RE relocations and how they resolve on this kernel
+                                     (or against FILE: raw BTF, or an object's .BTF)
 load OBJECT                          load it, print {"programs": {...}, "maps": {...}}
                                      with kernel ids, keep it loaded until stdin closes;
                                      a warning on stderr if the kernel refused its BTF
@@ -15,6 +17,7 @@ import sys
 from typing import Any
 
 from gfxbpf.bpf import consts as C
+from gfxbpf.bpf.core_describe import describe_core, print_core
 from gfxbpf.bpf.insn import analyze, disasm
 from gfxbpf.bpf.object import ObjectError, ObjectSpec
 
@@ -129,6 +132,12 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("object")
     ins.add_argument("--json", action="store_true", help="print JSON")
     ins.add_argument("--disasm", action="store_true", help="also disassemble each program")
+    ins.add_argument(
+        "--target-btf",
+        metavar="FILE",
+        help="resolve CO-RE relocations against FILE (raw BTF such as /sys/kernel/btf/vmlinux "
+        "of another host, or an ELF object's .BTF) instead of the running kernel",
+    )
     ld = sub.add_parser(
         "load",
         help="load it and print kernel ids as one JSON line; unload when stdin closes",
@@ -153,21 +162,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_OBJECT
 
     if args.cmd == "inspect":
-        return _inspect(spec, args.object, as_json=args.json, with_disasm=args.disasm)
+        return _inspect(
+            spec, args.object, as_json=args.json, with_disasm=args.disasm, btf=args.target_btf
+        )
     return _load(spec)
 
 
-def _inspect(spec: ObjectSpec, path: str, *, as_json: bool, with_disasm: bool) -> int:
+def _inspect(
+    spec: ObjectSpec, path: str, *, as_json: bool, with_disasm: bool, btf: str | None = None
+) -> int:
     try:
         d = describe(spec, with_disasm)
     except ObjectError as e:
         print(f"error: {path}: {e}", file=sys.stderr)
         return EXIT_BAD_OBJECT
+    core = describe_core(spec, btf)
+    if core is not None:
+        d["core"] = core
     if as_json:
         json.dump(d, sys.stdout, indent=2)
         print()
     else:
         _print_text(d)
+        if core is not None:
+            print_core(core)
     return EXIT_OK
 
 

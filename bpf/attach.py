@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from . import perf, sys, tracefs
 from .consts import BPF_PERF_EVENT
 from .errors import KernelError
-from .symbols import resolve_symbol
+from .symbols import resolve_symbol, resolve_symbols
 
 __all__ = [
     "AttachError",
@@ -308,7 +308,7 @@ def attach_uprobe_multi(
         raise ValueError("attach_uprobe_multi needs at least one function")
     if pid < -1:
         raise ValueError(f"pid must be -1 (all processes) or a process id, got {pid}")
-    offsets = [resolve_symbol(spath, name) for name in names]
+    offsets = resolve_symbols(spath, names)
     cks = list(cookies) if cookies is not None else list(range(len(names)))
     kind = "uretprobe" if retprobe else "uprobe"
     description = f"{kind} {spath}:{','.join(names)}" + (f" pid {pid}" if pid != -1 else "")

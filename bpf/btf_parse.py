@@ -110,6 +110,30 @@ def parse_blob(data: bytes) -> ParsedBlob:
     return ParsedBlob(types, strings, version, flags, names, (t_start, type_len, s_start, str_len))
 
 
+def parse_split_blob(data: bytes, base: ParsedBlob) -> ParsedBlob:
+    """A split BTF blob (a module's, on top of vmlinux) as one table with its base.
+
+    Type ids and string offsets of split BTF continue after the base's, so
+    the result holds the base's types and strings followed by the split's:
+    every id and name offset in it is the one the kernel uses.
+    """
+    version, flags, t_start, type_len, s_start, str_len = _parse_header(data)
+    strings = base.strings + data[s_start : s_start + str_len]
+    if str_len and strings[-1] != 0:
+        raise BtfError(f"BTF string section at byte offset {s_start} does not end with NUL")
+    shift = len(base.strings)
+    names = dict(base.names)
+    names.update((off + shift, s) for off, s in string_table(strings[shift:]).items())
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        types = _TypeParser(data, strings, names).parse(t_start, type_len, base.types)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return ParsedBlob(types, strings, version, flags, names, (t_start, type_len, s_start, str_len))
+
+
 def _parse_header(data: bytes) -> tuple[int, int, int, int, int, int]:
     """(version, flags, type start, type length, string start, string length), all checked."""
     n = len(data)
@@ -187,10 +211,11 @@ class _TypeParser:
         for kind in REF_KINDS:
             self.parsers[kind] = self._ref
 
-    def parse(self, start: int, length: int) -> list[BtfType]:
+    def parse(self, start: int, length: int, base: list[BtfType] | None = None) -> list[BtfType]:
+        """The types; with `base` (split BTF), ids continue after the base's."""
         data = self.data
         end = start + length
-        types: list[BtfType] = [Void(0, KIND_VOID, "", 0, False)]
+        types: list[BtfType] = list(base) if base else [Void(0, KIND_VOID, "", 0, False)]
         append = types.append
         hdr = _III.unpack_from
         sget = self.names.get
@@ -198,7 +223,7 @@ class _TypeParser:
         list_rec = _LIST_REC.get
         fixed_tail = _FIXED_TAIL.get
         pos = start
-        tid = 0
+        tid = len(types) - 1
         while pos < end:
             tid += 1
             if end - pos < 12:

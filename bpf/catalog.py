@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gfxbpf.bpf import function_tables
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, object_name
@@ -114,6 +115,8 @@ class Program:
     parameters: tuple[Parameter, ...] = ()
     # What the host needs for this program (hardware, driver), in words.
     requires: str | None = None
+    # Uprobe functions from a table (bpf/function_tables.py), not from the client.
+    function_table: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -400,6 +403,7 @@ _PROGRAM_KEYS = {
     "map",
     "parameter",
     "requires",
+    "function_table",
 }
 _ATTACH_KEYS = {"program", "kind", "target", "variant"}
 _FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant", "optional"}
@@ -434,6 +438,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
     )
     _refuse_duplicates(c, "parameter", [p.name for p in params], "parameter {!r} is declared twice")
+    function_table = _parse_function_table(c, entry, attach)
     return Program(
         name=name,
         object=obj,
@@ -448,7 +453,21 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         maps=maps,
         parameters=params,
         requires=requires,
+        function_table=function_table,
     )
+
+
+def _parse_function_table(c: _Ctx, entry: dict[str, Any], attach: tuple[Attach, ...]) -> str | None:
+    name = c.get_str(entry, "function_table", "", required=False)
+    if not name:
+        return None
+    try:
+        function_tables.table(name)
+    except KeyError:
+        raise c.fail("function_table", f"no function table {name!r}") from None
+    if not any(a.kind in ("uprobe", "uretprobe") for a in attach):
+        raise c.fail("function_table", "only a program with uprobes takes a function table")
+    return name
 
 
 def _parse_identity(c: _Ctx, entry: dict[str, Any], directory: Path) -> tuple[str, str, str, str]:

@@ -72,6 +72,7 @@ class Params:
     pid: int | None = None
     library: str | None = None
     functions: tuple[str, ...] = ()
+    cookies: tuple[int, ...] = ()  # one per function; default: the function's index
 
 
 def missing_tracepoint_message(target: str) -> str:
@@ -293,6 +294,7 @@ def attach_entry(
                 params.functions,
                 pid=pid,
                 retprobe=a.kind == "uretprobe",
+                cookies=params.cookies or None,
             )
         )
     elif a.kind == "perf_event":

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
+from gfxbpf.bpf.core_apply import has_core_relos
+from gfxbpf.bpf.core_apply import relocate as core_relocate
+from gfxbpf.bpf.core_relo import CoreError
+from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.errors import KernelError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
@@ -110,6 +114,7 @@ def load(
             obj.maps[m.real_name] = _create_map(obj, m)
             if m.real_name in frozen:
                 _freeze(obj, m, obj.maps[m.real_name])
+        core = _relocate_core(spec, programs or ())
         names = (
             programs
             if programs is not None
@@ -118,7 +123,7 @@ def load(
         for name in names:
             if name not in spec.programs or spec.programs[name].is_subprog:
                 raise LoadError(f"object {spec.name!r} has no program {name!r}")
-            obj.programs[name] = _load_program(obj, spec.programs[name])
+            obj.programs[name] = _load_program(obj, spec.programs[name], core)
     except BaseException:
         obj.close()
         raise
@@ -211,9 +216,21 @@ def _freeze(obj: LoadedObject, m: MapSpec, kmap: Map) -> None:
         raise LoadError(f"{where}: {why}") from e
 
 
-def _load_program(obj: LoadedObject, p: ProgramSpec) -> LoadedProgram:
+def _relocate_core(spec: ObjectSpec, named: Collection[str]) -> dict[str, bytearray]:
+    """CO-RE: the patched code of every autoload or named program, against this kernel."""
+    if not has_core_relos(spec):
+        return {}
+    try:
+        return core_relocate(spec, Target.kernel(), also=named).insns
+    except CoreError as e:
+        raise LoadError(f"object {spec.name!r}: {e}") from e
+
+
+def _load_program(
+    obj: LoadedObject, p: ProgramSpec, core: dict[str, bytearray] | None = None
+) -> LoadedProgram:
     spec = obj.spec
-    linked = spec.link_program(p.name)
+    linked = spec.link_program(p.name, core)
     insns = linked.insns
     for idx, map_name, kind, offset in linked.map_refs:
         fd = obj.maps[map_name].fileno()

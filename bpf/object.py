@@ -14,6 +14,7 @@ import hashlib
 import io
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elftools.common.exceptions import ELFError
@@ -347,15 +348,8 @@ class ObjectSpec:
         self.btf = btf
         ext = by_name.get(".BTF.ext")
         if ext is not None:
+            # CO-RE relocations are applied at load time (core_apply.py).
             self.btf_ext = BtfExt.parse(ext.data, btf)
-            relos = {sec: r for sec, r in self.btf_ext.core_relos.items() if r}
-            if relos:
-                where = ", ".join(sorted(relos))
-                raise UnsupportedError(
-                    f"CO-RE relocations (in {where}) are not supported yet: build the program "
-                    "without BPF_CORE_READ / preserve_access_index, reading tracepoint "
-                    "fields from its context instead"
-                )
 
     def _parse_programs(self, sections: list[_Section], symbols: list[Symbol]) -> None:
         progs: list[ProgramSpec] = []
@@ -536,15 +530,19 @@ class ObjectSpec:
         return next((m for m in self.maps.values() if m.name == name), None)
 
     # ---------------------------------------------------------------- linking
-    def link_program(self, name: str) -> LinkedProgram:
+    def link_program(
+        self, name: str, patched: Mapping[str, bytes | bytearray] | None = None
+    ) -> LinkedProgram:
         """Append the subprograms a program calls and resolve calls, as libbpf does.
 
         Map and data references are left for the loader, which knows the fds.
+        patched: instructions by (sub)program name that replace the parsed
+        ones, e.g. after CO-RE relocation (same length, same relocations).
         """
         main = self.programs[name]
         if main.is_subprog:
             raise ValueError(f"{name!r} is a subprogram in .text, not a loadable program")
-        linker = _Linker(self, main)
+        linker = _Linker(self, main, patched or {})
         linker.place(main, 0)
         linker.func_info.sort()
         linker.line_info.sort()
@@ -556,11 +554,14 @@ class ObjectSpec:
 class _Linker:
     """One program's instructions being linked: subprograms appended, calls resolved."""
 
-    def __init__(self, spec: ObjectSpec, main: ProgramSpec) -> None:
+    def __init__(
+        self, spec: ObjectSpec, main: ProgramSpec, patched: Mapping[str, bytes | bytearray]
+    ) -> None:
         self.name = main.name
         self.btf_ext = spec.btf_ext
         self.subprogs = {p.insn_offset: p for p in spec.programs.values() if p.is_subprog}
-        self.insns = bytearray(main.insns)
+        self.patched = patched
+        self.insns = bytearray(patched.get(main.name, main.insns))
         self.placed: dict[str, int] = {}  # subprogram name -> start index in `insns`
         self.order: list[str] = []
         self.map_refs: list[tuple[int, str, str, int]] = []
@@ -609,7 +610,7 @@ class _Linker:
         """Append a subprogram at the end of the stream and link it in turn."""
         self.placed[sub.name] = len(self.insns) // C.INSN_SIZE
         self.order.append(sub.name)
-        self.insns.extend(sub.insns)
+        self.insns.extend(self.patched.get(sub.name, sub.insns))
         if len(self.insns) // C.INSN_SIZE > MAX_INSNS:
             raise ObjectError(f"program {self.name!r} is too large once linked")
         self.place(sub, self.placed[sub.name])

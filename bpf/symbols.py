@@ -1,28 +1,58 @@
-"""ELF function symbol -> file offset, for uprobes.
+"""ELF function symbol -> file offset, for uprobes; an index per file, cached.
 
 A uprobe is placed at a file offset, not a virtual address: offset =
 st_value - sh_addr + sh_offset of the section holding the symbol (or of the
 PT_LOAD segment holding it when the section index is unusable).
+
+A library such as libcuda is ~100 MB with thousands of exported symbols, and
+one attach resolves dozens of them twice (entry and return probes). So a
+file is parsed once into a SymbolIndex: only the ELF header, the section and
+program headers and the symbol/string/version tables are read (pread), and
+the symbol tables are unpacked with one precompiled struct each. Indexes are
+kept in a small LRU keyed by the file's identity from fstat (device, inode,
+size, mtime and ctime: a file rewritten in place changes ctime, which no
+user can set), so the next attach to the same file costs a dict lookup.
 """
 
 from __future__ import annotations
 
+import array
+import copy
 import difflib
 import os
-from collections.abc import Iterator
+import struct
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
-
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf.errors import InputError
 
-__all__ = ["FunctionSymbol", "SymbolError", "list_functions", "resolve_symbol"]
+__all__ = [
+    "FunctionSymbol",
+    "SymbolError",
+    "SymbolIndex",
+    "cache_clear",
+    "cache_info",
+    "cached_index",
+    "index_for",
+    "list_functions",
+    "resolve_symbol",
+    "resolve_symbols",
+]
 
-_FUNC_TYPES = ("STT_FUNC", "STT_LOOS")  # STT_LOOS (10) is STT_GNU_IFUNC
+_STT_OBJECT, _STT_FUNC, _STT_TLS, _STT_GNU_IFUNC = 1, 2, 6, 10
+_KIND_NAMES = {_STT_OBJECT: "data object", _STT_TLS: "thread-local variable"}
+_BIND_NAMES = {0: "STB_LOCAL", 1: "STB_GLOBAL", 2: "STB_WEAK", 10: "STB_GNU_UNIQUE"}
 _TABLES = (".dynsym", ".symtab")
+_SHT_NOBITS, _SHT_GNU_VERSYM = 8, 0x6FFFFFFF
+_PT_LOAD = 1
+_SHN_UNDEF, _SHN_LORESERVE, _SHN_XINDEX = 0, 0xFF00, 0xFFFF
+_EM_ARM = 40
 _VERSYM_HIDDEN = 0x8000
+_MAX_TABLE = 512 << 20  # no real symbol table comes near this; a corrupt size might
+CACHE_SIZE = 16  # distinct library files whose index stays in memory
 
 
 class SymbolError(ValueError, InputError):
@@ -39,122 +69,379 @@ class FunctionSymbol:
     table: str  # ".dynsym" or ".symtab"
 
 
-class _Elf:
-    """An open ELF file; every pyelftools failure becomes a SymbolError."""
+@dataclass(frozen=True)
+class _Layout:
+    """The struct formats of one ELF class and byte order."""
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = os.fspath(path)
-        try:
-            self.f = open(self.path, "rb")
-        except OSError as e:
-            raise SymbolError(f"cannot open {self.path}: {e.strerror}") from None
-        try:
-            self.size = os.fstat(self.f.fileno()).st_size
-            magic = self.f.read(4)
-            self.f.seek(0)
-            if magic != b"\x7fELF":
-                raise SymbolError(f"{self.path} is not an ELF file")
-            self.elf = ELFFile(self.f)
-            self.machine = self.elf["e_machine"]
-        except SymbolError:
-            self.close()
-            raise
-        except (ELFError, Exception) as e:  # pyelftools raises many types on bad input
-            self.close()
-            raise SymbolError(f"{self.path} is not a valid ELF file: {e}") from None
+    ehdr: struct.Struct  # e_type .. e_shstrndx (after e_ident)
+    shdr: struct.Struct
+    phdr: struct.Struct
+    sym: struct.Struct
+    sym_fields: tuple[int, int, int, int, int, int]  # name, info, shndx, value, size order
 
-    def close(self) -> None:
-        self.f.close()
 
-    def __enter__(self) -> _Elf:
-        return self
+def _layout(elfclass: int, order: str) -> _Layout:
+    if elfclass == 2:
+        return _Layout(
+            struct.Struct(order + "HHIQQQIHHHHHH"),
+            struct.Struct(order + "IIQQQQIIQQ"),
+            struct.Struct(order + "IIQQQQQQ"),
+            struct.Struct(order + "IBBHQQ"),
+            (0, 1, 3, 4, 5, 2),
+        )
+    return _Layout(
+        struct.Struct(order + "HHIIIIIHHHHHH"),
+        struct.Struct(order + "IIIIIIIIII"),
+        struct.Struct(order + "IIIIIIII"),
+        struct.Struct(order + "IIIBBH"),
+        (0, 3, 5, 1, 2, 4),
+    )
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
-    def _fits(self, offset: int, size: int) -> bool:
-        return 0 <= offset and 0 <= size and offset + size <= self.size
+@dataclass(frozen=True)
+class _Section:
+    name: str
+    type: int
+    addr: int
+    offset: int
+    size: int
+    link: int
+    entsize: int
 
-    def tables(self) -> Iterator[tuple[str, Any, Any]]:
-        """(table name, symbol section, versym section or None)."""
-        for name in _TABLES:
-            try:
-                sec = self.elf.get_section_by_name(name)
-            except Exception as e:
-                raise SymbolError(f"{self.path}: corrupt section headers: {e}") from None
-            if sec is None or sec["sh_type"] == "SHT_NOBITS":
+
+class _Reader:
+    """Bounded reads of one open file; anything out of range is a SymbolError."""
+
+    def __init__(self, fd: int, path: str, size: int):
+        self.fd, self.path, self.size = fd, path, size
+
+    def read(self, offset: int, length: int, what: str) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.size or length > _MAX_TABLE:
+            raise SymbolError(f"{self.path}: corrupt {what} (outside the file)")
+        data = os.pread(self.fd, length, offset)
+        if len(data) != length:
+            raise SymbolError(f"{self.path}: short read of {what}")
+        return data
+
+
+def _cstr(table: bytes, start: int) -> str:
+    end = table.find(b"\0", start)
+    if start >= len(table) or end < 0:
+        return ""
+    return table[start:end].decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A symbol table read but not yet parsed."""
+
+    rank: int
+    table: str
+    data: bytes
+    strings: bytes
+    versions: array.array[int]
+
+
+# name -> (rank, value, shndx, size, bind, table): the symbol a name resolves to
+_Entry = tuple[tuple[int, bool], int, int, int, int, str]
+
+
+class SymbolIndex:
+    """Every symbol name of one ELF file, parsed once; offsets computed on lookup."""
+
+    def __init__(self, fd: int, path: str):
+        self.path = path
+        st = os.fstat(fd)
+        self._file_size = st.st_size
+        r = _Reader(fd, path, st.st_size)
+        ident = r.read(0, 16, "ELF header") if st.st_size >= 16 else b""
+        if ident[:4] != b"\x7fELF":
+            raise SymbolError(f"{path} is not an ELF file")
+        if ident[4] not in (1, 2) or ident[5] not in (1, 2):
+            raise SymbolError(f"{path} is not a valid ELF file: bad class or byte order")
+        self._lay = _layout(ident[4], "<" if ident[5] == 1 else ">")
+        self._functions: dict[str, _Entry] = {}
+        self._others: dict[str, int] = {}  # defined non-function symbol -> type
+        self._undefined: set[str] = set()
+        self.tables: list[str] = []
+        self._sections: list[_Section] = []
+        self._loads: list[tuple[int, int, int]] = []  # (vaddr, filesz, offset)
+        self._pending: list[_Pending] = []
+        self._lock = threading.Lock()
+        self._read_headers(r)
+        for rank, name in enumerate(_TABLES):
+            sec = next((s for s in self._sections if s.name == name), None)
+            if sec is None or sec.type == _SHT_NOBITS:
                 continue
-            # A corrupt size would make pyelftools walk far past the file.
-            if not self._fits(sec["sh_offset"], sec["sh_size"]) or sec["sh_entsize"] <= 0:
-                raise SymbolError(f"{self.path}: corrupt {name} section")
-            versym = None
-            if name == ".dynsym":
+            self.tables.append(name)
+            self._pending.append(self._read_table(r, rank, sec))
+        if self._pending and self._pending[0].table == ".dynsym":
+            self._parse(self._pending.pop(0))
+
+    def _read_headers(self, r: _Reader) -> None:
+        lay = self._lay
+        eh = lay.ehdr.unpack(r.read(16, lay.ehdr.size, "ELF header"))
+        self.machine = eh[1]
+        phoff, shoff, phentsize, phnum, shentsize, shnum, shstrndx = (
+            eh[4], eh[5], eh[8], eh[9], eh[10], eh[11], eh[12],
+        )  # fmt: skip
+        if shoff and shentsize < lay.shdr.size:
+            raise SymbolError(f"{r.path}: corrupt section headers")
+        raw = []
+        if shoff:
+            first = lay.shdr.unpack(r.read(shoff, lay.shdr.size, "section headers"))
+            shnum = shnum or first[5]  # e_shnum 0: the count is in section 0's size
+            if shstrndx == _SHN_XINDEX:
+                shstrndx = first[6]
+            data = r.read(shoff, shnum * shentsize, "section headers")
+            raw = [lay.shdr.unpack_from(data, i * shentsize) for i in range(shnum)]
+        names = b""
+        if raw and shstrndx < len(raw) and raw[shstrndx][1] != _SHT_NOBITS:
+            names = r.read(raw[shstrndx][4], raw[shstrndx][5], "section names")
+        for h in raw:
+            self._sections.append(_Section(_cstr(names, h[0]), h[1], h[3], h[4], h[5], h[6], h[9]))
+        if phoff and phnum:
+            if phentsize < lay.phdr.size:
+                raise SymbolError(f"{r.path}: corrupt program headers")
+            data = r.read(phoff, phnum * phentsize, "program headers")
+            for i in range(phnum):
+                p = lay.phdr.unpack_from(data, i * phentsize)
+                if self._lay.phdr.size == 56:  # ELF64: type, flags, offset, vaddr, _, filesz
+                    ptype, off, vaddr, filesz = p[0], p[2], p[3], p[5]
+                else:  # ELF32: type, offset, vaddr, _, filesz
+                    ptype, off, vaddr, filesz = p[0], p[1], p[2], p[4]
+                if ptype == _PT_LOAD:
+                    self._loads.append((vaddr, filesz, off))
+
+    def _read_table(self, r: _Reader, rank: int, sec: _Section) -> _Pending:
+        """The table's bytes, checked; parsed by _parse (at once for .dynsym)."""
+        lay = self._lay
+        if sec.entsize != lay.sym.size or sec.size % sec.entsize:
+            raise SymbolError(f"{r.path}: corrupt {sec.name} section")
+        if not 0 <= sec.link < len(self._sections):
+            raise SymbolError(f"{r.path}: corrupt {sec.name} section (string table)")
+        strsec = self._sections[sec.link]
+        strings = r.read(strsec.offset, strsec.size, f"{sec.name} strings")
+        data = r.read(sec.offset, sec.size, sec.name)
+        return _Pending(rank, sec.name, data, strings, self._versym(r, sec))
+
+    def _parse(self, t: _Pending) -> None:
+        # The hot loop of a first attach: locals only, one precompiled struct.
+        i_name, i_info, i_shndx, i_value, i_size, _ = self._lay.sym_fields
+        funcs, others, undefined = self._functions, self._others, self._undefined
+        strings, find, nver = t.strings, t.strings.find, len(t.versions)
+        for i, s in enumerate(self._lay.sym.iter_unpack(t.data)):
+            start = s[i_name]
+            end = find(b"\0", start) if start else -1
+            if end <= start:
+                continue  # no name, or one running off the table
+            name = strings[start:end].decode("utf-8", "replace")
+            shndx, kind = s[i_shndx], s[i_info] & 0xF
+            if shndx == _SHN_UNDEF:
+                undefined.add(name)
+            elif kind != _STT_FUNC and kind != _STT_GNU_IFUNC:
+                others.setdefault(name, kind)
+            else:
+                key = (t.rank, i < nver and bool(t.versions[i] & _VERSYM_HIDDEN))
+                have = funcs.get(name)
+                if have is None or key < have[0]:
+                    funcs[name] = (key, s[i_value], shndx, s[i_size], s[i_info] >> 4, t.table)
+
+    def _complete(self) -> None:
+        """Parse the tables put off so far (.symtab: static functions, rarely wanted).
+        Cached indexes are shared by the broker's threads: one parses, others wait."""
+        with self._lock:
+            while self._pending:
+                self._parse(self._pending[0])
+                self._pending.pop(0)
+
+    def _versym(self, r: _Reader, sec: _Section) -> array.array[int]:
+        """The .gnu.version table of .dynsym (one u16 per symbol), or empty."""
+        out = array.array("H")
+        if sec.name != ".dynsym":
+            return out
+        for v in self._sections:
+            if v.type == _SHT_GNU_VERSYM:
                 try:
-                    versym = self.elf.get_section_by_name(".gnu.version")
-                except Exception:
-                    versym = None
-            yield name, sec, versym
+                    raw = r.read(v.offset, v.size - v.size % 2, ".gnu.version")
+                except SymbolError:
+                    return out  # versions only rank duplicates: do without
+                out.frombytes(raw)
+                if (self._lay.sym.format[0] == "<") != (sys.byteorder == "little"):
+                    out.byteswap()
+                return out
+        return out
 
-    def symbols(self, sec: Any) -> Iterator[tuple[int, Any]]:
-        try:
-            yield from enumerate(sec.iter_symbols())
-        except Exception as e:
-            raise SymbolError(f"{self.path}: corrupt symbol table {sec.name}: {e}") from None
+    # -------------------------------------------------------------- lookups
 
-    def hidden(self, versym: Any, index: int) -> bool:
-        """A non-default symbol version (memcpy@GLIBC_2.2.5 next to memcpy@@...)."""
-        if versym is None:
-            return False
-        try:
-            ndx = versym.get_symbol(index).entry["ndx"]
-        except Exception:
-            return False
-        return isinstance(ndx, int) and bool(ndx & _VERSYM_HIDDEN)
+    def named(self, path: str) -> SymbolIndex:
+        """This index with messages naming path (the same file, opened another way)."""
+        if path == self.path:
+            return self
+        other = copy.copy(self)  # shares the tables (and the lock that guards them)
+        other.path = path
+        return other
 
-    def file_offset(self, sym: Any, name: str) -> int:
-        value = sym["st_value"]
-        if self.machine == "EM_ARM":
+    def names(self) -> list[str]:
+        self._complete()
+        return sorted(self._functions)
+
+    def has(self, name: str) -> bool:
+        return self._lookup(name) is not None
+
+    def _lookup(self, name: str) -> _Entry | None:
+        found = self._functions.get(name)
+        if found is None and self._pending:
+            self._complete()
+            found = self._functions.get(name)
+        return found
+
+    def _file_offset(self, name: str, value: int, shndx: int) -> int:
+        if self.machine == _EM_ARM:
             value &= ~1  # Thumb bit
-        shndx = sym["st_shndx"]
-        if isinstance(shndx, int):
-            try:
-                sec = self.elf.get_section(shndx)
-            except Exception:
-                sec = None
-            if (
-                sec is not None
-                and sec["sh_type"] != "SHT_NOBITS"
-                and sec["sh_addr"] <= value <= sec["sh_addr"] + sec["sh_size"]
-            ):
-                off = value - sec["sh_addr"] + sec["sh_offset"]
-                if 0 <= off < self.size:
+        if shndx < _SHN_LORESERVE and shndx < len(self._sections):
+            sec = self._sections[shndx]
+            if sec.type != _SHT_NOBITS and sec.addr <= value <= sec.addr + sec.size:
+                off = value - sec.addr + sec.offset
+                if 0 <= off < self._file_size:
                     return off
-        # Fall back to the loadable segment that maps the address.
-        try:
-            for seg in self.elf.iter_segments():
-                if seg["p_type"] != "PT_LOAD":
-                    continue
-                if seg["p_vaddr"] <= value < seg["p_vaddr"] + seg["p_filesz"]:
-                    off = value - seg["p_vaddr"] + seg["p_offset"]
-                    if 0 <= off < self.size:
-                        return off
-        except Exception as e:
-            raise SymbolError(f"{self.path}: corrupt program headers: {e}") from None
+        for vaddr, filesz, offset in self._loads:  # the loadable segment mapping it
+            if vaddr <= value < vaddr + filesz:
+                off = value - vaddr + offset
+                if 0 <= off < self._file_size:
+                    return off
         raise SymbolError(
             f"{self.path}: symbol {name} at {value:#x} lies in no section or "
             "loadable segment of the file"
         )
 
+    def offset(self, symbol: str) -> int:
+        """File offset of function symbol; SymbolError saying why not."""
+        if not symbol or "\0" in symbol:
+            raise SymbolError(f"invalid symbol name {symbol!r}")
+        found = self._lookup(symbol)
+        if found is not None:
+            return self._file_offset(symbol, found[1], found[2])
+        raise self._missing(symbol)
 
-def _iter_functions(elf: _Elf) -> Iterator[tuple[str, str, Any, bool]]:
-    """(table, name, symbol, hidden) for every defined function symbol."""
-    for table, sec, versym in elf.tables():
-        for i, sym in elf.symbols(sec):
-            if sym["st_info"]["type"] not in _FUNC_TYPES or not sym.name:
-                continue
-            if sym["st_shndx"] == "SHN_UNDEF":
-                continue
-            yield table, sym.name, sym, elf.hidden(versym, i)
+    def _missing(self, symbol: str) -> SymbolError:
+        kind = self._others.get(symbol)
+        if kind is not None:
+            what = _KIND_NAMES.get(kind, f"symbol of type {kind}")
+            return SymbolError(f"symbol {symbol} in {self.path} is a {what}, not a function")
+        if symbol in self._undefined:
+            return SymbolError(
+                f"symbol {symbol} is not defined in {self.path}: it is imported from "
+                "another library; probe the library that defines it"
+            )
+        if not self.tables:
+            return SymbolError(
+                f"{self.path} has no symbol table (.dynsym or .symtab): "
+                "give a file offset instead of a symbol"
+            )
+        names = self.names()
+        close = difflib.get_close_matches(symbol, names, n=5, cutoff=0.6)
+        if not close:
+            close = [n for n in names if symbol.lower() in n.lower()][:5]
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        return SymbolError(
+            f"function {symbol} not found in {self.path} ({' or '.join(self.tables)}){hint}"
+        )
+
+    def functions(self) -> list[FunctionSymbol]:
+        self._complete()
+        out = []
+        for name in self.names():
+            _, value, shndx, size, bind, table = self._functions[name]
+            out.append(
+                FunctionSymbol(
+                    name=name,
+                    offset=self._file_offset(name, value, shndx),
+                    address=value,
+                    size=size,
+                    binding=_BIND_NAMES.get(bind, str(bind)),
+                    table=table,
+                )
+            )
+        return out
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _Cache:
+    """A bounded LRU of SymbolIndex by file identity; thread-safe (the broker
+    serves sessions on several threads)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[int, ...], SymbolIndex] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, fd: int, path: str) -> tuple[SymbolIndex, bool]:
+        """(index, whether it came from the cache)."""
+        key = _identity(os.fstat(fd))
+        with self._lock:
+            idx = self._items.get(key)
+            if idx is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return idx.named(path), True
+        idx = _parse(fd, path)  # outside the lock: a slow parse blocks no other file
+        with self._lock:
+            self.misses += 1
+            self._items[key] = idx
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return idx, False
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.hits = self.misses = 0
+
+
+def _parse(fd: int, path: str) -> SymbolIndex:
+    try:
+        return SymbolIndex(fd, path)
+    except (struct.error, IndexError, OverflowError, MemoryError) as e:
+        raise SymbolError(f"{path} is not a valid ELF file: {e}") from None
+
+
+_CACHE = _Cache(CACHE_SIZE)
+
+
+def index_for(path: str | os.PathLike[str]) -> SymbolIndex:
+    """The symbol index of the file at path (e.g. /proc/self/fd/N), from the
+    cache when the same file was indexed before."""
+    return cached_index(path)[0]
+
+
+def cached_index(path: str | os.PathLike[str]) -> tuple[SymbolIndex, bool]:
+    """index_for(path), and whether the cache already held it (for the audit log)."""
+    spath = os.fspath(path)
+    try:
+        fd = os.open(spath, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SymbolError(f"cannot open {spath}: {e.strerror}") from None
+    try:
+        return _CACHE.get(fd, spath)
+    except OSError as e:
+        raise SymbolError(f"cannot read {spath}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def cache_info() -> tuple[int, int, int]:
+    """(hits, misses, files held) of the index cache."""
+    return _CACHE.hits, _CACHE.misses, len(_CACHE._items)
+
+
+def cache_clear() -> None:
+    _CACHE.clear()
 
 
 def resolve_symbol(path: str | os.PathLike[str], symbol: str) -> int:
@@ -166,69 +453,15 @@ def resolve_symbol(path: str | os.PathLike[str], symbol: str) -> int:
     """
     if not symbol or "\0" in symbol:
         raise SymbolError(f"invalid symbol name {symbol!r}")
-    with _Elf(path) as elf:
-        other_kind: str | None = None
-        undefined = False
-        seen_tables = []
-        for table, sec, versym in elf.tables():
-            seen_tables.append(table)
-            found: list[tuple[bool, Any]] = []
-            for i, sym in elf.symbols(sec):
-                if sym.name != symbol:
-                    continue
-                if sym["st_shndx"] == "SHN_UNDEF":
-                    undefined = True
-                    continue
-                kind = sym["st_info"]["type"]
-                if kind not in _FUNC_TYPES:
-                    other_kind = other_kind or kind
-                    continue
-                found.append((elf.hidden(versym, i), sym))
-            if found:
-                # The default version wins over hidden (old) versions.
-                found.sort(key=lambda t: t[0])
-                return elf.file_offset(found[0][1], symbol)
-        if other_kind is not None:
-            kind = {"STT_OBJECT": "data object", "STT_TLS": "thread-local variable"}.get(
-                other_kind, other_kind
-            )
-            raise SymbolError(f"symbol {symbol} in {elf.path} is a {kind}, not a function")
-        if undefined:
-            raise SymbolError(
-                f"symbol {symbol} is not defined in {elf.path}: it is imported from "
-                "another library; probe the library that defines it"
-            )
-        if not seen_tables:
-            raise SymbolError(
-                f"{elf.path} has no symbol table (.dynsym or .symtab): "
-                "give a file offset instead of a symbol"
-            )
-        names = sorted({n for _, n, _, _ in _iter_functions(elf)})
-        close = difflib.get_close_matches(symbol, names, n=5, cutoff=0.6)
-        if not close:
-            close = [n for n in names if symbol.lower() in n.lower()][:5]
-        hint = f"; close names: {', '.join(close)}" if close else ""
-        raise SymbolError(
-            f"function {symbol} not found in {elf.path} ({' or '.join(seen_tables)}){hint}"
-        )
+    return index_for(path).offset(symbol)
+
+
+def resolve_symbols(path: str | os.PathLike[str], symbols: Iterable[str]) -> list[int]:
+    """File offsets of several functions, one index lookup for all."""
+    idx = index_for(path)
+    return [idx.offset(s) for s in symbols]
 
 
 def list_functions(path: str | os.PathLike[str]) -> list[FunctionSymbol]:
     """Every defined function in the file, one per name (dynsym first), by name."""
-    out: dict[str, FunctionSymbol] = {}
-    rank: dict[str, tuple[int, bool]] = {}
-    with _Elf(path) as elf:
-        for table, name, sym, hidden in _iter_functions(elf):
-            key = (_TABLES.index(table), hidden)
-            if name in rank and rank[name] <= key:
-                continue
-            rank[name] = key
-            out[name] = FunctionSymbol(
-                name=name,
-                offset=elf.file_offset(sym, name),
-                address=sym["st_value"],
-                size=sym["st_size"],
-                binding=sym["st_info"]["bind"],
-                table=table,
-            )
-    return [out[k] for k in sorted(out)]
+    return index_for(path).functions()

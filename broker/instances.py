@@ -86,6 +86,7 @@ class InstanceLoader:
             pid=target.pid if entry.pid_knob else None,
             library=target.library,
             functions=target.functions,
+            cookies=target.cookies,
         )
         try:
             return bpfinstance.open_program(

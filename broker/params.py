@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gfxbpf.bpf import function_tables, symbols
 from gfxbpf.bpf.consts import SELF
 from gfxbpf.broker import libraries
 from gfxbpf.broker.errors import BrokerError
@@ -32,6 +33,9 @@ class Target:
     library_fd: int = -1  # open fd on it, for a race-free uprobe path
     functions: tuple[str, ...] = ()
     pid_handle: PidHandle | None = None
+    cookies: tuple[int, ...] = ()  # function-table programs: one bpf cookie per function
+    skipped: tuple[str, ...] = ()  # function-table programs: "name: why" not probed
+    symbols: str = ""  # function-table programs: "cached" or "parsed" (the audit log says)
 
     @property
     def library_path(self) -> str | None:
@@ -58,7 +62,11 @@ def check_params(
     t = Target()
     try:
         t.pid, t.pid_handle = _check_pid(caller, res, params.pid)
-        if any(a.kind in _UPROBE_KINDS for a in res.entry.attach):
+        if res.entry.function_table:
+            _refuse_client_functions(res, params)
+            t.library_fd, t.library = _open_library(policy, caller, res.policy_entry, params, fds)
+            t.functions, t.cookies, t.skipped, t.symbols = _table_functions(policy, res, t)
+        elif any(a.kind in _UPROBE_KINDS for a in res.entry.attach):
             t.functions = _check_functions(res, params)
             t.library_fd, t.library = _open_library(policy, caller, res.policy_entry, params, fds)
             _check_functions_allowed(policy, res.policy_entry, t.functions)
@@ -112,6 +120,62 @@ def _check_functions(res: Resolved, params: pb.AttachParams) -> tuple[str, ...]:
         if not fn or len(fn) > MAX_SYMBOL_LEN or "\0" in fn:
             raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"bad function name {fn!r}")
     return funcs
+
+
+def _refuse_client_functions(res: Resolved, params: pb.AttachParams) -> None:
+    if params.functions:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"program {res.entry.name!r} probes a fixed table of functions "
+            f"({res.entry.function_table!r}): send params.library only, no functions",
+        )
+    if not (params.library or params.HasField("library_fd_index")):
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT, f"program {res.entry.name!r} needs params.library"
+        )
+
+
+def _table_functions(
+    policy: Policy, res: Resolved, t: Target
+) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...], str]:
+    """(functions, cookies, skipped, "cached" or "parsed") of a function-table
+    program in t's library.
+
+    Functions the library does not define, and those the policy's `functions`
+    globs leave out, are skipped and reported, not an error; none at all is.
+    The symbol index is cached per file (bpf/symbols.py), so the attach that
+    follows resolves from memory.
+    """
+    assert res.entry.function_table and t.library_path
+    machine = os.uname().machine
+    if machine not in function_tables.MACHINES:
+        raise BrokerError(
+            pb.ERROR_UNAVAILABLE,
+            f"program {res.entry.name!r} reads function arguments from "
+            f"{'/'.join(function_tables.MACHINES)} registers; this host is {machine}",
+        )
+    try:
+        index, hit = symbols.cached_index(t.library_path)
+    except symbols.SymbolError as e:
+        raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"library {t.library}: {e}") from None
+    names: list[str] = []
+    cookies: list[int] = []
+    skipped: list[str] = []
+    for i, fn in enumerate(function_tables.table(res.entry.function_table)):
+        if not index.has(fn.name):
+            skipped.append(f"{fn.name}: not in {os.path.basename(t.library or '')}")
+        elif not policy.function_allowed(res.policy_entry, fn.name):
+            skipped.append(f"{fn.name}: not allowed by the policy's functions")
+        else:
+            names.append(fn.name)
+            cookies.append(function_tables.cookie(i, fn))
+    if not names:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"program {res.entry.name!r} has nothing to probe in {t.library} (is it the "
+            f"right library?): {'; '.join(skipped[:4])}" + ("; …" if len(skipped) > 4 else ""),
+        )
+    return tuple(names), tuple(cookies), tuple(skipped), "cached" if hit else "parsed"
 
 
 def _check_functions_allowed(policy: Policy, pe: ProgramEntry, funcs: tuple[str, ...]) -> None:

@@ -248,6 +248,11 @@ class Service:
             finally:
                 target.close()
             reply, fds = replies.describe(att, joined, pass_fds=caller.transport == "unix")
+            reply.skipped_functions.extend(target.skipped)
+            if target.skipped:
+                fields["skipped_functions"] = len(target.skipped)
+            if target.symbols:
+                fields["symbols"] = target.symbols
         except BrokerError as e:
             raise self._fail("attach", caller, e, **fields) from None
         except Exception as e:  # a broker bug: report it, keep serving

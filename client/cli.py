@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.client import cuda_view
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
@@ -318,6 +319,10 @@ def _connect(args: argparse.Namespace) -> Broker:
 
 
 def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
+    if args.name == cuda_view.PROGRAM and not args.library:
+        if not args.pid:
+            raise UsageError("cuda needs --pid PID: a process of yours that uses CUDA")
+        args.library = cuda_view.find_libcuda(args.pid)  # the user need not know the path
     try:
         return broker.attach(
             args.name,
@@ -346,6 +351,8 @@ def key_formatter(
     """Keys as people know them: syscall numbers as names, function indexes as
     names, DRM client ids with the caller's own processes that hold them."""
     label = cmap.key_label
+    if att.program == cuda_view.PROGRAM:
+        return cuda_view.key_text
 
     def fmt(key: Any) -> str:
         if label == DRM_CLIENT_LABEL and drm_clients is not None:
@@ -592,7 +599,9 @@ def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(
                 f"{att.program} reports only events: use `gfxclient stream {args.name}`"
             )
-        w = Watch(args, att, maps)
+        w: Watch | cuda_view.CudaWatch = Watch(args, att, maps)
+        if att.program == cuda_view.PROGRAM and not args.map:
+            w = cuda_view.CudaWatch(att, maps, args.interval, args.library or "")
         screen = Screen(out) if tty else None
         start = time.monotonic()
         try:
@@ -627,7 +636,9 @@ def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _emit(w: Watch, args: argparse.Namespace, out: TextIO, screen: Screen | None) -> None:
+def _emit(
+    w: Watch | cuda_view.CudaWatch, args: argparse.Namespace, out: TextIO, screen: Screen | None
+) -> None:
     if args.json:
         _dump_json(w.json_line(), out)
         return
@@ -759,9 +770,10 @@ def _dump_lines(att: Attachment, snaps: Snapshot, functions: list[str]) -> list[
         lines.append(f"{m.name} ({what}): {m.description}" if m.description else m.name)
         fmt = key_formatter(att, m, functions)
         if m.show == "log2_histogram":
-            data = MapData.from_client_map(m)
+            # From the snapshot: the attachment (and its map fds) is gone by now.
+            data = MapData(m.name, m.show, m.unit, m.key_label, m.description)
             data.entries = [(k, sum_cpus(v)) for k, v in entries]
-            lines.extend(histogram_lines(data))
+            lines.extend(histogram_lines(data, key_format=fmt))
             continue
         if not entries:
             lines.append("  (empty)")

@@ -36,6 +36,12 @@ SIDE_SOURCES = (
     Path("bench/bench.bpf.c"),
     Path("tests/data/objects/probe_write_user.bpf.c"),
     Path("tests/data/objects/trace_printk.bpf.c"),
+    # CO-RE: stand-in kernels (only their BTF is used), a program with every
+    # relocation kind for the offline tests, one against the real kernel.
+    Path("tests/data/core/target_new.bpf.c"),
+    Path("tests/data/core/target_old.bpf.c"),
+    Path("tests/data/core/core_kinds.bpf.c"),
+    Path("tests/data/core/core_kernel.bpf.c"),
 )
 CATALOG = ROOT / "bpf" / "catalog.toml"
 EXPECTED_CLANG = "Debian clang version 14.0.6"

@@ -38,6 +38,7 @@ EXPECTED = {
     "xe",
     "vblank",
     "amdgpu",
+    "cuda",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -122,6 +123,7 @@ KNOB_DEFAULTS = {
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
     "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")

@@ -26,6 +26,7 @@ PACKAGES = {
     "proto": "gfxbpf.proto",
     "broker": "gfxbpf.broker",
     "client": "gfxbpf.client",
+    "exporter": "gfxbpf.exporter",
     "bench": "bench",
     "tools": "tools",
 }
@@ -33,17 +34,27 @@ PACKAGES = {
 # third-party packages by top-level name. tests/ may import anything.
 FORBIDDEN: dict[str, frozenset[str]] = {
     # The loader knows no policy and no wire format.
-    "bpf": frozenset({"proto", "broker", "client", "bench", "tests", "tools", "grpc", "google"}),
+    "bpf": frozenset(
+        {"proto", "broker", "client", "exporter", "bench", "tests", "tools", "grpc", "google"}
+    ),
     # Messages and framing know no daemon and no kernel object.
-    "proto": frozenset({"bpf", "broker", "client", "bench", "tests", "tools", "elftools"}),
+    "proto": frozenset(
+        {"bpf", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
+    ),
     # The daemon uses bpf and proto, never the client library.
-    "broker": frozenset({"client", "bench", "tests", "tools"}),
+    "broker": frozenset({"client", "exporter", "bench", "tests", "tools"}),
     # The client never holds a capability nor runs broker code.
-    "client": frozenset({"broker", "bench", "tests", "tools", "prctl"}),
+    "client": frozenset(
+        {"broker", "bench", "tests", "tools", "prctl", "exporter", "prometheus_client"}
+    ),
+    # The exporter is a client of the broker like gfxclient: the client library
+    # (and through it the read side of bpf), never the daemon. The client does
+    # not import it back (prometheus-client is an optional extra).
+    "exporter": frozenset({"broker", "bench", "tests", "tools", "prctl"}),
     # The benchmark measures what a user runs: the client, and bpf for its own programs.
     "bench": frozenset({"broker", "tests", "tools"}),
     # Build scripts run before the package is installed.
-    "tools": frozenset({"bpf", "proto", "broker", "client", "bench", "tests"}),
+    "tools": frozenset({"bpf", "proto", "broker", "client", "exporter", "bench", "tests"}),
 }
 
 
@@ -69,7 +80,16 @@ def _module_files(layer: str) -> list[Path]:
 # gfxbpf.bpf modules a client may use: reading map fds it was handed, consuming
 # a ring buffer, decoding BTF (and what those import themselves), and the
 # constants (names and numbers, no syscalls: map types, scope names).
-ALLOWED_BPF = {"gfxbpf.bpf.maps", "gfxbpf.bpf.ringbuf", "gfxbpf.bpf.btf", "gfxbpf.bpf.consts"}
+# cuda_api and function_tables are data (the cuda program's function table):
+# the client names map keys by the table the broker attached by.
+ALLOWED_BPF = {
+    "gfxbpf.bpf.maps",
+    "gfxbpf.bpf.ringbuf",
+    "gfxbpf.bpf.btf",
+    "gfxbpf.bpf.consts",
+    "gfxbpf.bpf.cuda_api",
+    "gfxbpf.bpf.function_tables",
+}
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
 FORBIDDEN_TEXT = (
@@ -164,7 +184,7 @@ def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
 
 # Loading a layer must not load a forbidden gfxbpf layer either (what the
 # parse above cannot see: an import hidden behind a computed name).
-PRODUCT_LAYERS = ("bpf", "proto", "broker", "client")
+PRODUCT_LAYERS = ("bpf", "proto", "broker", "client", "exporter")
 
 
 @pytest.mark.parametrize("layer", PRODUCT_LAYERS)

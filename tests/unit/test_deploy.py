@@ -109,7 +109,9 @@ def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 # --------------------------------------------------------------- service unit
 
 
-def security_report(unit_file: Path, tmp_path: Path) -> tuple[float, set[str], str]:
+def security_report(
+    unit_file: Path, tmp_path: Path, unit: str = "gfxbpf.service"
+) -> tuple[float, set[str], str]:
     """Run the offline analysis on a copy in a scratch root.
 
     The scratch root keeps drop-ins an administrator installed on this host
@@ -118,7 +120,7 @@ def security_report(unit_file: Path, tmp_path: Path) -> tuple[float, set[str], s
     need("systemd-analyze")
     unit_dir = tmp_path / "root" / "etc" / "systemd" / "system"
     unit_dir.mkdir(parents=True)
-    shutil.copy(unit_file, unit_dir / "gfxbpf.service")
+    shutil.copy(unit_file, unit_dir / unit)
     r = run(
         [
             "systemd-analyze",
@@ -126,11 +128,11 @@ def security_report(unit_file: Path, tmp_path: Path) -> tuple[float, set[str], s
             "--offline=true",
             f"--root={tmp_path / 'root'}",
             "--no-pager",
-            "gfxbpf.service",
+            unit,
         ]
     )
     out = r.stdout + r.stderr
-    m = re.search(r"Overall exposure level for gfxbpf\.service:\s*([0-9]+(?:\.[0-9]+)?)", out)
+    m = re.search(rf"Overall exposure level for {re.escape(unit)}:\s*([0-9]+(?:\.[0-9]+)?)", out)
     assert r.returncode == 0 and m, f"systemd-analyze security failed ({r.returncode}):\n{out}"
     failing = {
         line.split()[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 from gfxbpf.client import drmclients
 from gfxbpf.client.cli import DRM_CLIENT_LABEL, key_formatter
@@ -84,7 +85,7 @@ def test_drmsched_client_keys_and_histogram_groups_get_names() -> None:
         description="",
         entries=[],
     )
-    fmt = key_formatter(None, data, [], names)  # type: ignore[arg-type]
+    fmt = key_formatter(SimpleNamespace(program="drmsched"), data, [], names)  # type: ignore[arg-type]
     data.entries = [({"client_id": 42, "slot": 10}, 3), ({"client_id": 9, "slot": 11}, 1)]
     shown = "\n".join(render_map(data, key_format=fmt))
     assert "@client_run[42 (amdgpu: pid 100 vkcube)]:" in shown
@@ -100,4 +101,5 @@ def test_drmsched_client_keys_and_histogram_groups_get_names() -> None:
         description="",
         entries=[],
     )
-    assert key_formatter(None, other, [], names)("42") == "42"  # type: ignore[arg-type]
+    att = SimpleNamespace(program="drmsched")
+    assert key_formatter(att, other, [], names)("42") == "42"  # type: ignore[arg-type]

@@ -124,18 +124,12 @@ def test_subprogram_linking(tmp_path: Path) -> None:
             "map type queue is not supported",
         ),
         (
-            """struct task_struct { int pid; } __attribute__((preserve_access_index));
-               SEC("raw_tracepoint/sys_enter") int p(struct task_struct *t) {
-                   return t->pid; }""",
-            "CO-RE relocations",
-        ),
-        (
             """extern int bpf_fake_kfunc(int x) __ksym;
                SEC("raw_tracepoint/sys_enter") int p(void *ctx) { return bpf_fake_kfunc(1); }""",
             "extern symbol",
         ),
     ],
-    ids=["kprobe", "fentry", "queue-map", "co-re", "kfunc"],
+    ids=["kprobe", "fentry", "queue-map", "kfunc"],
 )
 def test_unsupported_objects_are_refused(tmp_path: Path, source: str, message: str) -> None:
     data = build(tmp_path, source)

@@ -8,6 +8,7 @@ offset with the function's bytes in memory after ctypes loads the library.
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import re
 import shutil
@@ -16,7 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.symbols import SymbolError, list_functions, resolve_symbol
+from gfxbpf.bpf.symbols import (
+    CACHE_SIZE,
+    SymbolError,
+    cache_clear,
+    cache_info,
+    cached_index,
+    index_for,
+    list_functions,
+    resolve_symbol,
+)
 
 LIB_SRC = r"""
 #include <stdio.h>
@@ -205,3 +215,50 @@ def test_corrupt_files_raise_symbol_error(libs: dict[str, Path], tmp_path: Path)
             list_functions(bad)
         except SymbolError:
             pass
+
+
+def test_index_is_parsed_once_per_file_identity(libs: dict[str, Path], tmp_path: Path) -> None:
+    cache_clear()
+    lib = tmp_path / "libcached.so"
+    shutil.copy(libs["default"], lib)
+    first = index_for(lib)
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        # The same inode, as the broker sees it: from the cache, messages naming this path.
+        again, hit = cached_index(f"/proc/self/fd/{fd}")
+        assert hit and again.path == f"/proc/self/fd/{fd}" and again.names() == first.names()
+        with pytest.raises(SymbolError, match=f"not found in /proc/self/fd/{fd} "):
+            again.offset("demo_nothing")
+    finally:
+        os.close(fd)
+    hits, misses, held = cache_info()
+    assert (hits, misses, held) == (1, 1, 1)
+    # Rewritten in place (same inode): size, mtime and ctime change, so it is parsed again.
+    lib.write_bytes(libs["shifted"].read_bytes() + b"\0" * 16)
+    again = index_for(lib)
+    assert again is not first
+    assert again.offset("demo_add") == resolve_symbol(libs["shifted"], "demo_add")
+    # A copy is another file (another inode).
+    other = tmp_path / "libother.so"
+    shutil.copy(libs["default"], other)
+    assert index_for(other) is not first
+
+
+def test_index_cache_is_bounded(libs: dict[str, Path], tmp_path: Path) -> None:
+    cache_clear()
+    for i in range(CACHE_SIZE + 3):
+        p = tmp_path / f"lib{i}.so"
+        shutil.copy(libs["default"], p)
+        index_for(p)
+    assert cache_info()[2] == CACHE_SIZE
+
+
+def test_many_symbols_match_readelf(tmp_path: Path) -> None:
+    src = tmp_path / "many.c"
+    src.write_text("\n".join(f"int f{i}(int x) {{ return x + {i}; }}" for i in range(3000)))
+    lib = tmp_path / "libmany.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    expected = _readelf_offsets(lib)
+    got = {f.name: f.offset for f in list_functions(lib)}
+    assert {n: got[n] for n in expected} == expected
+    assert sum(n.startswith("f") and n[1:].isdigit() for n in got) == 3000

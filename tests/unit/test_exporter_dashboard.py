@@ -1,0 +1,151 @@
+"""The Grafana dashboard queries only metrics gfxbpf-exporter really emits.
+
+The emitted names are derived by running the exporter's own mapping
+(gfxbpf.exporter.mapping) over every visible map of the catalog, with table
+columns taken from each object's BTF as the exporter takes them from the
+broker's reply, plus the collector's own status metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.exporter import mapping
+from gfxbpf.exporter.collector import STATUS_SAMPLES
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "gfxbpf-dashboard.json"
+
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+}
+
+
+def catalog_shapes() -> list[mapping.MapShape]:
+    shapes = []
+    for entry in load_catalog():
+        spec = ObjectSpec.from_file(str(object_path(entry)))
+        for m in entry.visible_maps:
+            members: tuple[str, ...] = ()
+            kmap = spec.maps[m.name]
+            # As the exporter does (session.shape_of): a value without BTF
+            # (a stack-trace map) has no columns.
+            if m.show == "table" and spec.btf is not None and kmap.value_type_id:
+                zero = spec.btf.decode(kmap.value_type_id, bytes(kmap.value_size))
+                members = mapping.numeric_members(zero)
+            shapes.append(
+                mapping.MapShape(
+                    entry.name, m.name, m.show or "", m.unit or "", m.key_label or "", members
+                )
+            )
+    return shapes
+
+
+def emitted_names() -> set[str]:
+    names = set(STATUS_SAMPLES)
+    for shape in catalog_shapes():
+        specs = mapping.metric_specs(shape)
+        # A table may have no numeric column (e.g. stack frames); every other role maps.
+        assert specs or shape.show == "table", f"{shape.program}/{shape.map} maps to nothing"
+        for spec in specs:
+            names |= spec.sample_names()
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (no full parser: enough for ours)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # ranges (and $__rate_interval)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        rest = text[m.end() :].lstrip()
+        if rest.startswith("(") or m.group() in PROMQL_WORDS:
+            continue  # a function or an operator
+        names.add(m.group())
+    return names
+
+
+def exprs(node: Any) -> list[str]:
+    """Every `expr` (panel targets) and query string in the dashboard."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "expr" and isinstance(v, str):
+                out.append(v)
+            elif k == "definition" and isinstance(v, str):
+                out.append(re.sub(r"^label_values\(([^,)]+).*", r"\1", v))
+            else:
+                out.extend(exprs(v))
+    elif isinstance(node, list):
+        for v in node:
+            out.extend(exprs(v))
+    return out
+
+
+def test_the_name_extractor() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (ring, le) (rate(gfxbpf_x_bucket{instance=~"$i"}'
+        "[$__rate_interval]))) / on (ring) group_left gfxbpf_y_total"
+    )
+    assert metric_names(expr) == {"gfxbpf_x_bucket", "gfxbpf_y_total"}
+
+
+def test_every_catalog_map_maps_and_names_are_unique() -> None:
+    names = emitted_names()
+    assert "gfxbpf_syscount_counts_total" in names
+    assert "gfxbpf_fence_latency_seconds_bucket" in names
+    assert "gfxbpf_vmabind_vm_stats_bound_bytes_total" in names
+    families = [s.name for shape in catalog_shapes() for s in mapping.metric_specs(shape)]
+    assert len(families) == len(set(families)), "two maps map to one metric name"
+
+
+def test_dashboard_parses_and_queries_only_emitted_metrics() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = exprs(dashboard)
+    assert len(queries) >= 10
+    used = set().union(*(metric_names(q) for q in queries))
+    unknown = sorted(used - emitted_names())
+    assert not unknown, f"the dashboard queries metrics the exporter never emits: {unknown}"
+
+
+def test_dashboard_has_the_latency_heat_maps() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    heatmaps = [p for p in dashboard["panels"] if p["type"] == "heatmap"]
+    used = {n for p in heatmaps for q in exprs(p) for n in metric_names(q)}
+    assert {
+        "gfxbpf_drmsched_queue_latency_seconds_bucket",
+        "gfxbpf_drmsched_run_latency_seconds_bucket",
+        "gfxbpf_fence_latency_seconds_bucket",
+    } <= used
+    for p in heatmaps:
+        assert all(t.get("format") == "heatmap" for t in p["targets"]), p["title"]
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = p["title"]
