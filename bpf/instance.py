@@ -27,6 +27,7 @@ _SYSTEM_HINTS = {
     "amdgpu": "the amdgpu driver must be loaded (an AMD GPU)",
     "gpu_scheduler": "a driver that uses the DRM GPU scheduler must be loaded (amdgpu, xe, ...)",
     "drm": "a DRM driver must be loaded",
+    "nvidia": "the NVIDIA kernel driver must be loaded (an NVIDIA GPU, modprobe nvidia)",
 }
 
 

@@ -39,6 +39,8 @@ def test_gpu_programs_say_why_they_cannot_attach(name: str) -> None:
     assert entry.requires and reason.startswith(f"needs {entry.requires}: ")
     if name == "vmabind":
         assert "i915:i915_vma_bind" in reason and "i915 driver must be loaded" in reason
+    if name == "xid":
+        assert "nvidia:nvidia_dev_xid" in reason and "NVIDIA kernel driver must be loaded" in reason
 
 
 @pytest.mark.parametrize("key", sorted(RUNS), ids=lambda k: f"{k[1]}@{k[0]}")
