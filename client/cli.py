@@ -42,6 +42,7 @@ from gfxbpf.client.display import (
     render_map,
     sum_cpus,
 )
+from gfxbpf.client.drmclients import DrmClientNames
 from gfxbpf.client.errors import (
     EXIT_BROKER,
     EXIT_DENIED,
@@ -348,13 +349,24 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
         raise BrokerError(e.code, f"{e.message}\n  {hint}", e.rule, operation=e.operation) from None
 
 
-def key_formatter(att: Attachment, cmap: ClientMap | MapData, functions: list[str]) -> Any:
-    """Keys as people know them: syscall numbers as names, function indexes as names."""
+def key_formatter(
+    att: Attachment,
+    cmap: ClientMap | MapData,
+    functions: list[str],
+    drm_clients: DrmClientNames | None = None,
+) -> Any:
+    """Keys as people know them: syscall numbers as names, function indexes as
+    names, DRM client ids with the caller's own processes that hold them."""
     label = cmap.key_label
     if att.program == cuda_view.PROGRAM:
         return cuda_view.key_text
 
     def fmt(key: Any) -> str:
+        if label == DRM_CLIENT_LABEL and drm_clients is not None:
+            if isinstance(key, str) and key.isdigit():  # a histogram's group label
+                key = int(key)
+            if isinstance(key, int):
+                return drm_clients.label(key)
         if isinstance(key, int) and not isinstance(key, bool):
             if label == "syscall":
                 return syscall_name(key)
@@ -364,6 +376,9 @@ def key_formatter(att: Attachment, cmap: ClientMap | MapData, functions: list[st
 
     return fmt
 
+
+# The catalog's key_label of maps keyed by a DRM client id (drmsched).
+DRM_CLIENT_LABEL = "DRM client id"
 
 # gRPC attachments live on a lease (policy default 300 s) that any call naming
 # them renews; a long sleep renews it on the way.
@@ -416,6 +431,7 @@ def _listing_json(p: pb.ProgramListing) -> dict[str, Any]:
         "scopes": [scope_name(s) for s in p.scopes],
         "available": p.available,
         "unavailable_reason": p.unavailable_reason or None,
+        "requires": p.requires or None,
         "attach_points": list(p.attach_points),
         "libraries": list(p.libraries),
         "parameters": [
@@ -483,6 +499,8 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         + ("available" if p.available else f"unavailable: {p.unavailable_reason}"),
         "  attach points " + (", ".join(p.attach_points) or "-"),
     ]
+    if p.requires:
+        lines.insert(4, f"  needs         {p.requires}")
     if p.libraries:
         lines.append("  libraries     " + ", ".join(p.libraries))
     if p.parameters:
@@ -512,7 +530,8 @@ class Watch:
         self.att = att
         self.maps = maps
         self.functions = _functions(args)
-        self.fmts = {m.name: key_formatter(att, m, self.functions) for m in maps}
+        drm_clients = DrmClientNames()
+        self.fmts = {m.name: key_formatter(att, m, self.functions, drm_clients) for m in maps}
         self.prev: dict[str, MapData] | None = None
         self.prev_t = 0.0
         self.cur: dict[str, MapData] = {}
