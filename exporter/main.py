@@ -51,6 +51,8 @@ configuration (TOML, default {DEFAULT_CONFIG}):
   scope = "system"                 # or "self"; the policy must allow it
   # maps = ["counts"]              # default: every map it shows
   # pid, library, functions        # for ucalls
+  # (cuda: pid only, a process of the exporter's own user; its libcuda is
+  #  found in /proc/PID/maps as gfxclient watch cuda finds it)
 examples:
   {PROG} --check-config /etc/gfxbpf-exporter/exporter.toml
   {PROG} --config exporter.toml --once | promtool check metrics

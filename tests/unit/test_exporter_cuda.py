@@ -4,6 +4,7 @@ exporter's own user, and libcuda found as `gfxclient watch cuda` finds it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ from gfxbpf.exporter.mapping import MapShape
 from gfxbpf.exporter.session import Session
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = cuda_api.index_of("cuLaunchKernel")
 HTOD = cuda_api.index_of("cuMemcpyHtoD_v2")
 CALLS = MapShape("cuda", "calls", "counter", "count", "process, function")
@@ -190,3 +192,12 @@ def test_another_users_process_is_reported_not_retried(monkeypatch: pytest.Monke
     now[0] += 1000
     session.retry_transient()
     assert broker.attached == [] and not state.available
+
+
+def test_the_per_user_cuda_example_is_a_valid_config() -> None:
+    text = (ROOT / "deploy" / "exporter.example.toml").read_text()
+    block = text.split('# listen = "127.0.0.1:9439"', 1)[1].split("#\n", 1)[0]
+    lines = ['# listen = "127.0.0.1:9439"', *block.splitlines()]
+    cfg = parse_config("\n".join(ln.removeprefix("# ") for ln in lines), "example")
+    (p,) = cfg.programs
+    assert (p.name, p.pid, p.library, cfg.port) == ("cuda", 12345, None, 9439)
