@@ -102,7 +102,8 @@ def check_config(path: str, as_json: bool, out: TextIO) -> int:
     )
     for p in config.programs:
         maps = ", ".join(p.maps) or "every map"
-        print(f"  {p.name} (scope {p.scope or 'from the policy'}): {maps}", file=out)
+        target = f", pid {p.pid}" if p.pid is not None else ""
+        print(f"  {p.name} (scope {p.scope or 'from the policy'}{target}): {maps}", file=out)
     return EXIT_OK
 
 

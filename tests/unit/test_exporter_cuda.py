@@ -4,6 +4,7 @@ exporter's own user, and libcuda found as `gfxclient watch cuda` finds it."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from gfxbpf.bpf import cuda_api
 from gfxbpf.client import cuda_view
 from gfxbpf.client.errors import UsageError
+from gfxbpf.exporter import main as exporter_main
 from gfxbpf.exporter import mapping, tables
 from gfxbpf.exporter.config import ConfigError, parse_config
 from gfxbpf.exporter.mapping import MapShape
@@ -201,3 +203,11 @@ def test_the_per_user_cuda_example_is_a_valid_config() -> None:
     cfg = parse_config("\n".join(ln.removeprefix("# ") for ln in lines), "example")
     (p,) = cfg.programs
     assert (p.name, p.pid, p.library, cfg.port) == ("cuda", 12345, None, 9439)
+
+
+def test_check_config_names_the_pid(tmp_path: Path) -> None:
+    path = tmp_path / "cuda.toml"
+    path.write_text(CUDA_OK)
+    out = io.StringIO()
+    assert exporter_main.main(["--check-config", str(path)], out) == 0
+    assert "cuda (scope from the policy, pid 4242): every map" in out.getvalue()
