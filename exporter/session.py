@@ -129,8 +129,8 @@ class Session:
             )
         try:
             library = tables.library_for(cfg)
-        except NoLibcudaYet as e:
-            return self._later(state, str(e))  # it may initialise CUDA after we start
+        except NoLibcudaYet as e:  # it may initialise CUDA after we start
+            return self._later(state, f"{e} (here: library = PATH); looked at again later")
         except UsageError as e:
             return self._refuse(state, str(e))
         try:
