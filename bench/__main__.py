@@ -26,6 +26,7 @@ from bench import (
     kernel_cost,
     machine,
     map_reads,
+    profile_bench,
     report,
     ringbuf_rate,
 )
@@ -55,6 +56,10 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"fillers": 30_000, "pad_mib": 64, "files": 2, "attaches": 5, "calls": 50_000, "rounds": 2},
     ),  # fmt: skip
     "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 2_000, "scrapes": 20}),
+    "profile": (
+        {"rounds": 3, "seconds": 5.0, "fold_hz": 20000, "fold_seconds": 4.0},
+        {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
+    ),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -65,6 +70,7 @@ RUNNERS = {
     "footprint": footprint.run,
     "cuda": cuda_cost.run,
     "exporter": exporter_scrape.run,
+    "profile": profile_bench.run,
 }
 
 NOTES = [
@@ -92,6 +98,15 @@ NOTES = [
     "Exporter: gfxbpf-exporter as the bench user with every catalog program that takes no "
     "parameter (scope system); scrape latency is a whole HTTP GET of /metrics; no peer "
     "exporter is installed to compare with.",
+    "Profiles: the workload (bench/profile_bench.py, 10,000 distinct stacks, frame pointers) "
+    "times itself; gfxclient ran it as `-- COMMAND` (pid filter in the kernel), perf record "
+    "-g ran it through setpriv as the bench user, bpftrace sampled every CPU filtered by the "
+    "bench user's uid. The flame-graph row times gfxclient from the end of sampling to the "
+    "written file (maps read, symbols, output) against `perf script` plus a fold in Python "
+    "(Debian has no stackcollapse-perf.pl), each at the frequency shown; the stack-trace "
+    "map holds 8192 stacks and drops colliding ones (their samples kept as [user stack "
+    "lost]), so gfxbpf folds fewer distinct stacks than perf. gfxclient's symbol cache "
+    "(~/.cache/gfxbpf/symbols) is warm after the first profile.",
 ]
 
 

@@ -34,7 +34,10 @@ BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 # Programs the bench user may attach, system-wide like the bpftrace peers.
 # fence, drmsched, vmabind: for the exporter's row (7), which attaches the whole
 # catalog; on a host without their tracepoints they are reported unattached.
-POLICY_PROGRAMS = ("syscount", "execsnoop", "clonecount", "fence", "drmsched", "vmabind")
+# profile: the profile rows (bench/profile_bench.py).
+POLICY_PROGRAMS = (
+    "syscount", "execsnoop", "clonecount", "fence", "drmsched", "vmabind", "profile",
+)  # fmt: skip
 # A measuring harness, not a security test: the flood bounds, the audit rate
 # and the map budget must not shape the figures (attach loops create far more
 # than a user's default 64 MiB of maps per 10 minutes).

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from bench.stats import ratio
+
 Row = tuple[str, str, str, str, str, str]  # measure, gfxbpf, peer, ratio, target, met
 
 
@@ -272,6 +274,38 @@ def _exporter(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _profile(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    base = r["untraced_s"]
+    for hz, f in r["hz"].items():
+        for peer, key in (("perf record -g", "perf"), ("bpftrace profile:hz", "bpftrace")):
+            rows.append(
+                (
+                    f"9 workload slowdown at {hz} Hz vs {peer} (untraced {_s(base)})",
+                    f"{_s(f['gfxbpf_s'])} (×{f['gfxbpf_slowdown']})",
+                    f"{_s(f[key + '_s'])} (×{f[key + '_slowdown']})",
+                    str(ratio(f["gfxbpf_s"], f[key + "_s"])),
+                    "≤ perf's" if key == "perf" else "—",
+                    _met(ratio(f["gfxbpf_s"], f["perf_s"]), lambda x: x <= 1.0)
+                    if key == "perf"
+                    else "—",
+                )
+            )
+    g = r["flamegraph"]
+    rows.append(
+        (
+            f"9 end of sampling → folded file at {g['hz']} Hz (stacks: gfxbpf "
+            f"{g['gfxbpf_stacks']}, {g['gfxbpf_lost']} lost; perf {g['perf_stacks']})",
+            f"{_s(g['gfxbpf_folded_s'])} (svg {_s(g['gfxbpf_svg_s'])})",
+            f"{_s(g['perf_fold_s'])} (perf script + fold)",
+            str(g["ratio_vs_perf"]),
+            "≤ 0.5",
+            _met(g["ratio_vs_perf"], lambda x: x <= 0.5),
+        )
+    )
+    return rows
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -281,6 +315,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "footprint": _footprint,
     "cuda": _cuda,
     "exporter": _exporter,
+    "profile": _profile,
 }
 
 

@@ -25,6 +25,9 @@ ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "tp_btf", "uprobe", "uretprobe",
 SHOWS = ("counter", "log2_histogram", "events", "table")
 UNITS = ("count", "bytes", "ns")
 PARAMETER_TYPES = ("int", "str", "list[str]")
+# What an optional field's knob holds on a kernel whose event lacks the field
+# (GFX_ABSENT in bpf/programs/gfxbpf.h).
+FIELD_ABSENT = 0xFFFFFFFF
 # The kernel keeps 15 characters of a map name (BPF_OBJ_NAME_LEN 16 with NUL).
 MAP_NAME_MAX = 15
 
@@ -72,6 +75,9 @@ class Field:
     field: str
     size_knob: str | None = None  # .rodata u32 that takes the field's size
     variant: str | None = None  # inherited from the tracepoint's attach entry when omitted
+    # A field some releases lack: then the knob takes FIELD_ABSENT (and the
+    # size knob 0) and the program does without it, instead of not running.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,8 @@ class Program:
     fields: tuple[Field, ...] = ()
     maps: tuple[MapEntry, ...] = ()
     parameters: tuple[Parameter, ...] = ()
+    # What the host needs for this program (hardware, driver), in words.
+    requires: str | None = None
     # Uprobe functions from a table (bpf/function_tables.py), not from the client.
     function_table: str | None = None
 
@@ -394,10 +402,11 @@ _PROGRAM_KEYS = {
     "field",
     "map",
     "parameter",
+    "requires",
     "function_table",
 }
 _ATTACH_KEYS = {"program", "kind", "target", "variant"}
-_FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant"}
+_FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant", "optional"}
 _MAP_KEYS = {"name", "visible", "show", "unit", "key_label", "description", "event_type"}
 _PARAMETER_KEYS = {"name", "type", "required", "description"}
 
@@ -411,6 +420,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_PROGRAM_KEYS))})")
     name, obj, sha, description = _parse_identity(c, entry, directory)
     scopes = _parse_scopes(c, entry)
+    requires = c.get_str(entry, "requires", "", required=False)
     uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
     pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
     if "self" in scopes and not (uid_knob or pid_knob):
@@ -442,6 +452,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         fields=fields,
         maps=maps,
         parameters=params,
+        requires=requires,
         function_table=function_table,
     )
 
@@ -553,6 +564,7 @@ def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...])
     fname = c.get_ident(t, "field", where)
     size_knob = c.get_ident(t, "size_knob", where, required=False)
     variant = c.get_str(t, "variant", where, required=False)
+    optional = c.get_bool(t, "optional", where, default=False)
     assert knob is not None and tracepoint is not None and fname is not None
     if not _TRACEPOINT.match(tracepoint):
         raise c.fail(where + "tracepoint", f"{tracepoint!r} is not 'system/event'")
@@ -574,7 +586,12 @@ def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...])
     else:
         variant = next(iter(variants))
     return Field(
-        knob=knob, tracepoint=tracepoint, field=fname, size_knob=size_knob, variant=variant
+        knob=knob,
+        tracepoint=tracepoint,
+        field=fname,
+        size_knob=size_knob,
+        variant=variant,
+        optional=optional,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import attach as bpfattach
 from gfxbpf.bpf import attach_kinds, tracefs
-from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf.catalog import FIELD_ABSENT, Attach, Program
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
 from gfxbpf.bpf.loader import LoadedObject, load
@@ -27,6 +27,7 @@ _SYSTEM_HINTS = {
     "amdgpu": "the amdgpu driver must be loaded (an AMD GPU)",
     "gpu_scheduler": "a driver that uses the DRM GPU scheduler must be loaded (amdgpu, xe, ...)",
     "drm": "a DRM driver must be loaded",
+    "nvidia": "the NVIDIA kernel driver must be loaded (an NVIDIA GPU, modprobe nvidia)",
 }
 
 
@@ -73,6 +74,11 @@ class Params:
     library: str | None = None
     functions: tuple[str, ...] = ()
     cookies: tuple[int, ...] = ()  # one per function; default: the function's index
+    frequency: int | None = None  # perf_event sampling, Hz (None: DEFAULT_FREQUENCY)
+
+
+# Sampling frequency of perf_event programs when the request names none.
+DEFAULT_FREQUENCY = 99
 
 
 def missing_tracepoint_message(target: str) -> str:
@@ -111,14 +117,51 @@ def choose_variant(
 
 
 def availability(
-    entry: Program, exists: Callable[[str, str], bool] = tracefs.event_exists
+    entry: Program,
+    exists: Callable[[str, str], bool] = tracefs.event_exists,
+    read_format: Callable[[str, str], tracefs.EventFormat] | None = None,
 ) -> str | None:
-    """None when the program can run here, else the reason it cannot."""
+    """None when the program can run here, else the reason it cannot, led by
+    what the program needs ("needs the xe driver: tracepoint ... does not exist").
+
+    With read_format, the fields the program reads are checked as well, so a
+    kernel whose events lack a field is reported before anyone attaches."""
     try:
-        choose_variant(entry, exists)
-    except HostError as e:  # Unavailable, or tracefs itself
-        return str(e)
+        variant = choose_variant(entry, exists)
+        if read_format is not None:
+            field_knobs(entry, variant, read_format)
+    except (HostError, tracefs.FormatError) as e:  # Unavailable, tracefs, a bad format
+        return f"needs {entry.requires}: {e}" if entry.requires else str(e)
     return None
+
+
+def field_knobs(
+    entry: Program,
+    variant: str | None,
+    read_format: Callable[[str, str], tracefs.EventFormat],
+) -> dict[str, int]:
+    """knob -> value for each field of variant, from the format files: the
+    field's offset (and size, for a size knob). An optional field the event
+    lacks gives FIELD_ABSENT (size 0); any other missing field raises
+    FieldMissing, naming it."""
+    formats: dict[str, tracefs.EventFormat] = {}
+    values: dict[str, int] = {}
+    for f in entry.fields_for(variant):
+        if f.tracepoint not in formats:
+            formats[f.tracepoint] = read_format(*f.tracepoint.split("/", 1))
+        fmt = formats[f.tracepoint]
+        fld = fmt.fields.get(f.field)
+        if fld is None and not f.optional:
+            system, _, event = f.tracepoint.partition("/")
+            have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
+            raise FieldMissing(
+                f"this kernel's {system}:{event} has no field {f.field!r} "
+                f"(it has: {have}); program {entry.name!r} cannot run here"
+            )
+        values[f.knob] = fld.offset if fld is not None else FIELD_ABSENT
+        if f.size_knob:
+            values[f.size_knob] = fld.size if fld is not None else 0
+    return values
 
 
 def fill_field_knobs(
@@ -128,27 +171,10 @@ def fill_field_knobs(
     read_format: Callable[[str, str], tracefs.EventFormat] = tracefs.read_format,
 ) -> dict[str, int]:
     """Write each declared field's offset (and size) from the live format file."""
-    formats: dict[str, tracefs.EventFormat] = {}
-    written: dict[str, int] = {}
-    for f in entry.fields_for(variant):
-        if f.tracepoint not in formats:
-            system, _, event = f.tracepoint.partition("/")
-            formats[f.tracepoint] = read_format(system, event)
-        fmt = formats[f.tracepoint]
-        fld = fmt.fields.get(f.field)
-        if fld is None:
-            system, _, event = f.tracepoint.partition("/")
-            have = ", ".join(n for n, x in fmt.fields.items() if not x.is_common)
-            raise FieldMissing(
-                f"this kernel's {system}:{event} has no field {f.field!r} "
-                f"(it has: {have}); program {entry.name!r} cannot run here"
-            )
-        _set_knob(spec, f.knob, fld.offset)
-        written[f.knob] = fld.offset
-        if f.size_knob:
-            _set_knob(spec, f.size_knob, fld.size)
-            written[f.size_knob] = fld.size
-    return written
+    values = field_knobs(entry, variant, read_format)
+    for knob, value in values.items():
+        _set_knob(spec, knob, value)
+    return values
 
 
 def prepare(
@@ -161,8 +187,13 @@ def prepare(
 ) -> tuple[ObjectSpec, str | None]:
     """Parse the object bytes and set every knob; nothing touches bpf(2) yet."""
     spec = ObjectSpec.parse(data, entry.object.split(".", 1)[0])
-    variant = choose_variant(entry, exists)
-    fill_field_knobs(spec, entry, variant, read_format)
+    try:
+        variant = choose_variant(entry, exists)
+        fill_field_knobs(spec, entry, variant, read_format)
+    except Unavailable as e:
+        if not entry.requires:
+            raise
+        raise type(e)(f"needs {entry.requires}: {e}") from None
     if params.uid is not None:
         if not entry.uid_knob:
             raise ParameterError(f"program {entry.name!r} has no uid filter")
@@ -275,7 +306,8 @@ def attach_entry(
             )
         )
     elif a.kind == "perf_event":
-        inst.attachments.append(bpfattach.attach_perf_event(prog.fd, 99))
+        freq = params.frequency or DEFAULT_FREQUENCY
+        inst.attachments.append(bpfattach.attach_perf_event(prog.fd, freq))
     else:  # catalog validation keeps this unreachable
         raise ParameterError(f"unknown attach kind {a.kind!r}")
 

@@ -110,6 +110,8 @@ def approve(args: argparse.Namespace) -> int:
     functions = _split(args.functions)
     if functions:
         lines.append(f"functions = {_toml(functions)}")
+    if args.max_frequency is not None:
+        lines.append(f"max_frequency = {args.max_frequency}")
     print("\n".join(lines))
     return 0
 
@@ -136,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--scope", action="append", choices=SCOPES, help="self or system (repeat)")
     a.add_argument("--libraries", action="append", help="uprobe target globs (ucalls)")
     a.add_argument("--functions", action="append", help="uprobe symbol globs")
+    a.add_argument(
+        "--max-frequency",
+        type=int,
+        metavar="HZ",
+        help="highest sampling rate of a perf_event program (profile)",
+    )
     a.add_argument("--catalog", metavar="DIR", help="catalog directory (default: installed)")
     a.set_defaults(func=approve)
     b = sub.add_parser("audit", help="show what the static audit sees in an object")

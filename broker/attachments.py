@@ -44,6 +44,7 @@ class Attachments:
             pid=target.pid,
             library=target.library,
             functions=target.functions,
+            frequency=target.frequency,
             # A ring buffer has one consumer: such instances are never shared.
             unique=next(self._unique)
             if any(m.show == "events" for m in res.entry.visible_maps)

@@ -87,6 +87,7 @@ class InstanceLoader:
             library=target.library,
             functions=target.functions,
             cookies=target.cookies,
+            frequency=target.frequency,
         )
         try:
             return bpfinstance.open_program(

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from gfxbpf.bpf import function_tables, symbols
 from gfxbpf.bpf.consts import SELF
+from gfxbpf.bpf.instance import DEFAULT_FREQUENCY
 from gfxbpf.broker import libraries
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
-from gfxbpf.broker.policy import Policy, ProgramEntry, is_plain_path
+from gfxbpf.broker.policy import MAX_FREQUENCY, Policy, ProgramEntry, is_plain_path
 from gfxbpf.broker.resolve import Resolved
 from gfxbpf.broker.sessions import Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -36,6 +37,7 @@ class Target:
     cookies: tuple[int, ...] = ()  # function-table programs: one bpf cookie per function
     skipped: tuple[str, ...] = ()  # function-table programs: "name: why" not probed
     symbols: str = ""  # function-table programs: "cached" or "parsed" (the audit log says)
+    frequency: int | None = None  # perf_event sampling, Hz (None: the program's default)
 
     @property
     def library_path(self) -> str | None:
@@ -75,6 +77,7 @@ def check_params(
                 pb.ERROR_INVALID_ARGUMENT,
                 f"program {res.entry.name!r} attaches no uprobes: it takes no library or functions",
             )
+        t.frequency = _check_frequency(res, params.frequency)
         return t
     except BaseException:
         t.close()
@@ -101,6 +104,34 @@ def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, Pid
         raise BrokerError(pb.ERROR_NOT_FOUND, str(e)) from None
     except PidError as e:
         raise BrokerError(pb.ERROR_PERMISSION_DENIED, str(e)) from None
+
+
+def _check_frequency(res: Resolved, frequency: int) -> int | None:
+    """The sampling frequency of a perf_event program, within the policy's cap."""
+    entry, pe = res.entry, res.policy_entry
+    if not any(a.kind == "perf_event" for a in entry.attach):
+        if frequency:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"program {entry.name!r} does not sample: it takes no frequency",
+            )
+        return None
+    freq = frequency or DEFAULT_FREQUENCY
+    cap = pe.max_frequency
+    if cap is not None and freq > cap:
+        raise BrokerError(
+            pb.ERROR_PERMISSION_DENIED,
+            f"sampling at {freq} Hz is above the {cap} Hz the policy allows you for "
+            f"{entry.name!r}: ask for --frequency {cap} or less",
+            rule=f"{pe.label}: max_frequency",
+            audit_rule=f"{pe.where}: max_frequency = {cap}",
+        )
+    if freq > MAX_FREQUENCY:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"sampling at {freq} Hz: at most {MAX_FREQUENCY} Hz (the kernel's ceiling)",
+        )
+    return freq
 
 
 def _check_functions(res: Resolved, params: pb.AttachParams) -> tuple[str, ...]:

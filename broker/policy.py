@@ -23,6 +23,7 @@ from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
 from gfxbpf.broker.policy_types import (  # noqa: F401 - re-exported: callers import them here
     LIMIT_KEYS,
+    MAX_FREQUENCY,
     WILDCARD,
     Decision,
     Limits,

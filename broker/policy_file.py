@@ -8,6 +8,7 @@
     scope = "self"                    # "self", "system", or a list of both (default "self")
     libraries = ["/usr/lib/x86_64-linux-gnu/libvulkan.so.1*"]  # uprobe targets (globs)
     functions = ["vk*"]               # uprobe symbols (globs; default: any)
+    max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -36,6 +37,7 @@ from typing import Any, NamedTuple
 from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy import (
     LIMIT_KEYS,
+    MAX_FREQUENCY,
     WILDCARD,
     Limits,
     PolicyError,
@@ -59,6 +61,7 @@ _PROGRAM_KEYS = (
     "libraries",
     "functions",
     "description",
+    "max_frequency",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -238,6 +241,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
     if "functions" in table:
         funcs = _check_str_list(table["functions"], where, "functions", errs)
         functions = funcs if funcs is not None else ()
+    max_frequency = _parse_max_frequency(table, where, errs)
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -258,6 +262,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         functions=functions,
         description=description,
         source=path,
+        max_frequency=max_frequency,
     )
 
 
@@ -299,6 +304,21 @@ def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[S
         errs.add(where, "scope", f'unknown scope {_show(bad[0])} (expected "self" or "system")')
         return (SELF,)
     return tuple(dict.fromkeys(items))  # each one of SCOPES (checked above)
+
+
+def _parse_max_frequency(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
+    if "max_frequency" not in table:
+        return None
+    value = table["max_frequency"]
+    if not _is_id(value) or not 0 < value <= MAX_FREQUENCY:
+        errs.add(
+            where,
+            "max_frequency",
+            f"expected samples per second, 1 to {MAX_FREQUENCY}, got {_toml_type(value)} "
+            f"{_show(value)}",
+        )
+        return None
+    return int(value)
 
 
 def _parse_libraries(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:

@@ -32,7 +32,16 @@ def check_warnings(policy: Policy) -> list[str]:
             out.append(f"{e.where}: neither users nor groups: the entry admits nobody")
         if not e.functions:
             out.append(f"{e.where}: field 'functions' is empty: no uprobe can attach")
-        key = (e.name, e.sha256, e.users, e.groups, e.scopes, e.libraries, e.functions)
+        key = (
+            e.name,
+            e.sha256,
+            e.users,
+            e.groups,
+            e.scopes,
+            e.libraries,
+            e.functions,
+            e.max_frequency,
+        )
         if key in seen:
             out.append(f"{e.where}: same as [[program]] #{seen[key]}")
         else:
@@ -95,6 +104,8 @@ def summary(policy: Policy) -> str:
         )
         if e.libraries:
             line += f"  libraries {', '.join(e.libraries)}"
+        if e.max_frequency is not None:
+            line += f"  max_frequency {e.max_frequency} Hz"
         lines.append(line)
     lim = ", ".join(f"{k}={getattr(policy.limits, k)}" for k in LIMIT_KEYS)
     lines.append(f"  limits: {lim}")

@@ -14,6 +14,9 @@ from typing import Any
 from gfxbpf.bpf.consts import SELF, Scope
 
 WILDCARD = "*"
+# Highest sampling frequency anyone may ask for: the kernel's own default
+# ceiling (kernel.perf_event_max_sample_rate); a policy entry may set less.
+MAX_FREQUENCY = 100_000
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class ProgramEntry:
     functions: tuple[str, ...] = (WILDCARD,)
     description: str = ""
     source: str = "<policy>"  # the file it came from
+    max_frequency: int | None = None  # perf_event sampling cap in Hz (None: no cap)
 
     @property
     def label(self) -> str:

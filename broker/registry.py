@@ -34,6 +34,7 @@ class InstanceKey:
     library: str | None  # real path of the uprobe target
     functions: tuple[str, ...]
     unique: int | None = None  # set for programs that are never shared (ring buffers)
+    frequency: int | None = None  # perf_event sampling, Hz
 
 
 class _Slot(Generic[T]):

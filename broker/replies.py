@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import instance as bpfinstance
 from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.btf import KIND_STRUCT
 from gfxbpf.bpf.catalog import Catalog, MapEntry
 from gfxbpf.bpf.maps import CursorError, Map
@@ -40,6 +41,7 @@ def listing(
     name: str,
     group: list[ProgramEntry],
     event_exists: Callable[[str, str], bool],
+    read_format: Callable[[str, str], tracefs.EventFormat] | None = None,
 ) -> pb.ProgramListing:
     """One ListPrograms row: the policy entries that admit the caller for name."""
     entry = next((p for p in catalog.programs if p.name == name), None)
@@ -70,7 +72,8 @@ def listing(
             )
         )
     listing.maps.extend(catalog_map_description(m) for m in entry.visible_maps)
-    reason = bpfinstance.availability(entry, event_exists)
+    listing.requires = entry.requires or ""
+    reason = bpfinstance.availability(entry, event_exists, read_format)
     if reason is None and not any(e.sha256 == entry.sha256 for e in group):
         reason = (
             f"the policy approves sha256 {group[0].sha256}, but the catalog's "

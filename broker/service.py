@@ -100,6 +100,7 @@ class Service:
         self.clock = clock
         self.tokens: TokenIssuer | None = None
         self._event_exists = event_exists
+        self._read_format = read_format
         self._owners = Owners()
         self._objects = Objects()
         self.loader = InstanceLoader(lambda: self.policy, clock, event_exists, read_format)
@@ -220,7 +221,9 @@ class Service:
             by_name.setdefault(e.name, []).append(e)
         reply = pb.ListProgramsReply()
         for name, group in by_name.items():
-            reply.programs.append(replies.listing(self.catalog, name, group, self._event_exists))
+            reply.programs.append(
+                replies.listing(self.catalog, name, group, self._event_exists, self._read_format)
+            )
         self._log("list_programs", caller, "ok", detail=f"{len(reply.programs)} programs")
         return reply
 

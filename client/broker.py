@@ -237,6 +237,7 @@ class Broker:
         *,
         object: bytes | None = None,
         lease_seconds: int = 0,
+        frequency: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
@@ -247,7 +248,10 @@ class Broker:
         if (name is None) == (object is None):
             raise UsageError("attach needs exactly one of a program name or object bytes")
         params = pb.AttachParams(
-            pid=pid or 0, library=library or "", functions=[str(f) for f in functions]
+            pid=pid or 0,
+            library=library or "",
+            functions=[str(f) for f in functions],
+            frequency=frequency,  # sampling programs (profile); 0: the default
         )
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

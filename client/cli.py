@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.client import cuda_view
+from gfxbpf.client import cuda_view, profile_cmd
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
@@ -42,6 +42,7 @@ from gfxbpf.client.display import (
     render_map,
     sum_cpus,
 )
+from gfxbpf.client.drmclients import DrmClientNames
 from gfxbpf.client.errors import (
     EXIT_BROKER,
     EXIT_DENIED,
@@ -234,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait", type=_nonnegative, default=1.0, metavar="S", help="after --attach (default 1)"
     )
+
+    p = command(
+        "profile",
+        "CPU profile (flame graph) of your processes, or the stacks that call a function",
+        "\n\n" + profile_cmd.EXAMPLES,
+    )
+    profile_cmd.add_arguments(p)
     return parser
 
 
@@ -341,13 +349,24 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
         raise BrokerError(e.code, f"{e.message}\n  {hint}", e.rule, operation=e.operation) from None
 
 
-def key_formatter(att: Attachment, cmap: ClientMap | MapData, functions: list[str]) -> Any:
-    """Keys as people know them: syscall numbers as names, function indexes as names."""
+def key_formatter(
+    att: Attachment,
+    cmap: ClientMap | MapData,
+    functions: list[str],
+    drm_clients: DrmClientNames | None = None,
+) -> Any:
+    """Keys as people know them: syscall numbers as names, function indexes as
+    names, DRM client ids with the caller's own processes that hold them."""
     label = cmap.key_label
     if att.program == cuda_view.PROGRAM:
         return cuda_view.key_text
 
     def fmt(key: Any) -> str:
+        if label == DRM_CLIENT_LABEL and drm_clients is not None:
+            if isinstance(key, str) and key.isdigit():  # a histogram's group label
+                key = int(key)
+            if isinstance(key, int):
+                return drm_clients.label(key)
         if isinstance(key, int) and not isinstance(key, bool):
             if label == "syscall":
                 return syscall_name(key)
@@ -357,6 +376,9 @@ def key_formatter(att: Attachment, cmap: ClientMap | MapData, functions: list[st
 
     return fmt
 
+
+# The catalog's key_label of maps keyed by a DRM client id (drmsched).
+DRM_CLIENT_LABEL = "DRM client id"
 
 # gRPC attachments live on a lease (policy default 300 s) that any call naming
 # them renews; a long sleep renews it on the way.
@@ -409,6 +431,7 @@ def _listing_json(p: pb.ProgramListing) -> dict[str, Any]:
         "scopes": [scope_name(s) for s in p.scopes],
         "available": p.available,
         "unavailable_reason": p.unavailable_reason or None,
+        "requires": p.requires or None,
         "attach_points": list(p.attach_points),
         "libraries": list(p.libraries),
         "parameters": [
@@ -476,6 +499,8 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
         + ("available" if p.available else f"unavailable: {p.unavailable_reason}"),
         "  attach points " + (", ".join(p.attach_points) or "-"),
     ]
+    if p.requires:
+        lines.insert(4, f"  needs         {p.requires}")
     if p.libraries:
         lines.append("  libraries     " + ", ".join(p.libraries))
     if p.parameters:
@@ -505,7 +530,8 @@ class Watch:
         self.att = att
         self.maps = maps
         self.functions = _functions(args)
-        self.fmts = {m.name: key_formatter(att, m, self.functions) for m in maps}
+        drm_clients = DrmClientNames()
+        self.fmts = {m.name: key_formatter(att, m, self.functions, drm_clients) for m in maps}
         self.prev: dict[str, MapData] | None = None
         self.prev_t = 0.0
         self.cur: dict[str, MapData] = {}
@@ -907,6 +933,12 @@ def _program_table(programs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def cmd_profile(args: argparse.Namespace, out: TextIO) -> int:
+    """The body is in profile_cmd.py; Ctrl-C ends the sampling, not the command."""
+    with StopSignal() as stop:
+        return profile_cmd.run(args, out, _connect, stop)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "list": cmd_list,
     "info": cmd_info,
@@ -914,6 +946,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": cmd_stream,
     "dump": cmd_dump,
     "status": cmd_status,
+    "profile": cmd_profile,
 }
 
 

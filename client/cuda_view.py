@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfxbpf.bpf import cuda_api
+from gfxbpf.bpf.function_tables import TableFunction
 from gfxbpf.client.display import (
     MapData,
     clip,
@@ -28,6 +29,10 @@ from gfxbpf.client.errors import UsageError
 PROGRAM = "cuda"
 _NAMES = tuple(f.name for f in cuda_api.FUNCTIONS)
 _ARROWS = {"htod": "H→D", "dtoh": "D→H", "dtod": "D→D", "any": "unified"}
+
+
+class NoLibcudaYet(UsageError):
+    """The process runs but maps no libcuda (yet): asking again later may find it."""
 
 
 def is_libcuda(path: str) -> bool:
@@ -72,7 +77,7 @@ def find_libcuda(pid: int, maps_path: str | None = None) -> str:
             f"process {pid} maps {deleted}: the file was replaced since it was loaded "
             "(a driver update?); restart the process, or give --library"
         )
-    raise UsageError(
+    raise NoLibcudaYet(
         f"process {pid} has no libcuda mapped: it has not initialised CUDA yet (the "
         "driver library loads at the first CUDA call), or it uses no NVIDIA GPU. "
         "Start watching after its CUDA setup, or give the file with --library PATH"
@@ -139,12 +144,21 @@ def processes(snap: dict[str, MapData]) -> dict[int, ProcessView]:
     return out
 
 
-def function_name(key: Any) -> str:
-    """A function index (a key member, or a histogram's label text) as its name."""
+def function_of(key: Any) -> TableFunction | None:
+    """The table entry a key names: its function member, a bare index, or a
+    histogram's label text; None when it names none."""
     idx = key.get("function", key) if isinstance(key, dict) else key
     if isinstance(idx, str) and idx.isdigit():
         idx = int(idx)
-    return _NAMES[idx] if isinstance(idx, int) and 0 <= idx < len(_NAMES) else str(key)
+    if isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < len(_NAMES):
+        return cuda_api.FUNCTIONS[idx]
+    return None
+
+
+def function_name(key: Any) -> str:
+    """A function index (a key member, or a histogram's label text) as its name."""
+    fn = function_of(key)
+    return fn.name if fn is not None else str(key)
 
 
 def key_text(key: Any) -> str:

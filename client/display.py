@@ -470,7 +470,7 @@ def render_map(
     heading = data.name + (f" — {data.description}" if data.description else "")
     if data.show == "log2_histogram":
         bar = max(10, min(BAR_WIDTH, width - 34))
-        return [heading, *histogram_lines(data, width=bar)]
+        return [heading, *histogram_lines(data, width=bar, key_format=key_format)]
     if data.show == "table":
         return [heading, *render_table(data, rate_map, key_format=key_format, limit=limit)]
     if data.show == "events":

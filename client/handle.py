@@ -14,7 +14,7 @@ import contextlib
 import errno
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.bpf.btf import Btf, BtfError
@@ -129,6 +129,26 @@ class ClientMap:
                 # This kernel does not let us read the fd: ask the broker from now on.
                 self._direct = False
         return self._read_through_broker()
+
+    def lookup_many(self, keys: Iterable[bytes]) -> list[tuple[bytes, Value]] | None:
+        """(key, value) of each key present, read through the map's fd (a few
+        ids out of a large stack table); None when this map is read through the
+        broker, which pages the whole map (use raw_items())."""
+        if not self._direct:
+            return None
+        kmap = self._kernel_map()
+        out: list[tuple[bytes, Value]] = []
+        try:
+            for key in keys:
+                value = kmap.lookup(key)
+                if value is not None:
+                    out.append((key, value))
+        except OSError as e:
+            if e.errno not in _NO_DIRECT:
+                raise ClientError(f"reading map {self.name!r} through its fd: {e}") from e
+            self._direct = False
+            return None
+        return out
 
     def _read_through_broker(self) -> list[tuple[bytes, Value]]:
         out: list[tuple[bytes, Value]] = []

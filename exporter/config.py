@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gfxbpf.client.cuda_view import PROGRAM as CUDA
+
 DEFAULT_LISTEN = "127.0.0.1:9438"
 DEFAULT_MAX_SERIES = 1000
 VIAS = ("auto", "fd", "grpc")
@@ -176,7 +178,7 @@ def _program(table: Any, index: int, source: str) -> ProgramConfig:
     scope = where.string(table, "scope")
     if scope is not None and scope not in SCOPES:
         raise where.fail("scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
-    return ProgramConfig(
+    program = ProgramConfig(
         name=name,
         scope=scope,
         maps=where.strings(table, "maps"),
@@ -185,6 +187,23 @@ def _program(table: Any, index: int, source: str) -> ProgramConfig:
         functions=where.strings(table, "functions"),
         max_series=where.positive(table, "max_series", None),
     )
+    if name == CUDA:
+        _check_cuda(program, where)
+    return program
+
+
+def _check_cuda(program: ProgramConfig, where: _Where) -> None:
+    """cuda traces one process of the caller's own user (the catalog: scope self only)."""
+    if program.pid is None:
+        raise where.fail(
+            "pid",
+            "missing: cuda traces one process, which must run as the exporter's own user "
+            "(its libcuda is found in /proc/PID/maps unless library is given)",
+        )
+    if program.scope not in (None, "self"):
+        raise where.fail("scope", 'cuda runs with scope "self" only: a process of this user')
+    if program.functions:
+        raise where.fail("functions", "cuda probes the functions of its own table: leave it out")
 
 
 def parse_config(text: str, source: str = "<config>") -> ExporterConfig:

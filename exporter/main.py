@@ -51,6 +51,8 @@ configuration (TOML, default {DEFAULT_CONFIG}):
   scope = "system"                 # or "self"; the policy must allow it
   # maps = ["counts"]              # default: every map it shows
   # pid, library, functions        # for ucalls
+  # (cuda: pid only, a process of the exporter's own user; its libcuda is
+  #  found in /proc/PID/maps as gfxclient watch cuda finds it)
 examples:
   {PROG} --check-config /etc/gfxbpf-exporter/exporter.toml
   {PROG} --config exporter.toml --once | promtool check metrics
@@ -100,7 +102,8 @@ def check_config(path: str, as_json: bool, out: TextIO) -> int:
     )
     for p in config.programs:
         maps = ", ".join(p.maps) or "every map"
-        print(f"  {p.name} (scope {p.scope or 'from the policy'}): {maps}", file=out)
+        target = f", pid {p.pid}" if p.pid is not None else ""
+        print(f"  {p.name} (scope {p.scope or 'from the policy'}{target}): {maps}", file=out)
     return EXIT_OK
 
 

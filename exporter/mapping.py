@@ -7,6 +7,8 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
 
 - "counter": a counter `gfxbpf_<program>_<map>[_<unit>]_total`, one series per
   key; values in ns become `_seconds` (divided by 1e9), bytes keep `_bytes`.
+  A map already named for its unit is not named twice (cuda's time_ns gives
+  `gfxbpf_cuda_time_seconds_total`, its bytes `gfxbpf_cuda_bytes_total`).
 - "log2_histogram": a histogram `gfxbpf_<program>_<map>_<unit>` (`_seconds`,
   `_bytes`; no suffix for plain counts) with `le` at the slots' upper edges,
   2^(s+1) (slot s counts 2^s <= v < 2^(s+1)); `_count` is the +Inf bucket. No
@@ -14,20 +16,22 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
 - "table": one metric per numeric member of the value struct (BTF member
   names): a counter (the catalog's tables accumulate) unless the member is
   named like a level (one of its `_`-separated words is in LEVEL_WORDS: cur,
-  live, peak, depth, max, ...), which becomes a gauge (cuda's live_bytes,
-  peak_bytes). A member with `bytes` in its name gets the
-  `_bytes` unit; a member ending in `_ns` becomes `_seconds`.
+  live, peak, depth, max, ...), which becomes a gauge (cuda's memory live
+  and peak). A member with `bytes` in its name gets the `_bytes` unit; a
+  member ending in `_ns` becomes `_seconds`.
 - "events": a counter `gfxbpf_<program>_<map>_total` of records consumed.
 
 Per-CPU maps arrive summed over CPUs (gfxbpf.client.display.MapData). An
 array holds every key from the start, so a counter (or a histogram's label
 set) still at 0 is left out until it counts something.
 
-Labels come from the key: a scalar key is labelled by the catalog's key_label
-(syscall numbers become names, ucalls' function indexes the configured
-function names); a struct key by its BTF member names (a histogram's `slot`
-member excepted). Each metric keeps at most `limit` series (histograms: label
-sets), the largest first; the rest are counted as dropped.
+Labels come from the key: a scalar key is labelled by the catalog's key_label,
+a struct key by its BTF member names (a histogram's `slot` member excepted);
+a process (tgid) is `pid`. Syscall numbers become names; a function index
+becomes the function's name (Functions: ucalls' configured functions, or a
+function table's, which adds each function's role and copy direction).
+Each metric keeps at most `limit` series (histograms: label sets), the
+largest first; the rest are counted as dropped.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ LEVEL_WORDS = frozenset(
     {"cur", "current", "live", "peak", "inflight", "depth", "level", "max", "min", "last"}
 )
 MAX_SLOT = 127
+# Key labels named as people say them: the kernel's tgid (and the catalog's
+# "process") is what ps and nvidia-smi call a pid.
+LABEL_ALIASES = {"tgid": "pid", "process": "pid"}
 
 
 def sanitize(text: str) -> str:
@@ -137,7 +144,10 @@ def metric_specs(shape: MapShape) -> list[MetricSpec]:
             return []
         suffix, scale = UNITS[shape.unit]
         kind = "counter" if shape.show == "counter" else "histogram"
-        return [MetricSpec(kind, _join(shape.base, suffix), where, None, scale)]
+        base = shape.base
+        if suffix and base.endswith("_" + shape.unit):
+            base = base[: -len(shape.unit) - 1]  # time_ns -> time_seconds, bytes -> bytes once
+        return [MetricSpec(kind, _join(base, suffix), where, None, scale)]
     if shape.show == "table":
         specs = []
         for member in shape.value_members:
@@ -164,23 +174,45 @@ def numeric_members(value: Any) -> tuple[str, ...]:
 def _label_value(value: Any) -> str:
     if isinstance(value, bytes | bytearray):
         return bytes(value).hex()
-    if isinstance(value, dict | list | tuple):
-        return str(value)
     return str(value)
 
 
-def _translate(label: str, value: Any, functions: Sequence[str]) -> Any:
+@dataclass(frozen=True)
+class Functions:
+    """How a key's function index reads: the function's name and, for a
+    program whose functions come from a table (cuda), the labels the table
+    gives every function (role, direction; "" where one has none, so that
+    every series of a metric carries the same label names)."""
+
+    names: tuple[str, ...] = ()
+    attributes: tuple[str, ...] = ()  # label names after "function"
+    values: tuple[tuple[str, ...], ...] = ()  # per index: one value per attribute
+
+    def labels(self, index: int) -> list[tuple[str, str]]:
+        known = 0 <= index < len(self.names)
+        name = self.names[index] if known else str(index)
+        extra = self.values[index] if known and index < len(self.values) else ()
+        return [("function", name)] + [
+            (a, extra[i] if i < len(extra) else "") for i, a in enumerate(self.attributes)
+        ]
+
+
+NO_FUNCTIONS = Functions()
+
+
+def _member_labels(name: str, value: Any, functions: Functions) -> list[tuple[str, str]]:
     """Numbers as people know them: syscall numbers as names, function indexes as names."""
+    name = LABEL_ALIASES.get(name, name)
     if isinstance(value, int) and not isinstance(value, bool):
-        if label == "syscall":
-            return syscall_name(value)
-        if label == "function" and 0 <= value < len(functions):
-            return functions[value]
-    return value
+        if name == "syscall":
+            return [(name, syscall_name(value))]
+        if name == "function":
+            return functions.labels(value)
+    return [(name, _label_value(value))]
 
 
 def key_labels(
-    key: Any, key_label: str, functions: Sequence[str] = (), *, histogram: bool = False
+    key: Any, key_label: str, functions: Functions = NO_FUNCTIONS, *, histogram: bool = False
 ) -> list[tuple[str, str]]:
     """[(label name, value)] for one decoded key; a histogram's slot is left out."""
     if isinstance(key, dict):
@@ -188,13 +220,11 @@ def key_labels(
         for member, value in key.items():
             if histogram and member == "slot":
                 continue
-            name = sanitize(member)
-            out.append((name, _label_value(_translate(name, value, functions))))
+            out.extend(_member_labels(sanitize(member), value, functions))
         return out
     if histogram:
         return []
-    name = sanitize(key_label) if key_label else "key"
-    return [(name, _label_value(_translate(name, key, functions)))]
+    return _member_labels(sanitize(key_label) if key_label else "key", key, functions)
 
 
 def _safe_names(names: Iterable[str], histogram: bool) -> list[str]:
@@ -234,7 +264,7 @@ def _top(series: dict[tuple[str, ...], float], limit: int) -> tuple[list[Any], i
 
 
 def _scalar_family(
-    spec: MetricSpec, entries: Sequence[tuple[Any, Any]], shape: MapShape, functions: Sequence[str]
+    spec: MetricSpec, entries: Sequence[tuple[Any, Any]], shape: MapShape, functions: Functions
 ) -> tuple[list[str], dict[tuple[str, ...], float]]:
     names: list[str] | None = None
     series: dict[tuple[str, ...], float] = {}
@@ -256,7 +286,7 @@ def scalar_family(
     shape: MapShape,
     entries: Sequence[tuple[Any, Any]],
     limit: int,
-    functions: Sequence[str] = (),
+    functions: Functions = NO_FUNCTIONS,
 ) -> tuple[Metric, int]:
     """A counter or gauge family over (key, value) entries; (family, series dropped)."""
     names, series = _scalar_family(spec, entries, shape, functions)
@@ -272,7 +302,7 @@ def scalar_family(
 
 
 def split_slots(
-    entries: Sequence[tuple[Any, Any]], shape: MapShape, functions: Sequence[str] = ()
+    entries: Sequence[tuple[Any, Any]], shape: MapShape, functions: Functions = NO_FUNCTIONS
 ) -> tuple[list[str], dict[tuple[str, ...], dict[int, int]]]:
     """(label names, {label values: {slot: count}}) of a log2 histogram's entries."""
     names: list[str] | None = None
@@ -294,7 +324,7 @@ def histogram_family(
     shape: MapShape,
     entries: Sequence[tuple[Any, Any]],
     limit: int,
-    functions: Sequence[str] = (),
+    functions: Functions = NO_FUNCTIONS,
 ) -> tuple[Metric, int]:
     """A histogram family: every label set gets buckets up to the map's highest slot."""
     names, groups = split_slots(entries, shape, functions)
@@ -320,7 +350,7 @@ def build(
     shape: MapShape,
     entries: Sequence[tuple[Any, Any]],
     limit: int,
-    functions: Sequence[str] = (),
+    functions: Functions = NO_FUNCTIONS,
 ) -> Built:
     """Every family one table-like map feeds, from its decoded (per-CPU summed) entries."""
     out = Built([], {})

@@ -5,7 +5,8 @@ program once, and on each scrape reads every map at that moment (events:
 the records that arrived since the last scrape). A program that cannot run
 here, or that the policy refuses, is remembered as unavailable with the
 broker's reason and not asked for again in this session; only transient
-failures (a limit, a kernel error) are retried, with a backoff.
+failures (a limit, a kernel error, a cuda target that has not loaded libcuda
+yet) are retried, with a backoff.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from gfxbpf.client import (
     EventStream,
     ProtocolError,
 )
+from gfxbpf.client.cuda_view import NoLibcudaYet
 from gfxbpf.client.display import MapData
+from gfxbpf.client.errors import UsageError
 from gfxbpf.client.grpc_config import TlsFiles
-from gfxbpf.exporter import mapping
+from gfxbpf.exporter import mapping, tables
 from gfxbpf.exporter.backoff import Backoff
 from gfxbpf.exporter.config import BrokerConfig, ExporterConfig, ProgramConfig
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -103,6 +106,11 @@ class Session:
         state.error = reason
         state.retry = None
 
+    def _later(self, state: ProgramState, reason: str) -> None:
+        state.error = reason
+        state.retry = state.retry or Backoff(clock=self.clock)
+        state.retry.failed()
+
     def _attach(self, state: ProgramState) -> None:
         cfg = state.config
         listing = self._listing.get(cfg.name)
@@ -120,17 +128,19 @@ class Session:
                 state, f"no map {missing[0]!r} in {cfg.name} (maps: {', '.join(shown) or 'none'})"
             )
         try:
+            library = tables.library_for(cfg)
+        except NoLibcudaYet as e:  # it may initialise CUDA after we start
+            return self._later(state, f"{e} (here: library = PATH); looked at again later")
+        except UsageError as e:
+            return self._refuse(state, str(e))
+        try:
             att = self.broker.attach(
-                cfg.name, scope=cfg.scope, pid=cfg.pid, library=cfg.library, functions=cfg.functions
+                cfg.name, scope=cfg.scope, pid=cfg.pid, library=library, functions=cfg.functions
             )
         except BrokerError as e:
-            state.error = str(e)
             if e.code in TRANSIENT:
-                state.retry = state.retry or Backoff(clock=self.clock)
-                state.retry.failed()
-            else:
-                state.retry = None
-            return None
+                return self._later(state, str(e))
+            return self._refuse(state, str(e))
         state.attachment, state.error, state.retry = att, "", None
         state.readers = self._readers(cfg, att)
         return None
@@ -180,7 +190,8 @@ class Session:
             self.new_events[(state.config.name, reader.cmap.name)] = _drain(reader.stream)
             return
         data = MapData.from_client_map(reader.cmap)
-        built = mapping.build(reader.shape, data.entries, limit, state.config.functions)
+        functions = tables.functions_for(state.config)
+        built = mapping.build(reader.shape, data.entries, limit, functions)
         out.families.extend(built.families)
         out.dropped.update(built.dropped)
 

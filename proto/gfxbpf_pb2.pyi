@@ -94,7 +94,7 @@ class ListProgramsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProgramListing(_message.Message):
-    __slots__ = ("name", "description", "sha256", "scopes", "available", "unavailable_reason", "attach_points", "libraries", "parameters", "maps")
+    __slots__ = ("name", "description", "sha256", "scopes", "available", "unavailable_reason", "attach_points", "libraries", "parameters", "maps", "requires")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class ProgramListing(_message.Message):
     LIBRARIES_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     MAPS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     sha256: str
@@ -115,7 +116,8 @@ class ProgramListing(_message.Message):
     libraries: _containers.RepeatedScalarFieldContainer[str]
     parameters: _containers.RepeatedCompositeFieldContainer[ParameterDescription]
     maps: _containers.RepeatedCompositeFieldContainer[MapDescription]
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., sha256: _Optional[str] = ..., scopes: _Optional[_Iterable[_Union[Scope, str]]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., attach_points: _Optional[_Iterable[str]] = ..., libraries: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Iterable[_Union[ParameterDescription, _Mapping]]] = ..., maps: _Optional[_Iterable[_Union[MapDescription, _Mapping]]] = ...) -> None: ...
+    requires: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., sha256: _Optional[str] = ..., scopes: _Optional[_Iterable[_Union[Scope, str]]] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., attach_points: _Optional[_Iterable[str]] = ..., libraries: _Optional[_Iterable[str]] = ..., parameters: _Optional[_Iterable[_Union[ParameterDescription, _Mapping]]] = ..., maps: _Optional[_Iterable[_Union[MapDescription, _Mapping]]] = ..., requires: _Optional[str] = ...) -> None: ...
 
 class ParameterDescription(_message.Message):
     __slots__ = ("name", "type", "required", "description")
@@ -136,16 +138,18 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
     functions: _containers.RepeatedScalarFieldContainer[str]
     library_fd_index: int
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ...) -> None: ...
+    frequency: int
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("name", "object", "scope", "params", "lease_seconds")

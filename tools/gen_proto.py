@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Regenerate the Python code for proto/gfxbpf.proto.
 
-    python3 tools/gen_proto.py            # rewrite proto/gfxbpf_pb2*.py(i)
+    python3 tools/gen_proto.py            # rewrite proto/gfxbpf_pb2*.py(i), proto/pprof_pb2.py(i)
     python3 tools/gen_proto.py --out DIR  # write into DIR instead (drift test)
+
+proto/pprof.proto (the profile format the client writes) gets message code
+only: it has no service.
 
 Needs grpcio-tools (`pip install grpcio-tools`). The committed files must be
 what this script produces; tests/unit/test_proto_drift.py checks that.
@@ -18,7 +21,14 @@ import tempfile
 
 PROTO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "proto")
 PROTO_FILE = "gfxbpf.proto"
-GENERATED = ("gfxbpf_pb2.py", "gfxbpf_pb2.pyi", "gfxbpf_pb2_grpc.py")
+PPROF_FILE = "pprof.proto"
+GENERATED = (
+    "gfxbpf_pb2.py",
+    "gfxbpf_pb2.pyi",
+    "gfxbpf_pb2_grpc.py",
+    "pprof_pb2.py",
+    "pprof_pb2.pyi",
+)
 
 # protoc writes `import gfxbpf_pb2 as gfxbpf__pb2`, which only works with
 # proto/ on sys.path; the package is imported as gfxbpf.proto.
@@ -37,18 +47,15 @@ def generate(out_dir: str, proto_dir: str = PROTO_DIR) -> list[str]:
     import grpc_tools
 
     include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    args = [
-        "grpc_tools.protoc",
-        f"-I{proto_dir}",
-        f"-I{include}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
-        PROTO_FILE,
-    ]
-    rc = protoc.main(args)
-    if rc != 0:
-        raise SystemExit(f"protoc failed with status {rc} on {proto_dir}/{PROTO_FILE}")
+    common = ["grpc_tools.protoc", f"-I{proto_dir}", f"-I{include}"]
+    common += [f"--python_out={out_dir}", f"--pyi_out={out_dir}"]
+    for args, name in (
+        ([*common, f"--grpc_python_out={out_dir}", PROTO_FILE], PROTO_FILE),
+        ([*common, PPROF_FILE], PPROF_FILE),
+    ):
+        rc = protoc.main(args)
+        if rc != 0:
+            raise SystemExit(f"protoc failed with status {rc} on {proto_dir}/{name}")
     grpc_path = os.path.join(out_dir, "gfxbpf_pb2_grpc.py")
     with open(grpc_path, encoding="utf-8") as f:
         text = f.read()

@@ -14,6 +14,8 @@
 
 #define NAME_LEN 32
 
+const volatile __u32 target_uid = GFX_ANY;
+
 /* 6.17+ class drm_sched_job: name dl@8, fence_context u64@24,
  * fence_seqno u64@32; drm_sched_job_done: fence_context@8, fence_seqno@16 */
 const volatile __u32 off_q_name = 8;
@@ -22,6 +24,8 @@ const volatile __u32 off_q_seqno = 32;
 const volatile __u32 off_r_name = 8;
 const volatile __u32 off_r_context = 24;
 const volatile __u32 off_r_seqno = 32;
+const volatile __u32 off_q_client = 40;
+const volatile __u32 off_r_client = 40;
 const volatile __u32 off_d_context = 8;
 const volatile __u32 off_d_seqno = 16;
 /* <= 6.16: drm_sched_job / drm_run_job: fence ptr@16, name dl@24;
@@ -41,12 +45,19 @@ struct job_key {
 struct job {
 	__u64 queued_ns;  /* 0: queued before we attached */
 	__u64 run_ns;
+	__u64 client_id;  /* 0: unknown (legacy events carry none) */
 	char ring[NAME_LEN];
 };
 
 struct ring_key {
 	char ring[NAME_LEN];
 	__u32 slot;
+};
+
+/* slot is a u64 so the key has no padding bytes to leave uninitialized */
+struct client_key {
+	__u64 client_id;
+	__u64 slot;
 };
 
 /* job -> timestamps (broker-only: legacy keys are kernel addresses) */
@@ -73,6 +84,22 @@ struct {
 	__type(value, __u64);
 } run_latency SEC(".maps");
 
+/* (DRM client id, log2(ns)) -> jobs: time from queue to run */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct client_key);
+	__type(value, __u64);
+} client_queue SEC(".maps");
+
+/* (DRM client id, log2(ns)) -> jobs: time from run to done */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct client_key);
+	__type(value, __u64);
+} client_run SEC(".maps");
+
 static __always_inline void add_latency(void *map, const char *ring, __u64 ns)
 {
 	struct ring_key key;
@@ -83,30 +110,54 @@ static __always_inline void add_latency(void *map, const char *ring, __u64 ns)
 	gfx_count(map, &key, 1);
 }
 
-static __always_inline void on_queue(void *ctx, struct job_key *key, __u32 off_name)
+/* The client id at off, or 0 when this kernel's event has no client_id. */
+static __always_inline __u64 client_of(void *ctx, __u32 off)
+{
+	return off == GFX_ABSENT ? 0 : gfx_ctx_u64(ctx, off);
+}
+
+static __always_inline void add_client_latency(void *map, __u64 client_id, __u64 ns)
+{
+	struct client_key key = { .client_id = client_id, .slot = gfx_log2(ns) };
+
+	gfx_count(map, &key, 1);
+}
+
+static __always_inline void on_queue(void *ctx, struct job_key *key, __u32 off_name,
+				     __u64 client_id)
 {
 	struct job j;
 
+	if (!gfx_uid_ok(target_uid))
+		return;
 	__builtin_memset(&j, 0, sizeof(j));
 	j.queued_ns = bpf_ktime_get_ns();
+	j.client_id = client_id;
 	gfx_ctx_str(ctx, off_name, j.ring, sizeof(j.ring));
 	bpf_map_update_elem(&sched_jobs, key, &j, BPF_ANY);
 }
 
-static __always_inline void on_run(void *ctx, struct job_key *key, __u32 off_name)
+static __always_inline void on_run(void *ctx, struct job_key *key, __u32 off_name,
+				   __u64 client_id)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct job *jp, j;
 
 	jp = bpf_map_lookup_elem(&sched_jobs, key);
 	if (jp) {
-		if (jp->queued_ns && !jp->run_ns)
+		if (jp->queued_ns && !jp->run_ns) {
 			add_latency(&queue_latency, jp->ring, now - jp->queued_ns);
+			add_client_latency(&client_queue, jp->client_id, now - jp->queued_ns);
+		}
 		jp->run_ns = now;
 		return;
 	}
+	/* Queued before we attached: in scope self we cannot tell whose it is. */
+	if (target_uid != GFX_ANY)
+		return;
 	__builtin_memset(&j, 0, sizeof(j));
 	j.run_ns = now;
+	j.client_id = client_id;
 	gfx_ctx_str(ctx, off_name, j.ring, sizeof(j.ring));
 	bpf_map_update_elem(&sched_jobs, key, &j, BPF_ANY);
 }
@@ -119,8 +170,10 @@ static __always_inline void on_done(struct job_key *key)
 	jp = bpf_map_lookup_elem(&sched_jobs, key);
 	if (!jp)
 		return;
-	if (jp->run_ns)
+	if (jp->run_ns) {
 		add_latency(&run_latency, jp->ring, now - jp->run_ns);
+		add_client_latency(&client_run, jp->client_id, now - jp->run_ns);
+	}
 	bpf_map_delete_elem(&sched_jobs, key);
 }
 
@@ -132,7 +185,7 @@ int job_queue(void *ctx)
 		.seqno = gfx_ctx_u64(ctx, off_q_seqno),
 	};
 
-	on_queue(ctx, &key, off_q_name);
+	on_queue(ctx, &key, off_q_name, client_of(ctx, off_q_client));
 	return 0;
 }
 
@@ -144,7 +197,7 @@ int job_run(void *ctx)
 		.seqno = gfx_ctx_u64(ctx, off_r_seqno),
 	};
 
-	on_run(ctx, &key, off_r_name);
+	on_run(ctx, &key, off_r_name, client_of(ctx, off_r_client));
 	return 0;
 }
 
@@ -165,7 +218,7 @@ int legacy_queue(void *ctx)
 {
 	struct job_key key = { .context = gfx_ctx_u64(ctx, off_lq_fence) };
 
-	on_queue(ctx, &key, off_lq_name);
+	on_queue(ctx, &key, off_lq_name, 0);
 	return 0;
 }
 
@@ -174,7 +227,7 @@ int legacy_run(void *ctx)
 {
 	struct job_key key = { .context = gfx_ctx_u64(ctx, off_lr_fence) };
 
-	on_run(ctx, &key, off_lr_name);
+	on_run(ctx, &key, off_lr_name, 0);
 	return 0;
 }
 

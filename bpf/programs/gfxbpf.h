@@ -18,6 +18,8 @@
 #include <bpf/bpf_helpers.h>
 
 #define GFX_ANY ((__u32)-1)
+/* An optional field's knob on a kernel whose event lacks the field. */
+#define GFX_ABSENT ((__u32)-1)
 #define GFX_SLOTS 64
 
 /* Scope filter: true when the knob is GFX_ANY or equals the current uid. */

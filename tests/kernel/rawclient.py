@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -122,6 +123,24 @@ def kernel_looking(data: bytes) -> list[str]:
         (v,) = struct.unpack_from("<Q", data, off)
         if v >= KERNEL_MIN and v != 0xFFFF_FFFF_FFFF_FFFF:
             out.append(f"{v:#x}")
+    return out
+
+
+_NUMBER = re.compile(r"\b(?:0x)?[0-9a-fA-F]{16}\b|\b[0-9]{19,20}\b")
+
+
+def kernel_looking_text(text: str) -> list[str]:
+    """Numbers in text (16 hex digits, or 19-20 decimal ones) in the kernel half."""
+    out = []
+    for m in _NUMBER.finditer(text):
+        word = m.group(0)
+        is_hex = word.lower().startswith("0x") or not word.isdigit() or len(word) == 16
+        try:
+            v = int(word, 16) if is_hex else int(word)
+        except ValueError:
+            continue
+        if KERNEL_MIN <= v < 0xFFFF_FFFF_FFFF_FFFF:
+            out.append(word)
     return out
 
 

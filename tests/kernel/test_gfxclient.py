@@ -144,9 +144,12 @@ def test_list_json(broker: BrokerProcess, via: str) -> None:
     assert programs["syscount"]["scopes"] == ["self"]
     assert programs["vmabind"]["available"] is False
     assert "i915:i915_vma_bind does not exist" in programs["vmabind"]["unavailable_reason"]
+    needs = "an Intel GPU on the i915 driver (the i915:i915_vma_bind tracepoint)"
+    assert programs["vmabind"]["requires"] == needs
+    assert programs["syscount"]["requires"] is None
     text = gfxclient(broker, via, "list")
     assert text.returncode == 0
-    assert "vmabind: tracepoint i915:i915_vma_bind does not exist" in text.stdout
+    assert f"vmabind: needs {needs}: tracepoint i915:i915_vma_bind does not exist" in text.stdout
 
 
 @pytest.mark.parametrize("via", VIAS)
@@ -162,7 +165,9 @@ def test_info(broker: BrokerProcess, via: str) -> None:
     ]
     text = gfxclient(broker, via, "info", "vmabind")
     assert text.returncode == 0, text.stderr
-    assert "unavailable: tracepoint i915:i915_vma_bind does not exist" in text.stdout
+    assert "  needs         an Intel GPU on the i915 driver" in text.stdout
+    assert "unavailable: needs an Intel GPU" in text.stdout
+    assert "tracepoint i915:i915_vma_bind does not exist" in text.stdout
     assert "bind_size (log2_histogram, bytes" in text.stdout
 
 

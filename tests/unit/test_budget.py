@@ -90,8 +90,11 @@ def test_every_catalog_program_fits_the_default_budget() -> None:
             _bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus=256)
             for m in (spec.maps[v.name] for v in p.visible_maps)
         )
-        # Room for many instances of each, even with 256 possible CPUs.
-        assert need * 16 <= limit, (p.name, human(need))
+        # Room for many instances of each, even with 256 possible CPUs. A
+        # profile's stack table (8192 stacks of 127 frames, 8 MiB) is what it
+        # is for: room for 6 profiles per window (deploy/README.md says so).
+        stacks = any(spec.maps[v.name].map_type == MapType.STACK_TRACE for v in p.visible_maps)
+        assert need * (6 if stacks else 16) <= limit, (p.name, human(need))
 
 
 def test_human() -> None:

@@ -27,13 +27,33 @@ SIDE_OBJECTS = (
 BUILD = ROOT / "tools" / "build_bpf.py"
 
 EXPECTED = {
-    "vmabind", "fence", "drmsched", "execsnoop", "syscount", "clonecount", "ucalls", "cuda",
-}  # fmt: skip
+    "vmabind",
+    "fence",
+    "drmsched",
+    "execsnoop",
+    "syscount",
+    "clonecount",
+    "ucalls",
+    "xid",
+    "xe",
+    "vblank",
+    "amdgpu",
+    "cuda",
+    "profile",
+    "ustacks",
+}
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
 # machine's 6.18 sched_process_exec format.
 KNOB_DEFAULTS = {
-    "vmabind": {"off_bind_vm": 16, "off_bind_size": 32, "off_unbind_vm": 16, "off_unbind_size": 32},
+    "vmabind": {
+        "off_bind_vm": 16,
+        "off_bind_size": 32,
+        "size_bind_size": 8,
+        "off_unbind_vm": 16,
+        "off_unbind_size": 32,
+        "size_unbind_size": 8,
+    },
     "fence": {
         "off_emit_driver": 8,
         "off_emit_timeline": 12,
@@ -62,12 +82,52 @@ KNOB_DEFAULTS = {
         "off_lr_fence": 16,
         "off_lr_name": 24,
         "off_ld_fence": 8,
+        "off_q_client": 40,
+        "off_r_client": 40,
+    },
+    "xid": {"off_dev": 8, "off_code": 12, "off_msg": 16},
+    "xe": {
+        "off_x_dev": 8,
+        "off_x_fence": 40,
+        "off_r_dev": 8,
+        "off_r_fence": 40,
+        "off_f_fence": 40,
+        "off_t_dev": 8,
+        "off_b_vm": 24,
+        "off_b_start": 40,
+        "off_b_end": 48,
+        "off_u_vm": 24,
+        "off_u_start": 40,
+        "off_u_end": 48,
+    },
+    "vblank": {"off_crtc": 8, "off_seq": 12, "off_time": 16},
+    "amdgpu": {
+        "off_cs_context": 16,
+        "size_cs_context": 8,
+        "off_cs_seqno": 24,
+        "size_cs_seqno": 8,
+        "off_cs_ring": 40,
+        "off_run_context": 16,
+        "size_run_context": 8,
+        "off_run_seqno": 24,
+        "size_run_seqno": 8,
+        "off_run_ring": 32,
+        "off_sig_context": 16,
+        "size_sig_context": 4,
+        "off_sig_seqno": 20,
+        "size_sig_seqno": 4,
+        "off_map_start": 16,
+        "off_map_last": 24,
+        "off_unmap_start": 16,
+        "off_unmap_last": 24,
     },
     "execsnoop": {"off_pid": 12, "off_filename": 8, "target_uid": 0xFFFFFFFF},
     "syscount": {"target_uid": 0xFFFFFFFF},
     "clonecount": {"target_uid": 0xFFFFFFFF},
     "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "profile": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
@@ -132,9 +192,21 @@ def test_catalog_parses(catalog: cat.Catalog) -> None:
     assert all(a.target is None for a in ucalls.attach)
     assert [p.name for p in ucalls.parameters] == ["pid", "library", "functions"]
     assert ucalls.parameters[2].type == "list[str]"
-    # GPU programs run only system-wide.
-    for name in ("vmabind", "fence", "drmsched"):
+    profile = catalog.get("profile")
+    assert profile.attach == (cat.Attach("profile_sample", "perf_event"),)
+    assert [p.name for p in profile.parameters] == ["frequency", "pid"]
+    assert not any(p.required for p in profile.parameters)
+    assert profile.map("stacks").visible  # user addresses only: BPF_F_USER_STACK
+    ustacks = catalog.get("ustacks")
+    assert [p.name for p in ustacks.parameters] == ["pid", "library", "functions"]
+    assert not ustacks.map("entry_ts").visible
+    # GPU events that carry no submitter run only system-wide; submissions
+    # (drmsched's queue, amdgpu's CS ioctl) run in the submitter: self filters them.
+    for name in ("vmabind", "fence", "xid", "xe", "vblank"):
         assert catalog.get(name).scopes == ("system",)
+    for name in ("drmsched", "amdgpu"):
+        assert catalog.get(name).scopes == ("self", "system")
+        assert catalog.get(name).uid_knob == "target_uid"
 
 
 def test_drmsched_variants(catalog: cat.Catalog) -> None:
@@ -235,7 +307,8 @@ def test_knob_defaults(catalog: cat.Catalog) -> None:
             assert values[knob] == want, (entry.name, knob)
         for f in entry.fields:  # size knobs default to the documented widths
             if f.size_knob:
-                assert values[f.size_knob] == 4, (entry.name, f.size_knob)
+                want = KNOB_DEFAULTS[entry.name].get(f.size_knob, 4)
+                assert values[f.size_knob] == want, (entry.name, f.size_knob)
 
 
 def test_event_type_is_in_btf(catalog: cat.Catalog) -> None:
@@ -426,6 +499,7 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
     p = c.get("demo")
     assert cat.object_path(p) == tmp_path / "programs" / "demo.bpf.o"
     assert p.fields[0].variant is None
+    assert p.fields[0].optional is False
     assert p.knobs == ("target_uid", "off_pid")
 
 
@@ -453,6 +527,11 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
         ('target = "sched/sched_process_exec"\n', "", "attach[0].target: missing"),
         ('target = "sched/sched_process_exec"', 'target = "sched"', "is not 'system/event'"),
         ('field = "pid"', 'field = "pid"\nvariant = "old"', "field[0].variant: 'old'"),
+        (
+            'field = "pid"',
+            'field = "pid"\noptional = 1',
+            "field[0].optional: must be true or false",
+        ),
         (
             'tracepoint = "sched/sched_process_exec"',
             'tracepoint = "sched/sched_switch"',

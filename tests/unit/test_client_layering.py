@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "client"
-FILES = sorted(CLIENT.glob("*.py"))
+FILES = sorted(CLIENT.rglob("*.py"))  # client/profile/ too
 
 # Folder -> the package its modules are imported as (pyproject's package-dir);
 # tools/ are scripts, run from a bare checkout.
@@ -211,10 +211,10 @@ def test_client_has_modules() -> None:
     assert {"__init__.py", "broker.py", "cli.py", "display.py"} <= {f.name for f in FILES}
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CLIENT)))
 def test_imports_follow_the_layers(path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
-    for name in _imports(tree):
+    for name in _imports(tree, _package_of(path)):
         top = name.split(".")[0]
         assert top not in FORBIDDEN_TOP, f"{path.name} imports {name}"
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
@@ -242,7 +242,7 @@ def test_syscall_table_is_only_data() -> None:
     assert calls == ["SYSCALLS.get"]  # the lookup in syscall_name(), nothing else
 
 
-@pytest.mark.parametrize("path", CODE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CODE_FILES, ids=lambda p: str(p.relative_to(CLIENT)))
 def test_no_tracefs_or_capabilities(path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
     docstrings = _docstring_nodes(tree)

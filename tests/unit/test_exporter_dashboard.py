@@ -15,7 +15,7 @@ from typing import Any
 
 from gfxbpf.bpf.catalog import load_catalog, object_path
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.exporter import mapping
+from gfxbpf.exporter import mapping, tables
 from gfxbpf.exporter.collector import STATUS_SAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,3 +149,55 @@ def test_dashboard_panels_do_not_overlap() -> None:
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"{p['title']!r} overlaps {cells[(x, y)]!r}"
                 cells[(x, y)] = p["title"]
+
+
+def cuda_series_labels() -> dict[str, dict[str, set[str]]]:
+    """{sample name: {label: values}} the mapping gives the cuda maps, with keys
+    decoded from the object's BTF and every function of the table counted once."""
+    (entry,) = [e for e in load_catalog() if e.name == "cuda"]
+    spec = ObjectSpec.from_file(str(object_path(entry)))
+    assert spec.btf is not None
+    out: dict[str, dict[str, set[str]]] = {}
+    for shape in catalog_shapes():
+        if shape.program != "cuda":
+            continue
+        kmap = spec.maps[shape.map]
+        zero_key = spec.btf.decode(kmap.key_type_id, bytes(kmap.key_size))
+        entries: list[tuple[Any, Any]] = []
+        for index in range(len(tables.CUDA.names)):
+            key = {**zero_key, "function": index} if isinstance(zero_key, dict) else 4242
+            if isinstance(key, dict) and "tgid" in key:
+                key["tgid"] = 4242
+            value = dict.fromkeys(shape.value_members, 1) if shape.show == "table" else 1
+            entries.append((key, value))
+        for family in mapping.build(shape, entries, 1000, tables.CUDA).families:
+            for s in family.samples:
+                labels = out.setdefault(s.name, {})
+                for k, v in s.labels.items():
+                    labels.setdefault(k, set()).add(v)
+    return out
+
+
+def test_the_cuda_panels_use_labels_and_values_the_exporter_emits() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    titles = {p["title"] for p in panels}
+    assert {
+        "CUDA launches per process",
+        "CUDA copies by direction",
+        "CUDA live device memory",
+    } <= titles
+    emitted = cuda_series_labels()
+    assert emitted["gfxbpf_cuda_calls_total"]["role"] >= {"launch", "copy", "sync"}
+    assert emitted["gfxbpf_cuda_bytes_total"]["direction"] >= {"htod", "dtoh", "dtod"}
+    assert set(emitted["gfxbpf_cuda_memory_live"]) == {"pid"}
+    cuda = [q for p in panels if p["title"].startswith("CUDA") for q in exprs(p)]
+    assert len(cuda) >= 4
+    for q in cuda:
+        (name,) = metric_names(q)
+        assert name in emitted, q
+        labels = emitted[name]
+        for group in re.findall(r"\bby \(([^)]*)\)", q):
+            for label in (g.strip() for g in group.split(",")):
+                assert label == "instance" or label in labels, (label, q)
+        for label, value in re.findall(r'(\w+)="([^"$]*)"', q):
+            assert value in labels.get(label, set()), (label, value, q)

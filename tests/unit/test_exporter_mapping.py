@@ -108,7 +108,8 @@ def test_counter_keys_become_labels_with_syscall_names() -> None:
 
 def test_struct_keys_label_by_btf_member_and_functions_by_name() -> None:
     shape = MapShape("ucalls", "calls", "counter", "count", "function")
-    built = mapping.build(shape, [(0, 5), (1, 2)], 10, functions=("getppid", "getpid"))
+    functions = mapping.Functions(names=("getppid", "getpid"))
+    built = mapping.build(shape, [(0, 5), (1, 2)], 10, functions=functions)
     assert set(samples(built.families[0])) == {
         ("gfxbpf_ucalls_calls_total", (("function", "getppid"),)),
         ("gfxbpf_ucalls_calls_total", (("function", "getpid"),)),

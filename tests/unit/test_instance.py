@@ -104,6 +104,7 @@ def test_drmsched_picks_the_variant_whose_events_exist() -> None:
 def test_vmabind_unavailable_message_is_for_people() -> None:
     reason = instance.availability(CATALOG.get("vmabind"), exists_only())
     assert reason == (
+        "needs an Intel GPU on the i915 driver (the i915:i915_vma_bind tracepoint): "
         "tracepoint i915:i915_vma_bind does not exist on this kernel: "
         "the i915 driver must be loaded (an Intel GPU, modprobe i915)"
     )

@@ -89,3 +89,13 @@ def test_service_shape():
     }
     response_ops = {f.name for f in pb.Response.DESCRIPTOR.oneofs_by_name["body"].fields}
     assert response_ops == (request_ops - {"stream_events"}) | {"events", "error"}
+
+
+def test_pprof_stubs_are_generated_and_message_only():
+    gen = _load_gen_proto()
+    assert {"pprof_pb2.py", "pprof_pb2.pyi"} <= set(gen.GENERATED)
+    assert not os.path.exists(os.path.join(PROTO_DIR, "pprof_pb2_grpc.py")), "no service"
+    from gfxbpf.proto import pprof_pb2
+
+    assert pprof_pb2.DESCRIPTOR.package == "perftools.profiles"
+    assert not pprof_pb2.DESCRIPTOR.services_by_name

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gfxbpf.bpf import instance as bpfinstance
+from gfxbpf.bpf import tracefs
 from gfxbpf.bpf.catalog import Catalog, load_catalog
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import features
@@ -198,13 +199,40 @@ def attach(s: Service, c: Caller, owner: Any = None, **kw: Any) -> tuple[pb.Atta
 # ---------------------------------------------------------------- ListPrograms
 
 
+def test_list_programs_names_a_field_this_kernel_lacks(log: io.StringIO) -> None:
+    # A kernel whose sched_process_exec has no `filename`: execsnoop cannot run,
+    # and the listing says so before anyone attaches.
+    text = (
+        "name: sched_process_exec\nID: 1\nformat:\n"
+        "\tfield:int pid;\toffset:8;\tsize:4;\tsigned:1;\n"
+        "\tfield:int old_pid;\toffset:12;\tsize:4;\tsigned:1;\n"
+    )
+
+    def read_format(system: str, event: str) -> tracefs.EventFormat:
+        assert (system, event) == ("sched", "sched_process_exec")
+        return tracefs.parse_format(text)
+
+    s = Service(
+        make_policy(), CATALOG, AuditLog(stream=log), event_exists=no_i915, read_format=read_format
+    )
+    by = {p.name: p for p in s.list_programs(caller(ALICE), pb.ListProgramsRequest()).programs}
+    e = by["execsnoop"]
+    assert not e.available
+    assert "sched:sched_process_exec has no field 'filename'" in e.unavailable_reason
+    assert by["syscount"].available  # reads no tracepoint fields
+
+
 def test_list_programs_marks_vmabind_unavailable(service: Service) -> None:
     reply = service.list_programs(caller(ALICE), pb.ListProgramsRequest())
     by = {p.name: p for p in reply.programs}
     assert list(by) == ["syscount", "execsnoop", "vmabind", "ucalls", "badwrite"]
     v = by["vmabind"]
     assert not v.available
-    assert v.unavailable_reason.startswith("tracepoint i915:i915_vma_bind does not exist")
+    # What the program needs, then why it is missing here.
+    assert v.requires == "an Intel GPU on the i915 driver (the i915:i915_vma_bind tracepoint)"
+    assert v.unavailable_reason.startswith(
+        f"needs {v.requires}: tracepoint i915:i915_vma_bind does not exist"
+    )
     assert "i915 driver must be loaded" in v.unavailable_reason
     assert list(v.scopes) == [pb.SCOPE_SYSTEM]
     assert "tracepoint/i915/i915_vma_bind" in v.attach_points

@@ -1,0 +1,31 @@
+"""gfxbpf.client.profile: turn raw stacks from the broker into named profiles.
+
+    maps = procmaps.capture(pid)            # while the process lives
+    sym = Symbolizer(); sym.add_process(pid, maps)
+    profile = sym.symbolize(raw_stacks, unit="samples", period_ns=10_101_010)
+    write_profile(profile, "svg", "out.svg"); print(format_top(profile, 10))
+
+Everything here runs as the user, reads only the user's own files and never
+imports the broker. Kernel frames arrive as one flag (RawStack.kernel), never
+as addresses, so no output can leak one.
+"""
+
+from __future__ import annotations
+
+from gfxbpf.client.profile.model import Profile, RawStack
+from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps, capture
+from gfxbpf.client.profile.symbolize import Symbolizer
+from gfxbpf.client.profile.writers import FORMATS, format_top, top_functions, write_profile
+
+__all__ = [
+    "FORMATS",
+    "Mapping",
+    "ProcessMaps",
+    "Profile",
+    "RawStack",
+    "Symbolizer",
+    "capture",
+    "format_top",
+    "top_functions",
+    "write_profile",
+]

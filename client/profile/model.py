@@ -1,0 +1,36 @@
+"""What the broker side hands over (RawStack) and what the writers take (Profile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Profile.unit values.
+UNITS = ("samples", "calls", "nanoseconds")
+
+# Frame names the symbolizer makes up (square brackets: not a function).
+KERNEL_FRAME = "[kernel]"
+UNKNOWN_FRAME = "[unknown]"
+LOST_FRAME = "[user stack lost]"
+
+
+@dataclass(frozen=True)
+class RawStack:
+    pid: int  # tgid of the sampled process
+    user: tuple[int, ...]  # user-space addresses from the stack-trace map, innermost first
+    kernel: bool  # sampled in the kernel: one "[kernel]" frame on top; never addresses
+    weight: int  # samples, calls or nanoseconds (Profile.unit says which)
+    comm: str = ""  # process name if known (root frame)
+    user_error: str | None = None  # why there is no user stack ("lost": bpf_get_stackid failed)
+    leaf: str | None = None  # extra innermost frame, e.g. "cuLaunchKernel" for stacks at a probe
+
+
+@dataclass
+class Profile:
+    stacks: dict[tuple[str, ...], int]  # frame names root-first -> weight
+    unit: str  # "samples" | "calls" | "nanoseconds"
+    period_ns: int | None = None  # sampling period (1e9 / frequency) for "samples"
+    duration_s: float | None = None
+    notes: list[str] = field(default_factory=list)  # e.g. frame-pointer warnings for the user
+
+    def total(self) -> int:
+        return sum(self.stacks.values())

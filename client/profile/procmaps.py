@@ -1,0 +1,205 @@
+"""Snapshots of /proc/PID/maps and of the process's perf map file.
+
+Taken while the process lives, so that stacks of a process that exited during
+the profile still resolve. The perf map (/tmp/perf-PID.map, written by JITs
+and by Python 3.12+ with -X perf) is read at capture time: it is deleted by
+some runtimes when they exit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["Mapping", "PerfMapEntry", "ProcessMaps", "capture", "parse_maps", "parse_perf_map"]
+
+PERF_MAP_DIR = "/tmp"
+# A perf map larger than this is not read (a runaway JIT must not eat the client).
+_PERF_MAP_LIMIT = 256 << 20
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    perms: str  # "r-xp"
+    offset: int  # file offset of start
+    dev: str  # "fd:01" (major:minor, hex)
+    inode: int
+    path: str  # "" for anonymous; "[heap]", "[vdso]" for special ones
+
+    @property
+    def is_file(self) -> bool:
+        return self.inode != 0 and self.path.startswith("/")
+
+    @property
+    def file_path(self) -> str:
+        """The path without the kernel's " (deleted)" suffix."""
+        return self.path.removesuffix(" (deleted)")
+
+    @property
+    def executable(self) -> bool:
+        return "x" in self.perms
+
+
+@dataclass(frozen=True)
+class PerfMapEntry:
+    start: int
+    size: int
+    name: str
+
+
+@dataclass
+class ProcessMaps:
+    pid: int
+    mappings: list[Mapping]  # sorted by start
+    perf_map: list[PerfMapEntry] = field(default_factory=list)  # sorted by start
+    perf_map_path: str | None = None  # where perf_map was read from, if it existed
+    comm: str = ""  # /proc/PID/comm at capture
+    # "/proc/PID/root" when the process sees another mount namespace (a container):
+    # its paths are read through it; "" when the paths mean the same to us.
+    root: str = ""
+
+    def __post_init__(self) -> None:
+        self._index()
+
+    def _index(self) -> None:
+        self._starts = [m.start for m in self.mappings]
+        self._perf_starts = [e.start for e in self.perf_map]
+
+    def find(self, addr: int) -> Mapping | None:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self.mappings[i].end:
+            return self.mappings[i]
+        return None
+
+    def find_perf(self, addr: int) -> PerfMapEntry | None:
+        i = bisect.bisect_right(self._perf_starts, addr) - 1
+        if i >= 0 and addr < self.perf_map[i].start + max(self.perf_map[i].size, 1):
+            return self.perf_map[i]
+        return None
+
+    def merge(self, later: ProcessMaps) -> None:
+        """Add what a later snapshot of the same process saw (new libraries, new JIT code).
+        A range seen in both keeps the later mapping."""
+        kept = {(m.start, m.end): m for m in self.mappings}
+        kept.update({(m.start, m.end): m for m in later.mappings})
+        self.mappings = sorted(kept.values(), key=lambda m: m.start)
+        perf = {(e.start, e.size): e for e in self.perf_map}
+        perf.update({(e.start, e.size): e for e in later.perf_map})
+        self.perf_map = sorted(perf.values(), key=lambda e: e.start)
+        self.perf_map_path = later.perf_map_path or self.perf_map_path
+        self.comm = later.comm or self.comm
+        self._index()
+
+
+def parse_maps(text: str) -> list[Mapping]:
+    """The lines of /proc/PID/maps, sorted by start; malformed lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 5:
+            continue
+        try:
+            lo, hi = (int(x, 16) for x in parts[0].split("-", 1))
+            out.append(
+                Mapping(
+                    start=lo,
+                    end=hi,
+                    perms=parts[1],
+                    offset=int(parts[2], 16),
+                    dev=parts[3],
+                    inode=int(parts[4]),
+                    path=parts[5].strip() if len(parts) > 5 else "",
+                )
+            )
+        except ValueError:
+            continue
+    out.sort(key=lambda m: m.start)
+    return out
+
+
+def parse_perf_map(text: str) -> list[PerfMapEntry]:
+    """Lines `START SIZE name` (hex, with or without 0x), sorted by start."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(maxsplit=2)
+        if len(parts) < 3:
+            continue
+        try:
+            out.append(PerfMapEntry(int(parts[0], 16), int(parts[1], 16), parts[2].strip()))
+        except ValueError:
+            continue
+    out.sort(key=lambda e: e.start)
+    return out
+
+
+def _read_perf_map(pid: int, directory: str) -> tuple[list[PerfMapEntry], str | None]:
+    path = os.path.join(directory, f"perf-{pid}.map")
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+        with open(path, encoding="utf-8", errors="replace") as f:
+            # Only a map written by the process's user or the caller: anyone can
+            # create /tmp/perf-PID.map first and plant names for a pid.
+            st = os.fstat(f.fileno())
+            if st.st_uid not in (owner, os.getuid()):
+                return [], None
+            # Runtimes leave their maps behind: one older than the process is
+            # from an earlier process that had the same pid.
+            started = _start_time(pid)
+            if started is not None and st.st_mtime < started - 1:
+                return [], None
+            return parse_perf_map(f.read(_PERF_MAP_LIMIT)), path
+    except OSError:
+        return [], None
+
+
+def _start_time(pid: int) -> float | None:
+    """When the process started (Unix time), from /proc/PID/stat and the boot time."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            # Field 22 counts clock ticks since boot; the name (field 2) may hold spaces.
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="utf-8") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def capture(pid: int, perf_map_dir: str = PERF_MAP_DIR) -> ProcessMaps | None:
+    """A snapshot of the process's mappings (+ perf map), or None if it is gone
+    or not readable by the caller."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    perf, perf_path = _read_perf_map(pid, perf_map_dir)
+    return ProcessMaps(
+        pid=pid,
+        mappings=parse_maps(text),
+        perf_map=perf,
+        perf_map_path=perf_path,
+        comm=_read_comm(pid),
+        root=_root_of(pid),
+    )
+
+
+def _read_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _root_of(pid: int) -> str:
+    """/proc/PID/root if the process is in another mount namespace, else ""."""
+    try:
+        if os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+            return f"/proc/{pid}/root"
+    except OSError:
+        pass
+    return ""

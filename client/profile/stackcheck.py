@@ -1,0 +1,110 @@
+"""Honest stacks: notice user stacks that a frame-pointer walk cut short.
+
+The kernel walks user stacks by frame pointers. Code built without them (most
+Debian libraries, and -O2 code by default) ends the walk early or sends it into
+garbage, so callers go missing and the flame graph puts the time at the wrong
+root. A complete stack reaches a thread's entry (_start, start_thread, ...);
+one that does not is counted, by the object its outermost frame lies in, and
+the user is told what to do.
+
+Where .eh_frame unwinding goes later: the broker would copy the top of each
+sampled user stack (bpf_get_stack of registers + stack bytes) and the
+symbolizer would unwind it with each object's .eh_frame (parsed once and cached
+next to the symbol tables in symtab.py, keyed the same way) before
+Symbolizer._frames names the addresses; a stack unwound that way would reach a
+thread root and no longer be reported here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["THREAD_ROOTS", "StackCheck"]
+
+# Functions a complete user stack starts in (glibc's and musl's thread entries).
+THREAD_ROOTS = frozenset(
+    {
+        "_start",
+        "__libc_start_main",
+        "__libc_start_call_main",
+        "start_thread",
+        "clone",
+        "clone3",
+        "__clone",
+        "__clone3",
+        "thread_start",
+        "_dl_start_user",
+        "__libc_start_main_impl",
+    }
+)
+
+# Below this share of the user-stack weight, cut stacks are not worth a note.
+_NOTE_SHARE = 0.01
+# The kernel records at most this many user frames (kernel.perf_event_max_stack):
+# a stack that long ends at the limit, not at a missing frame pointer.
+MAX_DEPTH = 127
+
+
+@dataclass
+class StackCheck:
+    complete: int = 0
+    cut: Counter[str] = field(default_factory=Counter)  # object of the outermost frame -> weight
+    lost: Counter[str] = field(default_factory=Counter)  # RawStack.user_error -> weight
+    objects: set[str] = field(default_factory=set)  # every file a frame lay in
+    too_deep: int = 0  # weight of stacks that hit the kernel's depth limit
+    unmapped: int = 0  # weight of stacks of processes with no maps snapshot
+
+    def add(self, frames_root_first: list[tuple[str, str | None]], weight: int) -> None:
+        """One user stack: (name, file it lies in) per frame, root first."""
+        names_root_first = [n for n, _ in frames_root_first]
+        self.objects.update(o for _, o in frames_root_first if o)
+        outer_object = frames_root_first[0][1] if frames_root_first else None
+        if any(n in THREAD_ROOTS for n in names_root_first):
+            self.complete += weight
+        elif len(frames_root_first) >= MAX_DEPTH:
+            self.too_deep += weight
+        else:
+            self.cut[outer_object or "[unknown]"] += weight
+
+    def add_lost(self, reason: str, weight: int) -> None:
+        self.lost[reason] += weight
+
+    def notes(self) -> list[str]:
+        out = []
+        cut = sum(self.cut.values())
+        lost = sum(self.lost.values())
+        total = self.complete + cut + lost + self.too_deep + self.unmapped
+        if total and self.unmapped:
+            out.append(
+                f"{self.unmapped * 100 / total:.1f}% of the weight is from processes whose "
+                "memory maps were never read (they exited first): their frames are [unknown]"
+            )
+        if total and self.too_deep / total >= _NOTE_SHARE:
+            out.append(
+                f"{self.too_deep * 100 / total:.0f}% of the user stacks are {MAX_DEPTH} frames "
+                "or deeper and were cut at the kernel's limit (kernel.perf_event_max_stack): "
+                "their outermost callers are missing"
+            )
+        if total and cut / total >= _NOTE_SHARE:
+            where = ", ".join(
+                f"{os.path.basename(obj)} ({w * 100 / cut:.0f}%)"
+                for obj, w in self.cut.most_common(3)
+            )
+            out.append(
+                f"{cut * 100 / total:.0f}% of the user stacks stop before reaching the thread's "
+                f"start, last in {where}: code built without frame pointers ends the kernel's "
+                "stack walk, so callers are missing and those stacks hang off the root. "
+                "Build your code with -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer, "
+                "and use libraries and a Python built with frame pointers (e.g. Fedora 38+, "
+                "Ubuntu 24.04+; Python 3.12+ with -X perf for Python frames)."
+            )
+        if total and lost:
+            why = ", ".join(f"{r}: {w}" for r, w in self.lost.most_common())
+            out.append(
+                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}): the "
+                "kernel could not record it (its stack table was full, or the stack could not "
+                "be read); profiling fewer processes or for less time helps with the first."
+            )
+        return out

@@ -1,0 +1,55 @@
+"""Writing a Profile: the formats gfxclient profile offers, and the top table."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from gfxbpf.client.profile.flamegraph import flamegraph_svg
+from gfxbpf.client.profile.folded import format_folded
+from gfxbpf.client.profile.model import Profile
+from gfxbpf.client.profile.pprof import pprof_bytes
+from gfxbpf.client.profile.speedscope import format_speedscope
+from gfxbpf.client.profile.top import format_top, top_functions
+
+__all__ = ["FORMATS", "format_top", "render", "top_functions", "write_profile"]
+
+FORMATS = ("folded", "pprof", "speedscope", "svg")
+
+
+def render(profile: Profile, fmt: str, title: str = "gfxbpf profile") -> bytes:
+    """The file's bytes in format fmt (one of FORMATS)."""
+    if fmt == "folded":
+        return format_folded(profile).encode("utf-8")
+    if fmt == "pprof":
+        return pprof_bytes(profile)
+    if fmt == "speedscope":
+        return format_speedscope(profile).encode("utf-8")
+    if fmt == "svg":
+        return flamegraph_svg(profile, title).encode("utf-8")
+    raise ValueError(f"unknown profile format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def write_profile(profile: Profile, fmt: str, path: str) -> None:
+    """Write atomically: a reader (or a crash) never sees half a file.
+    Raises ValueError for an unknown format, OSError when path cannot be written."""
+    data = render(profile, fmt)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gfxbpf-profile-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
