@@ -133,7 +133,11 @@ def _parser() -> argparse.ArgumentParser:
         f"{EXIT_LOAD_FAILED} the kernel refused it (verifier log on stderr), {EXIT_USAGE} usage",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ins = sub.add_parser("inspect", help="print programs, maps, global data, relocations, helpers")
+    ins = sub.add_parser(
+        "inspect",
+        help="print programs, maps, global data, relocations, helpers, CO-RE relocations "
+        "and externs (.kconfig, __ksym, kfuncs) with how they resolve on this kernel",
+    )
     ins.add_argument("object")
     ins.add_argument("--json", action="store_true", help="print JSON")
     ins.add_argument("--disasm", action="store_true", help="also disassemble each program")
