@@ -515,6 +515,8 @@ class ObjectSpec:
             raw = raw.ljust(v.size, b"\0")
         if m.section is not None and _is_bss(m.section):
             raise ValueError(f"variable {name!r} is in .bss; only .data/.rodata take values")
+        if m.section == ".kconfig":
+            raise ValueError(f"{name!r} is a .kconfig extern: the loader fills it from this kernel")
         m.data[v.offset : v.offset + v.size] = raw
 
     def map_by_kernel_name(self, name: str) -> MapSpec | None:

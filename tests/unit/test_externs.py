@@ -50,6 +50,11 @@ def test_kconfig_layout_is_libbpfs(spec: ObjectSpec) -> None:
     assert (m.name, m.value_size, m.freeze) == ("externs.kconfig", 31, True)
 
 
+def test_kconfig_values_are_not_knobs(spec: ObjectSpec) -> None:
+    with pytest.raises(ValueError, match="loader fills it from this kernel"):
+        spec.set_variable("CONFIG_HZ", 100)
+
+
 def test_btf_is_fixed_for_the_kernel(spec: ObjectSpec) -> None:
     assert spec.btf is not None
     for ds in spec.btf.datasecs():
