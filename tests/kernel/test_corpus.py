@@ -42,6 +42,7 @@ class Tally:
     same_objects: int = 0
     same_programs: int = 0
     unsupported: Counter[str] = field(default_factory=Counter)
+    libbpf_refused: Counter[str] = field(default_factory=Counter)
     differs: list[str] = field(default_factory=list)
 
     def report(self) -> str:
@@ -54,6 +55,9 @@ class Tally:
             f"  unsupported ({n} objects): {why}" for why, n in self.unsupported.most_common()
         ]
         lines += [f"  DIFFERS {d}" for d in self.differs]
+        lines += [
+            f"  libbpf refuses ({n} objects): {why}" for why, n in self.libbpf_refused.most_common()
+        ]
         return "\n".join(lines)
 
 
@@ -64,6 +68,8 @@ def unsupported_reason(message: str) -> str:
     # "section '…': why", "map '…': why": the why; "CO-RE relocations … : advice": the what.
     if re.match(r"(section|map|program) '…'", why):
         return why.split(":", 1)[1].strip()
+    if why.startswith("libbpf: "):  # bpftool's first error line, names masked
+        return why.removeprefix("libbpf: ")
     return why.split(":")[0].strip()
 
 
@@ -74,14 +80,16 @@ def _tally_one(t: Tally, o: EmbeddedObject, path: str, bpffs: str) -> None:
     except UnsupportedError as e:
         try:
             t.libbpf_programs += bpftool_loadall_count(path, bpffs)
-        except LibbpfRefused:
+        except LibbpfRefused as refused:
+            t.libbpf_refused[unsupported_reason(str(refused))] += 1
             return
         t.libbpf_objects += 1
         t.unsupported[unsupported_reason(str(e))] += 1
         return
     try:
         n = assert_loads_like_libbpf(path, spec, bpffs)
-    except LibbpfRefused:
+    except LibbpfRefused as refused:
+        t.libbpf_refused[unsupported_reason(str(refused))] += 1
         return
     except Exception as e:  # a mismatch or a gfxbpf load error: all reported at the end
         t.libbpf_objects += 1
