@@ -11,7 +11,7 @@
  * taken (a kernel thread, a full or colliding stack table) keeps the
  * negative error as its stack id: it is counted, not dropped.
  */
-#include "gfxbpf.h"
+#include "gfx_rows.h"
 #include <linux/bpf_perf_event.h>
 
 #define MAX_STACKS 8192
@@ -56,7 +56,7 @@ SEC("perf_event")
 int profile_sample(struct bpf_perf_event_data *ctx)
 {
 	struct sample_key key = {};
-	__u64 one = 1, *v;
+	__u64 one = 1;
 	__u32 zero = 0;
 
 	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid))
@@ -65,19 +65,8 @@ int profile_sample(struct bpf_perf_event_data *ctx)
 	key.user_stack = (__s32)bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
 	key.kernel = (ctx->regs.cs & 3) == 0;  /* CPL 0 */
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
-	v = bpf_map_lookup_elem(&counts, &key);
-	if (v) {
-		__sync_fetch_and_add(v, 1);
-		return 0;
-	}
-	if (bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST) == 0)
-		return 0;
-	v = bpf_map_lookup_elem(&counts, &key);  /* another CPU created it */
-	if (v) {
-		__sync_fetch_and_add(v, 1);
-		return 0;
-	}
-	gfx_count(&lost, &zero, 1);
+	if (gfx_count_first(&counts, &key, &one, 1))
+		gfx_count(&lost, &zero, 1);
 	return 0;
 }
 
