@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.procs import stop as stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 RAWCLIENT = Path(__file__).with_name("rawclient.py")
 SERVICE = ROOT / "deploy" / "gfxbpf.service"
@@ -503,15 +505,7 @@ class BrokerProcess:
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, wait (SIGKILL after timeout); return the exit status."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.returncode = self.proc.returncode
+        self.returncode = stop_process(self.proc, signal.SIGTERM, timeout)
         self._close_notify()
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
