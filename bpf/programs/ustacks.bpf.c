@@ -12,11 +12,10 @@
  * function and the rest of the stack.
  */
 #include "gfx_ucall.h"
+#include "gfx_ustack.h"
 #include <linux/ptrace.h>
 
 #define MAX_FUNCTIONS 64
-#define MAX_STACKS 8192
-#define MAX_DEPTH 127
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -46,13 +45,6 @@ struct {
 	__type(value, struct call_stats);
 } calls SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, MAX_STACKS);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, MAX_DEPTH * sizeof(__u64));
-} stacks SEC(".maps");
-
 /* (thread, function) -> entry time and key; LRU so lost returns cannot fill it */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -61,14 +53,6 @@ struct {
 	__type(value, struct entry_val);
 } entry_ts SEC(".maps");
 
-/* 0 -> calls dropped because `calls` was full */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} lost SEC(".maps");
-
 SEC("uprobe")
 int ustack_entry(struct pt_regs *ctx)
 {
@@ -76,7 +60,6 @@ int ustack_entry(struct pt_regs *ctx)
 	struct call_stats first;
 	struct entry_key ek;
 	struct entry_val ev = {};
-	__u32 zero = 0;
 
 	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
@@ -86,11 +69,10 @@ int ustack_entry(struct pt_regs *ctx)
 	gfx_entry_key(&ek, function);
 	ev.key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	ev.key.function = ek.function;
-	ev.key.user_stack = (__s32)bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+	ev.key.user_stack = gfx_user_stack(ctx);
 	if (bpf_probe_read_user(&ev.key.caller, sizeof(ev.key.caller), (void *)ctx->rsp))
 		ev.key.caller = 0;
-	if (gfx_count_first(&calls, &ev.key, &first, 1))  /* calls: the first field */
-		gfx_count(&lost, &zero, 1);
+	gfx_count_or_lost(&calls, &ev.key, &first);  /* calls: the first field */
 	ev.ts = bpf_ktime_get_ns();
 	bpf_map_update_elem(&entry_ts, &ek, &ev, BPF_ANY);
 	return 0;
