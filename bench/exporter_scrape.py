@@ -17,6 +17,7 @@ import urllib.request
 from typing import Any
 
 from bench.harness import BenchError, Stage, cpu_seconds, log, rss_kib
+from bench.procs import stop as stop_process
 from bench.stats import median, percentile
 from gfxbpf.bpf.catalog import load_catalog
 
@@ -101,8 +102,7 @@ def run(stage: Stage, comms: int, scrapes: int) -> dict[str, Any]:
         cpu = cpu_seconds(proc.pid) - cpu0
         rss = rss_kib(proc.pid)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc, timeout=30)
     available = _samples(body, "gfxbpf_program_available")
     return {
         "programs": {k.split('"')[1]: v == 1 for k, v in available.items()},

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from bench.procs import stop as stop_process
+
 REPO = Path(__file__).resolve().parent.parent
 SERVICE_USER = "gfxbpf"
 BENCH_USER = "gfxbench"
@@ -194,13 +196,8 @@ class Stage:
 
     def close(self, keep: bool = False) -> None:
         """Stop the broker; remove the work directory unless keep (to debug)."""
-        if self.broker is not None and self.broker.poll() is None:
-            self.broker.send_signal(signal.SIGTERM)
-            try:
-                self.broker.wait(30)
-            except subprocess.TimeoutExpired:
-                self.broker.kill()
-                self.broker.wait()
+        if self.broker is not None:
+            stop_process(self.broker, signal.SIGTERM, 30)
         if keep:
             log(f"kept {self.work} (outputs, broker.log)")
         else:
@@ -343,13 +340,7 @@ class Bpftrace:
         return "(no message)"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGINT, 120)
         self._out.close()
 
 

@@ -7,8 +7,9 @@ PT_LOAD segment holding it when the section index is unusable).
 A library such as libcuda is ~100 MB with thousands of exported symbols, and
 one attach resolves dozens of them twice (entry and return probes). So a
 file is parsed once into a SymbolIndex: only the ELF header, the section and
-program headers and the symbol/string/version tables are read (pread), and
-the symbol tables are unpacked with one precompiled struct each. Indexes are
+program headers and the symbol/string/version tables are read (bpf/elf.py,
+pread), and the symbol tables are unpacked with one precompiled struct each;
+.symtab only when a name is not in .dynsym. Indexes are
 kept in a small LRU keyed by the file's identity from fstat (device, inode,
 size, mtime and ctime: a file rewritten in place changes ctime, which no
 user can set), so the next attach to the same file costs a dict lookup.
@@ -16,17 +17,24 @@ user can set), so the next attach to the same file costs a dict lookup.
 
 from __future__ import annotations
 
-import array
 import copy
 import difflib
 import os
 import struct
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gfxbpf.bpf.elf import (
+    SHN_UNDEF,
+    SHT_NOBITS,
+    STT_FUNC,
+    STT_GNU_IFUNC,
+    ElfError,
+    ElfFile,
+    SymbolTable,
+)
 from gfxbpf.bpf.errors import InputError
 
 __all__ = [
@@ -42,16 +50,13 @@ __all__ = [
     "resolve_symbols",
 ]
 
-_STT_OBJECT, _STT_FUNC, _STT_TLS, _STT_GNU_IFUNC = 1, 2, 6, 10
+_STT_OBJECT, _STT_TLS = 1, 6
 _KIND_NAMES = {_STT_OBJECT: "data object", _STT_TLS: "thread-local variable"}
 _BIND_NAMES = {0: "STB_LOCAL", 1: "STB_GLOBAL", 2: "STB_WEAK", 10: "STB_GNU_UNIQUE"}
 _TABLES = (".dynsym", ".symtab")
-_SHT_NOBITS, _SHT_GNU_VERSYM = 8, 0x6FFFFFFF
-_PT_LOAD = 1
-_SHN_UNDEF, _SHN_LORESERVE, _SHN_XINDEX = 0, 0xFF00, 0xFFFF
+_SHN_LORESERVE = 0xFF00
 _EM_ARM = 40
 _VERSYM_HIDDEN = 0x8000
-_MAX_TABLE = 512 << 20  # no real symbol table comes near this; a corrupt size might
 CACHE_SIZE = 16  # distinct library files whose index stays in memory
 
 
@@ -69,79 +74,6 @@ class FunctionSymbol:
     table: str  # ".dynsym" or ".symtab"
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """The struct formats of one ELF class and byte order."""
-
-    ehdr: struct.Struct  # e_type .. e_shstrndx (after e_ident)
-    shdr: struct.Struct
-    phdr: struct.Struct
-    sym: struct.Struct
-    sym_fields: tuple[int, int, int, int, int, int]  # name, info, shndx, value, size order
-
-
-def _layout(elfclass: int, order: str) -> _Layout:
-    if elfclass == 2:
-        return _Layout(
-            struct.Struct(order + "HHIQQQIHHHHHH"),
-            struct.Struct(order + "IIQQQQIIQQ"),
-            struct.Struct(order + "IIQQQQQQ"),
-            struct.Struct(order + "IBBHQQ"),
-            (0, 1, 3, 4, 5, 2),
-        )
-    return _Layout(
-        struct.Struct(order + "HHIIIIIHHHHHH"),
-        struct.Struct(order + "IIIIIIIIII"),
-        struct.Struct(order + "IIIIIIII"),
-        struct.Struct(order + "IIIBBH"),
-        (0, 3, 5, 1, 2, 4),
-    )
-
-
-@dataclass(frozen=True)
-class _Section:
-    name: str
-    type: int
-    addr: int
-    offset: int
-    size: int
-    link: int
-    entsize: int
-
-
-class _Reader:
-    """Bounded reads of one open file; anything out of range is a SymbolError."""
-
-    def __init__(self, fd: int, path: str, size: int):
-        self.fd, self.path, self.size = fd, path, size
-
-    def read(self, offset: int, length: int, what: str) -> bytes:
-        if offset < 0 or length < 0 or offset + length > self.size or length > _MAX_TABLE:
-            raise SymbolError(f"{self.path}: corrupt {what} (outside the file)")
-        data = os.pread(self.fd, length, offset)
-        if len(data) != length:
-            raise SymbolError(f"{self.path}: short read of {what}")
-        return data
-
-
-def _cstr(table: bytes, start: int) -> str:
-    end = table.find(b"\0", start)
-    if start >= len(table) or end < 0:
-        return ""
-    return table[start:end].decode("utf-8", "replace")
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """A symbol table read but not yet parsed."""
-
-    rank: int
-    table: str
-    data: bytes
-    strings: bytes
-    versions: array.array[int]
-
-
 # name -> (rank, value, shndx, size, bind, table): the symbol a name resolves to
 _Entry = tuple[tuple[int, bool], int, int, int, int, str]
 
@@ -151,126 +83,55 @@ class SymbolIndex:
 
     def __init__(self, fd: int, path: str):
         self.path = path
-        st = os.fstat(fd)
-        self._file_size = st.st_size
-        r = _Reader(fd, path, st.st_size)
-        ident = r.read(0, 16, "ELF header") if st.st_size >= 16 else b""
-        if ident[:4] != b"\x7fELF":
-            raise SymbolError(f"{path} is not an ELF file")
-        if ident[4] not in (1, 2) or ident[5] not in (1, 2):
-            raise SymbolError(f"{path} is not a valid ELF file: bad class or byte order")
-        self._lay = _layout(ident[4], "<" if ident[5] == 1 else ">")
+        try:
+            elf = ElfFile(fd, path)
+        except ElfError as e:
+            raise SymbolError(str(e)) from None
+        self._file_size = elf.size
+        self.machine = elf.machine
+        self._sections = elf.sections
+        self._loads = [(p.vaddr, p.filesz, p.offset) for p in elf.loads()]
         self._functions: dict[str, _Entry] = {}
         self._others: dict[str, int] = {}  # defined non-function symbol -> type
         self._undefined: set[str] = set()
         self.tables: list[str] = []
-        self._sections: list[_Section] = []
-        self._loads: list[tuple[int, int, int]] = []  # (vaddr, filesz, offset)
-        self._pending: list[_Pending] = []
+        self._pending: list[tuple[int, SymbolTable]] = []  # (rank, table) read, not parsed
         self._lock = threading.Lock()
-        self._read_headers(r)
         for rank, name in enumerate(_TABLES):
-            sec = next((s for s in self._sections if s.name == name), None)
-            if sec is None or sec.type == _SHT_NOBITS:
-                continue
-            self.tables.append(name)
-            self._pending.append(self._read_table(r, rank, sec))
-        if self._pending and self._pending[0].table == ".dynsym":
-            self._parse(self._pending.pop(0))
+            try:
+                table = elf.symbol_table(name)
+            except ElfError as e:
+                raise SymbolError(str(e)) from None
+            if table is not None:
+                self.tables.append(name)
+                self._pending.append((rank, table))
+        if self._pending and self._pending[0][1].name == ".dynsym":
+            self._parse(*self._pending.pop(0))
 
-    def _read_headers(self, r: _Reader) -> None:
-        lay = self._lay
-        eh = lay.ehdr.unpack(r.read(16, lay.ehdr.size, "ELF header"))
-        self.machine = eh[1]
-        phoff, shoff, phentsize, phnum, shentsize, shnum, shstrndx = (
-            eh[4], eh[5], eh[8], eh[9], eh[10], eh[11], eh[12],
-        )  # fmt: skip
-        if shoff and shentsize < lay.shdr.size:
-            raise SymbolError(f"{r.path}: corrupt section headers")
-        raw = []
-        if shoff:
-            first = lay.shdr.unpack(r.read(shoff, lay.shdr.size, "section headers"))
-            shnum = shnum or first[5]  # e_shnum 0: the count is in section 0's size
-            if shstrndx == _SHN_XINDEX:
-                shstrndx = first[6]
-            data = r.read(shoff, shnum * shentsize, "section headers")
-            raw = [lay.shdr.unpack_from(data, i * shentsize) for i in range(shnum)]
-        names = b""
-        if raw and shstrndx < len(raw) and raw[shstrndx][1] != _SHT_NOBITS:
-            names = r.read(raw[shstrndx][4], raw[shstrndx][5], "section names")
-        for h in raw:
-            self._sections.append(_Section(_cstr(names, h[0]), h[1], h[3], h[4], h[5], h[6], h[9]))
-        if phoff and phnum:
-            if phentsize < lay.phdr.size:
-                raise SymbolError(f"{r.path}: corrupt program headers")
-            data = r.read(phoff, phnum * phentsize, "program headers")
-            for i in range(phnum):
-                p = lay.phdr.unpack_from(data, i * phentsize)
-                if self._lay.phdr.size == 56:  # ELF64: type, flags, offset, vaddr, _, filesz
-                    ptype, off, vaddr, filesz = p[0], p[2], p[3], p[5]
-                else:  # ELF32: type, offset, vaddr, _, filesz
-                    ptype, off, vaddr, filesz = p[0], p[1], p[2], p[4]
-                if ptype == _PT_LOAD:
-                    self._loads.append((vaddr, filesz, off))
-
-    def _read_table(self, r: _Reader, rank: int, sec: _Section) -> _Pending:
-        """The table's bytes, checked; parsed by _parse (at once for .dynsym)."""
-        lay = self._lay
-        if sec.entsize != lay.sym.size or sec.size % sec.entsize:
-            raise SymbolError(f"{r.path}: corrupt {sec.name} section")
-        if not 0 <= sec.link < len(self._sections):
-            raise SymbolError(f"{r.path}: corrupt {sec.name} section (string table)")
-        strsec = self._sections[sec.link]
-        strings = r.read(strsec.offset, strsec.size, f"{sec.name} strings")
-        data = r.read(sec.offset, sec.size, sec.name)
-        return _Pending(rank, sec.name, data, strings, self._versym(r, sec))
-
-    def _parse(self, t: _Pending) -> None:
+    def _parse(self, rank: int, t: SymbolTable) -> None:
         # The hot loop of a first attach: locals only, one precompiled struct.
-        i_name, i_info, i_shndx, i_value, i_size, _ = self._lay.sym_fields
+        _, i_info, i_shndx, i_value, i_size = t.fields
         funcs, others, undefined = self._functions, self._others, self._undefined
-        strings, find, nver = t.strings, t.strings.find, len(t.versions)
-        for i, s in enumerate(self._lay.sym.iter_unpack(t.data)):
-            start = s[i_name]
-            end = find(b"\0", start) if start else -1
-            if end <= start:
-                continue  # no name, or one running off the table
-            name = strings[start:end].decode("utf-8", "replace")
+        versions, nver = t.versions, len(t.versions)
+        for i, name, s in t.named():
             shndx, kind = s[i_shndx], s[i_info] & 0xF
-            if shndx == _SHN_UNDEF:
+            if shndx == SHN_UNDEF:
                 undefined.add(name)
-            elif kind != _STT_FUNC and kind != _STT_GNU_IFUNC:
+            elif kind != STT_FUNC and kind != STT_GNU_IFUNC:
                 others.setdefault(name, kind)
             else:
-                key = (t.rank, i < nver and bool(t.versions[i] & _VERSYM_HIDDEN))
+                key = (rank, i < nver and bool(versions[i] & _VERSYM_HIDDEN))
                 have = funcs.get(name)
                 if have is None or key < have[0]:
-                    funcs[name] = (key, s[i_value], shndx, s[i_size], s[i_info] >> 4, t.table)
+                    funcs[name] = (key, s[i_value], shndx, s[i_size], s[i_info] >> 4, t.name)
 
     def _complete(self) -> None:
         """Parse the tables put off so far (.symtab: static functions, rarely wanted).
         Cached indexes are shared by the broker's threads: one parses, others wait."""
         with self._lock:
             while self._pending:
-                self._parse(self._pending[0])
+                self._parse(*self._pending[0])
                 self._pending.pop(0)
-
-    def _versym(self, r: _Reader, sec: _Section) -> array.array[int]:
-        """The .gnu.version table of .dynsym (one u16 per symbol), or empty."""
-        out = array.array("H")
-        if sec.name != ".dynsym":
-            return out
-        for v in self._sections:
-            if v.type == _SHT_GNU_VERSYM:
-                try:
-                    raw = r.read(v.offset, v.size - v.size % 2, ".gnu.version")
-                except SymbolError:
-                    return out  # versions only rank duplicates: do without
-                out.frombytes(raw)
-                if (self._lay.sym.format[0] == "<") != (sys.byteorder == "little"):
-                    out.byteswap()
-                return out
-        return out
 
     # -------------------------------------------------------------- lookups
 
@@ -301,7 +162,7 @@ class SymbolIndex:
             value &= ~1  # Thumb bit
         if shndx < _SHN_LORESERVE and shndx < len(self._sections):
             sec = self._sections[shndx]
-            if sec.type != _SHT_NOBITS and sec.addr <= value <= sec.addr + sec.size:
+            if sec.type != SHT_NOBITS and sec.addr <= value <= sec.addr + sec.size:
                 off = value - sec.addr + sec.offset
                 if 0 <= off < self._file_size:
                     return off

@@ -13,6 +13,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench.procs import stop as stop_process
+
 CHROMIUM = "/usr/bin/chromium"
 # What a root-run Chromium needs to start in a bare container, and no network.
 FLAGS = (
@@ -59,12 +61,7 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, timeout=10)
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self) -> Browser:

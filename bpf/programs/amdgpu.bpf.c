@@ -16,9 +16,10 @@
  * the kernel; their jobs are never started, so their run/done events find
  * nothing.
  */
-#include "gfxbpf.h"
+#include "gfx_ring.h"
+#include "gfx_rows.h"
 
-#define RING_LEN 32
+#define RING_LEN GFX_RING_LEN
 #define COMM_LEN 16
 #define GPU_PAGE 4096
 
@@ -64,11 +65,6 @@ struct amd_job {
 	__u64 run_ns;
 	struct proc_key proc;
 	char ring[RING_LEN];
-};
-
-struct ring_key {
-	char ring[RING_LEN];
-	__u32 slot;
 };
 
 /* Per process: jobs submitted and finished, summed latencies (ns). */
@@ -130,26 +126,6 @@ static __always_inline void current_proc(struct proc_key *p)
 	bpf_get_current_comm(p->comm, sizeof(p->comm));
 }
 
-static __always_inline void *row(void *map, const void *key, const void *zero)
-{
-	void *v = bpf_map_lookup_elem(map, key);
-
-	if (v)
-		return v;
-	bpf_map_update_elem(map, key, zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(map, key);
-}
-
-static __always_inline void add_latency(void *map, const char *ring, __u64 ns)
-{
-	struct ring_key key;
-
-	__builtin_memset(&key, 0, sizeof(key));
-	__builtin_memcpy(key.ring, ring, sizeof(key.ring));
-	key.slot = gfx_log2(ns);
-	gfx_count(map, &key, 1);
-}
-
 SEC("tracepoint/amdgpu/amdgpu_cs_ioctl")
 int cs_ioctl(void *ctx)
 {
@@ -166,7 +142,7 @@ int cs_ioctl(void *ctx)
 	current_proc(&j.proc);
 	gfx_ctx_str(ctx, off_cs_ring, j.ring, sizeof(j.ring));
 	bpf_map_update_elem(&amd_jobs, &key, &j, BPF_ANY);
-	pj = row(&proc_jobs, &j.proc, &zero);
+	pj = gfx_row(&proc_jobs, &j.proc, &zero);
 	if (pj)
 		__sync_fetch_and_add(&pj->submitted, 1);
 	return 0;
@@ -186,7 +162,7 @@ int sched_run_job(void *ctx)
 	if (!jp || jp->run_ns)
 		return 0;  /* not submitted while we watched, or another user's */
 	jp->run_ns = now;
-	add_latency(&wait_latency, jp->ring, now - jp->submit_ns);
+	gfx_ring_latency(&wait_latency, jp->ring, now - jp->submit_ns);
 	pj = bpf_map_lookup_elem(&proc_jobs, &jp->proc);
 	if (pj)
 		__sync_fetch_and_add(&pj->wait_ns, now - jp->submit_ns);
@@ -208,7 +184,7 @@ int fence_signaled(void *ctx)
 		return 0;  /* most fences are not amdgpu jobs we started */
 	pj = bpf_map_lookup_elem(&proc_jobs, &jp->proc);
 	if (jp->run_ns) {
-		add_latency(&run_latency, jp->ring, now - jp->run_ns);
+		gfx_ring_latency(&run_latency, jp->ring, now - jp->run_ns);
 		if (pj)
 			__sync_fetch_and_add(&pj->run_ns, now - jp->run_ns);
 	}
@@ -227,7 +203,7 @@ static __always_inline void on_vm(__s64 start, __s64 last, int map)
 	if (!gfx_uid_ok(target_uid))
 		return;
 	current_proc(&p);
-	pv = row(&proc_vm, &p, &zero);
+	pv = gfx_row(&proc_vm, &p, &zero);
 	if (!pv)
 		return;
 	if (map) {

@@ -17,7 +17,7 @@
  *
  * Arguments are read from the x86-64 registers of the probed call.
  */
-#include "gfxbpf.h"
+#include "gfx_ucall.h"
 
 #define MAX_FUNCTIONS 64
 #define MAX_PROCESSES 64
@@ -37,11 +37,6 @@ struct fn_key {
 	__u32 function;
 };
 
-struct latency_key {
-	__u32 function;
-	__u32 slot;
-};
-
 /* Device memory of one process, as its allocations and frees returned. */
 struct cuda_memory {
 	__u64 live;       /* bytes allocated and not yet freed */
@@ -51,13 +46,8 @@ struct cuda_memory {
 	__u64 untracked;  /* allocations not counted: dptr_size was full */
 };
 
-struct entry_key {
-	__u32 tid;
-	__u32 function;
-};
-
 struct entry_val {
-	__u64 ts;
+	__u64 ts;         /* first: gfx_entry_elapsed() reads it */
 	__u64 bytes;      /* copy or allocation size */
 	__u64 dptr_ptr;   /* alloc: where the driver writes the device pointer */
 };
@@ -132,11 +122,6 @@ struct {
 	__type(value, __u64);
 } dptr_size SEC(".maps");
 
-static __always_inline int in_scope(void)
-{
-	return gfx_tgid_ok(target_pid) && gfx_uid_ok(target_uid);
-}
-
 /*
  * Argument n (0-based) of the probed call: di, si, dx, cx, r8, r9 at their
  * offsets in x86-64 struct pt_regs (ax, the return value, is at 80). Each
@@ -158,12 +143,8 @@ static __always_inline __u64 arg_n(void *ctx, __u32 n)
 static __always_inline struct cuda_memory *memory_of(__u32 tgid)
 {
 	struct cuda_memory zero = {};
-	struct cuda_memory *m = bpf_map_lookup_elem(&memory, &tgid);
 
-	if (m)
-		return m;
-	bpf_map_update_elem(&memory, &tgid, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&memory, &tgid);
+	return gfx_row(&memory, &tgid, &zero);
 }
 
 /* A free: forget the allocation and take its size off the live bytes. */
@@ -219,7 +200,7 @@ int cuda_entry(struct pt_regs *ctx)
 	struct entry_key key;
 	struct fn_key fk;
 
-	if (!in_scope())
+	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid))
 		return 0;
 	fk.tgid = id >> 32;
 	fk.function = cookie & 0xff;
@@ -233,8 +214,7 @@ int cuda_entry(struct pt_regs *ctx)
 		if (role == ROLE_ALLOC)
 			val.dptr_ptr = arg_n(ctx, 0);
 	}
-	key.tid = (__u32)id;
-	key.function = fk.function;
+	gfx_entry_key(&key, fk.function);
 	val.ts = bpf_ktime_get_ns();
 	bpf_map_update_elem(&entries, &key, &val, BPF_ANY);
 	return 0;
@@ -246,25 +226,22 @@ int cuda_return(struct pt_regs *ctx)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 role = (cookie >> 8) & 0xff;
 	__u64 id = bpf_get_current_pid_tgid();
-	struct latency_key lkey;
 	struct entry_val *e;
 	struct entry_key key;
 	struct fn_key fk;
 	__u64 delta;
 	__u32 rc;
 
-	if (!in_scope())
+	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid))
 		return 0;
 	fk.tgid = id >> 32;
 	fk.function = cookie & 0xff;
 	if (fk.function >= MAX_FUNCTIONS)
 		return 0;
-	key.tid = (__u32)id;
-	key.function = fk.function;
-	e = bpf_map_lookup_elem(&entries, &key);
+	gfx_entry_key(&key, fk.function);
+	e = gfx_entry_elapsed(&entries, &key, &delta);
 	if (!e)
 		return 0;  /* entered before we attached */
-	delta = bpf_ktime_get_ns() - e->ts;
 	rc = (__u32)GFX_LDX(ctx, u64, 80);  /* CUresult; 0 is CUDA_SUCCESS */
 	if (rc)
 		gfx_count(&errors, &fk, 1);
@@ -274,9 +251,7 @@ int cuda_return(struct pt_regs *ctx)
 		on_alloc(fk.tgid, e);
 	bpf_map_delete_elem(&entries, &key);
 	gfx_count(&time_ns, &fk, delta);
-	lkey.function = fk.function;
-	lkey.slot = gfx_log2(delta);
-	gfx_count(&latency, &lkey, 1);
+	gfx_call_latency(&latency, fk.function, delta);
 	return 0;
 }
 

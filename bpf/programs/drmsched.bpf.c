@@ -10,9 +10,9 @@
  *   identified by the finished-fence pointer (so sched_jobs, which holds it,
  *   stays broker-only).
  */
-#include "gfxbpf.h"
+#include "gfx_ring.h"
 
-#define NAME_LEN 32
+#define NAME_LEN GFX_RING_LEN
 
 const volatile __u32 target_uid = GFX_ANY;
 
@@ -47,11 +47,6 @@ struct job {
 	__u64 run_ns;
 	__u64 client_id;  /* 0: unknown (legacy events carry none) */
 	char ring[NAME_LEN];
-};
-
-struct ring_key {
-	char ring[NAME_LEN];
-	__u32 slot;
 };
 
 /* slot is a u64 so the key has no padding bytes to leave uninitialized */
@@ -100,16 +95,6 @@ struct {
 	__type(value, __u64);
 } client_run SEC(".maps");
 
-static __always_inline void add_latency(void *map, const char *ring, __u64 ns)
-{
-	struct ring_key key;
-
-	__builtin_memset(&key, 0, sizeof(key));
-	__builtin_memcpy(key.ring, ring, sizeof(key.ring));
-	key.slot = gfx_log2(ns);
-	gfx_count(map, &key, 1);
-}
-
 /* The client id at off, or 0 when this kernel's event has no client_id. */
 static __always_inline __u64 client_of(void *ctx, __u32 off)
 {
@@ -146,7 +131,7 @@ static __always_inline void on_run(void *ctx, struct job_key *key, __u32 off_nam
 	jp = bpf_map_lookup_elem(&sched_jobs, key);
 	if (jp) {
 		if (jp->queued_ns && !jp->run_ns) {
-			add_latency(&queue_latency, jp->ring, now - jp->queued_ns);
+			gfx_ring_latency(&queue_latency, jp->ring, now - jp->queued_ns);
 			add_client_latency(&client_queue, jp->client_id, now - jp->queued_ns);
 		}
 		jp->run_ns = now;
@@ -171,7 +156,7 @@ static __always_inline void on_done(struct job_key *key)
 	if (!jp)
 		return;
 	if (jp->run_ns) {
-		add_latency(&run_latency, jp->ring, now - jp->run_ns);
+		gfx_ring_latency(&run_latency, jp->ring, now - jp->run_ns);
 		add_client_latency(&client_run, jp->client_id, now - jp->run_ns);
 	}
 	bpf_map_delete_elem(&sched_jobs, key);

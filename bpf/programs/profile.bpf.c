@@ -11,11 +11,9 @@
  * taken (a kernel thread, a full or colliding stack table) keeps the
  * negative error as its stack id: it is counted, not dropped.
  */
-#include "gfxbpf.h"
+#include "gfx_ustack.h"
 #include <linux/bpf_perf_event.h>
 
-#define MAX_STACKS 8192
-#define MAX_DEPTH 127  /* PERF_MAX_STACK_DEPTH */
 #define TASK_COMM_LEN 16
 
 const volatile __u32 target_uid = GFX_ANY;
@@ -36,48 +34,19 @@ struct {
 	__type(value, __u64);
 } counts SEC(".maps");
 
-/* stack id -> user return addresses, innermost first, zero-padded */
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, MAX_STACKS);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, MAX_DEPTH * sizeof(__u64));
-} stacks SEC(".maps");
-
-/* 0 -> samples dropped because `counts` was full */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} lost SEC(".maps");
-
 SEC("perf_event")
 int profile_sample(struct bpf_perf_event_data *ctx)
 {
 	struct sample_key key = {};
-	__u64 one = 1, *v;
-	__u32 zero = 0;
+	__u64 one = 1;
 
 	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid))
 		return 0;
 	key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
-	key.user_stack = (__s32)bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+	key.user_stack = gfx_user_stack(ctx);
 	key.kernel = (ctx->regs.cs & 3) == 0;  /* CPL 0 */
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
-	v = bpf_map_lookup_elem(&counts, &key);
-	if (v) {
-		__sync_fetch_and_add(v, 1);
-		return 0;
-	}
-	if (bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST) == 0)
-		return 0;
-	v = bpf_map_lookup_elem(&counts, &key);  /* another CPU created it */
-	if (v) {
-		__sync_fetch_and_add(v, 1);
-		return 0;
-	}
-	gfx_count(&lost, &zero, 1);
+	gfx_count_or_lost(&counts, &key, &one);
 	return 0;
 }
 

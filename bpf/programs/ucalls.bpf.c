@@ -9,22 +9,12 @@
  * for that pid too; the knob also drops events from other processes that
  * map the same library).
  */
-#include "gfxbpf.h"
+#include "gfx_ucall.h"
 
 #define MAX_FUNCTIONS 64
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
-
-struct entry_key {
-	__u32 tid;
-	__u32 function;  /* nested traced calls on one thread keep apart */
-};
-
-struct latency_key {
-	__u32 function;
-	__u32 slot;
-};
 
 /* function index -> calls */
 struct {
@@ -50,23 +40,17 @@ struct {
 	__type(value, __u64);
 } entry_ts SEC(".maps");
 
-static __always_inline int in_scope(void)
-{
-	return gfx_tgid_ok(target_pid) && gfx_uid_ok(target_uid);
-}
-
 SEC("uprobe")
 int ucall_entry(struct pt_regs *ctx)
 {
 	struct entry_key key;
 	__u64 ts;
 
-	if (!in_scope())
+	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
+
+	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
-	key.function = (__u32)bpf_get_attach_cookie(ctx);
-	if (key.function >= MAX_FUNCTIONS)
-		return 0;
-	key.tid = (__u32)bpf_get_current_pid_tgid();
+	gfx_entry_key(&key, function);
 	ts = bpf_ktime_get_ns();
 	gfx_count(&calls, &key.function, 1);
 	bpf_map_update_elem(&entry_ts, &key, &ts, BPF_ANY);
@@ -76,24 +60,17 @@ int ucall_entry(struct pt_regs *ctx)
 SEC("uretprobe")
 int ucall_return(struct pt_regs *ctx)
 {
-	struct latency_key lkey;
+	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
 	struct entry_key key;
-	__u64 *start, delta;
+	__u64 delta;
 
-	if (!in_scope())
+	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
-	key.function = (__u32)bpf_get_attach_cookie(ctx);
-	if (key.function >= MAX_FUNCTIONS)
-		return 0;
-	key.tid = (__u32)bpf_get_current_pid_tgid();
-	start = bpf_map_lookup_elem(&entry_ts, &key);
-	if (!start)
+	gfx_entry_key(&key, function);
+	if (!gfx_entry_elapsed(&entry_ts, &key, &delta))
 		return 0;  /* entered before we attached */
-	delta = bpf_ktime_get_ns() - *start;
 	bpf_map_delete_elem(&entry_ts, &key);
-	lkey.function = key.function;
-	lkey.slot = gfx_log2(delta);
-	gfx_count(&latency, &lkey, 1);
+	gfx_call_latency(&latency, function, delta);
 	return 0;
 }
 

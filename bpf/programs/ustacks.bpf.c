@@ -11,12 +11,11 @@
  * in the key (`caller`), and the client puts it back between the
  * function and the rest of the stack.
  */
-#include "gfxbpf.h"
+#include "gfx_ucall.h"
+#include "gfx_ustack.h"
 #include <linux/ptrace.h>
 
 #define MAX_FUNCTIONS 64
-#define MAX_STACKS 8192
-#define MAX_DEPTH 127
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -34,13 +33,8 @@ struct call_stats {
 	__u64 total_ns;  /* entry to return, added at return */
 };
 
-struct entry_key {
-	__u32 tid;
-	__u32 function;
-};
-
 struct entry_val {
-	__u64 ts;
+	__u64 ts;  /* first: gfx_entry_elapsed() reads it */
 	struct call_key key;
 };
 
@@ -51,13 +45,6 @@ struct {
 	__type(value, struct call_stats);
 } calls SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, MAX_STACKS);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, MAX_DEPTH * sizeof(__u64));
-} stacks SEC(".maps");
-
 /* (thread, function) -> entry time and key; LRU so lost returns cannot fill it */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -66,51 +53,26 @@ struct {
 	__type(value, struct entry_val);
 } entry_ts SEC(".maps");
 
-/* 0 -> calls dropped because `calls` was full */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} lost SEC(".maps");
-
-static __always_inline int in_scope(void)
-{
-	return gfx_tgid_ok(target_pid) && gfx_uid_ok(target_uid);
-}
-
 SEC("uprobe")
 int ustack_entry(struct pt_regs *ctx)
 {
-	struct call_stats first, *st;
+	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
+	struct call_stats first;
 	struct entry_key ek;
 	struct entry_val ev = {};
-	__u32 zero = 0;
 
-	if (!in_scope())
-		return 0;
-	ek.function = (__u32)bpf_get_attach_cookie(ctx);
-	if (ek.function >= MAX_FUNCTIONS)
+	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	/* Field by field: a constant initializer would land in .rodata.cst16. */
 	first.calls = 1;
 	first.total_ns = 0;
-	ek.tid = (__u32)bpf_get_current_pid_tgid();
+	gfx_entry_key(&ek, function);
 	ev.key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	ev.key.function = ek.function;
-	ev.key.user_stack = (__s32)bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+	ev.key.user_stack = gfx_user_stack(ctx);
 	if (bpf_probe_read_user(&ev.key.caller, sizeof(ev.key.caller), (void *)ctx->rsp))
 		ev.key.caller = 0;
-	st = bpf_map_lookup_elem(&calls, &ev.key);
-	if (st)
-		__sync_fetch_and_add(&st->calls, 1);
-	else if (bpf_map_update_elem(&calls, &ev.key, &first, BPF_NOEXIST) != 0) {
-		st = bpf_map_lookup_elem(&calls, &ev.key);
-		if (st)
-			__sync_fetch_and_add(&st->calls, 1);
-		else
-			gfx_count(&lost, &zero, 1);
-	}
+	gfx_count_or_lost(&calls, &ev.key, &first);  /* calls: the first field */
 	ev.ts = bpf_ktime_get_ns();
 	bpf_map_update_elem(&entry_ts, &ek, &ev, BPF_ANY);
 	return 0;
@@ -119,21 +81,18 @@ int ustack_entry(struct pt_regs *ctx)
 SEC("uretprobe")
 int ustack_return(struct pt_regs *ctx)
 {
+	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
 	struct call_stats *st;
 	struct entry_val *ev;
 	struct entry_key ek;
 	__u64 delta;
 
-	if (!in_scope())
+	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
-	ek.function = (__u32)bpf_get_attach_cookie(ctx);
-	if (ek.function >= MAX_FUNCTIONS)
-		return 0;
-	ek.tid = (__u32)bpf_get_current_pid_tgid();
-	ev = bpf_map_lookup_elem(&entry_ts, &ek);
+	gfx_entry_key(&ek, function);
+	ev = gfx_entry_elapsed(&entry_ts, &ek, &delta);
 	if (!ev)
 		return 0;  /* entered before we attached */
-	delta = bpf_ktime_get_ns() - ev->ts;
 	st = bpf_map_lookup_elem(&calls, &ev->key);
 	if (st)
 		__sync_fetch_and_add(&st->total_ns, delta);

@@ -9,15 +9,15 @@
  * identified by its fence pointer, so xe_jobs stays broker-only.
  *
  * Binds: xe_vma_bind / xe_vma_unbind per address space; the `vm` pointer
- * becomes a small id (gfx_vmid.h) and the VMA size is end - start + 1.
+ * becomes a small id (gfx_vmid.h) and the VMA size is end - start + 1;
+ * the maps and their filling are shared with vmabind (gfx_vmbind.h).
  *
  * Needs the 6.11+ layout (`dev` and `vm` fields); on 6.10 the broker
  * reports the missing field.
  */
-#include "gfx_vmid.h"
+#include "gfx_vmbind.h"
 
 #define DEV_LEN 32
-#define MAX_VMS 4096
 
 /* 6.11+ class xe_sched_job: dev dl@8, fence ptr@40 */
 const volatile __u32 off_x_dev = 8;
@@ -77,36 +77,6 @@ struct {
 	__type(key, struct dev_key);
 	__type(value, __u64);
 } job_timeouts SEC(".maps");
-
-/* vm pointer -> id (broker-only: its keys are kernel addresses) */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_VMS);
-	__type(key, __u64);
-	__type(value, __u32);
-} vm_ids SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} vm_id_next SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_VMS);
-	__type(key, __u32);
-	__type(value, struct vm_stats);
-} vm_stats SEC(".maps");
-
-/* log2(bind size in bytes) -> binds */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, GFX_SLOTS);
-	__type(key, __u32);
-	__type(value, __u64);
-} bind_size SEC(".maps");
 
 static __always_inline void add_latency(void *map, const char *dev, __u64 ns)
 {
@@ -178,35 +148,19 @@ int job_timedout(void *ctx)
 	return 0;
 }
 
-static __always_inline void on_vma(__u64 vm, __u64 start, __u64 end, int bind)
-{
-	__u32 id = gfx_vm_id(&vm_ids, &vm_id_next, &vm_stats, vm, MAX_VMS);
-	__u64 size = end - start + 1;
-	__u32 slot;
-	__u64 *bucket;
-
-	gfx_vm_account(&vm_stats, id, size, bind);
-	if (!bind)
-		return;
-	slot = gfx_log2(size);
-	bucket = bpf_map_lookup_elem(&bind_size, &slot);
-	if (bucket)
-		__sync_fetch_and_add(bucket, 1);
-}
-
 SEC("tracepoint/xe/xe_vma_bind")
 int vma_bind(void *ctx)
 {
-	on_vma(gfx_ctx_u64(ctx, off_b_vm), gfx_ctx_u64(ctx, off_b_start),
-	       gfx_ctx_u64(ctx, off_b_end), 1);
+	gfx_vma_bind(gfx_ctx_u64(ctx, off_b_vm),
+		     gfx_ctx_u64(ctx, off_b_end) - gfx_ctx_u64(ctx, off_b_start) + 1, 1);
 	return 0;
 }
 
 SEC("tracepoint/xe/xe_vma_unbind")
 int vma_unbind(void *ctx)
 {
-	on_vma(gfx_ctx_u64(ctx, off_u_vm), gfx_ctx_u64(ctx, off_u_start),
-	       gfx_ctx_u64(ctx, off_u_end), 0);
+	gfx_vma_bind(gfx_ctx_u64(ctx, off_u_vm),
+		     gfx_ctx_u64(ctx, off_u_end) - gfx_ctx_u64(ctx, off_u_start) + 1, 0);
 	return 0;
 }
 

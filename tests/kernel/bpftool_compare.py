@@ -3,7 +3,8 @@
 `bpftool prog loadall` (libbpf) and gfxbpf.bpf each load an object; each
 program's xlated instructions (as bpftool dumps them, map ids masked) and the
 names of the maps it uses must be identical. test_conformance.py runs it over
-the catalog, test_corpus.py over the libbpf-tools corpus.
+the catalog, test_corpus.py over the libbpf-tools corpus, test_core_conformance.py
+over the CO-RE test objects.
 """
 
 from __future__ import annotations
@@ -72,6 +73,18 @@ def _bpftool_loadall(path: str, pin_dir: str) -> dict[str, int]:
         assert isinstance(info, dict)
         theirs[info["name"]] = info["id"]
     return theirs
+
+
+def libbpf_load(path: str | os.PathLike[str], prefix: str) -> tuple[str, dict[str, int]]:
+    """Load every program of the object with libbpf (bpftool), pinned under a new folder of
+    the BPF filesystem: (that folder, which the caller removes; the programs' ids by name)."""
+    pin_dir = tempfile.mkdtemp(prefix=prefix, dir=ensure_bpffs())
+    os.rmdir(pin_dir)  # bpftool creates it
+    try:
+        return pin_dir, _bpftool_loadall(os.fspath(path), pin_dir)
+    except BaseException:
+        shutil.rmtree(pin_dir, ignore_errors=True)
+        raise
 
 
 def _shown_name(prog_id: int) -> str:

@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.procs import stop as stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 RAWCLIENT = Path(__file__).with_name("rawclient.py")
 SERVICE = ROOT / "deploy" / "gfxbpf.service"
@@ -44,7 +46,8 @@ SOCKET_UNIT = ROOT / "deploy" / "gfxbpf.socket"
 MOUNT_DROPIN = ROOT / "deploy" / "sys-kernel-tracing.mount.d" / "gfxbpf.conf"
 TRACEFS = "/sys/kernel/tracing"
 # tools/setup.sh installs here (GFXBPF_VENV moves it, e.g. for a CI dry run).
-VENV = os.environ.get("GFXBPF_VENV", "/opt/gfxbpf/venv")
+DEFAULT_VENV = "/opt/gfxbpf/venv"
+VENV = os.environ.get("GFXBPF_VENV", DEFAULT_VENV)
 VENV_PYTHON = f"{VENV}/bin/python"
 BROKER_USER = "gfxbpf"
 ALICE = "gfxtest-alice"
@@ -235,14 +238,26 @@ def _prepare(
     return base, run, policy_path, owns
 
 
+def venv_program() -> dict[str, str]:
+    """The unit override that starts GFXBPF_VENV's broker: the unit's ExecStart
+    names the default venv, so none is needed there."""
+    if VENV == DEFAULT_VENV:
+        return {}
+    return {"program": f"{VENV}/bin/gfxbpf-broker"}
+
+
+def broker_program() -> str:
+    """The gfxbpf-broker script a test's broker runs."""
+    return venv_program().get("program") or _unit_exec_module().unit_exec(SERVICE).argv[0]
+
+
 def _unit_argv(
     flags: dict[str, str], overrides: Mapping[str, str] | None, as_root_with_user: bool
 ) -> list[str]:
     """The unit's ExecStart with flags: through setpriv as User=gfxbpf with the
     unit's capabilities, or run as root with --user (the broker drops itself)."""
     ue = _unit_exec_module()
-    if VENV != "/opt/gfxbpf/venv":  # the unit's ExecStart names the default venv
-        flags["program"] = f"{VENV}/bin/gfxbpf-broker"
+    flags.update(venv_program())
     flags.update(overrides or {})
     if as_root_with_user:
         flags["--user"] = BROKER_USER
@@ -490,15 +505,7 @@ class BrokerProcess:
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, wait (SIGKILL after timeout); return the exit status."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.returncode = self.proc.returncode
+        self.returncode = stop_process(self.proc, signal.SIGTERM, timeout)
         self._close_notify()
         if self._owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.procs import stop as stop_process
 from tests.conftest import skip_or_fail
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -40,6 +41,14 @@ def free_port() -> int:
 def http_get(url: str, timeout: float = 5.0, context: ssl.SSLContext | None = None) -> str:
     with urllib.request.urlopen(url, timeout=timeout, context=context) as r:  # noqa: S310
         return str(r.read().decode())
+
+
+def get_or_empty(url: str) -> str:
+    """http_get, or "" while nothing answers there yet (a server still starting)."""
+    try:
+        return http_get(url)
+    except OSError:
+        return ""
 
 
 def _tls_config(tls: Mapping[str, str] | None) -> str:
@@ -145,13 +154,7 @@ class PrometheusServer:
         return [t["health"] for t in reply["data"]["activeTargets"]]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, signal.SIGTERM, 20)
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> PrometheusServer:

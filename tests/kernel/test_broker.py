@@ -31,16 +31,17 @@ from tests.kernel.brokerenv import (
     BROKER_USER,
     MALLORY,
     SERVICE,
-    VENV,
     VENV_PYTHON,
     BrokerProcess,
     Client,
     _unit_exec_module,
     bpftool_prog_exists,
+    broker_program,
     ensure_user,
     policy_for,
     run_as,
     shared_dir,
+    venv_program,
     wait_until,
 )
 
@@ -155,7 +156,7 @@ def test_broker_holds_only_bpf_and_perfmon(broker: BrokerProcess) -> None:
     # Started from the unit's own ExecStart line (only the paths replaced).
     info = _unit_exec_module().unit_exec(SERVICE)
     cmdline = broker.cmdline()
-    program = info.argv[0] if VENV == "/opt/gfxbpf/venv" else f"{VENV}/bin/gfxbpf-broker"
+    program = broker_program()
     assert cmdline[1] == program  # the venv's gfxbpf-broker script
     assert broker.argv[broker.argv.index("--") + 1 :][0] == program
     flags = [a for a in info.argv[1:] if a.startswith("--")]
@@ -626,10 +627,7 @@ def test_audit_log_has_denied_and_ok_lines(broker: BrokerProcess, clients: Any) 
 
 
 def _broker_cmd(*args: str) -> list[str]:
-    info = _unit_exec_module().unit_exec(SERVICE)
-    # The unit names the default venv; GFXBPF_VENV moves it (as in brokerenv).
-    program = info.argv[0] if VENV == "/opt/gfxbpf/venv" else f"{VENV}/bin/gfxbpf-broker"
-    return [program, *args]
+    return [broker_program(), *args]
 
 
 def test_check_policy_good_and_broken(tmp_path: Path) -> None:
@@ -663,7 +661,8 @@ def test_start_errors_are_one_line(world_dir: Path) -> None:
     d = world_dir
     missing = str(d / "missing.toml")
     argv = ue.setpriv_argv(
-        SERVICE, {"--policy": missing, "--socket": str(d / "c.sock"), "--grpc": ""}
+        SERVICE,
+        {"--policy": missing, "--socket": str(d / "c.sock"), "--grpc": "", **venv_program()},
     )
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 1
@@ -675,7 +674,8 @@ def test_start_errors_are_one_line(world_dir: Path) -> None:
     bad.write_text('[[program]]\nname = 5\nusers = "x"\n')
     os.chmod(bad, 0o644)
     argv = ue.setpriv_argv(
-        SERVICE, {"--policy": str(bad), "--socket": str(d / "c.sock"), "--grpc": ""}
+        SERVICE,
+        {"--policy": str(bad), "--socket": str(d / "c.sock"), "--grpc": "", **venv_program()},
     )
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 1

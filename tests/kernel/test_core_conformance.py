@@ -13,11 +13,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import struct
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,41 +27,12 @@ from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import skip_or_fail
+from tests.kernel.bpftool_compare import libbpf_load, xlated
 from tests.kernel.core_libbpf_log import gfxbpf_decisions, libbpf_decisions
 
 pytestmark = pytest.mark.kernel
 
 OBJECT = Path(__file__).resolve().parent.parent / "data" / "core" / "core_kernel.bpf.o"
-BPFFS = "/sys/fs/bpf"
-_MAP_ID = re.compile(r"map\[id:\d+\]")
-
-
-def _bpftool_json(*args: str) -> object:
-    out = subprocess.run(["bpftool", "-j", *args], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
-
-
-def _xlated(prog_id: int) -> list[str]:
-    insns = _bpftool_json("prog", "dump", "xlated", "id", str(prog_id))
-    assert isinstance(insns, list) and insns, f"empty xlated dump for prog {prog_id}"
-    return [_MAP_ID.sub("map[id:*]", i["disasm"]) for i in insns]
-
-
-def _bpftool_load(path: Path) -> tuple[str, dict[str, int]]:
-    """Load every program with libbpf (bpftool); their ids by name, and the pin dir."""
-    if shutil.which("bpftool") is None:
-        skip_or_fail("bpftool is not installed (apt-get install bpftool)")
-    if not os.path.ismount(BPFFS):
-        subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], check=True)
-    pin_dir = tempfile.mkdtemp(prefix="gfxtest_core_", dir=BPFFS)
-    os.rmdir(pin_dir)  # bpftool creates it
-    subprocess.run(["bpftool", "prog", "loadall", str(path), pin_dir], check=True)
-    ids: dict[str, int] = {}
-    for pin in os.listdir(pin_dir):
-        info = _bpftool_json("prog", "show", "pinned", os.path.join(pin_dir, pin))
-        assert isinstance(info, dict)
-        ids[info["name"]] = info["id"]
-    return pin_dir, ids
 
 
 def test_core_object_loads_with_libbpf_code() -> None:
@@ -75,13 +44,13 @@ def test_core_object_loads_with_libbpf_code() -> None:
     assert any(r.result and r.result.poison for r in core.records)
     assert any(r.result and not r.result.poison and r.result.new_val != r.result.orig_val
                for r in core.records)  # fmt: skip
-    pin_dir, theirs = _bpftool_load(OBJECT)
+    pin_dir, theirs = libbpf_load(OBJECT, prefix="gfxtest_core_")
     try:
         with load(spec) as obj:
             ours = {p.name[:15]: p.id for p in obj.programs.values()}
             assert set(ours) == set(theirs) == {"core_fields", "core_kinds"}
             for name, our_id in ours.items():
-                mine, libbpf = _xlated(our_id), _xlated(theirs[name])
+                mine, libbpf = xlated(our_id), xlated(theirs[name])
                 assert mine == libbpf, f"program {name} differs from libbpf's"
                 # Poisoned reads sat in dead code: the verifier removed them.
                 assert not any("195896080" in line for line in mine)
@@ -203,10 +172,10 @@ def test_broker_privileges_suffice_for_core(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.stderr else ""
         ours = json.loads(line)["programs"]
-        pin_dir, theirs = _bpftool_load(OBJECT)
+        pin_dir, theirs = libbpf_load(OBJECT, prefix="gfxtest_core_")
         assert set(ours) == {"core_fields", "core_kinds"}
         for name, our_id in ours.items():
-            assert _xlated(our_id) == _xlated(theirs[name]), f"program {name} differs"
+            assert xlated(our_id) == xlated(theirs[name]), f"program {name} differs"
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)

@@ -14,6 +14,7 @@ without one reads nothing.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import ssl
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.procs import stop as stop_process
 from tests.kernel.brokerenv import (
     BASE_ENV,
     BROKER_USER,
@@ -39,7 +41,7 @@ from tests.kernel.brokerenv import (
     shared_dir,
     wait_until,
 )
-from tests.kernel.promenv import PrometheusServer, free_port, http_get
+from tests.kernel.promenv import PrometheusServer, free_port, get_or_empty, http_get
 from tests.tlscerts import make_ca
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -200,7 +202,7 @@ def stack() -> Iterator[Stack]:
     finally:
         for stop in (
             lambda: s.prom.stop(),
-            lambda: (s.exporter.terminate(), s.exporter.wait(10)),
+            lambda: stop_process(s.exporter, timeout=10),
             lambda: s.broker.stop(),
             workload.stop,
         ):
@@ -375,13 +377,7 @@ def test_over_grpc_the_counts_are_exact_too() -> None:
             )
             os.chmod(config, 0o644)
             exporter = start_exporter(config, broker.directory / "exporter-grpc.log")
-            url = f"http://127.0.0.1:{port}/metrics"
-
-            def scrape() -> str:
-                try:
-                    return http_get(url)
-                except OSError:
-                    return ""
+            scrape = functools.partial(get_or_empty, f"http://127.0.0.1:{port}/metrics")
 
             assert wait_until(lambda: "gfxbpf_up 1.0" in scrape(), 30), broker.stderr()
             before = scrape()
@@ -396,12 +392,10 @@ def test_over_grpc_the_counts_are_exact_too() -> None:
                 EXPORTER_USER, [f"{VENV}/bin/gfxbpf-exporter", "--config", str(config), "--once"]
             )
             assert once.returncode == 0 and "gfxbpf_up 1.0" in once.stdout, once.stderr
-            exporter.terminate()  # SIGTERM, as systemctl stop: a clean exit
-            assert exporter.wait(10) == 0
+            assert stop_process(exporter, timeout=10) == 0  # SIGTERM, as systemctl stop
         finally:
             if exporter is not None:
-                exporter.terminate()
-                exporter.wait(10)
+                stop_process(exporter, timeout=10)
             workload.stop()
 
 
@@ -447,13 +441,7 @@ def test_a_remote_broker_over_grpc_with_mtls() -> None:
         )
         os.chmod(config, 0o644)
         exporter = start_exporter(config, base / "exporter-remote.log")
-        url = f"http://127.0.0.1:{port}/metrics"
-
-        def scrape() -> str:
-            try:
-                return http_get(url)
-            except OSError:
-                return ""
+        scrape = functools.partial(get_or_empty, f"http://127.0.0.1:{port}/metrics")
 
         up = wait_until(lambda: "gfxbpf_up 1.0" in scrape(), 30)
         assert up, (base / "exporter-remote.log").read_text() + scrape()
@@ -464,8 +452,7 @@ def test_a_remote_broker_over_grpc_with_mtls() -> None:
         assert hellos and all(r["uid"] == uid for r in hellos)
     finally:
         if exporter is not None:
-            exporter.terminate()
-            exporter.wait(10)
+            stop_process(exporter, timeout=10)
         workload.stop()
         broker.stop()
         shutil.rmtree(base, ignore_errors=True)

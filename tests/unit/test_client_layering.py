@@ -89,6 +89,7 @@ ALLOWED_BPF = {
     "gfxbpf.bpf.consts",
     "gfxbpf.bpf.cuda_api",
     "gfxbpf.bpf.function_tables",
+    "gfxbpf.bpf.elf",  # only reads files: the profile symbolizer shares the broker's ELF reader
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
