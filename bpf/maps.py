@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -193,6 +193,14 @@ class Map:
     def lookup(self, key: KeyLike) -> Value | None:
         raw = bpfsys.map_lookup_elem(self.fileno(), self._key(key), self.buf_size)
         return None if raw is None else self._split(raw)
+
+    def lookup_many(self, keys: Iterable[KeyLike]) -> list[tuple[bytes, Value]]:
+        """(key, value) of each key present; for maps without batch ops (a stack table)."""
+        if self.percpu:
+            found = ((self._key(k), self.lookup(k)) for k in keys)
+            return [(k, v) for k, v in found if v is not None]
+        raw = (self._key(k) for k in keys)
+        return list(bpfsys.map_lookup_elems(self.fileno(), raw, self.key_size, self.buf_size))
 
     def __getitem__(self, key: KeyLike) -> Value:
         value = self.lookup(key)

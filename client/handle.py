@@ -139,10 +139,7 @@ class ClientMap:
         kmap = self._kernel_map()
         out: list[tuple[bytes, Value]] = []
         try:
-            for key in keys:
-                value = kmap.lookup(key)
-                if value is not None:
-                    out.append((key, value))
+            out.extend(kmap.lookup_many(keys))
         except OSError as e:
             if e.errno not in _NO_DIRECT:
                 raise ClientError(f"reading map {self.name!r} through its fd: {e}") from e

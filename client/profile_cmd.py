@@ -311,6 +311,9 @@ class Run:
     ended: float | None = None
     samples: int = 0
     processes: list[int] = field(default_factory=list)  # tgids the profile holds
+    # Stack id -> user addresses, read while sampling: an id keeps its stack for
+    # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
+    stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def targets(self) -> list[int]:
@@ -331,16 +334,37 @@ class Run:
         # Explicit pids: stop when none is left running.
         return bool(self.req.pids) and not any(_running(p) for p in self.req.pids)
 
-    def tick(self, progress: bool) -> None:
-        """Capture the targets' maps; every so often count what came in so far."""
+    def tick(self, read: bool) -> None:
+        """Capture the targets' maps; every so often read what came in so far."""
         if self.targets:
             self.maps.capture(self.targets)
-        if progress or not self.targets:
+        if read:
             entries = self.att.map(self.counts_map).raw_items()
             self.samples = _total(entries, self.req.probes)
             if not self.targets:  # everything in scope: name whatever was sampled
                 pids = {profile_read.SAMPLE_KEY.unpack(k)[0] for k, _ in entries}
                 self.maps.capture(pids - self.maps.seen)
+            self.read_stacks(entries, warm=True)
+
+    def read_stacks(self, entries: list[tuple[bytes, Any]], warm: bool = False) -> None:
+        """The stacks these entries name that were not read yet; warm: name
+        their frames now too (sampling only: probes' stacks are rearranged)."""
+        ids = profile_read.stack_ids(entries, self.req.probes) - self.stacks.keys()
+        if not ids:
+            return
+        stacks = self.att.map("stacks")
+        # Through the fd, only the stacks the counts name (no walk of the table).
+        found = stacks.lookup_many(struct.pack("<I", i) for i in sorted(ids))
+        new = profile_read.stack_table(stacks.raw_items() if found is None else found)
+        self.stacks.update(new)
+        if warm and not self.req.probes:
+            by_pid: dict[int, list[tuple[int, ...]]] = {}
+            for key, _ in entries:
+                tgid, sid = profile_read.SAMPLE_KEY.unpack(key)[:2]
+                if sid in new:
+                    by_pid.setdefault(tgid, []).append(new[sid])
+            for pid, user in by_pid.items():
+                self.maps.symbolizer.warm(pid, user)
 
 
 def _running(pid: int) -> bool:
@@ -367,7 +391,7 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
         count = now - last_count >= 1.0
         if count:
             last_count = now
-        run.tick(progress is not None and count)
+        run.tick(count)
         if progress is not None and count:
             what = "calls" if run.req.probes else "samples"
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
@@ -384,10 +408,8 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
     """Raw stacks from the maps (targets only), and the count the tables lost."""
     att, req = run.att, run.req
     entries = att.map(run.counts_map).raw_items()
-    # Through the fd, only the stacks the counts name (no walk of the table).
-    ids = profile_read.stack_ids(entries, req.probes)
-    found = att.map("stacks").lookup_many(struct.pack("<I", i) for i in sorted(ids))
-    stacks = profile_read.stack_table(att.map("stacks").raw_items() if found is None else found)
+    run.read_stacks(entries)
+    stacks = run.stacks
     if req.probes:
         raw = profile_read.call_stacks(entries, stacks, req.functions, req.weight)
     else:

@@ -50,11 +50,21 @@ class Symbolizer:
 
     def add_process(self, pid: int, maps: ProcessMaps) -> None:
         """Call while the process lives; calling again adds what a later snapshot saw."""
-        if pid in self._procs:
-            self._procs[pid].merge(maps)
-        else:
+        if pid not in self._procs:
             self._procs[pid] = maps
+        elif not self._procs[pid].merge(maps):
+            return  # nothing new: the names found so far still hold
         self._frames = {k: v for k, v in self._frames.items() if k[0] != pid}
+
+    def warm(self, pid: int, stacks: Iterable[tuple[int, ...]]) -> None:
+        """Name these user stacks' frames now (while sampling: the symbol tables
+        load and the names are cached), so symbolize() after it has less to do."""
+        maps = self._procs.get(pid)
+        if maps is None:
+            return
+        for user in stacks:
+            for i, a in enumerate(user):
+                self._frame(pid, maps, a if i == 0 else a - 1)
 
     def symbolize(
         self,
