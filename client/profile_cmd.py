@@ -459,6 +459,7 @@ def run(
         raise
     with broker:
         r = Run(req, att, Maps(symbolizer), child)
+        symbolizer.stack_depth = att.map("stacks").desc.value_size // 8
         try:
             if child is not None:
                 child.release()

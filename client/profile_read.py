@@ -92,22 +92,29 @@ def profile_stacks(
     """RawStacks (weight: samples) from profile's counts map; only pids if given."""
     wanted = set(pids)
     out = []
-    for key, value in counts:
-        _check("counts", key, SAMPLE_KEY.size)
-        tgid, sid, kernel, comm = SAMPLE_KEY.unpack(key)
+    comms: dict[bytes, str] = {}
+    unpack_key, unpack_count = SAMPLE_KEY.unpack, U64.unpack
+    for key, value in counts:  # tens of thousands of rows at high frequencies: kept lean
+        if len(key) != SAMPLE_KEY.size:
+            _check("counts", key, SAMPLE_KEY.size)
+        tgid, sid, kernel, comm = unpack_key(key)
         if wanted and tgid not in wanted:
             continue
         raw = _one(value)
-        _check("counts", raw, U64.size)
-        err = stack_error(sid, stacks)
+        if len(raw) != U64.size:
+            _check("counts", raw, U64.size)
+        user = stacks.get(sid) if sid >= 0 else None
+        name = comms.get(comm)
+        if name is None:
+            name = comms[comm] = _comm(comm)
         out.append(
             RawStack(
                 pid=tgid,
-                user=() if err else stacks[sid],
+                user=user or (),
                 kernel=bool(kernel),
-                weight=U64.unpack(raw)[0],
-                comm=_comm(comm),
-                user_error=err,
+                weight=unpack_count(raw)[0],
+                comm=name,
+                user_error=None if user is not None else stack_error(sid, stacks),
             )
         )
     return out
