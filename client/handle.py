@@ -85,6 +85,11 @@ class ClientMap:
     def is_events(self) -> bool:
         return self.show == "events" or self.map_type == MapType.RINGBUF
 
+    @property
+    def is_stack_table(self) -> bool:
+        """Return addresses by stack id: gfxclient profile names them (stack_view.py)."""
+        return self.map_type == MapType.STACK_TRACE
+
     def fileno(self) -> int:
         if self._fd is None:
             raise UsageError(f"map {self.name!r} has no fd here (it is read through the broker)")

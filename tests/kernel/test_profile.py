@@ -398,3 +398,44 @@ def _rooted(stacks: dict[str, int]) -> dict[str, int]:
         k = s[s.index(";main;") + 1 :] if ";main;" in s else s
         out[k] = out.get(k, 0) + n
     return out
+
+
+# ------------------------------------------------------------------ dump and watch
+
+
+def test_dump_and_watch_leave_the_stack_table_out_with_a_pointer(
+    broker: BrokerProcess, progs: dict[str, Path]
+) -> None:
+    """The stack table is thousands of rows of addresses: dump and watch show a
+    pointer to `gfxclient profile` instead; dump naming it lists short stacks."""
+    busy = run_as(ALICE, [str(progs["hotcold"]), "2000"], background=True)
+    try:
+        r = gfxclient(broker, "fd", "dump", "profile", "--wait", "1")
+        assert r.returncode == 0, r.stderr
+        assert "stacks: user stack table (return addresses, left out)" in r.stdout
+        assert "gfxclient profile" in r.stdout
+        assert max(len(line) for line in r.stdout.splitlines()) < 300, r.stdout
+        doc = json.loads(gfxclient(broker, "fd", "--json", "dump", "profile").stdout)
+        assert "stacks" not in doc["maps"] and doc["stack_tables_left_out"] == ["stacks"]
+        assert "counts" in doc["maps"]
+
+        r = gfxclient(broker, "fd", "--json", "dump", "profile", "stacks", "--wait", "1")
+        assert r.returncode == 0, r.stderr
+        table = json.loads(r.stdout)["maps"]["stacks"]
+        assert table["show"] == "stacks" and table["stacks"], table
+        for s in table["stacks"]:
+            assert 0 <= s["id"] < 32768 and 0 < len(s["frames"]) <= 32, s
+            assert all(int(a, 16) < KERNEL_MIN for a in s["frames"]), s
+        r = gfxclient(broker, "fd", "dump", "profile", "stacks", "--wait", "1")
+        assert r.returncode == 0, r.stderr
+        assert "stacks, innermost frame first" in r.stdout and " frames: 0x" in r.stdout
+
+        r = gfxclient(broker, "fd", "--json", "watch", "profile", "--once", "--interval", "0.5")
+        assert r.returncode == 0, r.stderr
+        line = json.loads(r.stdout.splitlines()[0])
+        assert "stacks" not in line["maps"] and line["stack_tables_left_out"] == ["stacks"]
+        r = gfxclient(broker, "fd", "watch", "profile", "--map", "stacks", "--once")
+        assert r.returncode != 0 and "gfxclient profile" in r.stderr, r.stderr
+    finally:
+        busy.kill()
+        busy.wait()
