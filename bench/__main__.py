@@ -104,8 +104,10 @@ NOTES = [
     "bench user's uid. The flame-graph row times gfxclient from the end of sampling to the "
     "written file (maps read, symbols, output) against `perf script` plus a fold in Python "
     "(Debian has no stackcollapse-perf.pl), each at the frequency shown; the stack-trace "
-    "map holds 8192 stacks and drops colliding ones (their samples kept as [user stack "
-    "lost]), so gfxbpf folds fewer distinct stacks than perf. gfxclient's symbol cache "
+    "map holds 16385 stacks in 32768 buckets and drops colliding ones (their samples kept "
+    "as [user stack lost]), and its 16384-row count map fills at 20 kHz (the rest counted "
+    "as lost), so gfxbpf folds fewer distinct stacks than perf. gfxclient reads new stacks "
+    "and names their frames once a second while sampling; its symbol cache "
     "(~/.cache/gfxbpf/symbols) is warm after the first profile.",
 ]
 

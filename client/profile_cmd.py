@@ -334,11 +334,13 @@ class Run:
         # Explicit pids: stop when none is left running.
         return bool(self.req.pids) and not any(_running(p) for p in self.req.pids)
 
-    def tick(self, read: bool) -> None:
-        """Capture the targets' maps; every so often read what came in so far."""
+    def tick(self, read: bool, progress: bool) -> None:
+        """Capture the targets' maps; every so often read what came in so far
+        (through the broker, as over gRPC, only to show progress or find pids)."""
         if self.targets:
             self.maps.capture(self.targets)
-        if read:
+        direct = self.att.map(self.counts_map).fd is not None
+        if read and (direct or progress or not self.targets):
             entries = self.att.map(self.counts_map).raw_items()
             self.samples = _total(entries, self.req.probes)
             if not self.targets:  # everything in scope: name whatever was sampled
@@ -355,6 +357,8 @@ class Run:
         stacks = self.att.map("stacks")
         # Through the fd, only the stacks the counts name (no walk of the table).
         found = stacks.lookup_many(struct.pack("<I", i) for i in sorted(ids))
+        if found is None and warm:
+            return  # read through the broker: the whole table, so once, at the end
         new = profile_read.stack_table(stacks.raw_items() if found is None else found)
         self.stacks.update(new)
         if warm and not self.req.probes:
@@ -391,7 +395,7 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
         count = now - last_count >= 1.0
         if count:
             last_count = now
-        run.tick(count)
+        run.tick(count, progress is not None)
         if progress is not None and count:
             what = "calls" if run.req.probes else "samples"
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
