@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import struct
@@ -447,6 +448,20 @@ def run(
     stop: Stopper,
 ) -> int:
     """gfxclient profile; returns the exit code."""
+    collecting = gc.isenabled()
+    try:
+        return _run(args, out, connect, stop)
+    finally:
+        if collecting:  # _run turns the collector off once sampling ends
+            gc.enable()
+
+
+def _run(
+    args: argparse.Namespace,
+    out: TextIO,
+    connect: Callable[[argparse.Namespace], Broker],
+    stop: Stopper,
+) -> int:
     req = parse_request(args)
     symbolizer = Symbolizer()
     child = Child(req.command) if req.command else None
@@ -470,6 +485,10 @@ def run(
                 r.started = time.monotonic()
             progress = sys.stderr if sys.stderr.isatty() and not args.json else None
             sample(r, stop, args.duration, progress)
+            # From here to the file, tens of thousands of rows become objects that
+            # all live to the end: the cyclic collector would only walk them (~1/3
+            # of profile_stacks' time with 16,000 rows).
+            gc.disable()
             raw, lost = collect(r)
             r.processes = sorted({s.pid for s in raw})
         finally:

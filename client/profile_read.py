@@ -66,13 +66,8 @@ _STACK_ERRORS = {
 def stack_ids(entries: Entries, probes: bool = False) -> set[int]:
     """The stack ids a counts (profile) or calls (ustacks) map refers to."""
     layout = CALL_KEY if probes else SAMPLE_KEY
-    ids = set()
-    for key, _ in entries:
-        if len(key) == layout.size:
-            sid = layout.unpack(key)[1]
-            if sid >= 0:
-                ids.add(sid)
-    return ids
+    keys = b"".join(k for k, _ in entries if len(k) == layout.size)  # one C loop, not 16,000
+    return {row[1] for row in layout.iter_unpack(keys) if row[1] >= 0}
 
 
 def stack_error(stack_id: int, stacks: dict[int, tuple[int, ...]]) -> str | None:
@@ -90,19 +85,18 @@ def profile_stacks(
     counts: Entries, stacks: dict[int, tuple[int, ...]], pids: Sequence[int] = ()
 ) -> list[RawStack]:
     """RawStacks (weight: samples) from profile's counts map; only pids if given."""
+    rows = list(counts)
+    for key, value in rows:  # sizes first, so the rows can be unpacked in one go
+        _check("counts", key, SAMPLE_KEY.size)
+        _check("counts", _one(value), U64.size)
     wanted = set(pids)
+    keys = SAMPLE_KEY.iter_unpack(b"".join(k for k, _ in rows))
+    weights = U64.iter_unpack(b"".join(v for _, v in rows))  # type: ignore[misc]
     out = []
     comms: dict[bytes, str] = {}
-    unpack_key, unpack_count = SAMPLE_KEY.unpack, U64.unpack
-    for key, value in counts:  # tens of thousands of rows at high frequencies: kept lean
-        if len(key) != SAMPLE_KEY.size:
-            _check("counts", key, SAMPLE_KEY.size)
-        tgid, sid, kernel, comm = unpack_key(key)
+    for (tgid, sid, kernel, comm), (weight,) in zip(keys, weights, strict=True):
         if wanted and tgid not in wanted:
             continue
-        raw = _one(value)
-        if len(raw) != U64.size:
-            _check("counts", raw, U64.size)
         user = stacks.get(sid) if sid >= 0 else None
         name = comms.get(comm)
         if name is None:
@@ -112,7 +106,7 @@ def profile_stacks(
                 pid=tgid,
                 user=user or (),
                 kernel=bool(kernel),
-                weight=unpack_count(raw)[0],
+                weight=weight,
                 comm=name,
                 user_error=None if user is not None else stack_error(sid, stacks),
             )
