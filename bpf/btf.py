@@ -340,6 +340,27 @@ class Btf(TypeTable):
 
         return decode
 
+    def batch_decoder(self, type_id: int, stride: int = 0) -> Callable[[Any, int], list[Any]]:
+        """fn(buf, n) -> n values of `type_id` laid `stride` bytes apart (default:
+        its size), compiled once: a whole batch-lookup buffer in one pass."""
+        try:
+            size = self._decoders.get(type_id)[0]
+            fn = self._decoders.batch(type_id, stride)
+        except (struct.error, OverflowError) as e:
+            raise BtfError(f"cannot decode type id {type_id}: {e}") from None
+        step = stride or size
+        desc = f"type id {type_id}"
+
+        def decode(buf: Any, n: int) -> list[Any]:
+            if len(buf) < n * step:
+                raise BtfError(f"cannot decode {n} x {desc}: need {n * step} bytes, got {len(buf)}")
+            try:
+                return fn(buf, n)
+            except struct.error as e:
+                raise BtfError(f"cannot decode {desc}: {e}") from None
+
+        return decode
+
 
 def _secinfo_offset(si: VarSecinfo) -> int:
     return si.offset
