@@ -29,6 +29,10 @@ LEN_MASK = DISCARD_BIT - 1
 # commits within microseconds, so start short and back off.
 _BUSY_NAP_MIN = 20e-6
 _BUSY_NAP_MAX = 2e-3
+# Programs may commit without waking the reader (BPF_RB_NO_WAKEUP: the
+# wake-up costs the program more than its work; bpf/programs/gfxbpf_ring.h),
+# so poll() looks again at least this often, seconds, while it waits.
+WAKE_TICK = 0.05
 
 # Native formats: struct copies these with one aligned load/store (memcpy of
 # 4/8 bytes), so positions and headers are never torn. x86-64 only.
@@ -195,7 +199,8 @@ class RingBuffer:
 
         [] means the timeout passed with nothing committed: a record that is
         reserved but not yet committed (BUSY) is waited for, not reported as
-        an empty ring.
+        an empty ring. A record committed without a wake-up is seen within
+        WAKE_TICK seconds.
         """
         records = self.drain()
         if records:
@@ -216,7 +221,7 @@ class RingBuffer:
                 time.sleep(nap if left is None else min(nap, left))
                 nap = min(2 * nap, _BUSY_NAP_MAX)
             else:
-                ep.poll(-1 if left is None else left)
+                ep.poll(WAKE_TICK if left is None else min(left, WAKE_TICK))
             records = self.drain()
             if records:
                 return records
