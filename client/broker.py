@@ -21,16 +21,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from gfxbpf.client.connection import UnixConnection, default_socket
 from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
 from gfxbpf.client.grpc_config import TlsFiles, default_grpc
 from gfxbpf.client.handle import Attachment
-from gfxbpf.client.tokens import TokenCache, cache_key
 from gfxbpf.client.transport import Transport
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto.scopes import SCOPE_ENUMS, is_scope_value
+
+if TYPE_CHECKING:
+    from gfxbpf.client.tokens import TokenCache
 
 PROTOCOL = 1
 VIAS = ("auto", "fd", "grpc")
@@ -152,6 +154,7 @@ class Broker:
         socket_path: str,
     ) -> Broker:
         from gfxbpf.client.grpc_transport import GrpcTransport
+        from gfxbpf.client.tokens import TokenCache, cache_key  # gRPC only: hashlib, tempfile
 
         transport = GrpcTransport(
             address, token, tls=tls if not address.startswith("unix:") else None
