@@ -31,8 +31,11 @@ _BUSY_NAP_MIN = 20e-6
 _BUSY_NAP_MAX = 2e-3
 # Programs may commit without waking the reader (BPF_RB_NO_WAKEUP: the
 # wake-up costs the program more than its work; bpf/programs/gfxbpf_ring.h),
-# so poll() looks again at least this often, seconds, while it waits.
+# so poll() looks again at least this often, seconds, while it waits; right
+# after records came it looks sooner (_TICK_MIN, doubling while none come),
+# so a stream that flows is read in small batches, an idle one costs little.
 WAKE_TICK = 0.05
+_TICK_MIN = 1e-3
 
 # Native formats: struct copies these with one aligned load/store (memcpy of
 # 4/8 bytes), so positions and headers are never torn. x86-64 only.
@@ -94,6 +97,7 @@ class RingBuffer:
         self._cons: mmap.mmap | None = None
         self._data: mmap.mmap | None = None
         self._epoll: select.epoll | None = None
+        self._tick = WAKE_TICK  # poll()'s longest wait between looks, now
         self.records = 0  # records handed out so far
         self.discarded = 0  # records the producer discarded (skipped)
         # Records the producer could not reserve are not knowable here: the
@@ -141,6 +145,7 @@ class RingBuffer:
         rb._fd, rb._owns_fd, rb._epoll = -1, False, None
         rb._cons, rb._data = cons, data
         rb.records = rb.discarded = 0
+        rb._tick = WAKE_TICK
         rb.max_entries, rb._mask, rb._page = max_entries, max_entries - 1, mmap.PAGESIZE
         return rb
 
@@ -272,6 +277,7 @@ class RingBuffer:
         """
         records = self.drain()
         if records:
+            self._tick = _TICK_MIN
             return records
         ep = self._epoll
         if ep is None:
@@ -282,6 +288,7 @@ class RingBuffer:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []
+            tick = self._tick
             if self.pending():
                 # The head record is BUSY. epoll is level-triggered on unread
                 # bytes, so it would return at once: nap while the producer
@@ -289,9 +296,11 @@ class RingBuffer:
                 time.sleep(nap if left is None else min(nap, left))
                 nap = min(2 * nap, _BUSY_NAP_MAX)
             else:
-                ep.poll(WAKE_TICK if left is None else min(left, WAKE_TICK))
+                ep.poll(tick if left is None else min(left, tick))
+                self._tick = min(2 * tick, WAKE_TICK)
             records = self.drain()
             if records:
+                self._tick = _TICK_MIN
                 return records
 
     def __iter__(self) -> Iterator[bytes]:
