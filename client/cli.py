@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {client_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     _add_globals(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -406,6 +406,18 @@ def _snapshot(maps: list[ClientMap]) -> dict[str, MapData]:
 
 def _now_text() -> str:
     return time.strftime("%H:%M:%S")
+
+
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked for (not on every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show gfxclient's version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"{PROG} {client_version()}")
+        parser.exit()
 
 
 def _dump_json(obj: Any, out: TextIO) -> None:

@@ -8,6 +8,7 @@
  * offsets (CO-RE), which catalog objects do not use.
  */
 #include "gfxbpf.h"
+#include "gfxbpf_ring.h"
 
 #define FILENAME_LEN 256
 
@@ -60,7 +61,7 @@ int process_exec(void *ctx)
 	if (!e)
 		return 0;
 	fill_event(e, ctx);
-	bpf_ringbuf_submit(e, 0);
+	gfx_ringbuf_submit(&events, e, sizeof(*e)); /* no wake-up per exec */
 	return 0;
 }
 
