@@ -37,6 +37,7 @@ from gfxbpf.client.display import (
     format_value,
     histogram_lines,
     humanize_ns,
+    json_line,
     jsonable,
     rates,
     render_map,
@@ -421,7 +422,7 @@ class _VersionAction(argparse.Action):
 
 
 def _dump_json(obj: Any, out: TextIO) -> None:
-    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    out.write(json_line(obj) + "\n")
     out.flush()
 
 
@@ -772,7 +773,8 @@ def _dump_doc(
                 "key_label": m.key_label,
                 "description": m.description,
                 "per_cpu": m.per_cpu,
-                "entries": [{"key": jsonable(k), "value": jsonable(v)} for k, v in entries],
+                # Decoded values as they are: _dump_json writes them (json_line).
+                "entries": [{"key": k, "value": v} for k, v in entries],
             }
             for m, entries in snaps
         },
