@@ -12,9 +12,13 @@ import errno
 import os
 import struct
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from gfxbpf.client import profile
 from gfxbpf.client.errors import ProtocolError
-from gfxbpf.client.profile.model import RawStack
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profile.model import RawStack
 
 # profile.bpf.c struct sample_key: tgid, user_stack (id or -errno), kernel, comm[16]
 SAMPLE_KEY = struct.Struct("<IiI16s")
@@ -101,7 +105,7 @@ def profile_stacks(
         _check("counts", raw, U64.size)
         err = stack_error(sid, stacks)
         out.append(
-            RawStack(
+            profile.RawStack(  # the model is imported on first use (issue #15)
                 pid=tgid,
                 user=() if err else stacks[sid],
                 kernel=bool(kernel),
@@ -137,7 +141,7 @@ def call_stacks(
         user = ((caller,) if caller else ()) + above
         leaf = functions[function] if function < len(functions) else f"[function {function}]"
         out.append(
-            RawStack(
+            profile.RawStack(
                 pid=tgid,
                 user=user,
                 kernel=False,
