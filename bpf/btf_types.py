@@ -1,4 +1,4 @@
-"""BTF's vocabulary: kind numbers, encoding bits, BtfError and a dataclass per kind.
+"""BTF's vocabulary: kind numbers, encoding bits, BtfError and a class per kind.
 
 Leaf module: everything else in the btf_* modules builds on it. Code
 dispatches on a type's class (match): Ptr, Typedef, Const... share Ref's
@@ -10,7 +10,6 @@ kept on every type: it is what the blob holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from gfxbpf.bpf.errors import InputError
 
@@ -85,73 +84,145 @@ class BtfError(ValueError, InputError):
     """A BTF blob, .BTF.ext blob or BTF map definition is corrupt or unsupported."""
 
 
-@dataclass(slots=True)
-class BtfType:
+class _Record:
+    """Equality and repr over every field (__slots__, base class first).
+
+    Plain slotted classes, not dataclasses: 26 @dataclass(slots=True) cost
+    ~49 M instructions (~6 ms) at every import of the client, which decodes
+    with BTF (issue #15). Each __init__ sets every field itself (no chained
+    base __init__): the broker builds ~127,000 of these from vmlinux BTF.
+    Unhashable, as the dataclasses were.
+    """
+
+    __slots__ = ()
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, n) for n in _field_names(type(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        pairs = ", ".join(f"{n}={getattr(self, n)!r}" for n in _field_names(type(self)))
+        return f"{type(self).__name__}({pairs})"
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(n for c in reversed(cls.__mro__) for n in c.__dict__.get("__slots__", ()))
+
+
+class BtfType(_Record):
     """Common part of every type: id (0 = void), kind (KIND_*), name."""
 
-    id: int
-    kind: int
-    name: str
-    name_off: int
-    kind_flag: bool
+    __slots__ = ("id", "kind", "name", "name_off", "kind_flag")
+
+    def __init__(self, id: int, kind: int, name: str, name_off: int, kind_flag: bool) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
 
     @property
     def kind_name(self) -> str:
         return KIND_NAMES.get(self.kind, f"KIND_{self.kind}")
 
 
-@dataclass(slots=True)
 class Void(BtfType):
     """Type id 0."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Int(BtfType):
-    size: int
-    encoding: int  # INT_SIGNED | INT_CHAR | INT_BOOL
-    bit_offset: int
-    bits: int
+    __slots__ = ("size", "encoding", "bit_offset", "bits")
+    # encoding: INT_SIGNED | INT_CHAR | INT_BOOL
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        size: int,
+        encoding: int,
+        bit_offset: int,
+        bits: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.size = size
+        self.encoding = encoding
+        self.bit_offset = bit_offset
+        self.bits = bits
 
     @property
     def signed(self) -> bool:
         return bool(self.encoding & INT_SIGNED)
 
 
-@dataclass(slots=True)
 class Ref(BtfType):
     """PTR, TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG: a reference to `type`."""
 
-    type: int
+    __slots__ = ("type",)
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        type: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.type = type
 
 
-@dataclass(slots=True)
 class Ptr(Ref):
     """PTR: the only Ref resolve() does not skip."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Typedef(Ref):
     """TYPEDEF: `name` is the typedef's own name."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Volatile(Ref):
     """VOLATILE qualifier."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Const(Ref):
     """CONST qualifier."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Restrict(Ref):
     """RESTRICT qualifier."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class TypeTag(Ref):
     """TYPE_TAG: an attribute (`__user`...) on the type it refers to."""
+
+    __slots__ = ()
 
 
 # The Ref class of each Ref kind.
@@ -165,111 +236,278 @@ REF_CLASSES: dict[int, type[Ref]] = {
 }
 
 
-@dataclass(slots=True)
 class Array(BtfType):
-    type: int
-    index_type: int
-    nelems: int
+    __slots__ = ("type", "index_type", "nelems")
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        type: int,
+        index_type: int,
+        nelems: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.type = type
+        self.index_type = index_type
+        self.nelems = nelems
 
 
-@dataclass(slots=True)
-class Member:
-    name: str
-    name_off: int
-    type: int
-    bit_offset: int
-    bitfield_size: int  # 0 unless the struct's kind_flag is set and this is a bitfield
+class Member(_Record):
+    __slots__ = ("name", "name_off", "type", "bit_offset", "bitfield_size")
+    # bitfield_size: 0 unless the struct's kind_flag is set and this is a bitfield
+
+    def __init__(
+        self,
+        name: str,
+        name_off: int,
+        type: int,
+        bit_offset: int,
+        bitfield_size: int,
+    ) -> None:
+        self.name = name
+        self.name_off = name_off
+        self.type = type
+        self.bit_offset = bit_offset
+        self.bitfield_size = bitfield_size
 
 
-@dataclass(slots=True)
 class Composite(BtfType):
     """STRUCT or UNION."""
 
-    size: int
-    members: list[Member]
+    __slots__ = ("size", "members")
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        size: int,
+        members: list[Member],
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.size = size
+        self.members = members
 
 
-@dataclass(slots=True)
 class Struct(Composite):
     """STRUCT."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Union(Composite):
     """UNION: every member at offset 0."""
 
-
-@dataclass(slots=True)
-class EnumValue:
-    name: str
-    name_off: int
-    value: int
+    __slots__ = ()
 
 
-@dataclass(slots=True)
+class EnumValue(_Record):
+    __slots__ = ("name", "name_off", "value")
+
+    def __init__(self, name: str, name_off: int, value: int) -> None:
+        self.name = name
+        self.name_off = name_off
+        self.value = value
+
+
 class Enum(BtfType):
     """ENUM or ENUM64; kind_flag set = signed values."""
 
-    size: int
-    values: list[EnumValue]
+    __slots__ = ("size", "values")
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        size: int,
+        values: list[EnumValue],
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.size = size
+        self.values = values
 
     @property
     def signed(self) -> bool:
         return self.kind_flag
 
 
-@dataclass(slots=True)
 class Fwd(BtfType):
     """Forward declaration; kind_flag set = union, else struct."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
+
 class Func(BtfType):
-    type: int  # FUNC_PROTO id
-    linkage: int
+    __slots__ = ("type", "linkage")
+    # type: FUNC_PROTO id
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        type: int,
+        linkage: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.type = type
+        self.linkage = linkage
 
 
-@dataclass(slots=True)
-class Param:
-    name: str
-    name_off: int
-    type: int
+class Param(_Record):
+    __slots__ = ("name", "name_off", "type")
+
+    def __init__(self, name: str, name_off: int, type: int) -> None:
+        self.name = name
+        self.name_off = name_off
+        self.type = type
 
 
-@dataclass(slots=True)
 class FuncProto(BtfType):
-    type: int  # return type (0 = void)
-    params: list[Param]
+    __slots__ = ("type", "params")
+    # type: return type (0 = void)
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        type: int,
+        params: list[Param],
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.type = type
+        self.params = params
 
 
-@dataclass(slots=True)
 class Var(BtfType):
-    type: int
-    linkage: int
+    __slots__ = ("type", "linkage")
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        type: int,
+        linkage: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.type = type
+        self.linkage = linkage
 
 
-@dataclass(slots=True)
-class VarSecinfo:
-    type: int  # VAR (or FUNC for .ksyms) id
-    offset: int
-    size: int
+class VarSecinfo(_Record):
+    __slots__ = ("type", "offset", "size")
+    # type: VAR (or FUNC for .ksyms) id
+
+    def __init__(self, type: int, offset: int, size: int) -> None:
+        self.type = type
+        self.offset = offset
+        self.size = size
 
 
-@dataclass(slots=True)
 class Datasec(BtfType):
-    size: int
-    secinfos: list[VarSecinfo]
+    __slots__ = ("size", "secinfos")
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        size: int,
+        secinfos: list[VarSecinfo],
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.size = size
+        self.secinfos = secinfos
 
 
-@dataclass(slots=True)
 class Float(BtfType):
-    size: int
+    __slots__ = ("size",)
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        size: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.size = size
 
 
-@dataclass(slots=True)
 class DeclTag(BtfType):
-    type: int
-    component_idx: int  # -1: the type itself, else member/param index
+    __slots__ = ("type", "component_idx")
+    # component_idx: -1: the type itself, else member/param index
+
+    def __init__(
+        self,
+        id: int,
+        kind: int,
+        name: str,
+        name_off: int,
+        kind_flag: bool,
+        type: int,
+        component_idx: int,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.name = name
+        self.name_off = name_off
+        self.kind_flag = kind_flag
+        self.type = type
+        self.component_idx = component_idx
 
 
 def refs(t: BtfType) -> Iterator[int]:

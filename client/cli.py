@@ -20,10 +20,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.client import cuda_view, profile_cmd, stack_view
+from gfxbpf.client import profile_cmd, stack_view
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
@@ -37,6 +38,7 @@ from gfxbpf.client.display import (
     format_value,
     histogram_lines,
     humanize_ns,
+    json_line,
     jsonable,
     rates,
     render_map,
@@ -60,7 +62,20 @@ from gfxbpf.client.handle import Attachment, ClientMap, scope_name
 from gfxbpf.client.syscalls import syscall_name
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
+if TYPE_CHECKING:
+    from gfxbpf.client.cuda_view import CudaWatch
+
 PROG = "gfxclient"
+# `watch cuda`'s view (with the CUDA function table) is imported only for
+# that program (issue #15); test_cuda_table checks the name against it.
+CUDA_PROGRAM = "cuda"
+
+
+def _cuda_view() -> ModuleType:
+    from gfxbpf.client import cuda_view
+
+    return cuda_view
+
 
 EPILOG = f"""\
 transport:
@@ -326,10 +341,10 @@ def _connect(args: argparse.Namespace) -> Broker:
 
 
 def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
-    if args.name == cuda_view.PROGRAM and not args.library:
+    if args.name == CUDA_PROGRAM and not args.library:
         if not args.pid:
             raise UsageError("cuda needs --pid PID: a process of yours that uses CUDA")
-        args.library = cuda_view.find_libcuda(args.pid)  # the user need not know the path
+        args.library = _cuda_view().find_libcuda(args.pid)  # the user need not know the path
     try:
         return broker.attach(
             args.name,
@@ -358,8 +373,8 @@ def key_formatter(
     """Keys as people know them: syscall numbers as names, function indexes as
     names, DRM client ids with the caller's own processes that hold them."""
     label = cmap.key_label
-    if att.program == cuda_view.PROGRAM:
-        return cuda_view.key_text
+    if att.program == CUDA_PROGRAM:
+        return _cuda_view().key_text
 
     def fmt(key: Any) -> str:
         if label == DRM_CLIENT_LABEL and drm_clients is not None:
@@ -421,7 +436,7 @@ class _VersionAction(argparse.Action):
 
 
 def _dump_json(obj: Any, out: TextIO) -> None:
-    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    out.write(json_line(obj) + "\n")
     out.flush()
 
 
@@ -631,9 +646,9 @@ def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(
                 f"{att.program} reports only events: use `gfxclient stream {args.name}`"
             )
-        w: Watch | cuda_view.CudaWatch = Watch(args, att, maps, stack_tables)
-        if att.program == cuda_view.PROGRAM and not args.map:
-            w = cuda_view.CudaWatch(att, maps, args.interval, args.library or "")
+        w: Watch | CudaWatch = Watch(args, att, maps, stack_tables)
+        if att.program == CUDA_PROGRAM and not args.map:
+            w = _cuda_view().CudaWatch(att, maps, args.interval, args.library or "")
         screen = Screen(out) if tty else None
         start = time.monotonic()
         try:
@@ -669,7 +684,7 @@ def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _emit(
-    w: Watch | cuda_view.CudaWatch, args: argparse.Namespace, out: TextIO, screen: Screen | None
+    w: Watch | CudaWatch, args: argparse.Namespace, out: TextIO, screen: Screen | None
 ) -> None:
     if args.json:
         _dump_json(w.json_line(), out)
@@ -796,7 +811,8 @@ def _dump_doc(
                 "key_label": m.key_label,
                 "description": m.description,
                 "per_cpu": m.per_cpu,
-                "entries": [{"key": jsonable(k), "value": jsonable(v)} for k, v in entries],
+                # Decoded values as they are: _dump_json writes them (json_line).
+                "entries": [{"key": k, "value": v} for k, v in entries],
             }
             for m, entries in snaps
         },

@@ -173,6 +173,27 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def json_line(obj: Any) -> str:
+    """obj as JSON text, with decoded BTF values inside written as jsonable()
+    writes them, without a copy of every entry first (issue #15: 10,000-entry
+    dumps). The C encoder takes the common case whole, bytes through its
+    default hook; a non-finite float (jsonable writes it as a string) makes
+    it refuse, and then the document goes through jsonable(). Decoded values'
+    dict keys are member names, so the encoder's own key rules never apply."""
+    try:
+        return json.dumps(
+            obj, ensure_ascii=False, allow_nan=False, check_circular=False, default=_bytes_hex
+        )
+    except ValueError:
+        return json.dumps(jsonable(obj), ensure_ascii=False)
+
+
+def _bytes_hex(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def sum_cpus(value: Any) -> Any:
     """A per-CPU value (a list) summed: ints add; structs add member-wise."""
     if not isinstance(value, list) or not value:

@@ -23,23 +23,21 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.client import profile_read
+from gfxbpf.client import profile, profile_read
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.errors import ClientError, UsageError
 from gfxbpf.client.handle import Attachment
-from gfxbpf.client.profile import (
-    FORMATS,
-    Profile,
-    RawStack,
-    Symbolizer,
-    capture,
-    format_top,
-    top_functions,
-    write_profile,
-)
+from gfxbpf.client.profile.writers import FORMATS
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profile import Profile, RawStack, Symbolizer
+
+# The symbolizer and the file writers are reached through the package (which
+# imports them on first use): every gfxclient command imports this module to
+# build its parser (issue #15).
 
 DEFAULT_FREQUENCY = 99
 TOP_N = 15
@@ -283,7 +281,7 @@ class Maps:
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
-            maps = capture(pid)
+            maps = profile.capture(pid)
             if maps is not None and maps.mappings:  # a zombie has none
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
@@ -463,7 +461,7 @@ def _run(
     stop: Stopper,
 ) -> int:
     req = parse_request(args)
-    symbolizer = Symbolizer()
+    symbolizer = profile.Symbolizer()
     child = Child(req.command) if req.command else None
     try:
         broker = connect(args)
@@ -499,7 +497,7 @@ def _run(
     prof = _symbolize(symbolizer, r, raw, lost)
     if req.output:
         try:
-            write_profile(prof, req.fmt or "svg", req.output)
+            profile.write_profile(prof, req.fmt or "svg", req.output)
         except OSError as e:
             raise ClientError(f"cannot write {req.output}: {e.strerror or e}") from None
     if args.json:
@@ -542,7 +540,7 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
 
 
 def _report(r: Run, prof: Profile, n: int) -> str:
-    lines = [format_top(prof, n).rstrip("\n")]
+    lines = [profile.format_top(prof, n).rstrip("\n")]
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
     lines.extend(f"note: {note}" for note in prof.notes)
@@ -570,6 +568,8 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
         "lost": lost,
         "output": req.output,
         "format": req.fmt if req.output else None,
-        "top": [{"function": f, "self": s, "total": t} for f, s, t in top_functions(prof, n)],
+        "top": [
+            {"function": f, "self": s, "total": t} for f, s, t in profile.top_functions(prof, n)
+        ],
         "notes": list(prof.notes),
     }

@@ -12,9 +12,13 @@ import errno
 import os
 import struct
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from gfxbpf.client import profile
 from gfxbpf.client.errors import ProtocolError
-from gfxbpf.client.profile.model import RawStack
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profile.model import RawStack
 
 # profile.bpf.c struct sample_key: tgid, user_stack (id or -errno), kernel, comm[16]
 SAMPLE_KEY = struct.Struct("<IiI16s")
@@ -102,7 +106,7 @@ def profile_stacks(
         if name is None:
             name = comms[comm] = _comm(comm)
         out.append(
-            RawStack(
+            profile.RawStack(  # the model is imported on first use (issue #15)
                 pid=tgid,
                 user=user or (),
                 kernel=bool(kernel),
@@ -138,7 +142,7 @@ def call_stacks(
         user = ((caller,) if caller else ()) + above
         leaf = functions[function] if function < len(functions) else f"[function {function}]"
         out.append(
-            RawStack(
+            profile.RawStack(
                 pid=tgid,
                 user=user,
                 kernel=False,

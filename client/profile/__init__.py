@@ -12,10 +12,39 @@ as addresses, so no output can leak one.
 
 from __future__ import annotations
 
-from gfxbpf.client.profile.model import Profile, RawStack
-from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps, capture
-from gfxbpf.client.profile.symbolize import Symbolizer
-from gfxbpf.client.profile.writers import FORMATS, format_top, top_functions, write_profile
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profile.model import Profile, RawStack
+    from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps, capture
+    from gfxbpf.client.profile.symbolize import Symbolizer
+    from gfxbpf.client.profile.writers import FORMATS, format_top, top_functions, write_profile
+
+# Imported on first use: the symbolizer pulls in pyelftools (~17 ms), and every
+# gfxclient command imports profile_cmd to build its parser (issue #15).
+_HOMES = {
+    "Profile": "model",
+    "RawStack": "model",
+    "Mapping": "procmaps",
+    "ProcessMaps": "procmaps",
+    "capture": "procmaps",
+    "Symbolizer": "symbolize",
+    "FORMATS": "writers",
+    "format_top": "writers",
+    "top_functions": "writers",
+    "write_profile": "writers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FORMATS",

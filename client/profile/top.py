@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gfxbpf.client.profile.model import Profile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profile.model import Profile
 
 __all__ = ["format_top", "top_functions"]
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
-from gfxbpf.client.profile.flamegraph import flamegraph_svg
-from gfxbpf.client.profile.folded import format_folded
-from gfxbpf.client.profile.model import Profile
-from gfxbpf.client.profile.pprof import pprof_bytes
-from gfxbpf.client.profile.speedscope import format_speedscope
 from gfxbpf.client.profile.top import format_top, top_functions
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profile.model import Profile
 
 __all__ = ["FORMATS", "format_top", "render", "top_functions", "write_profile"]
 
@@ -19,13 +18,23 @@ FORMATS = ("folded", "pprof", "speedscope", "svg")
 
 def render(profile: Profile, fmt: str, title: str = "gfxbpf profile") -> bytes:
     """The file's bytes in format fmt (one of FORMATS)."""
+    # Each writer is imported when its format is asked for: gfxclient's parser
+    # needs FORMATS on every run, the writers only after a profile (issue #15).
     if fmt == "folded":
+        from gfxbpf.client.profile.folded import format_folded
+
         return format_folded(profile).encode("utf-8")
     if fmt == "pprof":
+        from gfxbpf.client.profile.pprof import pprof_bytes
+
         return pprof_bytes(profile)
     if fmt == "speedscope":
+        from gfxbpf.client.profile.speedscope import format_speedscope
+
         return format_speedscope(profile).encode("utf-8")
     if fmt == "svg":
+        from gfxbpf.client.profile.flamegraph import flamegraph_svg
+
         return flamegraph_svg(profile, title).encode("utf-8")
     raise ValueError(f"unknown profile format {fmt!r}: choose one of {', '.join(FORMATS)}")
 

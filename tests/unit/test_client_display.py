@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -187,3 +188,16 @@ def test_screen_restores_cursor_and_screen() -> None:
     assert text.startswith(d.ALT_SCREEN_ON + d.HIDE_CURSOR)
     assert d.HOME + "a" + d.CLEAR_EOL + "\nb" + d.CLEAR_EOL + d.CLEAR_BELOW in text
     assert text.endswith(d.SHOW_CURSOR + d.ALT_SCREEN_OFF)
+
+
+def test_json_line_writes_decoded_values_as_jsonable_does() -> None:
+    # The fast path (C encoder, bytes through its hook) and the fallback for
+    # non-finite floats must both give what json.dumps(d.jsonable(doc)) gives.
+    docs = [
+        {"entries": [{"key": {"comm": "bash"}, "value": 3}, {"key": b"\x01\xff", "value": None}]},
+        {"v": bytearray(b"\x02"), "t": (1, 2.5, True), "s": "é"},
+        {"f": float("inf"), "g": [float("nan"), b"\x00"], "n": {"x": -1.5}},
+    ]
+    for doc in docs:
+        assert d.json_line(doc) == json.dumps(d.jsonable(doc), ensure_ascii=False)
+    assert json.loads(d.json_line(docs[2])) == {"f": "inf", "g": ["nan", "00"], "n": {"x": -1.5}}

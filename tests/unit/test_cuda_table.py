@@ -12,7 +12,7 @@ import pytest
 from bench import cuda_standin as cs
 from gfxbpf.bpf import cuda_api, function_tables, symbols
 from gfxbpf.bpf.catalog import load_catalog
-from gfxbpf.client import cuda_view
+from gfxbpf.client import cli, cuda_view
 from gfxbpf.client.display import MapData
 from gfxbpf.client.errors import UsageError
 
@@ -135,3 +135,8 @@ def test_dump_keys_name_the_function() -> None:
     assert cuda_view.key_text({"function": i, "slot": 3}) == "slot=3, function=cuMemAlloc_v2"
     assert cuda_view.key_text(7) == "7"
     assert cuda_view.key_text(str(i)) == "cuMemAlloc_v2"  # a histogram label
+
+
+def test_cli_names_the_cuda_program_as_the_view_does() -> None:
+    # gfxclient imports cuda_view only when the program is this one.
+    assert cli.CUDA_PROGRAM == cuda_view.PROGRAM
