@@ -41,6 +41,7 @@ SIDE_SOURCES = (
     # relocation kind for the offline tests, one against the real kernel.
     Path("tests/data/core/target_new.bpf.c"),
     Path("tests/data/core/target_old.bpf.c"),
+    Path("tests/data/core/target_exec.bpf.c"),
     Path("tests/data/core/core_kinds.bpf.c"),
     Path("tests/data/core/core_kernel.bpf.c"),
 )
