@@ -20,6 +20,7 @@ from gfxbpf.bpf import instance, kernel_btf
 from gfxbpf.bpf.catalog import load_catalog, read_object
 from gfxbpf.bpf.ringbuf import RingBuffer
 from tests.kernel.brokerenv import ALICE, BrokerProcess, Client, ensure_user, policy_for
+from tests.kernel.rawclient import kernel_looking
 from tests.kernel.sysmaps_util import run_unprivileged
 
 CATALOG = load_catalog()
@@ -78,15 +79,18 @@ def test_execsnoop_counts_exact_execs_in_each_build(variant: str) -> None:
         ev_type = btf.find("exec_event")
         fd = inst.obj.map("events").fileno()
 
-        def consume() -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
+        def consume() -> list[bytes]:
+            out: list[bytes] = []
             with RingBuffer(fd) as rb:
                 deadline = time.monotonic() + 3
                 while time.monotonic() < deadline:  # drain all: extra events must show
-                    out += [btf.decode(ev_type, r) for r in rb.poll(0.2)]
+                    out += rb.poll(0.2)
             return out
 
-        got = run_unprivileged(consume)
+        records = run_unprivileged(consume)
+        got = [btf.decode(ev_type, r) for r in records]
+    # The typed pointers (task, binprm, filename) stay in registers.
+    assert [kernel_looking(r) for r in records] == [[]] * len(records)
     assert len(got) == N_EXECS
     assert sorted(e["pid"] for e in got) == sorted(pids)
     for e in got:
@@ -129,5 +133,6 @@ def test_broker_runs_the_btf_build_with_exact_events(broker: BrokerProcess) -> N
         alice_uid, _ = ensure_user(ALICE)
         assert sorted(e["pid"] for e in events) == sorted(mine)
         assert all(e["uid"] == alice_uid and e["filename"] == "/bin/true" for e in events)
+        assert all(e["suspicious"] == [] for e in events)  # no kernel address reaches alice
     finally:
         alice.close()
