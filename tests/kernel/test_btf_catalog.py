@@ -4,7 +4,8 @@ execsnoop has two builds in one object: `btf` (tp_btf + CO-RE reads of
 sched_process_exec's typed arguments) and `tracefs` (format-file offsets).
 Where the kernel has BTF the first is chosen; without it the second. Both
 must report exactly the execs the test causes, the same values, directly
-and through a broker running as gfxbpf with only CAP_BPF+CAP_PERFMON.
+and through a broker running as gfxbpf with only CAP_BPF+CAP_PERFMON; the
+tp_btf build runs even where the broker cannot read tracefs at all.
 """
 
 from __future__ import annotations
@@ -136,3 +137,40 @@ def test_broker_runs_the_btf_build_with_exact_events(broker: BrokerProcess) -> N
         assert all(e["suspicious"] == [] for e in events)  # no kernel address reaches alice
     finally:
         alice.close()
+
+
+# The broker in a mount namespace of its own where /sys/kernel/tracing is an
+# empty root-only tmpfs: tracefs as it is without the deploy drop-in.
+NO_TRACEFS = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount -t tmpfs -o mode=0700 gfxbpf-no-tracefs /sys/kernel/tracing && exec "$@"',
+    "sh",
+]
+
+
+def test_broker_without_tracefs_runs_the_btf_build_only() -> None:
+    policy = policy_for(
+        {
+            "execsnoop": {"users": [ALICE], "scope": ["self"]},
+            "clonecount": {"users": [ALICE], "scope": ["self"]},
+        }
+    )
+    b = BrokerProcess.start(policy, wrapper=NO_TRACEFS)
+    alice = Client(b, ALICE)
+    try:
+        att = alice.ok("attach", name="execsnoop", scope="self")
+        mine = alice.ok("exec", n=N_EXECS)["pids"]
+        events = alice.ok("events", id=att["id"], want_pids=mine, timeout=5)["events"]
+        assert sorted(e["pid"] for e in events) == sorted(mine)
+        # A tracepoint-only program needs tracefs: refused, saying so.
+        r = alice("attach", name="clonecount", scope="self")
+        assert not r["ok"] and r["code"] == "ERROR_UNAVAILABLE", r
+        assert "permission denied reading tracefs" in r["message"], r
+    finally:
+        alice.close()
+        b.stop()
