@@ -86,6 +86,11 @@ NOTES = [
     "Time to first data: `watch --once` shows one view after one interval, so the literal "
     "command is dominated by its 1 s default interval; the rows below it separate the "
     "interval from start-up and attach.",
+    "execsnoop's cost is its own run: a comm and a 256-byte filename copied into a reserved "
+    "record. Its records are committed without waking the reader (BPF_RB_NO_WAKEUP; a "
+    "wake-up only when the unread data crosses a quarter of the ring; readers look again "
+    "every 50 ms): a wake-up per record ran inside the program's timed run (an irq_work "
+    "self-IPI) and cost about 19 us per exec on these VMs (issue #15).",
     "Ring buffer: the reader is gfxbpf.bpf.RingBuffer in a Python process holding only the "
     "ring fd, fed by bench/bench.bpf.c (one 16-byte record per system call of the workload); "
     "lost records are counted by the program in the kernel. bpftrace's rate is its output "
@@ -104,8 +109,10 @@ NOTES = [
     "bench user's uid. The flame-graph row times gfxclient from the end of sampling to the "
     "written file (maps read, symbols, output) against `perf script` plus a fold in Python "
     "(Debian has no stackcollapse-perf.pl), each at the frequency shown; the stack-trace "
-    "map holds 8192 stacks and drops colliding ones (their samples kept as [user stack "
-    "lost]), so gfxbpf folds fewer distinct stacks than perf. gfxclient's symbol cache "
+    "map holds 16385 stacks in 32768 buckets and drops colliding ones (their samples kept "
+    "as [user stack lost]), and its 16384-row count map fills at 20 kHz (the rest counted "
+    "as lost), so gfxbpf folds fewer distinct stacks than perf. gfxclient reads new stacks "
+    "and names their frames once a second while sampling; its symbol cache "
     "(~/.cache/gfxbpf/symbols) is warm after the first profile.",
 ]
 

@@ -10,6 +10,7 @@
  *   process, counting records the ring had no room for.
  */
 #include "gfxbpf.h"
+#include "gfxbpf_ring.h"
 
 const volatile __u32 target_pid = GFX_ANY;
 
@@ -77,7 +78,7 @@ int stream_sys_enter(__u64 *ctx)
 	}
 	r->ts = bpf_ktime_get_ns();
 	r->nr = ctx[1]; /* raw_syscalls:sys_enter: 8-byte common header, then long id */
-	bpf_ringbuf_submit(r, 0);
+	gfx_ringbuf_submit(&records, r, sizeof(*r)); /* as catalog programs do */
 	tally_add(0);
 	return 0;
 }

@@ -74,5 +74,7 @@ def run(stage: Stage, entries: int, rounds: int) -> dict[str, Any]:
         "bpftool_speedup_fd": ratio(bt, fd),
         "bpftool_speedup_grpc": ratio(bt, median(res["grpc_decoded_s"])),
         "bpftool_speedup_gfxclient_cmd": ratio(bt, median([t for t, _ in cmd])),
+        "grpc_vs_fd": ratio(median(res["grpc_decoded_s"]), fd),
+        "gfxclient_cmd_vs_bpftool": ratio(median([t for t, _ in cmd]), bt),
         "rounds": rounds,
     }

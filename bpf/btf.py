@@ -18,22 +18,12 @@ without bound.
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.bpf.btf_decode import Decoders
-from gfxbpf.bpf.btf_encode import encode_types
-from gfxbpf.bpf.btf_ext import (
-    BtfExt,
-    CoreRelo,
-    FuncInfo,
-    LineInfo,
-    pack_ext_records,
-    pack_func_info,
-    pack_line_info,
-)
-from gfxbpf.bpf.btf_maps import BtfMapDef, parse_btf_maps
 from gfxbpf.bpf.btf_parse import HEADER, parse_blob
 from gfxbpf.bpf.btf_table import TypeTable
 from gfxbpf.bpf.btf_types import (
@@ -95,6 +85,42 @@ from gfxbpf.bpf.btf_types import (
     Void,
     Volatile,
 )
+
+if TYPE_CHECKING:
+    from gfxbpf.bpf.btf_ext import (
+        BtfExt,
+        CoreRelo,
+        FuncInfo,
+        LineInfo,
+        pack_ext_records,
+        pack_func_info,
+        pack_line_info,
+    )
+    from gfxbpf.bpf.btf_maps import BtfMapDef, parse_btf_maps
+
+# Re-exported on first use: only object loading needs them, and importing
+# them costs a client's start-up ~10% (NamedTuples and dataclasses).
+_LAZY = {
+    "BtfExt": "btf_ext",
+    "CoreRelo": "btf_ext",
+    "FuncInfo": "btf_ext",
+    "LineInfo": "btf_ext",
+    "pack_ext_records": "btf_ext",
+    "pack_func_info": "btf_ext",
+    "pack_line_info": "btf_ext",
+    "BtfMapDef": "btf_maps",
+    "parse_btf_maps": "btf_maps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gfxbpf.bpf.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BtfError",
@@ -209,6 +235,8 @@ class Btf(TypeTable):
         result has a plain 24-byte header, types first, then strings.
         """
         try:
+            from gfxbpf.bpf.btf_encode import encode_types  # writing BTF: loaders only
+
             types = encode_types(self.types)
         except (struct.error, AttributeError, TypeError) as e:
             raise BtfError(f"cannot encode BTF: a type has an invalid field ({e})") from None
@@ -335,6 +363,27 @@ class Btf(TypeTable):
                 raise BtfError(f"cannot decode {desc}: need {size} bytes, got {len(data)}")
             try:
                 return fn(data, 0)
+            except struct.error as e:
+                raise BtfError(f"cannot decode {desc}: {e}") from None
+
+        return decode
+
+    def batch_decoder(self, type_id: int, stride: int = 0) -> Callable[[Any, int], list[Any]]:
+        """fn(buf, n) -> n values of `type_id` laid `stride` bytes apart (default:
+        its size), compiled once: a whole batch-lookup buffer in one pass."""
+        try:
+            size = self._decoders.get(type_id)[0]
+            fn = self._decoders.batch(type_id, stride)
+        except (struct.error, OverflowError) as e:
+            raise BtfError(f"cannot decode type id {type_id}: {e}") from None
+        step = stride or size
+        desc = f"type id {type_id}"
+
+        def decode(buf: Any, n: int) -> list[Any]:
+            if len(buf) < n * step:
+                raise BtfError(f"cannot decode {n} x {desc}: need {n * step} bytes, got {len(buf)}")
+            try:
+                return fn(buf, n)
             except struct.error as e:
                 raise BtfError(f"cannot decode {desc}: {e}") from None
 

@@ -38,12 +38,16 @@ from gfxbpf.bpf.btf_types import (
 
 DecodeFn = Callable[[Any, int], Any]
 Decoder = tuple[int, DecodeFn]  # (size in bytes, fn(buf, offset) -> value)
+# fn(buf, n) -> [value] * n: n values laid `stride` bytes apart from buf[0]
+BatchFn = Callable[[Any, int], list[Any]]
 _Scalar = tuple[str, Callable[[Any], Any] | None]  # (struct code, post-processing or None)
 
 _CHAR_NAMES = frozenset({"char", "signed char", "unsigned char"})
 # size -> (unsigned code, signed code)
 _INT_CODES = {1: ("B", "b"), 2: ("H", "h"), 4: ("I", "i"), 8: ("Q", "q")}
 _FLOAT_CODES = {2: "e", 4: "f", 8: "d"}
+# Codes memoryview.cast reads as one C array (native = little-endian here).
+_CAST_CODES = frozenset("BHIQbhiqfd")
 
 # One member of a struct/union decoder, in member order: (how, name, a, b)
 #   "s": scalar from the combined Struct: a = index, b = post or None
@@ -65,6 +69,69 @@ class Decoders:
 
     def get(self, type_id: int) -> Decoder:
         return self._cache.get(type_id) or self._compile(type_id, ())
+
+    def batch(self, type_id: int, stride: int = 0) -> BatchFn:
+        """A decoder of many values at once: fn(buf, n) -> n values, `stride`
+        bytes apart (default: the type's size), as a batch lookup returns them.
+
+        Scalars and structs of scalars go through one struct.Struct over the
+        whole buffer (iter_unpack; a memoryview cast for plain numbers) instead
+        of a call per value; other types fall back to the one-value decoder.
+        """
+        size, fn = self.get(type_id)
+        stride = stride or size
+        if stride < size:
+            raise BtfError(f"stride {stride} is shorter than type id {type_id} ({size} bytes)")
+        fast = self._batch_scalar(type_id, size, stride) or self._batch_struct(type_id, stride)
+        if fast is not None:
+            return fast
+        return lambda buf, n: [fn(buf, off) for off in range(0, n * stride, stride)]
+
+    def _batch_scalar(self, type_id: int, size: int, stride: int) -> BatchFn | None:
+        sc = self._scalar(type_id)
+        if sc is None:
+            return None
+        code, post = sc
+        if post is None and stride == size and code in _CAST_CODES:
+            cast: Any = code  # one of _CAST_CODES
+            return lambda buf, n: memoryview(buf)[: n * stride].cast(cast).tolist()
+        it = struct.Struct(f"<{code}{stride - size}x").iter_unpack
+        if post is None:
+            return lambda buf, n: [v for (v,) in it(memoryview(buf)[: n * stride])]
+        return lambda buf, n: [post(v) for (v,) in it(memoryview(buf)[: n * stride])]
+
+    def _batch_struct(self, type_id: int, stride: int) -> BatchFn | None:
+        """Structs whose members are all scalars: one Struct, one dict per value."""
+        t = self.table.resolve_type(type_id)
+        if not isinstance(t, Struct):
+            return None
+        fmt, nscalar, plan = self._composite_plan(t, (type_id,))
+        if not nscalar or any(p[0] != "s" for p in plan):
+            return None
+        it = struct.Struct(f"{fmt}{stride - struct.calcsize(fmt)}x").iter_unpack
+        names = tuple(p[1] for p in plan)
+        posts = tuple(p[3] for p in plan)
+        if len(names) == 1:
+            name, post = names[0], posts[0]
+            if post is None:
+                return lambda buf, n: [{name: v} for (v,) in it(memoryview(buf)[: n * stride])]
+            return lambda buf, n: [{name: post(v)} for (v,) in it(memoryview(buf)[: n * stride])]
+        if all(p is None for p in posts):
+            return lambda buf, n: [
+                dict(zip(names, vals, strict=True)) for vals in it(memoryview(buf)[: n * stride])
+            ]
+        steps = tuple(zip(names, posts, strict=True))
+
+        def decode(buf: Any, n: int) -> list[Any]:
+            return [
+                {
+                    name: v if post is None else post(v)
+                    for (name, post), v in zip(steps, vals, strict=True)
+                }
+                for vals in it(memoryview(buf)[: n * stride])
+            ]
+
+        return decode
 
     def _compile(self, type_id: int, stack: tuple[int, ...]) -> Decoder:
         entry = self._cache.get(type_id)

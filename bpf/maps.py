@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,19 @@ class Page:
     """One read_page: the pairs, and the cursor of the next page (b"": no more)."""
 
     items: list[tuple[bytes, Value]]
+    cursor: bytes
+
+
+@dataclass(frozen=True)
+class RawPage:
+    """One page as the kernel hands it over: n keys back to back, n values back
+    to back (per-CPU maps: ncpus slots of `stride` bytes per value), and the
+    cursor of the next page. Decoders walk these buffers in one pass instead of
+    slicing a bytes object per entry."""
+
+    keys: bytes
+    values: bytes
+    n: int
     cursor: bytes
 
 
@@ -194,6 +207,14 @@ class Map:
         raw = bpfsys.map_lookup_elem(self.fileno(), self._key(key), self.buf_size)
         return None if raw is None else self._split(raw)
 
+    def lookup_many(self, keys: Iterable[KeyLike]) -> list[tuple[bytes, Value]]:
+        """(key, value) of each key present; for maps without batch ops (a stack table)."""
+        if self.percpu:
+            found = ((self._key(k), self.lookup(k)) for k in keys)
+            return [(k, v) for k, v in found if v is not None]
+        raw = (self._key(k) for k in keys)
+        return list(bpfsys.map_lookup_elems(self.fileno(), raw, self.key_size, self.buf_size))
+
     def __getitem__(self, key: KeyLike) -> Value:
         value = self.lookup(key)
         if value is None:
@@ -239,21 +260,13 @@ class Map:
                 yield key, value
 
     def batch_items(self) -> list[tuple[bytes, Value]]:
-        """Every (key, value), by BPF_MAP_LOOKUP_BATCH in chunks (read_page).
+        """Every (key, value), by BPF_MAP_LOOKUP_BATCH in chunks (raw_pages).
 
         Map types without batch lookup are walked by GET_NEXT_KEY instead.
         """
-        count = max(1, min(self.max_entries, BATCH_BYTES // max(1, self.key_size + self.buf_size)))
         out: list[tuple[bytes, Value]] = []
-        cursor = b""
-        # Each page holds >= 1 element or ends; the bound stops a map that
-        # keeps growing under us (LRU churn) from making this unbounded.
-        for _ in range(self.max_entries + 2):
-            page = self.read_page(count, cursor)
-            out.extend(page.items)
-            cursor = page.cursor
-            if not cursor or len(out) >= self.max_entries:
-                break
+        for page in self.raw_pages():
+            out.extend(self.page_items(page))
         return out
 
     def read_page(self, max_entries: int, cursor: bytes = b"") -> Page:
@@ -264,6 +277,11 @@ class Map:
         batch may hold more than max_entries when one hash bucket does. Raises
         CursorError for a cursor this map did not hand out, BpfError otherwise.
         """
+        raw = self.read_raw_page(max_entries, cursor)
+        return Page(self.page_items(raw), raw.cursor)
+
+    def read_raw_page(self, max_entries: int, cursor: bytes = b"") -> RawPage:
+        """read_page's entries as the two buffers the kernel filled (RawPage)."""
         mode, token = self._parse_cursor(cursor)
         if mode == _BATCH:
             page = self._batch_page(max(1, max_entries), token)
@@ -271,6 +289,23 @@ class Map:
                 return page
             token = None  # no batch lookup for this map type: walk the keys
         return self._key_page(max(1, max_entries), token)
+
+    def raw_pages(self) -> list[RawPage]:
+        """The whole map as RawPages (batch_items' reads, undivided)."""
+        count = max(1, min(self.max_entries, BATCH_BYTES // max(1, self.key_size + self.buf_size)))
+        pages: list[RawPage] = []
+        cursor = b""
+        seen = 0
+        # Each page holds >= 1 element or ends; the bound stops a map that
+        # keeps growing under us (LRU churn) from making this unbounded.
+        for _ in range(self.max_entries + 2):
+            page = self.read_raw_page(count, cursor)
+            pages.append(page)
+            seen += page.n
+            cursor = page.cursor
+            if not cursor or seen >= self.max_entries:
+                break
+        return pages
 
     def _parse_cursor(self, cursor: bytes) -> tuple[bytes, bytes | None]:
         if not cursor:
@@ -281,7 +316,7 @@ class Map:
             raise CursorError(f"map {self.name!r}: not a cursor of this map")
         return mode, rest
 
-    def _batch_page(self, count: int, token: bytes | None) -> Page | None:
+    def _batch_page(self, count: int, token: bytes | None) -> RawPage | None:
         """One LOOKUP_BATCH page; None when the map type has no batch lookup."""
         fd = self.fileno()
         while True:
@@ -296,35 +331,36 @@ class Map:
                 if e.errno in _NO_BATCH and token is None:
                     return None
                 raise
-            items: list[tuple[bytes, Value]] = []
-            self._append_split(items, keys, values, n)
-            return Page(items, b"" if nxt is None else _BATCH + nxt)
+            return RawPage(keys, values, n, b"" if nxt is None else _BATCH + nxt)
 
-    def _key_page(self, count: int, key: bytes | None) -> Page:
+    def _key_page(self, count: int, key: bytes | None) -> RawPage:
         """One page by GET_NEXT_KEY + LOOKUP (keys deleted meanwhile skipped)."""
         fd = self.fileno()
-        items: list[tuple[bytes, Value]] = []
-        while len(items) < count:
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        while len(keys) < count:
             key = bpfsys.map_get_next_key(fd, key, self.key_size)
             if key is None:
                 break
             raw = bpfsys.map_lookup_elem(fd, key, self.buf_size)
             if raw is not None:
-                items.append((key, self._split(raw)))
-        more = key is not None and len(items) >= count
-        return Page(items, _KEYS + key if more and key is not None else b"")
+                keys.append(key)
+                values.append(raw)
+        more = key is not None and len(keys) >= count
+        cursor = _KEYS + key if more and key is not None else b""
+        return RawPage(b"".join(keys), b"".join(values), len(keys), cursor)
 
-    def _append_split(
-        self, out: list[tuple[bytes, Value]], keys: bytes, values: bytes, n: int
-    ) -> None:
-        ks, vs = self.key_size, self.buf_size
+    def page_items(self, page: RawPage) -> list[tuple[bytes, Value]]:
+        """A RawPage cut into (key, value) pairs of bytes (per-CPU: lists)."""
+        ks, vs, n = self.key_size, self.buf_size, page.n
+        keys, values = page.keys, page.values
         key_list = [keys[i : i + ks] for i in range(0, n * ks, ks)]
         if self.percpu:
             split = self._split
             value_list: list[Value] = [split(values[i : i + vs]) for i in range(0, n * vs, vs)]
         else:
             value_list = [values[i : i + vs] for i in range(0, n * vs, vs)]
-        out.extend(zip(key_list, value_list, strict=True))
+        return list(zip(key_list, value_list, strict=True))
 
     # --- decoding ---
 

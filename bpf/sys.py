@@ -12,7 +12,7 @@ import ctypes
 import errno as _errno
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -450,6 +450,34 @@ def map_lookup_elem(fd: int, key: bytes, value_size: int) -> bytes | None:
     if ret < 0:
         raise BpfError(-ret, "BPF_MAP_LOOKUP_ELEM", hint=_hint(-ret))
     return vbuf.raw
+
+
+def map_lookup_elems(
+    fd: int, keys: Iterable[bytes], key_size: int, value_size: int
+) -> list[tuple[bytes, bytes]]:
+    """(key, value) of each key present, one lookup each (maps without batch
+    ops, e.g. a stack table): one attr and one pair of buffers for all of them,
+    which is most of the cost of a lookup from Python."""
+    kbuf = ctypes.create_string_buffer(key_size)
+    vbuf = ctypes.create_string_buffer(value_size)
+    attr = BpfAttr()
+    attr.elem.map_fd = fd
+    attr.elem.key = ctypes.addressof(kbuf)
+    attr.elem.value = ctypes.addressof(vbuf)
+    size = ctypes.sizeof(attr)
+    out = []
+    for key in keys:
+        if len(key) != key_size:
+            raise ValueError(f"key of {len(key)} bytes for a map with {key_size}-byte keys")
+        kbuf.raw = key
+        ret = _syscall(SYS_BPF, BPF_MAP_LOOKUP_ELEM, ctypes.addressof(attr), size)
+        if ret >= 0:
+            out.append((key, vbuf.raw))
+            continue
+        err = ctypes.get_errno()
+        if err != _errno.ENOENT:
+            raise BpfError(err, "BPF_MAP_LOOKUP_ELEM", hint=_hint(err))
+    return out
 
 
 def map_update_elem(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:

@@ -155,20 +155,31 @@ def readable_map(att: Attachment, asked: str) -> Map:
     return kmap
 
 
-def read_page(kmap: Map, max_entries: int, limit: int, cursor: bytes) -> pb.ReadMapReply:
-    """One ReadMap page (bpf/maps.py Map.read_page), at most limit entries."""
+def read_page(
+    kmap: Map, max_entries: int, limit: int, cursor: bytes, packed: bool = False
+) -> pb.ReadMapReply:
+    """One ReadMap page (bpf/maps.py Map.read_raw_page), at most limit entries;
+    packed: the kernel's key and value buffers as they are, else a MapEntry each."""
     per_entry = kmap.key_size + kmap.buf_size + 16 + (8 * kmap.ncpus if kmap.percpu else 0)
     count = max(1, min(max_entries or limit, limit, READ_MAP_MAX_BYTES // per_entry))
     try:
-        page = kmap.read_page(count, cursor)
+        page = kmap.read_raw_page(count, cursor)
     except CursorError:
         raise BrokerError(
             pb.ERROR_INVALID_ARGUMENT, "bad ReadMap cursor: pass next_cursor unchanged"
         ) from None
     except bpfsys.BpfError as e:
         raise BrokerError(pb.ERROR_KERNEL, f"reading map: {e}") from None
+    if packed:
+        return pb.ReadMapReply(
+            next_cursor=page.cursor,
+            keys=page.keys,
+            values=page.values,
+            count=page.n,
+            ncpus=kmap.ncpus if kmap.percpu else 0,
+        )
     reply = pb.ReadMapReply(next_cursor=page.cursor)
-    for k, v in page.items:
+    for k, v in kmap.page_items(page):
         if isinstance(v, list):
             reply.entries.append(pb.MapEntry(key=k, per_cpu=v))
         else:

@@ -307,10 +307,12 @@ class Service:
             fields.update(program=att.program, sha256=att.sha256, scope=att.scope)
             kmap = replies.readable_map(att, req.map)
             limit = self.policy.limits.read_map_entries
-            reply = replies.read_page(kmap, req.max_entries, limit, bytes(req.cursor))
+            reply = replies.read_page(
+                kmap, req.max_entries, limit, bytes(req.cursor), packed=req.packed
+            )
         except BrokerError as e:
             raise self._fail("read_map", caller, e, **fields) from None
-        self._log("read_map", caller, "ok", entries=len(reply.entries), **fields)
+        self._log("read_map", caller, "ok", entries=len(reply.entries) or reply.count, **fields)
         return reply
 
     # ------------------------------------------------------------ StreamEvents

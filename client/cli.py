@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.client import cuda_view, profile_cmd
+from gfxbpf.client import cuda_view, profile_cmd, stack_view
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {client_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     _add_globals(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -408,6 +408,18 @@ def _now_text() -> str:
     return time.strftime("%H:%M:%S")
 
 
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked for (not on every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show gfxclient's version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"{PROG} {client_version()}")
+        parser.exit()
+
+
 def _dump_json(obj: Any, out: TextIO) -> None:
     out.write(json.dumps(obj, ensure_ascii=False) + "\n")
     out.flush()
@@ -525,10 +537,17 @@ def cmd_info(args: argparse.Namespace, out: TextIO) -> int:
 class Watch:
     """The watch loop's state: previous snapshot and rendering."""
 
-    def __init__(self, args: argparse.Namespace, att: Attachment, maps: list[ClientMap]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        att: Attachment,
+        maps: list[ClientMap],
+        left_out: list[ClientMap] | None = None,
+    ) -> None:
         self.args = args
         self.att = att
         self.maps = maps
+        self.left_out = left_out or []  # stack tables: a pointer, not rows
         self.functions = _functions(args)
         drm_clients = DrmClientNames()
         self.fmts = {m.name: key_formatter(att, m, self.functions, drm_clients) for m in maps}
@@ -566,6 +585,8 @@ class Watch:
                     width=width,
                 )
             )
+        for m in self.left_out:
+            lines += ["", stack_view.pointer(m, self.args.name)]
         return clip(lines, width, height)
 
     def json_line(self) -> dict[str, Any]:
@@ -579,6 +600,7 @@ class Watch:
                 name: entries_json(data, self.rates.get(name), self.fmts[name])
                 for name, data in self.cur.items()
             },
+            "stack_tables_left_out": [m.name for m in self.left_out],
         }
 
 
@@ -602,11 +624,14 @@ def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
                     f"{att.program} has no map {unknown[0]!r} (maps: {', '.join(att.maps)})"
                 )
             maps = [m for m in maps if m.name in args.map]
+        maps, stack_tables = stack_view.left_out(maps)
+        if not maps and stack_tables:
+            raise UsageError(stack_view.pointer(stack_tables[0], args.name))
         if not maps:
             raise UsageError(
                 f"{att.program} reports only events: use `gfxclient stream {args.name}`"
             )
-        w: Watch | cuda_view.CudaWatch = Watch(args, att, maps)
+        w: Watch | cuda_view.CudaWatch = Watch(args, att, maps, stack_tables)
         if att.program == cuda_view.PROGRAM and not args.map:
             w = cuda_view.CudaWatch(att, maps, args.interval, args.library or "")
         screen = Screen(out) if tty else None
@@ -728,12 +753,23 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
             _sleep(stop, args.wait, broker)
         functions = _functions(args)
         stamp = time.time()
+        maps, stack_tables = stack_view.left_out(maps)
         snaps = [(m, m.read()) for m in maps]
+        # Named on the command line: its stacks; else a pointer in place of its rows.
+        stacks = [(m, stack_view.read(m)) for m in stack_tables] if args.map else []
+        left_out = [] if args.map else stack_tables
         events_only = [m.name for m in att.event_maps()] if args.map is None else []
     if args.json:
-        _dump_json(_dump_doc(att, snaps, events_only, stamp), out)
+        doc = _dump_doc(att, snaps, events_only, stamp)
+        doc["maps"].update({m.name: stack_view.as_json(m, s) for m, s in stacks})
+        doc["stack_tables_left_out"] = [m.name for m in left_out]
+        _dump_json(doc, out)
         return EXIT_OK
     lines = _dump_lines(att, snaps, functions)
+    for m, s in stacks:
+        lines += ["", *stack_view.lines(m, s)]
+    for m in left_out:
+        lines += ["", stack_view.pointer(m, args.name)]
     for name in events_only:
         lines.append("")
         lines.append(f"{name}: ring buffer of events (gfxclient stream {args.name})")

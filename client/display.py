@@ -151,12 +151,21 @@ def format_key(key: Any) -> str:
     return format_plain(key)
 
 
+# Values JSON takes as they are (the common case: checked first, by exact type).
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """Decoded BTF values as JSON-compatible data (bytes become hex)."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {
+            k if type(k) is str else str(k): v if type(v) in _PLAIN else jsonable(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
+        return [v if type(v) in _PLAIN else jsonable(v) for v in value]
     if isinstance(value, bytes | bytearray):
         return bytes(value).hex()
     if isinstance(value, float) and not math.isfinite(value):

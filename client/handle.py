@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.bpf.btf import Btf, BtfError
 from gfxbpf.bpf.consts import MapType
-from gfxbpf.bpf.maps import Map
+from gfxbpf.bpf.maps import Map, RawPage
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
 from gfxbpf.client.events import EventStream
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 # Errnos that mean "this process may not read the map fd itself".
 _NO_DIRECT = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS})
-READ_PAGE = 1024
+# Entries a broker's pages may add up to beyond max_entries (the map grew).
+READ_SLACK = 4096
 
 Value = bytes | list[bytes]
 
@@ -46,11 +47,31 @@ def raw_int(data: bytes) -> Any:
     return data.hex()
 
 
+def fold_counters(keys: list[Any], per_cpu: list[Any], ncpus: int) -> list[tuple[Any, Any]]:
+    """A per-CPU counting map read like a shared one: each key's ncpus values
+    (per_cpu holds them key by key) summed, keys whose sum is 0 left out (a
+    per-CPU array has every slot, counted or not)."""
+    out = []
+    for i, k in enumerate(keys):
+        total = sum(per_cpu[i * ncpus : (i + 1) * ncpus])
+        if total:
+            out.append((k, total))
+    return out
+
+
+def _round8(n: int) -> int:
+    return (n + 7) & ~7
+
+
 class ClientMap:
     """One client-visible map of an attachment.
 
     read() -> [(key, value)] decoded with BTF (per-CPU maps: a list with one
-    value per possible CPU); raw_items() -> the undecoded bytes.
+    value per possible CPU, except counters: see below); raw_items() -> the
+    undecoded bytes.
+
+    A per-CPU map shown as a counter (syscount's per-CPU array) reads like a
+    shared one: values summed over CPUs, zero counts left out, per_cpu False.
     """
 
     def __init__(
@@ -63,7 +84,9 @@ class ClientMap:
         self.unit = desc.unit
         self.key_label = desc.key_label
         self.description = desc.description
-        self.per_cpu = desc.per_cpu
+        # Counters kept per CPU only to spare the program atomics: summed here.
+        self.folded = desc.per_cpu and desc.show == "counter"
+        self.per_cpu = desc.per_cpu and not self.folded
         self.map_type = desc.map_type
         self.btf = btf
         self._fd = fd
@@ -71,6 +94,9 @@ class ClientMap:
         self._direct = fd is not None and attachment.broker.direct_reads
         self._kdec = self._decoder(desc.btf_key_type_id)
         self._vdec = self._decoder(desc.btf_value_type_id)
+        self._stride = _round8(desc.value_size) if desc.per_cpu else desc.value_size
+        self._kbatch = self._batch_decoder(desc.btf_key_type_id, desc.key_size)
+        self._vbatch = self._batch_decoder(desc.btf_value_type_id, self._stride)
 
     def __repr__(self) -> str:
         how = "fd" if self._fd is not None else "broker"
@@ -85,6 +111,11 @@ class ClientMap:
     def is_events(self) -> bool:
         return self.show == "events" or self.map_type == MapType.RINGBUF
 
+    @property
+    def is_stack_table(self) -> bool:
+        """Return addresses by stack id: gfxclient profile names them (stack_view.py)."""
+        return self.map_type == MapType.STACK_TRACE
+
     def fileno(self) -> int:
         if self._fd is None:
             raise UsageError(f"map {self.name!r} has no fd here (it is read through the broker)")
@@ -95,6 +126,14 @@ class ClientMap:
             return None
         try:
             return self.btf.decoder(type_id)
+        except BtfError:
+            return None
+
+    def _batch_decoder(self, type_id: int, stride: int) -> Any:
+        if self.btf is None or not type_id:
+            return None
+        try:
+            return self.btf.batch_decoder(type_id, stride)
         except BtfError:
             return None
 
@@ -113,8 +152,8 @@ class ClientMap:
             )
         return self._map
 
-    def raw_items(self) -> list[tuple[bytes, Value]]:
-        """Every (key, value) as bytes; per-CPU values are lists of bytes."""
+    def raw_pages(self) -> list[RawPage]:
+        """The whole map as RawPages: two buffers per page, keys and values."""
         if self.is_events:
             raise UsageError(
                 f"map {self.name!r} is a ring buffer of events: read it with events() "
@@ -122,7 +161,7 @@ class ClientMap:
             )
         if self._direct:
             try:
-                return self._kernel_map().batch_items()
+                return self._kernel_map().raw_pages()
             except OSError as e:
                 if e.errno not in _NO_DIRECT:
                     raise ClientError(f"reading map {self.name!r} through its fd: {e}") from e
@@ -139,10 +178,7 @@ class ClientMap:
         kmap = self._kernel_map()
         out: list[tuple[bytes, Value]] = []
         try:
-            for key in keys:
-                value = kmap.lookup(key)
-                if value is not None:
-                    out.append((key, value))
+            out.extend(kmap.lookup_many(keys))
         except OSError as e:
             if e.errno not in _NO_DIRECT:
                 raise ClientError(f"reading map {self.name!r} through its fd: {e}") from e
@@ -150,29 +186,83 @@ class ClientMap:
             return None
         return out
 
-    def _read_through_broker(self) -> list[tuple[bytes, Value]]:
+    def raw_items(self) -> list[tuple[bytes, Value]]:
+        """Every (key, value) as bytes; per-CPU values are lists of bytes."""
+        ks, vs, stride = self.desc.key_size, self.desc.value_size, self._stride
         out: list[tuple[bytes, Value]] = []
+        for p in self.raw_pages():
+            keys = [p.keys[i : i + ks] for i in range(0, p.n * ks, ks)]
+            if self.desc.per_cpu:
+                ncpus = self._ncpus(p)
+                flat = [p.values[i : i + vs] for i in range(0, p.n * ncpus * stride, stride)]
+                values: list[Value] = [flat[i : i + ncpus] for i in range(0, len(flat), ncpus)]
+            else:
+                values = [p.values[i : i + vs] for i in range(0, p.n * vs, vs)]
+            out.extend(zip(keys, values, strict=True))
+        return out
+
+    def _ncpus(self, page: RawPage) -> int:
+        """Slots per value of a per-CPU page (the reader's possible CPUs)."""
+        if not page.n:
+            return 1
+        ncpus = len(page.values) // (page.n * self._stride)
+        if ncpus < 1 or len(page.values) != page.n * ncpus * self._stride:
+            raise ProtocolError(
+                f"map {self.name!r}: {len(page.values)} value bytes for {page.n} per-CPU values "
+                f"of {self._stride} bytes"
+            )
+        return ncpus
+
+    def _read_through_broker(self) -> list[RawPage]:
+        pages: list[RawPage] = []
         cursor = b""
-        limit = max(self.desc.max_entries, 1) + READ_PAGE
+        seen = 0
+        limit = max(self.desc.max_entries, 1) + READ_SLACK
         while True:
             reply = self.attachment.broker.transport.read_map(
                 pb.ReadMapRequest(
                     attachment_id=self.attachment.id,
                     map=self.name,
-                    max_entries=READ_PAGE,
+                    max_entries=0,  # the broker's largest page
                     cursor=cursor,
+                    packed=True,
                 )
             )
-            for e in reply.entries:
-                out.append((e.key, list(e.per_cpu) if self.per_cpu else e.value))
+            page = self._page_of(reply)
+            pages.append(page)
+            seen += page.n
             if not reply.next_cursor:
-                return out
-            if reply.next_cursor == cursor or len(out) > limit:
+                return pages
+            if reply.next_cursor == cursor or seen > limit:
                 raise ProtocolError(
                     f"ReadMap of {self.name!r} does not end (cursor repeats or more entries "
                     f"than the map's {self.desc.max_entries})"
                 )
             cursor = reply.next_cursor
+
+    def _page_of(self, reply: pb.ReadMapReply) -> RawPage:
+        """A ReadMap reply as a RawPage: packed buffers as they came, or (a broker
+        older than packed replies) its per-entry messages joined."""
+        if reply.count or not reply.entries:
+            ks = self.desc.key_size
+            if len(reply.keys) != reply.count * ks:
+                raise ProtocolError(
+                    f"ReadMap of {self.name!r}: {len(reply.keys)} key bytes for {reply.count} keys"
+                )
+            per_cpu = reply.ncpus if self.desc.per_cpu else 1
+            if len(reply.values) != reply.count * per_cpu * self._stride:
+                raise ProtocolError(
+                    f"ReadMap of {self.name!r}: {len(reply.values)} value bytes for "
+                    f"{reply.count} values ({per_cpu} per key, {self._stride} bytes each)"
+                )
+            return RawPage(reply.keys, reply.values, reply.count, reply.next_cursor)
+        stride = self._stride
+        keys = b"".join(e.key for e in reply.entries)
+        if self.desc.per_cpu:
+            values = b"".join(v.ljust(stride, b"\0") for e in reply.entries for v in e.per_cpu)
+        else:
+            values = b"".join(e.value for e in reply.entries)
+        return RawPage(keys, values, len(reply.entries), reply.next_cursor)
 
     def decode_key(self, data: bytes) -> Any:
         if self._kdec is not None:
@@ -193,8 +283,42 @@ class ClientMap:
         return raw_int(data)
 
     def read(self) -> list[tuple[Any, Any]]:
-        """Every (key, value), decoded."""
-        return [(self.decode_key(k), self.decode_value(v)) for k, v in self.raw_items()]
+        """Every (key, value), decoded (a per-CPU counter: summed, zeros left out)."""
+        out: list[tuple[Any, Any]] = []
+        for page in self.raw_pages():
+            out.extend(self._decode_page(page))
+        return out
+
+    def _decode_page(self, page: RawPage) -> list[tuple[Any, Any]]:
+        """One page, decoded buffer by buffer (bpf.btf batch decoders)."""
+        ks, n = self.desc.key_size, page.n
+        keys = self._decode_all(self._kbatch, self.decode_key, page.keys, n, ks, ks)
+        if not self.desc.per_cpu:
+            vs = self.desc.value_size
+            values = self._decode_all(self._vbatch, self.decode_value, page.values, n, vs, vs)
+            return list(zip(keys, values, strict=True))
+        ncpus = self._ncpus(page)
+        flat = self._decode_all(
+            self._vbatch,
+            self.decode_value,
+            page.values,
+            n * ncpus,
+            self._stride,
+            self.desc.value_size,
+        )
+        if self.folded and all(type(v) is int for v in flat[:ncpus]):
+            return fold_counters(keys, flat, ncpus)
+        return [(k, flat[i * ncpus : (i + 1) * ncpus]) for i, k in enumerate(keys)]
+
+    @staticmethod
+    def _decode_all(batch: Any, one: Any, buf: bytes, n: int, stride: int, size: int) -> list[Any]:
+        """n values from buf: the batch decoder, or one at a time if it has none or fails."""
+        if batch is not None:
+            try:
+                return list(batch(buf, n))
+            except BtfError:
+                pass
+        return [one(buf[i : i + size]) for i in range(0, n * stride, stride)]
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return iter(self.read())

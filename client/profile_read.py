@@ -66,13 +66,8 @@ _STACK_ERRORS = {
 def stack_ids(entries: Entries, probes: bool = False) -> set[int]:
     """The stack ids a counts (profile) or calls (ustacks) map refers to."""
     layout = CALL_KEY if probes else SAMPLE_KEY
-    ids = set()
-    for key, _ in entries:
-        if len(key) == layout.size:
-            sid = layout.unpack(key)[1]
-            if sid >= 0:
-                ids.add(sid)
-    return ids
+    keys = b"".join(k for k, _ in entries if len(k) == layout.size)  # one C loop, not 16,000
+    return {row[1] for row in layout.iter_unpack(keys) if row[1] >= 0}
 
 
 def stack_error(stack_id: int, stacks: dict[int, tuple[int, ...]]) -> str | None:
@@ -90,24 +85,30 @@ def profile_stacks(
     counts: Entries, stacks: dict[int, tuple[int, ...]], pids: Sequence[int] = ()
 ) -> list[RawStack]:
     """RawStacks (weight: samples) from profile's counts map; only pids if given."""
-    wanted = set(pids)
-    out = []
-    for key, value in counts:
+    rows = list(counts)
+    for key, value in rows:  # sizes first, so the rows can be unpacked in one go
         _check("counts", key, SAMPLE_KEY.size)
-        tgid, sid, kernel, comm = SAMPLE_KEY.unpack(key)
+        _check("counts", _one(value), U64.size)
+    wanted = set(pids)
+    keys = SAMPLE_KEY.iter_unpack(b"".join(k for k, _ in rows))
+    weights = U64.iter_unpack(b"".join(v for _, v in rows))  # type: ignore[misc]
+    out = []
+    comms: dict[bytes, str] = {}
+    for (tgid, sid, kernel, comm), (weight,) in zip(keys, weights, strict=True):
         if wanted and tgid not in wanted:
             continue
-        raw = _one(value)
-        _check("counts", raw, U64.size)
-        err = stack_error(sid, stacks)
+        user = stacks.get(sid) if sid >= 0 else None
+        name = comms.get(comm)
+        if name is None:
+            name = comms[comm] = _comm(comm)
         out.append(
             RawStack(
                 pid=tgid,
-                user=() if err else stacks[sid],
+                user=user or (),
                 kernel=bool(kernel),
-                weight=U64.unpack(raw)[0],
-                comm=_comm(comm),
-                user_error=err,
+                weight=weight,
+                comm=name,
+                user_error=None if user is not None else stack_error(sid, stacks),
             )
         )
     return out

@@ -252,16 +252,18 @@ class DetachReply(_message.Message):
     def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...
 
 class ReadMapRequest(_message.Message):
-    __slots__ = ("attachment_id", "map", "max_entries", "cursor")
+    __slots__ = ("attachment_id", "map", "max_entries", "cursor", "packed")
     ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
     MAP_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     attachment_id: int
     map: str
     max_entries: int
     cursor: bytes
-    def __init__(self, attachment_id: _Optional[int] = ..., map: _Optional[str] = ..., max_entries: _Optional[int] = ..., cursor: _Optional[bytes] = ...) -> None: ...
+    packed: bool
+    def __init__(self, attachment_id: _Optional[int] = ..., map: _Optional[str] = ..., max_entries: _Optional[int] = ..., cursor: _Optional[bytes] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class MapEntry(_message.Message):
     __slots__ = ("key", "value", "per_cpu")
@@ -274,12 +276,20 @@ class MapEntry(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., per_cpu: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReadMapReply(_message.Message):
-    __slots__ = ("entries", "next_cursor")
+    __slots__ = ("entries", "next_cursor", "keys", "values", "count", "ncpus")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NCPUS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[MapEntry]
     next_cursor: bytes
-    def __init__(self, entries: _Optional[_Iterable[_Union[MapEntry, _Mapping]]] = ..., next_cursor: _Optional[bytes] = ...) -> None: ...
+    keys: bytes
+    values: bytes
+    count: int
+    ncpus: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[MapEntry, _Mapping]]] = ..., next_cursor: _Optional[bytes] = ..., keys: _Optional[bytes] = ..., values: _Optional[bytes] = ..., count: _Optional[int] = ..., ncpus: _Optional[int] = ...) -> None: ...
 
 class StreamEventsRequest(_message.Message):
     __slots__ = ("attachment_id", "map", "max_events")

@@ -12,6 +12,7 @@
  * filename bprm->filename. Pointers stay in registers: no map holds one.
  */
 #include "gfxbpf.h"
+#include "gfxbpf_ring.h"
 
 #define FILENAME_LEN 256
 
@@ -80,7 +81,7 @@ int process_exec_btf(unsigned long long *ctx)
 	/* Typed pointers: direct (CO-RE relocated) loads, no probe_read call. */
 	e->pid = p->pid;
 	bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), bprm->filename);
-	bpf_ringbuf_submit(e, 0);
+	gfx_ringbuf_submit(&events, e, sizeof(*e)); /* no wake-up per exec */
 	return 0;
 }
 
@@ -97,7 +98,7 @@ int process_exec(void *ctx)
 	fill_event(e);
 	e->pid = gfx_ctx_u32(ctx, off_pid);
 	gfx_ctx_str(ctx, off_filename, e->filename, sizeof(e->filename));
-	bpf_ringbuf_submit(e, 0);
+	gfx_ringbuf_submit(&events, e, sizeof(*e)); /* no wake-up per exec */
 	return 0;
 }
 

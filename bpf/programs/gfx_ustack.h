@@ -10,13 +10,23 @@
 
 #include "gfx_rows.h"
 
-#define MAX_STACKS 8192
-#define MAX_DEPTH 127  /* PERF_MAX_STACK_DEPTH */
+/*
+ * Sizes (docs/PROFILE-OUTPUT.md, "Table sizes", has the numbers): a stack id
+ * is a hash bucket, and a stack whose bucket is taken is lost (-EEXIST) long
+ * before the table fills. The kernel makes roundup_pow_of_two(max_entries)
+ * buckets but only max_entries stacks, and the stacks are the memory: one
+ * more than a power of two doubles the buckets (fewer collisions) for 8
+ * bytes a bucket. MAX_DEPTH frames a stack keeps the innermost ones; a
+ * deeper stack loses its outermost callers, and the client says so.
+ */
+#define MAX_STACKS 16384                 /* rows of a count map */
+#define STACK_ENTRIES (MAX_STACKS + 1)   /* 16385 stacks in 32768 buckets */
+#define MAX_DEPTH 32
 
 /* stack id -> user return addresses, innermost first, zero-padded */
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, MAX_STACKS);
+	__uint(max_entries, STACK_ENTRIES);
 	__uint(key_size, sizeof(__u32));
 	__uint(value_size, MAX_DEPTH * sizeof(__u64));
 } stacks SEC(".maps");

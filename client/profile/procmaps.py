@@ -80,18 +80,22 @@ class ProcessMaps:
             return self.perf_map[i]
         return None
 
-    def merge(self, later: ProcessMaps) -> None:
+    def merge(self, later: ProcessMaps) -> bool:
         """Add what a later snapshot of the same process saw (new libraries, new JIT code).
-        A range seen in both keeps the later mapping."""
+        A range seen in both keeps the later mapping. True if anything changed."""
         kept = {(m.start, m.end): m for m in self.mappings}
         kept.update({(m.start, m.end): m for m in later.mappings})
-        self.mappings = sorted(kept.values(), key=lambda m: m.start)
+        mappings = sorted(kept.values(), key=lambda m: m.start)
         perf = {(e.start, e.size): e for e in self.perf_map}
         perf.update({(e.start, e.size): e for e in later.perf_map})
-        self.perf_map = sorted(perf.values(), key=lambda e: e.start)
-        self.perf_map_path = later.perf_map_path or self.perf_map_path
+        perf_map = sorted(perf.values(), key=lambda e: e.start)
         self.comm = later.comm or self.comm
+        path = later.perf_map_path or self.perf_map_path
+        if (mappings, perf_map, path) == (self.mappings, self.perf_map, self.perf_map_path):
+            return False  # the usual case, several times a second: keep the names found
+        self.mappings, self.perf_map, self.perf_map_path = mappings, perf_map, path
         self._index()
+        return True
 
 
 def parse_maps(text: str) -> list[Mapping]:

@@ -21,7 +21,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["THREAD_ROOTS", "StackCheck"]
+__all__ = ["MAX_DEPTH", "THREAD_ROOTS", "Kind", "StackCheck", "classify"]
 
 # Functions a complete user stack starts in (glibc's and musl's thread entries).
 THREAD_ROOTS = frozenset(
@@ -42,9 +42,25 @@ THREAD_ROOTS = frozenset(
 
 # Below this share of the user-stack weight, cut stacks are not worth a note.
 _NOTE_SHARE = 0.01
-# The kernel records at most this many user frames (kernel.perf_event_max_stack):
-# a stack that long ends at the limit, not at a missing frame pointer.
+# The kernel records at most this many user frames (kernel.perf_event_max_stack),
+# and a stack table may keep fewer (its value size): a stack that long ends at
+# the limit, not at a missing frame pointer.
 MAX_DEPTH = 127
+
+
+# (complete | deep | cut, the object of the outermost frame, every object a frame lay in)
+Kind = tuple[str, str, frozenset[str]]
+
+
+def classify(frames_root_first: list[tuple[str, str | None]], max_depth: int) -> Kind:
+    """Whether a user stack reaches a thread's start, ends at the depth limit, or was cut."""
+    objects = frozenset(o for _, o in frames_root_first if o)
+    outer = (frames_root_first[0][1] if frames_root_first else None) or "[unknown]"
+    if any(n in THREAD_ROOTS for n, _ in frames_root_first):
+        return "complete", outer, objects
+    if len(frames_root_first) >= max_depth:
+        return "deep", outer, objects
+    return "cut", outer, objects
 
 
 @dataclass
@@ -53,20 +69,24 @@ class StackCheck:
     cut: Counter[str] = field(default_factory=Counter)  # object of the outermost frame -> weight
     lost: Counter[str] = field(default_factory=Counter)  # RawStack.user_error -> weight
     objects: set[str] = field(default_factory=set)  # every file a frame lay in
-    too_deep: int = 0  # weight of stacks that hit the kernel's depth limit
+    too_deep: int = 0  # weight of stacks that hit the depth limit
+    max_depth: int = MAX_DEPTH  # frames the stack table keeps
     unmapped: int = 0  # weight of stacks of processes with no maps snapshot
 
     def add(self, frames_root_first: list[tuple[str, str | None]], weight: int) -> None:
         """One user stack: (name, file it lies in) per frame, root first."""
-        names_root_first = [n for n, _ in frames_root_first]
-        self.objects.update(o for _, o in frames_root_first if o)
-        outer_object = frames_root_first[0][1] if frames_root_first else None
-        if any(n in THREAD_ROOTS for n in names_root_first):
+        self.add_kind(classify(frames_root_first, self.max_depth), weight)
+
+    def add_kind(self, kind: Kind, weight: int) -> None:
+        """A stack classify() has seen (a symbolizer caches it per stack)."""
+        what, outer, objects = kind
+        self.objects |= objects
+        if what == "complete":
             self.complete += weight
-        elif len(frames_root_first) >= MAX_DEPTH:
+        elif what == "deep":
             self.too_deep += weight
         else:
-            self.cut[outer_object or "[unknown]"] += weight
+            self.cut[outer] += weight
 
     def add_lost(self, reason: str, weight: int) -> None:
         self.lost[reason] += weight
@@ -83,9 +103,10 @@ class StackCheck:
             )
         if total and self.too_deep / total >= _NOTE_SHARE:
             out.append(
-                f"{self.too_deep * 100 / total:.0f}% of the user stacks are {MAX_DEPTH} frames "
-                "or deeper and were cut at the kernel's limit (kernel.perf_event_max_stack): "
-                "their outermost callers are missing"
+                f"{self.too_deep * 100 / total:.0f}% of the user stacks are {self.max_depth} "
+                "frames or deeper and were cut at the stack table's depth: their outermost "
+                "callers are missing (deep stacks that share their innermost "
+                f"{self.max_depth} frames are merged)"
             )
         if total and cut / total >= _NOTE_SHARE:
             where = ", ".join(

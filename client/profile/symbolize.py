@@ -25,7 +25,7 @@ from gfxbpf.client.profile.model import (
     RawStack,
 )
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
-from gfxbpf.client.profile.stackcheck import StackCheck
+from gfxbpf.client.profile.stackcheck import MAX_DEPTH, Kind, StackCheck, classify
 from gfxbpf.client.profile.vdso import own_vdso_table
 
 __all__ = ["Symbolizer"]
@@ -43,18 +43,34 @@ class Symbolizer:
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
         self._mapped: dict[tuple[str, int], symtab.SymbolTable | None] = {}  # (path, inode)
         self._frames: dict[tuple[int, int], _Frame] = {}
+        # (pid, sampled, user addresses) -> (its StackCheck kind, names root first)
+        self._users: dict[tuple[int, bool, tuple[int, ...]], tuple[Kind, tuple[str, ...]]]
+        self._users = {}
         self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
         self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
+        # Frames a stack table keeps (its value size / 8): a stack that long was cut.
+        # Set it before the first stack: the kinds cached in _users depend on it.
+        self.stack_depth = MAX_DEPTH
         self.parsed = 0  # symbol tables read from ELF files by this symbolizer
         self.cache_hits = 0  # ... and loaded from the on-disk cache instead
 
     def add_process(self, pid: int, maps: ProcessMaps) -> None:
         """Call while the process lives; calling again adds what a later snapshot saw."""
-        if pid in self._procs:
-            self._procs[pid].merge(maps)
-        else:
+        if pid not in self._procs:
             self._procs[pid] = maps
+        elif not self._procs[pid].merge(maps):
+            return  # nothing new: the names found so far still hold
         self._frames = {k: v for k, v in self._frames.items() if k[0] != pid}
+        self._users = {k: v for k, v in self._users.items() if k[0] != pid}
+
+    def warm(self, pid: int, stacks: Iterable[tuple[int, ...]]) -> None:
+        """Name these user stacks' frames now (while sampling: the symbol tables
+        load and the names are cached), so symbolize() after it has less to do."""
+        maps = self._procs.get(pid)
+        if maps is None:
+            return
+        for user in stacks:
+            self._user(pid, maps, user, True)
 
     def symbolize(
         self,
@@ -66,7 +82,7 @@ class Symbolizer:
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
         stacks: dict[tuple[str, ...], int] = {}
-        check = StackCheck()
+        check = StackCheck(max_depth=self.stack_depth)
         for r in raw:
             frames = self._stack(r, check)
             stacks[frames] = stacks.get(frames, 0) + r.weight
@@ -88,27 +104,40 @@ class Symbolizer:
     def _stack(self, r: RawStack, check: StackCheck) -> tuple[str, ...]:
         maps = self._procs.get(r.pid)
         comm = r.comm or (maps.comm if maps else "") or f"[pid {r.pid}]"
-        names = [comm]
+        names: tuple[str, ...] = (_clean(comm),)
         if maps is None and r.user:
             check.unmapped += r.weight
         if r.user_error is not None and not r.user:
-            names.append(LOST_FRAME)
+            names += (LOST_FRAME,)
             check.add_lost(r.user_error, r.weight)
         elif r.user:
+            kind, user_names = self._user(r.pid, maps, r.user, r.leaf is None)
+            if maps is not None:  # else counted as unmapped, not as a cut stack
+                check.add_kind(kind, r.weight)
+            names += user_names
+        if r.leaf and names[-1] != _clean(r.leaf):
+            names += (_clean(r.leaf),)
+        if r.kernel:
+            names += (KERNEL_FRAME,)
+        return names
+
+    def _user(
+        self, pid: int, maps: ProcessMaps | None, user: tuple[int, ...], sampled: bool
+    ) -> tuple[Kind, tuple[str, ...]]:
+        """A user stack's StackCheck kind, and its frame names root first, made
+        safe to write; cached: a stack comes back once per count row naming it."""
+        key = (pid, sampled, user)
+        got = self._users.get(key)
+        if got is None:
             # A return address is looked up at the call before it (a call can be
             # a function's last instruction). All are return addresses but the
             # innermost of a sampled stack; at a probe (leaf) it is one too.
-            ip = 0 if r.leaf is None else -1
-            user = [self._frame(r.pid, maps, a if i == ip else a - 1) for i, a in enumerate(r.user)]
-            user.reverse()
-            if maps is not None:  # else counted as unmapped, not as a cut stack
-                check.add(user, r.weight)
-            names.extend(n for n, _ in user)
-        if r.leaf and names[-1] != r.leaf:
-            names.append(r.leaf)
-        if r.kernel:
-            names.append(KERNEL_FRAME)
-        return tuple(_clean(n) for n in names)
+            ip = 0 if sampled else -1
+            frames = [self._frame(pid, maps, a if i == ip else a - 1) for i, a in enumerate(user)]
+            frames.reverse()
+            kind = classify(frames, self.stack_depth)
+            got = self._users[key] = (kind, tuple(_clean(n) for n, _ in frames))
+        return got
 
     def _frame(self, pid: int, maps: ProcessMaps | None, addr: int) -> _Frame:
         key = (pid, addr)

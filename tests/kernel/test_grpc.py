@@ -101,7 +101,7 @@ CLIENT = textwrap.dedent(
                                             cursor=cursor), metadata=md(token))
             pages += 1
             for e in r.entries:
-                entries[e.key] = e.value
+                entries[e.key] = b"".join(e.per_cpu) or e.value
             cursor = r.next_cursor
             if not cursor:
                 return entries, pages
@@ -110,7 +110,9 @@ CLIENT = textwrap.dedent(
         return struct.unpack("<I", b)[0]
 
     def u64(b):
-        return struct.unpack("<Q", b)[0]
+        # syscount counts per CPU: one u64 per CPU, summed
+        b = b"".join(b) if isinstance(b, list) else b
+        return sum(struct.unpack(f"<{len(b) // 8}Q", b))
 
     if scenario == "syscount":
         sock = unix_connect()

@@ -34,7 +34,7 @@ def test_inspect_text_and_disasm() -> None:
     r = run("inspect", "--disasm", str(object_path(CATALOG.get("syscount"))))
     assert r.returncode == 0, r.stderr
     assert "sys_enter  raw_tracepoint" in r.stdout
-    assert "exit" in r.stdout and "counts (counts)  hash" in r.stdout
+    assert "exit" in r.stdout and "counts (counts)  percpu_array" in r.stdout
 
 
 def test_bad_objects_give_a_message_not_a_traceback(tmp_path: Path) -> None:

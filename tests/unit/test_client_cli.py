@@ -190,3 +190,16 @@ def test_broker_error_texts_name_the_rule_once_and_hint_only_for_the_policy() ->
     assert owner.exit_code == EXIT_DENIED
     missing = BrokerError(pb.ERROR_NOT_FOUND, "no process 999999")
     assert str(missing) == "no process 999999" and missing.exit_code == EXIT_USAGE
+
+
+def test_client_version_without_importlib_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    # Read from the dist-info directory's name at start-up; must agree with
+    # what importlib.metadata (the slow way) says.
+    from importlib import metadata
+
+    from gfxbpf.client import cli
+    from gfxbpf.client.broker import client_version
+
+    assert client_version() == metadata.version("gfxbpf")
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"gfxclient {client_version()}\n"

@@ -127,3 +127,47 @@ def test_drain_is_bounded_to_one_ring() -> None:
     struct.pack_into("<Q", f.data, 0, 100 * SIZE)
     got = f.rb.drain()
     assert len(got) == SIZE // 8 and f.consumer_pos == SIZE
+
+
+def test_runs_of_one_record_size_stop_where_the_run_does() -> None:
+    # drain() cuts runs of same-sized records in one pass (_RUN_MIN and up):
+    # the run must end at a BUSY record, a discarded one or another size.
+    f = FakeRing()
+    recs = [struct.pack("<QQ", i, i * i) for i in range(20)]
+    for r in recs[:12]:
+        f.put(r)
+    busy = f.put(recs[12])
+    f.set_flags(busy, BUSY_BIT, 16)
+    for r in recs[13:]:
+        f.put(r)
+    assert f.rb.drain() == recs[:12]
+    assert f.consumer_pos == busy
+    f.set_flags(busy, DISCARD_BIT, 16)  # the producer gave that one up
+    f.put(b"odd size")
+    for r in recs[:10]:
+        f.put(r)
+    assert f.rb.drain() == recs[13:] + [b"odd size"] + recs[:10]
+    assert f.rb.discarded == 1 and f.consumer_pos == f.prod
+
+
+def test_a_run_that_wraps_around_reads_contiguously() -> None:
+    f = FakeRing()
+    f.put(b"p" * (SIZE - 8 - 24 * 5))  # leave room for 5 frames before the end
+    assert len(f.rb.drain()) == 1
+    recs = [bytes([i]) * 16 for i in range(40)]  # 40 frames: wraps after 5
+    for r in recs:
+        f.put(r)
+    assert f.rb.drain() == recs
+    assert f.consumer_pos == f.prod
+
+
+def test_a_run_stops_at_a_record_of_another_size() -> None:
+    f = FakeRing()
+    recs = [struct.pack("<QQ", i, -i & 0xFFFF) for i in range(12)]
+    for r in recs:
+        f.put(r)
+    f.put(b"\x10\0\0\0\0\0\0\0")  # 8 bytes that read like a 16-byte header
+    for r in recs:
+        f.put(r)
+    assert f.rb.drain() == recs + [b"\x10\0\0\0\0\0\0\0"] + recs
+    assert f.consumer_pos == f.prod and f.rb.records == 25

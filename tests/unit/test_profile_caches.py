@@ -1,0 +1,83 @@
+"""The caches that let gfxclient profile name stacks while sampling: a maps
+snapshot that adds nothing keeps the names found; one that changes a mapping
+drops them; warm() names stacks ahead of symbolize(); the depth note follows
+the stack table's depth; the count rows parse the same in bulk."""
+
+from __future__ import annotations
+
+from gfxbpf.client import profile_read
+from gfxbpf.client.profile.model import RawStack
+from gfxbpf.client.profile.procmaps import Mapping, PerfMapEntry, ProcessMaps
+from gfxbpf.client.profile.stackcheck import StackCheck, classify
+from gfxbpf.client.profile.symbolize import Symbolizer
+
+HEAP = Mapping(0x1000, 0x2000, "rw-p", 0, "00:00", 0, "[heap]")
+STACK = Mapping(0x5000, 0x6000, "rw-p", 0, "00:00", 0, "[stack]")
+
+
+def _maps(*mappings: Mapping, perf: tuple[PerfMapEntry, ...] = ()) -> ProcessMaps:
+    return ProcessMaps(pid=7, mappings=list(mappings), perf_map=list(perf), comm="prog")
+
+
+def test_merge_says_whether_a_snapshot_changed_anything() -> None:
+    m = _maps(HEAP)
+    assert m.merge(_maps(HEAP)) is False
+    assert m.merge(_maps(HEAP, STACK)) is True and m.find(0x5800) == STACK
+    assert m.merge(_maps(STACK)) is False, "a range seen before is kept, not new"
+    jit = PerfMapEntry(0x1100, 0x10, "jitted")
+    assert m.merge(_maps(perf=(jit,))) is True and m.find_perf(0x1104) == jit
+
+
+def test_warm_names_ahead_and_a_changed_snapshot_renames() -> None:
+    sym = Symbolizer(cache_dir="/nonexistent")
+    sym.add_process(7, _maps(HEAP))
+    sym.warm(7, [(0x1800,)])
+    assert sym._users and sym._frames  # named while sampling
+    sym.add_process(7, _maps(HEAP))  # the usual snapshot: nothing new
+    assert sym._users, "an unchanged snapshot keeps the names found"
+    prof = sym.symbolize([RawStack(7, (0x5800,), False, 2)], "samples")
+    assert prof.stacks == {("prog", "[unknown]"): 2}
+    sym.add_process(7, _maps(HEAP, STACK))  # a new mapping: names may change
+    assert not sym._users and not sym._frames
+    prof = sym.symbolize([RawStack(7, (0x5800,), False, 2)], "samples")
+    assert prof.stacks == {("prog", "[stack]"): 2}
+
+
+def test_depth_note_follows_the_stack_tables_depth() -> None:
+    sym = Symbolizer(cache_dir="/nonexistent")
+    sym.stack_depth = 32
+    sym.add_process(7, _maps(HEAP))
+    deep = tuple(range(0x1000, 0x1000 + 32 * 8, 8))
+    prof = sym.symbolize([RawStack(7, deep, False, 1)], "samples")
+    assert any("are 32 frames or deeper" in n for n in prof.notes), prof.notes
+
+
+def test_add_kind_counts_as_add_does() -> None:
+    frames = [("_start", "/bin/x"), ("main", "/bin/x"), ("f", "/lib/y.so")]
+    cut = [("g", "/lib/y.so"), ("f", "/lib/y.so")]
+    a, b = StackCheck(max_depth=3), StackCheck(max_depth=3)
+    for fr, w in ((frames, 2), (cut, 5), (cut * 2, 1)):
+        a.add(fr, w)
+        b.add_kind(classify(fr, 3), w)
+    assert a == b
+    assert (a.complete, a.cut["/lib/y.so"], a.too_deep) == (2, 5, 1)
+    assert a.objects == {"/bin/x", "/lib/y.so"}
+
+
+def test_count_rows_parse_in_bulk_as_one_by_one() -> None:
+    stacks = {3: (0x401000, 0x402000), 9: (0x403000,)}
+    rows = [
+        (profile_read.SAMPLE_KEY.pack(7, 3, 0, b"prog"), profile_read.U64.pack(4)),
+        (profile_read.SAMPLE_KEY.pack(7, 9, 1, b"prog"), profile_read.U64.pack(1)),
+        (profile_read.SAMPLE_KEY.pack(8, -17, 0, b"other"), profile_read.U64.pack(2)),
+        (profile_read.SAMPLE_KEY.pack(7, 5, 0, b"prog"), profile_read.U64.pack(6)),
+    ]
+    assert profile_read.stack_ids(rows) == {3, 9, 5}
+    got = profile_read.profile_stacks(rows, stacks, [7])
+    assert [(r.pid, r.user, r.kernel, r.weight, r.comm, r.user_error) for r in got] == [
+        (7, (0x401000, 0x402000), False, 4, "prog", None),
+        (7, (0x403000,), True, 1, "prog", None),
+        (7, (), False, 6, "prog", "stack not in the table when read"),
+    ]
+    (lost,) = profile_read.profile_stacks(rows[2:3], stacks)
+    assert lost.user_error == "stack table collision (another stack holds its slot)"
