@@ -51,12 +51,27 @@ class CoreResult:
     records: list[CoreRecord] = field(default_factory=list)
 
 
-def has_core_relos(spec: ObjectSpec) -> bool:
-    return spec.btf_ext is not None and any(spec.btf_ext.core_relos.values())
+def has_core_relos(spec: ObjectSpec, only: Collection[str] | None = None) -> bool:
+    """Whether the object (or the programs in only, and any subprogram) has CO-RE relocations."""
+    if spec.btf_ext is None:
+        return False
+    if only is None:
+        return any(spec.btf_ext.core_relos.values())
+    for sec, relos in spec.btf_ext.core_relos.items():
+        progs = [p for p in spec.programs.values() if p.section == sec]
+        for r in relos:
+            prog = _program_at(progs, r.insn_off // INSN_SIZE)
+            if prog is not None and (prog.is_subprog or prog.name in only):
+                return True
+    return False
 
 
 def relocate(
-    spec: ObjectSpec, target: Target, strict: bool = True, also: Collection[str] = ()
+    spec: ObjectSpec,
+    target: Target,
+    strict: bool = True,
+    also: Collection[str] = (),
+    only: Collection[str] | None = None,
 ) -> CoreResult:
     """Resolve and patch every CO-RE relocation of `spec` against `target`.
 
@@ -64,6 +79,7 @@ def relocate(
     otherwise record the error and go on (inspection). also: programs to
     relocate even though they are not autoloaded (a caller that names a
     `?` program loads it, as libbpf does after bpf_program__set_autoload).
+    only: relocate just these programs (a loader that loads a subset).
     """
     out = CoreResult()
     if spec.btf is None or spec.btf_ext is None:
@@ -78,6 +94,8 @@ def relocate(
             prog = _program_at(progs, r.insn_off // INSN_SIZE)
             if prog is None or not (prog.autoload or prog.name in also):
                 continue
+            if only is not None and not prog.is_subprog and prog.name not in only:
+                continue  # subprograms: whoever calls them is linked with them
             idx = r.insn_off // INSN_SIZE - prog.insn_offset
             access = _string(btf, r.access_str_off)
             rec = CoreRecord(prog.name, sec, idx, r.kind, r.type_id, access, access)

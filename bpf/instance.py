@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import attach as bpfattach
-from gfxbpf.bpf import attach_kinds, tracefs
+from gfxbpf.bpf import attach_kinds, kernel_btf, tracefs
 from gfxbpf.bpf.catalog import FIELD_ABSENT, Attach, Program
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
@@ -88,32 +88,55 @@ def missing_tracepoint_message(target: str) -> str:
 
 
 def choose_variant(
-    entry: Program, exists: Callable[[str, str], bool] = tracefs.event_exists
+    entry: Program,
+    exists: Callable[[str, str], bool] = tracefs.event_exists,
+    btf_exists: Callable[[str], bool] | None = None,
 ) -> str | None:
-    """The variant to attach (None: the entry has none). Raises Unavailable."""
+    """The variant to attach (None: the entry has none). Raises Unavailable.
 
-    def missing(attaches: tuple[Attach, ...] | list[Attach]) -> list[str]:
-        return [
-            a.target
-            for a in attaches
-            if a.kind == "tracepoint" and a.target and not exists(*a.tracepoint)
-        ]
+    A tracepoint target exists when tracefs has the event; a tp_btf target
+    when the kernel's BTF has its btf_trace_ type (no tracefs needed).
+    btf_exists defaults to kernel_btf.tp_btf_target_exists, looked up per call."""
+    has_btf = btf_exists or kernel_btf.tp_btf_target_exists
+
+    def gone(a: Attach) -> bool:
+        if a.kind == "tracepoint" and a.target:
+            return not exists(*a.tracepoint)
+        return a.kind == "tp_btf" and bool(a.target) and not has_btf(a.target or "")
+
+    def missing(attaches: tuple[Attach, ...] | list[Attach]) -> list[Attach]:
+        return [a for a in attaches if a.target and gone(a)]
 
     base = missing([a for a in entry.attach if a.variant is None])
     if base:
-        raise Unavailable(missing_tracepoint_message(base[0]))
+        raise Unavailable(_missing_message(base[0]))
     if not entry.variants:
         return None
     tried = []
     for v in entry.variants:
-        gone = missing([a for a in entry.attach if a.variant == v])
-        if not gone:
+        lack = missing([a for a in entry.attach if a.variant == v])
+        if not lack:
             return v
-        tried.append(f"{v} (needs {gone[0]})")
-    first = next(a.target for a in entry.attach if a.variant and a.target)
-    raise Unavailable(
-        missing_tracepoint_message(first or "") + "; tried variants " + ", ".join(tried)
-    )
+        tried.append(f"{v} (needs {_need(lack[0])})")
+    # Lead with a tracefs event if a variant has one: that is what most hosts lack.
+    variant_attaches = [a for a in entry.attach if a.variant and a.target]
+    first = next((a for a in variant_attaches if a.kind == "tracepoint"), variant_attaches[0])
+    raise Unavailable(_missing_message(first) + "; tried variants " + ", ".join(tried))
+
+
+def _need(a: Attach) -> str:
+    if a.kind == "tp_btf":
+        return f"kernel BTF with {kernel_btf.BTF_TRACE_PREFIX}{a.target}"
+    return a.target or ""
+
+
+def _missing_message(a: Attach) -> str:
+    if a.kind == "tp_btf":
+        return (
+            f"tp_btf {a.target}: the kernel has no BTF for this tracepoint "
+            f"(/sys/kernel/btf/vmlinux is missing or lacks {kernel_btf.BTF_TRACE_PREFIX}{a.target})"
+        )
+    return missing_tracepoint_message(a.target or "")
 
 
 def availability(

@@ -15,9 +15,12 @@ import os
 from dataclasses import dataclass
 
 from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf.btf_types import KIND_TYPEDEF
 from gfxbpf.bpf.core_relo import CoreError
 from gfxbpf.bpf.core_target import Target
 from gfxbpf.bpf.errors import KernelError
+
+BTF_TRACE_PREFIX = "btf_trace_"  # the typedef each tracepoint has in BTF
 
 
 class KernelBtfError(KernelError):
@@ -55,6 +58,16 @@ def find_type(name: str, kind: int, target: Target | None = None) -> KernelType:
         f"the running kernel's BTF has no {name!r}, in vmlinux or a loaded module "
         "(is the target spelled right, and its module loaded?)"
     )
+
+
+def tp_btf_target_exists(name: str) -> bool:
+    """Whether a tp_btf program can attach to tracepoint `name` here: the
+    kernel has BTF (/sys/kernel/btf/vmlinux) with a btf_trace_<name> type."""
+    try:
+        find_type(BTF_TRACE_PREFIX + name, KIND_TYPEDEF)
+    except KernelBtfError:
+        return False
+    return True
 
 
 def vmlinux_type_id(name: str, kind: int) -> int:

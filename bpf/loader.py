@@ -120,7 +120,7 @@ def load(
         for m in spec.maps.values():
             if m.real_name in frozen:
                 _freeze(obj, m, obj.maps[m.real_name])
-        core = _relocate_core(spec, programs or ())
+        core = _relocate_core(spec, programs)
         names = (
             programs
             if programs is not None
@@ -263,12 +263,14 @@ def _freeze(obj: LoadedObject, m: MapSpec, kmap: Map) -> None:
         raise LoadError(f"{where}: {why}") from e
 
 
-def _relocate_core(spec: ObjectSpec, named: Collection[str]) -> dict[str, bytearray]:
-    """CO-RE: the patched code of every autoload or named program, against this kernel."""
-    if not has_core_relos(spec):
+def _relocate_core(spec: ObjectSpec, named: Collection[str] | None) -> dict[str, bytearray]:
+    """CO-RE: the patched code of every autoload program (or only those named),
+    against this kernel. A named subset without relocations needs no kernel
+    BTF: a catalog object's tracefs build loads where its tp_btf build cannot."""
+    if not has_core_relos(spec, named):
         return {}
     try:
-        return core_relocate(spec, Target.kernel(), also=named).insns
+        return core_relocate(spec, Target.kernel(), also=named or (), only=named).insns
     except CoreError as e:
         raise LoadError(f"object {spec.name!r}: {e}") from e
 

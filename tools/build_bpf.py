@@ -34,6 +34,7 @@ PROGRAMS = Path("bpf/programs")  # relative: it is baked into the debug info
 # Not in the catalog, never loaded by the broker; committed all the same.
 SIDE_SOURCES = (
     Path("bench/bench.bpf.c"),
+    Path("bench/readcost.bpf.c"),
     Path("tests/data/objects/probe_write_user.bpf.c"),
     Path("tests/data/objects/trace_printk.bpf.c"),
     Path("tests/data/objects/ksym_address.bpf.c"),
@@ -41,6 +42,7 @@ SIDE_SOURCES = (
     # relocation kind for the offline tests, one against the real kernel.
     Path("tests/data/core/target_new.bpf.c"),
     Path("tests/data/core/target_old.bpf.c"),
+    Path("tests/data/core/target_exec.bpf.c"),
     Path("tests/data/core/core_kinds.bpf.c"),
     Path("tests/data/core/core_kernel.bpf.c"),
 )

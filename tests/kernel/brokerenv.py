@@ -322,6 +322,7 @@ class BrokerProcess:
         timeout: float = 30.0,
         as_root_with_user: bool = False,
         socket_activated: bool = False,
+        wrapper: Sequence[str] = (),
     ) -> BrokerProcess:
         """Write the policy, start the broker from the unit's ExecStart, wait for READY=1.
 
@@ -332,7 +333,9 @@ class BrokerProcess:
         with it as fd 3 on the first connection; start() returns once the
         socket listens, before the broker runs (wait_ready() waits for it).
         overrides go to setpriv_argv on top of --policy/--socket/--grpc
-        (e.g. {"--log-level": "debug"}). Raises BrokerStartError with the
+        (e.g. {"--log-level": "debug"}). wrapper: a command (run as root) that
+        execs the broker's argv given after it, e.g. to change its mounts.
+        Raises BrokerStartError with the
         broker's stderr if it exits or is not ready within timeout seconds.
         """
         ue = _unit_exec_module()
@@ -358,6 +361,7 @@ class BrokerProcess:
         env["NOTIFY_SOCKET"] = notify_path
         if socket_activated:
             argv = _socket_activated(argv, socket_path, env)
+        argv = [*wrapper, *argv]
         stderr_path = run / "stderr.log"
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(

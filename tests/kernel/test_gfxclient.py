@@ -158,7 +158,11 @@ def test_info(broker: BrokerProcess, via: str) -> None:
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["sha256"] == catalog_sha256("execsnoop") and info["scopes"] == ["self"]
-    assert info["attach_points"] == ["tracepoint/sched/sched_process_exec"]
+    # Both builds, in catalog order: tp_btf where the kernel has BTF, else tracefs.
+    assert info["attach_points"] == [
+        "tp_btf/sched_process_exec",
+        "tracepoint/sched/sched_process_exec",
+    ]
     # What an attachment will show, as the broker's catalog describes it.
     assert [(m["name"], m["show"], m["event_type"]) for m in info["maps"]] == [
         ("events", "events", "exec_event")

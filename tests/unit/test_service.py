@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gfxbpf.bpf import instance as bpfinstance
-from gfxbpf.bpf import tracefs
+from gfxbpf.bpf import kernel_btf, tracefs
 from gfxbpf.bpf.catalog import Catalog, load_catalog
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import features
@@ -199,8 +199,11 @@ def attach(s: Service, c: Caller, owner: Any = None, **kw: Any) -> tuple[pb.Atta
 # ---------------------------------------------------------------- ListPrograms
 
 
-def test_list_programs_names_a_field_this_kernel_lacks(log: io.StringIO) -> None:
-    # A kernel whose sched_process_exec has no `filename`: execsnoop cannot run,
+def test_list_programs_names_a_field_this_kernel_lacks(
+    log: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kernel without BTF (so execsnoop's tracefs build) whose
+    # sched_process_exec has no `filename`: execsnoop cannot run,
     # and the listing says so before anyone attaches.
     text = (
         "name: sched_process_exec\nID: 1\nformat:\n"
@@ -211,6 +214,8 @@ def test_list_programs_names_a_field_this_kernel_lacks(log: io.StringIO) -> None
     def read_format(system: str, event: str) -> tracefs.EventFormat:
         assert (system, event) == ("sched", "sched_process_exec")
         return tracefs.parse_format(text)
+
+    monkeypatch.setattr(kernel_btf, "tp_btf_target_exists", lambda _name: False)
 
     s = Service(
         make_policy(), CATALOG, AuditLog(stream=log), event_exists=no_i915, read_format=read_format
