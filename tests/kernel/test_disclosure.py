@@ -38,6 +38,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
     uid_of,
+    wait_until,
 )
 
 ASKCLIENT = Path(__file__).with_name("askclient.py")
@@ -218,12 +219,22 @@ def test_denials_name_no_other_principal_and_no_policy_path(env: dict[str, Any])
         for s in specs:
             if s["via"] == "grpc":
                 s.pop("library_fd", None)
+        uid = uid_of(user)
+
+        def refused(uid: int = uid) -> list[dict[str, Any]]:
+            return [
+                r
+                for r in b.audit_records()
+                if r["op"] == "attach" and r["uid"] == uid and r["result"] != "ok"
+            ]
+
+        before = len(refused())
         answers = ask(env, user, specs)
-        audit = [
-            r
-            for r in b.audit_records()
-            if r["op"] == "attach" and r["uid"] == uid_of(user) and r["result"] != "ok"
-        ][-len(specs) :]
+        # The broker writes an audit line after it answers: wait for all of them, so the
+        # lines compared below are this round's refusals and no earlier one.
+        want = before + len(specs)
+        wait_until(lambda want=want: len(refused()) >= want, 10)
+        audit = refused()[before:]
         assert len(audit) == len(specs)
         for (what, _), pair, lines in zip(refusals, _pairs(answers), _pairs(audit), strict=True):
             for answer, line in zip(pair, lines, strict=True):
