@@ -9,12 +9,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gfxbpf.bpf import usdt
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
-from gfxbpf.bpf.loader import load
+from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf, skip_or_fail
 from tests.kernel import brokerenv
@@ -43,6 +44,33 @@ def _spec(tmp_path: Path) -> tuple[Path, ObjectSpec]:
     return obj, ObjectSpec.from_file(str(obj))
 
 
+def _run_attached(target: Path, obj: LoadedObject, probe: str, done: str, **attach: Any) -> None:
+    """Start the target, attach `probe` to it, let it run its HITS rounds and check
+    its last line (`done N`: how often its gated probe saw the semaphore raised)."""
+    proc = subprocess.Popen(
+        [str(target), str(HITS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == "ready\n"
+        with usdt.attach_usdt(
+            obj.programs[probe].fd,
+            obj.map(usdt.SPECS_MAP),
+            str(target),
+            "gfxtest",
+            probe,
+            pid=proc.pid,
+            **attach,
+        ):
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == done
+            assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_usdt_object_loads_like_libbpf(tmp_path: Path) -> None:
     obj, spec = _spec(tmp_path)
     assert spec.programs["tick"].attach_kind == "usdt"
@@ -56,29 +84,8 @@ def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:
     assert site.semaphore and site.semaphore_offset  # raised while attached: harmless
     _, spec = _spec(tmp_path)
     with load(spec) as obj:
-        proc = subprocess.Popen(
-            [str(target), str(HITS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        try:
-            assert proc.stdout is not None and proc.stdin is not None
-            assert proc.stdout.readline() == "ready\n"
-            with usdt.attach_usdt(
-                obj.programs["tick"].fd,
-                obj.map(usdt.SPECS_MAP),
-                str(target),
-                "gfxtest",
-                "tick",
-                pid=proc.pid,
-                cookie=0xC0FFEE,
-                ip_map=obj.map(usdt.IP_MAP),
-            ):
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-                assert proc.stdout.readline() == "done 0\n"  # gated's semaphore stayed down
-                assert proc.wait(timeout=30) == 0
-        finally:
-            proc.kill()
-            proc.wait()
+        # gated's semaphore stays down, so its probe never fires here.
+        _run_attached(target, obj, "tick", "done 0\n", cookie=0xC0FFEE, ip_map=obj.map(usdt.IP_MAP))
         bss = obj.map(".bss").lookup(0)
 
     def var(name: str) -> int:
@@ -101,28 +108,7 @@ def test_usdt_semaphore_is_raised_while_attached(tmp_path: Path, multi: bool) ->
     if multi:  # a uprobe_multi link wants the program loaded for it
         spec.programs["gated"].expected_attach_type = BPF_TRACE_UPROBE_MULTI
     with load(spec) as obj:
-        proc = subprocess.Popen(
-            [str(target), str(HITS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        try:
-            assert proc.stdout is not None and proc.stdin is not None
-            assert proc.stdout.readline() == "ready\n"
-            with usdt.attach_usdt(
-                obj.programs["gated"].fd,
-                obj.map(usdt.SPECS_MAP),
-                str(target),
-                "gfxtest",
-                "gated",
-                pid=proc.pid,
-                multi=multi,
-            ):
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-                assert proc.stdout.readline() == f"done {HITS}\n"
-                assert proc.wait(timeout=30) == 0
-        finally:
-            proc.kill()
-            proc.wait()
+        _run_attached(target, obj, "gated", f"done {HITS}\n", multi=multi)
         bss = obj.map(".bss").lookup(0)
     v = spec.maps[".bss"].variables["gated_hits"]
     assert int.from_bytes(bss[v.offset : v.offset + v.size], "little") == HITS
