@@ -358,9 +358,10 @@ class Fwd(BtfType):
     __slots__ = ()
 
 
-class Func(BtfType):
+class _Linked(BtfType):
+    """A type with linkage: FUNC (type: its FUNC_PROTO id) and VAR (type: the variable's)."""
+
     __slots__ = ("type", "linkage")
-    # type: FUNC_PROTO id
 
     def __init__(
         self,
@@ -379,6 +380,10 @@ class Func(BtfType):
         self.kind_flag = kind_flag
         self.type = type
         self.linkage = linkage
+
+
+class Func(_Linked):
+    __slots__ = ()
 
 
 class Param(_Record):
@@ -413,26 +418,8 @@ class FuncProto(BtfType):
         self.params = params
 
 
-class Var(BtfType):
-    __slots__ = ("type", "linkage")
-
-    def __init__(
-        self,
-        id: int,
-        kind: int,
-        name: str,
-        name_off: int,
-        kind_flag: bool,
-        type: int,
-        linkage: int,
-    ) -> None:
-        self.id = id
-        self.kind = kind
-        self.name = name
-        self.name_off = name_off
-        self.kind_flag = kind_flag
-        self.type = type
-        self.linkage = linkage
+class Var(_Linked):
+    __slots__ = ()
 
 
 class VarSecinfo(_Record):
