@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gfxbpf.bpf import function_tables
+from gfxbpf.bpf import cuda_api
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.function_tables import TableFunction
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, object_name
 
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "tp_btf", "uprobe", "uretprobe", "perf_event")
@@ -457,12 +458,18 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     )
 
 
+def function_table(name: str) -> tuple[TableFunction, ...]:
+    """The function table a catalog entry names (bpf/function_tables.py); KeyError if none."""
+    tables = {"cuda": cuda_api.FUNCTIONS}
+    return tables[name]
+
+
 def _parse_function_table(c: _Ctx, entry: dict[str, Any], attach: tuple[Attach, ...]) -> str | None:
     name = c.get_str(entry, "function_table", "", required=False)
     if not name:
         return None
     try:
-        function_tables.table(name)
+        function_table(name)
     except KeyError:
         raise c.fail("function_table", f"no function table {name!r}") from None
     if not any(a.kind in ("uprobe", "uretprobe") for a in attach):

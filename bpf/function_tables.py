@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NO_ARG", "ROLES", "TableFunction", "cookie", "table"]
+__all__ = ["NO_ARG", "ROLES", "TableFunction", "cookie"]
 
 # Roles as the BPF programs number them (bpf/programs/cuda.bpf.c ROLE_*).
 ROLES = {"launch": 1, "copy": 2, "alloc": 3, "free": 4, "sync": 5}
@@ -46,11 +46,3 @@ def cookie(index: int, fn: TableFunction) -> int:
     if not 0 <= index < MAX_TABLE:
         raise ValueError(f"table index {index} out of range")
     return index | ROLES[fn.role] << 8 | fn.arg << 16
-
-
-def table(name: str) -> tuple[TableFunction, ...]:
-    """The function table a catalog entry names; KeyError if there is none."""
-    from gfxbpf.bpf import cuda_api  # the tables are data; imported on demand
-
-    tables = {"cuda": cuda_api.FUNCTIONS}
-    return tables[name]

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Callable
 
 from gfxbpf.bpf.consts import SELF
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
 from gfxbpf.broker.params import Target
@@ -14,7 +15,7 @@ from gfxbpf.broker.peruser import PerUser
 from gfxbpf.broker.policy import Policy
 from gfxbpf.broker.registry import InstanceKey, Registry
 from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Attachment, Caller, Owner
+from gfxbpf.broker.sessions import Attachment, Owner
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # Makes a new shared instance (InstanceLoader.create, or a test's stand-in).

@@ -17,12 +17,12 @@ from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
 from gfxbpf.broker import budget
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.params import Target
 from gfxbpf.broker.policy import Policy
 from gfxbpf.broker.registry import InstanceKey
 from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 

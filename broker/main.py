@@ -156,6 +156,7 @@ def _load(config: BrokerConfig) -> tuple[Any, Any]:
 
 def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
     """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
+    from gfxbpf.broker import policy_report
     from gfxbpf.broker.policy import Policy, PolicyError
 
     old = service.policy
@@ -179,7 +180,9 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
         return False
     warnings: list[str] = []
     with contextlib.suppress(Exception):
-        warnings = new.check_warnings() + new.catalog_warnings(service.catalog)
+        warnings = policy_report.check_warnings(new) + policy_report.catalog_warnings(
+            new, service.catalog
+        )
     service.policy = new  # one reference swap: requests that start now see the new policy
     limits = new.limits
     audit.set_rate(limits.audit_lines_per_second)

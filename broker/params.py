@@ -9,15 +9,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gfxbpf.bpf import function_tables, symbols
+from gfxbpf.bpf import catalog, function_tables, symbols
 from gfxbpf.bpf.consts import SELF
 from gfxbpf.bpf.instance import DEFAULT_FREQUENCY
 from gfxbpf.broker import libraries
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.policy import MAX_FREQUENCY, Policy, ProgramEntry, is_plain_path
 from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
@@ -192,7 +192,7 @@ def _table_functions(
     names: list[str] = []
     cookies: list[int] = []
     skipped: list[str] = []
-    for i, fn in enumerate(function_tables.table(res.entry.function_table)):
+    for i, fn in enumerate(catalog.function_table(res.entry.function_table)):
         if not index.has(fn.name):
             skipped.append(f"{fn.name}: not in {os.path.basename(t.library or '')}")
         elif not policy.function_allowed(res.policy_entry, fn.name):

@@ -7,7 +7,7 @@ its docstring shows the format.
 
 Several entries may name the same program (different users, scopes or
 hashes). User and group names are resolved when a decision is made, so a
-policy may name accounts created later; `check_warnings()` lists names that
+policy may name accounts created later; `policy_report.check_warnings()` lists names that
 do not resolve now.
 """
 
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.broker import policy_file
 from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
 from gfxbpf.broker.policy_types import (  # noqa: F401 - re-exported: callers import them here
     LIMIT_KEYS,
@@ -32,8 +33,8 @@ from gfxbpf.broker.policy_types import (  # noqa: F401 - re-exported: callers im
     ProgramEntry,
     Refusal,
     TlsClient,
-    _labels,
-    _show,
+    labels,
+    show,
 )
 
 
@@ -64,14 +65,11 @@ class Policy:
         self.resolver = resolver or NameResolver()
 
     # ------------------------------------------------------------ loading
-    # The file format lives in policy_file, which builds this module's data
-    # classes: it is imported here, at call time, so that neither module
-    # needs the other half-initialised.
+    # The file format lives in policy_file, which builds policy_types' data
+    # classes: policy -> policy_file -> policy_types, one way.
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, resolver: NameResolver | None = None) -> Policy:
-        from gfxbpf.broker import policy_file
-
         p = os.fspath(path)
         return cls.parse(policy_file.read_text(p), path=p, resolver=resolver)
 
@@ -79,8 +77,6 @@ class Policy:
     def parse(
         cls, text: str, *, path: str = "<policy>", resolver: NameResolver | None = None
     ) -> Policy:
-        from gfxbpf.broker import policy_file
-
         return cls.from_dict(policy_file.parse_toml(text, path), path=path, resolver=resolver)
 
     @classmethod
@@ -91,8 +87,6 @@ class Policy:
         path: str = "<policy>",
         resolver: NameResolver | None = None,
     ) -> Policy:
-        from gfxbpf.broker import policy_file
-
         programs, limits, tls = policy_file.parse_tables(data, path)
         return cls(programs, limits, tls, path=path, resolver=resolver)
 
@@ -102,14 +96,14 @@ class Policy:
         """The entry's field that admits the caller, as written; None if none does."""
         for u in entry.users:
             if u == WILDCARD or u == uid or (isinstance(u, str) and self.resolver.uid_of(u) == uid):
-                return f"users = {_show(entry.users)}"
+                return f"users = {show(entry.users)}"
         for g in entry.groups:
             if (
                 g == WILDCARD
                 or g in gids
                 or (isinstance(g, str) and self.resolver.gid_of(g) in gids)
             ):
-                return f"groups = {_show(entry.groups)}"
+                return f"groups = {show(entry.groups)}"
         return None
 
     def _caller(self, uid: int) -> str:
@@ -133,7 +127,7 @@ class Policy:
         """
         sha = sha256.lower()
         if scope is not None and scope not in SCOPES:
-            why = f'invalid scope {_show(scope)} (expected "self" or "system")'
+            why = f'invalid scope {show(scope)} (expected "self" or "system")'
             return _upload(
                 program_name, Decision(False, why, reason=why, refusal=Refusal.BAD_SCOPE)
             )
@@ -154,7 +148,7 @@ class Policy:
         if program_name is not None:
             candidates = [e for e in self.programs if e.name == program_name]
             if not candidates:
-                why = f"no [[program]] entry names {_show(program_name)}"
+                why = f"no [[program]] entry names {show(program_name)}"
                 return Decision(
                     False,
                     f"default deny: {why}",
@@ -177,11 +171,11 @@ class Policy:
     ) -> Decision:
         e = candidates[0]
         if len(candidates) == 1:
-            rule = f"{e.where}: sha256 = {_show(e.sha256)} does not match the object's {sha}"
+            rule = f"{e.where}: sha256 = {show(e.sha256)} does not match the object's {sha}"
         else:
             which = ", ".join(f"#{x.index}" for x in candidates)
             rule = (
-                f"{self.path} [[program]] {which} {_show(program_name)}: no entry's sha256 "
+                f"{self.path} [[program]] {which} {show(program_name)}: no entry's sha256 "
                 f"matches the object's {sha}"
             )
         return Decision(
@@ -189,20 +183,20 @@ class Policy:
             rule,
             e,
             reason="no entry for it approves that sha256",
-            ref=f"{_labels(candidates)}: sha256",
+            ref=f"{labels(candidates)}: sha256",
             refusal=Refusal.UNAPPROVED_HASH,
         )
 
     def _not_listed(self, hashed: list[ProgramEntry], uid: int) -> Decision:
         e = hashed[0]
-        fields = f"users = {_show(e.users)}, groups = {_show(e.groups)}"
+        fields = f"users = {show(e.users)}, groups = {show(e.groups)}"
         others = "".join(f", #{x.index}" for x in hashed[1:])
         return Decision(
             False,
             f"{e.where}{others}: {fields} do not include {self._caller(uid)} or any of its groups",
             e,
             reason=f"no entry for it names you or any of your groups (you are {self._caller(uid)})",
-            ref=f"{_labels(hashed)}: users, groups",
+            ref=f"{labels(hashed)}: users, groups",
             refusal=Refusal.NOT_LISTED,
         )
 
@@ -220,11 +214,11 @@ class Policy:
         granted = sorted({s for x, _ in admitted for s in x.scopes})
         return Decision(
             False,
-            f"{e.where}: scope = {_show(list(e.scopes))} does not allow scope {_show(scope)} "
+            f"{e.where}: scope = {show(list(e.scopes))} does not allow scope {show(scope)} "
             f"for {self._caller(uid)} (allowed: {', '.join(granted)})",
             e,
             reason=f"scope {scope} is not granted to you (yours: {', '.join(granted)})",
-            ref=f"{_labels([x for x, _ in admitted])}: scope",
+            ref=f"{labels([x for x, _ in admitted])}: scope",
             refusal=Refusal.SCOPE,
         )
 
@@ -283,30 +277,6 @@ class Policy:
                 return c.user
             return self.resolver.uid_of(c.user)
         return None
-
-    # ------------------------------------------------------------ reporting
-    # In policy_report, imported at call time like policy_file above.
-
-    def check_warnings(self) -> list[str]:
-        """Things that are valid but probably wrong (for --check-policy)."""
-        from gfxbpf.broker import policy_report
-
-        return policy_report.check_warnings(self)
-
-    def catalog_warnings(self, catalog: Iterable[Any]) -> list[str]:
-        """Entries that disagree with the catalog (for --check-policy).
-
-        catalog: programs with .name, .sha256 and .scopes (gfxbpf.bpf.catalog).
-        """
-        from gfxbpf.broker import policy_report
-
-        return policy_report.catalog_warnings(self, catalog)
-
-    def summary(self) -> str:
-        """The policy in a few lines (for --check-policy)."""
-        from gfxbpf.broker import policy_report
-
-        return policy_report.summary(self)
 
 
 __all__ = [

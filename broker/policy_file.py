@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from gfxbpf.bpf.consts import SCOPES, SELF, Scope
-from gfxbpf.broker.policy import (
+from gfxbpf.broker.policy_types import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
     WILDCARD,
@@ -43,7 +43,7 @@ from gfxbpf.broker.policy import (
     PolicyError,
     ProgramEntry,
     TlsClient,
-    _show,
+    show,
 )
 
 _SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -176,7 +176,7 @@ def _check_accounts(
             where,
             fld,
             f"expected an array of {kind} names or {id_word}s (e.g. {fld} = "
-            f'["alice", 1001]), got {_toml_type(value)} {_show(value)}',
+            f'["alice", 1001]), got {_toml_type(value)} {show(value)}',
         )
         return ()
     out: list[str | int] = []
@@ -191,18 +191,18 @@ def _check_accounts(
                 out.append(item)
             elif item.isdigit():
                 errs.add(
-                    where, fld, f"write {id_word}s as integers: {item} rather than {_show(item)}"
+                    where, fld, f"write {id_word}s as integers: {item} rather than {show(item)}"
                 )
             elif len(item) <= 256 and _ACCOUNT_RE.match(item):
                 out.append(item)
             else:
-                errs.add(where, fld, f"{_show(item)} is not a valid {kind} name")
+                errs.add(where, fld, f"{show(item)} is not a valid {kind} name")
         else:
             errs.add(
                 where,
                 fld,
                 f"each item must be a {kind} name (string) or {id_word} (integer), "
-                f"got {_toml_type(item)} {_show(item)}",
+                f"got {_toml_type(item)} {show(item)}",
             )
     return tuple(out)
 
@@ -212,7 +212,7 @@ def _check_str_list(value: Any, where: str, fld: str, errs: _Collector) -> tuple
         errs.add(
             where,
             fld,
-            f"expected an array of non-empty strings, got {_toml_type(value)} {_show(value)}",
+            f"expected an array of non-empty strings, got {_toml_type(value)} {show(value)}",
         )
         return None
     return tuple(value)
@@ -275,7 +275,7 @@ def _check_name_and_sha(table: dict[str, Any], where: str, errs: _Collector) -> 
             where,
             "name",
             f"expected a program name (letters, digits, _ . -), got {_toml_type(name)} "
-            f"{_show(name)}",
+            f"{show(name)}",
         )
 
     sha = table.get("sha256")
@@ -284,7 +284,7 @@ def _check_name_and_sha(table: dict[str, Any], where: str, errs: _Collector) -> 
             where, "sha256", "missing (`gfxbpf-admin approve NAME` prints the entry with its hash)"
         )
     elif not isinstance(sha, str) or not _SHA256_RE.match(sha):
-        errs.add(where, "sha256", f"expected 64 hex digits, got {_toml_type(sha)} {_show(sha)}")
+        errs.add(where, "sha256", f"expected 64 hex digits, got {_toml_type(sha)} {show(sha)}")
 
 
 def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[Scope, ...]:
@@ -296,12 +296,12 @@ def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[S
         errs.add(
             where,
             "scope",
-            f'expected "self", "system" or an array of them, got {_toml_type(raw)} {_show(raw)}',
+            f'expected "self", "system" or an array of them, got {_toml_type(raw)} {show(raw)}',
         )
         return (SELF,)
     bad = [s for s in items if s not in SCOPES]
     if bad:
-        errs.add(where, "scope", f'unknown scope {_show(bad[0])} (expected "self" or "system")')
+        errs.add(where, "scope", f'unknown scope {show(bad[0])} (expected "self" or "system")')
         return (SELF,)
     return tuple(dict.fromkeys(items))  # each one of SCOPES (checked above)
 
@@ -315,7 +315,7 @@ def _parse_max_frequency(table: dict[str, Any], where: str, errs: _Collector) ->
             where,
             "max_frequency",
             f"expected samples per second, 1 to {MAX_FREQUENCY}, got {_toml_type(value)} "
-            f"{_show(value)}",
+            f"{show(value)}",
         )
         return None
     return int(value)
@@ -327,9 +327,9 @@ def _parse_libraries(table: dict[str, Any], where: str, errs: _Collector) -> tup
     libs = _check_str_list(table["libraries"], where, "libraries", errs)
     for lib in libs or ():
         if not lib.startswith("/"):
-            errs.add(where, "libraries", f"{_show(lib)} is not an absolute path")
+            errs.add(where, "libraries", f"{show(lib)} is not an absolute path")
         elif ".." in lib.split("/"):
-            errs.add(where, "libraries", f"{_show(lib)} contains a '..' component")
+            errs.add(where, "libraries", f"{show(lib)} contains a '..' component")
     return libs or ()
 
 
@@ -344,7 +344,7 @@ def _parse_limits(table: Any, errs: _Collector) -> Limits:
             errs.add(where, key, f"unknown key (known: {', '.join(LIMIT_KEYS)})")
         elif not _is_id(value) or value <= 0:
             errs.add(
-                where, key, f"expected a positive integer, got {_toml_type(value)} {_show(value)}"
+                where, key, f"expected a positive integer, got {_toml_type(value)} {show(value)}"
             )
         elif value > 2**31 - 1:
             errs.add(where, key, f"{value} is too large (at most {2**31 - 1})")
@@ -367,7 +367,7 @@ def _parse_tls_client(index: int, table: Any, errs: _Collector) -> TlsClient | N
         errs.add(where, "subject_cn", f"expected a non-empty string, got {_toml_type(cn)}")
     fp = table.get("cert_sha256")
     if fp is not None and (not isinstance(fp, str) or not _SHA256_RE.match(fp.replace(":", ""))):
-        errs.add(where, "cert_sha256", f"expected 64 hex digits, got {_show(fp)}")
+        errs.add(where, "cert_sha256", f"expected 64 hex digits, got {show(fp)}")
     if cn is None and fp is None:
         errs.add(where, None, "needs subject_cn or cert_sha256 to identify the certificate")
     user: str | int | None = None

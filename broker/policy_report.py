@@ -2,19 +2,17 @@
 
 Warnings name things that are valid but probably wrong (accounts that do
 not exist yet, entries that admit nobody, hashes the catalog disagrees
-with); the summary is the policy in a few lines. Policy.check_warnings,
-catalog_warnings and summary call in here.
+with); the summary is the policy in a few lines. `gfxbpf-broker --check-policy`
+and reloads call in here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gfxbpf.broker.policy import LIMIT_KEYS, WILDCARD, _show
-
-if TYPE_CHECKING:
-    from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy_types import LIMIT_KEYS, WILDCARD, show
 
 
 def check_warnings(policy: Policy) -> list[str]:
@@ -24,10 +22,10 @@ def check_warnings(policy: Policy) -> list[str]:
     for e in policy.programs:
         for u in e.users:
             if isinstance(u, str) and u != WILDCARD and policy.resolver.uid_of(u) is None:
-                out.append(f"{e.where}: field 'users': no user {_show(u)} on this host (yet)")
+                out.append(f"{e.where}: field 'users': no user {show(u)} on this host (yet)")
         for g in e.groups:
             if isinstance(g, str) and g != WILDCARD and policy.resolver.gid_of(g) is None:
-                out.append(f"{e.where}: field 'groups': no group {_show(g)} on this host (yet)")
+                out.append(f"{e.where}: field 'groups': no group {show(g)} on this host (yet)")
         if not e.users and not e.groups:
             out.append(f"{e.where}: neither users nor groups: the entry admits nobody")
         if not e.functions:
@@ -50,7 +48,7 @@ def check_warnings(policy: Policy) -> list[str]:
         if isinstance(c.user, str) and policy.resolver.uid_of(c.user) is None:
             out.append(
                 f"{policy.path} [[tls_client]] #{c.index}: field 'user': no user "
-                f"{_show(c.user)} on this host (yet)"
+                f"{show(c.user)} on this host (yet)"
             )
     return out
 
@@ -66,7 +64,7 @@ def catalog_warnings(policy: Policy, catalog: Iterable[Any]) -> list[str]:
         prog = programs.get(e.name)
         if prog is None:
             out.append(
-                f"{e.where}: no program {_show(e.name)} in the catalog "
+                f"{e.where}: no program {show(e.name)} in the catalog "
                 f"(known: {', '.join(sorted(programs)) or 'none'}); only uploaded "
                 "objects with this hash can match"
             )

@@ -73,7 +73,7 @@ class ProgramEntry:
         return f"{self.source} {self.label}"
 
 
-def _labels(entries: list[ProgramEntry]) -> str:
+def labels(entries: list[ProgramEntry]) -> str:
     """'[[program]] #1, #3 "name"': a reference to entries that tells nothing else."""
     which = ", ".join(f"#{e.index}" for e in entries)
     return f"[[program]] {which} {json.dumps(entries[0].name)}"
@@ -150,12 +150,12 @@ class NameResolver:
             return None
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """A value as it would be written in TOML (near enough), for messages."""
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
+        return "[" + ", ".join(show(v) for v in value) + "]"
     return str(value)

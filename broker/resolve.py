@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from gfxbpf.bpf.catalog import Catalog, Program
 from gfxbpf.bpf.consts import Scope
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import DENIAL_CODES, BrokerError, over_limit
 from gfxbpf.broker.objects import Objects
 from gfxbpf.broker.policy import Decision, Policy, ProgramEntry
-from gfxbpf.broker.sessions import Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto.scopes import SCOPE_NAMES, is_scope_value
 

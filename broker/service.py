@@ -33,6 +33,7 @@ from gfxbpf.bpf.catalog import Catalog
 from gfxbpf.broker import features, replies, streaming
 from gfxbpf.broker.attachments import Attachments
 from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import InstanceLoader, SharedInstance
 from gfxbpf.broker.objects import Objects
@@ -40,7 +41,7 @@ from gfxbpf.broker.params import Target, check_params
 from gfxbpf.broker.policy import Policy, ProgramEntry
 from gfxbpf.broker.registry import InstanceKey
 from gfxbpf.broker.resolve import Resolved, resolve
-from gfxbpf.broker.sessions import Attachment, Caller, Owner, Owners
+from gfxbpf.broker.sessions import Attachment, Owner, Owners
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 __all__ = [
@@ -158,7 +159,7 @@ class Service:
     def open_owner(self, caller: Caller) -> Owner:
         """A new holder of attachments. Unix sessions count against sessions_per_user."""
         try:
-            return self._owners.open(self, caller, self.policy)
+            return self._owners.open(self.close_owner, caller, self.policy)
         except BrokerError as e:
             raise self._fail("open_session", caller, e) from None
 

@@ -15,21 +15,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.imports import ROOT, imports, package_of
+
 CLIENT = ROOT / "client"
 FILES = sorted(CLIENT.rglob("*.py"))  # client/profile/ too
 
-# Folder -> the package its modules are imported as (pyproject's package-dir);
-# tools/ are scripts, run from a bare checkout.
-PACKAGES = {
-    "bpf": "gfxbpf.bpf",
-    "proto": "gfxbpf.proto",
-    "broker": "gfxbpf.broker",
-    "client": "gfxbpf.client",
-    "exporter": "gfxbpf.exporter",
-    "bench": "bench",
-    "tools": "tools",
-}
 # What each layer must never import: other layers by folder name, and
 # third-party packages by top-level name. tests/ may import anything.
 FORBIDDEN: dict[str, frozenset[str]] = {
@@ -56,12 +46,6 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     # Build scripts run before the package is installed.
     "tools": frozenset({"bpf", "proto", "broker", "client", "exporter", "bench", "tests"}),
 }
-
-
-def _package_of(path: Path) -> str:
-    """The package a module file belongs to: gfxbpf.bpf.programs for bpf/programs/x.py."""
-    rel = path.relative_to(ROOT)
-    return ".".join([PACKAGES[rel.parts[0]], *rel.parts[1:-1]])
 
 
 def _layer_of(name: str) -> str:
@@ -107,34 +91,6 @@ FORBIDDEN_TEXT = (
 )
 
 
-def _imports(tree: ast.AST, package: str = "gfxbpf.client") -> list[str]:
-    """Every module name tree imports, anywhere in it, relative ones resolved
-    against package (the package of the module that tree is)."""
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.extend(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the module's package
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                full = base + ("." + node.module if node.module else "")
-                names.append(full)
-                names.extend(f"{full}.{a.name}" for a in node.names)
-            elif node.module is not None:
-                names.append(node.module)
-                names.extend(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Call):
-            # importlib.import_module("...") / __import__("...") with a literal
-            f = node.func
-            fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if fname in ("import_module", "__import__") and node.args:
-                arg = node.args[0]
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    names.append(arg.value)
-    return names
-
-
 def _docstring_nodes(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
@@ -158,7 +114,7 @@ def test_every_source_folder_is_in_the_table() -> None:
         assert _module_files(layer), f"no modules under {layer}/"
 
 
-def test_the_collector_sees_lazy_relative_and_dynamic_imports() -> None:
+def test_the_collector_sees_lazy_relative_and_dynamicimports() -> None:
     tree = ast.parse(
         "from . import perf\n"
         "from ..proto import framing\n"
@@ -168,7 +124,7 @@ def test_the_collector_sees_lazy_relative_and_dynamic_imports() -> None:
         "if TYPE_CHECKING:\n"
         "    import grpc\n"
     )
-    got = set(_imports(tree, "gfxbpf.bpf"))
+    got = set(imports(tree, "gfxbpf.bpf"))
     assert {"gfxbpf.bpf.perf", "gfxbpf.proto.framing", "gfxbpf.broker.policy_file"} <= got
     assert {"gfxbpf.client.cli", "grpc"} <= got
     assert {_layer_of(n) for n in got} == {"bpf", "proto", "broker", "client", "grpc"}
@@ -179,7 +135,7 @@ def test_the_collector_sees_lazy_relative_and_dynamic_imports() -> None:
 )
 def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
-    bad = sorted({n for n in _imports(tree, _package_of(path)) if _layer_of(n) in FORBIDDEN[layer]})
+    bad = sorted({n for n in imports(tree, package_of(path)) if _layer_of(n) in FORBIDDEN[layer]})
     assert not bad, f"{path.relative_to(ROOT)} ({layer}/) imports {bad}"
 
 
@@ -191,7 +147,7 @@ PRODUCT_LAYERS = ("bpf", "proto", "broker", "client", "exporter")
 @pytest.mark.parametrize("layer", PRODUCT_LAYERS)
 def test_importing_a_layer_loads_no_forbidden_layer(layer: str) -> None:
     modules = [
-        f"{_package_of(f)}.{f.stem}" if f.stem != "__init__" else _package_of(f)
+        f"{package_of(f)}.{f.stem}" if f.stem != "__init__" else package_of(f)
         for f in _module_files(layer)
         if f.stem != "__main__"
     ]
@@ -215,7 +171,7 @@ def test_client_has_modules() -> None:
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CLIENT)))
 def test_imports_follow_the_layers(path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
-    for name in _imports(tree, _package_of(path)):
+    for name in imports(tree, package_of(path)):
         top = name.split(".")[0]
         assert top not in FORBIDDEN_TOP, f"{path.name} imports {name}"
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
@@ -238,7 +194,7 @@ CODE_FILES = [f for f in FILES if f.name != "syscalls.py"]
 
 def test_syscall_table_is_only_data() -> None:
     tree = ast.parse((CLIENT / "syscalls.py").read_text())
-    assert _imports(tree) == ["__future__", "__future__.annotations"]
+    assert imports(tree) == ["__future__", "__future__.annotations"]
     calls = [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)]
     assert calls == ["SYSCALLS.get"]  # the lookup in syscall_name(), nothing else
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import cuda_standin as cs
-from gfxbpf.bpf import cuda_api, function_tables, symbols
+from gfxbpf.bpf import catalog, cuda_api, function_tables, symbols
 from gfxbpf.bpf.catalog import load_catalog
 from gfxbpf.client import cli, cuda_view
 from gfxbpf.client.display import MapData
@@ -41,7 +41,7 @@ def test_table_is_well_formed() -> None:
         else:
             assert f.arg == function_tables.NO_ARG
     assert load_catalog().get("cuda").function_table == "cuda"
-    assert function_tables.table("cuda") is cuda_api.FUNCTIONS
+    assert catalog.function_table("cuda") is cuda_api.FUNCTIONS
 
 
 def test_cookie_packs_index_role_and_argument() -> None:
