@@ -9,12 +9,10 @@ does not exist: the verifier removes it in dead code and names it otherwise.
 
 from __future__ import annotations
 
-import struct
-
 from gfxbpf.bpf.core_relo import CoreError
 from gfxbpf.bpf.core_resolve import Resolution
+from gfxbpf.bpf.insn import SLOT
 
-_INSN = struct.Struct("<BBhi")
 INSN_SIZE = 8
 POISON_IMM = 0xBAD2310  # "bad relo"; the verifier says "invalid func unknown#195896080"
 CALL = 0x85  # BPF_JMP | BPF_CALL
@@ -37,8 +35,8 @@ def poison(insns: bytearray, idx: int) -> None:
     """Make insn idx (and the second slot of an ld_imm64) a call of helper 0xbad2310."""
     code = insns[idx * INSN_SIZE]
     if code == LD_IMM64 and (idx + 1) * INSN_SIZE < len(insns):
-        _INSN.pack_into(insns, (idx + 1) * INSN_SIZE, CALL, 0, 0, POISON_IMM)
-    _INSN.pack_into(insns, idx * INSN_SIZE, CALL, 0, 0, POISON_IMM)
+        SLOT.pack_into(insns, (idx + 1) * INSN_SIZE, CALL, 0, 0, POISON_IMM)
+    SLOT.pack_into(insns, idx * INSN_SIZE, CALL, 0, 0, POISON_IMM)
 
 
 def patch(insns: bytearray, idx: int, res: Resolution) -> str:
@@ -53,13 +51,13 @@ def patch(insns: bytearray, idx: int, res: Resolution) -> str:
         poison(insns, idx)
         return "poisoned"
     at = idx * INSN_SIZE
-    code, regs, off, imm = _INSN.unpack_from(insns, at)
+    code, regs, off, imm = SLOT.unpack_from(insns, at)
     cls = code & 0x07
     if cls in (CLASS_ALU, CLASS_ALU64):
         if code & SRC_X:
             raise CoreError(f"insn {idx}: relocated ALU instruction takes a register, not an imm")
         _expect(idx, "imm", imm, res)
-        _INSN.pack_into(insns, at, code, regs, off, _s32(res.new_val))
+        SLOT.pack_into(insns, at, code, regs, off, _s32(res.new_val))
         return f"imm {imm} -> {_s32(res.new_val)}"
     if cls in (CLASS_LDX, CLASS_ST, CLASS_STX):
         return _patch_mem(insns, idx, res)
@@ -78,7 +76,7 @@ def _expect(idx: int, what: str, have: int, res: Resolution) -> None:
 
 def _patch_mem(insns: bytearray, idx: int, res: Resolution) -> str:
     at = idx * INSN_SIZE
-    code, regs, off, imm = _INSN.unpack_from(insns, at)
+    code, regs, off, imm = SLOT.unpack_from(insns, at)
     _expect(idx, "offset", off, res)
     if res.new_val > SHRT_MAX:
         raise CoreError(f"insn {idx}: field offset {res.new_val} does not fit a load offset")
@@ -100,7 +98,7 @@ def _patch_mem(insns: bytearray, idx: int, res: Resolution) -> str:
         if res.new_sz not in _BYTES_SIZE:
             raise CoreError(f"insn {idx}: the target field's size {res.new_sz} is not loadable")
         new_code = (code & 0xE0) | _BYTES_SIZE[res.new_sz] | (code & 0x07)
-    _INSN.pack_into(insns, at, new_code, regs, res.new_val, imm)
+    SLOT.pack_into(insns, at, new_code, regs, res.new_val, imm)
     return f"off {off} -> {res.new_val}" + (
         f", size {res.orig_sz} -> {res.new_sz}" if new_code != code else ""
     )
@@ -108,14 +106,14 @@ def _patch_mem(insns: bytearray, idx: int, res: Resolution) -> str:
 
 def _patch_ldimm64(insns: bytearray, idx: int, res: Resolution) -> str:
     at = idx * INSN_SIZE
-    code, regs, off, imm = _INSN.unpack_from(insns, at)
+    code, regs, off, imm = SLOT.unpack_from(insns, at)
     if at + 2 * INSN_SIZE > len(insns):
         raise CoreError(f"insn {idx}: ld_imm64 without its second slot")
-    c2, r2, o2, imm2 = _INSN.unpack_from(insns, at + INSN_SIZE)
+    c2, r2, o2, imm2 = SLOT.unpack_from(insns, at + INSN_SIZE)
     if code != LD_IMM64 or regs >> 4 or off or c2 or r2 or o2:
         raise CoreError(f"insn {idx}: relocated ld_imm64 has an unexpected form")
     value = (imm & 0xFFFFFFFF) | ((imm2 & 0xFFFFFFFF) << 32)
     _expect(idx, "imm64", value, res)
-    _INSN.pack_into(insns, at, code, regs, off, _s32(res.new_val))
-    _INSN.pack_into(insns, at + INSN_SIZE, c2, r2, o2, _s32(res.new_val >> 32))
+    SLOT.pack_into(insns, at, code, regs, off, _s32(res.new_val))
+    SLOT.pack_into(insns, at + INSN_SIZE, c2, r2, o2, _s32(res.new_val >> 32))
     return f"imm64 {value} -> {res.new_val}"

@@ -101,7 +101,9 @@ CODE_LD_IMM64 = BPF_LD | BPF_DW | BPF_IMM  # 0x18
 CODE_CALL = BPF_JMP | BPF_CALL | BPF_K  # 0x85
 CODE_EXIT = BPF_JMP | BPF_EXIT  # 0x95
 
-_STRUCT = struct.Struct("<BBhi")
+# The one codec of an instruction slot: (code, src<<4|dst, off, imm). The
+# loader and the relocators patch slots in place with it; Insn decodes them.
+SLOT = struct.Struct("<BBhi")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +167,13 @@ class Insn:
             if not lo <= value <= hi:
                 raise ValueError(f"instruction {self}: {name}={value} is outside {lo}..{hi}")
         imm = self.imm - (1 << 32) if self.imm > 0x7FFF_FFFF else self.imm
-        return _STRUCT.pack(self.code, (self.src << 4) | self.dst, self.off, imm)
+        return SLOT.pack(self.code, (self.src << 4) | self.dst, self.off, imm)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Insn:
         if len(data) != INSN_SIZE:
             raise ValueError(f"an instruction is {INSN_SIZE} bytes, got {len(data)}")
-        code, regs, off, imm = _STRUCT.unpack(data)
+        code, regs, off, imm = SLOT.unpack(data)
         return cls(code, regs & 0x0F, regs >> 4, off, imm)
 
 
@@ -199,7 +201,7 @@ def decode(data: bytes | bytearray | memoryview) -> list[Insn]:
         )
     return [
         Insn(code, regs & 0x0F, regs >> 4, off, imm)
-        for code, regs, off, imm in _STRUCT.iter_unpack(data)
+        for code, regs, off, imm in SLOT.iter_unpack(data)
     ]
 
 

@@ -30,6 +30,7 @@ from gfxbpf.bpf.attach import (
     attach_tracepoint,
     attach_uprobe,
 )
+from gfxbpf.bpf.insn import SLOT
 from gfxbpf.bpf.symbols import resolve_symbol
 from gfxbpf.bpf.tracefs import TracepointNotFound
 
@@ -43,7 +44,7 @@ HELPER_MAP_LOOKUP, HELPER_PID_TGID, HELPER_ATTACH_COOKIE = 1, 14, 174
 
 
 def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, dst | (src << 4), off, imm)
+    return SLOT.pack(code, dst | (src << 4), off, imm)
 
 
 def counter_prog(

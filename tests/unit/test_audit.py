@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import re
-import struct
 from pathlib import Path
 
 import pytest
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.bpf.insn import SLOT
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import audit
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECTS = ROOT / "tests" / "data" / "objects"
 TEST_OBJECTS = ("probe_write_user", "trace_printk", "ksym_address")
-_INSN = struct.Struct("<BBhi")
 _CALL = 0x85
 
 
@@ -33,9 +32,9 @@ def patch_helper(spec: ObjectSpec, program: str, old: int, new: int, src: int = 
     p = spec.programs[program]
     insns = bytearray(p.insns)
     for at in range(0, len(insns), 8):
-        code, regs, off, imm = _INSN.unpack_from(insns, at)
+        code, regs, off, imm = SLOT.unpack_from(insns, at)
         if code == _CALL and regs >> 4 == 0 and imm == old:
-            _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, new)
+            SLOT.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, new)
             p.insns = bytes(insns)
             return
     raise AssertionError(f"{program} calls no helper {old}")

@@ -16,6 +16,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from gfxbpf.bpf import catalog as cat
+from gfxbpf.bpf.insn import SLOT
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ROOT / "bpf" / "programs"
@@ -329,7 +330,7 @@ def _helper_calls(path: Path) -> list[tuple[str, int, int]]:
         assert len(code) % 8 == 0
         i = 0
         while i < len(code):
-            op, regs, _off, imm = struct.unpack_from("<BBhi", code, i)
+            op, regs, _off, imm = SLOT.unpack_from(code, i)
             if op == 0x85 and regs >> 4 == 0:  # call, src 0: a helper
                 out.append((sec.name, i // 8, imm))
             i += 16 if op == 0x18 else 8  # ld_imm64 takes two slots

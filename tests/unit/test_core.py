@@ -23,10 +23,10 @@ from gfxbpf.bpf.core_patch import POISON_IMM, patch
 from gfxbpf.bpf.core_relo import CoreError, CoreKind, essential_name, parse_spec
 from gfxbpf.bpf.core_resolve import Resolution
 from gfxbpf.bpf.core_target import Target
+from gfxbpf.bpf.insn import SLOT
 from gfxbpf.bpf.object import ObjectSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
-_INSN = struct.Struct("<BBhi")
 
 
 @cache
@@ -57,7 +57,7 @@ def value(core: CoreResult, program: str, kind: str, local: str) -> int:
 
 
 def insn(core: CoreResult, r: CoreRecord, at: int = 0) -> tuple[int, int, int, int]:
-    code, regs, off, imm = _INSN.unpack_from(core.insns[r.program], (r.insn + at) * 8)
+    code, regs, off, imm = SLOT.unpack_from(core.insns[r.program], (r.insn + at) * 8)
     return code, regs, off, imm
 
 
@@ -224,16 +224,16 @@ def test_type_matches_relocation_resolves_and_patches() -> None:
         t = Target.from_blobs(target_btf(target))
         res, _ = resolve(local, t.candidates(lbtf.types[lid]))
         assert (res.orig_val, res.new_val, res.poison) == (1, want, False)
-        code = bytearray(_INSN.pack(0xB7, 1, 0, 1))  # r1 = 1
+        code = bytearray(SLOT.pack(0xB7, 1, 0, 1))  # r1 = 1
         patch(code, 0, res)
-        assert _INSN.unpack(code) == (0xB7, 1, 0, want)
+        assert SLOT.unpack(code) == (0xB7, 1, 0, want)
 
 
 def test_patch_refuses_an_instruction_that_disagrees() -> None:
-    code = bytearray(_INSN.pack(0xB7, 1, 0, 7))  # r1 = 7, but the record says 8
+    code = bytearray(SLOT.pack(0xB7, 1, 0, 7))  # r1 = 7, but the record says 8
     with pytest.raises(CoreError, match="expects 8"):
         patch(code, 0, Resolution(orig_val=8, new_val=16))
-    code = bytearray(_INSN.pack(0x61, 0x21, 8, 0))  # r1 = *(u32 *)(r2 + 8)
+    code = bytearray(SLOT.pack(0x61, 0x21, 8, 0))  # r1 = *(u32 *)(r2 + 8)
     with pytest.raises(CoreError, match="does not fit"):
         patch(code, 0, Resolution(orig_val=8, new_val=1 << 15))
 
