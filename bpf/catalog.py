@@ -20,7 +20,7 @@ from gfxbpf.bpf import cuda_api
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.function_tables import TableFunction
-from gfxbpf.bpf.object import ObjectError, ObjectSpec, object_name
+from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec, object_name
 
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "tp_btf", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
@@ -224,20 +224,32 @@ def object_path(entry: Program) -> Path:
     return entry.directory / entry.object
 
 
+class ObjectUnreadable(CatalogError):
+    """The catalog names an object file that cannot be read."""
+
+
+class ObjectChanged(CatalogError):
+    """An object's bytes no longer hash to the catalog's sha256."""
+
+
 def read_object(entry: Program) -> bytes:
-    """The object's bytes, after checking them against the catalog's sha256."""
+    """The object's bytes, read once (at most MAX_OBJECT_SIZE + 1 of them) and
+    checked against the catalog's sha256: the one checked reader of catalog
+    objects, for the broker, the tools and the tests."""
     path = object_path(entry)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_OBJECT_SIZE + 1)
     except OSError as e:
-        raise CatalogError(
+        raise ObjectUnreadable(
             f"program {entry.name!r}: cannot read object {path}: {e.strerror or e}"
         ) from e
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
-        raise CatalogError(
-            f"program {entry.name!r}: {path} has sha256 {digest}, the catalog says "
-            f"{entry.sha256} (rebuild with python3 tools/build_bpf.py)"
+        raise ObjectChanged(
+            f"program {entry.name!r}: {path} has sha256 {digest}, but the catalog says "
+            f"{entry.sha256}; the object changed since it was reviewed (rebuild it with "
+            "python3 tools/build_bpf.py and re-approve it)"
         )
     return data
 

@@ -3,12 +3,11 @@ static audit's verdict per sha256, kept for the broker's lifetime."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.catalog import Program
-from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec
+from gfxbpf.bpf.catalog import ObjectChanged, ObjectUnreadable, Program, read_object
+from gfxbpf.bpf.object import ObjectError, ObjectSpec
 from gfxbpf.broker import audit as staticaudit
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -27,23 +26,12 @@ class Objects:
             data = self._bytes.get(entry.name)
         if data is not None:
             return data
-        path = entry.directory / entry.object
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_OBJECT_SIZE + 1)
-        except OSError as e:
-            raise BrokerError(
-                pb.ERROR_UNAVAILABLE,
-                f"program {entry.name!r}: cannot read {path}: {e.strerror or e}",
-            ) from None
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != entry.sha256:
-            raise BrokerError(
-                pb.ERROR_HASH_MISMATCH,
-                f"program {entry.name!r}: {path} has sha256 {digest}, but the catalog says "
-                f"{entry.sha256}; the object changed since it was reviewed (rebuild and "
-                "re-approve it)",
-            )
+            data = read_object(entry)
+        except ObjectUnreadable as e:
+            raise BrokerError(pb.ERROR_UNAVAILABLE, str(e)) from None
+        except ObjectChanged as e:
+            raise BrokerError(pb.ERROR_HASH_MISMATCH, str(e)) from None
         with self._lock:
             self._bytes.setdefault(entry.name, data)
         return data
