@@ -28,7 +28,6 @@ from gfxbpf.client import profile_cmd, stack_view
 from gfxbpf.client.broker import Broker, client_version
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.display import (
-    MapData,
     Screen,
     clip,
     entries_json,
@@ -42,7 +41,6 @@ from gfxbpf.client.display import (
     jsonable,
     rates,
     render_map,
-    sum_cpus,
 )
 from gfxbpf.client.drmclients import DrmClientNames
 from gfxbpf.client.errors import (
@@ -59,6 +57,7 @@ from gfxbpf.client.errors import (
 )
 from gfxbpf.client.grpc_config import DEFAULT_GRPC, TlsFiles
 from gfxbpf.client.handle import Attachment, ClientMap, scope_name
+from gfxbpf.client.mapdata import MapData, sum_cpus
 from gfxbpf.client.syscalls import syscall_name
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

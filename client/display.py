@@ -15,8 +15,9 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from gfxbpf.client.mapdata import MapData
 
 BAR_WIDTH = 52  # bpftrace's histogram bar width
 _BINARY = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -194,59 +195,12 @@ def _bytes_hex(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def sum_cpus(value: Any) -> Any:
-    """A per-CPU value (a list) summed: ints add; structs add member-wise."""
-    if not isinstance(value, list) or not value:
-        return value
-    first = value[0]
-    if isinstance(first, bool) or not isinstance(first, int | float | dict):
-        return value
-    if isinstance(first, dict):
-        out: dict[str, Any] = {}
-        for k, v in first.items():
-            parts = [d.get(k) for d in value if isinstance(d, dict)]
-            if all(isinstance(p, int | float) and not isinstance(p, bool) for p in parts):
-                out[k] = sum(parts)
-            else:
-                out[k] = v
-        return out
-    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
-        return sum(value)
-    return value
-
-
 def key_id(key: Any) -> str:
     """A stable hashable identity for a decoded key (to match keys across snapshots)."""
     return json.dumps(jsonable(key), sort_keys=True)
 
 
 # ------------------------------------------------------------------ snapshots
-
-
-@dataclass
-class MapData:
-    """One map's decoded entries (per-CPU values already summed) and how to show it."""
-
-    name: str
-    show: str = "counter"
-    unit: str = ""
-    key_label: str = ""
-    description: str = ""
-    entries: list[tuple[Any, Any]] = field(default_factory=list)
-
-    @classmethod
-    def from_client_map(cls, cmap: Any, per_cpu_sum: bool = True) -> MapData:
-        entries = cmap.read()
-        if per_cpu_sum and getattr(cmap, "per_cpu", False):
-            entries = [(k, sum_cpus(v)) for k, v in entries]
-        return cls(
-            name=cmap.name,
-            show=cmap.show or "counter",
-            unit=cmap.unit,
-            key_label=cmap.key_label,
-            description=cmap.description,
-            entries=entries,
-        )
 
 
 def _number(value: Any) -> float | None:

@@ -21,7 +21,7 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
   member ending in `_ns` becomes `_seconds`.
 - "events": a counter `gfxbpf_<program>_<map>_total` of records consumed.
 
-Per-CPU maps arrive summed over CPUs (gfxbpf.client.display.MapData). An
+Per-CPU maps arrive summed over CPUs (gfxbpf.client.mapdata.MapData). An
 array holds every key from the start, so a counter (or a histogram's label
 set) still at 0 is left out until it counts something.
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gfxbpf.bpf.function_tables import MAX_TABLE, TableFunction
-from gfxbpf.client import cuda_view
+from gfxbpf.client import libcuda
 from gfxbpf.exporter import mapping
 from gfxbpf.exporter.config import ProgramConfig
 
@@ -36,12 +36,12 @@ def table_functions(lookup: Callable[[Any], TableFunction | None]) -> mapping.Fu
     )
 
 
-CUDA = table_functions(cuda_view.function_of)
+CUDA = table_functions(libcuda.function_of)
 
 
 def functions_for(program: ProgramConfig) -> mapping.Functions:
     """How this program's function indexes read: its table's, or ucalls' configured list."""
-    if program.name == cuda_view.PROGRAM:
+    if program.name == libcuda.PROGRAM:
         return CUDA
     return mapping.Functions(names=program.functions)
 
@@ -49,10 +49,10 @@ def functions_for(program: ProgramConfig) -> mapping.Functions:
 def library_for(program: ProgramConfig) -> str | None:
     """The library to attach: the configured one, or (cuda) the target's libcuda.
 
-    Raises cuda_view.NoLibcudaYet while the process has not loaded it (worth
+    Raises libcuda.NoLibcudaYet while the process has not loaded it (worth
     asking again later), UsageError when it never will (no such process, or
     not the exporter's user's).
     """
-    if program.library is not None or program.name != cuda_view.PROGRAM or program.pid is None:
+    if program.library is not None or program.name != libcuda.PROGRAM or program.pid is None:
         return program.library
-    return cuda_view.find_libcuda(program.pid)
+    return libcuda.find_libcuda(program.pid)

@@ -238,3 +238,46 @@ def test_importing_the_client_loads_no_broker_or_privileged_module() -> None:
         "gfxbpf.bpf.instance",
     ):
         assert m not in loaded, f"the client pulled in {m}"
+
+
+# The exporter is a client of the library, not of gfxclient's screens: it may
+# import the package's API and these library modules, never display,
+# cuda_view, cli or the other presentation modules.
+EXPORTER_CLIENT_API = {
+    "gfxbpf.client",  # Broker, Attachment, ClientMap, EventStream, the errors
+    "gfxbpf.client.errors",
+    "gfxbpf.client.grpc_config",  # TlsFiles: how to reach a remote broker
+    "gfxbpf.client.mapdata",  # a map's decoded snapshot
+    "gfxbpf.client.libcuda",  # where a process maps libcuda; cuda key names
+    "gfxbpf.client.syscalls",  # the generated system-call name table
+}
+EXPORTER_FILES = _module_files("exporter")
+
+
+def _client_modules_imported(tree: ast.AST, package: str) -> set[str]:
+    """The gfxbpf.client modules tree imports (`from gfxbpf.client import x`
+    counts as module x where client/x.py exists, else as the package)."""
+    out: set[str] = set()
+    for name in imports(tree, package):
+        if not name.startswith("gfxbpf.client"):
+            continue
+        rel = name.split(".")[2:]
+        while rel and not (
+            (CLIENT.joinpath(*rel).with_suffix(".py")).exists() or CLIENT.joinpath(*rel).is_dir()
+        ):
+            rel = rel[:-1]
+        out.add(".".join(["gfxbpf.client", *rel]))
+    return out
+
+
+@pytest.mark.parametrize("path", EXPORTER_FILES, ids=lambda p: p.name)
+def test_exporter_uses_only_the_client_library_api(path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    bad = sorted(_client_modules_imported(tree, package_of(path)) - EXPORTER_CLIENT_API)
+    assert not bad, f"exporter/{path.name} imports client presentation code: {bad}"
+
+
+def test_the_exporter_check_sees_a_presentation_module() -> None:
+    tree = ast.parse("from gfxbpf.client import Broker, cuda_view\nimport gfxbpf.client.display\n")
+    got = _client_modules_imported(tree, "gfxbpf.exporter")
+    assert got == {"gfxbpf.client", "gfxbpf.client.cuda_view", "gfxbpf.client.display"}

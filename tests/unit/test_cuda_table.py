@@ -12,9 +12,9 @@ import pytest
 from bench import cuda_standin as cs
 from gfxbpf.bpf import catalog, cuda_api, function_tables, symbols
 from gfxbpf.bpf.catalog import load_catalog
-from gfxbpf.client import cli, cuda_view
-from gfxbpf.client.display import MapData
+from gfxbpf.client import cli, cuda_view, libcuda
 from gfxbpf.client.errors import UsageError
+from gfxbpf.client.mapdata import MapData
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the stand-in")
 
@@ -96,15 +96,15 @@ MAPS = """\
 def test_find_libcuda_in_maps(tmp_path: Path) -> None:
     m = tmp_path / "maps"
     m.write_text(MAPS)
-    assert cuda_view.find_libcuda(1, str(m)) == "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
+    assert libcuda.find_libcuda(1, str(m)) == "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
     m.write_text("\n".join(ln for ln in MAPS.splitlines() if "libcuda.so" not in ln))
     with pytest.raises(UsageError, match="has no libcuda mapped"):
-        cuda_view.find_libcuda(1, str(m))  # libcudart is not the driver
+        libcuda.find_libcuda(1, str(m))  # libcudart is not the driver
     m.write_text("7f02-7f03 r-xp 0 08:01 3 /usr/lib/libcuda.so.1 (deleted)\n")
     with pytest.raises(UsageError, match="replaced since it was loaded"):
-        cuda_view.find_libcuda(1, str(m))
+        libcuda.find_libcuda(1, str(m))
     with pytest.raises(UsageError, match="no process 7"):
-        cuda_view.find_libcuda(7, str(tmp_path / "absent"))
+        libcuda.find_libcuda(7, str(tmp_path / "absent"))
 
 
 def test_processes_sum_by_role_and_direction() -> None:
@@ -139,4 +139,4 @@ def test_dump_keys_name_the_function() -> None:
 
 def test_cli_names_the_cuda_program_as_the_view_does() -> None:
     # gfxclient imports cuda_view only when the program is this one.
-    assert cli.CUDA_PROGRAM == cuda_view.PROGRAM
+    assert cli.CUDA_PROGRAM == libcuda.PROGRAM
