@@ -15,17 +15,17 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.btf import Btf
-from gfxbpf.bpf.core_apply import has_core_relos
-from gfxbpf.bpf.core_apply import relocate as core_relocate
-from gfxbpf.bpf.core_relo import CoreError
-from gfxbpf.bpf.core_target import Target
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.asm import CODE_CALL, SLOT
+from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.kernel import KernelBtfError, find_type, module_btf_fd
+from gfxbpf.bpf.core.apply import has_core_relos
+from gfxbpf.bpf.core.apply import relocate as core_relocate
+from gfxbpf.bpf.core.relo import CoreError
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.errors import KernelError
-from gfxbpf.bpf.externs import Extern, ExternError, kconfig_data, resolve_ksym
-from gfxbpf.bpf.insn import CODE_CALL, SLOT
-from gfxbpf.bpf.kconfig import KconfigError
-from gfxbpf.bpf.kernel_btf import KernelBtfError, find_type, module_btf_fd
+from gfxbpf.bpf.externs.decls import Extern, ExternError, kconfig_data, resolve_ksym
+from gfxbpf.bpf.externs.kconfig import KconfigError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 

@@ -21,7 +21,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.btf import (
+from gfxbpf.bpf.asm import CODE_CALL, CODE_LD_IMM64, SLOT
+from gfxbpf.bpf.btf.blob import (
     KIND_DATASEC,
     LINKAGE_STATIC,
     Btf,
@@ -33,8 +34,7 @@ from gfxbpf.bpf.btf import (
     parse_btf_maps,
 )
 from gfxbpf.bpf.errors import InputError
-from gfxbpf.bpf.externs import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
-from gfxbpf.bpf.insn import CODE_CALL, CODE_LD_IMM64, SLOT
+from gfxbpf.bpf.externs.decls import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
 from gfxbpf.bpf.sections import SectionError, SectionProgram, SectionUnsupported, parse_section
 
 EM_BPF = 247

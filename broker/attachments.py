@@ -7,14 +7,14 @@ import itertools
 from collections.abc import Callable
 
 from gfxbpf.bpf.consts import SELF
+from gfxbpf.broker.access.peruser import PerUser
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
-from gfxbpf.broker.params import Target
-from gfxbpf.broker.peruser import PerUser
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.registry import InstanceKey, Registry
-from gfxbpf.broker.resolve import Resolved
+from gfxbpf.broker.request.params import Target
+from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.broker.sessions import Attachment, Owner
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from gfxbpf.broker import policy_report
-from gfxbpf.broker.policy import Policy, PolicyError
+from gfxbpf.broker.policy import report as policy_report
+from gfxbpf.broker.policy.rules import Policy, PolicyError
 
 DEFAULT_POLICY = "/etc/gfxbpf/policy.toml"
 DEFAULT_SOCKET = "/run/gfxbpf/control.sock"
@@ -162,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
 
 def _load_catalog(catalog: str | None) -> Any:
     """The catalog to cross-check against (None: the packaged one)."""
-    from gfxbpf.bpf.catalog import load_catalog
+    from gfxbpf.catalog.entries import load_catalog
 
     if catalog is not None and os.path.isdir(catalog):
         catalog = os.path.join(catalog, "catalog.toml")

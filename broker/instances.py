@@ -1,4 +1,4 @@
-"""Attach, last step: run the bpf/instance.py pipeline for a new shared instance
+"""Attach, last step: run the catalog/instance.py pipeline for a new shared instance
 (open → set knobs → charge the map budget → load with client-visible maps
 read-only → attach), mapping each step's failure to a protocol error."""
 
@@ -8,21 +8,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf import instance as bpfinstance
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf import tracefs
-from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.errors import HostError, InputError, KernelError
+from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
-from gfxbpf.broker import budget
+from gfxbpf.broker.access import budget
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
-from gfxbpf.broker.params import Target
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.registry import InstanceKey
-from gfxbpf.broker.resolve import Resolved
+from gfxbpf.broker.request.params import Target
+from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.catalog import instance as bpfinstance
+from gfxbpf.catalog.entries import Attach, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
@@ -173,7 +173,7 @@ def _load_and_attach(
 def _attach_error(a: Attach, e: Exception) -> Exception:
     if isinstance(e, HostError):  # tracefs
         return BrokerError(pb.ERROR_UNAVAILABLE, str(e))
-    # A symbol not found, parameters that do not fit; bpf/attach.py also checks
+    # A symbol not found, parameters that do not fit; bpf/link/attach.py also checks
     # its own arguments (a path, a pid) with plain ValueError.
     if isinstance(e, (InputError, ValueError)):
         return BrokerError(pb.ERROR_INVALID_ARGUMENT, f"cannot attach: {e}")

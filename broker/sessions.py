@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gfxbpf.bpf.consts import Scope
+from gfxbpf.broker.access.peruser import PerUser
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import over_limit
 from gfxbpf.broker.instances import SharedInstance
-from gfxbpf.broker.peruser import PerUser
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.registry import InstanceKey
 
 # What closing an owner does (Service.close_owner): a callback, so that

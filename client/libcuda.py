@@ -1,8 +1,8 @@
 """The CUDA driver library of a process, and the names of the cuda program's keys.
 
-Library code shared by `gfxclient watch cuda` (client/cuda_view.py) and the
+Library code shared by `gfxclient watch cuda` (client/cli/cuda_view.py) and the
 exporter: where a process maps libcuda, and which function of the table
-(gfxbpf.bpf.cuda_api) a map key names. The broker attaches by the same table,
+(gfxbpf.catalog.cuda_api) a map key names. The broker attaches by the same table,
 and a key's function member is its index.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gfxbpf.bpf import cuda_api
-from gfxbpf.bpf.function_tables import TableFunction
+from gfxbpf.catalog import cuda_api
+from gfxbpf.catalog.function_tables import TableFunction
 from gfxbpf.client.errors import UsageError
 
 PROGRAM = "cuda"

@@ -1,5 +1,5 @@
 """One map's decoded entries as a snapshot: the model both gfxclient's views
-(client/display.py) and the exporter read."""
+(client/cli/display.py) and the exporter read."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """From the catalog's map roles to Prometheus metric families (pure: no I/O).
 
-One rule per `show` (bpf/catalog.toml), so a new program maps with no code change:
+One rule per `show` (catalog/catalog.toml), so a new program maps with no code change:
 
 Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
 `gfxbpf_<program>_x`), then:

@@ -2,7 +2,7 @@
 
 Their map keys hold a function's index in the table. The metrics name it as
 gfxclient does, by the client's own reading of the table
-(gfxbpf.client.cuda_view), and add the function's role and copy direction,
+(gfxbpf.client.cli.cuda_view), and add the function's role and copy direction,
 so a dashboard can select launches or sum copies by direction. Their
 library is found as `gfxclient watch cuda` finds it: in the target's
 /proc/PID/maps, which only the process's own user can read.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gfxbpf.bpf.function_tables import MAX_TABLE, TableFunction
+from gfxbpf.catalog.function_tables import MAX_TABLE, TableFunction
 from gfxbpf.client import libcuda
 from gfxbpf.exporter import mapping
 from gfxbpf.exporter.config import ProgramConfig

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # tools/ are scripts, run from a bare checkout.
 PACKAGES = {
     "bpf": "gfxbpf.bpf",
+    "catalog": "gfxbpf.catalog",
     "proto": "gfxbpf.proto",
     "broker": "gfxbpf.broker",
     "client": "gfxbpf.client",
@@ -24,11 +25,11 @@ PACKAGES = {
     "bench": "bench",
     "tools": "tools",
 }
-PRODUCT_FOLDERS = ("bpf", "proto", "broker", "client", "exporter")
+PRODUCT_FOLDERS = ("bpf", "catalog", "proto", "broker", "client", "exporter")
 
 
 def package_of(path: Path) -> str:
-    """The package a module file belongs to: gfxbpf.bpf.programs for bpf/programs/x.py."""
+    """The package a module file belongs to: gfxbpf.catalog.programs for catalog/programs/x.py."""
     rel = path.relative_to(ROOT)
     return ".".join([PACKAGES[rel.parts[0]], *rel.parts[1:-1]])
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.asm import SLOT
 
 # Opcodes (include/uapi/linux/bpf.h: class | op | source).
 MOV64_IMM = 0xB7

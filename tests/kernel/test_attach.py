@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import attach as attachmod
-from gfxbpf.bpf import perf
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.attach import (
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.bpf.link import attach as attachmod
+from gfxbpf.bpf.link import perf
+from gfxbpf.bpf.link.attach import (
     AttachError,
     attach_perf_event,
     attach_raw_tracepoint,
     attach_tracepoint,
     attach_uprobe,
 )
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.link.tracefs import TracepointNotFound
 from gfxbpf.bpf.symbols import resolve_symbol
-from gfxbpf.bpf.tracefs import TracepointNotFound
 
 PROG_KPROBE, PROG_TRACEPOINT, PROG_PERF_EVENT, PROG_RAW_TRACEPOINT = 2, 5, 7, 17
 MAP_ARRAY = 2

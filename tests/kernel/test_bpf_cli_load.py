@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog, object_path
 
 CATALOG = load_catalog()
 

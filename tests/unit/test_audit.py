@@ -1,4 +1,4 @@
-"""The broker's static audit (broker/audit.py), offline: catalog objects pass,
+"""The broker's static audit (broker/review/checks.py), offline: catalog objects pass,
 forbidden helpers, kfuncs, program types and sizes are refused, and the
 committed test objects are what clang builds from their sources."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.catalog import load_catalog
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.broker import audit
+from gfxbpf.broker.review import checks as audit
+from gfxbpf.catalog.entries import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECTS = ROOT / "tests" / "data" / "objects"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import instance
-from gfxbpf.bpf.catalog import load_catalog, object_path
-from gfxbpf.bpf.core_apply import CoreRecord, has_core_relos, relocate
-from gfxbpf.bpf.core_target import Target
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.bpf.core.apply import CoreRecord, has_core_relos, relocate
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.catalog import instance
+from gfxbpf.catalog.entries import load_catalog, object_path
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
 ENTRY = load_catalog().get("execsnoop")

@@ -15,11 +15,11 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from gfxbpf.bpf import catalog as cat
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.catalog import entries as cat
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ROOT / "bpf" / "programs"
+PROGRAMS = ROOT / "catalog" / "programs"
 SIDE_OBJECTS = (
     "bench/bench.bpf.o",
     "tests/data/objects/probe_write_user.bpf.o",
@@ -424,9 +424,9 @@ def test_build_check_reproduces_objects() -> None:
 def test_build_is_independent_of_checkout_path(tmp_path: Path) -> None:
     # A checkout elsewhere builds the same bytes as the committed objects.
     other = tmp_path / "some" / "other checkout"
-    (other / "bpf").mkdir(parents=True)
-    shutil.copytree(PROGRAMS, other / "bpf" / "programs")
-    shutil.copy(ROOT / "bpf" / "catalog.toml", other / "bpf" / "catalog.toml")
+    (other / "catalog").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, other / "catalog" / "programs")
+    shutil.copy(ROOT / "catalog" / "catalog.toml", other / "catalog" / "catalog.toml")
     shutil.copytree(ROOT / "tools", other / "tools")
     r = subprocess.run(
         [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],
@@ -440,11 +440,11 @@ def test_build_is_independent_of_checkout_path(tmp_path: Path) -> None:
 @needs_clang
 def test_build_check_names_a_differing_object(tmp_path: Path) -> None:
     other = tmp_path / "co"
-    (other / "bpf").mkdir(parents=True)
-    shutil.copytree(PROGRAMS, other / "bpf" / "programs")
-    shutil.copy(ROOT / "bpf" / "catalog.toml", other / "bpf" / "catalog.toml")
+    (other / "catalog").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, other / "catalog" / "programs")
+    shutil.copy(ROOT / "catalog" / "catalog.toml", other / "catalog" / "catalog.toml")
     shutil.copytree(ROOT / "tools", other / "tools")
-    obj = other / "bpf" / "programs" / "syscount.bpf.o"
+    obj = other / "catalog" / "programs" / "syscount.bpf.o"
     obj.write_bytes(obj.read_bytes() + b"\0")
     r = subprocess.run(
         [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],

@@ -1,4 +1,4 @@
-"""gfxbpf.client.display: units, rates, tables and bpftrace-style histograms."""
+"""gfxbpf.client.cli.display: units, rates, tables and bpftrace-style histograms."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gfxbpf.client import display as d
 from gfxbpf.client import mapdata as md
+from gfxbpf.client.cli import display as d
 
 
 @pytest.mark.parametrize(

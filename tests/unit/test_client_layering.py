@@ -18,18 +18,25 @@ import pytest
 from tests.imports import ROOT, imports, package_of
 
 CLIENT = ROOT / "client"
-FILES = sorted(CLIENT.rglob("*.py"))  # client/profile/ too
+FILES = sorted(CLIENT.rglob("*.py"))  # client/profiles/ too
 
 # What each layer must never import: other layers by folder name, and
 # third-party packages by top-level name. tests/ may import anything.
 FORBIDDEN: dict[str, frozenset[str]] = {
-    # The loader knows no policy and no wire format.
+    # The loader knows no policy, no wire format and no catalog.
     "bpf": frozenset(
+        {
+            *("catalog", "proto", "broker", "client", "exporter", "bench", "tests", "tools"),
+            *("grpc", "google"),
+        }
+    ),
+    # The catalog runs programs with the library; it knows no policy and no wire.
+    "catalog": frozenset(
         {"proto", "broker", "client", "exporter", "bench", "tests", "tools", "grpc", "google"}
     ),
     # Messages and framing know no daemon and no kernel object.
     "proto": frozenset(
-        {"bpf", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
+        {"bpf", "catalog", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
     ),
     # The daemon uses bpf and proto, never the client library.
     "broker": frozenset({"client", "exporter", "bench", "tests", "tools"}),
@@ -44,7 +51,9 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     # The benchmark measures what a user runs: the client, and bpf for its own programs.
     "bench": frozenset({"broker", "tests", "tools"}),
     # Build scripts run before the package is installed.
-    "tools": frozenset({"bpf", "proto", "broker", "client", "exporter", "bench", "tests"}),
+    "tools": frozenset(
+        {"bpf", "catalog", "proto", "broker", "client", "exporter", "bench", "tests"}
+    ),
 }
 
 
@@ -69,10 +78,10 @@ def _module_files(layer: str) -> list[Path]:
 ALLOWED_BPF = {
     "gfxbpf.bpf.maps",
     "gfxbpf.bpf.ringbuf",
-    "gfxbpf.bpf.btf",
+    "gfxbpf.bpf.btf.blob",  # the package: parsing and decoding, no syscalls
     "gfxbpf.bpf.consts",
-    "gfxbpf.bpf.cuda_api",
-    "gfxbpf.bpf.function_tables",
+    "gfxbpf.catalog.cuda_api",
+    "gfxbpf.catalog.function_tables",
     "gfxbpf.bpf.elf",  # only reads files: the profile symbolizer shares the broker's ELF reader
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
@@ -116,17 +125,17 @@ def test_every_source_folder_is_in_the_table() -> None:
 
 def test_the_collector_sees_lazy_relative_and_dynamicimports() -> None:
     tree = ast.parse(
-        "from . import perf\n"
+        "from . import tracer\n"
         "from ..proto import framing\n"
         "def f():\n"
-        "    from gfxbpf.broker import policy_file\n"
-        "    importlib.import_module('gfxbpf.client.cli')\n"
+        "    from gfxbpf.broker import rulebook\n"
+        "    importlib.import_module('gfxbpf.client.shell')\n"
         "if TYPE_CHECKING:\n"
         "    import grpc\n"
     )
     got = set(imports(tree, "gfxbpf.bpf"))
-    assert {"gfxbpf.bpf.perf", "gfxbpf.proto.framing", "gfxbpf.broker.policy_file"} <= got
-    assert {"gfxbpf.client.cli", "grpc"} <= got
+    assert {"gfxbpf.bpf.tracer", "gfxbpf.proto.framing", "gfxbpf.broker.rulebook"} <= got
+    assert {"gfxbpf.client.shell", "grpc"} <= got
     assert {_layer_of(n) for n in got} == {"bpf", "proto", "broker", "client", "grpc"}
 
 
@@ -141,7 +150,7 @@ def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
 
 # Loading a layer must not load a forbidden gfxbpf layer either (what the
 # parse above cannot see: an import hidden behind a computed name).
-PRODUCT_LAYERS = ("bpf", "proto", "broker", "client", "exporter")
+PRODUCT_LAYERS = ("bpf", "catalog", "proto", "broker", "client", "exporter")
 
 
 @pytest.mark.parametrize("layer", PRODUCT_LAYERS)
@@ -165,7 +174,8 @@ def test_importing_a_layer_loads_no_forbidden_layer(layer: str) -> None:
 
 
 def test_client_has_modules() -> None:
-    assert {"__init__.py", "broker.py", "cli.py", "display.py"} <= {f.name for f in FILES}
+    names = {str(f.relative_to(CLIENT)) for f in FILES}
+    assert {"__init__.py", "broker.py", "cli/gfxclient.py", "cli/display.py"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CLIENT)))
@@ -177,11 +187,11 @@ def test_imports_follow_the_layers(path: Path) -> None:
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
         if name.startswith("gfxbpf.") and top == "gfxbpf":
             layer = name.split(".")[1]
-            assert layer in ("client", "proto", "bpf"), f"{path.name} imports {name}"
-            if layer == "bpf":
-                module = ".".join(name.split(".")[:3])
-                # "from gfxbpf.bpf.btf import Btf" records gfxbpf.bpf.btf and gfxbpf.bpf.btf.Btf
-                assert module in ALLOWED_BPF or name == "gfxbpf.bpf", (
+            assert layer in ("client", "proto", "bpf", "catalog"), f"{path.name} imports {name}"
+            if layer in ("bpf", "catalog"):
+                # "from gfxbpf.bpf.btf.blob import Btf" records gfxbpf.bpf.btf.blob and its .Btf
+                allowed = any(name == a or name.startswith(a + ".") for a in ALLOWED_BPF)
+                assert allowed or name in ("gfxbpf.bpf", "gfxbpf.catalog"), (
                     f"{path.name} imports {name}: the client may use only "
                     f"{sorted(ALLOWED_BPF)} from gfxbpf.bpf"
                 )
@@ -222,20 +232,20 @@ def test_no_tracefs_or_capabilities(path: Path) -> None:
 def test_importing_the_client_loads_no_broker_or_privileged_module() -> None:
     code = (
         "import sys, json\n"
-        "import gfxbpf.client, gfxbpf.client.cli\n"
+        "import gfxbpf.client, gfxbpf.client.cli.gfxclient\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('gfxbpf', 'prctl')))))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     loaded = json.loads(r.stdout)
-    assert "gfxbpf.client.cli" in loaded
+    assert "gfxbpf.client.cli.gfxclient" in loaded
     bad = [m for m in loaded if m.startswith(("gfxbpf.broker", "prctl"))]
     assert not bad, bad
     for m in (
-        "gfxbpf.bpf.tracefs",
-        "gfxbpf.bpf.attach",
+        "gfxbpf.bpf.link.tracefs",
+        "gfxbpf.bpf.link.attach",
         "gfxbpf.bpf.loader",
-        "gfxbpf.bpf.instance",
+        "gfxbpf.catalog.instance",
     ):
         assert m not in loaded, f"the client pulled in {m}"
 
@@ -278,6 +288,10 @@ def test_exporter_uses_only_the_client_library_api(path: Path) -> None:
 
 
 def test_the_exporter_check_sees_a_presentation_module() -> None:
-    tree = ast.parse("from gfxbpf.client import Broker, cuda_view\nimport gfxbpf.client.display\n")
+    tree = ast.parse(
+        "from gfxbpf.client import Broker\n"
+        "import gfxbpf.client.cli.cuda_view as view\n"
+        "import gfxbpf.client.cli.display\n"
+    )
     got = _client_modules_imported(tree, "gfxbpf.exporter")
-    assert got == {"gfxbpf.client", "gfxbpf.client.cuda_view", "gfxbpf.client.display"}
+    assert got == {"gfxbpf.client", "gfxbpf.client.cli.cuda_view", "gfxbpf.client.cli.display"}

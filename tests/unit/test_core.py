@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.btf_encode import encode_types
-from gfxbpf.bpf.btf_types import KIND_STRUCT, Int, Member, Struct, Void
-from gfxbpf.bpf.core_apply import CoreRecord, CoreResult, relocate
-from gfxbpf.bpf.core_match import types_match
-from gfxbpf.bpf.core_patch import POISON_IMM, patch
-from gfxbpf.bpf.core_relo import CoreError, CoreKind, essential_name, parse_spec
-from gfxbpf.bpf.core_resolve import Resolution
-from gfxbpf.bpf.core_target import Target
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.bpf.btf.encode import encode_types
+from gfxbpf.bpf.btf.kinds import KIND_STRUCT, Int, Member, Struct, Void
+from gfxbpf.bpf.core.apply import CoreRecord, CoreResult, relocate
+from gfxbpf.bpf.core.match import types_match
+from gfxbpf.bpf.core.patch import POISON_IMM, patch
+from gfxbpf.bpf.core.relo import CoreError, CoreKind, essential_name, parse_spec
+from gfxbpf.bpf.core.resolve import Resolution
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.object import ObjectSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
@@ -200,7 +200,7 @@ def _tm(local: str, kind: int, target: str) -> bool:
 
 def test_type_matches_rules() -> None:
     # clang 14 cannot emit TYPE_MATCHES; the rule itself, on the stored BTF.
-    from gfxbpf.bpf.btf_types import KIND_ENUM, KIND_UNION
+    from gfxbpf.bpf.btf.kinds import KIND_ENUM, KIND_UNION
 
     assert _tm("u_thing", KIND_UNION, "target_new")  # same kind, members by name
     assert not _tm("u_thing", KIND_UNION, "target_old")  # a struct there
@@ -214,8 +214,8 @@ def test_type_matches_relocation_resolves_and_patches() -> None:
     """A TYPE_MATCHES record (as clang 15 writes it) on `union u_thing`."""
     lbtf = spec().btf
     assert lbtf is not None
-    from gfxbpf.bpf.btf_types import KIND_UNION
-    from gfxbpf.bpf.core_resolve import resolve
+    from gfxbpf.bpf.btf.kinds import KIND_UNION
+    from gfxbpf.bpf.core.resolve import resolve
 
     lid = lbtf.find("u_thing", KIND_UNION)
     assert lid is not None
@@ -305,7 +305,7 @@ def test_corrupt_records_give_core_errors_only() -> None:
 
 
 def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) -> None:
-    from gfxbpf.bpf.core_target import module_order
+    from gfxbpf.bpf.core.target import module_order
 
     base = target_btf("target_old")
     table = Target.from_blobs(base).vmlinux.table

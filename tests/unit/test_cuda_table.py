@@ -10,9 +10,13 @@ from pathlib import Path
 import pytest
 
 from bench import cuda_standin as cs
-from gfxbpf.bpf import catalog, cuda_api, function_tables, symbols
-from gfxbpf.bpf.catalog import load_catalog
-from gfxbpf.client import cli, cuda_view, libcuda
+from gfxbpf.bpf import symbols
+from gfxbpf.catalog import cuda_api, function_tables
+from gfxbpf.catalog import entries as catalog
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.client import libcuda
+from gfxbpf.client.cli import cuda_view
+from gfxbpf.client.cli import gfxclient as cli
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.mapdata import MapData
 
@@ -53,7 +57,7 @@ def test_cookie_packs_index_role_and_argument() -> None:
 
 
 def test_roles_match_the_bpf_program() -> None:
-    src = (Path(__file__).resolve().parents[2] / "bpf/programs/cuda.bpf.c").read_text()
+    src = (Path(__file__).resolve().parents[2] / "catalog/programs/cuda.bpf.c").read_text()
     defined = {m[0].lower(): int(m[1]) for m in re.findall(r"#define ROLE_(\w+) (\d+)", src)}
     assert defined == function_tables.ROLES
 

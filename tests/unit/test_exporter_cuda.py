@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import cuda_api
-from gfxbpf.client import cuda_view, libcuda
+from gfxbpf.catalog import cuda_api
+from gfxbpf.client import libcuda
+from gfxbpf.client.cli import cuda_view
 from gfxbpf.client.errors import UsageError
 from gfxbpf.exporter import main as exporter_main
 from gfxbpf.exporter import mapping, tables

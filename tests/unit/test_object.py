@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.catalog import load_catalog, object_path
-from gfxbpf.bpf.insn import SLOT
+from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, UnsupportedError, internal_map_name
+from gfxbpf.catalog.entries import load_catalog, object_path
 from tests.conftest import compile_bpf
 
 CATALOG = load_catalog()

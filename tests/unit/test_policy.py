@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from gfxbpf.broker import policy_report
-from gfxbpf.broker.policy import (
+from gfxbpf.broker.policy import report as policy_report
+from gfxbpf.broker.policy.rules import (
     Limits,
     NameResolver,
     Policy,

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from gfxbpf.client import profile_cmd, profile_read
-from gfxbpf.client.cli import main, parse_args
+from gfxbpf.client.cli import profile_cmd
+from gfxbpf.client.cli.gfxclient import main, parse_args
 from gfxbpf.client.errors import EXIT_USAGE, ProtocolError, UsageError
+from gfxbpf.client.profiles import read as profile_read
 
 
 def _stack(*addrs: int) -> bytes:

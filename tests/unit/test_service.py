@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import instance as bpfinstance
-from gfxbpf.bpf import kernel_btf, tracefs
-from gfxbpf.bpf.catalog import Catalog, load_catalog
+from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import features
 from gfxbpf.broker.auditlog import AuditLog
-from gfxbpf.broker.policy import NameResolver, Policy
+from gfxbpf.broker.policy.rules import NameResolver, Policy
 from gfxbpf.broker.service import BrokerError, Caller, Service
+from gfxbpf.catalog import instance as bpfinstance
+from gfxbpf.catalog.entries import Catalog, load_catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
