@@ -8,6 +8,7 @@ attaches by the same table, and a key's function member is its index.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 
 from gfxbpf.bpf import cuda_api
 from gfxbpf.bpf.function_tables import TableFunction
+from gfxbpf.client import proctree
 from gfxbpf.client.display import (
     MapData,
     clip,
@@ -82,6 +84,20 @@ def find_libcuda(pid: int, maps_path: str | None = None) -> str:
         "driver library loads at the first CUDA call), or it uses no NVIDIA GPU. "
         "Start watching after its CUDA setup, or give the file with --library PATH"
     )
+
+
+def find_libcuda_in_tree(pid: int, children: bool) -> str:
+    """find_libcuda in pid or, with children, the first of its descendants that
+    maps it (a launcher whose workers use the GPU)."""
+    try:
+        return find_libcuda(pid)
+    except NoLibcudaYet:
+        if not children:
+            raise
+        for child in sorted(proctree.descendants([pid])):
+            with contextlib.suppress(UsageError):
+                return find_libcuda(child)
+        raise
 
 
 @dataclass
