@@ -56,6 +56,7 @@ def broker(progs: dict[str, Path]) -> Iterator[BrokerProcess]:
         {
             "profile": {"users": [ALICE], "scope": "self", "max_frequency": 999},
             "ustacks": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
+            "ucalls": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
         },
         limits={"map_bytes_per_user": 1 << 30},  # several profiles of ~6.3 MiB each
     )
@@ -177,3 +178,38 @@ def test_stacks_at_counts_calls_made_in_a_child_exactly(
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total"] == 0
+
+
+# As alice: a shell that runs `caller` once told to; ucalls attached to the
+# shell (which never maps the library itself); prints the calls counted.
+UCALLS_PY = """
+import os, subprocess, sys
+from gfxbpf.client.broker import Broker
+b = Broker.connect(socket=os.environ["SOCK"], via="fd")
+go = os.environ["GO"]
+sh = subprocess.Popen(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; {os.environ['RUN']}"])
+a = b.attach("ucalls", pid=sh.pid, library=os.environ["LIB"], functions=["target_fn"],
+             children=sys.argv[1] == "1")
+open(go, "w").close()
+sh.wait()
+print(sum(int.from_bytes(v, "little") for _, v in a.maps["calls"].raw_items()))
+"""
+
+
+@pytest.mark.parametrize("children", [True, False])
+def test_ucalls_counts_calls_in_a_child_that_maps_the_library(
+    broker: BrokerProcess, progs: dict[str, Path], children: bool
+) -> None:
+    d = progs["dir"]
+    script = d / "ucalls_tree.py"
+    script.write_text(UCALLS_PY)
+    script.chmod(0o644)
+    env = {
+        "SOCK": broker.socket,
+        "GO": str(d / f"ucalls-go-{children}"),
+        "RUN": f"{progs['caller']} 500 250; true",  # a fork, not an exec
+        "LIB": str(progs["lib"]),
+    }
+    r = run_as(ALICE, [VENV_PYTHON, str(script), "1" if children else "0"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == (750 if children else 0), r.stdout
