@@ -288,6 +288,7 @@ class Maps:
     def __init__(self, symbolizer: Symbolizer) -> None:
         self.symbolizer = symbolizer
         self.seen: set[int] = set()
+        self.comms: dict[int, str] = {}  # command names (probes' keys carry none)
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
@@ -295,6 +296,9 @@ class Maps:
             if maps is not None and maps.mappings:  # a zombie has none
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                        self.comms[pid] = f.read().strip()
 
 
 # ------------------------------------------------------------------ sampling
@@ -360,7 +364,7 @@ class Run:
                 self.family |= proctree.descendants(self.targets)
             self.maps.capture(self.targets + sorted(self.family))
         direct = self.att.map(self.counts_map).fd is not None
-        if read and (direct or progress or not self.targets or self.req.children):
+        if read and (direct or progress or not self.targets):
             entries = self.att.map(self.counts_map).raw_items()
             self.samples = _total(entries, self.req.probes)
             if not self.targets or self.req.children:  # name whatever was sampled
@@ -522,7 +526,7 @@ def _run(
             gc.disable()
             raw, lost = collect(r)
             r.processes = sorted({s.pid for s in raw})
-            r.seen = processes_seen(raw)
+            r.seen = processes_seen(raw, r.maps.comms)
         finally:
             att.detach()
     if not raw:
@@ -573,11 +577,14 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     return prof
 
 
-def processes_seen(raw: list[RawStack]) -> list[tuple[int, str, int]]:
-    """(pid, command, weight) of each process in the profile, heaviest first."""
+def processes_seen(
+    raw: list[RawStack], comms: dict[int, str] | None = None
+) -> list[tuple[int, str, int]]:
+    """(pid, command, weight) of each process in the profile, heaviest first;
+    comms names the processes whose rows carry no command (probes)."""
     by_pid: dict[int, list[Any]] = {}
     for s in raw:
-        row = by_pid.setdefault(s.pid, [s.comm, 0])
+        row = by_pid.setdefault(s.pid, [(comms or {}).get(s.pid, ""), 0])
         row[0] = s.comm or row[0]
         row[1] += s.weight
     return sorted(((p, c, w) for p, (c, w) in by_pid.items()), key=lambda t: (-t[2], t[0]))
