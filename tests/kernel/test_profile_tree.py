@@ -186,8 +186,8 @@ UCALLS_PY = """
 import os, subprocess, sys
 from gfxbpf.client.broker import Broker
 b = Broker.connect(socket=os.environ["SOCK"], via="fd")
-go = os.environ["GO"]
-sh = subprocess.Popen(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; {os.environ['RUN']}"])
+go, run = os.environ["GO"], os.environ["RUN"]
+sh = subprocess.Popen(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done; {run}"])
 a = b.attach("ucalls", pid=sh.pid, library=os.environ["LIB"], functions=["target_fn"],
              children=sys.argv[1] == "1")
 open(go, "w").close()
