@@ -26,6 +26,7 @@ LOG=/var/log/gfxbpf-broker.log
 die() { echo "broker.sh: $*" >&2; exit 1; }
 usage() { sed -n '7,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
+case "${1:-}" in -h | --help | "") usage; [ -n "${1:-}" ]; exit ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (sudo tools/broker.sh … where sudo exists): it starts the broker as user gfxbpf"
 
 running_pid() {
@@ -124,6 +125,5 @@ case "${1:-}" in
         pid=$(running_pid) || die "not running"
         kill -HUP "$pid" && echo "broker.sh: asked the broker to re-read its policy (see $LOG)"
         ;;
-    -h | --help) usage ;;
     *) usage >&2; exit 2 ;;
 esac

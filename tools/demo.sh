@@ -71,7 +71,10 @@ say "gfxclient on every user's PATH: /usr/local/bin/gfxclient -> $VENV/bin/gfxcl
 ln -sfn "$VENV/bin/gfxclient" /usr/local/bin/gfxclient
 
 say "broker: the unit's ExecStart, as $SERVICE_USER with only CAP_BPF and CAP_PERFMON (tools/broker.sh)"
-tools/broker.sh stop >/dev/null  # one this script left running before
+if tools/broker.sh status >/dev/null; then
+    echo "demo: stopping the broker tools/broker.sh started earlier (the demo runs its own policy)"
+    tools/broker.sh stop
+fi
 tools/broker.sh start --policy "$POLICY"
 trap 'tools/broker.sh stop' EXIT
 tools/broker.sh status
