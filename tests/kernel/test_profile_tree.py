@@ -99,6 +99,9 @@ def test_profile_command_attributes_a_grandchilds_samples_to_it(
     assert seen.get("hotcold", 0) >= 0.9 * total, seen
     stacks = folded(out)
     assert any(s.startswith("hotcold;") and ";main;hot;" in s for s in stacks), stacks
+    # The audit line says the attach followed the tree.
+    attaches = [json.loads(x) for x in broker.stderr_lines() if '"op":"attach"' in x]
+    assert attaches and attaches[-1].get("children") is True, attaches[-1:]
     # The text report lists the processes too.
     r = gfxclient(broker, "fd", "profile", "--", "sh", "-c", cmd)
     assert r.returncode == 0 and "hotcold" in r.stdout.split("processes (")[1], r.stdout
