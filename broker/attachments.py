@@ -46,6 +46,7 @@ class Attachments:
             library=target.library,
             functions=target.functions,
             frequency=target.frequency,
+            children=target.children,
             # A ring buffer has one consumer: such instances are never shared.
             unique=next(self._unique)
             if any(m.show == "events" for m in res.entry.visible_maps)

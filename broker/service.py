@@ -254,6 +254,8 @@ class Service:
                 fields["skipped_functions"] = len(target.skipped)
             if target.symbols:
                 fields["symbols"] = target.symbols
+            if target.children:  # the pid's descendants too: who else was traced
+                fields["children"] = True
         except BrokerError as e:
             raise self._fail("attach", caller, e, **fields) from None
         except Exception as e:  # a broker bug: report it, keep serving

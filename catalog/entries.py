@@ -111,6 +111,10 @@ class Program:
     directory: Path  # where object lives
     uid_knob: str | None = None
     pid_knob: str | None = None
+    # Process trees (gfx_tree.h): the knob that turns on following the pid's
+    # descendants, and the hidden map of their tgids that the broker seeds.
+    children_knob: str | None = None
+    tree_map: str | None = None
     fields: tuple[Field, ...] = ()
     maps: tuple[MapEntry, ...] = ()
     parameters: tuple[Parameter, ...] = ()
@@ -149,7 +153,7 @@ class Program:
     @property
     def knobs(self) -> tuple[str, ...]:
         """Every .rodata knob the broker may write."""
-        names = [k for k in (self.uid_knob, self.pid_knob) if k]
+        names = [k for k in (self.uid_knob, self.pid_knob, self.children_knob) if k]
         for f in self.fields:
             names.append(f.knob)
             if f.size_knob:
@@ -411,6 +415,8 @@ _PROGRAM_KEYS = {
     "scopes",
     "uid_knob",
     "pid_knob",
+    "children_knob",
+    "tree_map",
     "attach",
     "field",
     "map",
@@ -442,11 +448,13 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     fields = tuple(
         _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
     )
-    knobs = [k for k in (uid_knob, pid_knob) if k]
+    children_knob, tree_map = _parse_tree(c, entry, pid_knob)
+    knobs = [k for k in (uid_knob, pid_knob, children_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
     maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
     _refuse_duplicates(c, "map", [m.name for m in maps], "map {!r} is declared twice")
+    _check_tree_map(c, tree_map, maps)
     params = tuple(
         _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
     )
@@ -462,6 +470,8 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         directory=directory,
         uid_knob=uid_knob,
         pid_knob=pid_knob,
+        children_knob=children_knob,
+        tree_map=tree_map,
         fields=fields,
         maps=maps,
         parameters=params,
@@ -474,6 +484,30 @@ def function_table(name: str) -> tuple[TableFunction, ...]:
     """The function table a catalog entry names (catalog/function_tables.py); KeyError if none."""
     tables = {"cuda": cuda_api.FUNCTIONS}
     return tables[name]
+
+
+def _parse_tree(
+    c: _Ctx, entry: dict[str, Any], pid_knob: str | None
+) -> tuple[str | None, str | None]:
+    """(children_knob, tree_map): both or neither, and only beside a pid_knob."""
+    knob = c.get_ident(entry, "children_knob", "", required=False)
+    tree = c.get_ident(entry, "tree_map", "", required=False)
+    if bool(knob) != bool(tree):
+        raise c.fail(
+            "children_knob" if tree else "tree_map", "children_knob and tree_map go together"
+        )
+    if knob and not pid_knob:
+        raise c.fail("children_knob", "following children needs a pid_knob (whose children?)")
+    return knob or None, tree or None
+
+
+def _check_tree_map(c: _Ctx, tree_map: str | None, maps: tuple[MapEntry, ...]) -> None:
+    """The tree is the broker's bookkeeping: declared, and never shown to a client."""
+    if tree_map is None:
+        return
+    m = next((m for m in maps if m.name == tree_map), None)
+    if m is None or m.visible:
+        raise c.fail("tree_map", f"map {tree_map!r} must be a [[program.map]] with visible = false")
 
 
 def _parse_function_table(c: _Ctx, entry: dict[str, Any], attach: tuple[Attach, ...]) -> str | None:

@@ -77,6 +77,7 @@ class Params:
     functions: tuple[str, ...] = ()
     cookies: tuple[int, ...] = ()  # one per function; default: the function's index
     frequency: int | None = None  # perf_event sampling, Hz (None: DEFAULT_FREQUENCY)
+    children: bool = False  # also the pid's descendants (the entry's children_knob)
 
 
 # Sampling frequency of perf_event programs when the request names none.
@@ -227,6 +228,10 @@ def prepare(
         if not entry.pid_knob:
             raise ParameterError(f"program {entry.name!r} takes no pid")
         _set_knob(spec, entry.pid_knob, params.pid)
+    if params.children:
+        if not entry.children_knob or params.pid is None:
+            raise ParameterError(f"program {entry.name!r} follows no children here (needs a pid)")
+        _set_knob(spec, entry.children_knob, 1)
     use_uprobe_multi(spec, entry)
     return spec, variant
 
@@ -285,6 +290,19 @@ class Instance:
                     raise
                 raise mapped from None
 
+    def track(self, tgids: Collection[int]) -> int:
+        """Add processes to the entry's tree map (gfx_tree.h: descendants of the
+        pid followed with params.children); how many were new."""
+        if not self.entry.tree_map:
+            raise ParameterError(f"program {self.entry.name!r} has no process tree")
+        tree = self.obj.map(self.entry.tree_map)
+        new = 0
+        for tgid in tgids:
+            if tree.lookup(tgid) is None:
+                tree.update(tgid, b"\x01")
+                new += 1
+        return new
+
     def close(self) -> None:
         for a in self.attachments:
             a.close()
@@ -318,7 +336,9 @@ def attach_entry(
     elif a.kind in ("uprobe", "uretprobe"):
         if not params.library or not params.functions:
             raise ParameterError(f"program {inst.entry.name!r} needs a library and functions")
-        pid = params.pid if params.pid is not None else -1
+        # Following children, every process that maps the library is probed and
+        # the program keeps the tree's (gfx_tree.h): a child's pid is not known yet.
+        pid = params.pid if params.pid is not None and not params.children else -1
         # One link for all functions; each function's cookie is its index.
         inst.attachments.append(
             bpfattach.attach_uprobe_multi(

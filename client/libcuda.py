@@ -8,11 +8,13 @@ and a key's function member is its index.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 from gfxbpf.catalog import cuda_api
 from gfxbpf.catalog.function_tables import TableFunction
+from gfxbpf.client import proctree
 from gfxbpf.client.errors import UsageError
 
 PROGRAM = "cuda"
@@ -70,6 +72,20 @@ def find_libcuda(pid: int, maps_path: str | None = None) -> str:
         "driver library loads at the first CUDA call), or it uses no NVIDIA GPU. "
         "Start watching after its CUDA setup, or give the file with --library PATH"
     )
+
+
+def find_libcuda_in_tree(pid: int, children: bool) -> str:
+    """find_libcuda in pid or, with children, the first of its descendants that
+    maps it (a launcher whose workers use the GPU)."""
+    try:
+        return find_libcuda(pid)
+    except NoLibcudaYet:
+        if not children:
+            raise
+        for child in sorted(proctree.descendants([pid])):
+            with contextlib.suppress(UsageError):
+                return find_libcuda(child)
+        raise
 
 
 def function_of(key: Any) -> TableFunction | None:

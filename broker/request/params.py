@@ -40,6 +40,7 @@ class Target:
     skipped: tuple[str, ...] = ()  # function-table programs: "name: why" not probed
     symbols: str = ""  # function-table programs: "cached" or "parsed" (the audit log says)
     frequency: int | None = None  # perf_event sampling, Hz (None: the program's default)
+    children: bool = False  # the pid's descendants too (gfx_tree.h)
 
     @property
     def library_path(self) -> str | None:
@@ -80,6 +81,7 @@ def check_params(
                 f"program {res.entry.name!r} attaches no uprobes: it takes no library or functions",
             )
         t.frequency = _check_frequency(res, params.frequency)
+        t.children = _check_children(res, params, t.pid)
         return t
     except BaseException:
         t.close()
@@ -106,6 +108,22 @@ def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, Pid
         raise BrokerError(pb.ERROR_NOT_FOUND, str(e)) from None
     except PidError as e:
         raise BrokerError(pb.ERROR_PERMISSION_DENIED, str(e)) from None
+
+
+def _check_children(res: Resolved, params: pb.AttachParams, pid: int | None) -> bool:
+    if not params.children:
+        return False
+    if not res.entry.children_knob:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"program {res.entry.name!r} does not follow child processes (params.children)",
+        )
+    if pid is None:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            "params.children follows the descendants of params.pid: give a pid",
+        )
+    return True
 
 
 def _check_frequency(res: Resolved, frequency: int) -> int | None:

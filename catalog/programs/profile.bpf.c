@@ -11,6 +11,7 @@
  * taken (a kernel thread, a full or colliding stack table) keeps the
  * negative error as its stack id: it is counted, not dropped.
  */
+#include "gfx_tree.h"
 #include "gfx_ustack.h"
 #include <linux/bpf_perf_event.h>
 
@@ -18,6 +19,7 @@
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
+GFX_TREE_PROGRAMS(target_pid)
 
 struct sample_key {
 	__u32 tgid;
@@ -40,7 +42,7 @@ int profile_sample(struct bpf_perf_event_data *ctx)
 	struct sample_key key = {};
 	__u64 one = 1;
 
-	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid))
+	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid))
 		return 0;
 	key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	key.user_stack = gfx_user_stack(ctx);

@@ -168,7 +168,16 @@ def _add_globals(p: argparse.ArgumentParser, top: bool) -> None:
 def _add_attach(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="program name (see `gfxclient list`)")
     p.add_argument("--scope", choices=SCOPES, help="default: the policy's scope")
-    p.add_argument("--pid", type=_pid, help="target process (per-process programs)")
+    p.add_argument(
+        "--pid",
+        type=_pid,
+        help="target process (per-process programs), with the processes it starts",
+    )
+    p.add_argument(
+        "--no-children",
+        action="store_true",
+        help="with --pid: that process only, not its child processes",
+    )
     p.add_argument(
         "--library", metavar="PATH", help="uprobe target (ucalls); a file you can read yourself"
     )
@@ -343,7 +352,7 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
     if args.name == CUDA_PROGRAM and not args.library:
         if not args.pid:
             raise UsageError("cuda needs --pid PID: a process of yours that uses CUDA")
-        args.library = _cuda_view().find_libcuda(args.pid)  # the user need not know the path
+        args.library = _cuda_view().find_libcuda_in_tree(args.pid, not args.no_children)
     try:
         return broker.attach(
             args.name,
@@ -351,6 +360,7 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
             pid=args.pid,
             library=args.library,
             functions=_functions(args),
+            children=bool(args.pid) and not args.no_children,
         )
     except BrokerError as e:
         if e.code != pb.ERROR_INVALID_ARGUMENT:
@@ -358,7 +368,8 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
         # The broker names AttachParams fields; say which flags carry them.
         hint = (
             f"`gfxclient info {args.name}` lists its parameters; they are the flags "
-            "--pid PID, --library PATH and --function NAME"
+            "--pid PID, --library PATH and --function NAME (--no-children: a program "
+            "that follows no child processes)"
         )
         raise BrokerError(e.code, f"{e.message}\n  {hint}", e.rule, operation=e.operation) from None
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.client import proctree
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.errors import ClientError, UsageError
@@ -58,7 +59,10 @@ examples:
       --weight time -- python3 train.py                 which code paths launch GPU work
 
 Without --pid or COMMAND, every process in the scope is sampled (scope self:
-all of yours). Stacks need frame pointers: build with -fno-omit-frame-pointer.
+all of yours). COMMAND and --pid include their child processes, those running
+and those started during the profile (threads too), followed in the kernel;
+--no-children keeps to the process itself.
+Stacks need frame pointers: build with -fno-omit-frame-pointer.
 Kernel time shows as one [kernel] frame; no kernel address leaves the broker.
 """
 
@@ -88,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("calls", "time"),
         default="calls",
         help="with --stacks-at: weigh stacks by calls (default) or time spent in the call",
+    )
+    p.add_argument(
+        "--no-children",
+        action="store_true",
+        help="only the process itself, not the processes it starts (default: its whole tree)",
     )
     p.add_argument("--format", choices=FORMATS, help="file format (default: from -o, else svg)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the profile here")
@@ -141,6 +150,7 @@ class Request:
     output: str | None = None
     weight: str = "calls"  # --stacks-at: "calls" or "time"
     frequency: int = DEFAULT_FREQUENCY
+    children: bool = True  # follow the targets' descendants (--no-children: False)
 
     @property
     def probes(self) -> bool:
@@ -176,6 +186,7 @@ def parse_request(args: argparse.Namespace) -> Request:
         raise UsageError("give --pid or a COMMAND to run, not both")
     req = Request(pids=list(dict.fromkeys(args.pid)), command=command, output=args.output)
     req.weight = args.weight
+    req.children = not args.no_children
     req.frequency = args.frequency or DEFAULT_FREQUENCY
     req.fmt = args.format or _format_from(args.output) or ("svg" if args.output else None)
     if args.format and not args.output:
@@ -279,6 +290,7 @@ class Maps:
     def __init__(self, symbolizer: Symbolizer) -> None:
         self.symbolizer = symbolizer
         self.seen: set[int] = set()
+        self.comms: dict[int, str] = {}  # command names (probes' keys carry none)
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
@@ -286,6 +298,9 @@ class Maps:
             if maps is not None and maps.mappings:  # a zombie has none
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                        self.comms[pid] = f.read().strip()
 
 
 # ------------------------------------------------------------------ sampling
@@ -311,6 +326,9 @@ class Run:
     ended: float | None = None
     samples: int = 0
     processes: list[int] = field(default_factory=list)  # tgids the profile holds
+    seen: list[tuple[int, str, int]] = field(default_factory=list)  # (pid, comm, weight)
+    family: set[int] = field(default_factory=set)  # the targets' descendants seen in /proc
+    kernel_tree: bool = False  # the kernel follows the target's tree: keep every row
     # Stack id -> user addresses, read while sampling: an id keeps its stack for
     # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -318,6 +336,12 @@ class Run:
     @property
     def targets(self) -> list[int]:
         return [self.child.pid] if self.child else self.req.pids
+
+    def kept(self) -> list[int]:
+        """The processes whose rows to keep (empty: all the kernel counted)."""
+        if self.kernel_tree or not self.targets:
+            return []
+        return self.targets + sorted(self.family)
 
     @property
     def counts_map(self) -> str:
@@ -338,13 +362,15 @@ class Run:
         """Capture the targets' maps; every so often read what came in so far
         (through the broker, as over gRPC, only to show progress or find pids)."""
         if self.targets:
-            self.maps.capture(self.targets)
+            if self.req.children:
+                self.family |= proctree.descendants(self.targets)
+            self.maps.capture(self.targets + sorted(self.family))
         direct = self.att.map(self.counts_map).fd is not None
         if read and (direct or progress or not self.targets):
             entries = self.att.map(self.counts_map).raw_items()
             self.samples = _total(entries, self.req.probes)
-            if not self.targets:  # everything in scope: name whatever was sampled
-                pids = {profile_read.SAMPLE_KEY.unpack(k)[0] for k, _ in entries}
+            if not self.targets or self.req.children:  # name whatever was sampled
+                pids = {_TGID.unpack_from(k)[0] for k, _ in entries}  # first in both keys
                 self.maps.capture(pids - self.maps.seen)
             self.read_stacks(entries, warm=True)
 
@@ -369,6 +395,9 @@ class Run:
                     by_pid.setdefault(tgid, []).append(new[sid])
             for pid, user in by_pid.items():
                 self.maps.symbolizer.warm(pid, user)
+
+
+_TGID = struct.Struct("<I")
 
 
 def _running(pid: int) -> bool:
@@ -417,7 +446,7 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
     if req.probes:
         raw = profile_read.call_stacks(entries, stacks, req.functions, req.weight)
     else:
-        raw = profile_read.profile_stacks(entries, stacks, run.targets)
+        raw = profile_read.profile_stacks(entries, stacks, run.kept())
     return raw, profile_read.lost_count(att.map("lost").raw_items())
 
 
@@ -425,11 +454,19 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
 
 
 def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | None) -> Attachment:
+    children = req.children and pid is not None  # several --pid: kept here, by /proc
     if req.probes:
         return broker.attach(
-            "ustacks", scope=args.scope, pid=pid, library=req.library, functions=req.functions
+            "ustacks",
+            scope=args.scope,
+            pid=pid,
+            library=req.library,
+            functions=req.functions,
+            children=children,
         )
-    return broker.attach("profile", scope=args.scope, pid=pid, frequency=req.frequency)
+    return broker.attach(
+        "profile", scope=args.scope, pid=pid, frequency=req.frequency, children=children
+    )
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:
@@ -477,6 +514,7 @@ def _run(
         raise
     with broker:
         r = Run(req, att, Maps(symbolizer), child)
+        r.kernel_tree = req.children and _one_pid(req, child) is not None
         symbolizer.stack_depth = att.map("stacks").desc.value_size // 8
         try:
             if child is not None:
@@ -490,6 +528,7 @@ def _run(
             gc.disable()
             raw, lost = collect(r)
             r.processes = sorted({s.pid for s in raw})
+            r.seen = processes_seen(raw, r.maps.comms)
         finally:
             att.detach()
     if not raw:
@@ -540,9 +579,38 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     return prof
 
 
+def processes_seen(
+    raw: list[RawStack], comms: dict[int, str] | None = None
+) -> list[tuple[int, str, int]]:
+    """(pid, command, weight) of each process in the profile, heaviest first;
+    comms names the processes whose rows carry no command (probes)."""
+    by_pid: dict[int, list[Any]] = {}
+    for s in raw:
+        row = by_pid.setdefault(s.pid, [(comms or {}).get(s.pid, ""), 0])
+        row[0] = s.comm or row[0]
+        row[1] += s.weight
+    return sorted(((p, c, w) for p, (c, w) in by_pid.items()), key=lambda t: (-t[2], t[0]))
+
+
+_SEEN_SHOWN = 10  # processes listed under the top functions
+
+
+def _processes_lines(r: Run, what: str) -> list[str]:
+    if not r.seen:
+        return []
+    lines = [f"processes ({len(r.seen)}):", f"  {'pid':>8}  {'command':<16} {what}"]
+    for pid, comm, weight in r.seen[:_SEEN_SHOWN]:
+        lines.append(f"  {pid:>8}  {comm:<16} {weight}")
+    if len(r.seen) > _SEEN_SHOWN:
+        rest = sum(w for _, _, w in r.seen[_SEEN_SHOWN:])
+        lines.append(f"  … {len(r.seen) - _SEEN_SHOWN} more with {rest} {what} (--json lists all)")
+    return lines
+
+
 def _report(r: Run, prof: Profile, n: int) -> str:
     lines = [profile.format_top(prof, n).rstrip("\n")]
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
+    lines.extend(_processes_lines(r, what))
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
     lines.extend(f"note: {note}" for note in prof.notes)
     if r.req.output:
@@ -561,6 +629,7 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
         "functions": [f"{req.library}:{f}" for f in req.functions] if req.probes else None,
         "pids": r.targets,
         "processes": r.processes,
+        "processes_seen": [{"pid": p, "command": c, "weight": w} for p, c, w in r.seen],
         "command": req.command or None,
         "exit_status": r.child.status if r.child else None,
         "duration_s": round(r.elapsed(), 3),

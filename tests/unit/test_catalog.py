@@ -189,12 +189,16 @@ def test_catalog_parses(catalog: cat.Catalog) -> None:
     assert syscount.map("counts").show == "counter"
     ucalls = catalog.get("ucalls")
     assert ucalls.pid_knob == "target_pid"
-    assert {a.kind for a in ucalls.attach} == {"uprobe", "uretprobe"}
-    assert all(a.target is None for a in ucalls.attach)
+    assert {a.kind for a in ucalls.attach_for(None)} == {"uprobe", "uretprobe"}
+    # Its process tree's fork hook: one build per variant.
+    assert {a.kind for a in ucalls.attach if a.variant} == {"tp_btf", "tracepoint"}
+    assert (ucalls.children_knob, ucalls.tree_map) == ("follow_children", "tree")
+    assert not ucalls.map("tree").visible
+    assert all(a.target is None for a in ucalls.attach_for(None))
     assert [p.name for p in ucalls.parameters] == ["pid", "library", "functions"]
     assert ucalls.parameters[2].type == "list[str]"
     profile = catalog.get("profile")
-    assert profile.attach == (cat.Attach("profile_sample", "perf_event"),)
+    assert profile.attach_for(None) == (cat.Attach("profile_sample", "perf_event"),)
     assert [p.name for p in profile.parameters] == ["frequency", "pid"]
     assert not any(p.required for p in profile.parameters)
     assert profile.map("stacks").visible  # user addresses only: BPF_F_USER_STACK
