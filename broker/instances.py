@@ -72,7 +72,7 @@ class InstanceLoader:
         read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
         charge = self.charge_maps(caller, entry, visible_specs)
         try:
-            inst = _load_and_attach(opened, read_only, target)
+            inst = _load_and_attach(opened, read_only, target, res.policy_entry.allow_no_btf)
         except BaseException:
             self.map_budget.refund(charge)  # its maps are gone with the failed load
             raise
@@ -153,10 +153,10 @@ def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
 
 
 def _load_and_attach(
-    opened: bpfinstance.Opened, read_only: list[str], target: Target
+    opened: bpfinstance.Opened, read_only: list[str], target: Target, allow_no_btf: bool
 ) -> bpfinstance.Instance:
     try:
-        inst = opened.load(read_only=read_only)
+        inst = opened.load(read_only=read_only, allow_no_btf=allow_no_btf)
     except LoadError as e:
         raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
     try:
