@@ -30,6 +30,9 @@ from gfxbpf.bpf.btf_types import BtfError, BtfType, Void
 # Decoded types kept per table; a relocation touches tens, an object hundreds.
 DECODED_CACHE = 512
 _SIZES_CACHE = 4096
+# Occurrences of a name inside longer strings searched for directly (each a
+# scan of the name offsets); past this many, the sorted offsets filter them.
+_DIRECT_INSIDE = 16
 
 
 def _record_words() -> tuple[list[int], list[int]]:
@@ -229,9 +232,11 @@ class LazyTable(TypeTable):
             self._names_raw = self.names.tobytes()
         raw = self._names_raw
         ids = []
-        for noff in self._name_offsets(name, essential):
-            if not self._may_name(noff):
-                continue
+        noffs = self._name_offsets(name, essential)
+        inside = [o for o in noffs if not self._starts_string(o)]
+        if len(inside) > _DIRECT_INSIDE:  # "int" in "unsigned int"...: filter them first
+            noffs = [o for o in noffs if o not in inside or self._may_name(o)]
+        for noff in noffs:
             pat = noff.to_bytes(4, "little")
             at = raw.find(pat)
             while at >= 0:
@@ -247,12 +252,9 @@ class LazyTable(TypeTable):
         return at == self._s[0] or self.data[at - 1] == 0
 
     def _may_name(self, noff: int) -> bool:
-        """False when no record's name starts at string offset `noff`: cheap for the
-        start of a string (searched directly); a name inside a longer string
-        ("int" in "unsigned int", hundreds of them) is checked against the sorted
-        name offsets, built on the first such question."""
-        if self._starts_string(noff):
-            return True
+        """Whether some record's name starts at string offset `noff`, by the sorted
+        name offsets (built on the first question: ~40 ms for vmlinux, so only
+        asked when a name occurs inside many longer strings)."""
         if self._sorted_names is None:
             self._sorted_names = array.array("I", sorted(set(self.names)))
         i = bisect.bisect_left(self._sorted_names, noff)

@@ -101,7 +101,10 @@ _VMLINUX_CACHE: dict[tuple[str, int, int], TargetBtf] = {}
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read(MAX_BTF_BYTES)
+            # The size first: read(MAX) would allocate MAX bytes up front.
+            if os.fstat(f.fileno()).st_size > MAX_BTF_BYTES:
+                raise CoreError(f"kernel BTF {path} is larger than {MAX_BTF_BYTES} bytes")
+            return f.read()
     except OSError as e:
         raise CoreError(
             f"cannot read kernel BTF {path}: {e.strerror}; CO-RE needs a kernel built with "
