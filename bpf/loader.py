@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import sys as bpfsys
 from gfxbpf.bpf.btf import Btf
+from gfxbpf.bpf.btf_sanitize import missing_features, needs_sanitizing, sanitize
 from gfxbpf.bpf.core_apply import has_core_relos
 from gfxbpf.bpf.core_apply import relocate as core_relocate
 from gfxbpf.bpf.core_relo import CoreError
@@ -159,6 +160,9 @@ def _load_btf(obj: LoadedObject, allow_no_btf: bool) -> None:
         btf = Btf.parse(btf.to_bytes())
         for name in hidden:
             btf.set_func_linkage(name, 0)
+    missing = missing_features()
+    if needs_sanitizing(btf, missing):  # kinds this kernel refuses, rewritten as libbpf does
+        btf = sanitize(btf, missing)
     try:
         obj.btf_fd = bpfsys.btf_load(btf.to_bytes())
     except bpfsys.BpfError as e:
