@@ -114,6 +114,16 @@ def test_allow_no_btf_is_off_unless_set_to_true():
     ]
 
 
+def test_admin_approve_writes_allow_no_btf(capsys):
+    from gfxbpf.broker import admin
+
+    argv = ["approve", "syscount", "--users", "alice", "--allow-no-btf"]
+    assert admin.main(argv) == 0
+    assert Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].allow_no_btf
+    assert admin.main(argv[:-1]) == 0
+    assert not Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].allow_no_btf
+
+
 def test_empty_policy_denies_everything():
     p = Policy.parse("", path="empty.toml")
     d = p.decide(0, [0], "syscount", SHA_A, "self")
