@@ -3,14 +3,14 @@
 vmlinux BTF holds ~127,000 types; as Python objects they cost the broker
 ~87 MiB and a second to build, for the few dozen types a CO-RE relocation,
 an attach target or a ksym ever touches. A LazyTable keeps the blob as read
-(bytes), one array of record offsets per type id (4 bytes a type, built by
-one walk on creation), and decodes a type when it is asked for, keeping the
-last few hundred decoded (the hot ones, task_struct and its members, are
-touched by every relocation). Names are found by searching the bytes: the
-string section for the name, then the type section for records that point
-at it (no name -> ids table is kept). Module BTF is split BTF on top of
-vmlinux: ids below its start id and string offsets below the base's string
-length belong to the base table.
+(bytes) and two arrays per type id, its record's offset and its name's
+string offset (4 bytes each, built by one walk on creation), and decodes a
+type when it is asked for, keeping the last few hundred decoded (the hot
+ones, task_struct and its members, are touched by every relocation). A
+name is found by searching the bytes: the string section for the name's
+offsets, then the name-offset array for those values; no name -> ids
+dict. Module BTF is split BTF on top of vmlinux: ids below its start id
+and string offsets below the base's string length belong to the base table.
 
 Read-only: what the loader rewrites before BPF_BTF_LOAD is the object's own
 BTF (btf.py), never the kernel's.
@@ -25,7 +25,22 @@ from collections.abc import Callable, Iterator
 
 from gfxbpf.bpf.btf_parse import _parse_header, _TypeParser
 from gfxbpf.bpf.btf_table import TypeTable
-from gfxbpf.bpf.btf_types import BtfError, BtfType, Void
+from gfxbpf.bpf.btf_types import (
+    KIND_ARRAY,
+    KIND_DATASEC,
+    KIND_DECL_TAG,
+    KIND_ENUM,
+    KIND_ENUM64,
+    KIND_FUNC_PROTO,
+    KIND_INT,
+    KIND_NAMES,
+    KIND_STRUCT,
+    KIND_UNION,
+    KIND_VAR,
+    BtfError,
+    BtfType,
+    Void,
+)
 
 # Decoded types kept per table; a relocation touches tens, an object hundreds.
 DECODED_CACHE = 512
@@ -35,20 +50,17 @@ _SIZES_CACHE = 4096
 _DIRECT_INSIDE = 16
 
 
+_UNKNOWN = 1 << 40  # a record "length" that ends the walk past the section
+
+
 def _record_words() -> tuple[list[int], list[int]]:
     """Words of a record by the top byte of its info word (kind and kind_flag):
     fixed words (header and fixed tail), and words per vlen element."""
-    tail = {1: 1, 3: 3, 14: 1, 17: 1}  # INT, ARRAY, VAR, DECL_TAG
-    per = {
-        4: 3,
-        5: 3,
-        6: 2,
-        13: 2,
-        15: 3,
-        19: 3,
-    }  # STRUCT, UNION, ENUM, FUNC_PROTO, DATASEC, ENUM64
-    known = set(range(1, 20))
-    fixed = [3 + tail.get(b & 0x1F, 0) if b & 0x1F in known else 1 << 40 for b in range(256)]
+    tail = {KIND_INT: 1, KIND_ARRAY: 3, KIND_VAR: 1, KIND_DECL_TAG: 1}
+    per = {KIND_STRUCT: 3, KIND_UNION: 3, KIND_ENUM: 2, KIND_FUNC_PROTO: 2}
+    per |= {KIND_DATASEC: 3, KIND_ENUM64: 3}
+    fixed = [3 + tail.get(b & 0x1F, 0) if b & 0x1F in KIND_NAMES else _UNKNOWN for b in range(256)]
+    fixed[0] = fixed[0x80] = _UNKNOWN  # VOID is never written
     return fixed, [per.get(b & 0x1F, 0) for b in range(256)]
 
 
@@ -76,18 +88,18 @@ def walk_offsets(
         b = info >> 24
         pos += fixed[b] + per[b] * (info & 0xFFFF)
     if pos != len(w):
-        _bad_walk(w, offs, t_start)
+        _bad_walk(w, offs, pos, t_start)
     return offs, names
 
 
-def _bad_walk(w: memoryview, offs: array.array[int], t_start: int) -> None:
-    last = offs[-1] if offs else 0
+def _bad_walk(w: memoryview, offs: array.array[int], pos: int, t_start: int) -> None:
+    if pos < len(w):  # stopped short of a whole header
+        where = f"BTF type id {len(offs) + 1} at byte offset {t_start + pos * 4}"
+        raise BtfError(f"{where}: truncated header ({(len(w) - pos) * 4} bytes left, need 12)")
+    last = offs[-1]
     where = f"BTF type id {len(offs)} at byte offset {t_start + last * 4}"
-    if not offs or last + 3 > len(w):
-        where = f"BTF type id {len(offs) + 1} at byte offset {t_start + len(w) * 4 - 8}"
-        raise BtfError(f"{where}: truncated header")
     kind = (w[last + 1] >> 24) & 0x1F
-    if _FIXED[kind] >= 1 << 40:
+    if _FIXED[kind] >= _UNKNOWN:
         raise BtfError(f"{where}: unknown kind {kind}")
     raise BtfError(f"{where}: its members run past the end of the type section")
 

@@ -107,6 +107,12 @@ def test_corrupt_blobs_are_clear_errors() -> None:
     struct.pack_into("<I", blob, hdr_len + 12 + 4 + 4, 30 << 24)  # type 2's info: kind 30
     with pytest.raises(BtfError, match="unknown kind 30"):
         LazyTable(bytes(blob))
+    short = bytearray(_table(["a"]))
+    struct.pack_into("<I", short, 12, struct.unpack_from("<I", short, 12)[0] + 8)  # type_len
+    struct.pack_into("<I", short, 16, struct.unpack_from("<I", short, 16)[0] + 8)  # str_off
+    short[hdr_len + 28 : hdr_len + 28] = bytes(8)  # 8 stray bytes after the last type
+    with pytest.raises(BtfError, match="type id 3 .*truncated header"):
+        LazyTable(bytes(short))
     with pytest.raises(BtfError, match="out of range"):
         LazyTable(_table(["a"])).types[7]
     with pytest.raises(BtfError, match="read-only"):
