@@ -74,7 +74,8 @@ class InstanceLoader:
         charge = self.charge_maps(caller, entry, visible_specs)
         try:
             owner = caller.uid if res.scope == C.SELF else None
-            inst = _load_and_attach(opened, read_only, target, owner)
+            allow_no_btf = res.policy_entry.allow_no_btf
+            inst = _load_and_attach(opened, read_only, target, owner, allow_no_btf)
         except BaseException:
             self.map_budget.refund(charge)  # its maps are gone with the failed load
             raise
@@ -156,10 +157,14 @@ def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
 
 
 def _load_and_attach(
-    opened: bpfinstance.Opened, read_only: list[str], target: Target, owner: int | None
+    opened: bpfinstance.Opened,
+    read_only: list[str],
+    target: Target,
+    owner: int | None,
+    allow_no_btf: bool,
 ) -> bpfinstance.Instance:
     try:
-        inst = opened.load(read_only=read_only)
+        inst = opened.load(read_only=read_only, allow_no_btf=allow_no_btf)
     except LoadError as e:
         raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
     try:

@@ -63,6 +63,9 @@ class ProgramEntry:
     description: str = ""
     source: str = "<policy>"  # the file it came from
     max_frequency: int | None = None  # perf_event sampling cap in Hz (None: no cap)
+    # Load even if the kernel refuses the object's BTF (maps lose their types,
+    # subprograms their names); without it such a load fails with the BTF log.
+    allow_no_btf: bool = False
 
     @property
     def label(self) -> str:

@@ -230,6 +230,12 @@ def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
         }
     if op == "detach":
         return {"ok": True, "unloaded": c.detach(cmd["id"]).unloaded}
+    if op == "cycles":  # n attach/detach pairs in a row, without a round trip to the test
+        unloaded = 0
+        for _ in range(cmd["n"]):
+            a = c.attach(name=cmd["name"], scope=SCOPES[cmd.get("scope", "")])
+            unloaded += c.detach(a.attachment_id).unloaded
+        return {"ok": True, "unloaded": unloaded}
     if op == "read_fd":
         return {"ok": True, "entries": c.read_fd(cmd["id"], cmd.get("map", ""))}
     if op == "read_rpc":

@@ -104,6 +104,27 @@ def test_scope_defaults_to_self():
     assert p.programs[0].scopes == ("self",)
 
 
+def test_allow_no_btf_is_off_unless_set_to_true():
+    base = f'[[program]]\nname = "x"\nsha256 = "{SHA_A}"\nusers = ["*"]\n'
+    assert Policy.parse(base).programs[0].allow_no_btf is False
+    assert Policy.parse(base + "allow_no_btf = true\n").programs[0].allow_no_btf is True
+    errs = _errors(base + 'allow_no_btf = "yes"\n')
+    assert errs == [
+        "/etc/gfxbpf/policy.toml: [[program]] #1 \"x\": field 'allow_no_btf': "
+        "expected true or false, got string"
+    ]
+
+
+def test_admin_approve_writes_allow_no_btf(capsys):
+    from gfxbpf.broker import admin
+
+    argv = ["approve", "syscount", "--users", "alice", "--allow-no-btf"]
+    assert admin.main(argv) == 0
+    assert Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].allow_no_btf
+    assert admin.main(argv[:-1]) == 0
+    assert not Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].allow_no_btf
+
+
 def test_empty_policy_denies_everything():
     p = Policy.parse("", path="empty.toml")
     d = p.decide(0, [0], "syscount", SHA_A, "self")
