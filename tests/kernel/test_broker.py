@@ -419,11 +419,15 @@ def test_kill_9_detaches_within_a_second(broker: BrokerProcess, clients: Any) ->
 
 
 def test_system_scope_instance_is_shared(broker: BrokerProcess, clients: Any) -> None:
-    alice, bob = clients(ALICE), clients(BOB)
+    alice, alice2, bob = clients(ALICE), clients(ALICE), clients(BOB)
     a = alice.ok("attach", name="clonecount", scope="system")
+    a2 = alice2.ok("attach", name="clonecount", scope="system")
+    assert a2["shared"] is True
+    assert a["prog_ids"] == a2["prog_ids"]
+    # Map fds go only to instances of the caller's own uid (issue #26: revocation,
+    # unprivileged BPF): bob's Unix session gets an instance of his own.
     b = bob.ok("attach", name="clonecount", scope="system")
-    assert b["shared"] is True
-    assert a["prog_ids"] == b["prog_ids"]
+    assert b["shared"] is False and set(b["prog_ids"]).isdisjoint(a["prog_ids"])
     # Scope self with the same uid shares too; ring-buffer programs never do.
     s1 = alice.ok("attach", name="syscount", scope="self")
     s2 = alice.ok("attach", name="syscount", scope="self")
@@ -432,19 +436,20 @@ def test_system_scope_instance_is_shared(broker: BrokerProcess, clients: Any) ->
     e2 = alice.ok("attach", name="execsnoop", scope="self")
     assert not e2["shared"] and e1["prog_ids"] != e2["prog_ids"]
     # The audit log says how long each attach took (bench/ reads it).
-    ids = {x["id"] for x in (a, b, s1, s2, e1, e2)}
+    ids = {x["id"] for x in (a, a2, b, s1, s2, e1, e2)}
     logged = [
         r
         for r in broker.audit_records()
         if r["op"] == "attach" and r["result"] == "ok" and r["attachment_id"] in ids
     ]
-    assert len(logged) == 6
+    assert len(logged) == 7
     assert all(isinstance(r["elapsed_ms"], float) and r["elapsed_ms"] > 0 for r in logged)
     # The kernel program lives until its last user detaches.
     assert alice.ok("detach", id=a["id"])["unloaded"] is False
-    assert bpftool_prog_exists(b["prog_ids"][0])
+    assert bpftool_prog_exists(a["prog_ids"][0])
+    assert alice2.ok("detach", id=a2["id"])["unloaded"] is True
+    assert not bpftool_prog_exists(a["prog_ids"][0])
     assert bob.ok("detach", id=b["id"])["unloaded"] is True
-    assert not bpftool_prog_exists(b["prog_ids"][0])
 
 
 def test_per_user_limits() -> None:

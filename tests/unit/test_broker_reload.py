@@ -13,6 +13,7 @@ from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.config import parse_args
 from gfxbpf.broker.leases import LeaseManager
 from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.sessions import Caller
 from gfxbpf.broker.tokens import TokenStore
 
 CATALOG = load_catalog()
@@ -29,7 +30,9 @@ def _policy_text(users: str, limits: str = "") -> str:
 def _setup(tmp_path: Path) -> tuple[Path, SimpleNamespace, AuditLog, io.StringIO, SimpleNamespace]:
     path = tmp_path / "policy.toml"
     path.write_text(_policy_text('"root"'))
-    service = SimpleNamespace(policy=Policy.load(path), catalog=CATALOG)
+    service = SimpleNamespace(
+        policy=Policy.load(path), catalog=CATALOG, revoke_disallowed=lambda: [7]
+    )
     buf = io.StringIO()
     audit = AuditLog(buf, timer=False)
     audit.set_rate(20)
@@ -71,7 +74,8 @@ def test_a_good_policy_replaces_it_with_its_limits(tmp_path: Path) -> None:
     assert main.reload_policy(config, service, audit, grpc) is True
     rec = _last(buf)
     assert rec["op"] == "reload" and rec["result"] == "ok", rec
-    assert "applies to new requests" in rec["detail"]
+    assert "applies to every request" in rec["detail"]
+    assert rec["revoked_attachments"] == [7]  # what Service.revoke_disallowed detached
     assert any("nobody-gfxbpf-test" in w for w in rec["warnings"]), rec
     lim = service.policy.limits
     assert (lim.sessions_total, lim.hello_timeout_seconds) == (9, 4)
@@ -84,3 +88,17 @@ def test_reload_works_without_grpc(tmp_path: Path) -> None:
     path, service, audit, buf, _ = _setup(tmp_path)
     config = parse_args(["--policy", str(path)])
     assert main.reload_policy(config, service, audit, None) is True
+
+
+def test_a_reload_drops_the_tokens_of_users_it_lets_run_nothing(tmp_path: Path) -> None:
+    path, service, audit, buf, grpc = _setup(tmp_path)
+    config = parse_args(["--policy", str(path)])
+    root = Caller(uid=0, gid=0, gids=(0,), pid=1, transport="unix")
+    other = Caller(uid=54321, gid=54321, gids=(54321,), pid=2, transport="unix")
+    kept, _ = grpc.tokens.issue(root)
+    dropped, _ = grpc.tokens.issue(other)
+    grpc.leases.holder("token:x", other)
+    assert main.reload_policy(config, service, audit, grpc) is True
+    assert _last(buf)["revoked_token_uids"] == [54321]
+    assert grpc.tokens.authenticate(kept) is not None
+    assert grpc.tokens.authenticate(dropped) is None
