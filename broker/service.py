@@ -78,6 +78,14 @@ def _revoked_error(attachment_id: int, program: str = "") -> BrokerError:
     )
 
 
+def _unpriv_note(fds: Sequence[int]) -> dict[str, str]:
+    """For an attach line that passed fds: whether the host lets their holder
+    load BPF (its programs could write those maps; they are the user's own)."""
+    if fds and features.unprivileged_bpf_allowed():
+        return {"unprivileged_bpf": "allowed"}
+    return {}
+
+
 class TokenIssuer(Protocol):
     """What issue_token needs from the gRPC side (grpc_server's token store).
 
@@ -331,6 +339,7 @@ class Service:
             shared=joined,
             map_bytes=0 if joined else att.shared.map_bytes,  # charged to the map budget
             fds=len(fds),
+            **_unpriv_note(fds),
             rule=res.rule,
             via=res.via,
             prog_ids=[p.prog_id for p in reply.programs],

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from gfxbpf.bpf.catalog import load_catalog
 from gfxbpf.broker import main
 from gfxbpf.broker.auditlog import AuditLog
@@ -102,3 +104,17 @@ def test_a_reload_drops_the_tokens_of_users_it_lets_run_nothing(tmp_path: Path) 
     assert _last(buf)["revoked_token_uids"] == [54321]
     assert grpc.tokens.authenticate(kept) is not None
     assert grpc.tokens.authenticate(dropped) is None
+
+
+def test_start_says_when_the_host_lets_any_user_load_bpf(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gfxbpf.broker import features
+
+    for value, expect in ((0, "unprivileged_bpf_disabled = 0"), (None, "cannot read"), (2, None)):
+        monkeypatch.setattr(features, "unprivileged_bpf_disabled", lambda v=value: v)
+        buf = io.StringIO()
+        main._check_unprivileged_bpf(AuditLog(buf, timer=False))
+        lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+        if expect is None:
+            assert lines == []
+        else:
+            assert lines[0]["op"] == "host_check" and expect in lines[0]["detail"], lines
