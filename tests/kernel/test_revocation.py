@@ -86,9 +86,10 @@ def test_a_revoked_user_reads_no_new_data_through_a_kept_fd() -> None:
             assert _changes(alice, a["id"])
 
             rec = broker.reload(_policy([BOB]))
-            assert rec["result"] == "ok" and rec["revoked_attachments"] == [held["id"]], rec
+            assert rec["result"] == "ok", rec
             took = _stops_changing(alice, a["id"], within=5.0)
             assert took is not None, "a revoked user's fd still reads live data"
+            assert rec["revoked_attachments"] == [held["id"]], rec
             # Still frozen a while later, with activity in between...
             still = _reading(alice, a["id"])
             time.sleep(1.0)
@@ -169,10 +170,7 @@ def test_a_revoked_users_grpc_reads_and_tokens_end_at_the_reload() -> None:
         assert after["hello"] == ["OK", ""], after
         # Detached at the reload; her idle gRPC owner went with its last lease,
         # so the attachment is simply gone.
-        assert after["read"][0] in ("PERMISSION_DENIED", "NOT_FOUND"), (
-            after,
-            broker.stderr().replace("\n", " | "),
-        )
+        assert after["read"][0] in ("PERMISSION_DENIED", "NOT_FOUND"), after
         # Removed from every program: the token itself is dropped.
         rec = broker.reload(_policy([BOB]))
         assert rec["revoked_token_uids"] == [ensure_user(ALICE)[0]], rec

@@ -73,9 +73,9 @@ def test_a_users_own_bpf_program_cannot_forge_what_others_read() -> None:
             assert out["unprivileged_bpf_disabled"] == "0" and out["load"] == "ok", out
             assert out["own_view"] == FORGED, out
             # ...which is hers alone: bob reads no forged count, by fd or by ReadMap.
-            assert out["shared"] is False, out
             assert _slot(bob.ok("read_fd", id=b["id"])["entries"]) == 0
             assert _slot(bob.ok("read_rpc", id=b["id"], map="counts")["entries"]) == 0
+            assert out["shared"] is False, out
             # Her attach line says the fds went out on a host that allows unprivileged BPF.
             hers = [
                 x
