@@ -378,6 +378,8 @@ class Service:
             self._check_owner(caller, owner)
             with owner.lock:
                 att = owner.attachments.pop(req.attachment_id, None)
+            if att is None and req.attachment_id in owner.revoked:
+                raise _revoked_error(req.attachment_id)
             if att is None:
                 raise BrokerError(
                     pb.ERROR_NOT_FOUND, f"no attachment {req.attachment_id} in this session"
