@@ -75,7 +75,7 @@ def _windows(broker: BrokerProcess, stop: threading.Event) -> list[Window]:
     windows = []
     allowed = True
     start = time.monotonic()
-    for i in range(RELOADS):
+    for _ in range(RELOADS):
         time.sleep(0.8)
         sent = time.monotonic()
         windows.append(Window(allowed, start, sent))
