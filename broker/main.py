@@ -258,6 +258,17 @@ def _check_unprivileged_bpf(audit: AuditLog) -> None:
         audit.error("host_check", detail="cannot read kernel.unprivileged_bpf_disabled")
 
 
+def _check_live_maps(service: Any, audit: AuditLog) -> None:
+    """Say at start when the kernel cannot list map ids for the live map budget."""
+    if service.loader.live_maps.ids() is None:
+        audit.error(
+            "host_check",
+            detail=f"cannot list BPF map ids ({service.loader.live_maps.error}): a map "
+            "charge counts as live for map_bytes_window_seconds instead of until the "
+            "kernel frees the map (deploy/README.md, Security)",
+        )
+
+
 class _Signals:
     """SIGTERM/SIGINT ask to stop, SIGHUP to reload; the handlers only set flags
     (the main loop does the work), SIGPIPE is ignored."""
@@ -322,6 +333,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     _check_unprivileged_bpf(audit)
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
+    _check_live_maps(service, audit)
     grpc_server = _start_grpc(config, service, listener)
     signals = _Signals()
 

@@ -118,3 +118,16 @@ def test_start_says_when_the_host_lets_any_user_load_bpf(monkeypatch: pytest.Mon
             assert lines == []
         else:
             assert lines[0]["op"] == "host_check" and expect in lines[0]["detail"], lines
+
+
+def test_start_says_when_map_ids_cannot_be_listed() -> None:
+    for ids, error in ((None, "no BTF"), ({1, 2}, None)):
+        live = SimpleNamespace(ids=lambda v=ids: v, error=error)
+        service = SimpleNamespace(loader=SimpleNamespace(live_maps=live))
+        buf = io.StringIO()
+        main._check_live_maps(service, AuditLog(buf, timer=False))
+        lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+        if ids is None:
+            assert lines[0]["op"] == "host_check" and "no BTF" in lines[0]["detail"], lines
+        else:
+            assert lines == []
