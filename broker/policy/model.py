@@ -39,9 +39,11 @@ class Limits:
     # and a call whose request message does not follow its headers this soon is ended.
     grpc_calls_per_user: int = 32
     grpc_request_seconds: int = 10
-    # Kernel bytes of client-visible maps the broker creates for one user per
-    # window: a client can keep a map alive past its attachment (broker/access/budget.py).
+    # Kernel bytes of client-visible maps (broker/access/budget.py): those one user's
+    # maps hold at once, attached or kept alive through fds after detaching,
+    # and those the broker creates for one user per window (churn).
     map_bytes_per_user: int = 64 * 1024 * 1024
+    map_churn_bytes_per_user: int = 1024 * 1024 * 1024
     map_bytes_window_seconds: int = 600
 
 

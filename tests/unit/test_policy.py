@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from gfxbpf.broker.errors import DENIAL_CODES
 from gfxbpf.broker.policy import report as policy_report
 from gfxbpf.broker.policy.rules import (
     Limits,
@@ -572,7 +573,7 @@ def test_policy_file_in_deploy_example_if_present():
     ("uid", "gids", "name", "sha", "scope", "ref"),
     [
         (1001, [], "foo", SHA_A, "self", "default deny"),
-        (1003, [1003], "syscount", SHA_A, "self", '[[program]] #1, #2 "syscount": users, groups'),
+        (1003, [1003], "syscount", SHA_A, "self", "default deny"),
         (1002, [], "ucalls", SHA_A, "self", '[[program]] #4 "ucalls": sha256'),
         (1001, [], "syscount", SHA_A, "system", '[[program]] #1 "syscount": scope'),
         (1001, [], None, "d" * 64, "self", "default deny"),
@@ -602,3 +603,21 @@ def test_library_named_is_lexical(tmp_path):
     assert not p.library_named(e, f"{lib}/../lib/x.so")  # not plain
     assert not p.library_named(e, f"{lib}/./x.so")
     assert not p.library_named(e, "x.so")
+
+
+def test_an_entry_that_names_someone_else_is_refused_like_no_entry(policy):
+    """No oracle of the policy (issue #26 item 12): what a caller no entry admits is
+    told is the same whether entries for the program exist or not; the audit rule
+    tells them apart."""
+    exists = policy.decide(1003, [1003], "syscount", SHA_A, "self")
+    absent = policy.decide(1003, [1003], "nosuchprogram", SHA_A, "self")
+    wrong_hash = policy.decide(1003, [1003], "syscount", "d" * 64, "self")
+    for d in (exists, absent, wrong_hash):
+        assert not d.allowed and d.ref == "default deny"
+        assert DENIAL_CODES[d.refusal] == DENIAL_CODES[absent.refusal]
+    assert exists.reason == wrong_hash.reason == absent.reason.replace("nosuchprogram", "syscount")
+    assert "users = " in exists.rule and "names" in absent.rule  # the audit keeps the detail
+    upload_approved = policy.decide(1003, [1003], None, SHA_A, "self")
+    upload_unknown = policy.decide(1003, [1003], None, "d" * 64, "self")
+    assert upload_approved.reason == upload_unknown.reason
+    assert upload_approved.refusal == upload_unknown.refusal
