@@ -149,8 +149,10 @@ class UnwindTables:
         self.parse_seconds += time.perf_counter() - began
         self.parsed += 1
         if table is None:
-            self.problems.setdefault(path, "has no call-frame information")
+            self.problems.setdefault(path, "is not a readable ELF file")
             return None
+        if not table.starts:
+            self.problems.setdefault(path, "has no call-frame information")
         if trusted:
             cache.store(self.cache_dir, key, table)
         return table

@@ -97,6 +97,8 @@ def _cfi_step(
     outermost frame, or why no caller can be found."""
     if rule.ra == REG_UNDEFINED:
         return None
+    if rule.ra in (REG_SAME, REG_UNKNOWN):  # kept in a register: not followed
+        return Stop.BAD_CFA
     if rule.cfa == CFA_RSP:
         cfa = sp + rule.off
     elif rule.cfa == CFA_RBP:
@@ -118,6 +120,10 @@ def _cfi_step(
         return ra, cfa, bp
     if rule.rbp in (REG_UNKNOWN, REG_UNDEFINED):
         return ra, cfa, None
+    if cfa + rule.rbp < sp:
+        # A save slot below sp: an epilogue already popped rbp (gcc emits no
+        # DW_CFA_restore there), so the register holds the caller's value.
+        return ra, cfa, bp
     saved = mem.u64(cfa + rule.rbp)
     if saved is None:
         return Stop.TRUNCATED
