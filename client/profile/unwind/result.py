@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "MAX_FRAMES",
@@ -100,12 +100,12 @@ class UnwindResult:
         return self.stop is None
 
 
+@dataclass
 class StopCounts:
     """Stacks (by weight) per stop reason, for the profile summary."""
 
-    def __init__(self) -> None:
-        self.complete = 0
-        self.stopped: Counter[Stop] = Counter()
+    complete: int = 0
+    stopped: Counter[Stop] = field(default_factory=Counter)
 
     def add(self, stop: Stop | str | None, weight: int = 1) -> None:
         if stop is None:
@@ -120,9 +120,10 @@ class StopCounts:
     def total(self) -> int:
         return self.complete + sum(self.stopped.values())
 
-    def notes(self, min_share: float = 0.01) -> list[str]:
-        """One line per reason holding at least min_share of the weight."""
-        total = self.total()
+    def notes(self, total: int | None = None, min_share: float = 0.01) -> list[str]:
+        """One line per reason holding at least min_share of the weight (of
+        total if given: the profile's whole user-stack weight)."""
+        total = total if total is not None else self.total()
         out = []
         for stop, w in self.stopped.most_common():
             if total and w / total >= min_share:
