@@ -135,16 +135,15 @@ def _frame_pointer_step(
 ) -> tuple[int, int, int | None] | Stop | None:
     """The caller by the frame-pointer chain: [rbp] = caller's rbp, [rbp+8] =
     return address. Only if rbp is an aligned address in the copied stack at
-    or above sp and the saved rbp is above it (or 0); the loop then checks the
-    return address is code. Else why (no CFI, JIT code, unreadable file)."""
+    or above sp; the loop then checks the return address is code, and the
+    saved rbp is checked the same way if the caller needs it (a caller with
+    CFI may keep data in rbp). Else why (no CFI, JIT code, unreadable file)."""
     if bp is None or bp < sp or bp & 7:
         return why
     ra, saved = mem.u64(bp + 8), mem.u64(bp)
     if ra is None or saved is None:
         # rbp past the copy: a deep stack (truncated) or a data value (why).
         return Stop.TRUNCATED if bp + 16 <= mem.top else why
-    if saved != 0 and saved <= bp:  # the chain must go up the stack
-        return why
     if ra == 0:
         return None
     return ra, bp + 16, saved
