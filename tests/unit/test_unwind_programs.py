@@ -19,6 +19,7 @@ from gfxbpf.client.profile.model import RawStack
 from gfxbpf.client.profile.procmaps import ProcessMaps
 from gfxbpf.client.profile.symbolize import Symbolizer
 from gfxbpf.client.profile.unwind import Stop, UnwindResult, UnwindTables, marker_frame, unwind
+from gfxbpf.client.profile.unwind.table import CFA_NONE
 from tests.conftest import skip_or_fail
 from tests.unwindsamples import Capture, sample_run
 
@@ -204,3 +205,38 @@ def test_debian_xz_reaches_libc_start_main(folder: Path) -> None:
         v for (frames, stop), v in named.items() if stop is None and LIBC_START & set(frames)
     )
     assert total >= 50 and reach >= 0.95 * total, named.most_common(4)
+
+
+VDSO_C = r"""
+#include <stdlib.h>
+#include <time.h>
+__attribute__((noinline)) long spin(long n) {
+    struct timespec ts;
+    long s = 0;
+    for (long i = 0; i < n; i++) { clock_gettime(CLOCK_MONOTONIC, &ts); s += ts.tv_nsec; }
+    return s;
+}
+int main(int argc, char **argv) { return (int)(spin(atol(argv[1])) & 0); }
+"""
+
+
+def test_through_the_vdso(folder: Path) -> None:
+    # clock_gettime runs in the vDSO, whose CFI comes from the client's own copy.
+    src, prog = folder / "vdso.c", folder / "vdso"
+    src.write_text(VDSO_C)
+    subprocess.run(["gcc", "-O2", "-o", prog, src], check=True)
+    cap = sample_run([str(prog), "8000000"], folder)
+    tables = UnwindTables(cache_dir=str(folder / "cache"))
+    results = [unwind(s.regs, s.stack, cap.maps, tables) for s in cap.samples]
+    vdso = next(m for m in cap.maps.mappings if m.path == "[vdso]")
+    in_vdso = [r for r in results if vdso.start <= r.frames[0] < vdso.end]
+    assert len(in_vdso) >= 5, f"{len(in_vdso)} of {len(results)} samples in the vDSO"
+    resolve = tables.resolver(cap.maps)
+    for r in in_vdso:  # unwound by the vDSO's own CFI, not by a frame-pointer guess
+        where = resolve(r.frames[0])
+        assert where is not None and where[0] is not None
+        assert where[0].rule(r.frames[0] + where[1]).cfa != CFA_NONE
+    named = _names(in_vdso, cap.maps, folder)
+    for frames, stop in named:
+        assert stop is None and frames[-1] == "_start" and "main" in frames, frames
+        assert "spin" in frames, frames

@@ -31,13 +31,17 @@ def file_facts(path: str) -> ElfInfo | None:
     return read_info(path)
 
 
-def compile_file(path: str, info: ElfInfo, debug_root: str) -> FileTable | None:
+def compile_file(
+    path: str, info: ElfInfo, debug_root: str, origin: str | None = None
+) -> FileTable | None:
     """The file's table; one with no rows if it has no CFI at all (frame
-    pointers are then the only way through it); None if it cannot be read."""
+    pointers are then the only way through it); None if it cannot be read.
+    origin: the file's own path when path is /proc/self/fd/N (its separate
+    debug file is looked for next to the origin)."""
     found = _cfi_section(path, ".eh_frame") or _cfi_section(path, ".debug_frame")
     source = ""
     if found is None:
-        debug = debug_file(path, info, debug_root)
+        debug = debug_file(origin or path, info, debug_root)
         found = _cfi_section(debug, ".debug_frame") if debug else None
         source = "debug file " if found else ""
     if found is None:

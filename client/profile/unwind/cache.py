@@ -1,5 +1,6 @@
 """Compiled unwind tables on disk: ~/.cache/gfxbpf/unwind (or
-$XDG_CACHE_HOME/gfxbpf/unwind), one flat little-endian file per table:
+$XDG_CACHE_HOME/gfxbpf/unwind), one flat little-endian file per table,
+named by fileid.cache_key (build-id and file identity):
 a header, the segments, the row arrays, the rules, the FDE ranges and the
 source's name. Loading is a few array.frombytes calls (libLLVM's 6 MB table
 loads in milliseconds); the folder is pruned to CACHE_LIMIT, least recently
@@ -18,7 +19,7 @@ from array import array
 from gfxbpf.client.profile.symtab import prune
 from gfxbpf.client.profile.unwind.table import FileTable, Rule
 
-__all__ = ["CACHE_LIMIT", "cache_key", "decode", "default_cache_dir", "encode", "load", "store"]
+__all__ = ["CACHE_LIMIT", "decode", "default_cache_dir", "encode", "load", "store"]
 
 _MAGIC = b"GFXUNW1\n"
 # magic, segments, rows, rules, FDEs, source length, row-address and index type codes
@@ -30,11 +31,6 @@ _SWAP = sys.byteorder != "little"
 def default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "gfxbpf", "unwind")
-
-
-def cache_key(build_id: str | None, identity: str) -> str:
-    """The file name of a table: what the file says it is and which file it is."""
-    return f"{build_id or 'noid'}-{identity}"
 
 
 def encode(t: FileTable) -> bytes:

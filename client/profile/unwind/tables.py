@@ -4,9 +4,10 @@ memory and on disk, and the per-process lookup pc -> (table, delta).
 A file is read through the process's root (/proc/PID/root for a process in
 another mount namespace, as ProcessMaps records it), and only if it is still
 the file that was mapped (same inode). Its table is keyed in memory by
-(device, inode, size, mtime) and on disk by build-id plus that identity
-(fileid.py); files owned by neither root nor the caller are parsed but never
-written to nor read from the disk cache.
+its identity (fileid.FileId: device, inode, size, mtime, ctime) and on disk
+by build-id plus that identity (fileid.cache_key: a build-id alone is a
+claim any file can make); files owned by neither root nor the caller are
+parsed but never written to nor read from the disk cache (fileid.may_cache).
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Literal
 
 from gfxbpf.client.profile.elfinfo import DEBUG_ROOT
-from gfxbpf.client.profile.fileid import file_identity, trusted_owner
+from gfxbpf.client.profile.fileid import (
+    FileId,
+    cache_key,
+    may_cache,
+    open_regular,
+    open_regular_path,
+)
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profile.unwind import build, cache
 from gfxbpf.client.profile.unwind.result import Stop
@@ -71,8 +79,9 @@ class UnwindTables:
         self.cache_dir = cache_dir or cache.default_cache_dir()
         self.debug_root = debug_root
         self.memory_limit = memory_limit
-        self._files: OrderedDict[tuple[int, int, int, int], FileTable | None] = OrderedDict()
+        self._files: OrderedDict[FileId, FileTable | None] = OrderedDict()
         self._procs: dict[int, _ProcIndex] = {}
+        self._vdso: FileTable | None | Literal[False] = False  # False: not read yet
         self.problems: dict[str, str] = {}  # file -> why it has no table
         self.parsed = 0  # files whose CFI was parsed by this object
         self.cache_hits = 0  # ... and tables loaded from the disk cache instead
@@ -88,6 +97,12 @@ class UnwindTables:
 
     def locate(self, maps: ProcessMaps, m: Mapping) -> Located:
         """The table of the executable mapping m, and the pc -> vaddr delta."""
+        if m.path == "[vdso]":
+            vdso = self._vdso_table()
+            seg = vdso.vaddr_delta(m.offset) if vdso is not None else None
+            if vdso is None or seg is None:
+                return None, 0, Stop.NO_CFI
+            return vdso, m.offset - m.start + seg, None
         if not m.is_file:
             return None, 0, (Stop.NO_CFI if m.path.startswith("[") else Stop.JIT)
         table = self.file_table(maps.root + m.file_path, m.inode)
@@ -98,6 +113,25 @@ class UnwindTables:
             self.problems.setdefault(m.file_path, "maps code outside its load segments")
             return None, 0, Stop.NO_FILE
         return table, m.offset - m.start + seg, None
+
+    def _vdso_table(self) -> FileTable | None:
+        """The vDSO's table, from the client's own copy: every process on the
+        machine maps the same image (clock_gettime and friends have CFI)."""
+        if self._vdso is False:
+            from gfxbpf.client.profile.vdso import own_vdso_image  # pulls in pyelftools
+
+            self._vdso = None
+            image = own_vdso_image()
+            if image:
+                fd = os.memfd_create("gfxbpf-vdso", os.MFD_CLOEXEC)
+                try:
+                    os.write(fd, image)
+                    path = open_regular_path(fd)
+                    info = build.file_facts(path)
+                    self._vdso = build.compile_file(path, info, "") if info else None
+                finally:
+                    os.close(fd)
+        return self._vdso
 
     def function_at(self, maps: ProcessMaps, pc: int) -> tuple[str, int] | None:
         """(file path, file offset of the function's start) of the FDE holding
@@ -114,38 +148,42 @@ class UnwindTables:
 
     def file_table(self, path: str, inode: int | None = None) -> FileTable | None:
         """The table of the file at path (None if unreadable, not ELF, or no
-        longer the inode that was mapped)."""
+        longer the inode that was mapped). The file is opened once without
+        blocking (fileid.open_regular) and parsed through that descriptor."""
         try:
-            st = os.stat(path)
+            fd, st = open_regular(path)
         except OSError as e:
-            self.problems.setdefault(path, f"cannot be read ({e.strerror})")
+            self.problems.setdefault(path, f"cannot be read ({e.strerror or e})")
             return None
-        if inode is not None and st.st_ino != inode:
-            self.problems.setdefault(path, "was replaced on disk after it was mapped")
-            return None
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key in self._files:
-            self._files.move_to_end(key)
-            return self._files[key]
-        table = self._load_or_build(path, st)
+        try:
+            if inode is not None and st.st_ino != inode:
+                self.problems.setdefault(path, "was replaced on disk after it was mapped")
+                return None
+            key = FileId.of(st)
+            if key in self._files:
+                self._files.move_to_end(key)
+                return self._files[key]
+            table = self._load_or_build(open_regular_path(fd), path, st)
+        finally:
+            os.close(fd)
         self._files[key] = table
         self._trim()
         return table
 
-    def _load_or_build(self, path: str, st: os.stat_result) -> FileTable | None:
-        trusted = trusted_owner(st)
-        info = build.file_facts(path)
+    def _load_or_build(self, fd_path: str, path: str, st: os.stat_result) -> FileTable | None:
+        trusted = may_cache(st)
+        info = build.file_facts(fd_path)
         if info is None:
             self.problems.setdefault(path, "is not a readable ELF file")
             return None
-        key = cache.cache_key(info.build_id, file_identity(st))
+        key = cache_key(info.build_id, st)
         if trusted:
             table = cache.load(self.cache_dir, key)
             if table is not None:
                 self.cache_hits += 1
                 return table
         began = time.perf_counter()
-        table = build.compile_file(path, info, self.debug_root)
+        table = build.compile_file(fd_path, info, self.debug_root, origin=path)
         self.parse_seconds += time.perf_counter() - began
         self.parsed += 1
         if table is None:
