@@ -145,3 +145,14 @@ def test_a_replaced_file_is_not_trusted(lib: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # never blocks the client
     assert tables.file_table(str(fifo)) is None
+
+
+def test_prepare_builds_every_executable_mapping(lib: Path, tmp_path: Path) -> None:
+    ino = os.stat(lib).st_ino
+    maps = _maps("", str(lib), ino)
+    maps.mappings.append(
+        Mapping(0x7F00_0020_0000, 0x7F00_0030_0000, "r--p", 0, "00:00", ino, str(lib))
+    )
+    tables = UnwindTables(cache_dir=str(tmp_path / "c"))
+    tables.prepare(maps)
+    assert tables.parsed == 1 and len(tables._files) == 1

@@ -1,6 +1,6 @@
 """The unwinder on real stacks: programs built here with gcc -O2 (no frame
 pointers; stripped and not; without CFI), and Debian's own python3 and xz,
-sampled by tests/unwindsamples.py (SIGPROF: the interrupted registers and an
+sampled by bench/unwind_samples.py (SIGPROF: the interrupted registers and an
 8 KiB stack copy, as the BPF program takes them), unwound offline, and named
 by the symbolizer."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.unwind_samples import Capture, sample_run
 from gfxbpf.client.profile.elfinfo import read_info
 from gfxbpf.client.profile.elfsyms import function_ranges
 from gfxbpf.client.profile.model import RawStack
@@ -21,7 +22,6 @@ from gfxbpf.client.profile.symbolize import Symbolizer
 from gfxbpf.client.profile.unwind import Stop, UnwindResult, UnwindTables, marker_frame, unwind
 from gfxbpf.client.profile.unwind.table import CFA_NONE
 from tests.conftest import skip_or_fail
-from tests.unwindsamples import Capture, sample_run
 
 CHAIN_C = r"""
 #include <stdlib.h>

@@ -75,8 +75,10 @@ def compile_fdes(
     addresses, consecutive equal rules merged, an FDE that overlaps the one
     before it winning from its start on."""
     fdes = sorted(fdes, key=lambda f: f.start)
-    ids: dict[cfi.State, int] = {}
     rules = [NO_RULE]
+    ids: dict[cfi.State, int] = {}
+    # FDEs sharing instructions share their rows: turn each list into rule ids once.
+    by_list: dict[int, list[tuple[int, int]]] = {}
     starts: list[int] = []
     index: list[int] = []
     covered = 0  # the end of the last FDE
@@ -87,23 +89,31 @@ def compile_fdes(
         if starts and covered < f.start:
             starts.append(covered)
             index.append(0)
-        for loc, state in f.rows:
-            if loc >= f.end:
+        rows = by_list.get(id(f.rows))
+        if rows is None:
+            rows = by_list[id(f.rows)] = [(a, _rule_id(s, ids, rules)) for a, s in f.rows]
+        start, size = f.start, f.end - f.start
+        for rel, rid in rows:
+            if rel >= size:
                 break
-            rid = ids.get(state)
-            if rid is None:
-                rid = ids[state] = len(rules)
-                rules.append(_rule(state))
-            if starts and starts[-1] >= loc:
+            if starts and starts[-1] >= start + rel:
                 index[-1] = rid  # a later row at the same address
             elif not index or index[-1] != rid:
-                starts.append(loc)
+                starts.append(start + rel)
                 index.append(rid)
         covered = f.end
     if starts:
         starts.append(covered)
         index.append(0)
     return _table(segments, starts, index, rules, fdes, source)
+
+
+def _rule_id(state: cfi.State, ids: dict[cfi.State, int], rules: list[Rule]) -> int:
+    rid = ids.get(state)
+    if rid is None:
+        rid = ids[state] = len(rules)
+        rules.append(_rule(state))
+    return rid
 
 
 def _rule(state: cfi.State) -> Rule:

@@ -49,7 +49,9 @@ class CfiError(ValueError):
 class Fde:
     start: int
     end: int
-    rows: list[tuple[int, State]]  # (first address, state), sorted; the first at start
+    # (first address - start, state), sorted, the first at 0. FDEs with the
+    # same instructions share one list: do not change it.
+    rows: list[tuple[int, State]]
 
 
 @dataclass
@@ -383,10 +385,9 @@ class _Section:
             try:
                 rows = self.memo[key] = execute(code, cie, 0)
             except _Absolute:
-                rows = execute(code, cie, begin, self.addr + pos)
-                self.fdes.append(Fde(begin, begin + size, rows))
-                return
-        self.fdes.append(Fde(begin, begin + size, [(begin + a, s) for a, s in rows]))
+                absolute = execute(code, cie, begin, self.addr + pos)
+                rows = [(a - begin, s) for a, s in absolute]
+        self.fdes.append(Fde(begin, begin + size, rows))
 
 
 def _parse_cie(data: bytes, at: int, eh: bool) -> _Cie:

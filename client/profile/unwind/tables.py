@@ -95,6 +95,15 @@ class UnwindTables:
             idx = self._procs[maps.pid] = _ProcIndex(self, maps)
         return idx.resolve
 
+    def prepare(self, maps: ProcessMaps) -> None:
+        """Build (or load) the tables of every executable mapping now: call it
+        while sampling (e.g. in a thread), so a large library's first parse
+        does not stall the end of a profile."""
+        resolve = self.resolver(maps)
+        for m in maps.mappings:
+            if m.executable:
+                resolve(m.start)
+
     def locate(self, maps: ProcessMaps, m: Mapping) -> Located:
         """The table of the executable mapping m, and the pc -> vaddr delta."""
         if m.path == "[vdso]":
