@@ -77,12 +77,19 @@ class FileTable:
             return self.func_starts[i], self.func_ends[i]
         return None
 
-    def vaddr_delta(self, file_offset: int) -> int | None:
-        """What to add to a file offset to get its virtual address (None: not loaded)."""
+    def vaddr_delta(self, file_start: int, file_end: int | None = None) -> int | None:
+        """What to add to a file offset in [file_start, file_end) (a mapping's
+        range in the file) to get its virtual address; None if no segment
+        loads any of it. A mapping starts at its segment's offset rounded down
+        to a page, where another segment may end: the segment sharing the
+        most bytes with the range is the one mapped."""
+        end = file_end if file_end is not None else file_start + 1
+        best, delta = 0, None
         for off, vaddr, filesz in self.segments:
-            if off <= file_offset < off + filesz:
-                return vaddr - off
-        return None
+            shared = min(end, off + filesz) - max(file_start, off)
+            if shared > best:
+                best, delta = shared, vaddr - off
+        return delta
 
     def file_offset(self, vaddr: int) -> int | None:
         for off, seg_vaddr, filesz in self.segments:

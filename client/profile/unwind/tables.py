@@ -108,7 +108,7 @@ class UnwindTables:
         """The table of the executable mapping m, and the pc -> vaddr delta."""
         if m.path == "[vdso]":
             vdso = self._vdso_table()
-            seg = vdso.vaddr_delta(m.offset) if vdso is not None else None
+            seg = vdso.vaddr_delta(m.offset, m.offset + m.end - m.start) if vdso else None
             if vdso is None or seg is None:
                 return None, 0, Stop.NO_CFI
             return vdso, m.offset - m.start + seg, None
@@ -117,7 +117,7 @@ class UnwindTables:
         table = self.file_table(maps.root + m.file_path, m.inode)
         if table is None:
             return None, 0, Stop.NO_FILE
-        seg = table.vaddr_delta(m.offset)
+        seg = table.vaddr_delta(m.offset, m.offset + m.end - m.start)
         if seg is None:
             self.problems.setdefault(m.file_path, "maps code outside its load segments")
             return None, 0, Stop.NO_FILE
