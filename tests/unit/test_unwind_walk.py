@@ -174,6 +174,10 @@ def test_an_epilogue_that_popped_rbp_keeps_rbp() -> None:
 
 def test_a_zero_return_address_ends_the_stack() -> None:
     assert walk(LIB + LEAF, {0: 0}) == UnwindResult((LIB + LEAF,), None)
+    # A frame-pointer guess that finds a zero is no evidence of a root: rbp
+    # may point into a zeroed buffer.
+    got = walk(LIB + NOCFI, {0x20: 0, 0x28: 0}, bp=SP + 0x20)
+    assert got == UnwindResult((LIB + NOCFI,), Stop.NO_CFI)
 
 
 def test_marker_frames_and_counts() -> None:
