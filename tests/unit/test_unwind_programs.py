@@ -240,3 +240,23 @@ def test_through_the_vdso(folder: Path) -> None:
     for frames, stop in named:
         assert stop is None and frames[-1] == "_start" and "main" in frames, frames
         assert "spin" in frames, frames
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["in-file", "debug-file"])
+def test_debug_frame_fills_what_eh_frame_lacks(folder: Path, separate: bool) -> None:
+    # Built with -g but no unwind tables: the program's own code has CFI only
+    # in .debug_frame (the C runtime's _start still brings an .eh_frame);
+    # stripped, that moves to a separate debug file found by .gnu_debuglink.
+    flags = [*NO_FP, "-g", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
+    prog = _build(folder, f"chain-dbg-{separate}", flags)
+    if separate:
+        debug = prog.with_name(prog.name + ".debug")
+        subprocess.run(["objcopy", "--only-keep-debug", prog, debug], check=True)
+        subprocess.run(["strip", prog], check=True)
+        subprocess.run(["objcopy", f"--add-gnu-debuglink={debug}", prog], check=True)
+    table = UnwindTables(cache_dir=str(folder / "cache-dbg")).file_table(str(prog))
+    assert table is not None
+    want = "debug file .debug_frame" if separate else ".debug_frame"
+    assert table.source == f".eh_frame + {want}"
+    cap = sample_run([str(prog), ROUNDS], folder)
+    _check_chain(_names(_unwind_all(cap, folder / "cache"), cap.maps, folder))

@@ -4,6 +4,7 @@ and compiled into sorted rows with shared rules."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from array import array
@@ -35,20 +36,49 @@ def compile_file(
     path: str, info: ElfInfo, debug_root: str, origin: str | None = None
 ) -> FileTable | None:
     """The file's table; one with no rows if it has no CFI at all (frame
-    pointers are then the only way through it); None if it cannot be read.
-    origin: the file's own path when path is /proc/self/fd/N (its separate
-    debug file is looked for next to the origin)."""
-    found = _cfi_section(path, ".eh_frame") or _cfi_section(path, ".debug_frame")
-    source = ""
-    if found is None:
+    pointers are then the only way through it). .eh_frame first; its gaps
+    filled from .debug_frame: the file's own, or for a stripped file (no
+    .symtab) that of its separate debug file. A program built without unwind
+    tables still links the C runtime's few .eh_frame FDEs (_start), and has
+    the rest only in .debug_frame when built with -g. origin: the file's own
+    path when path is /proc/self/fd/N (its debug file is looked for there)."""
+    sources: list[str] = []
+    fdes = _parsed(_cfi_section(path, ".eh_frame"), sources, "")
+    found = _cfi_section(path, ".debug_frame")
+    prefix = ""
+    if found is None and not info.has_symtab:
         debug = debug_file(origin or path, info, debug_root)
         found = _cfi_section(debug, ".debug_frame") if debug else None
-        source = "debug file " if found else ""
+        prefix = "debug file "
+    extra = _parsed(found, sources, prefix)
+    return compile_fdes(info.segments, fdes + _gaps_only(fdes, extra), " + ".join(sources))
+
+
+def _parsed(found: tuple[str, bytes, int] | None, sources: list[str], prefix: str) -> list[cfi.Fde]:
+    """The FDEs of a section (a corrupt tail is dropped, the head kept)."""
     if found is None:
-        return compile_fdes(info.segments, [], "")
+        return []
     name, data, addr = found
-    fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame")  # a corrupt tail: keep the head
-    return compile_fdes(info.segments, fdes, source + name)
+    fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame")
+    if fdes:
+        sources.append(prefix + name)
+    return fdes
+
+
+def _gaps_only(have: list[cfi.Fde], more: list[cfi.Fde]) -> list[cfi.Fde]:
+    """The FDEs of more that overlap none of have (.eh_frame is what runs)."""
+    if not have or not more:
+        return more
+    ranges = sorted((f.start, f.end) for f in have)
+    starts = [r[0] for r in ranges]
+    out = []
+    for f in more:
+        i = bisect.bisect_right(starts, f.start) - 1
+        before = i >= 0 and ranges[i][1] > f.start  # one starting at or before f runs into it
+        after = i + 1 < len(ranges) and ranges[i + 1][0] < f.end  # the next begins inside f
+        if not (before or after):
+            out.append(f)
+    return out
 
 
 def _cfi_section(path: str, name: str) -> tuple[str, bytes, int] | None:
