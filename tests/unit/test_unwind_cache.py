@@ -156,3 +156,25 @@ def test_prepare_builds_every_executable_mapping(lib: Path, tmp_path: Path) -> N
     tables = UnwindTables(cache_dir=str(tmp_path / "c"))
     tables.prepare(maps)
     assert tables.parsed == 1 and len(tables._files) == 1
+
+
+def test_the_symbolizer_marks_and_counts_stopped_stacks(tmp_path: Path) -> None:
+    from gfxbpf.client.profile.model import RawStack
+    from gfxbpf.client.profile.procmaps import capture
+    from gfxbpf.client.profile.symbolize import Symbolizer
+
+    maps = capture(os.getpid())
+    assert maps is not None
+    code = next(m for m in maps.mappings if m.executable and m.is_file)
+    sym = Symbolizer(cache_dir=str(tmp_path / "sym"))
+    sym.add_process(os.getpid(), maps)
+    addr = code.start + 0x10
+    raw = [
+        RawStack(os.getpid(), (addr,), False, 5, comm="me", unwind_stop="truncated"),
+        RawStack(os.getpid(), (addr,), False, 95, comm="me"),
+    ]
+    prof = sym.symbolize(raw, "samples")
+    stopped = [k for k in prof.stacks if "[unwind stopped: stack copy too short]" in k]
+    assert len(stopped) == 1 and stopped[0][1] == "[unwind stopped: stack copy too short]"
+    assert prof.stacks[stopped[0]] == 5
+    assert any(n.startswith("5.0% of the user stacks stop early") for n in prof.notes), prof.notes
