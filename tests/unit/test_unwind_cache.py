@@ -14,7 +14,7 @@ import pytest
 from gfxbpf.client.profile.fileid import cache_key
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profile.unwind import Stop, UnwindTables, cache
-from gfxbpf.client.profile.unwind.table import CFA_NONE
+from gfxbpf.client.profile.unwind.table import CFA_NONE, FileTable
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -178,3 +178,26 @@ def test_the_symbolizer_marks_and_counts_stopped_stacks(tmp_path: Path) -> None:
     assert len(stopped) == 1 and stopped[0][1] == "[unwind stopped: stack copy too short]"
     assert prof.stacks[stopped[0]] == 5
     assert any(n.startswith("5.0% of the user stacks stop early") for n in prof.notes), prof.notes
+
+
+def test_a_large_file_is_served_by_its_search_table_while_compiled_aside(
+    lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gfxbpf.client.profile.unwind import lazy
+
+    monkeypatch.setattr(lazy, "LAZY_MIN_BYTES", 0)  # libc stands in for libtorch
+    full = UnwindTables(cache_dir=str(tmp_path / "full"), lazy=False).file_table(str(lib))
+    folder = tmp_path / "c"
+    tables = UnwindTables(cache_dir=str(folder))
+    quick = tables.file_table(str(lib))
+    assert isinstance(quick, lazy.LazyTable) and isinstance(full, FileTable)
+    # Every row of the whole table, and the byte before and after it, agree.
+    for vaddr in full.starts:
+        for probe in (vaddr - 1, vaddr, vaddr + 1):
+            assert quick.rule(probe) == full.rule(probe), hex(probe)
+    for start, end in zip(full.func_starts, full.func_ends, strict=True):
+        assert quick.function(start) == full.function(start) == (start, end)
+    tables.wait(60)
+    assert isinstance(tables.file_table(str(lib)), FileTable)  # swapped in once compiled
+    again = UnwindTables(cache_dir=str(folder))
+    assert isinstance(again.file_table(str(lib)), FileTable) and again.cache_hits == 1

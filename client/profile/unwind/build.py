@@ -22,7 +22,7 @@ from gfxbpf.client.profile.unwind.table import (
     Rule,
 )
 
-__all__ = ["compile_fdes", "compile_file", "file_facts"]
+__all__ = ["compile_fdes", "compile_file", "file_facts", "rule_of"]
 
 _KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT}
 
@@ -142,11 +142,12 @@ def _rule_id(state: cfi.State, ids: dict[cfi.State, int], rules: list[Rule]) -> 
     rid = ids.get(state)
     if rid is None:
         rid = ids[state] = len(rules)
-        rules.append(_rule(state))
+        rules.append(rule_of(state))
     return rid
 
 
-def _rule(state: cfi.State) -> Rule:
+def rule_of(state: cfi.State) -> Rule:
+    """The Rule a row's state means."""
     reg, off, rbp, ra, arg = state
     kind = _KINDS.get(reg, CFA_UNSUPPORTED)
     if kind == CFA_UNSUPPORTED:
