@@ -352,7 +352,9 @@ def _attach(broker: Broker, args: argparse.Namespace) -> Attachment:
     if args.name == CUDA_PROGRAM and not args.library:
         if not args.pid:
             raise UsageError("cuda needs --pid PID: a process of yours that uses CUDA")
-        args.library = _cuda_view().find_libcuda_in_tree(args.pid, not args.no_children)
+        from gfxbpf.client import libcuda  # only for watch cuda: start-up stays light
+
+        args.library = libcuda.find_libcuda_in_tree(args.pid, not args.no_children)
     try:
         return broker.attach(
             args.name,

@@ -98,21 +98,19 @@ def main_policy(limits: dict[str, int] | None = None) -> str:
     )
 
 
+# Objects the tests upload (the conftest's broker installs them too).
+BROKER_INSTALL = (PROBE_WRITE_USER, TRACE_PRINTK, KSYM_ADDRESS)
+
+
 def start_broker(policy: str, **kw: Any) -> BrokerProcess:
     broker = BrokerProcess.start(policy, **kw)
-    for obj in (PROBE_WRITE_USER, TRACE_PRINTK, KSYM_ADDRESS):
+    for obj in BROKER_INSTALL:
         broker.install(obj)
     return broker
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    b = start_broker(main_policy())
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.stderr()
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    return main_policy()
 
 
 @pytest.fixture

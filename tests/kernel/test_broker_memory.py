@@ -12,8 +12,6 @@ decoded types are bounded), and no fd may be left behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.kernel.brokerenv import ALICE, BrokerProcess, Client, policy_for
@@ -29,17 +27,11 @@ def _rss_kib(broker: BrokerProcess) -> int:
     return int(broker.status()["VmRSS"].split()[0])
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
+def broker_policy(request: pytest.FixtureRequest) -> str:
     # Each cycle creates execsnoop's maps anew: lift the per-user map budget
     # and the audit rate, which would otherwise refuse or summarise the cycles.
     limits = {"map_bytes_per_user": 2**31 - 1, "audit_lines_per_second": 1_000_000}
-    policy = policy_for({"execsnoop": {"users": [ALICE], "scope": ["self"]}}, limits)
-    b = BrokerProcess.start(policy)
-    try:
-        yield b
-    finally:
-        b.stop()
+    return policy_for({"execsnoop": {"users": [ALICE], "scope": ["self"]}}, limits)
 
 
 def test_core_attach_detach_cycles_keep_memory_bounded(broker: BrokerProcess) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -113,13 +112,8 @@ def test_without_btf_or_tracefs_execsnoop_says_what_is_missing(
     assert "btf (needs kernel BTF with btf_trace_sched_process_exec)" in msg
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    b = BrokerProcess.start(policy_for({"execsnoop": {"users": [ALICE], "scope": ["self"]}}))
-    try:
-        yield b
-    finally:
-        b.stop()
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    return policy_for({"execsnoop": {"users": [ALICE], "scope": ["self"]}})
 
 
 def test_broker_runs_the_btf_build_with_exact_events(broker: BrokerProcess) -> None:

@@ -48,10 +48,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     yield out
 
 
-@pytest.fixture(scope="module")
-def broker(built: dict[str, Path]) -> Iterator[BrokerProcess]:
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    built: dict[str, Path] = request.getfixturevalue("built")
     libs = [f"{built['base']}/*/libcuda.so.1"]
-    text = policy_for(
+    return policy_for(
         {
             "cuda": [
                 {"users": [ALICE], "scope": "self", "libraries": libs},
@@ -61,11 +61,6 @@ def broker(built: dict[str, Path]) -> Iterator[BrokerProcess]:
             ]
         },
     )  # fmt: skip
-    b = BrokerProcess.start(text)
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _workload(built: dict[str, Path], user: str, which: str = "new") -> cs.Workload:

@@ -58,15 +58,13 @@ def built() -> Iterator[Built]:
     yield out
 
 
-@pytest.fixture(scope="module")
-def broker(built: Built) -> Iterator[BrokerProcess]:
+BROKER_START = {"grpc": False}
+
+
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    built: Built = request.getfixturevalue("built")
     libs = [f"{built.base}/lib/libcuda.so.1"]
-    text = policy_for({"cuda": [{"users": [ALICE, BOB], "scope": "self", "libraries": libs}]})
-    b = BrokerProcess.start(text, grpc=False)
-    try:
-        yield b
-    finally:
-        b.stop()
+    return policy_for({"cuda": [{"users": [ALICE, BOB], "scope": "self", "libraries": libs}]})
 
 
 def workload(built: Built, user: str) -> cs.Workload:

@@ -19,7 +19,6 @@ import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +68,11 @@ def fuzz_policy() -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    b = BrokerProcess.start(fuzz_policy())
-    b.install(FUZZCLIENT)
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.stderr()
+BROKER_INSTALL = (FUZZCLIENT,)
+
+
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    return fuzz_policy()
 
 
 def _start(broker: BrokerProcess, user: str, *args: str) -> subprocess.Popen[str]:

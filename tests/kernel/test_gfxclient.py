@@ -17,7 +17,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +48,8 @@ SYSCALL_MAKER = (
 )
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    text = policy_for(
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    return policy_for(
         {
             "syscount": {"users": [ALICE], "scope": "self"},
             "execsnoop": {"users": [ALICE], "scope": "self"},
@@ -59,11 +57,6 @@ def broker() -> Iterator[BrokerProcess]:
             "ucalls": {"users": [ALICE], "scope": "self", "libraries": ["/usr/bin/true"]},
         }
     )
-    b = BrokerProcess.start(text)
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def client_argv(broker: BrokerProcess, via: str, *args: str) -> list[str]:

@@ -27,7 +27,6 @@ import os
 import subprocess
 import textwrap
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -169,14 +168,9 @@ def _policy(limits: dict[str, int] | None = None) -> str:
     return policy_for({"syscount": {"users": [ALICE], "scope": "self"}}, limits=limits)
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
+def broker_policy(request: pytest.FixtureRequest) -> str:
     # The policy's default limits: what a deployment gets.
-    b = BrokerProcess.start(_policy())
-    try:
-        yield b
-    finally:
-        b.stop()
+    return _policy()
 
 
 def _threads(broker: BrokerProcess) -> int:

@@ -50,9 +50,9 @@ def progs() -> Iterator[dict[str, Path]]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def broker(progs: dict[str, Path]) -> Iterator[BrokerProcess]:
-    text = policy_for(
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    progs: dict[str, Path] = request.getfixturevalue("progs")
+    return policy_for(
         {
             "profile": {"users": [ALICE], "scope": "self", "max_frequency": 999},
             "ustacks": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
@@ -60,11 +60,6 @@ def broker(progs: dict[str, Path]) -> Iterator[BrokerProcess]:
         },
         limits={"map_bytes_per_user": 1 << 30},  # several profiles of ~6.3 MiB each
     )
-    b = BrokerProcess.start(text)
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _seen(summary: dict[str, Any]) -> dict[str, int]:

@@ -1,0 +1,32 @@
+"""The kernel tests' shared broker: one per test module.
+
+A module that uses the `broker` fixture says what its broker needs:
+`broker_policy(request) -> str`, the policy text (it may ask other fixtures
+through request.getfixturevalue), and optionally `BROKER_START` (keyword
+arguments for BrokerProcess.start, e.g. {"grpc": False}) and
+`BROKER_INSTALL` (files copied where the broker's users can run them).
+The broker runs as the service user with only CAP_BPF+CAP_PERFMON
+(tests/kernel/brokerenv.py) and must stop cleanly when the module ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.kernel.brokerenv import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    module = request.module
+    policy = module.broker_policy(request)
+    b = BrokerProcess.start(policy, **getattr(module, "BROKER_START", {}))
+    try:
+        for path in getattr(module, "BROKER_INSTALL", ()):
+            b.install(path)
+        yield b
+    finally:
+        code = b.stop()
+        assert code == 0, f"the broker exited {code}: {b.stderr()[-4000:]}"
