@@ -11,6 +11,7 @@
  * taken (a kernel thread, a full or colliding stack table) keeps the
  * negative error as its stack id: it is counted, not dropped.
  */
+#include "gfx_task.h"
 #include "gfx_ustack.h"
 #include <linux/bpf_perf_event.h>
 
@@ -40,7 +41,7 @@ int profile_sample(struct bpf_perf_event_data *ctx)
 	struct sample_key key = {};
 	__u64 one = 1;
 
-	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid))
+	if (!gfx_tgid_ok(target_pid) || !gfx_task_ok(target_uid))
 		return 0;
 	key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	key.user_stack = gfx_user_stack(ctx);

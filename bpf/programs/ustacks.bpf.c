@@ -11,6 +11,7 @@
  * in the key (`caller`), and the client puts it back between the
  * function and the rest of the stack.
  */
+#include "gfx_task.h"
 #include "gfx_ucall.h"
 #include "gfx_ustack.h"
 #include <linux/ptrace.h>
@@ -61,7 +62,7 @@ int ustack_entry(struct pt_regs *ctx)
 	struct entry_key ek;
 	struct entry_val ev = {};
 
-	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
+	if (!gfx_tgid_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	/* Field by field: a constant initializer would land in .rodata.cst16. */
 	first.calls = 1;
@@ -87,7 +88,7 @@ int ustack_return(struct pt_regs *ctx)
 	struct entry_key ek;
 	__u64 delta;
 
-	if (!gfx_tgid_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
+	if (!gfx_tgid_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	gfx_entry_key(&ek, function);
 	ev = gfx_entry_elapsed(&entry_ts, &ek, &delta);
