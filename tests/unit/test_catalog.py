@@ -41,6 +41,7 @@ EXPECTED = {
     "cuda",
     "profile",
     "ustacks",
+    "stackcopy",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -128,6 +129,7 @@ KNOB_DEFAULTS = {
     "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "profile": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
