@@ -21,6 +21,8 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from gfxbpf.client.profile.unwind.result import StopCounts
+
 __all__ = ["MAX_DEPTH", "THREAD_ROOTS", "Kind", "StackCheck", "classify"]
 
 # Functions a complete user stack starts in (glibc's and musl's thread entries).
@@ -72,6 +74,9 @@ class StackCheck:
     too_deep: int = 0  # weight of stacks that hit the depth limit
     max_depth: int = MAX_DEPTH  # frames the stack table keeps
     unmapped: int = 0  # weight of stacks of processes with no maps snapshot
+    # Stacks unwound from a stack copy (client/profile/unwind) that stopped
+    # early, by reason: they carry a marker frame, not the frame-pointer advice.
+    stops: StopCounts = field(default_factory=StopCounts)
 
     def add(self, frames_root_first: list[tuple[str, str | None]], weight: int) -> None:
         """One user stack: (name, file it lies in) per frame, root first."""
@@ -91,11 +96,17 @@ class StackCheck:
     def add_lost(self, reason: str, weight: int) -> None:
         self.lost[reason] += weight
 
+    def add_stopped(self, kind: Kind, stop: str, weight: int) -> None:
+        """An unwound stack that ended early for reason stop (a Stop value)."""
+        self.objects |= kind[2]
+        self.stops.add(stop, weight)
+
     def notes(self) -> list[str]:
         out = []
         cut = sum(self.cut.values())
         lost = sum(self.lost.values())
-        total = self.complete + cut + lost + self.too_deep + self.unmapped
+        stopped = sum(self.stops.stopped.values())
+        total = self.complete + cut + lost + self.too_deep + self.unmapped + stopped
         if total and self.unmapped:
             out.append(
                 f"{self.unmapped * 100 / total:.1f}% of the weight is from processes whose "
@@ -108,6 +119,8 @@ class StackCheck:
                 "callers are missing (deep stacks that share their innermost "
                 f"{self.max_depth} frames are merged)"
             )
+        if total and stopped / total >= _NOTE_SHARE:
+            out += self.stops.notes(total=total, min_share=_NOTE_SHARE)
         if total and cut / total >= _NOTE_SHARE:
             where = ", ".join(
                 f"{os.path.basename(obj)} ({w * 100 / cut:.0f}%)"

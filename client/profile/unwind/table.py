@@ -1,0 +1,96 @@
+"""One file's compiled unwind table: sorted rows pc -> rule, and the
+function ranges of its FDEs. Built once per file (build.py), kept in memory
+and on disk (cache.py).
+
+A row holds a 16- or 32-bit index into a small list of distinct rules (a
+library of 100,000 functions has a few hundred), so a row costs 6 to 8 bytes
+and a lookup is one bisect and two list indexings.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = [
+    "CFA_NONE",
+    "CFA_PLT",
+    "CFA_RBP",
+    "CFA_RSP",
+    "CFA_UNSUPPORTED",
+    "REG_SAME",
+    "REG_UNDEFINED",
+    "REG_UNKNOWN",
+    "FileTable",
+    "Rule",
+]
+
+# How the CFA (the caller's sp, just above the return address) is found.
+CFA_NONE = 0  # no CFI covers this pc
+CFA_RSP = 1  # rsp + off
+CFA_RBP = 2  # rbp + off
+CFA_PLT = 3  # a PLT entry: rsp + off, + 8 once past its push (arg: the pc & 15 threshold)
+CFA_UNSUPPORTED = 4  # another register or an expression this unwinder does not evaluate
+
+# Register rules besides "saved at CFA + n" (n is always a multiple of -8 on x86-64).
+REG_SAME = 1  # the caller's value is this frame's (not saved)
+REG_UNDEFINED = 3  # no caller value: for the return address, the outermost frame
+REG_UNKNOWN = 5  # saved in another register or by an expression: not followed
+
+
+class Rule(NamedTuple):
+    """How to find the caller's frame at one pc."""
+
+    cfa: int  # CFA_*
+    off: int  # offset added to the CFA register
+    rbp: int  # REG_SAME / REG_UNKNOWN / REG_UNDEFINED, or where rbp is saved (CFA + rbp)
+    ra: int  # where the return address is saved (CFA + ra), or REG_UNDEFINED
+    arg: int = 0  # CFA_PLT: the threshold of pc & 15 above which 8 more bytes are pushed
+
+
+NO_RULE = Rule(CFA_NONE, 0, REG_SAME, REG_UNDEFINED)
+
+
+@dataclass
+class FileTable:
+    """The rows and function ranges of one ELF file, in its virtual addresses."""
+
+    segments: tuple[tuple[int, int, int], ...]  # PT_LOAD (p_offset, p_vaddr, p_filesz)
+    starts: array[int]  # row start addresses, sorted ("I" or "Q")
+    index: array[int]  # per row, an index into rules ("H" or "I")
+    rules: list[Rule]  # rules[0] is NO_RULE (gaps between FDEs)
+    func_starts: array[int]  # FDE ranges, sorted by start
+    func_ends: array[int]
+    source: str = ".eh_frame"  # where the rows came from (".debug_frame", "debug file", "")
+
+    def rule(self, vaddr: int) -> Rule:
+        """The rule in force at vaddr (NO_RULE where no FDE covers it)."""
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        return self.rules[self.index[i]] if i >= 0 else self.rules[0]
+
+    def function(self, vaddr: int) -> tuple[int, int] | None:
+        """(start, end) of the FDE covering vaddr: a function, for stripped files."""
+        i = bisect.bisect_right(self.func_starts, vaddr) - 1
+        if i >= 0 and vaddr < self.func_ends[i]:
+            return self.func_starts[i], self.func_ends[i]
+        return None
+
+    def vaddr_delta(self, file_offset: int) -> int | None:
+        """What to add to a file offset to get its virtual address (None: not loaded)."""
+        for off, vaddr, filesz in self.segments:
+            if off <= file_offset < off + filesz:
+                return vaddr - off
+        return None
+
+    def file_offset(self, vaddr: int) -> int | None:
+        for off, seg_vaddr, filesz in self.segments:
+            if seg_vaddr <= vaddr < seg_vaddr + filesz:
+                return vaddr - seg_vaddr + off
+        return None
+
+    def nbytes(self) -> int:
+        """Memory of the arrays (what the cache bounds)."""
+        arrays = (self.starts, self.index, self.func_starts, self.func_ends)
+        return sum(a.itemsize * len(a) for a in arrays) + 80 * len(self.rules)
