@@ -28,18 +28,23 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.client import profile, profile_read
 from gfxbpf.client.broker import Broker
-from gfxbpf.client.errors import ClientError, UsageError
+from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.profile.writers import FORMATS
+from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
     from gfxbpf.client.profile import Profile, RawStack, Symbolizer
+    from gfxbpf.client.profile.procmaps import ProcessMaps
+    from gfxbpf.client.profile.unwind import UnwindTables
+    from gfxbpf.client.profile_copies import CopyReader
 
 # The symbolizer and the file writers are reached through the package (which
 # imports them on first use): every gfxclient command imports this module to
 # build its parser (issue #15).
 
 DEFAULT_FREQUENCY = 99
+STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
 TOP_N = 15
 # Default file names when --format is given without -o.
 DEFAULT_FILES = {
@@ -278,13 +283,23 @@ class Maps:
     def __init__(self, symbolizer: Symbolizer) -> None:
         self.symbolizer = symbolizer
         self.seen: set[int] = set()
+        # The first snapshot of each process: the symbolizer merges later ones
+        # into it, so it is the whole picture the unwinder should see too.
+        self.procs: dict[int, ProcessMaps] = {}
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
             maps = profile.capture(pid)
             if maps is not None and maps.mappings:  # a zombie has none
+                self.procs.setdefault(pid, maps)
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
+
+    def process(self, pid: int) -> ProcessMaps | None:
+        """The process's maps, captured now if it was never seen (scope-wide runs)."""
+        if pid not in self.procs:
+            self.capture([pid])
+        return self.procs.get(pid)
 
 
 # ------------------------------------------------------------------ sampling
@@ -313,6 +328,8 @@ class Run:
     # Stack id -> user addresses, read while sampling: an id keeps its stack for
     # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Program stackcopy: its records, unwound as they are read (no stack table).
+    copies: CopyReader | None = None
 
     @property
     def targets(self) -> list[int]:
@@ -338,6 +355,10 @@ class Run:
         (through the broker, as over gRPC, only to show progress or find pids)."""
         if self.targets:
             self.maps.capture(self.targets)
+        if self.copies is not None:
+            self.copies.drain()
+            self.samples = self.copies.samples
+            return
         direct = self.att.map(self.counts_map).fd is not None
         if read and (direct or progress or not self.targets):
             entries = self.att.map(self.counts_map).raw_items()
@@ -399,6 +420,9 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             what = "calls" if run.req.probes else "samples"
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
             progress.flush()
+        if run.copies is not None:  # the ring holds ~250 ms of a CPU at 999 Hz
+            run.copies.drain(0.05)
+            continue
         # Often at first: a short-lived process must be caught with its libraries.
         stop.wait(0.05 if run.elapsed() < 1.0 else 0.25)
     run.ended = time.monotonic()
@@ -410,6 +434,10 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
 def collect(run: Run) -> tuple[list[RawStack], int]:
     """Raw stacks from the maps (targets only), and the count the tables lost."""
     att, req = run.att, run.req
+    if run.copies is not None:
+        while run.copies.drain():  # what came in since the last look
+            pass
+        return run.copies.raw_stacks(), profile_read.lost_count(att.map("lost").raw_items())
     entries = att.map(run.counts_map).raw_items()
     run.read_stacks(entries)
     stacks = run.stacks
@@ -428,7 +456,30 @@ def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | N
         return broker.attach(
             "ustacks", scope=args.scope, pid=pid, library=req.library, functions=req.functions
         )
+    if args.scope in (None, "self"):
+        try:  # complete stacks from stack copies, where the policy allows them
+            return broker.attach("stackcopy", scope="self", pid=pid, frequency=req.frequency)
+        except BrokerError as e:
+            if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
+                raise
+            # Not granted (or an older broker): frame-pointer stacks, as before.
     return broker.attach("profile", scope=args.scope, pid=pid, frequency=req.frequency)
+
+
+def _unwind_tables() -> UnwindTables:
+    """One set of unwind tables per run, shared by the unwinder and the symbolizer."""
+    from gfxbpf.client.profile.unwind import UnwindTables
+
+    return UnwindTables()
+
+
+def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> CopyReader:
+    from gfxbpf.client.profile.unwind import MAX_FRAMES
+    from gfxbpf.client.profile_copies import CopyReader
+
+    symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
+    stream = r.att.open_events(STACK_COPIES)
+    return CopyReader(stream, r.maps.process, tables, r.targets)
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:
@@ -461,7 +512,8 @@ def _run(
     stop: Stopper,
 ) -> int:
     req = parse_request(args)
-    symbolizer = profile.Symbolizer()
+    tables = None if req.probes else _unwind_tables()
+    symbolizer = profile.Symbolizer(unwind_tables=tables)
     child = Child(req.command) if req.command else None
     try:
         broker = connect(args)
@@ -476,7 +528,10 @@ def _run(
         raise
     with broker:
         r = Run(req, att, Maps(symbolizer), child)
-        symbolizer.stack_depth = att.map("stacks").desc.value_size // 8
+        if STACK_COPIES in att.maps and tables is not None:
+            r.copies = _copy_reader(r, symbolizer, tables)
+        else:
+            symbolizer.stack_depth = att.map("stacks").desc.value_size // 8
         try:
             if child is not None:
                 child.release()

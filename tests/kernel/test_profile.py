@@ -183,6 +183,7 @@ def broker(progs: dict[str, Path]) -> Iterator[BrokerProcess]:
     text = policy_for(
         {
             "profile": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
+            "stackcopy": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
             "ustacks": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
         },
         # A profile's maps are ~6.3 MiB; this module takes more than 64 MiB of them in 600 s.
