@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from gfxbpf.client.profile import Profile, RawStack, Symbolizer
     from gfxbpf.client.profile.procmaps import ProcessMaps
     from gfxbpf.client.profile.unwind import UnwindTables
-    from gfxbpf.client.profile_copies import CopyReader
+    from gfxbpf.client.profile_copies import CopyReader, ProbeCopyReader
+
+    Copies = CopyReader | ProbeCopyReader
 
 # The symbolizer and the file writers are reached through the package (which
 # imports them on first use): every gfxclient command imports this module to
@@ -328,8 +330,8 @@ class Run:
     # Stack id -> user addresses, read while sampling: an id keeps its stack for
     # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # Program stackcopy: its records, unwound as they are read (no stack table).
-    copies: CopyReader | None = None
+    # Programs stackcopy, ustackcopy: records unwound as they are read (no stack table).
+    copies: Copies | None = None
 
     @property
     def targets(self) -> list[int]:
@@ -357,7 +359,7 @@ class Run:
             self.maps.capture(self.targets)
         if self.copies is not None:
             self.copies.drain()
-            self.samples = self.copies.samples
+            self.samples = self.copies.records
             return
         direct = self.att.map(self.counts_map).fd is not None
         if read and (direct or progress or not self.targets):
@@ -435,9 +437,7 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
     """Raw stacks from the maps (targets only), and the count the tables lost."""
     att, req = run.att, run.req
     if run.copies is not None:
-        while run.copies.drain():  # what came in since the last look
-            pass
-        return run.copies.raw_stacks(), profile_read.lost_count(att.map("lost").raw_items())
+        return _collect_copies(run, run.copies)
     entries = att.map(run.counts_map).raw_items()
     run.read_stacks(entries)
     stacks = run.stacks
@@ -448,22 +448,44 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
     return raw, profile_read.lost_count(att.map("lost").raw_items())
 
 
+def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
+    from gfxbpf.client.profile_copies import CopyReader
+
+    while copies.drain():  # what came in since the last look
+        pass
+    lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if isinstance(copies, CopyReader):
+        return copies.raw_stacks(), lost
+    entries = run.att.map("calls").raw_items()
+    req = run.req
+    return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
+
+
 # ------------------------------------------------------------------ the command
 
 
 def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | None) -> Attachment:
     if req.probes:
-        return broker.attach(
-            "ustacks", scope=args.scope, pid=pid, library=req.library, functions=req.functions
-        )
-    if args.scope in (None, "self"):
-        try:  # complete stacks from stack copies, where the policy allows them
-            return broker.attach("stackcopy", scope="self", pid=pid, frequency=req.frequency)
-        except BrokerError as e:
-            if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
-                raise
-            # Not granted (or an older broker): frame-pointer stacks, as before.
-    return broker.attach("profile", scope=args.scope, pid=pid, frequency=req.frequency)
+        where: dict[str, Any] = {"library": req.library, "functions": req.functions}
+        copies = _try_copies(broker, args, "ustackcopy", pid=pid, **where)
+        return copies or broker.attach("ustacks", scope=args.scope, pid=pid, **where)
+    copies = _try_copies(broker, args, "stackcopy", pid=pid, frequency=req.frequency)
+    return copies or broker.attach("profile", scope=args.scope, pid=pid, frequency=req.frequency)
+
+
+def _try_copies(
+    broker: Broker, args: argparse.Namespace, name: str, **kw: Any
+) -> Attachment | None:
+    """The stack-copy program, for complete stacks; None where it is not granted
+    (or an older broker lacks it): then frame-pointer stacks, as before."""
+    if args.scope not in (None, "self"):
+        return None  # copies are process memory: scope self only
+    try:
+        return broker.attach(name, scope="self", **kw)
+    except BrokerError as e:
+        if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
+            raise
+        return None
 
 
 def _unwind_tables() -> UnwindTables:
@@ -473,12 +495,14 @@ def _unwind_tables() -> UnwindTables:
     return UnwindTables()
 
 
-def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> CopyReader:
+def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
     from gfxbpf.client.profile.unwind import MAX_FRAMES
-    from gfxbpf.client.profile_copies import CopyReader
+    from gfxbpf.client.profile_copies import CopyReader, ProbeCopyReader
 
     symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
     stream = r.att.open_events(STACK_COPIES)
+    if r.req.probes:
+        return ProbeCopyReader(stream, r.maps.process, tables)
     return CopyReader(stream, r.maps.process, tables, r.targets)
 
 
@@ -512,7 +536,7 @@ def _run(
     stop: Stopper,
 ) -> int:
     req = parse_request(args)
-    tables = None if req.probes else _unwind_tables()
+    tables = _unwind_tables()
     symbolizer = profile.Symbolizer(unwind_tables=tables)
     child = Child(req.command) if req.command else None
     try:
@@ -528,7 +552,7 @@ def _run(
         raise
     with broker:
         r = Run(req, att, Maps(symbolizer), child)
-        if STACK_COPIES in att.maps and tables is not None:
+        if STACK_COPIES in att.maps:
             r.copies = _copy_reader(r, symbolizer, tables)
         else:
             symbolizer.stack_depth = att.map("stacks").desc.value_size // 8

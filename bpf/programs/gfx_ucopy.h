@@ -75,10 +75,11 @@ struct {
 	__uint(max_entries, 2 << 20);
 } stack_copies SEC(".maps");
 
-/* 0 -> records dropped because the ring buffer was full */
+/* 0 -> records dropped because the ring buffer was full;
+ * 1 -> (ustackcopy) calls not counted because the calls table was full */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, __u64);
 } lost SEC(".maps");

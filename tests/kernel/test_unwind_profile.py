@@ -57,6 +57,28 @@ int main(int argc, char **argv)
 }
 """
 
+# A shared-library function called from two code paths, -O2 both sides.
+LIB_C = r"""
+volatile unsigned long lib_sink;
+__attribute__((noinline)) void fake_launch(unsigned long x) { lib_sink += x; }
+"""
+CALLER_C = r"""
+#include <stdlib.h>
+void fake_launch(unsigned long x);
+volatile unsigned long sink;
+__attribute__((noinline)) void do_a(unsigned long i) { fake_launch(i); sink++; }
+__attribute__((noinline)) void run_a(unsigned long i) { do_a(i); sink++; }
+__attribute__((noinline)) void do_b(unsigned long i) { fake_launch(i * 3); sink++; }
+__attribute__((noinline)) void run_b(unsigned long i) { do_b(i); sink++; }
+int main(int argc, char **argv)
+{
+    unsigned long na = strtoul(argv[1], 0, 10), nb = strtoul(argv[2], 0, 10);
+    for (unsigned long i = 0; i < na; i++) run_a(i);
+    for (unsigned long i = 0; i < nb; i++) run_b(i);
+    return 0;
+}
+"""
+
 PY_LOOP = (
     "import time\n"
     "def inner(n):\n"
@@ -93,6 +115,22 @@ def work() -> Iterator[Path]:
         capture_output=True,
     )
     (d / "chain").chmod(0o755)
+    (d / "lib.c").write_text(LIB_C)
+    (d / "caller.c").write_text(CALLER_C)
+    o2 = [gcc, "-O2", "-fomit-frame-pointer"]
+    subprocess.run(
+        [*o2, "-shared", "-fPIC", str(d / "lib.c"), "-o", str(d / "liblaunch.so")],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*o2, str(d / "caller.c"), "-o", str(d / "caller"), f"-L{d}", "-llaunch"]
+        + ["-Wl,-rpath,$ORIGIN"],
+        check=True,
+        capture_output=True,
+    )
+    for name in ("liblaunch.so", "caller"):
+        (d / name).chmod(0o755)
     (d / "random.bin").write_bytes(os.urandom(8 << 20))
     os.chown(d / "random.bin", *ensure_user(ALICE))  # xz gives its output the input's owner
     (d / "loop.py").write_text(PY_LOOP)
@@ -102,11 +140,14 @@ def work() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
+def broker(work: Path) -> Iterator[BrokerProcess]:
+    lib = {"users": [ALICE], "scope": "self", "libraries": [str(work / "liblaunch.so")]}
     text = policy_for(
         {
             "profile": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
             "stackcopy": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
+            "ustacks": lib,
+            "ustackcopy": lib,
         },
         limits={"map_bytes_per_user": 1 << 30},
     )
@@ -181,6 +222,31 @@ def test_debian_python_reaches_py_bytes_main_without_garbage_towers(
         return any(len(set(frames[i : i + 8])) == 1 for i in range(len(frames) - 7))
 
     assert share(stacks, tower) < 0.01, [s for s in stacks if tower(s[0])][:5]
+
+
+def test_stacks_at_a_library_function_from_two_paths_count_exactly(
+    broker: BrokerProcess, work: Path
+) -> None:
+    na, nb = 1000, 3000
+    out = work / "calls.folded"
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json", "profile"]
+    argv += ["--stacks-at", f"{work / 'liblaunch.so'}:fake_launch", "--format", "folded"]
+    argv += ["-o", str(out), "--", str(work / "caller"), str(na), str(nb)]
+    r = run_as(ALICE, argv, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"] == na + nb, r.stdout
+    rooted: dict[str, int] = {}
+    for frames, n in stacks_of(out):
+        assert "main" in frames, frames
+        key = ";".join(frames[frames.index("main") :])
+        rooted[key] = rooted.get(key, 0) + n
+    assert rooted == {
+        "main;run_a;do_a;fake_launch": na,
+        "main;run_b;do_b;fake_launch": nb,
+    }, rooted
+    # ... and below main, the start code: the whole stack was unwound.
+    assert all("__libc_start_main" in ";".join(f) for f, _ in stacks_of(out)), out.read_text()
+    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
 
 
 def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) -> None:

@@ -42,6 +42,7 @@ EXPECTED = {
     "profile",
     "ustacks",
     "stackcopy",
+    "ustackcopy",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -130,6 +131,7 @@ KNOB_DEFAULTS = {
     "profile": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
