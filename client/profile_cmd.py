@@ -64,7 +64,9 @@ examples:
       --weight time -- python3 train.py                 which code paths launch GPU work
 
 Without --pid or COMMAND, every process in the scope is sampled (scope self:
-all of yours). Stacks need frame pointers: build with -fno-omit-frame-pointer.
+all of yours). Stacks are unwound from stack copies by the programs' call-frame
+information (.eh_frame) where the policy grants stackcopy (ustackcopy for
+--stacks-at); otherwise they follow frame pointers (-fno-omit-frame-pointer).
 Kernel time shows as one [kernel] frame; no kernel address leaves the broker.
 """
 
