@@ -612,7 +612,12 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
-    if lost:
+    if lost and r.copies is not None:
+        prof.notes.append(
+            f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
+            "fell behind; sample at a lower --frequency)"
+        )
+    elif lost:
         prof.notes.append(
             f"{lost} {'calls' if req.probes else 'samples'} could not be counted: the broker's "
             "table was full (profile fewer processes, or for a shorter time)"
