@@ -75,6 +75,7 @@ class Params:
     functions: tuple[str, ...] = ()
     cookies: tuple[int, ...] = ()  # one per function; default: the function's index
     frequency: int | None = None  # perf_event sampling, Hz (None: DEFAULT_FREQUENCY)
+    stack_bytes: int | None = None  # stack copy size (None: the object's default)
 
 
 # Sampling frequency of perf_event programs when the request names none.
@@ -225,6 +226,10 @@ def prepare(
         if not entry.pid_knob:
             raise ParameterError(f"program {entry.name!r} takes no pid")
         _set_knob(spec, entry.pid_knob, params.pid)
+    if params.stack_bytes is not None:
+        if not entry.stack_bytes_knob:
+            raise ParameterError(f"program {entry.name!r} takes no stack copies")
+        _set_knob(spec, entry.stack_bytes_knob, params.stack_bytes)
     use_uprobe_multi(spec, entry)
     return spec, variant
 

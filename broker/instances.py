@@ -88,6 +88,7 @@ class InstanceLoader:
             functions=target.functions,
             cookies=target.cookies,
             frequency=target.frequency,
+            stack_bytes=target.stack_bytes,
         )
         try:
             return bpfinstance.open_program(

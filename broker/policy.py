@@ -24,6 +24,7 @@ from gfxbpf.broker.pathglob import is_plain_path, path_matches, resolve_pattern
 from gfxbpf.broker.policy_types import (  # noqa: F401 - re-exported: callers import them here
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_STACK_BYTES,
     WILDCARD,
     Decision,
     Limits,

@@ -9,6 +9,7 @@
     libraries = ["/usr/lib/x86_64-linux-gnu/libvulkan.so.1*"]  # uprobe targets (globs)
     functions = ["vk*"]               # uprobe symbols (globs; default: any)
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
+    max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -38,6 +39,7 @@ from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_STACK_BYTES,
     WILDCARD,
     Limits,
     PolicyError,
@@ -62,6 +64,7 @@ _PROGRAM_KEYS = (
     "functions",
     "description",
     "max_frequency",
+    "max_stack_bytes",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -242,6 +245,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         funcs = _check_str_list(table["functions"], where, "functions", errs)
         functions = funcs if funcs is not None else ()
     max_frequency = _parse_max_frequency(table, where, errs)
+    max_stack_bytes = _parse_max_stack_bytes(table, where, errs)
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -263,6 +267,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         description=description,
         source=path,
         max_frequency=max_frequency,
+        max_stack_bytes=max_stack_bytes,
     )
 
 
@@ -316,6 +321,21 @@ def _parse_max_frequency(table: dict[str, Any], where: str, errs: _Collector) ->
             "max_frequency",
             f"expected samples per second, 1 to {MAX_FREQUENCY}, got {_toml_type(value)} "
             f"{_show(value)}",
+        )
+        return None
+    return int(value)
+
+
+def _parse_max_stack_bytes(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
+    if "max_stack_bytes" not in table:
+        return None
+    value = table["max_stack_bytes"]
+    if not _is_id(value) or not 0 <= value <= MAX_STACK_BYTES:
+        errs.add(
+            where,
+            "max_stack_bytes",
+            f"expected bytes of user stack per stack copy, 0 to {MAX_STACK_BYTES}, got "
+            f"{_toml_type(value)} {_show(value)}",
         )
         return None
     return int(value)

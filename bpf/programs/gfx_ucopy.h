@@ -24,7 +24,7 @@
 
 /* Record flags. */
 #define GFX_UREC_KERNEL 1   /* the CPU was in kernel mode (regs: the user ones it entered with) */
-#define GFX_UREC_SHORT 2    /* the stack ended (an unreadable page) before GFX_STACK_BYTES */
+#define GFX_UREC_SHORT 2    /* the stack ended (an unreadable page) before stack_bytes */
 #define GFX_UREC_NO_COPY 4  /* no byte copied (a return record) */
 #define GFX_UREC_RETURN 8   /* ustacks: a return record (no registers, no stack) */
 
@@ -47,9 +47,9 @@ struct ustack_rec {
 
 #define GFX_UREC_HDR (sizeof(struct ustack_rec) - GFX_COPY_MAX)
 
-/* Stack bytes per record: perf's default. (A policy-capped parameter that
- * the broker writes here is planned; until then it is fixed.) */
-#define GFX_STACK_BYTES 8192
+/* Stack bytes per record: perf's default, unless the broker writes a lower
+ * one (the policy entry's max_stack_bytes; catalog key stack_bytes_knob). */
+const volatile __u32 stack_bytes = 8192;
 
 /* The record being built (too large for the BPF stack): one per CPU. The
  * slack lets the verifier see that a chunk never runs past it; the
@@ -113,15 +113,15 @@ static __always_inline struct ustack_rec *gfx_urec_start(__u32 flags)
 }
 
 /*
- * Copy up to GFX_STACK_BYTES from sp into r->stack, a page at a time (the first
+ * Copy up to stack_bytes from sp into r->stack, a page at a time (the first
  * chunk up to sp's page end): a stack shorter than that still gives what
  * exists, and a failed read marks the record SHORT.
  */
 static __always_inline void gfx_urec_copy(struct ustack_rec *r)
 {
-	__u32 want = GFX_STACK_BYTES < GFX_COPY_MAX ? GFX_STACK_BYTES : GFX_COPY_MAX;
+	__u32 want = stack_bytes < GFX_COPY_MAX ? stack_bytes : GFX_COPY_MAX;
 	__u32 off = 0, chunk = GFX_PAGE - (__u32)(r->sp & (GFX_PAGE - 1));
-	__u64 n;
+	__u64 n, o;
 	int i;
 
 	for (i = 0; i < GFX_COPY_MAX / GFX_PAGE + 1; i++) {
@@ -129,14 +129,15 @@ static __always_inline void gfx_urec_copy(struct ustack_rec *r)
 			break;
 		if (chunk > want - off)
 			chunk = want - off;
-		/* chunk <= GFX_PAGE already, but clang may fold that into a signed
-		 * comparison the verifier cannot use: hide the value from clang and
-		 * compare again, unsigned and 64-bit. */
+		/* chunk <= GFX_PAGE and off < GFX_COPY_MAX already, but clang may
+		 * fold those into comparisons the verifier cannot use: hide the
+		 * values from clang and compare again, unsigned and 64-bit. */
 		n = chunk;
-		asm volatile("" : "+r"(n));
-		if (n > GFX_PAGE)
+		o = off;
+		asm volatile("" : "+r"(n), "+r"(o));
+		if (n > GFX_PAGE || o >= GFX_COPY_MAX)
 			break;
-		if (bpf_probe_read_user(&r->stack[off], n, (void *)(r->sp + off))) {
+		if (bpf_probe_read_user(&r->stack[o], n, (void *)(r->sp + o))) {
 			r->flags |= GFX_UREC_SHORT;
 			break;
 		}

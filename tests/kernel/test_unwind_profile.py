@@ -268,3 +268,30 @@ def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) 
     finally:
         bob.kill()
         bob.wait()
+
+
+def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
+    """max_stack_bytes = 1024: no record carries more stack than that."""
+    text = policy_for(
+        {"stackcopy": {"users": [ALICE], "scope": "self", "max_stack_bytes": 1024}},
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+    script = work / "sizes.py"
+    script.write_text(
+        "import os, struct, subprocess, sys\n"
+        "from gfxbpf.client.broker import Broker\n"
+        "b = Broker.connect(socket=os.environ['SOCK'], via='fd')\n"
+        "p = subprocess.Popen([sys.argv[1], '3000'])\n"
+        "a = b.attach('stackcopy', pid=p.pid, frequency=499)\n"
+        "ring = a.open_events('stack_copies')\n"
+        "sizes = []\n"
+        "while p.poll() is None:\n"
+        "    sizes += [struct.unpack_from('<4I', r)[3] for r in ring.poll_raw(0.1)]\n"
+        "print(len(sizes), max(sizes), min(sizes))\n"
+    )
+    script.chmod(0o644)
+    with BrokerProcess.start(text) as b:
+        r = run_as(ALICE, [VENV_PYTHON, str(script), str(work / "chain")], env={"SOCK": b.socket})
+    assert r.returncode == 0, r.stderr
+    n, biggest, _smallest = map(int, r.stdout.split())
+    assert n > 20 and biggest == 1024, r.stdout
