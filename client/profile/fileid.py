@@ -60,10 +60,12 @@ def open_regular(
     path: str, *, owners: tuple[int, ...] | None = None, max_size: int | None = None
 ) -> tuple[int, os.stat_result]:
     """(fd, its fstat) of a regular file opened read-only, O_NONBLOCK and
-    O_NOFOLLOW; the caller closes fd. Raises OSError (with a reason) for a
-    path that is not a regular file, is owned by none of owners, or is larger
-    than max_size bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    O_NOFOLLOW (and O_NOCTTY: a terminal planted there must not become ours);
+    the caller closes fd. Raises OSError (with a reason) for a path that is
+    not a regular file, is owned by none of owners, or is larger than
+    max_size bytes."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

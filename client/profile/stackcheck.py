@@ -7,12 +7,9 @@ root. A complete stack reaches a thread's entry (_start, start_thread, ...);
 one that does not is counted, by the object its outermost frame lies in, and
 the user is told what to do.
 
-Where .eh_frame unwinding goes later: the broker would copy the top of each
-sampled user stack (bpf_get_stack of registers + stack bytes) and the
-symbolizer would unwind it with each object's .eh_frame (parsed once and cached
-next to the symbol tables in symtab.py, keyed the same way) before
-Symbolizer._frames names the addresses; a stack unwound that way would reach a
-thread root and no longer be reported here.
+Stacks unwound from a stack copy (client/profile/unwind) that stop early
+are counted by their reason instead (StackCheck.stops): they end in a marker
+frame, and frame pointers are not what they lack.
 """
 
 from __future__ import annotations

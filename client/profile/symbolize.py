@@ -47,6 +47,7 @@ class Symbolizer:
         unwind_tables: UnwindTables | None = None,
     ) -> None:
         self.cache_dir = cache_dir or symtab.default_cache_dir()
+        self._own_cache = cache_dir is not None  # a caller's folder: unwind tables go in it too
         self.debug_root = debug_root
         # The unwinder's tables (shared with it when given): their FDE ranges
         # group a stripped file's addresses by function. Made on first need.
@@ -194,7 +195,8 @@ class Symbolizer:
         if self._unwind_tables is None:
             from gfxbpf.client.profile.unwind.tables import UnwindTables
 
-            self._unwind_tables = UnwindTables(debug_root=self.debug_root)
+            folder = os.path.join(self.cache_dir, "unwind") if self._own_cache else None
+            self._unwind_tables = UnwindTables(folder, debug_root=self.debug_root)
         return self._unwind_tables
 
     def _vdso_name(self, offset: int) -> str:

@@ -14,7 +14,7 @@ import pytest
 from gfxbpf.client.profile.fileid import cache_key
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profile.unwind import Stop, UnwindTables, cache
-from gfxbpf.client.profile.unwind.table import CFA_NONE
+from gfxbpf.client.profile.unwind.table import CFA_NONE, FileTable
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -145,3 +145,59 @@ def test_a_replaced_file_is_not_trusted(lib: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # never blocks the client
     assert tables.file_table(str(fifo)) is None
+
+
+def test_prepare_builds_every_executable_mapping(lib: Path, tmp_path: Path) -> None:
+    ino = os.stat(lib).st_ino
+    maps = _maps("", str(lib), ino)
+    maps.mappings.append(
+        Mapping(0x7F00_0020_0000, 0x7F00_0030_0000, "r--p", 0, "00:00", ino, str(lib))
+    )
+    tables = UnwindTables(cache_dir=str(tmp_path / "c"))
+    tables.prepare(maps)
+    assert tables.parsed == 1 and len(tables._files) == 1
+
+
+def test_the_symbolizer_marks_and_counts_stopped_stacks(tmp_path: Path) -> None:
+    from gfxbpf.client.profile.model import RawStack
+    from gfxbpf.client.profile.procmaps import capture
+    from gfxbpf.client.profile.symbolize import Symbolizer
+
+    maps = capture(os.getpid())
+    assert maps is not None
+    code = next(m for m in maps.mappings if m.executable and m.is_file)
+    sym = Symbolizer(cache_dir=str(tmp_path / "sym"))
+    sym.add_process(os.getpid(), maps)
+    addr = code.start + 0x10
+    raw = [
+        RawStack(os.getpid(), (addr,), False, 5, comm="me", unwind_stop="truncated"),
+        RawStack(os.getpid(), (addr,), False, 95, comm="me"),
+    ]
+    prof = sym.symbolize(raw, "samples")
+    stopped = [k for k in prof.stacks if "[unwind stopped: stack copy too short]" in k]
+    assert len(stopped) == 1 and stopped[0][1] == "[unwind stopped: stack copy too short]"
+    assert prof.stacks[stopped[0]] == 5
+    assert any(n.startswith("5.0% of the user stacks stop early") for n in prof.notes), prof.notes
+
+
+def test_a_large_file_is_served_by_its_search_table_while_compiled_aside(
+    lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gfxbpf.client.profile.unwind import lazy
+
+    monkeypatch.setattr(lazy, "LAZY_MIN_BYTES", 0)  # libc stands in for libtorch
+    full = UnwindTables(cache_dir=str(tmp_path / "full"), lazy=False).file_table(str(lib))
+    folder = tmp_path / "c"
+    tables = UnwindTables(cache_dir=str(folder))
+    quick = tables.file_table(str(lib))
+    assert isinstance(quick, lazy.LazyTable) and isinstance(full, FileTable)
+    # Every row of the whole table, and the byte before and after it, agree.
+    for vaddr in full.starts:
+        for probe in (vaddr - 1, vaddr, vaddr + 1):
+            assert quick.rule(probe) == full.rule(probe), hex(probe)
+    for start, end in zip(full.func_starts, full.func_ends, strict=True):
+        assert quick.function(start) == full.function(start) == (start, end)
+    tables.wait(60)
+    assert isinstance(tables.file_table(str(lib)), FileTable)  # swapped in once compiled
+    again = UnwindTables(cache_dir=str(folder))
+    assert isinstance(again.file_table(str(lib)), FileTable) and again.cache_hits == 1

@@ -223,6 +223,8 @@ def _readelf_rows(path: str) -> list[tuple[int, dict[str, str], tuple[int, int]]
             parts = line.split()
             loc = int(parts[0], 16)
             if fde[0] <= loc < fde[1]:  # readelf also prints a row at the FDE's end
+                if rows and rows[-1][0] == loc:
+                    rows.pop()  # two rows at one address (an advance of 0): the later holds
                 rows.append((loc, dict(zip(cols, parts, strict=True)), fde))
     return rows
 

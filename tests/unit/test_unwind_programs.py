@@ -1,6 +1,6 @@
 """The unwinder on real stacks: programs built here with gcc -O2 (no frame
 pointers; stripped and not; without CFI), and Debian's own python3 and xz,
-sampled by tests/unwindsamples.py (SIGPROF: the interrupted registers and an
+sampled by bench/unwind_samples.py (SIGPROF: the interrupted registers and an
 8 KiB stack copy, as the BPF program takes them), unwound offline, and named
 by the symbolizer."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.unwind_samples import Capture, sample_run
 from gfxbpf.client.profile.elfinfo import read_info
 from gfxbpf.client.profile.elfsyms import function_ranges
 from gfxbpf.client.profile.model import RawStack
@@ -21,7 +22,6 @@ from gfxbpf.client.profile.symbolize import Symbolizer
 from gfxbpf.client.profile.unwind import Stop, UnwindResult, UnwindTables, marker_frame, unwind
 from gfxbpf.client.profile.unwind.table import CFA_NONE
 from tests.conftest import skip_or_fail
-from tests.unwindsamples import Capture, sample_run
 
 CHAIN_C = r"""
 #include <stdlib.h>
@@ -240,3 +240,23 @@ def test_through_the_vdso(folder: Path) -> None:
     for frames, stop in named:
         assert stop is None and frames[-1] == "_start" and "main" in frames, frames
         assert "spin" in frames, frames
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["in-file", "debug-file"])
+def test_debug_frame_fills_what_eh_frame_lacks(folder: Path, separate: bool) -> None:
+    # Built with -g but no unwind tables: the program's own code has CFI only
+    # in .debug_frame (the C runtime's _start still brings an .eh_frame);
+    # stripped, that moves to a separate debug file found by .gnu_debuglink.
+    flags = [*NO_FP, "-g", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
+    prog = _build(folder, f"chain-dbg-{separate}", flags)
+    if separate:
+        debug = prog.with_name(prog.name + ".debug")
+        subprocess.run(["objcopy", "--only-keep-debug", prog, debug], check=True)
+        subprocess.run(["strip", prog], check=True)
+        subprocess.run(["objcopy", f"--add-gnu-debuglink={debug}", prog], check=True)
+    table = UnwindTables(cache_dir=str(folder / "cache-dbg")).file_table(str(prog))
+    assert table is not None
+    want = "debug file .debug_frame" if separate else ".debug_frame"
+    assert table.source == f".eh_frame + {want}"
+    cap = sample_run([str(prog), ROUNDS], folder)
+    _check_chain(_names(_unwind_all(cap, folder / "cache"), cap.maps, folder))

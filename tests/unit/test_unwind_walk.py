@@ -174,6 +174,10 @@ def test_an_epilogue_that_popped_rbp_keeps_rbp() -> None:
 
 def test_a_zero_return_address_ends_the_stack() -> None:
     assert walk(LIB + LEAF, {0: 0}) == UnwindResult((LIB + LEAF,), None)
+    # A frame-pointer guess that finds a zero is no evidence of a root: rbp
+    # may point into a zeroed buffer.
+    got = walk(LIB + NOCFI, {0x20: 0, 0x28: 0}, bp=SP + 0x20)
+    assert got == UnwindResult((LIB + NOCFI,), Stop.NO_CFI)
 
 
 def test_marker_frames_and_counts() -> None:
@@ -194,3 +198,13 @@ def test_marker_frames_and_counts() -> None:
 @pytest.mark.parametrize("bad", [Stop.NO_CFI, "no-cfi"])
 def test_marker_frame_takes_values_too(bad: Stop | str) -> None:
     assert marker_frame(bad) == "[unwind stopped: no CFI]"
+
+
+def test_a_mapping_starts_at_its_segments_page() -> None:
+    # Text at file offset 0x1040 (vaddr 0x3040) is mapped from offset 0x1000;
+    # data before it in the same page belongs to another segment.
+    fdes, _ = cfi.parse_cfi(eh_frame(FDES), ADDR, True)
+    t = build.compile_fdes(((0, 0, 0x1020), (0x1040, 0x3040, 0x200)), fdes, "test")
+    assert t.vaddr_delta(0x1000, 0x2000) == 0x2000  # the text segment's mapping
+    assert t.vaddr_delta(0, 0x1000) == 0  # the first segment's
+    assert t.vaddr_delta(0x5000, 0x6000) is None

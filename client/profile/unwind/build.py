@@ -4,6 +4,7 @@ and compiled into sorted rows with shared rules."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from array import array
@@ -21,7 +22,7 @@ from gfxbpf.client.profile.unwind.table import (
     Rule,
 )
 
-__all__ = ["compile_fdes", "compile_file", "file_facts"]
+__all__ = ["compile_fdes", "compile_file", "file_facts", "rule_of"]
 
 _KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT}
 
@@ -35,20 +36,49 @@ def compile_file(
     path: str, info: ElfInfo, debug_root: str, origin: str | None = None
 ) -> FileTable | None:
     """The file's table; one with no rows if it has no CFI at all (frame
-    pointers are then the only way through it); None if it cannot be read.
-    origin: the file's own path when path is /proc/self/fd/N (its separate
-    debug file is looked for next to the origin)."""
-    found = _cfi_section(path, ".eh_frame") or _cfi_section(path, ".debug_frame")
-    source = ""
-    if found is None:
+    pointers are then the only way through it). .eh_frame first; its gaps
+    filled from .debug_frame: the file's own, or for a stripped file (no
+    .symtab) that of its separate debug file. A program built without unwind
+    tables still links the C runtime's few .eh_frame FDEs (_start), and has
+    the rest only in .debug_frame when built with -g. origin: the file's own
+    path when path is /proc/self/fd/N (its debug file is looked for there)."""
+    sources: list[str] = []
+    fdes = _parsed(_cfi_section(path, ".eh_frame"), sources, "")
+    found = _cfi_section(path, ".debug_frame")
+    prefix = ""
+    if found is None and not info.has_symtab:
         debug = debug_file(origin or path, info, debug_root)
         found = _cfi_section(debug, ".debug_frame") if debug else None
-        source = "debug file " if found else ""
+        prefix = "debug file "
+    extra = _parsed(found, sources, prefix)
+    return compile_fdes(info.segments, fdes + _gaps_only(fdes, extra), " + ".join(sources))
+
+
+def _parsed(found: tuple[str, bytes, int] | None, sources: list[str], prefix: str) -> list[cfi.Fde]:
+    """The FDEs of a section (a corrupt tail is dropped, the head kept)."""
     if found is None:
-        return compile_fdes(info.segments, [], "")
+        return []
     name, data, addr = found
-    fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame")  # a corrupt tail: keep the head
-    return compile_fdes(info.segments, fdes, source + name)
+    fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame")
+    if fdes:
+        sources.append(prefix + name)
+    return fdes
+
+
+def _gaps_only(have: list[cfi.Fde], more: list[cfi.Fde]) -> list[cfi.Fde]:
+    """The FDEs of more that overlap none of have (.eh_frame is what runs)."""
+    if not have or not more:
+        return more
+    ranges = sorted((f.start, f.end) for f in have)
+    starts = [r[0] for r in ranges]
+    out = []
+    for f in more:
+        i = bisect.bisect_right(starts, f.start) - 1
+        before = i >= 0 and ranges[i][1] > f.start  # one starting at or before f runs into it
+        after = i + 1 < len(ranges) and ranges[i + 1][0] < f.end  # the next begins inside f
+        if not (before or after):
+            out.append(f)
+    return out
 
 
 def _cfi_section(path: str, name: str) -> tuple[str, bytes, int] | None:
@@ -75,8 +105,10 @@ def compile_fdes(
     addresses, consecutive equal rules merged, an FDE that overlaps the one
     before it winning from its start on."""
     fdes = sorted(fdes, key=lambda f: f.start)
-    ids: dict[cfi.State, int] = {}
     rules = [NO_RULE]
+    ids: dict[cfi.State, int] = {}
+    # FDEs sharing instructions share their rows: turn each list into rule ids once.
+    by_list: dict[int, list[tuple[int, int]]] = {}
     starts: list[int] = []
     index: list[int] = []
     covered = 0  # the end of the last FDE
@@ -87,17 +119,17 @@ def compile_fdes(
         if starts and covered < f.start:
             starts.append(covered)
             index.append(0)
-        for loc, state in f.rows:
-            if loc >= f.end:
+        rows = by_list.get(id(f.rows))
+        if rows is None:
+            rows = by_list[id(f.rows)] = [(a, _rule_id(s, ids, rules)) for a, s in f.rows]
+        start, size = f.start, f.end - f.start
+        for rel, rid in rows:
+            if rel >= size:
                 break
-            rid = ids.get(state)
-            if rid is None:
-                rid = ids[state] = len(rules)
-                rules.append(_rule(state))
-            if starts and starts[-1] >= loc:
+            if starts and starts[-1] >= start + rel:
                 index[-1] = rid  # a later row at the same address
             elif not index or index[-1] != rid:
-                starts.append(loc)
+                starts.append(start + rel)
                 index.append(rid)
         covered = f.end
     if starts:
@@ -106,7 +138,16 @@ def compile_fdes(
     return _table(segments, starts, index, rules, fdes, source)
 
 
-def _rule(state: cfi.State) -> Rule:
+def _rule_id(state: cfi.State, ids: dict[cfi.State, int], rules: list[Rule]) -> int:
+    rid = ids.get(state)
+    if rid is None:
+        rid = ids[state] = len(rules)
+        rules.append(rule_of(state))
+    return rid
+
+
+def rule_of(state: cfi.State) -> Rule:
+    """The Rule a row's state means."""
     reg, off, rbp, ra, arg = state
     kind = _KINDS.get(reg, CFA_UNSUPPORTED)
     if kind == CFA_UNSUPPORTED:

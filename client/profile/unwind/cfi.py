@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CfiError", "Fde", "parse_cfi"]
+__all__ = ["CfiError", "Fde", "Section", "parse_cfi"]
 
 RSP, RBP, RA = 7, 6, 16
 _S32 = struct.Struct("<i").unpack_from
@@ -49,7 +49,9 @@ class CfiError(ValueError):
 class Fde:
     start: int
     end: int
-    rows: list[tuple[int, State]]  # (first address, state), sorted; the first at start
+    # (first address - start, state), sorted, the first at 0. FDEs with the
+    # same instructions share one list: do not change it.
+    rows: list[tuple[int, State]]
 
 
 @dataclass
@@ -322,7 +324,7 @@ _HANDLERS: dict[int, Callable[[bytes, int, list[int], _Cie], int]] = {
 }
 
 
-class _Section:
+class Section:
     """One .eh_frame or .debug_frame: its CIEs (parsed when first named) and
     the memo of instruction strings already run."""
 
@@ -355,6 +357,23 @@ class _Section:
                 self._fde(body, end, self._cie(ident))
             pos = end
 
+    def fde_at(self, at: int) -> Fde | None:
+        """The FDE whose entry starts at offset at (as .eh_frame_hdr's search
+        table names it); None for a discarded one. Raises CfiError."""
+        data = self.data
+        if not 0 <= at <= len(data) - 8:
+            raise CfiError(f"the search table points outside .eh_frame ({at:#x})")
+        length = _U32(data, at)[0]
+        start, end = at + 4, at + 4 + length
+        if length in (0, 0xFFFF_FFFF) or end > len(data):
+            raise CfiError(f"the search table points at no FDE ({at:#x})")
+        ident = _U32(data, start)[0]
+        if ident == 0:
+            raise CfiError(f"the search table points at a CIE ({at:#x})")
+        before = len(self.fdes)
+        self._fde(start + 4, end, self._cie(start - ident))
+        return self.fdes.pop() if len(self.fdes) > before else None
+
     def _cie(self, at: int) -> _Cie:
         cie = self.cies.get(at)
         if cie is None:
@@ -383,10 +402,9 @@ class _Section:
             try:
                 rows = self.memo[key] = execute(code, cie, 0)
             except _Absolute:
-                rows = execute(code, cie, begin, self.addr + pos)
-                self.fdes.append(Fde(begin, begin + size, rows))
-                return
-        self.fdes.append(Fde(begin, begin + size, [(begin + a, s) for a, s in rows]))
+                absolute = execute(code, cie, begin, self.addr + pos)
+                rows = [(a - begin, s) for a, s in absolute]
+        self.fdes.append(Fde(begin, begin + size, rows))
 
 
 def _parse_cie(data: bytes, at: int, eh: bool) -> _Cie:
@@ -450,7 +468,7 @@ def parse_cfi(data: bytes, addr: int, eh: bool) -> tuple[list[Fde], str | None]:
     """The FDEs of one section whose first byte is at address addr (eh: an
     .eh_frame, else a .debug_frame), and why the walk stopped early if it did
     (what came before is kept)."""
-    section = _Section(data, addr, eh)
+    section = Section(data, addr, eh)
     try:
         section.walk()
     except (CfiError, IndexError, ValueError, struct.error) as e:

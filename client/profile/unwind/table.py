@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Sized
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 __all__ = [
     "CFA_NONE",
@@ -25,6 +26,10 @@ __all__ = [
     "REG_UNKNOWN",
     "FileTable",
     "Rule",
+    "Segments",
+    "Table",
+    "segment_delta",
+    "segment_offset",
 ]
 
 # How the CFA (the caller's sp, just above the return address) is found.
@@ -51,6 +56,46 @@ class Rule(NamedTuple):
 
 
 NO_RULE = Rule(CFA_NONE, 0, REG_SAME, REG_UNDEFINED)
+Segments = tuple[tuple[int, int, int], ...]  # PT_LOAD (p_offset, p_vaddr, p_filesz)
+
+
+def segment_delta(segments: Segments, file_start: int, file_end: int | None = None) -> int | None:
+    """What to add to a file offset in [file_start, file_end) (a mapping's
+    range in the file) to get its virtual address; None if no segment loads
+    any of it. A mapping starts at its segment's offset rounded down to a
+    page, where another segment may end: the segment sharing the most bytes
+    with the range is the one mapped."""
+    end = file_end if file_end is not None else file_start + 1
+    best, delta = 0, None
+    for off, vaddr, filesz in segments:
+        shared = min(end, off + filesz) - max(file_start, off)
+        if shared > best:
+            best, delta = shared, vaddr - off
+    return delta
+
+
+def segment_offset(segments: Segments, vaddr: int) -> int | None:
+    """The file offset of a virtual address (None: not loaded from the file)."""
+    for off, seg_vaddr, filesz in segments:
+        if seg_vaddr <= vaddr < seg_vaddr + filesz:
+            return vaddr - seg_vaddr + off
+    return None
+
+
+class Table(Protocol):
+    """What the walker and the symbolizer ask of a file's table (FileTable,
+    or lazy.LazyTable while a large file's FileTable is being compiled)."""
+
+    segments: Segments
+    source: str
+
+    @property
+    def starts(self) -> Sized: ...
+    def rule(self, vaddr: int) -> Rule: ...
+    def function(self, vaddr: int) -> tuple[int, int] | None: ...
+    def vaddr_delta(self, file_start: int, file_end: int | None = None) -> int | None: ...
+    def file_offset(self, vaddr: int) -> int | None: ...
+    def nbytes(self) -> int: ...
 
 
 @dataclass
@@ -77,18 +122,11 @@ class FileTable:
             return self.func_starts[i], self.func_ends[i]
         return None
 
-    def vaddr_delta(self, file_offset: int) -> int | None:
-        """What to add to a file offset to get its virtual address (None: not loaded)."""
-        for off, vaddr, filesz in self.segments:
-            if off <= file_offset < off + filesz:
-                return vaddr - off
-        return None
+    def vaddr_delta(self, file_start: int, file_end: int | None = None) -> int | None:
+        return segment_delta(self.segments, file_start, file_end)
 
     def file_offset(self, vaddr: int) -> int | None:
-        for off, seg_vaddr, filesz in self.segments:
-            if seg_vaddr <= vaddr < seg_vaddr + filesz:
-                return vaddr - seg_vaddr + off
-        return None
+        return segment_offset(self.segments, vaddr)
 
     def nbytes(self) -> int:
         """Memory of the arrays (what the cache bounds)."""

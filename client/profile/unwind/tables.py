@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Literal
 
-from gfxbpf.client.profile.elfinfo import DEBUG_ROOT
+from gfxbpf.client.profile.elfinfo import DEBUG_ROOT, ElfInfo
 from gfxbpf.client.profile.fileid import (
     FileId,
     cache_key,
@@ -29,14 +30,15 @@ from gfxbpf.client.profile.fileid import (
 )
 from gfxbpf.client.profile.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profile.unwind import build, cache
+from gfxbpf.client.profile.unwind.lazy import open_lazy
 from gfxbpf.client.profile.unwind.result import Stop
-from gfxbpf.client.profile.unwind.table import FileTable
+from gfxbpf.client.profile.unwind.table import Table
 
 __all__ = ["Located", "UnwindTables"]
 
 # Where a pc lies: its file's table (None: none usable), what to add to the pc
 # to get the file's virtual address, and why there is no table (JIT, no file).
-Located = tuple[FileTable | None, int, Stop | None]
+Located = tuple[Table | None, int, Stop | None]
 # The tables kept in memory, by their arrays' size (libLLVM's is about 10 MB).
 MEMORY_LIMIT = 512 << 20
 
@@ -75,17 +77,21 @@ class UnwindTables:
         *,
         debug_root: str = DEBUG_ROOT,
         memory_limit: int = MEMORY_LIMIT,
+        lazy: bool = True,
     ) -> None:
         self.cache_dir = cache_dir or cache.default_cache_dir()
         self.debug_root = debug_root
         self.memory_limit = memory_limit
-        self._files: OrderedDict[FileId, FileTable | None] = OrderedDict()
+        self._files: OrderedDict[FileId, Table | None] = OrderedDict()
         self._procs: dict[int, _ProcIndex] = {}
-        self._vdso: FileTable | None | Literal[False] = False  # False: not read yet
+        self._vdso: Table | None | Literal[False] = False  # False: not read yet
         self.problems: dict[str, str] = {}  # file -> why it has no table
         self.parsed = 0  # files whose CFI was parsed by this object
         self.cache_hits = 0  # ... and tables loaded from the disk cache instead
         self.parse_seconds = 0.0
+        # Large files are served by their .eh_frame_hdr while compiled aside.
+        self.lazy = lazy
+        self.compiling: list[threading.Thread] = []
 
     def resolver(self, maps: ProcessMaps) -> Callable[[int], Located | None]:
         """pc -> where it lies (Located), or None if it is not code. Rebuilt
@@ -95,11 +101,20 @@ class UnwindTables:
             idx = self._procs[maps.pid] = _ProcIndex(self, maps)
         return idx.resolve
 
+    def prepare(self, maps: ProcessMaps) -> None:
+        """Build (or load) the tables of every executable mapping now: call it
+        while sampling (e.g. in a thread), so a large library's first parse
+        does not stall the end of a profile."""
+        resolve = self.resolver(maps)
+        for m in maps.mappings:
+            if m.executable:
+                resolve(m.start)
+
     def locate(self, maps: ProcessMaps, m: Mapping) -> Located:
         """The table of the executable mapping m, and the pc -> vaddr delta."""
         if m.path == "[vdso]":
             vdso = self._vdso_table()
-            seg = vdso.vaddr_delta(m.offset) if vdso is not None else None
+            seg = vdso.vaddr_delta(m.offset, m.offset + m.end - m.start) if vdso else None
             if vdso is None or seg is None:
                 return None, 0, Stop.NO_CFI
             return vdso, m.offset - m.start + seg, None
@@ -108,13 +123,13 @@ class UnwindTables:
         table = self.file_table(maps.root + m.file_path, m.inode)
         if table is None:
             return None, 0, Stop.NO_FILE
-        seg = table.vaddr_delta(m.offset)
+        seg = table.vaddr_delta(m.offset, m.offset + m.end - m.start)
         if seg is None:
             self.problems.setdefault(m.file_path, "maps code outside its load segments")
             return None, 0, Stop.NO_FILE
         return table, m.offset - m.start + seg, None
 
-    def _vdso_table(self) -> FileTable | None:
+    def _vdso_table(self) -> Table | None:
         """The vDSO's table, from the client's own copy: every process on the
         machine maps the same image (clock_gettime and friends have CFI)."""
         if self._vdso is False:
@@ -146,7 +161,7 @@ class UnwindTables:
         start = table.file_offset(found[0])
         return (m.file_path, start) if start is not None else None
 
-    def file_table(self, path: str, inode: int | None = None) -> FileTable | None:
+    def file_table(self, path: str, inode: int | None = None) -> Table | None:
         """The table of the file at path (None if unreadable, not ELF, or no
         longer the inode that was mapped). The file is opened once without
         blocking (fileid.open_regular) and parsed through that descriptor."""
@@ -170,7 +185,7 @@ class UnwindTables:
         self._trim()
         return table
 
-    def _load_or_build(self, fd_path: str, path: str, st: os.stat_result) -> FileTable | None:
+    def _load_or_build(self, fd_path: str, path: str, st: os.stat_result) -> Table | None:
         trusted = may_cache(st)
         info = build.file_facts(fd_path)
         if info is None:
@@ -182,6 +197,11 @@ class UnwindTables:
             if table is not None:
                 self.cache_hits += 1
                 return table
+        if self.lazy:
+            lazy = open_lazy(fd_path, info.segments)
+            if lazy is not None:  # serve it now, compile the whole table aside
+                self._compile_aside(fd_path, path, st, info, key)
+                return lazy
         began = time.perf_counter()
         table = build.compile_file(fd_path, info, self.debug_root, origin=path)
         self.parse_seconds += time.perf_counter() - began
@@ -194,6 +214,35 @@ class UnwindTables:
         if trusted:
             cache.store(self.cache_dir, key, table)
         return table
+
+    def _compile_aside(
+        self, fd_path: str, path: str, st: os.stat_result, info: ElfInfo, key: str
+    ) -> None:
+        """Compile a large file's whole table in a thread (the walk meanwhile
+        parses FDEs one at a time), then keep it in memory and on disk."""
+        fd = os.dup(int(fd_path.rsplit("/", 1)[1]))
+
+        def work() -> None:
+            try:
+                began = time.perf_counter()
+                table = build.compile_file(open_regular_path(fd), info, self.debug_root, path)
+                self.parse_seconds += time.perf_counter() - began
+                self.parsed += 1
+            finally:
+                os.close(fd)
+            if table is not None:
+                self._files[FileId.of(st)] = table  # later lookups of this file use it
+                if may_cache(st):
+                    cache.store(self.cache_dir, key, table)
+
+        worker = threading.Thread(target=work, name="gfxbpf-unwind-compile", daemon=True)
+        self.compiling.append(worker)
+        worker.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the tables being compiled aside (tests, benchmarks)."""
+        for worker in self.compiling:
+            worker.join(timeout)
 
     def _trim(self) -> None:
         total = sum(t.nbytes() for t in self._files.values() if t is not None)

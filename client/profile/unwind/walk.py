@@ -144,6 +144,6 @@ def _frame_pointer_step(
     if ra is None or saved is None:
         # rbp past the copy: a deep stack (truncated) or a data value (why).
         return Stop.TRUNCATED if bp + 16 <= mem.top else why
-    if ra == 0:
-        return None
+    if ra == 0:  # a zeroed slot, not a thread root: roots have CFI (_start, clone3)
+        return why
     return ra, bp + 16, saved

@@ -1,4 +1,4 @@
-"""Real registers and stack copies for the unwinder's offline tests, taken
+"""Real registers and stack copies for the unwinder's tests and benchmark, taken
 the way the BPF program takes them but without BPF: an LD_PRELOAD library
 whose SIGPROF handler (ITIMER_PROF, every period of CPU time) writes the
 interrupted rip, rsp, rbp and up to 8 KiB of the stack from rsp upward, like
