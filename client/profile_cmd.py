@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 DEFAULT_FREQUENCY = 99
 STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
+REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
 TOP_N = 15
 # Default file names when --format is given without -o.
 DEFAULT_FILES = {
@@ -290,6 +291,7 @@ class Maps:
         # The first snapshot of each process: the symbolizer merges later ones
         # into it, so it is the whole picture the unwinder should see too.
         self.procs: dict[int, ProcessMaps] = {}
+        self.refreshed: dict[int, float] = {}  # pid -> when process() last captured it
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
@@ -299,9 +301,13 @@ class Maps:
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
 
-    def process(self, pid: int) -> ProcessMaps | None:
-        """The process's maps, captured now if it was never seen (scope-wide runs)."""
-        if pid not in self.procs:
+    def process(self, pid: int, refresh: bool = False) -> ProcessMaps | None:
+        """The process's maps, captured now if never seen (scope-wide runs) or if
+        refresh: a sample from code mapped since the last snapshot (a library the
+        loader just mapped), at most every REFRESH_S per process."""
+        now = time.monotonic()
+        if pid not in self.procs or (refresh and now - self.refreshed.get(pid, 0) >= REFRESH_S):
+            self.refreshed[pid] = now
             self.capture([pid])
         return self.procs.get(pid)
 
@@ -425,7 +431,10 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
             progress.flush()
         if run.copies is not None:  # the ring holds ~250 ms of a CPU at 999 Hz
-            run.copies.drain(0.05)
+            # The first 100 ms a snapshot a millisecond: a process that lives a few
+            # ms must be caught after its loader mapped the libraries, or its
+            # copies cannot be unwound (its maps are gone once it exits).
+            run.copies.drain(0.001 if run.elapsed() < 0.1 else 0.05)
             continue
         # Often at first: a short-lived process must be caught with its libraries.
         stop.wait(0.05 if run.elapsed() < 1.0 else 0.25)

@@ -35,6 +35,8 @@ NO_MAPS = "process gone before its maps were read"
 
 # (tgid, kernel mode, comm, frames innermost first, why the unwind stopped)
 StackKey = tuple[int, bool, str, tuple[int, ...], str | None]
+# tgid, refresh -> the process's maps (refresh: snapshot it again first)
+MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller), value (calls, total_ns)
 CALL_KEY = struct.Struct("<IIQ")
 CALL_STATS = struct.Struct("<QQ")
@@ -67,7 +69,7 @@ class CopyReader:
     def __init__(
         self,
         stream: EventStream,
-        process_maps: Callable[[int], ProcessMaps | None],
+        process_maps: MapsOf,
         tables: UnwindTables,
         pids: Sequence[int] = (),
     ) -> None:
@@ -99,11 +101,13 @@ class CopyReader:
         name = self._comms.get(comm)
         if name is None:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
-        maps = self.process_maps(tgid)
+        maps = self.process_maps(tgid, False)
         if maps is None:
             key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS)
         else:
             frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            if not frames and (maps := self.process_maps(tgid, True)) is not None:
+                frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
             key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop)
         self.counts[key] = self.counts.get(key, 0) + 1
 
@@ -140,7 +144,7 @@ class ProbeCopyReader:
     def __init__(
         self,
         stream: EventStream,
-        process_maps: Callable[[int], ProcessMaps | None],
+        process_maps: MapsOf,
         tables: UnwindTables,
     ) -> None:
         self.stream = stream
@@ -162,10 +166,13 @@ class ProbeCopyReader:
         if size < U64.size:
             return  # not even the return address: nothing to place the row by
         caller = U64.unpack_from(rec, HEADER.size)[0]
-        maps = self.process_maps(tgid)
-        if maps is None:
-            return
-        frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+        for refresh in (False, True):  # again with newer maps: a library just mapped
+            maps = self.process_maps(tgid, refresh)
+            if maps is None:
+                return
+            frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            if len(frames) > 1:
+                break
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
         if len(frames) > 1 and frames[1] == caller:
             self.paths.setdefault((tgid, function, caller), set()).add((frames[1:], stop))
