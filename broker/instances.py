@@ -96,6 +96,7 @@ class InstanceLoader:
             cookies=target.cookies,
             frequency=target.frequency,
             children=target.children,
+            stack_bytes=target.stack_bytes,
         )
         try:
             return bpfinstance.open_program(

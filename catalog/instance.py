@@ -78,6 +78,7 @@ class Params:
     cookies: tuple[int, ...] = ()  # one per function; default: the function's index
     frequency: int | None = None  # perf_event sampling, Hz (None: DEFAULT_FREQUENCY)
     children: bool = False  # also the pid's descendants (the entry's children_knob)
+    stack_bytes: int | None = None  # stack copy size (None: the object's default)
 
 
 # Sampling frequency of perf_event programs when the request names none.
@@ -232,6 +233,10 @@ def prepare(
         if not entry.children_knob or params.pid is None:
             raise ParameterError(f"program {entry.name!r} follows no children here (needs a pid)")
         _set_knob(spec, entry.children_knob, 1)
+    if params.stack_bytes is not None:
+        if not entry.stack_bytes_knob:
+            raise ParameterError(f"program {entry.name!r} takes no stack copies")
+        _set_knob(spec, entry.stack_bytes_knob, params.stack_bytes)
     use_uprobe_multi(spec, entry)
     return spec, variant
 

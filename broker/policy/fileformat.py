@@ -10,6 +10,7 @@
     functions = ["vk*"]               # uprobe symbols (globs; default: any)
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
+    max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -39,6 +40,7 @@ from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy.model import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_STACK_BYTES,
     WILDCARD,
     Limits,
     PolicyError,
@@ -64,6 +66,7 @@ _PROGRAM_KEYS = (
     "description",
     "max_frequency",
     "allow_no_btf",
+    "max_stack_bytes",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -248,6 +251,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
     if not isinstance(allow_no_btf, bool):
         errs.add(where, "allow_no_btf", f"expected true or false, got {_toml_type(allow_no_btf)}")
         allow_no_btf = False
+    max_stack_bytes = _parse_max_stack_bytes(table, where, errs)
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -270,6 +274,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         source=path,
         max_frequency=max_frequency,
         allow_no_btf=allow_no_btf,
+        max_stack_bytes=max_stack_bytes,
     )
 
 
@@ -323,6 +328,21 @@ def _parse_max_frequency(table: dict[str, Any], where: str, errs: _Collector) ->
             "max_frequency",
             f"expected samples per second, 1 to {MAX_FREQUENCY}, got {_toml_type(value)} "
             f"{show(value)}",
+        )
+        return None
+    return int(value)
+
+
+def _parse_max_stack_bytes(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
+    if "max_stack_bytes" not in table:
+        return None
+    value = table["max_stack_bytes"]
+    if not _is_id(value) or not 0 <= value <= MAX_STACK_BYTES:
+        errs.add(
+            where,
+            "max_stack_bytes",
+            f"expected bytes of user stack per stack copy, 0 to {MAX_STACK_BYTES}, got "
+            f"{_toml_type(value)} {show(value)}",
         )
         return None
     return int(value)

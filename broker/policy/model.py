@@ -17,6 +17,8 @@ WILDCARD = "*"
 # Highest sampling frequency anyone may ask for: the kernel's own default
 # ceiling (kernel.perf_event_max_sample_rate); a policy entry may set less.
 MAX_FREQUENCY = 100_000
+# Most user stack bytes a stack copy may take (the objects' own ceiling, GFX_COPY_MAX).
+MAX_STACK_BYTES = 16384
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class ProgramEntry:
     # Load even if the kernel refuses the object's BTF (maps lose their types,
     # subprograms their names); without it such a load fails with the BTF log.
     allow_no_btf: bool = False
+    # Stack copies (stackcopy, ustackcopy): user stack bytes per record (None: 8 KiB)
+    max_stack_bytes: int | None = None
 
     @property
     def label(self) -> str:

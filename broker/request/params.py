@@ -23,6 +23,7 @@ from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
+DEFAULT_STACK_BYTES = 8192  # what stackcopy/ustackcopy copy unless the policy caps it
 MAX_SYMBOL_LEN = 512
 _UPROBE_KINDS = ("uprobe", "uretprobe")
 
@@ -41,6 +42,7 @@ class Target:
     symbols: str = ""  # function-table programs: "cached" or "parsed" (the audit log says)
     frequency: int | None = None  # perf_event sampling, Hz (None: the program's default)
     children: bool = False  # the pid's descendants too (gfx_tree.h)
+    stack_bytes: int | None = None  # stack copy size (None: the object's default, 8 KiB)
 
     @property
     def library_path(self) -> str | None:
@@ -82,6 +84,10 @@ def check_params(
             )
         t.frequency = _check_frequency(res, params.frequency)
         t.children = _check_children(res, params, t.pid)
+        cap = res.policy_entry.max_stack_bytes
+        if res.entry.stack_bytes_knob and cap is not None:
+            # The policy's cap over the object's 8 KiB (a client cannot ask for a size yet).
+            t.stack_bytes = min(cap, DEFAULT_STACK_BYTES)
         return t
     except BaseException:
         t.close()

@@ -44,6 +44,14 @@ ALLOWED_HELPERS = frozenset(
         "get_current_comm",
         "get_current_cgroup_id",
         "get_smp_processor_id",
+        # The current task as a typed (BTF) pointer, and its user registers:
+        # scope `self` checks the task's uids and dumpable flag at every event
+        # (gfx_task.h) and a stack copy starts at the user sp. A typed pointer
+        # reads no more than probe_read_kernel already can; keeping pointers
+        # out of visible maps stays part of reviewing a program. The untyped
+        # get_current_task (a plain u64) stays refused.
+        "get_current_task_btf",
+        "task_pt_regs",
         "get_numa_node_id",
         # Reading memory. Explicit address spaces only: the legacy
         # probe_read/probe_read_str guess kernel vs user and are refused.
@@ -81,7 +89,6 @@ FORBIDDEN_HELPERS = {
     "seq_printf_btf": "seq_file output is for iterators, not tracing programs",
     "d_path": "resolves kernel paths of arbitrary files",
     "get_current_task": "returns a kernel pointer (task_struct)",
-    "get_current_task_btf": "returns a kernel pointer (task_struct)",
     "get_func_ip": "returns a kernel address",
     "get_stack": "copies raw (kernel) return addresses into program memory",
     "get_task_stack": "copies raw kernel return addresses",

@@ -18,6 +18,7 @@
  * Arguments are read from the x86-64 registers of the probed call.
  */
 #include "gfx_tree.h"
+#include "gfx_task.h"
 #include "gfx_ucall.h"
 
 #define MAX_FUNCTIONS 64
@@ -202,7 +203,7 @@ int cuda_entry(struct pt_regs *ctx)
 	struct entry_key key;
 	struct fn_key fk;
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid))
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return 0;
 	fk.tgid = id >> 32;
 	fk.function = cookie & 0xff;
@@ -234,7 +235,7 @@ int cuda_return(struct pt_regs *ctx)
 	__u64 delta;
 	__u32 rc;
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid))
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return 0;
 	fk.tgid = id >> 32;
 	fk.function = cookie & 0xff;

@@ -12,6 +12,7 @@
  * negative error as its stack id: it is counted, not dropped.
  */
 #include "gfx_tree.h"
+#include "gfx_task.h"
 #include "gfx_ustack.h"
 #include <linux/bpf_perf_event.h>
 
@@ -42,7 +43,7 @@ int profile_sample(struct bpf_perf_event_data *ctx)
 	struct sample_key key = {};
 	__u64 one = 1;
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid))
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return 0;
 	key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	key.user_stack = gfx_user_stack(ctx);

@@ -10,6 +10,7 @@
  * map the same library).
  */
 #include "gfx_tree.h"
+#include "gfx_task.h"
 #include "gfx_ucall.h"
 
 #define MAX_FUNCTIONS 64
@@ -50,7 +51,7 @@ int ucall_entry(struct pt_regs *ctx)
 
 	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	gfx_entry_key(&key, function);
 	ts = bpf_ktime_get_ns();
@@ -66,7 +67,7 @@ int ucall_return(struct pt_regs *ctx)
 	struct entry_key key;
 	__u64 delta;
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	gfx_entry_key(&key, function);
 	if (!gfx_entry_elapsed(&entry_ts, &key, &delta))

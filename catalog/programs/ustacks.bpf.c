@@ -12,6 +12,7 @@
  * function and the rest of the stack.
  */
 #include "gfx_tree.h"
+#include "gfx_task.h"
 #include "gfx_ucall.h"
 #include "gfx_ustack.h"
 #include <linux/ptrace.h>
@@ -63,7 +64,7 @@ int ustack_entry(struct pt_regs *ctx)
 	struct entry_key ek;
 	struct entry_val ev = {};
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	/* Field by field: a constant initializer would land in .rodata.cst16. */
 	first.calls = 1;
@@ -89,7 +90,7 @@ int ustack_return(struct pt_regs *ctx)
 	struct entry_key ek;
 	__u64 delta;
 
-	if (!gfx_tree_ok(target_pid) || !gfx_uid_ok(target_uid) || function >= MAX_FUNCTIONS)
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
 	gfx_entry_key(&ek, function);
 	ev = gfx_entry_elapsed(&entry_ts, &ek, &delta);

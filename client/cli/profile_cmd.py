@@ -29,19 +29,27 @@ from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.client import proctree
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.broker import Broker
-from gfxbpf.client.errors import ClientError, UsageError
+from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.profiles import read as profile_read
 from gfxbpf.client.profiles.writers import FORMATS
+from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles import Profile, RawStack, Symbolizer
+    from gfxbpf.client.profiles.copies import CopyReader, ProbeCopyReader
+    from gfxbpf.client.profiles.procmaps import ProcessMaps
+    from gfxbpf.client.profiles.unwind import UnwindTables
+
+    Copies = CopyReader | ProbeCopyReader
 
 # The symbolizer and the file writers are reached through the package (which
 # imports them on first use): every gfxclient command imports this module to
 # build its parser (issue #15).
 
 DEFAULT_FREQUENCY = 99
+STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
+REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
 TOP_N = 15
 # Default file names when --format is given without -o.
 DEFAULT_FILES = {
@@ -62,7 +70,9 @@ Without --pid or COMMAND, every process in the scope is sampled (scope self:
 all of yours). COMMAND and --pid include their child processes, those running
 and those started during the profile (threads too), followed in the kernel;
 --no-children keeps to the process itself.
-Stacks need frame pointers: build with -fno-omit-frame-pointer.
+Stacks are unwound from stack copies by the programs' call-frame
+information (.eh_frame) where the policy grants stackcopy (ustackcopy for
+--stacks-at); otherwise they follow frame pointers (-fno-omit-frame-pointer).
 Kernel time shows as one [kernel] frame; no kernel address leaves the broker.
 """
 
@@ -291,16 +301,31 @@ class Maps:
         self.symbolizer = symbolizer
         self.seen: set[int] = set()
         self.comms: dict[int, str] = {}  # command names (probes' keys carry none)
+        # The first snapshot of each process: the symbolizer merges later ones
+        # into it, so it is the whole picture the unwinder should see too.
+        self.procs: dict[int, ProcessMaps] = {}
+        self.refreshed: dict[int, float] = {}  # pid -> when process() last captured it
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
             maps = profile.capture(pid)
             if maps is not None and maps.mappings:  # a zombie has none
+                self.procs.setdefault(pid, maps)
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
                 with contextlib.suppress(OSError):
                     with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
                         self.comms[pid] = f.read().strip()
+
+    def process(self, pid: int, refresh: bool = False) -> ProcessMaps | None:
+        """The process's maps, captured now if never seen (scope-wide runs) or if
+        refresh: a sample from code mapped since the last snapshot (a library the
+        loader just mapped), at most every REFRESH_S per process."""
+        now = time.monotonic()
+        if pid not in self.procs or (refresh and now - self.refreshed.get(pid, 0) >= REFRESH_S):
+            self.refreshed[pid] = now
+            self.capture([pid])
+        return self.procs.get(pid)
 
 
 # ------------------------------------------------------------------ sampling
@@ -332,6 +357,8 @@ class Run:
     # Stack id -> user addresses, read while sampling: an id keeps its stack for
     # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Programs stackcopy, ustackcopy: records unwound as they are read (no stack table).
+    copies: Copies | None = None
 
     @property
     def targets(self) -> list[int]:
@@ -365,6 +392,14 @@ class Run:
             if self.req.children:
                 self.family |= proctree.descendants(self.targets)
             self.maps.capture(self.targets + sorted(self.family))
+        if self.copies is not None:
+            from gfxbpf.client.profiles.copies import CopyReader  # imported by _copy_reader
+
+            if isinstance(self.copies, CopyReader):
+                self.copies.wanted = set(self.kept())  # several --pid: their families too
+            self.copies.drain()
+            self.samples = self.copies.records
+            return
         direct = self.att.map(self.counts_map).fd is not None
         if read and (direct or progress or not self.targets):
             entries = self.att.map(self.counts_map).raw_items()
@@ -429,6 +464,12 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             what = "calls" if run.req.probes else "samples"
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
             progress.flush()
+        if run.copies is not None:  # the ring holds ~250 ms of a CPU at 999 Hz
+            # The first 100 ms a snapshot a millisecond: a process that lives a few
+            # ms must be caught after its loader mapped the libraries, or its
+            # copies cannot be unwound (its maps are gone once it exits).
+            run.copies.drain(0.001 if run.elapsed() < 0.1 else 0.05)
+            continue
         # Often at first: a short-lived process must be caught with its libraries.
         stop.wait(0.05 if run.elapsed() < 1.0 else 0.25)
     run.ended = time.monotonic()
@@ -440,6 +481,8 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
 def collect(run: Run) -> tuple[list[RawStack], int]:
     """Raw stacks from the maps (targets only), and the count the tables lost."""
     att, req = run.att, run.req
+    if run.copies is not None:
+        return _collect_copies(run, run.copies)
     entries = att.map(run.counts_map).raw_items()
     run.read_stacks(entries)
     stacks = run.stacks
@@ -450,23 +493,68 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
     return raw, profile_read.lost_count(att.map("lost").raw_items())
 
 
+def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
+    from gfxbpf.client.profiles.copies import CopyReader
+
+    while copies.drain():  # what came in since the last look
+        pass
+    lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if isinstance(copies, CopyReader):
+        return copies.raw_stacks(), lost
+    entries = run.att.map("calls").raw_items()
+    req = run.req
+    return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
+
+
 # ------------------------------------------------------------------ the command
 
 
 def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | None) -> Attachment:
     children = req.children and pid is not None  # several --pid: kept here, by /proc
     if req.probes:
-        return broker.attach(
-            "ustacks",
-            scope=args.scope,
-            pid=pid,
-            library=req.library,
-            functions=req.functions,
-            children=children,
-        )
-    return broker.attach(
-        "profile", scope=args.scope, pid=pid, frequency=req.frequency, children=children
-    )
+        where: dict[str, Any] = {
+            "library": req.library,
+            "functions": req.functions,
+            "children": children,
+        }
+        copies = _try_copies(broker, args, "ustackcopy", pid=pid, **where)
+        return copies or broker.attach("ustacks", scope=args.scope, pid=pid, **where)
+    sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
+    copies = _try_copies(broker, args, "stackcopy", pid=pid, **sampling)
+    return copies or broker.attach("profile", scope=args.scope, pid=pid, **sampling)
+
+
+def _try_copies(
+    broker: Broker, args: argparse.Namespace, name: str, **kw: Any
+) -> Attachment | None:
+    """The stack-copy program, for complete stacks; None where it is not granted
+    (or an older broker lacks it): then frame-pointer stacks, as before."""
+    if args.scope not in (None, "self"):
+        return None  # copies are process memory: scope self only
+    try:
+        return broker.attach(name, scope="self", **kw)
+    except BrokerError as e:
+        if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
+            raise
+        return None
+
+
+def _unwind_tables() -> UnwindTables:
+    """One set of unwind tables per run, shared by the unwinder and the symbolizer."""
+    from gfxbpf.client.profiles.unwind import UnwindTables
+
+    return UnwindTables()
+
+
+def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
+    from gfxbpf.client.profiles.copies import CopyReader, ProbeCopyReader
+    from gfxbpf.client.profiles.unwind import MAX_FRAMES
+
+    symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
+    stream = r.att.open_events(STACK_COPIES)
+    if r.req.probes:
+        return ProbeCopyReader(stream, r.maps.process, tables)
+    return CopyReader(stream, r.maps.process, tables, r.kept())
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:
@@ -499,7 +587,8 @@ def _run(
     stop: Stopper,
 ) -> int:
     req = parse_request(args)
-    symbolizer = profile.Symbolizer()
+    tables = _unwind_tables()
+    symbolizer = profile.Symbolizer(unwind_tables=tables)
     child = Child(req.command) if req.command else None
     try:
         broker = connect(args)
@@ -513,9 +602,7 @@ def _run(
             child.abandon()
         raise
     with broker:
-        r = Run(req, att, Maps(symbolizer), child)
-        r.kernel_tree = req.children and _one_pid(req, child) is not None
-        symbolizer.stack_depth = att.map("stacks").desc.value_size // 8
+        r = _new_run(req, att, symbolizer, tables, child)
         try:
             if child is not None:
                 child.release()
@@ -552,6 +639,19 @@ def _run(
     return 0
 
 
+def _new_run(
+    req: Request, att: Attachment, symbolizer: Symbolizer, tables: UnwindTables, child: Child | None
+) -> Run:
+    """The run's state: stacks from copies (stackcopy) or from the stack table."""
+    r = Run(req, att, Maps(symbolizer), child)
+    r.kernel_tree = req.children and _one_pid(req, child) is not None
+    if STACK_COPIES in att.maps:
+        r.copies = _copy_reader(r, symbolizer, tables)
+    else:
+        symbolizer.stack_depth = att.map("stacks").desc.value_size // 8
+    return r
+
+
 def _say_empty(r: Run) -> None:
     what = "no calls were counted" if r.req.probes else "no samples were taken"
     hint = (
@@ -571,7 +671,12 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
-    if lost:
+    if lost and r.copies is not None:
+        prof.notes.append(
+            f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
+            "fell behind; sample at a lower --frequency)"
+        )
+    elif lost:
         prof.notes.append(
             f"{lost} {'calls' if req.probes else 'samples'} could not be counted: the broker's "
             "table was full (profile fewer processes, or for a shorter time)"

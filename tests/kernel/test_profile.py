@@ -113,6 +113,28 @@ int main(int argc, char **argv)
 }
 """
 
+# Burns CPU for argv[1] ms of its own CPU time; then, given argv[2], execs it
+# (with no further argument). As a setuid-root copy it is another user's process.
+SPIN_EXEC_C = r"""
+#include <time.h>
+#include <unistd.h>
+volatile unsigned long sink;
+__attribute__((noinline)) double cpu_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+__attribute__((noinline)) void burn(double ms)
+{ double end = cpu_ms() + ms; while (cpu_ms() < end) for (int i = 0; i < 20000; i++) sink += i; }
+int main(int argc, char **argv)
+{
+    burn(argc > 1 ? 700 : 1500);
+    if (argc > 2) execl(argv[2], argv[2], (char *)0);
+    return 0;
+}
+"""
+
 # Bob's busy process: it must never show in alice's self-scope profile.
 BUSY_PY = "import time\nend = time.time() + 30\nwhile time.time() < end:\n    pass\n"
 
@@ -146,26 +168,27 @@ def progs() -> Iterator[dict[str, Path]]:
         "lib": lib,
         "caller": _cc(CALLER_C, d / "caller", f"-L{d}", "-lstk", "-Wl,-rpath,$ORIGIN"),
         "jit": _cc(JIT_C, d / "jit"),
+        "prespin": _cc(SPIN_EXEC_C, d / "prespin"),
+        "suidspin": _cc(SPIN_EXEC_C, d / "suidspin"),
     }
+    # A setuid-root program the user may run (as sudo, passwd or ping are).
+    os.chown(out["suidspin"], 0, 0)
+    out["suidspin"].chmod(0o4755)
     yield out
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def broker(progs: dict[str, Path]) -> Iterator[BrokerProcess]:
-    text = policy_for(
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    progs: dict[str, Path] = request.getfixturevalue("progs")
+    return policy_for(
         {
             "profile": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
+            "stackcopy": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
             "ustacks": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
         },
         # A profile's maps are ~6.3 MiB; this module takes more than 64 MiB of them in 600 s.
         limits={"map_bytes_per_user": 1 << 30},
     )
-    b = BrokerProcess.start(text)
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def gfxclient(
@@ -337,6 +360,53 @@ def test_another_users_process_never_appears(broker: BrokerProcess, progs: dict[
         for p in (bob, alice):
             p.kill()
             p.wait()
+
+
+def test_a_setuid_program_the_user_runs_is_never_sampled(
+    broker: BrokerProcess, progs: dict[str, Path]
+) -> None:
+    """Issue 26 item 2: a setuid-root program keeps the user's real uid, but it
+    is root's process. Sampling it would hand the user a root process's stack
+    (and its stack bytes). Run directly under the profile, and exec'd later
+    by a process the user's --pid names (next test): neither leaves a sample of it."""
+    assert os.stat(progs["suidspin"]).st_mode & 0o4000, "the test binary must be setuid"
+    d = progs["dir"]
+    out = d / "suid.folded"
+    r = gfxclient(
+        broker, "fd", "--json", "profile", "--frequency", "499", "--format", "folded",
+        "-o", str(out), "--", str(progs["suidspin"]),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["exit_status"] == 0 and summary["duration_s"] >= 1.0, summary
+    # A sample or two of the client's own child before its exec may show.
+    text = out.read_text()
+    assert "suidspin" not in text and "burn" not in text, text
+
+
+def test_a_process_that_execs_a_setuid_program_later_is_not_sampled_after(
+    broker: BrokerProcess, progs: dict[str, Path]
+) -> None:
+    """--pid of the user's own process, checked once at attach, which execs the
+    setuid program later under the same pid: the kernel check holds at every
+    sample, so its own half shows and nothing after the exec."""
+    d = progs["dir"]
+    target = run_as(ALICE, [str(progs["prespin"]), "700", str(progs["suidspin"])], background=True)
+    try:
+        out = d / "suid-pid.folded"
+        r = gfxclient(
+            broker, "fd", "--json", "profile", "--pid", str(target.pid), "--duration", "30",
+            "--frequency", "499", "--format", "folded", "-o", str(out),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        text = out.read_text()
+        assert target.wait(timeout=30) == 0
+    finally:
+        target.kill()
+        target.wait()
+    assert "prespin;" in text and ";main;burn" in text, text  # the user's own half
+    assert "suidspin" not in text, text  # nothing after the exec
+    assert json.loads(r.stdout)["total"] == sum(folded(out).values())
 
 
 @pytest.mark.parametrize("via", VIAS)

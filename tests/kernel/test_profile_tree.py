@@ -54,8 +54,11 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
     progs: dict[str, Path] = request.getfixturevalue("progs")
     return policy_for(
         {
+            # gfxclient's default path: stack copies (the copy programs follow
+            # trees as profile and ustacks do); attach_tree.py uses profile itself
+            "stackcopy": {"users": [ALICE], "scope": "self", "max_frequency": 999},
             "profile": {"users": [ALICE], "scope": "self", "max_frequency": 999},
-            "ustacks": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
+            "ustackcopy": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
             "ucalls": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
         },
         limits={"map_bytes_per_user": 1 << 30},  # several profiles of ~6.3 MiB each

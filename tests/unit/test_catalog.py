@@ -42,6 +42,8 @@ EXPECTED = {
     "cuda",
     "profile",
     "ustacks",
+    "stackcopy",
+    "ustackcopy",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -129,6 +131,8 @@ KNOB_DEFAULTS = {
     "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "profile": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")

@@ -55,6 +55,9 @@ class Stop(enum.StrEnum):
         "bad-cfa"  # the frame address does not move up the stack, or its rule is not one we follow
     )
     DEPTH = "depth"  # MAX_FRAMES (or the caller's max_frames) reached
+    # Stacks at a probe (ustackcopy): calls counted in one row came from
+    # several paths; the stack holds the frames they share.
+    MERGED = "merged"
 
 
 # One marker frame per reason, the outermost frame of a stack that stopped early.
@@ -66,6 +69,7 @@ _MARKERS = {
     Stop.TRUNCATED: "[unwind stopped: stack copy too short]",
     Stop.BAD_CFA: "[unwind stopped: bad frame]",
     Stop.DEPTH: "[unwind stopped: too deep]",
+    Stop.MERGED: "[several call paths]",
 }
 # What the profile's notes say about each reason.
 _EXPLAIN = {
@@ -76,6 +80,7 @@ _EXPLAIN = {
     Stop.TRUNCATED: "a stack deeper than the copied stack bytes",
     Stop.BAD_CFA: "a frame whose call-frame rule could not be followed",
     Stop.DEPTH: "the frame limit",
+    Stop.MERGED: "calls from several paths that share their innermost caller",
 }
 
 

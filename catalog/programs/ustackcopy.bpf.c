@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * ustackcopy: calls of chosen functions in one of the caller's processes,
+ * counted exactly per (function, calling return address), with stack copies
+ * the client unwinds into complete calling stacks (no frame pointers needed).
+ *
+ * Attached like ustacks: a uprobe and a uretprobe per function, the
+ * function's index as the bpf cookie. A burst of calls would overrun any
+ * ring buffer if every call sent its stack, so the counts stay in the
+ * kernel and a call sends its stack copy (gfx_ucopy.h) only when its row's
+ * count reaches a power of two (1, 2, 4, ...): a few copies per row, more
+ * for the rows that matter. Rows are keyed by the return address on top of
+ * the stack at entry (the immediate caller); paths that differ only above
+ * it share a row, and the client, which unwinds each copy, says so when
+ * a row's copies disagree instead of picking one path.
+ *
+ * Scope self only: the copies are process memory.
+ */
+#include "gfx_ucall.h"
+#include "gfx_tree.h"
+#include "gfx_ucopy.h"
+#include <linux/ptrace.h>
+
+#define MAX_FUNCTIONS 64
+#define MAX_ROWS 16384
+
+const volatile __u32 target_uid = GFX_ANY;
+const volatile __u32 target_pid = GFX_ANY;
+
+GFX_TREE_PROGRAMS(target_pid)
+
+struct call_key {
+	__u32 tgid;
+	__u32 function;  /* index in the `functions` parameter */
+	__u64 caller;    /* return address on top of the stack at entry (0: unreadable) */
+};
+
+struct call_stats {
+	__u64 calls;     /* counted at entry */
+	__u64 total_ns;  /* entry to return, added at return */
+};
+
+struct entry_val {
+	__u64 ts;  /* first: gfx_entry_elapsed() reads it */
+	struct call_key key;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ROWS);
+	__type(key, struct call_key);
+	__type(value, struct call_stats);
+} calls SEC(".maps");
+
+/* (thread, function) -> entry time and row; LRU so lost returns cannot fill it */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 10240);
+	__type(key, struct entry_key);
+	__type(value, struct entry_val);
+} entry_ts SEC(".maps");
+
+/* Count the call in its row; the row's count after it (0: the table is full). */
+static __always_inline __u64 count_call(const struct call_key *key)
+{
+	struct call_stats first = {}, *st;
+
+	st = bpf_map_lookup_elem(&calls, key);
+	if (!st) {
+		first.calls = 1;
+		if (bpf_map_update_elem(&calls, key, &first, BPF_NOEXIST) == 0)
+			return 1;
+		st = bpf_map_lookup_elem(&calls, key);  /* another CPU created it */
+		if (!st)
+			return 0;
+	}
+	__sync_fetch_and_add(&st->calls, 1);
+	return st->calls;  /* racy read: it only picks which calls send a copy */
+}
+
+SEC("uprobe")
+int ustackcopy_entry(struct pt_regs *ctx)
+{
+	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
+	struct entry_val ev = {};
+	struct ustack_rec *r;
+	struct entry_key ek;
+	__u32 one = 1;
+	__u64 n;
+
+	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) ||
+	    function >= MAX_FUNCTIONS)
+		return 0;
+	gfx_entry_key(&ek, function);
+	ev.key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+	ev.key.function = function;
+	if (bpf_probe_read_user(&ev.key.caller, sizeof(ev.key.caller), (void *)ctx->rsp))
+		ev.key.caller = 0;
+	n = count_call(&ev.key);
+	if (!n)
+		gfx_count(&lost, &one, 1);  /* the table is full: the call is not counted */
+	ev.ts = bpf_ktime_get_ns();
+	bpf_map_update_elem(&entry_ts, &ek, &ev, BPF_ANY);
+	if (!n || (n & (n - 1)))
+		return 0;
+	r = gfx_urec_start(0);
+	if (!r)
+		return 0;
+	r->ip = ctx->rip;
+	r->sp = ctx->rsp;
+	r->bp = ctx->rbp;
+	r->function = function;
+	r->entry_ns = ev.ts;
+	gfx_urec_copy(r);
+	gfx_urec_send(r);
+	return 0;
+}
+
+SEC("uretprobe")
+int ustackcopy_return(struct pt_regs *ctx)
+{
+	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
+	struct call_stats *st;
+	struct entry_val *ev;
+	struct entry_key ek;
+	__u64 delta;
+
+	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) ||
+	    function >= MAX_FUNCTIONS)
+		return 0;
+	gfx_entry_key(&ek, function);
+	ev = gfx_entry_elapsed(&entry_ts, &ek, &delta);
+	if (!ev)
+		return 0;  /* entered before we attached */
+	st = bpf_map_lookup_elem(&calls, &ev->key);
+	if (st)
+		__sync_fetch_and_add(&st->total_ns, delta);
+	bpf_map_delete_elem(&entry_ts, &ek);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

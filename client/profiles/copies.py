@@ -1,0 +1,218 @@
+"""Stack copies (programs `stackcopy`, `ustackcopy`) read as they come and unwound here.
+
+Each record of the `stack_copies` ring buffer (catalog/programs/gfx_ucopy.h,
+struct ustack_rec) holds a sample's user registers and the top of its user
+stack. They are read as they come, so the 2 MiB ring keeps up at 999 Hz, and
+each is unwound at once by the call-frame information of the files the
+process maps (gfxbpf.client.profiles.unwind), so memory holds one tuple of
+return addresses per distinct stack, not the copies.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gfxbpf.client import profiles as profile
+from gfxbpf.client.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from gfxbpf.client.events import EventStream
+    from gfxbpf.client.profiles.model import RawStack
+    from gfxbpf.client.profiles.procmaps import ProcessMaps
+    from gfxbpf.client.profiles.unwind import UnwindTables
+
+# struct ustack_rec's header: tgid, tid, flags, size, ip, sp, bp, entry_ns,
+# elapsed, function, pad, comm[16]; the stack bytes follow.
+HEADER = struct.Struct("<4I3QQQII16s")
+FLAG_KERNEL = 1  # sampled in kernel mode: the registers are the user ones it entered with
+FLAG_SHORT = 2  # the stack ended (an unreadable page) before the copy's size
+
+# Where a sample's process maps could not be read (it exited before the
+# first snapshot, or is not the caller's): the reason shown as its one frame.
+NO_MAPS = "process gone before its maps were read"
+
+# (tgid, kernel mode, comm, frames innermost first, why the unwind stopped)
+StackKey = tuple[int, bool, str, tuple[int, ...], str | None]
+# tgid, refresh -> the process's maps (refresh: snapshot it again first)
+MapsOf = Callable[[int, bool], "ProcessMaps | None"]
+# ustackcopy's calls map: key (tgid, function, caller), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQ")
+CALL_STATS = struct.Struct("<QQ")
+U64 = struct.Struct("<Q")
+# A row of ustackcopy's calls map whose copies unwound to different paths.
+MERGED = "merged"
+
+
+def _parse(rec: bytes) -> tuple[Any, ...]:
+    if len(rec) < HEADER.size:
+        raise ProtocolError(
+            f"a {len(rec)}-byte stack copy record: this gfxclient expects at least "
+            f"{HEADER.size} (the broker runs another version of the program: update gfxclient)"
+        )
+    return HEADER.unpack_from(rec)
+
+
+def _unwind(
+    rec: bytes, ip: int, sp: int, bp: int, size: int, maps: ProcessMaps, tables: UnwindTables
+) -> tuple[tuple[int, ...], str | None]:
+    from gfxbpf.client.profiles.unwind import UserRegs, unwind
+
+    result = unwind(UserRegs(ip, sp, bp), rec[HEADER.size : HEADER.size + size], maps, tables)
+    return result.frames, None if result.stop is None else str(result.stop)
+
+
+class CopyReader:
+    """Drains a stackcopy attachment's ring buffer and unwinds every record."""
+
+    def __init__(
+        self,
+        stream: EventStream,
+        process_maps: MapsOf,
+        tables: UnwindTables,
+        pids: Sequence[int] = (),
+    ) -> None:
+        self.stream = stream
+        self.process_maps = process_maps  # tgid -> its maps (captured on first sight)
+        self.tables = tables
+        self.wanted = set(pids)
+        self.counts: dict[StackKey, int] = {}
+        self.records = 0  # every record read, those of unwanted pids included
+        self.samples = 0  # records kept
+        self.short = 0  # records whose stack ended before the copy's size
+        self._comms: dict[bytes, str] = {}
+
+    def drain(self, timeout: float = 0.0) -> int:
+        """Read what the ring holds (waiting up to timeout for the first); the count."""
+        records = self.stream.poll_raw(timeout)
+        for rec in records:
+            self.add(rec)
+        return len(records)
+
+    def add(self, rec: bytes) -> None:
+        """Unwind one record into the counts."""
+        tgid, _tid, flags, size, ip, sp, bp, _t, _e, _f, _pad, comm = _parse(rec)
+        self.records += 1
+        if self.wanted and tgid not in self.wanted:
+            return
+        self.samples += 1
+        self.short += bool(flags & FLAG_SHORT)
+        name = self._comms.get(comm)
+        if name is None:
+            name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
+        maps = self.process_maps(tgid, False)
+        if maps is None:
+            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS)
+        else:
+            frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            if not frames and (maps := self.process_maps(tgid, True)) is not None:
+                frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def raw_stacks(self) -> list[RawStack]:
+        """The samples as the symbolizer takes them, one RawStack per distinct stack."""
+        out = []
+        for (tgid, kernel, comm, frames, stop), weight in self.counts.items():
+            lost = stop if not frames else None  # nothing unwound: say why, as one frame
+            out.append(
+                profile.RawStack(
+                    pid=tgid,
+                    user=frames,
+                    kernel=kernel,
+                    weight=weight,
+                    comm=comm,
+                    user_error=_error(lost) if lost else None,
+                    unwind_stop=stop if frames else None,
+                )
+            )
+        return out
+
+
+def _error(stop: str) -> str:
+    """Why a sample has no user frame at all, in the summary's words."""
+    if stop == NO_MAPS:
+        return NO_MAPS
+    return f"no user frame unwound ({stop})"
+
+
+class ProbeCopyReader:
+    """ustackcopy: the calls map counts every call exactly per (function,
+    caller); the copies (a few per row) give each row its calling stack."""
+
+    def __init__(
+        self,
+        stream: EventStream,
+        process_maps: MapsOf,
+        tables: UnwindTables,
+    ) -> None:
+        self.stream = stream
+        self.process_maps = process_maps
+        self.tables = tables
+        # (tgid, function, caller) -> the distinct unwound paths, from the caller out
+        self.paths: dict[tuple[int, int, int], set[tuple[tuple[int, ...], str | None]]] = {}
+        self.records = 0
+
+    def drain(self, timeout: float = 0.0) -> int:
+        records = self.stream.poll_raw(timeout)
+        for rec in records:
+            self.add(rec)
+        return len(records)
+
+    def add(self, rec: bytes) -> None:
+        tgid, _tid, _flags, size, ip, sp, bp, _t, _e, function, _pad, _comm = _parse(rec)
+        self.records += 1
+        if size < U64.size:
+            return  # not even the return address: nothing to place the row by
+        caller = U64.unpack_from(rec, HEADER.size)[0]
+        for refresh in (False, True):  # again with newer maps: a library just mapped
+            maps = self.process_maps(tgid, refresh)
+            if maps is None:
+                return
+            frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            if len(frames) > 1:
+                break
+        # frames[0] is the function's entry; frames[1] its caller, as the row says.
+        if len(frames) > 1 and frames[1] == caller:
+            self.paths.setdefault((tgid, function, caller), set()).add((frames[1:], stop))
+
+    def raw_stacks(
+        self, calls: Iterable[tuple[bytes, Any]], functions: Sequence[str], weight: str
+    ) -> tuple[list[RawStack], int]:
+        """One RawStack per row of the calls map, and how many rows had no copy."""
+        out, uncopied = [], 0
+        for key, value in calls:
+            if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
+                raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
+            tgid, function, caller = CALL_KEY.unpack(key)
+            ncalls, total_ns = CALL_STATS.unpack(value)
+            user, stop = self._path(tgid, function, caller)
+            uncopied += not self.paths.get((tgid, function, caller))
+            leaf = functions[function] if function < len(functions) else f"[function {function}]"
+            out.append(
+                profile.RawStack(
+                    pid=tgid,
+                    user=user,
+                    kernel=False,
+                    weight=ncalls if weight == "calls" else total_ns,
+                    user_error=None if user else "no user stack (unreadable return address)",
+                    leaf=leaf,
+                    unwind_stop=stop if user else None,
+                )
+            )
+        return out, uncopied
+
+    def _path(self, tgid: int, function: int, caller: int) -> tuple[tuple[int, ...], str | None]:
+        """The row's calling stack: its copies' unwound path when they agree; where
+        they differ, the frames they share and a marker (never one path picked)."""
+        paths = self.paths.get((tgid, function, caller))
+        if not paths:
+            return ((caller,) if caller else ()), None
+        if len(paths) == 1:
+            return next(iter(paths))
+        stacks = [p for p, _ in paths]
+        shared = 0
+        while all(len(p) > shared and p[shared] == stacks[0][shared] for p in stacks):
+            shared += 1
+        return stacks[0][:shared], MERGED

@@ -1,0 +1,292 @@
+"""Complete stacks without frame pointers (issue 22's acceptance, kernel half).
+
+The broker runs as the unit runs it (user gfxbpf, CAP_BPF + CAP_PERFMON
+only); gfxclient runs as gfxtest-alice over the Unix socket. The workloads
+are built the way distributions build (-O2, no frame pointers) or are
+Debian's own binaries (xz, python3): `gfxclient profile` takes stack copies
+(program stackcopy) and unwinds them with the files' call-frame information.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import skip_or_fail
+from tests.kernel.brokerenv import (
+    ALICE,
+    BOB,
+    VENV_PYTHON,
+    BrokerProcess,
+    ensure_user,
+    policy_for,
+    run_as,
+    shared_dir,
+)
+from tests.kernel.rawclient import kernel_looking_text
+
+pytestmark = pytest.mark.kernel
+
+MAX_HZ = 999
+CHAIN = ("main", "chain_a", "chain_b", "chain_c", "chain_d", "chain_leaf")
+
+# main -> chain_a -> ... -> chain_leaf, each a real call (noinline; the add
+# after each call keeps it from becoming a jump). Built -O2 without frame
+# pointers, as distributions build.
+CHAIN_C = r"""
+#include <stdlib.h>
+volatile unsigned long sink;
+__attribute__((noinline)) unsigned long chain_leaf(unsigned long n)
+{ for (unsigned long i = 0; i < n; i++) sink += i * i; return sink; }
+__attribute__((noinline)) unsigned long chain_d(unsigned long n) { return chain_leaf(n) + 1; }
+__attribute__((noinline)) unsigned long chain_c(unsigned long n) { return chain_d(n) + 2; }
+__attribute__((noinline)) unsigned long chain_b(unsigned long n) { return chain_c(n) + 3; }
+__attribute__((noinline)) unsigned long chain_a(unsigned long n) { return chain_b(n) + 4; }
+int main(int argc, char **argv)
+{
+    unsigned long rounds = argc > 1 ? strtoul(argv[1], 0, 10) : 100;
+    unsigned long t = 0;
+    for (unsigned long r = 0; r < rounds; r++) t += chain_a(1000000);
+    return (int)(t & 1);
+}
+"""
+
+# A shared-library function called from two code paths, -O2 both sides.
+LIB_C = r"""
+volatile unsigned long lib_sink;
+__attribute__((noinline)) void fake_launch(unsigned long x) { lib_sink += x; }
+"""
+CALLER_C = r"""
+#include <stdlib.h>
+void fake_launch(unsigned long x);
+volatile unsigned long sink;
+__attribute__((noinline)) void do_a(unsigned long i) { fake_launch(i); sink++; }
+__attribute__((noinline)) void run_a(unsigned long i) { do_a(i); sink++; }
+__attribute__((noinline)) void do_b(unsigned long i) { fake_launch(i * 3); sink++; }
+__attribute__((noinline)) void run_b(unsigned long i) { do_b(i); sink++; }
+int main(int argc, char **argv)
+{
+    unsigned long na = strtoul(argv[1], 0, 10), nb = strtoul(argv[2], 0, 10);
+    for (unsigned long i = 0; i < na; i++) run_a(i);
+    for (unsigned long i = 0; i < nb; i++) run_b(i);
+    return 0;
+}
+"""
+
+PY_LOOP = (
+    "import time\n"
+    "def inner(n):\n"
+    "    s = 0\n"
+    "    for i in range(n):\n"
+    "        s += i * i\n"
+    "    return s\n"
+    "def outer():\n"
+    "    end = time.process_time() + 2.0\n"
+    "    while time.process_time() < end:\n"
+    "        inner(20000)\n"
+    "outer()\n"
+)
+
+
+def _need(path: str) -> str:
+    if not os.access(path, os.X_OK):
+        skip_or_fail(f"{path} is not installed")
+    return path
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[Path]:
+    d = shared_dir(prefix="gfxbpf-unwind-")
+    os.chown(d, *ensure_user(ALICE))  # alice writes the profiles here
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        skip_or_fail("gcc is not installed (apt-get install gcc)")
+        raise AssertionError  # unreachable
+    (d / "chain.c").write_text(CHAIN_C)
+    subprocess.run(
+        [gcc, "-O2", "-fomit-frame-pointer", str(d / "chain.c"), "-o", str(d / "chain")],
+        check=True,
+        capture_output=True,
+    )
+    (d / "chain").chmod(0o755)
+    (d / "lib.c").write_text(LIB_C)
+    (d / "caller.c").write_text(CALLER_C)
+    o2 = [gcc, "-O2", "-fomit-frame-pointer"]
+    subprocess.run(
+        [*o2, "-shared", "-fPIC", str(d / "lib.c"), "-o", str(d / "liblaunch.so")],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*o2, str(d / "caller.c"), "-o", str(d / "caller"), f"-L{d}", "-llaunch"]
+        + ["-Wl,-rpath,$ORIGIN"],
+        check=True,
+        capture_output=True,
+    )
+    for name in ("liblaunch.so", "caller"):
+        (d / name).chmod(0o755)
+    (d / "random.bin").write_bytes(os.urandom(8 << 20))
+    os.chown(d / "random.bin", *ensure_user(ALICE))  # xz gives its output the input's owner
+    (d / "loop.py").write_text(PY_LOOP)
+    (d / "loop.py").chmod(0o644)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    work: Path = request.getfixturevalue("work")
+    lib = {"users": [ALICE], "scope": "self", "libraries": [str(work / "liblaunch.so")]}
+    return policy_for(
+        {
+            "profile": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
+            "stackcopy": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
+            "ustacks": lib,
+            "ustackcopy": lib,
+        },
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+
+
+def profile_of(broker: BrokerProcess, out: Path, *command: str, hz: int = 499) -> dict:
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+    argv += ["profile", "--frequency", str(hz), "--format", "folded", "-o", str(out)]
+    r = run_as(ALICE, [*argv, "--", *command], timeout=300, env={"GFXBPF_DEBUG": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+    summary = json.loads(r.stdout)
+    assert summary["program"] == "profile" and summary["exit_status"] == 0, summary
+    return summary
+
+
+def stacks_of(path: Path) -> list[tuple[list[str], int]]:
+    out = []
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        out.append((stack.split(";"), int(n)))
+    return out
+
+
+def share(stacks: list[tuple[list[str], int]], pred: object) -> float:
+    total = sum(n for _, n in stacks)
+    assert total > 100, stacks  # enough samples to judge a share by
+    return sum(n for s, n in stacks if pred(s)) / total  # type: ignore[operator]
+
+
+def _holds_in_order(frames: list[str], chain: tuple[str, ...]) -> bool:
+    """chain appears as consecutive frames, root first."""
+    n = len(chain)
+    return any(tuple(frames[i : i + n]) == chain for i in range(len(frames) - n + 1))
+
+
+def test_o2_program_without_frame_pointers_has_its_whole_chain(
+    broker: BrokerProcess, work: Path
+) -> None:
+    out = work / "chain.folded"
+    profile_of(broker, out, str(work / "chain"), "1500")
+    stacks = stacks_of(out)
+    assert share(stacks, lambda s: _holds_in_order(s, CHAIN)) >= 0.95, stacks
+
+
+def test_debian_xz_reaches_libc_start_main(broker: BrokerProcess, work: Path) -> None:
+    xz = _need("/usr/bin/xz")
+    out = work / "xz.folded"
+    profile_of(broker, out, xz, "-9", "-k", "-f", "-T1", str(work / "random.bin"))
+    stacks = stacks_of(out)
+    user = [(s, n) for s, n in stacks if s[-1] != "[kernel]" or len(s) > 2]
+    reached = share(user, lambda s: any(f.startswith("__libc_start_main") for f in s))
+    assert reached >= 0.95, stacks
+
+
+def test_debian_python_reaches_py_bytes_main_without_garbage_towers(
+    broker: BrokerProcess, work: Path
+) -> None:
+    python = _need("/usr/bin/python3")
+    out = work / "py.folded"
+    profile_of(broker, out, python, str(work / "loop.py"))
+    stacks = stacks_of(out)
+    assert share(stacks, lambda s: "Py_BytesMain" in s) >= 0.95, stacks
+
+    def tower(frames: list[str]) -> bool:
+        return any(len(set(frames[i : i + 8])) == 1 for i in range(len(frames) - 7))
+
+    assert share(stacks, tower) < 0.01, [s for s in stacks if tower(s[0])][:5]
+
+
+def test_stacks_at_a_library_function_from_two_paths_count_exactly(
+    broker: BrokerProcess, work: Path
+) -> None:
+    na, nb = 1000, 3000
+    out = work / "calls.folded"
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json", "profile"]
+    argv += ["--stacks-at", f"{work / 'liblaunch.so'}:fake_launch", "--format", "folded"]
+    argv += ["-o", str(out), "--", str(work / "caller"), str(na), str(nb)]
+    r = run_as(ALICE, argv, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"] == na + nb, r.stdout
+    rooted: dict[str, int] = {}
+    for frames, n in stacks_of(out):
+        assert "main" in frames, frames
+        key = ";".join(frames[frames.index("main") :])
+        rooted[key] = rooted.get(key, 0) + n
+    assert rooted == {
+        "main;run_a;do_a;fake_launch": na,
+        "main;run_b;do_b;fake_launch": nb,
+    }, rooted
+    # ... and below main, the start code: the whole stack was unwound.
+    assert all("__libc_start_main" in ";".join(f) for f, _ in stacks_of(out)), out.read_text()
+    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+
+
+def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) -> None:
+    bob = run_as(BOB, [str(work / "chain"), "100000"], background=True)
+    try:
+        out = work / "all.folded"
+        argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+        argv += ["profile", "--duration", "2", "--frequency", "499", "-o", str(out)]
+        alice = run_as(ALICE, [str(work / "chain"), "100000"], background=True)
+        try:
+            r = run_as(ALICE, argv, timeout=120)
+        finally:
+            alice.kill()
+            alice.wait()
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert alice.pid in summary["processes"] and bob.pid not in summary["processes"]
+        assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+    finally:
+        bob.kill()
+        bob.wait()
+
+
+def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
+    """max_stack_bytes = 1024: no record carries more stack than that."""
+    text = policy_for(
+        {"stackcopy": {"users": [ALICE], "scope": "self", "max_stack_bytes": 1024}},
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+    script = work / "sizes.py"
+    script.write_text(
+        "import os, struct, subprocess, sys\n"
+        "from gfxbpf.client.broker import Broker\n"
+        "b = Broker.connect(socket=os.environ['SOCK'], via='fd')\n"
+        "p = subprocess.Popen([sys.argv[1], '3000'])\n"
+        "a = b.attach('stackcopy', pid=p.pid, frequency=499)\n"
+        "ring = a.open_events('stack_copies')\n"
+        "sizes = []\n"
+        "while p.poll() is None:\n"
+        "    sizes += [struct.unpack_from('<4I', r)[3] for r in ring.poll_raw(0.1)]\n"
+        "print(len(sizes), max(sizes), min(sizes))\n"
+    )
+    script.chmod(0o644)
+    with BrokerProcess.start(text) as b:
+        r = run_as(ALICE, [VENV_PYTHON, str(script), str(work / "chain")], env={"SOCK": b.socket})
+    assert r.returncode == 0, r.stderr
+    n, biggest, _smallest = map(int, r.stdout.split())
+    assert n > 20 and biggest == 1024, r.stdout

@@ -1,0 +1,52 @@
+"""The size of stack copies (stackcopy, ustackcopy): the policy's
+max_stack_bytes key, and the knob the broker writes from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gfxbpf.broker.policy.rules import Policy, PolicyError
+from gfxbpf.broker.request.params import DEFAULT_STACK_BYTES, check_params
+from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.broker.sessions import Caller
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.instance import Params, prepare
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+SHA = "a" * 64
+CALLER = Caller(uid=1000, gid=1000, gids=(1000,), pid=0, transport="grpc")
+
+
+def _policy(name: str, extra: str) -> Policy:
+    return Policy.parse(
+        f'[[program]]\nname = "{name}"\nsha256 = "{SHA}"\nusers = ["*"]\n{extra}',
+        path="policy.toml",
+    )
+
+
+def _target(name: str, extra: str) -> int | None:
+    policy = _policy(name, extra)
+    res = Resolved(b"", SHA, load_catalog().get(name), policy.programs[0], "self", "r", name)
+    return check_params(policy, CALLER, res, pb.AttachParams()).stack_bytes
+
+
+def test_the_policy_caps_the_copy_size() -> None:
+    assert _target("stackcopy", "max_stack_bytes = 1024\n") == 1024
+    assert _target("stackcopy", "max_stack_bytes = 16384\n") == DEFAULT_STACK_BYTES
+    assert _target("stackcopy", "") is None  # the object's own 8 KiB
+    assert _target("profile", "max_stack_bytes = 1024\n") is None  # copies nothing
+
+
+@pytest.mark.parametrize("bad", ["-1", '"8k"', "16385", "true"])
+def test_policy_refuses_bad_max_stack_bytes(bad: str) -> None:
+    with pytest.raises(PolicyError) as e:
+        _policy("stackcopy", f"max_stack_bytes = {bad}\n")
+    assert "max_stack_bytes" in str(e.value) and "bytes of user stack" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["stackcopy", "ustackcopy"])
+def test_the_knob_lands_in_rodata(name: str) -> None:
+    entry = load_catalog().get(name)
+    data = (entry.directory / entry.object).read_bytes()
+    spec, _ = prepare(entry, data, Params(uid=1000, stack_bytes=2048))
+    assert spec.get_variable("stack_bytes") == 2048
