@@ -154,6 +154,11 @@ def _load(config: BrokerConfig) -> tuple[Any, Any]:
     return policy, catalog
 
 
+def known_program(service: Any, name: str) -> bool:
+    """Whether name is a program of the catalog or of the policy in force (audit keys)."""
+    return name in service.catalog or any(e.name == name for e in service.policy.programs)
+
+
 def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
     """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
     from gfxbpf.broker.policy import Policy, PolicyError
@@ -278,6 +283,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     audit.ok("start", detail=report.summary(), uid=report.uid, pid=os.getpid())
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
+    audit.set_programs(lambda name: known_program(service, name))
     grpc_server = _start_grpc(config, service, listener)
     signals = _Signals()
 

@@ -34,7 +34,7 @@ class Limits:
     # refused at accept, before it costs a thread.
     hello_timeout_seconds: int = 10  # a session's first request must come this soon
     sessions_total: int = 256  # concurrent Unix sessions of all users (one thread each)
-    audit_lines_per_second: int = 20  # audit lines per uid (burst as many), then summaries
+    audit_lines_per_second: int = 20  # per uid, op, result, program (burst as many), then summaries
     # gRPC (issue #16): calls are refused over this many in flight per uid, streams included,
     # and a call whose request message does not follow its headers this soon is ended.
     grpc_calls_per_user: int = 32
