@@ -39,6 +39,13 @@ class Limits:
     # and a call whose request message does not follow its headers this soon is ended.
     grpc_calls_per_user: int = 32
     grpc_request_seconds: int = 10
+    # gRPC connections (issue #26), on a unix: listener: refused at accept past these
+    # (per SO_PEERCRED uid, and in all), closed when silent for grpc_connect_seconds
+    # after connecting or without a call for grpc_idle_seconds (read at start only).
+    grpc_connections_per_user: int = 16
+    grpc_connections_total: int = 256
+    grpc_connect_seconds: int = 10
+    grpc_idle_seconds: int = 60
     # Kernel bytes of client-visible maps the broker creates for one user per
     # window: a client can keep a map alive past its attachment (broker/budget.py).
     map_bytes_per_user: int = 64 * 1024 * 1024
