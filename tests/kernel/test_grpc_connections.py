@@ -137,6 +137,20 @@ BOB_ATTACHES = textwrap.dedent(
 )
 
 
+# Mallory, once: a Hello without credentials (refused, audited under her uid as the peer).
+UNAUTHENTICATED = textwrap.dedent(
+    """
+    import sys
+    import grpc
+    from gfxbpf.proto import gfxbpf_pb2 as pb, gfxbpf_pb2_grpc as pb_grpc
+    try:
+        pb_grpc.BrokerStub(grpc.insecure_channel(sys.argv[1])).Hello(pb.HelloRequest(), timeout=10)
+    except grpc.RpcError as e:
+        print(e.code().name)
+    """
+)
+
+
 def _script(broker: BrokerProcess, name: str, text: str) -> str:
     path = broker.directory / name
     path.write_text(text)
@@ -220,6 +234,22 @@ def test_idle_grpc_connections_cannot_exhaust_the_broker() -> None:
         # Afterwards: back to the baseline.
         assert wait_until(lambda: broker.fd_count() <= fds0 + 2, 10), (broker.fd_count(), fds0)
         assert _rss_mb(broker) < rss0 + RSS_SLACK_MB, (rss0, _rss_mb(broker))
+        _check_unauthenticated_peer(broker)
+
+
+def _check_unauthenticated_peer(broker: BrokerProcess) -> None:
+    """An unauthenticated caller is audited under its own uid (issue #26, finding 5:
+    per peer, not one budget for every unauthenticated caller)."""
+    assert broker.grpc is not None
+    r = run_as(MALLORY, [VENV_PYTHON, _script(broker, "unauth.py", UNAUTHENTICATED), broker.grpc])
+    assert r.stdout.strip() == "UNAUTHENTICATED", (r.stdout, r.stderr)
+    peer = f"uid {uid_of(MALLORY)}"
+    assert wait_until(
+        lambda: any(
+            x["op"] == "grpc_auth" and x.get("peer") == peer for x in broker.audit_records()
+        ),
+        5,
+    ), [x for x in broker.audit_records() if x["op"] == "grpc_auth"][-3:]
 
 
 def _check_audit(broker: BrokerProcess) -> None:
