@@ -367,12 +367,25 @@ def _stop_server(server: grpc.aio.Server, loop: asyncio.AbstractEventLoop) -> No
 def _private_dir(unix_path: str, address: str) -> str:
     """A directory (0700) next to the public socket for grpc's own: callers reach
     grpc only through the broker's accept side (grpc_accept). Removes a stale
-    public socket first."""
+    public socket first, and the private directories of brokers that died
+    without cleaning up (the unit keeps its RuntimeDirectory)."""
     _prepare_unix_path(unix_path)
+    _remove_stale_private_dirs(os.path.dirname(unix_path) or "/")
     try:
         return tempfile.mkdtemp(prefix=".grpc-", dir=os.path.dirname(unix_path) or "/")
     except OSError as e:
         raise OSError(f"--grpc {address}: cannot create grpc's private directory: {e}") from e
+
+
+def _remove_stale_private_dirs(parent: str) -> None:
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if (
+                entry.name.startswith(".grpc-")
+                and entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
+            ):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _accept_on(
