@@ -45,7 +45,6 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -365,27 +364,30 @@ def _stop_server(server: grpc.aio.Server, loop: asyncio.AbstractEventLoop) -> No
 
 
 def _private_dir(unix_path: str, address: str) -> str:
-    """A directory (0700) next to the public socket for grpc's own: callers reach
-    grpc only through the broker's accept side (grpc_accept). Removes a stale
-    public socket first, and the private directories of brokers that died
-    without cleaning up (the unit keeps its RuntimeDirectory)."""
+    """The directory (0700) of grpc's own socket, named after the public one
+    (/run/gfxbpf/.grpc.sock.d): callers reach grpc only through the broker's
+    accept side (grpc_accept). A stale public socket, and the directory a
+    broker that died left behind (the unit keeps its RuntimeDirectory), are
+    removed first; anything else in the way is refused."""
     _prepare_unix_path(unix_path)
-    _remove_stale_private_dirs(os.path.dirname(unix_path) or "/")
+    parent, name = os.path.split(unix_path)
+    inner = os.path.join(parent or "/", f".{name}.d")
     try:
-        return tempfile.mkdtemp(prefix=".grpc-", dir=os.path.dirname(unix_path) or "/")
+        st = os.lstat(inner)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(
+                f"--grpc {address}: {inner} exists and is not this user's directory; "
+                "remove it (the broker keeps grpc's own socket there)"
+            )
+        shutil.rmtree(inner)
+    try:
+        os.mkdir(inner, 0o700)
     except OSError as e:
-        raise OSError(f"--grpc {address}: cannot create grpc's private directory: {e}") from e
-
-
-def _remove_stale_private_dirs(parent: str) -> None:
-    with contextlib.suppress(OSError), os.scandir(parent) as entries:
-        for entry in entries:
-            if (
-                entry.name.startswith(".grpc-")
-                and entry.is_dir(follow_symlinks=False)
-                and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
-            ):
-                shutil.rmtree(entry.path, ignore_errors=True)
+        raise OSError(f"--grpc {address}: cannot create {inner}: {e.strerror}") from e
+    return inner
 
 
 def _accept_on(

@@ -376,19 +376,22 @@ def test_stale_socket_is_replaced_but_a_file_is_not(tmp_path: Any) -> None:
 
 
 def test_grpcs_private_socket_is_the_brokers_alone_and_cleaned_up(tmp_path: Any) -> None:
-    stale = tmp_path / ".grpc-left-by-a-dead-broker"
+    stale = tmp_path / ".grpc.sock.d"  # left by a broker that died
     stale.mkdir()
     (stale / "grpc.sock").write_text("")
     svc = FakeService(Policy.parse(POLICY))
     handle = start_grpc_server(svc, f"unix:{tmp_path}/grpc.sock")
     inner = os.path.dirname(handle.acceptor.inner_path)
     try:
-        assert not stale.exists()
+        assert inner == str(stale) and not (stale / "grpc.sock").is_file()
         assert stat.S_IMODE(os.stat(inner).st_mode) == 0o700
         assert stat.S_ISSOCK(os.stat(handle.acceptor.inner_path).st_mode)
     finally:
         handle.stop(0)
     assert not os.path.exists(inner)
+    (tmp_path / ".other.sock.d").write_text("not a directory")
+    with pytest.raises(OSError, match="is not this user's directory"):
+        start_grpc_server(svc, f"unix:{tmp_path}/other.sock")
 
 
 def test_network_listener_requires_tls() -> None:
