@@ -175,6 +175,7 @@ def test_endless_header_lines_do_not_grow_the_exporter(exporter: Exporter) -> No
     assert report["sent_mb"] >= 100, report  # the flood did send what it says
     assert "gfxbpf_up 1.0" in text
     grew_mb = (exporter.kb("VmHWM") - before_kb) / 1024
+    print(f"exporter peak RSS grew by {grew_mb:.1f} MB", file=sys.stderr)
     assert grew_mb < RSS_GROWTH_MB, f"peak RSS grew by {grew_mb:.0f} MB ({report})"
     assert exporter.proc.poll() is None
     assert "gfxbpf_up 1.0" in exporter.scrape()

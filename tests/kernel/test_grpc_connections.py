@@ -215,6 +215,7 @@ def test_idle_grpc_connections_cannot_exhaust_the_broker() -> None:
             held_fds = broker.fd_count()
             bob = _bob(broker, bob_script)
             held_fds = max(held_fds, broker.fd_count())
+            held_rss = _rss_mb(broker)
             time.sleep(max(0.0, CONNECT_SECONDS + 2 - (time.monotonic() - t0)))
             assert flood.stdin is not None
             flood.stdin.write("report\n")
@@ -223,7 +224,10 @@ def test_idle_grpc_connections_cannot_exhaust_the_broker() -> None:
         finally:
             flood.kill()
             flood.wait(10)
-        info = f"mallory {opened} {closed}; bob {bob}; fds {fds0} -> {held_fds}"
+        info = (
+            f"mallory {opened} {closed}; bob {bob}; fds {fds0} -> {held_fds}; "
+            f"RSS {rss0:.0f} -> {held_rss:.0f} MB"
+        )
         print(info)
         assert opened["opened"] >= FLOOD_CONNECTIONS // 2, info  # she did hold thousands
         assert held_fds <= fds0 + FDS_PER_CONNECTION * PER_USER + FD_SLACK, info
