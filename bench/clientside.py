@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.client import Broker
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * A stand-in for NVIDIA's libcuda.so.1: the CUDA driver API entry points
- * the `cuda` program probes (bpf/cuda_api.py), with the driver's signatures
+ * the `cuda` program probes (catalog/cuda_api.py), with the driver's signatures
  * (cuda.h), doing no GPU work. Tests and the bench build it with
  * gcc -shared -fPIC as libcuda.so.1, so gfxclient finds it by name in a
  * process's maps like the real one.

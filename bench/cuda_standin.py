@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gfxbpf.bpf import cuda_api
+from gfxbpf.catalog import cuda_api
 
 HERE = Path(__file__).resolve().parent
 STANDIN_C = HERE / "cuda_standin.c"

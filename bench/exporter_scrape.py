@@ -19,7 +19,7 @@ from typing import Any
 from bench.harness import BenchError, Stage, cpu_seconds, log, rss_kib
 from bench.procs import stop as stop_process
 from bench.stats import median, percentile
-from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.catalog.entries import load_catalog
 
 PORT = 19438
 

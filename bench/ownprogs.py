@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from gfxbpf.bpf.attach import Attachment, attach_tracepoint
+from gfxbpf.bpf.link.attach import Attachment, attach_tracepoint
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 

@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import median
-from gfxbpf.bpf import attach, attach_kinds, instance, kernel_btf
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.catalog import load_catalog, read_object
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.link import attach
+from gfxbpf.bpf.link import kinds as attach_kinds
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
+from gfxbpf.catalog import instance
+from gfxbpf.catalog.entries import load_catalog, read_object
 
 READCOST = Path(__file__).with_name("readcost.bpf.o")
 

@@ -18,9 +18,9 @@ import sys
 from typing import Any
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.core_describe import describe_core, print_core
-from gfxbpf.bpf.insn import analyze, disasm
-from gfxbpf.bpf.inspect_externs import describe_externs, print_externs
+from gfxbpf.bpf.asm import analyze, disasm
+from gfxbpf.bpf.core.describe import describe_core, print_core
+from gfxbpf.bpf.externs.report import describe_externs, print_externs
 from gfxbpf.bpf.object import ObjectError, ObjectSpec
 
 EXIT_OK, EXIT_BAD_OBJECT, EXIT_LOAD_FAILED, EXIT_USAGE = 0, 1, 2, 64
@@ -200,7 +200,7 @@ def _inspect(
 
 def _load(spec: ObjectSpec) -> int:
     from gfxbpf.bpf.loader import LoadError, load  # needs bpf(2): only for `load`
-    from gfxbpf.bpf.sys import map_info
+    from gfxbpf.bpf.syscall import map_info
 
     # The loader's warnings (the kernel refused the object's BTF...) go to stderr.
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")

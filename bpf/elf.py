@@ -3,7 +3,7 @@ headers, notes (build-id, .gnu_debuglink) and symbol tables.
 
 The one ELF reader of the project. The broker's uprobe symbol index
 (bpf/symbols.py: a function name -> its file offset) and the client's
-symbolizer (client/profile: an address -> a function name, build-ids for its
+symbolizer (client/profiles: an address -> a function name, build-ids for its
 cache) both sit on it. Only the bytes asked for are read, so the headers of
 a 100 MB library cost well under a millisecond; a symbol table is read whole
 and unpacked with one precompiled struct. Nothing is trusted: every range is

@@ -15,21 +15,20 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.btf import Btf
-from gfxbpf.bpf.core_apply import has_core_relos
-from gfxbpf.bpf.core_apply import relocate as core_relocate
-from gfxbpf.bpf.core_relo import CoreError
-from gfxbpf.bpf.core_target import Target
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.asm import CODE_CALL, SLOT
+from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.kernel import KernelBtfError, find_type, module_btf_fd
+from gfxbpf.bpf.core.apply import has_core_relos
+from gfxbpf.bpf.core.apply import relocate as core_relocate
+from gfxbpf.bpf.core.relo import CoreError
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.errors import KernelError
-from gfxbpf.bpf.externs import Extern, ExternError, kconfig_data, resolve_ksym
-from gfxbpf.bpf.insn import CODE_CALL
-from gfxbpf.bpf.kconfig import KconfigError
-from gfxbpf.bpf.kernel_btf import KernelBtfError, find_type, module_btf_fd
+from gfxbpf.bpf.externs.decls import Extern, ExternError, kconfig_data, resolve_ksym
+from gfxbpf.bpf.externs.kconfig import KconfigError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
 
-_INSN = struct.Struct("<BBhi")
 log = logging.getLogger(__name__)
 
 
@@ -287,13 +286,13 @@ def _load_program(
             continue
         fd = obj.maps[map_name].fileno()
         at = idx * C.INSN_SIZE
-        code, regs, off, imm = _INSN.unpack_from(insns, at)
+        code, regs, off, imm = SLOT.unpack_from(insns, at)
         src = C.BPF_PSEUDO_MAP_FD if kind == "map" else C.BPF_PSEUDO_MAP_VALUE
         if kind == "data":
             # The second slot of ld_imm64 carries the offset into the value.
-            c2, r2, o2, imm2 = _INSN.unpack_from(insns, at + C.INSN_SIZE)
-            _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, imm + offset)
-        _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, fd)
+            c2, r2, o2, imm2 = SLOT.unpack_from(insns, at + C.INSN_SIZE)
+            SLOT.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, imm + offset)
+        SLOT.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, fd)
 
     kwargs: dict[str, object] = {}
     if obj.btf_fd >= 0 and spec.btf_ext is not None and linked.func_info:
@@ -364,20 +363,20 @@ def _patch_extern(obj: LoadedObject, insns: bytearray, idx: int, e: Extern) -> N
     except (ExternError, OSError) as err:
         raise LoadError(f"object {obj.spec.name!r}: {err}") from err
     at = idx * C.INSN_SIZE
-    code, regs, off, _imm = _INSN.unpack_from(insns, at)
+    code, regs, off, _imm = SLOT.unpack_from(insns, at)
     if code == CODE_CALL:  # id 0: an unresolved __weak kfunc, left to dead-code removal
         src = C.BPF_PSEUDO_KFUNC_CALL
-        _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), 0, value)
+        SLOT.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), 0, value)
         return
-    c2, r2, o2, _ = _INSN.unpack_from(insns, at + C.INSN_SIZE)
+    c2, r2, o2, _ = SLOT.unpack_from(insns, at + C.INSN_SIZE)
     if how == "btf_id" and value:  # typed ksym, or a kfunc's address: the verifier's to fill
-        _INSN.pack_into(insns, at, code, (regs & 0x0F) | (C.BPF_PSEUDO_BTF_ID << 4), off, value)
-        _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, 0)  # vmlinux, not a module
+        SLOT.pack_into(insns, at, code, (regs & 0x0F) | (C.BPF_PSEUDO_BTF_ID << 4), off, value)
+        SLOT.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, 0)  # vmlinux, not a module
         return
     # A kernel address (typeless ksym), or 0 for an unresolved __weak one.
     lo, hi = value & 0xFFFFFFFF, value >> 32
-    _INSN.pack_into(insns, at, code, regs & 0x0F, off, lo - (1 << 32) if lo >= 1 << 31 else lo)
-    _INSN.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, hi - (1 << 32) if hi >= 1 << 31 else hi)
+    SLOT.pack_into(insns, at, code, regs & 0x0F, off, lo - (1 << 32) if lo >= 1 << 31 else lo)
+    SLOT.pack_into(insns, at + C.INSN_SIZE, c2, r2, o2, hi - (1 << 32) if hi >= 1 << 31 else hi)
 
 
 def _attach_target(spec: ObjectSpec, p: ProgramSpec) -> tuple[int, int]:

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import PERCPU_MAP_TYPES, MapType
 
 if TYPE_CHECKING:
-    from gfxbpf.bpf.btf import Btf
+    from gfxbpf.bpf.btf.blob import Btf
 
 # Upper bound for one batch's key+value buffers.
 BATCH_BYTES = 4 << 20

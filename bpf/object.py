@@ -21,7 +21,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.btf import (
+from gfxbpf.bpf.asm import CODE_CALL, CODE_LD_IMM64, SLOT
+from gfxbpf.bpf.btf.blob import (
     KIND_DATASEC,
     LINKAGE_STATIC,
     Btf,
@@ -33,8 +34,7 @@ from gfxbpf.bpf.btf import (
     parse_btf_maps,
 )
 from gfxbpf.bpf.errors import InputError
-from gfxbpf.bpf.externs import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
-from gfxbpf.bpf.insn import CODE_CALL, CODE_LD_IMM64
+from gfxbpf.bpf.externs.decls import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
 from gfxbpf.bpf.sections import SectionError, SectionProgram, SectionUnsupported, parse_section
 
 EM_BPF = 247
@@ -54,7 +54,6 @@ SHN_LORESERVE = 0xFF00
 
 _SYM = struct.Struct("<IBBHQQ")
 _REL = struct.Struct("<QQ")
-_INSN = struct.Struct("<BBhi")
 
 MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hostile input
 MAX_INSNS = 1_000_000  # the kernel's own limit for a privileged program
@@ -569,7 +568,7 @@ class _Linker:
         relos = {r.insn_index: r for r in prog.relocations}
         for i in range(prog.insn_count):
             at = (start + i) * C.INSN_SIZE
-            code, regs, off, imm = _INSN.unpack_from(self.insns, at)
+            code, regs, off, imm = SLOT.unpack_from(self.insns, at)
             r = relos.get(i)
             if r is not None and r.kind in ("map", "data"):
                 assert r.map_name is not None
@@ -585,7 +584,7 @@ class _Linker:
             if target.name not in self.placed:
                 self.append(target)
             new_imm = self.placed[target.name] - (start + i) - 1
-            struct.pack_into("<BBhi", self.insns, at, code, regs, off, new_imm)
+            SLOT.pack_into(self.insns, at, code, regs, off, new_imm)
 
     def call_target(self, prog: ProgramSpec, i: int, imm: int, r: Relocation | None) -> ProgramSpec:
         """The subprogram that the call at insn i of prog enters."""
@@ -685,7 +684,7 @@ class _Relocator:
         if prog is None:
             raise ObjectError(f"{rel.name}: relocation at insn {insn_idx} is outside code")
         local = insn_idx - prog.insn_offset
-        code, regs, _off, _imm = _INSN.unpack_from(prog.insns, local * C.INSN_SIZE)
+        code, regs, _off, _imm = SLOT.unpack_from(prog.insns, local * C.INSN_SIZE)
         sname = sym.name or self.by_index.get(sym.shndx, _EMPTY_SEC).name
         _check_relocation(prog, local, code, rtype, sym, sname, self.externs)
         if sym.shndx == SHN_UNDEF:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import MapType
 from gfxbpf.bpf.errors import KernelError
 
@@ -30,7 +30,7 @@ LEN_MASK = DISCARD_BIT - 1
 _BUSY_NAP_MIN = 20e-6
 _BUSY_NAP_MAX = 2e-3
 # Programs may commit without waking the reader (BPF_RB_NO_WAKEUP: the
-# wake-up costs the program more than its work; bpf/programs/gfxbpf_ring.h),
+# wake-up costs the program more than its work; catalog/programs/gfxbpf_ring.h),
 # so poll() looks again at least this often, seconds, while it waits; right
 # after records came it looks sooner (_TICK_MIN, doubling while none come),
 # so a stream that flows is read in small batches, an idle one costs little.

@@ -16,16 +16,16 @@ import json
 import sys
 from pathlib import Path
 
-from gfxbpf.bpf.catalog import (
+from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
+from gfxbpf.broker.review import checks as audit
+from gfxbpf.catalog.entries import (
     Catalog,
     CatalogError,
     CatalogKeyError,
     check_object,
     load_catalog,
 )
-from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
-from gfxbpf.broker import audit
 
 PROG = "gfxbpf-admin"
 

@@ -7,14 +7,15 @@ import itertools
 from collections.abc import Callable
 
 from gfxbpf.bpf.consts import SELF
+from gfxbpf.broker.access.peruser import PerUser
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
-from gfxbpf.broker.params import Target
-from gfxbpf.broker.peruser import PerUser
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.registry import InstanceKey, Registry
-from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Attachment, Caller, Owner
+from gfxbpf.broker.request.params import Target
+from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.broker.sessions import Attachment, Owner
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # Makes a new shared instance (InstanceLoader.create, or a test's stand-in).
@@ -45,6 +46,7 @@ class Attachments:
             library=target.library,
             functions=target.functions,
             frequency=target.frequency,
+            children=target.children,
             # A ring buffer has one consumer: such instances are never shared.
             unique=next(self._unique)
             if any(m.show == "events" for m in res.entry.visible_maps)

@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .policy import Policy, PolicyError
+from gfxbpf.broker.policy import report as policy_report
+from gfxbpf.broker.policy.rules import Policy, PolicyError
 
 DEFAULT_POLICY = "/etc/gfxbpf/policy.toml"
 DEFAULT_SOCKET = "/run/gfxbpf/control.sock"
@@ -161,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
 
 def _load_catalog(catalog: str | None) -> Any:
     """The catalog to cross-check against (None: the packaged one)."""
-    from gfxbpf.bpf.catalog import load_catalog
+    from gfxbpf.catalog.entries import load_catalog
 
     if catalog is not None and os.path.isdir(catalog):
         catalog = os.path.join(catalog, "catalog.toml")
@@ -184,11 +185,11 @@ def check_policy(
             print(f"error: {problem}", file=stream)
         print(f"{path}: INVALID ({len(e.problems)} problems)", file=stream)
         return 1
-    print(policy.summary(), file=stream)
-    warnings = policy.check_warnings()
+    print(policy_report.summary(policy), file=stream)
+    warnings = policy_report.check_warnings(policy)
     if use_catalog:
         try:
-            warnings += policy.catalog_warnings(_load_catalog(catalog))
+            warnings += policy_report.catalog_warnings(policy, _load_catalog(catalog))
         except Exception as e:  # a broken catalog is the catalog's problem, not the policy's
             warnings.append(f"catalog not checked: {e}")
     for w in warnings:

@@ -1,4 +1,4 @@
-"""Attach, last step: run the bpf/instance.py pipeline for a new shared instance
+"""Attach, last step: run the catalog/instance.py pipeline for a new shared instance
 (open → set knobs → charge the map budget → load with client-visible maps
 read-only → attach), mapping each step's failure to a protocol error."""
 
@@ -8,21 +8,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf import instance as bpfinstance
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf import tracefs
-from gfxbpf.bpf.catalog import Attach, Program
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.errors import HostError, InputError, KernelError
+from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
-from gfxbpf.broker import budget
+from gfxbpf.broker import proctree
+from gfxbpf.broker.access import budget
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
-from gfxbpf.broker.params import Target
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.registry import InstanceKey
-from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
+from gfxbpf.broker.request.params import Target
+from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.catalog import instance as bpfinstance
+from gfxbpf.catalog.entries import Attach, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
@@ -72,7 +73,8 @@ class InstanceLoader:
         read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
         charge = self.charge_maps(caller, entry, visible_specs)
         try:
-            inst = _load_and_attach(opened, read_only, target)
+            owner = caller.uid if res.scope == C.SELF else None
+            inst = _load_and_attach(opened, read_only, target, owner)
         except BaseException:
             self.map_budget.refund(charge)  # its maps are gone with the failed load
             raise
@@ -88,6 +90,7 @@ class InstanceLoader:
             functions=target.functions,
             cookies=target.cookies,
             frequency=target.frequency,
+            children=target.children,
         )
         try:
             return bpfinstance.open_program(
@@ -153,7 +156,7 @@ def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
 
 
 def _load_and_attach(
-    opened: bpfinstance.Opened, read_only: list[str], target: Target
+    opened: bpfinstance.Opened, read_only: list[str], target: Target, owner: int | None
 ) -> bpfinstance.Instance:
     try:
         inst = opened.load(read_only=read_only)
@@ -162,6 +165,8 @@ def _load_and_attach(
     try:
         # Uprobes go through the fd the policy check looked at: no path race.
         inst.attach(target.library_path, errors=_attach_error)
+        if target.children and target.pid is not None:
+            _seed_tree(inst, target.pid, owner)
         if target.pid_handle is not None and not target.pid_handle.alive():
             raise BrokerError(pb.ERROR_NOT_FOUND, f"process {target.pid} exited while attaching")
     except BaseException:
@@ -170,10 +175,25 @@ def _load_and_attach(
     return inst
 
 
+def _seed_tree(inst: bpfinstance.Instance, pid: int, owner: int | None) -> None:
+    """Put pid's live descendants (owner's only, for scope self) in the tree.
+    The fork hook is attached already and adds the children of whatever is in
+    the tree; a process forked while /proc was read is found by the next pass."""
+    for _ in range(_SEED_PASSES):
+        try:
+            if not inst.track(proctree.descendants(pid, owner)):
+                return
+        except OSError as e:  # a full tree (E2BIG), a map error
+            raise BrokerError(pb.ERROR_KERNEL, f"tracking the processes of {pid}: {e}") from None
+
+
+_SEED_PASSES = 3
+
+
 def _attach_error(a: Attach, e: Exception) -> Exception:
     if isinstance(e, HostError):  # tracefs
         return BrokerError(pb.ERROR_UNAVAILABLE, str(e))
-    # A symbol not found, parameters that do not fit; bpf/attach.py also checks
+    # A symbol not found, parameters that do not fit; bpf/link/attach.py also checks
     # its own arguments (a path, a pid) with plain ValueError.
     if isinstance(e, (InputError, ValueError)):
         return BrokerError(pb.ERROR_INVALID_ARGUMENT, f"cannot attach: {e}")

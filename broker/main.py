@@ -130,8 +130,8 @@ def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
 
 
 def _load(config: BrokerConfig) -> tuple[Any, Any]:
-    from gfxbpf.bpf.catalog import CatalogError, load_catalog
-    from gfxbpf.broker.policy import Policy, PolicyError
+    from gfxbpf.broker.policy.rules import Policy, PolicyError
+    from gfxbpf.catalog.entries import CatalogError, load_catalog
 
     try:
         policy = Policy.load(config.policy)
@@ -161,7 +161,8 @@ def known_program(service: Any, name: str) -> bool:
 
 def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
     """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
-    from gfxbpf.broker.policy import Policy, PolicyError
+    from gfxbpf.broker.policy import report as policy_report
+    from gfxbpf.broker.policy.rules import Policy, PolicyError
 
     old = service.policy
     try:
@@ -184,7 +185,9 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
         return False
     warnings: list[str] = []
     with contextlib.suppress(Exception):
-        warnings = new.check_warnings() + new.catalog_warnings(service.catalog)
+        warnings = policy_report.check_warnings(new) + policy_report.catalog_warnings(
+            new, service.catalog
+        )
     service.policy = new  # one reference swap: requests that start now see the new policy
     limits = new.limits
     audit.set_rate(limits.audit_lines_per_second)
@@ -211,7 +214,7 @@ def _start_grpc(config: BrokerConfig, service: Any, listener: socket.socket) -> 
     """The gRPC listener if --grpc was given (None otherwise); StartError if it cannot."""
     if not config.grpc:
         return None
-    from gfxbpf.broker.grpc_server import start_grpc_server, tls_from_config
+    from gfxbpf.broker.grpc.server import start_grpc_server, tls_from_config
 
     try:
         return start_grpc_server(service, config.grpc, tls_from_config(config))
@@ -273,7 +276,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     except PrivilegeError as e:
         raise StartError(f"privileges: {e}") from None
     from gfxbpf.broker.service import Service
-    from gfxbpf.broker.unix_server import UnixServer
+    from gfxbpf.broker.unix.server import UnixServer
 
     fds = listen_fds()
     listener = _activated_socket(fds) if fds else bind_socket(config.socket)

@@ -35,6 +35,7 @@ class InstanceKey:
     functions: tuple[str, ...]
     unique: int | None = None  # set for programs that are never shared (ring buffers)
     frequency: int | None = None  # perf_event sampling, Hz
+    children: bool = False  # the pid's descendants too (a process tree)
 
 
 class _Slot(Generic[T]):

@@ -7,12 +7,12 @@ line (uid, pid, op, program, sha256, scope, result). Errors are BrokerError
 carrying a protocol ErrorCode and, for policy refusals, the rule.
 
 Attach, in order: find the object (catalog name or uploaded bytes, hashed
-once) and ask the policy (hash, user, scope; broker/resolve.py), run the
-static audit (broker/objects.py), check parameters (pid ownership by pidfd,
-library and function globs; broker/params.py), then join a live identical
+once) and ask the policy (hash, user, scope; broker/request/resolve.py), run the
+static audit (broker/review/objects.py), check parameters (pid ownership by pidfd,
+library and function globs; broker/request/params.py), then join a live identical
 instance or load a new one (broker/instances.py): .rodata knobs (scope
 uid/pid, tracepoint field offsets), charge the client-visible maps to the
-caller's map budget (broker/budget.py), load with every client-visible map
+caller's map budget (broker/access/budget.py), load with every client-visible map
 but ring buffers frozen, attach.
 
 fds returned by attach() are the broker's own (the instance's map fds):
@@ -27,20 +27,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf import tracefs
-from gfxbpf.bpf.catalog import Catalog
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.link import tracefs
 from gfxbpf.broker import features, replies, streaming
 from gfxbpf.broker.attachments import Attachments
 from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import InstanceLoader, SharedInstance
-from gfxbpf.broker.objects import Objects
-from gfxbpf.broker.params import Target, check_params
-from gfxbpf.broker.policy import Policy, ProgramEntry
+from gfxbpf.broker.policy.rules import Policy, ProgramEntry
 from gfxbpf.broker.registry import InstanceKey
-from gfxbpf.broker.resolve import Resolved, resolve
-from gfxbpf.broker.sessions import Attachment, Caller, Owner, Owners
+from gfxbpf.broker.request.params import Target, check_params
+from gfxbpf.broker.request.resolve import Resolved, resolve
+from gfxbpf.broker.review.objects import Objects
+from gfxbpf.broker.sessions import Attachment, Owner, Owners
+from gfxbpf.catalog.entries import Catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 __all__ = [
@@ -158,7 +159,7 @@ class Service:
     def open_owner(self, caller: Caller) -> Owner:
         """A new holder of attachments. Unix sessions count against sessions_per_user."""
         try:
-            return self._owners.open(self, caller, self.policy)
+            return self._owners.open(self.close_owner, caller, self.policy)
         except BrokerError as e:
             raise self._fail("open_session", caller, e) from None
 
@@ -253,6 +254,8 @@ class Service:
                 fields["skipped_functions"] = len(target.skipped)
             if target.symbols:
                 fields["symbols"] = target.symbols
+            if target.children:  # the pid's descendants too: who else was traced
+                fields["children"] = True
         except BrokerError as e:
             raise self._fail("attach", caller, e, **fields) from None
         except Exception as e:  # a broker bug: report it, keep serving

@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gfxbpf.bpf.consts import Scope
+from gfxbpf.broker.access.peruser import PerUser
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import over_limit
-from gfxbpf.broker.peruser import PerUser
+from gfxbpf.broker.instances import SharedInstance
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.registry import InstanceKey
 
-if TYPE_CHECKING:
-    from gfxbpf.broker.instances import SharedInstance
-    from gfxbpf.broker.policy import Policy
-    from gfxbpf.broker.service import Service
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is asking: from SO_PEERCRED (Unix) or a token / certificate (gRPC)."""
-
-    uid: int
-    gid: int
-    gids: tuple[int, ...]  # primary and supplementary groups
-    pid: int  # 0 over gRPC
-    transport: str  # "unix" | "grpc"
+# What closing an owner does (Service.close_owner): a callback, so that
+# sessions need not know the service that holds them.
+CloseOwner = Callable[["Owner"], None]
 
 
 @dataclass
@@ -47,12 +38,12 @@ class Attachment:
 class Owner:
     """Holds attachments: a Unix session, or a gRPC token's lease holder.
 
-    close() detaches everything it holds (idempotent). Create with
-    Service.open_owner(caller).
+    close() detaches everything it holds (idempotent), through the callback
+    it was made with. Create with Service.open_owner(caller).
     """
 
-    def __init__(self, service: Service, caller: Caller, owner_id: int, counted: bool) -> None:
-        self.service = service
+    def __init__(self, on_close: CloseOwner, caller: Caller, owner_id: int, counted: bool) -> None:
+        self._on_close = on_close
         self.caller = caller
         self.id = owner_id
         self.counted = counted  # counts against sessions_per_user
@@ -83,7 +74,7 @@ class Owner:
             return atts
 
     def close(self) -> None:
-        self.service.close_owner(self)
+        self._on_close(self)
 
 
 def too_many_sessions(uid: int, have: int) -> str:
@@ -103,7 +94,7 @@ class Owners:
         self._ids = itertools.count(1)
         self._sessions = PerUser()
 
-    def open(self, service: Service, caller: Caller, policy: Policy) -> Owner:
+    def open(self, on_close: CloseOwner, caller: Caller, policy: Policy) -> Owner:
         """A new owner; a Unix session counts against sessions_per_user."""
         counted = caller.transport == "unix"
         if counted:
@@ -117,7 +108,7 @@ class Owners:
                     limit,
                 )
         with self._lock:
-            owner = Owner(service, caller, next(self._ids), counted)
+            owner = Owner(on_close, caller, next(self._ids), counted)
             self._owners[owner.id] = owner
         return owner
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from gfxbpf.client.cli import main
+from gfxbpf.client.cli.gfxclient import main
 
 sys.exit(main())

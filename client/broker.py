@@ -261,8 +261,12 @@ class Broker:
         object: bytes | None = None,
         lease_seconds: int = 0,
         frequency: int = 0,
+        children: bool = False,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
+
+        children (with pid): the process's descendants too, those alive now
+        and those it forks later, followed in the kernel.
 
         library (uprobe programs): over the Unix socket this process opens it
         and passes the fd, so it must be readable by this user; over gRPC the
@@ -275,6 +279,7 @@ class Broker:
             library=library or "",
             functions=[str(f) for f in functions],
             frequency=frequency,  # sampling programs (profile); 0: the default
+            children=children,
         )
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

@@ -18,8 +18,9 @@ EXIT_BROKER = 5  # any other error the broker reported
 EXIT_INTERRUPTED = 130  # Ctrl-C outside watch/stream (where Ctrl-C is the normal stop)
 
 START_HINT = (
-    "start it with `sudo systemctl start gfxbpf.socket` (see deploy/README.md), "
-    "or point --socket / GFXBPF_SOCKET at a running broker"
+    "an administrator starts it (as root) with `systemctl start gfxbpf.socket` where "
+    "systemd runs, else with `tools/broker.sh start` from the gfxbpf checkout (see "
+    "deploy/README.md); or point --socket / GFXBPF_SOCKET at a running broker"
 )
 
 

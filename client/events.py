@@ -12,16 +12,24 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gfxbpf.bpf.btf import BtfError
+from gfxbpf.bpf.btf.blob import Btf, BtfError
 from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
 from gfxbpf.client.errors import ClientError
-from gfxbpf.client.transport import EventCall
+from gfxbpf.client.transport import EventCall, Transport
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
-if TYPE_CHECKING:
-    from gfxbpf.client.handle import Attachment, ClientMap
+
+class RingMap(Protocol):
+    """What a stream needs of a map: handle.ClientMap is one (no import back to it)."""
+
+    name: str
+    desc: pb.MapDescription
+    btf: Btf | None
+
+    @property
+    def fd(self) -> int | None: ...
 
 
 class EventStream:
@@ -32,8 +40,9 @@ class EventStream:
     time out and Ctrl-C is never stuck inside the gRPC library.
     """
 
-    def __init__(self, attachment: Attachment, cmap: ClientMap, max_events: int = 0) -> None:
-        self.attachment = attachment
+    def __init__(
+        self, transport: Transport, attachment_id: int, cmap: RingMap, max_events: int = 0
+    ) -> None:
         self.map = cmap
         self.max_events = max_events
         self.received = 0
@@ -50,9 +59,9 @@ class EventStream:
             except (RingBufferError, OSError, ValueError) as e:
                 raise ClientError(f"cannot map the ring buffer {cmap.name!r}: {e}") from e
             return
-        call = attachment.broker.transport.stream_events(
+        call = transport.stream_events(
             pb.StreamEventsRequest(
-                attachment_id=attachment.id, map=cmap.name, max_events=max_events
+                attachment_id=attachment_id, map=cmap.name, max_events=max_events
             )
         )
         self._call = call

@@ -24,7 +24,7 @@ from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
 CONNECT_TIMEOUT = 10.0
 CALL_TIMEOUT = 120.0
-# Trailers the broker's gRPC server sets on errors (broker/grpc_errors.py):
+# Trailers the broker's gRPC server sets on errors (broker/grpc/errors.py):
 RULE_KEY = "gfxbpf-rule"  # the policy rule that decided
 CODE_KEY = "gfxbpf-error-code"  # the ErrorCode name: more precise than the gRPC status
 ERROR_KEY = "gfxbpf-error-bin"  # the serialized gfxbpf.v1.Error (exact message and rule)

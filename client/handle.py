@@ -15,18 +15,28 @@ import errno
 import os
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gfxbpf.bpf.btf import Btf, BtfError
+from gfxbpf.bpf.btf.blob import Btf, BtfError
 from gfxbpf.bpf.consts import MapType
 from gfxbpf.bpf.maps import Map, RawPage
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
 from gfxbpf.client.events import EventStream
+from gfxbpf.client.transport import Transport
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto.scopes import SCOPE_NAMES
 
-if TYPE_CHECKING:
-    from gfxbpf.client.broker import Broker
+
+class BrokerLink(Protocol):
+    """What an attachment needs of its broker: client.broker.Broker is one
+    (a protocol, so this module does not import the one that imports it)."""
+
+    transport: Transport
+    via: str
+    direct_reads: bool
+
+    def _forget(self, att: Attachment) -> None: ...
+
 
 # Errnos that mean "this process may not read the map fd itself".
 _NO_DIRECT = frozenset({errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS})
@@ -337,7 +347,7 @@ class ClientMap:
 class Attachment:
     """A program the broker attached for us: maps, events, stats; detach() ends it."""
 
-    def __init__(self, broker: Broker, reply: pb.AttachReply, fds: list[int]) -> None:
+    def __init__(self, broker: BrokerLink, reply: pb.AttachReply, fds: list[int]) -> None:
         self.broker = broker
         self.reply = reply
         self.id = reply.attachment_id
@@ -409,7 +419,7 @@ class Attachment:
             cmap = self.map(map)
             if not cmap.is_events:
                 raise UsageError(f"map {map!r} is not a ring buffer of events")
-        stream = EventStream(self, cmap, max_events)
+        stream = EventStream(self.broker.transport, self.id, cmap, max_events)
         self._streams.append(stream)
         return stream
 

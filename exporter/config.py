@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gfxbpf.client.cuda_view import PROGRAM as CUDA
+from gfxbpf.client.libcuda import PROGRAM as CUDA
 
 DEFAULT_LISTEN = "127.0.0.1:9438"
 DEFAULT_MAX_SERIES = 1000

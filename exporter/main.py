@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from typing import TextIO
 
 from prometheus_client import (
@@ -55,10 +56,24 @@ configuration (TOML, default {DEFAULT_CONFIG}):
   #  found in /proc/PID/maps as gfxclient watch cuda finds it)
 examples:
   {PROG} --check-config /etc/gfxbpf-exporter/exporter.toml
-  {PROG} --config exporter.toml --once | promtool check metrics
+  {PROG} --config exporter.toml --once | promtool check metrics   (counts over 1 s)
+  {PROG} --config exporter.toml --once --wait 10                  (counts over 10 s)
 exit codes:
   {EXIT_OK}  success   {EXIT_RUNTIME}  cannot listen   {EXIT_USAGE}  bad configuration or usage
 """
+
+
+ONCE_WAIT = 1.0  # --once: seconds of activity the scrape covers
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"--wait takes 0 to 3600 seconds, got {text!r}")
+    return value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,7 +90,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="validate FILE, print what it would attach, and exit (2 if it is invalid)",
     )
     p.add_argument(
-        "--once", action="store_true", help="print one scrape to stdout and exit (no server)"
+        "--once",
+        action="store_true",
+        help="attach, wait --wait seconds, print one scrape to stdout and exit (no server): "
+        "the counters then hold what happened in that interval",
+    )
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        default=ONCE_WAIT,
+        metavar="S",
+        help=f"with --once: seconds between attaching and the scrape (default {ONCE_WAIT:g})",
     )
     p.add_argument("--json", action="store_true", help="--check-config: print JSON")
     return p.parse_args(argv)
@@ -156,6 +181,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     collector = GfxbpfCollector(config)
     if args.once:
         try:
+            # Counters start at the attach: a scrape right after it shows nearly nothing.
+            if collector.open():
+                time.sleep(args.wait)
             out.write(generate_latest(registry_for(collector)).decode())
         finally:
             collector.close()

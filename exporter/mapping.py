@@ -1,6 +1,6 @@
 """From the catalog's map roles to Prometheus metric families (pure: no I/O).
 
-One rule per `show` (bpf/catalog.toml), so a new program maps with no code change:
+One rule per `show` (catalog/catalog.toml), so a new program maps with no code change:
 
 Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
 `gfxbpf_<program>_x`), then:
@@ -21,7 +21,7 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
   member ending in `_ns` becomes `_seconds`.
 - "events": a counter `gfxbpf_<program>_<map>_total` of records consumed.
 
-Per-CPU maps arrive summed over CPUs (gfxbpf.client.display.MapData). An
+Per-CPU maps arrive summed over CPUs (gfxbpf.client.mapdata.MapData). An
 array holds every key from the start, so a counter (or a histogram's label
 set) still at 0 is left out until it counts something.
 

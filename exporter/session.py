@@ -25,10 +25,10 @@ from gfxbpf.client import (
     EventStream,
     ProtocolError,
 )
-from gfxbpf.client.cuda_view import NoLibcudaYet
-from gfxbpf.client.display import MapData
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.grpc_config import TlsFiles
+from gfxbpf.client.libcuda import NoLibcudaYet
+from gfxbpf.client.mapdata import MapData
 from gfxbpf.exporter import mapping, tables
 from gfxbpf.exporter.backoff import Backoff
 from gfxbpf.exporter.config import BrokerConfig, ExporterConfig, ProgramConfig

@@ -2,7 +2,7 @@
 
 Their map keys hold a function's index in the table. The metrics name it as
 gfxclient does, by the client's own reading of the table
-(gfxbpf.client.cuda_view), and add the function's role and copy direction,
+(gfxbpf.client.cli.cuda_view), and add the function's role and copy direction,
 so a dashboard can select launches or sum copies by direction. Their
 library is found as `gfxclient watch cuda` finds it: in the target's
 /proc/PID/maps, which only the process's own user can read.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gfxbpf.bpf.function_tables import MAX_TABLE, TableFunction
-from gfxbpf.client import cuda_view
+from gfxbpf.catalog.function_tables import MAX_TABLE, TableFunction
+from gfxbpf.client import libcuda
 from gfxbpf.exporter import mapping
 from gfxbpf.exporter.config import ProgramConfig
 
@@ -36,12 +36,12 @@ def table_functions(lookup: Callable[[Any], TableFunction | None]) -> mapping.Fu
     )
 
 
-CUDA = table_functions(cuda_view.function_of)
+CUDA = table_functions(libcuda.function_of)
 
 
 def functions_for(program: ProgramConfig) -> mapping.Functions:
     """How this program's function indexes read: its table's, or ucalls' configured list."""
-    if program.name == cuda_view.PROGRAM:
+    if program.name == libcuda.PROGRAM:
         return CUDA
     return mapping.Functions(names=program.functions)
 
@@ -49,10 +49,10 @@ def functions_for(program: ProgramConfig) -> mapping.Functions:
 def library_for(program: ProgramConfig) -> str | None:
     """The library to attach: the configured one, or (cuda) the target's libcuda.
 
-    Raises cuda_view.NoLibcudaYet while the process has not loaded it (worth
+    Raises libcuda.NoLibcudaYet while the process has not loaded it (worth
     asking again later), UsageError when it never will (no such process, or
     not the exporter's user's).
     """
-    if program.library is not None or program.name != cuda_view.PROGRAM or program.pid is None:
+    if program.library is not None or program.name != libcuda.PROGRAM or program.pid is None:
         return program.library
-    return cuda_view.find_libcuda(program.pid)
+    return libcuda.find_libcuda(program.pid)

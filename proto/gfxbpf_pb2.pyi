@@ -138,18 +138,20 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FD_INDEX_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
     functions: _containers.RepeatedScalarFieldContainer[str]
     library_fd_index: int
     frequency: int
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ...) -> None: ...
+    children: bool
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("name", "object", "scope", "params", "lease_seconds")

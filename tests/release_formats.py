@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gfxbpf.bpf import tracefs
-from gfxbpf.bpf.catalog import FIELD_ABSENT
+from gfxbpf.bpf.link import tracefs
+from gfxbpf.catalog.entries import FIELD_ABSENT
 
 # The kernel sources' layouts (tests/data/formats/README.md), written out
 # independently of the stored files.

@@ -4,8 +4,8 @@
     python3 tools/build_bpf.py           # build every *.bpf.o, update catalog.toml
     python3 tools/build_bpf.py --check   # rebuild into a temp dir, compare, write nothing
 
-The catalog's objects are bpf/programs/*.bpf.o; their hashes go into
-bpf/catalog.toml and deploy/policy.example.toml. The side objects (bench/'s
+The catalog's objects are catalog/programs/*.bpf.o; their hashes go into
+catalog/catalog.toml and deploy/policy.example.toml. The side objects (bench/'s
 own programs and the tests' audit objects) are built and checked the same
 way, beside their sources, with no hash recorded anywhere.
 
@@ -30,7 +30,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = Path("bpf/programs")  # relative: it is baked into the debug info
+PROGRAMS = Path("catalog/programs")  # relative: it is baked into the debug info
 # Not in the catalog, never loaded by the broker; committed all the same.
 SIDE_SOURCES = (
     Path("bench/bench.bpf.c"),
@@ -46,7 +46,7 @@ SIDE_SOURCES = (
     Path("tests/data/core/core_kinds.bpf.c"),
     Path("tests/data/core/core_kernel.bpf.c"),
 )
-CATALOG = ROOT / "bpf" / "catalog.toml"
+CATALOG = ROOT / "catalog" / "catalog.toml"
 EXPECTED_CLANG = "Debian clang version 14.0.6"
 
 
@@ -59,7 +59,7 @@ def clang_command(clang: str, source: Path, output: Path) -> list[str]:
         "bpf",
         "-D__TARGET_ARCH_x86",
         "-I/usr/include/x86_64-linux-gnu",
-        f"-I{PROGRAMS}",  # gfxbpf.h, for sources outside bpf/programs
+        f"-I{PROGRAMS}",  # gfxbpf.h, for sources outside catalog/programs
         # No working directory in DW_AT_comp_dir / BTF file names ...
         "-fdebug-compilation-dir=.",
         # ... and whatever else might carry the checkout path (macros, __FILE__).

@@ -2,13 +2,28 @@
 # The main job on a fresh machine, as root: set everything up, start the broker
 # as the unprivileged service user with only CAP_BPF+CAP_PERFMON, let a demo
 # user (no capabilities) watch a real kernel program for a few seconds while
-# some activity runs, then stop the broker cleanly.
+# some activity runs, then stop the broker cleanly, or leave it running.
 #
-#   sudo tools/demo.sh [SECONDS]      (default 6)
+#   tools/demo.sh [--keep-broker] [--user NAME]... [SECONDS]   (as root; default 6 s)
+#
+# --keep-broker  leave the broker running (tools/broker.sh stop stops it), for
+#                the README's "Using gfxclient"
+# --user NAME    grant NAME, an existing ordinary user, what gfxdemo may do
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SECONDS_TO_WATCH=${1:-6}
+KEEP=0
+EXTRA_USERS=()
+SECONDS_TO_WATCH=6
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --keep-broker) KEEP=1; shift ;;
+        --user) EXTRA_USERS+=("${2:?--user needs a user name}"); shift 2 ;;
+        -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *[!0-9]* | "") echo "demo: unknown argument $1 (see tools/demo.sh --help)" >&2; exit 2 ;;
+        *) SECONDS_TO_WATCH=$1; shift ;;
+    esac
+done
 VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 SERVICE_USER=gfxbpf
 DEMO_USER=gfxdemo
@@ -16,9 +31,13 @@ RUN=/run/gfxbpf
 POLICY=/etc/gfxbpf/demo-policy.toml
 
 if [ "$(id -u)" != 0 ]; then
-    echo "demo: run as root (it installs packages, creates users and starts the broker)" >&2
+    echo "demo: run as root (it installs packages, creates users and starts the broker):" \
+        "sudo tools/demo.sh, or tools/demo.sh in a root shell" >&2
     exit 1
 fi
+for u in "${EXTRA_USERS[@]}"; do
+    id "$u" >/dev/null 2>&1 || { echo "demo: --user $u: no such user (create it first)" >&2; exit 2; }
+done
 
 tools/setup.sh
 
@@ -37,37 +56,31 @@ else
     mount -t tracefs -o nosuid,nodev,noexec,gid="$SERVICE_USER",mode=0750 nodev /sys/kernel/tracing
 fi
 
-say "policy: $DEMO_USER may watch syscount, execsnoop, clonecount (own events) and vmabind"
+USERS=$(IFS=,; echo "$DEMO_USER${EXTRA_USERS[*]:+,${EXTRA_USERS[*]}}")
+say "policy: $USERS may watch syscount, execsnoop, clonecount (own events) and vmabind, and profile own processes"
 install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
-"$VENV/bin/gfxbpf-admin" approve syscount --users "$DEMO_USER" --scope self >"$POLICY.new"
-"$VENV/bin/gfxbpf-admin" approve execsnoop --users "$DEMO_USER" --scope self >>"$POLICY.new"
-"$VENV/bin/gfxbpf-admin" approve clonecount --users "$DEMO_USER" --scope self >>"$POLICY.new"
-"$VENV/bin/gfxbpf-admin" approve vmabind --users "$DEMO_USER" --scope system >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve syscount --users "$USERS" --scope self >"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve execsnoop --users "$USERS" --scope self >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve clonecount --users "$USERS" --scope self >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve vmabind --users "$USERS" --scope system >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve profile --users "$USERS" --scope self >>"$POLICY.new"
 install -m 0640 -g "$SERVICE_USER" "$POLICY.new" "$POLICY" && rm -f "$POLICY.new"
 "$VENV/bin/gfxbpf-broker" --policy "$POLICY" --check-policy
 
-say "broker: the unit's ExecStart, as $SERVICE_USER with only CAP_BPF and CAP_PERFMON"
-install -d -m 0755 -o "$SERVICE_USER" -g "$SERVICE_USER" "$RUN"
-mapfile -t BROKER < <("$VENV/bin/python" tools/unit_exec.py deploy/gfxbpf.service \
-    --print-argv "--policy=$POLICY" "program=$VENV/bin/gfxbpf-broker")
-LOG=$(mktemp /tmp/gfxbpf-demo-audit.XXXXXX)
-"${BROKER[@]}" 2>"$LOG" &
-BROKER_PID=$!
-stop_broker() {
-    if kill -0 "$BROKER_PID" 2>/dev/null; then
-        kill -TERM "$BROKER_PID"
-        wait "$BROKER_PID" || true
-    fi
-}
-trap stop_broker EXIT
-for _ in $(seq 100); do
-    [ -S "$RUN/control.sock" ] && break
-    kill -0 "$BROKER_PID" 2>/dev/null || { cat "$LOG" >&2; exit 1; }
-    sleep 0.1
-done
-grep -E '^Cap(Eff|Prm|Bnd)|^NoNewPrivs' "/proc/$BROKER_PID/status"
+say "gfxclient on every user's PATH: /usr/local/bin/gfxclient -> $VENV/bin/gfxclient"
+ln -sfn "$VENV/bin/gfxclient" /usr/local/bin/gfxclient
+
+say "broker: the unit's ExecStart, as $SERVICE_USER with only CAP_BPF and CAP_PERFMON (tools/broker.sh)"
+if tools/broker.sh status >/dev/null; then
+    echo "demo: stopping the broker tools/broker.sh started earlier (the demo runs its own policy)"
+    tools/broker.sh stop
+fi
+tools/broker.sh start --policy "$POLICY"
+trap 'tools/broker.sh stop' EXIT
+tools/broker.sh status
 
 as_demo() { setpriv --reuid="$DEMO_USER" --regid="$DEMO_USER" --init-groups -- "$@"; }
+test -S "$RUN/control.sock"
 
 say "$DEMO_USER: gfxclient list"
 as_demo "$VENV/bin/gfxclient" list
@@ -82,9 +95,16 @@ wait "$WORK" || true
 say "$DEMO_USER: gfxclient watch vmabind (no i915 here: a clear message, not a traceback)"
 as_demo "$VENV/bin/gfxclient" watch vmabind --once || echo "(exit code $?)"
 
-say "stopping the broker"
-stop_broker
 trap - EXIT
+if [ "$KEEP" = 1 ]; then
+    say "the broker stays up: try the README's \"Using gfxclient\" as $USERS (su - $DEMO_USER)"
+    echo "stop it with: tools/broker.sh stop   (audit log: /var/log/gfxbpf-broker.log)"
+    exit 0
+fi
+say "stopping the broker"
+tools/broker.sh stop
 echo "audit log (one JSON line per request):"
-tail -n 5 "$LOG"
-rm -f "$LOG"
+tail -n 5 /var/log/gfxbpf-broker.log
+echo
+echo "To keep a broker running for the README's \"Using gfxclient\":" \
+    "tools/broker.sh start --policy $POLICY"

@@ -25,8 +25,9 @@ done
 if ((${#missing[@]})); then
     echo "setup: installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
+    . tools/apt_wait.sh
+    apt_get_waiting update -q
+    apt_get_waiting install -y -q --no-install-recommends "${missing[@]}"
 fi
 
 # A venv built on Debian's python under /opt, readable by every user: the

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import skip_or_fail

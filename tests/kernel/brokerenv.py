@@ -179,7 +179,7 @@ def _toml_value(value: Any) -> str:
 
 
 def catalog_sha256(name: str) -> str:
-    from gfxbpf.bpf.catalog import load_catalog
+    from gfxbpf.catalog.entries import load_catalog
 
     return load_catalog().get(name).sha256
 

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 
-from gfxbpf.bpf.core_apply import CoreResult
+from gfxbpf.bpf.core.apply import CoreResult
 
 Decisions = dict[tuple[str, int], tuple[tuple[str, int], ...]]
 

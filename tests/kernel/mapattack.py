@@ -28,7 +28,7 @@ import struct
 import sys
 from typing import Any
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 BPF_OBJ_PIN = 6

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.proto import framing

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gfxbpf.bpf.asm import SLOT
+
 # Opcodes (include/uapi/linux/bpf.h: class | op | source).
 MOV64_IMM = 0xB7
 MOV64_REG = 0xBF
@@ -78,7 +80,7 @@ class Asm:
         for idx, (code, dst, src, off, imm) in enumerate(self.insns):
             if isinstance(off, str):
                 off = self.labels[off] - idx - 1
-            out += struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+            out += SLOT.pack(code, (src << 4) | dst, off, imm)
         return bytes(out)
 
 

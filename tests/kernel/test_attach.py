@@ -20,18 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import attach as attachmod
-from gfxbpf.bpf import perf
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.attach import (
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.bpf.link import attach as attachmod
+from gfxbpf.bpf.link import perf
+from gfxbpf.bpf.link.attach import (
     AttachError,
     attach_perf_event,
     attach_raw_tracepoint,
     attach_tracepoint,
     attach_uprobe,
 )
+from gfxbpf.bpf.link.tracefs import TracepointNotFound
 from gfxbpf.bpf.symbols import resolve_symbol
-from gfxbpf.bpf.tracefs import TracepointNotFound
 
 PROG_KPROBE, PROG_TRACEPOINT, PROG_PERF_EVENT, PROG_RAW_TRACEPOINT = 2, 5, 7, 17
 MAP_ARRAY = 2
@@ -43,7 +44,7 @@ HELPER_MAP_LOOKUP, HELPER_PID_TGID, HELPER_ATTACH_COOKIE = 1, 14, 174
 
 
 def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
-    return struct.pack("<BBhi", code, dst | (src << 4), off, imm)
+    return SLOT.pack(code, dst | (src << 4), off, imm)
 
 
 def counter_prog(

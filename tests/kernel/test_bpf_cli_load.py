@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog, object_path
 
 CATALOG = load_catalog()
 
@@ -27,8 +27,10 @@ def test_load_prints_ids_and_unloads_on_stdin_close() -> None:
     assert proc.stdout is not None and proc.stdin is not None
     line = proc.stdout.readline()
     d = json.loads(line)
-    assert set(d["programs"]) == {"ucall_entry", "ucall_return"}
-    assert set(d["maps"]) == {"calls", "entry_ts", "latency", "ucalls.rodata"}
+    # Every program of the object: the probes and both builds of the process
+    # tree's fork hook (gfx_tree.h), with the tree's map.
+    assert set(d["programs"]) == {"ucall_entry", "ucall_return", "tree_fork", "tree_fork_btf"}
+    assert set(d["maps"]) == {"calls", "entry_ts", "latency", "tree", "ucalls.rodata"}
     ids = list(d["programs"].values())
     assert all(prog_exists(i) for i in ids)
     proc.stdin.close()

@@ -297,7 +297,7 @@ def test_unnamed_user_is_refused_with_the_rule(broker: BrokerProcess, clients: A
 
 
 def test_changed_and_unapproved_objects_are_refused(broker: BrokerProcess, clients: Any) -> None:
-    from gfxbpf.bpf.catalog import load_catalog
+    from gfxbpf.catalog.entries import load_catalog
 
     entry = load_catalog().get("execsnoop")
     data = bytearray((entry.directory / entry.object).read_bytes())
@@ -322,8 +322,8 @@ def test_changed_and_unapproved_objects_are_refused(broker: BrokerProcess, clien
 def test_changed_catalog_object_is_refused(world_dir: Path) -> None:
     # A catalog whose syscount object lost its integrity after review.
     cat = world_dir
-    shutil.copy(ROOT / "bpf" / "catalog.toml", cat / "catalog.toml")
-    shutil.copytree(ROOT / "bpf" / "programs", cat / "programs")
+    shutil.copy(ROOT / "catalog" / "catalog.toml", cat / "catalog.toml")
+    shutil.copytree(ROOT / "catalog" / "programs", cat / "programs")
     obj = cat / "programs" / "syscount.bpf.o"
     data = bytearray(obj.read_bytes())
     data[-1] ^= 0xFF

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import instance, kernel_btf
-from gfxbpf.bpf.catalog import load_catalog, read_object
+from gfxbpf.bpf.btf import kernel as kernel_btf
 from gfxbpf.bpf.ringbuf import RingBuffer
+from gfxbpf.catalog import instance
+from gfxbpf.catalog.entries import load_catalog, read_object
 from tests.kernel.brokerenv import ALICE, BrokerProcess, Client, ensure_user, policy_for
 from tests.kernel.rawclient import kernel_looking
 from tests.kernel.sysmaps_util import run_unprivileged
@@ -123,7 +124,7 @@ def broker() -> Iterator[BrokerProcess]:
 
 def test_broker_runs_the_btf_build_with_exact_events(broker: BrokerProcess) -> None:
     # The broker (user gfxbpf, CAP_BPF+CAP_PERFMON) loads the tp_btf build; its
-    # audit passed the object (TRACING/tp_btf is in broker/audit_table.py).
+    # audit passed the object (TRACING/tp_btf is in broker/review/table.py).
     alice = Client(broker, ALICE)
     try:
         att = alice.ok("attach", name="execsnoop", scope="self")

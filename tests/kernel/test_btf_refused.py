@@ -12,16 +12,16 @@ import sys
 import pytest
 
 from gfxbpf.bpf import loader
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.catalog.entries import load_catalog, object_path
 
 CATALOG = load_catalog()
 OBJECT = str(object_path(CATALOG.get("syscount")))
 
 REFUSE_BTF = (
     "import errno, sys\n"
-    "import gfxbpf.bpf.sys as s\n"
+    "import gfxbpf.bpf.syscall as s\n"
     "def refuse(*a, **k):\n"
     "    raise s.BpfError(errno.EINVAL, 'BPF_BTF_LOAD')\n"
     "s.btf_load = refuse\n"

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from gfxbpf.bpf.core_apply import relocate
-from gfxbpf.bpf.core_relo import CoreKind
-from gfxbpf.bpf.core_target import Target
+from gfxbpf.bpf.core.apply import relocate
+from gfxbpf.bpf.core.relo import CoreKind
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import skip_or_fail

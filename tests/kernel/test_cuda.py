@@ -276,3 +276,31 @@ def test_later_attaches_reuse_the_symbol_index(
     assert said[-2:] == ["cached", "cached"]
     # Each library file of this module was indexed once, however often it was attached.
     assert said.count("parsed") <= 2 < len(said)
+
+
+def test_watch_cuda_of_a_launcher_counts_its_child_exactly(
+    broker: BrokerProcess, built: dict[str, Path]
+) -> None:
+    """--pid of a launcher (a shell) whose child maps libcuda: gfxclient finds
+    the library in the child and the kernel follows the launcher's tree."""
+    from gfxbpf.client.proctree import descendants
+
+    launcher = setpriv_user_argv(ALICE, ["sh", "-c", '"$0" "$@"; true'])  # forks the workload
+    with cs.Workload(built["exe"], built["new"], prefix=launcher, env=BASE_ENV, cwd="/") as sh:
+        (child,) = descendants([sh.pid])
+        watch = _watch(broker, "fd", ALICE, "--pid", str(sh.pid), "--json",
+                       "--interval", "1", "--duration", "3")  # fmt: skip
+        try:
+            assert watch.stdout is not None
+            first = json.loads(watch.stdout.readline())
+            sh.run(cs.SCRIPT)
+            lines = [json.loads(ln) for ln in watch.stdout]
+            assert watch.wait(30) == 0, watch.stderr.read() if watch.stderr else ""
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+                watch.wait()
+    assert first["library"] == str(built["new"])
+    last = lines[-1]
+    assert set(last["processes"]) == {str(child)}
+    _assert_truth(last["processes"][str(child)], cs.truth(cs.SCRIPT))

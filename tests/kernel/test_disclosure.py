@@ -175,7 +175,7 @@ def _names(text: str, users: list[str]) -> list[str]:
 def test_denials_name_no_other_principal_and_no_policy_path(env: dict[str, Any]) -> None:
     b: BrokerProcess = env["broker"]
     changed = b.directory / "changed.bpf.o"
-    from gfxbpf.bpf.catalog import load_catalog
+    from gfxbpf.catalog.entries import load_catalog
 
     entry = load_catalog().get("execsnoop")
     data = bytearray((entry.directory / entry.object).read_bytes())

@@ -49,9 +49,11 @@ from unit_exec import setpriv_argv, unit_exec  # noqa: E402
 
 pytestmark = pytest.mark.kernel
 
-# The unit's own user (deploy/gfxbpf-exporter.service), created here as
-# brokerenv creates `gfxbpf`: a system user with no home and no shell.
-EXPORTER_USER = "gfxbpf-exporter"
+# The test's own user in place of the unit's User=gfxbpf-exporter, created
+# here as brokerenv creates `gfxbpf` (a system user, no home, no shell): the
+# counts are exact, and an exporter the host already runs as gfxbpf-exporter
+# would add its own system calls and execs to them.
+EXPORTER_USER = "gfxtest-exporter"
 EXPORTER_UNIT = ROOT / "deploy" / "gfxbpf-exporter.service"
 LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
 SYSCALLS = 'gfxbpf_syscount_counts_total{syscall="getppid"}'
@@ -237,7 +239,12 @@ def make_pki(directory: Path) -> Path:
 def start_exporter(config: Path, log: Path) -> subprocess.Popen[bytes]:
     """The unit's ExecStart through setpriv, as systemd would run it (its User=,
     no capability, no_new_privs, its Environment=), with the test's config."""
-    flags = {"--config": str(config), "program": f"{VENV}/bin/gfxbpf-exporter"}
+    flags = {
+        "--config": str(config),
+        "program": f"{VENV}/bin/gfxbpf-exporter",
+        "User": EXPORTER_USER,
+        "Group": EXPORTER_USER,
+    }
     env = dict(BASE_ENV)
     env.update(unit_exec(EXPORTER_UNIT).environment)
     with open(log, "wb") as err:
@@ -402,7 +409,7 @@ def test_over_grpc_the_counts_are_exact_too() -> None:
 # long: one remote scenario: certificates, a TCP listener, the exporter's config, counts.
 def test_a_remote_broker_over_grpc_with_mtls() -> None:
     """[broker] grpc = "host:port" with tls_*: no Unix socket at all; the broker maps
-    the exporter's certificate to the user gfxbpf-exporter ([[tls_client]])."""
+    the exporter's certificate to the exporter's user ([[tls_client]])."""
     uid, gid = ensure_user(EXPORTER_USER)
     broker_uid, broker_gid = ensure_user(BROKER_USER)
     base = shared_dir(None, prefix="gfxbpf-exporter-mtls-")

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import attach_kinds, externs, kconfig
-from gfxbpf.bpf.attach import attach_raw_tracepoint
+from gfxbpf.bpf.externs import decls as externs
+from gfxbpf.bpf.externs import kconfig
+from gfxbpf.bpf.link import kinds as attach_kinds
+from gfxbpf.bpf.link.attach import attach_raw_tracepoint
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf

@@ -44,7 +44,7 @@ from tests.kernel.brokerenv import (
 FLOOD_SECONDS = 5.0
 HELLO_SAMPLES = 300
 HELLO_P99_MS = 20.0
-# broker/unix_refusals.py: refused connections waiting for their first request, per user.
+# broker/unix/refusals.py: refused connections waiting for their first request, per user.
 REFUSE_PENDING_PER_USER = 4
 
 # Shared by the scripts below: connect, send, receive one message.

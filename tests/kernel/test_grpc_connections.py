@@ -40,7 +40,7 @@ from tests.kernel.brokerenv import (
 FLOOD_CONNECTIONS = 3000
 PER_USER = 8
 CONNECT_SECONDS = 3
-FDS_PER_CONNECTION = 3  # broker/grpc_accept.py
+FDS_PER_CONNECTION = 3  # broker/grpc/accept.py
 FD_SLACK = 16  # bob's own connections and sessions, the audit timer's, ...
 ATTACH_BUDGET_MS = 3000.0  # "promptly", on a loaded 2-core CI machine
 RSS_SLACK_MB = 16

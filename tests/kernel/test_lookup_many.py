@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import MapType
 from gfxbpf.bpf.maps import Map
 

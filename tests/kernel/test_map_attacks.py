@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import MapSpec, ObjectSpec
-from gfxbpf.broker.budget import PAGE, map_bytes
+from gfxbpf.broker.access.budget import PAGE, map_bytes
+from gfxbpf.catalog.entries import load_catalog
 from tests.kernel.brokerenv import (
     BOB,
     MALLORY,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import attach_kinds
-from gfxbpf.bpf import sys as bpfsys
-from gfxbpf.bpf.attach import AttachError
-from gfxbpf.bpf.kernel_btf import KernelBtfError, module_btf_fd
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.btf.kernel import KernelBtfError, module_btf_fd
+from gfxbpf.bpf.link import kinds as attach_kinds
+from gfxbpf.bpf.link.attach import AttachError
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_F_RDONLY, MapType
 from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
 from tests.kernel.sysmaps_util import (

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_PERF_EVENT, MapType
 from tests.kernel.sysmaps_util import (
     ADD64_IMM,

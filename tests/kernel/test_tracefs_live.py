@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import tracefs
+from gfxbpf.bpf.link import tracefs
 
 FORMATS = Path(__file__).resolve().parent.parent / "data" / "formats"
 

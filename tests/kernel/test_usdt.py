@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import usdt
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
+from gfxbpf.bpf.link import usdt
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf, skip_or_fail

@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 
-from gfxbpf.bpf import usdt
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
+from gfxbpf.bpf.link import usdt
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 

@@ -1,4 +1,4 @@
-"""The broker's static audit (broker/audit.py), offline: catalog objects pass,
+"""The broker's static audit (broker/review/checks.py), offline: catalog objects pass,
 forbidden helpers, kfuncs, program types and sizes are refused, and the
 committed test objects are what clang builds from their sources."""
 
@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import hashlib
 import re
-import struct
 from pathlib import Path
 
 import pytest
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.catalog import load_catalog
+from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.broker import audit
+from gfxbpf.broker.review import checks as audit
+from gfxbpf.catalog.entries import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECTS = ROOT / "tests" / "data" / "objects"
 TEST_OBJECTS = ("probe_write_user", "trace_printk", "ksym_address")
-_INSN = struct.Struct("<BBhi")
 _CALL = 0x85
 
 
@@ -33,9 +32,9 @@ def patch_helper(spec: ObjectSpec, program: str, old: int, new: int, src: int = 
     p = spec.programs[program]
     insns = bytearray(p.insns)
     for at in range(0, len(insns), 8):
-        code, regs, off, imm = _INSN.unpack_from(insns, at)
+        code, regs, off, imm = SLOT.unpack_from(insns, at)
         if code == _CALL and regs >> 4 == 0 and imm == old:
-            _INSN.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, new)
+            SLOT.pack_into(insns, at, code, (regs & 0x0F) | (src << 4), off, new)
             p.insns = bytes(insns)
             return
     raise AssertionError(f"{program} calls no helper {old}")

@@ -1,4 +1,4 @@
-"""The audit's table of program kinds, kfuncs and ksyms (broker/audit_table.py),
+"""The audit's table of program kinds, kfuncs and ksyms (broker/review/table.py),
 applied to objects built from tests/data/programs/ and inline sources."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.sections import SECTION_KINDS
-from gfxbpf.broker import audit, audit_table
+from gfxbpf.broker.review import checks as audit
+from gfxbpf.broker.review import table as audit_table
 from tests.conftest import compile_bpf
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"

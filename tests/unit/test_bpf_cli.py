@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog, object_path
 
 CATALOG = load_catalog()
 

@@ -7,17 +7,17 @@ import errno
 
 import pytest
 
-from gfxbpf.bpf.attach import AttachError
-from gfxbpf.bpf.btf import BtfError
-from gfxbpf.bpf.catalog import CatalogError, CatalogKeyError
+from gfxbpf.bpf.btf.blob import BtfError
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError, KernelError
-from gfxbpf.bpf.instance import CatalogMismatch, FieldMissing, ParameterError, Unavailable
+from gfxbpf.bpf.link.attach import AttachError
+from gfxbpf.bpf.link.tracefs import FormatError, TracefsError, TracepointNotFound
 from gfxbpf.bpf.loader import LoadError
 from gfxbpf.bpf.object import ObjectError, UnsupportedError
 from gfxbpf.bpf.ringbuf import RingBufferError
 from gfxbpf.bpf.symbols import SymbolError
-from gfxbpf.bpf.sys import BpfError
-from gfxbpf.bpf.tracefs import FormatError, TracefsError, TracepointNotFound
+from gfxbpf.bpf.syscall import BpfError
+from gfxbpf.catalog.entries import CatalogError, CatalogKeyError
+from gfxbpf.catalog.instance import CatalogMismatch, FieldMissing, ParameterError, Unavailable
 
 CASES = [
     (BtfError, ValueError, InputError),

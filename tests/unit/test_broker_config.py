@@ -128,7 +128,7 @@ def test_check_policy_missing_file(tmp_path):
 
 
 def test_check_policy_against_packaged_catalog(tmp_path):
-    from gfxbpf.bpf.catalog import load_catalog
+    from gfxbpf.catalog.entries import load_catalog
 
     syscount = load_catalog().get("syscount")
     path = tmp_path / "policy.toml"

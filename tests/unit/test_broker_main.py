@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.catalog import load_catalog
 from gfxbpf.broker import admin, main
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
+from gfxbpf.catalog.entries import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECTS = ROOT / "tests" / "data" / "objects"

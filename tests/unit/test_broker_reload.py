@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from gfxbpf.bpf.catalog import load_catalog
 from gfxbpf.broker import main
+from gfxbpf.broker.access.leases import LeaseManager
+from gfxbpf.broker.access.tokens import TokenStore
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.config import parse_args
-from gfxbpf.broker.leases import LeaseManager
-from gfxbpf.broker.policy import Policy
-from gfxbpf.broker.tokens import TokenStore
+from gfxbpf.broker.policy.rules import Policy
+from gfxbpf.catalog.entries import load_catalog
 
 CATALOG = load_catalog()
 

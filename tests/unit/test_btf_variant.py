@@ -8,20 +8,19 @@ and the variant choice takes the tp_btf build only where BTF has its target.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import instance
-from gfxbpf.bpf.catalog import load_catalog, object_path
-from gfxbpf.bpf.core_apply import CoreRecord, has_core_relos, relocate
-from gfxbpf.bpf.core_target import Target
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.bpf.core.apply import CoreRecord, has_core_relos, relocate
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.catalog import instance
+from gfxbpf.catalog.entries import load_catalog, object_path
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
 ENTRY = load_catalog().get("execsnoop")
-_INSN = struct.Struct("<BBhi")
 
 
 def _spec() -> ObjectSpec:
@@ -48,7 +47,7 @@ def test_btf_build_reads_follow_the_target_layout() -> None:
         assert r.result is not None and not r.result.poison
         assert r.result.new_val == offset
         # A direct load through the typed pointer: its offset field is patched.
-        op, _regs, off, _imm = _INSN.unpack_from(code, r.insn * 8)
+        op, _regs, off, _imm = SLOT.unpack_from(code, r.insn * 8)
         assert op & 0x07 == 0x01 and off == offset  # BPF_LDX ... at the target's offset
 
 

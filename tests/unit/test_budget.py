@@ -1,4 +1,4 @@
-"""The per-user map budget (broker/budget.py) and how the broker uses it."""
+"""The per-user map budget (broker/access/budget.py) and how the broker uses it."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import io
 
 import pytest
 
-from gfxbpf.bpf.catalog import load_catalog
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
 from gfxbpf.bpf.object import MapSpec
+from gfxbpf.broker.access.budget import PAGE, MapBudget, OverBudget, human, map_bytes
 from gfxbpf.broker.auditlog import AuditLog
-from gfxbpf.broker.budget import PAGE, MapBudget, OverBudget, human, map_bytes
-from gfxbpf.broker.policy import Limits, Policy, PolicyError
+from gfxbpf.broker.policy.rules import Limits, Policy, PolicyError
 from gfxbpf.broker.service import BrokerError, Caller, Service
+from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 KIB = 1024

@@ -15,10 +15,11 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from gfxbpf.bpf import catalog as cat
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.catalog import entries as cat
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ROOT / "bpf" / "programs"
+PROGRAMS = ROOT / "catalog" / "programs"
 SIDE_OBJECTS = (
     "bench/bench.bpf.o",
     "tests/data/objects/probe_write_user.bpf.o",
@@ -188,12 +189,16 @@ def test_catalog_parses(catalog: cat.Catalog) -> None:
     assert syscount.map("counts").show == "counter"
     ucalls = catalog.get("ucalls")
     assert ucalls.pid_knob == "target_pid"
-    assert {a.kind for a in ucalls.attach} == {"uprobe", "uretprobe"}
-    assert all(a.target is None for a in ucalls.attach)
+    assert {a.kind for a in ucalls.attach_for(None)} == {"uprobe", "uretprobe"}
+    # Its process tree's fork hook: one build per variant.
+    assert {a.kind for a in ucalls.attach if a.variant} == {"tp_btf", "tracepoint"}
+    assert (ucalls.children_knob, ucalls.tree_map) == ("follow_children", "tree")
+    assert not ucalls.map("tree").visible
+    assert all(a.target is None for a in ucalls.attach_for(None))
     assert [p.name for p in ucalls.parameters] == ["pid", "library", "functions"]
     assert ucalls.parameters[2].type == "list[str]"
     profile = catalog.get("profile")
-    assert profile.attach == (cat.Attach("profile_sample", "perf_event"),)
+    assert profile.attach_for(None) == (cat.Attach("profile_sample", "perf_event"),)
     assert [p.name for p in profile.parameters] == ["frequency", "pid"]
     assert not any(p.required for p in profile.parameters)
     assert profile.map("stacks").visible  # user addresses only: BPF_F_USER_STACK
@@ -329,7 +334,7 @@ def _helper_calls(path: Path) -> list[tuple[str, int, int]]:
         assert len(code) % 8 == 0
         i = 0
         while i < len(code):
-            op, regs, _off, imm = struct.unpack_from("<BBhi", code, i)
+            op, regs, _off, imm = SLOT.unpack_from(code, i)
             if op == 0x85 and regs >> 4 == 0:  # call, src 0: a helper
                 out.append((sec.name, i // 8, imm))
             i += 16 if op == 0x18 else 8  # ld_imm64 takes two slots
@@ -423,9 +428,9 @@ def test_build_check_reproduces_objects() -> None:
 def test_build_is_independent_of_checkout_path(tmp_path: Path) -> None:
     # A checkout elsewhere builds the same bytes as the committed objects.
     other = tmp_path / "some" / "other checkout"
-    (other / "bpf").mkdir(parents=True)
-    shutil.copytree(PROGRAMS, other / "bpf" / "programs")
-    shutil.copy(ROOT / "bpf" / "catalog.toml", other / "bpf" / "catalog.toml")
+    (other / "catalog").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, other / "catalog" / "programs")
+    shutil.copy(ROOT / "catalog" / "catalog.toml", other / "catalog" / "catalog.toml")
     shutil.copytree(ROOT / "tools", other / "tools")
     r = subprocess.run(
         [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],
@@ -439,11 +444,11 @@ def test_build_is_independent_of_checkout_path(tmp_path: Path) -> None:
 @needs_clang
 def test_build_check_names_a_differing_object(tmp_path: Path) -> None:
     other = tmp_path / "co"
-    (other / "bpf").mkdir(parents=True)
-    shutil.copytree(PROGRAMS, other / "bpf" / "programs")
-    shutil.copy(ROOT / "bpf" / "catalog.toml", other / "bpf" / "catalog.toml")
+    (other / "catalog").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, other / "catalog" / "programs")
+    shutil.copy(ROOT / "catalog" / "catalog.toml", other / "catalog" / "catalog.toml")
     shutil.copytree(ROOT / "tools", other / "tools")
-    obj = other / "bpf" / "programs" / "syscount.bpf.o"
+    obj = other / "catalog" / "programs" / "syscount.bpf.o"
     obj.write_bytes(obj.read_bytes() + b"\0")
     r = subprocess.run(
         [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gfxbpf.client import cli
+from gfxbpf.client.cli import gfxclient as cli
 from gfxbpf.client.errors import EXIT_DENIED, EXIT_UNREACHABLE, EXIT_USAGE, BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -197,8 +197,8 @@ def test_client_version_without_importlib_metadata(capsys: pytest.CaptureFixture
     # what importlib.metadata (the slow way) says.
     from importlib import metadata
 
-    from gfxbpf.client import cli
     from gfxbpf.client.broker import client_version
+    from gfxbpf.client.cli import gfxclient as cli
 
     assert client_version() == metadata.version("gfxbpf")
     assert cli.main(["--version"]) == 0

@@ -1,4 +1,4 @@
-"""gfxbpf.client.display: units, rates, tables and bpftrace-style histograms."""
+"""gfxbpf.client.cli.display: units, rates, tables and bpftrace-style histograms."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from gfxbpf.client import display as d
+from gfxbpf.client import mapdata as md
+from gfxbpf.client.cli import display as d
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_split_histogram_groups_by_other_key_members() -> None:
     ]
     groups = d.split_histogram(entries)
     assert groups == {"i915, r0": {3: 2, 5: 1}, "xe, r1": {3: 7}, "": {4: 9}}
-    rows = d.histogram_json(d.MapData("h", "log2_histogram", entries=entries[:2]))
+    rows = d.histogram_json(md.MapData("h", "log2_histogram", entries=entries[:2]))
     assert rows == [
         {"key": "i915, r0", "slot": 3, "low": 8, "high": 16, "value": 2},
         {"key": "i915, r0", "slot": 5, "low": 32, "high": 64, "value": 1},
@@ -107,22 +108,22 @@ def test_split_histogram_groups_by_other_key_members() -> None:
 
 
 def test_rates_per_key_and_member() -> None:
-    prev = d.MapData("c", entries=[(1, 10), (2, 50), ({"comm": "x"}, 1)])
-    cur = d.MapData("c", entries=[(1, 30), (2, 40), (3, 4), ({"comm": "x"}, 3)])
+    prev = md.MapData("c", entries=[(1, 10), (2, 50), ({"comm": "x"}, 1)])
+    cur = md.MapData("c", entries=[(1, 30), (2, 40), (3, 4), ({"comm": "x"}, 3)])
     r = d.rates(prev, cur, 2.0)
     assert r[d.key_id(1)] == 10.0
     assert d.key_id(2) not in r  # went down: no rate
     assert r[d.key_id(3)] == 2.0  # new key counts from zero
     assert r[d.key_id({"comm": "x"})] == 1.0
-    table_prev = d.MapData("t", "table", entries=[(1, {"binds": 1, "name": "a"})])
-    table_cur = d.MapData("t", "table", entries=[(1, {"binds": 5, "name": "a"})])
+    table_prev = md.MapData("t", "table", entries=[(1, {"binds": 1, "name": "a"})])
+    table_cur = md.MapData("t", "table", entries=[(1, {"binds": 5, "name": "a"})])
     assert d.rates(table_prev, table_cur, 1.0) == {d.key_id(1): {"binds": 4.0}}
     assert d.rates(None, cur, 1.0) == {}
 
 
 def test_counter_table_sorted_with_rates_and_limit() -> None:
-    data = d.MapData("counts", "counter", "count", "syscall", entries=[(0, 5), (1, 500), (2, 50)])
-    r = d.rates(d.MapData("counts", entries=[(1, 400)]), data, 1.0)
+    data = md.MapData("counts", "counter", "count", "syscall", entries=[(0, 5), (1, 500), (2, 50)])
+    r = d.rates(md.MapData("counts", entries=[(1, 400)]), data, 1.0)
     lines = d.render_counter(data, r, key_format=lambda k: f"nr{k}", limit=2)
     assert lines == [
         "  SYSCALL  COUNT     RATE",
@@ -133,7 +134,7 @@ def test_counter_table_sorted_with_rates_and_limit() -> None:
 
 
 def test_struct_table_columns() -> None:
-    data = d.MapData(
+    data = md.MapData(
         "vm_stats",
         "table",
         key_label="address space",
@@ -148,13 +149,13 @@ def test_struct_table_columns() -> None:
 
 
 def test_sum_cpus() -> None:
-    assert d.sum_cpus([1, 2, 3]) == 6
-    assert d.sum_cpus([{"a": 1, "s": "x"}, {"a": 2, "s": "y"}]) == {"a": 3, "s": "x"}
-    assert d.sum_cpus(7) == 7
+    assert md.sum_cpus([1, 2, 3]) == 6
+    assert md.sum_cpus([{"a": 1, "s": "x"}, {"a": 2, "s": "y"}]) == {"a": 3, "s": "x"}
+    assert md.sum_cpus(7) == 7
 
 
 def test_entries_json_labels_and_order() -> None:
-    data = d.MapData("counts", "counter", entries=[(39, 1), (0, 9)])
+    data = md.MapData("counts", "counter", entries=[(39, 1), (0, 9)])
     rows = d.entries_json(data, {}, key_format=lambda k: {0: "read", 39: "getpid"}[k])
     assert rows == [
         {"key": 0, "value": 9, "label": "read", "rate": None},

@@ -15,31 +15,28 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CLIENT = ROOT / "client"
-FILES = sorted(CLIENT.rglob("*.py"))  # client/profile/ too
+from tests.imports import ROOT, imports, package_of
 
-# Folder -> the package its modules are imported as (pyproject's package-dir);
-# tools/ are scripts, run from a bare checkout.
-PACKAGES = {
-    "bpf": "gfxbpf.bpf",
-    "proto": "gfxbpf.proto",
-    "broker": "gfxbpf.broker",
-    "client": "gfxbpf.client",
-    "exporter": "gfxbpf.exporter",
-    "bench": "bench",
-    "tools": "tools",
-}
+CLIENT = ROOT / "client"
+FILES = sorted(CLIENT.rglob("*.py"))  # client/profiles/ too
+
 # What each layer must never import: other layers by folder name, and
 # third-party packages by top-level name. tests/ may import anything.
 FORBIDDEN: dict[str, frozenset[str]] = {
-    # The loader knows no policy and no wire format.
+    # The loader knows no policy, no wire format and no catalog.
     "bpf": frozenset(
+        {
+            *("catalog", "proto", "broker", "client", "exporter", "bench", "tests", "tools"),
+            *("grpc", "google"),
+        }
+    ),
+    # The catalog runs programs with the library; it knows no policy and no wire.
+    "catalog": frozenset(
         {"proto", "broker", "client", "exporter", "bench", "tests", "tools", "grpc", "google"}
     ),
     # Messages and framing know no daemon and no kernel object.
     "proto": frozenset(
-        {"bpf", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
+        {"bpf", "catalog", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
     ),
     # The daemon uses bpf and proto, never the client library.
     "broker": frozenset({"client", "exporter", "bench", "tests", "tools"}),
@@ -54,14 +51,10 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     # The benchmark measures what a user runs: the client, and bpf for its own programs.
     "bench": frozenset({"broker", "tests", "tools"}),
     # Build scripts run before the package is installed.
-    "tools": frozenset({"bpf", "proto", "broker", "client", "exporter", "bench", "tests"}),
+    "tools": frozenset(
+        {"bpf", "catalog", "proto", "broker", "client", "exporter", "bench", "tests"}
+    ),
 }
-
-
-def _package_of(path: Path) -> str:
-    """The package a module file belongs to: gfxbpf.bpf.programs for bpf/programs/x.py."""
-    rel = path.relative_to(ROOT)
-    return ".".join([PACKAGES[rel.parts[0]], *rel.parts[1:-1]])
 
 
 def _layer_of(name: str) -> str:
@@ -85,10 +78,10 @@ def _module_files(layer: str) -> list[Path]:
 ALLOWED_BPF = {
     "gfxbpf.bpf.maps",
     "gfxbpf.bpf.ringbuf",
-    "gfxbpf.bpf.btf",
+    "gfxbpf.bpf.btf.blob",  # the package: parsing and decoding, no syscalls
     "gfxbpf.bpf.consts",
-    "gfxbpf.bpf.cuda_api",
-    "gfxbpf.bpf.function_tables",
+    "gfxbpf.catalog.cuda_api",
+    "gfxbpf.catalog.function_tables",
     "gfxbpf.bpf.elf",  # only reads files: the profile symbolizer shares the broker's ELF reader
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
@@ -105,34 +98,6 @@ FORBIDDEN_TEXT = (
     "CAP_PERFMON",
     "CAP_SYS_ADMIN",
 )
-
-
-def _imports(tree: ast.AST, package: str = "gfxbpf.client") -> list[str]:
-    """Every module name tree imports, anywhere in it, relative ones resolved
-    against package (the package of the module that tree is)."""
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.extend(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the module's package
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                full = base + ("." + node.module if node.module else "")
-                names.append(full)
-                names.extend(f"{full}.{a.name}" for a in node.names)
-            elif node.module is not None:
-                names.append(node.module)
-                names.extend(f"{node.module}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Call):
-            # importlib.import_module("...") / __import__("...") with a literal
-            f = node.func
-            fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if fname in ("import_module", "__import__") and node.args:
-                arg = node.args[0]
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    names.append(arg.value)
-    return names
 
 
 def _docstring_nodes(tree: ast.AST) -> set[int]:
@@ -158,19 +123,19 @@ def test_every_source_folder_is_in_the_table() -> None:
         assert _module_files(layer), f"no modules under {layer}/"
 
 
-def test_the_collector_sees_lazy_relative_and_dynamic_imports() -> None:
+def test_the_collector_sees_lazy_relative_and_dynamicimports() -> None:
     tree = ast.parse(
-        "from . import perf\n"
+        "from . import tracer\n"
         "from ..proto import framing\n"
         "def f():\n"
-        "    from gfxbpf.broker import policy_file\n"
-        "    importlib.import_module('gfxbpf.client.cli')\n"
+        "    from gfxbpf.broker import rulebook\n"
+        "    importlib.import_module('gfxbpf.client.shell')\n"
         "if TYPE_CHECKING:\n"
         "    import grpc\n"
     )
-    got = set(_imports(tree, "gfxbpf.bpf"))
-    assert {"gfxbpf.bpf.perf", "gfxbpf.proto.framing", "gfxbpf.broker.policy_file"} <= got
-    assert {"gfxbpf.client.cli", "grpc"} <= got
+    got = set(imports(tree, "gfxbpf.bpf"))
+    assert {"gfxbpf.bpf.tracer", "gfxbpf.proto.framing", "gfxbpf.broker.rulebook"} <= got
+    assert {"gfxbpf.client.shell", "grpc"} <= got
     assert {_layer_of(n) for n in got} == {"bpf", "proto", "broker", "client", "grpc"}
 
 
@@ -179,19 +144,19 @@ def test_the_collector_sees_lazy_relative_and_dynamic_imports() -> None:
 )
 def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
-    bad = sorted({n for n in _imports(tree, _package_of(path)) if _layer_of(n) in FORBIDDEN[layer]})
+    bad = sorted({n for n in imports(tree, package_of(path)) if _layer_of(n) in FORBIDDEN[layer]})
     assert not bad, f"{path.relative_to(ROOT)} ({layer}/) imports {bad}"
 
 
 # Loading a layer must not load a forbidden gfxbpf layer either (what the
 # parse above cannot see: an import hidden behind a computed name).
-PRODUCT_LAYERS = ("bpf", "proto", "broker", "client", "exporter")
+PRODUCT_LAYERS = ("bpf", "catalog", "proto", "broker", "client", "exporter")
 
 
 @pytest.mark.parametrize("layer", PRODUCT_LAYERS)
 def test_importing_a_layer_loads_no_forbidden_layer(layer: str) -> None:
     modules = [
-        f"{_package_of(f)}.{f.stem}" if f.stem != "__init__" else _package_of(f)
+        f"{package_of(f)}.{f.stem}" if f.stem != "__init__" else package_of(f)
         for f in _module_files(layer)
         if f.stem != "__main__"
     ]
@@ -209,23 +174,24 @@ def test_importing_a_layer_loads_no_forbidden_layer(layer: str) -> None:
 
 
 def test_client_has_modules() -> None:
-    assert {"__init__.py", "broker.py", "cli.py", "display.py"} <= {f.name for f in FILES}
+    names = {str(f.relative_to(CLIENT)) for f in FILES}
+    assert {"__init__.py", "broker.py", "cli/gfxclient.py", "cli/display.py"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CLIENT)))
 def test_imports_follow_the_layers(path: Path) -> None:
     tree = ast.parse(path.read_text(), str(path))
-    for name in _imports(tree, _package_of(path)):
+    for name in imports(tree, package_of(path)):
         top = name.split(".")[0]
         assert top not in FORBIDDEN_TOP, f"{path.name} imports {name}"
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
         if name.startswith("gfxbpf.") and top == "gfxbpf":
             layer = name.split(".")[1]
-            assert layer in ("client", "proto", "bpf"), f"{path.name} imports {name}"
-            if layer == "bpf":
-                module = ".".join(name.split(".")[:3])
-                # "from gfxbpf.bpf.btf import Btf" records gfxbpf.bpf.btf and gfxbpf.bpf.btf.Btf
-                assert module in ALLOWED_BPF or name == "gfxbpf.bpf", (
+            assert layer in ("client", "proto", "bpf", "catalog"), f"{path.name} imports {name}"
+            if layer in ("bpf", "catalog"):
+                # "from gfxbpf.bpf.btf.blob import Btf" records gfxbpf.bpf.btf.blob and its .Btf
+                allowed = any(name == a or name.startswith(a + ".") for a in ALLOWED_BPF)
+                assert allowed or name in ("gfxbpf.bpf", "gfxbpf.catalog"), (
                     f"{path.name} imports {name}: the client may use only "
                     f"{sorted(ALLOWED_BPF)} from gfxbpf.bpf"
                 )
@@ -238,7 +204,7 @@ CODE_FILES = [f for f in FILES if f.name != "syscalls.py"]
 
 def test_syscall_table_is_only_data() -> None:
     tree = ast.parse((CLIENT / "syscalls.py").read_text())
-    assert _imports(tree) == ["__future__", "__future__.annotations"]
+    assert imports(tree) == ["__future__", "__future__.annotations"]
     calls = [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)]
     assert calls == ["SYSCALLS.get"]  # the lookup in syscall_name(), nothing else
 
@@ -266,19 +232,66 @@ def test_no_tracefs_or_capabilities(path: Path) -> None:
 def test_importing_the_client_loads_no_broker_or_privileged_module() -> None:
     code = (
         "import sys, json\n"
-        "import gfxbpf.client, gfxbpf.client.cli\n"
+        "import gfxbpf.client, gfxbpf.client.cli.gfxclient\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('gfxbpf', 'prctl')))))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     loaded = json.loads(r.stdout)
-    assert "gfxbpf.client.cli" in loaded
+    assert "gfxbpf.client.cli.gfxclient" in loaded
     bad = [m for m in loaded if m.startswith(("gfxbpf.broker", "prctl"))]
     assert not bad, bad
     for m in (
-        "gfxbpf.bpf.tracefs",
-        "gfxbpf.bpf.attach",
+        "gfxbpf.bpf.link.tracefs",
+        "gfxbpf.bpf.link.attach",
         "gfxbpf.bpf.loader",
-        "gfxbpf.bpf.instance",
+        "gfxbpf.catalog.instance",
     ):
         assert m not in loaded, f"the client pulled in {m}"
+
+
+# The exporter is a client of the library, not of gfxclient's screens: it may
+# import the package's API and these library modules, never display,
+# cuda_view, cli or the other presentation modules.
+EXPORTER_CLIENT_API = {
+    "gfxbpf.client",  # Broker, Attachment, ClientMap, EventStream, the errors
+    "gfxbpf.client.errors",
+    "gfxbpf.client.grpc_config",  # TlsFiles: how to reach a remote broker
+    "gfxbpf.client.mapdata",  # a map's decoded snapshot
+    "gfxbpf.client.libcuda",  # where a process maps libcuda; cuda key names
+    "gfxbpf.client.syscalls",  # the generated system-call name table
+}
+EXPORTER_FILES = _module_files("exporter")
+
+
+def _client_modules_imported(tree: ast.AST, package: str) -> set[str]:
+    """The gfxbpf.client modules tree imports (`from gfxbpf.client import x`
+    counts as module x where client/x.py exists, else as the package)."""
+    out: set[str] = set()
+    for name in imports(tree, package):
+        if not name.startswith("gfxbpf.client"):
+            continue
+        rel = name.split(".")[2:]
+        while rel and not (
+            (CLIENT.joinpath(*rel).with_suffix(".py")).exists() or CLIENT.joinpath(*rel).is_dir()
+        ):
+            rel = rel[:-1]
+        out.add(".".join(["gfxbpf.client", *rel]))
+    return out
+
+
+@pytest.mark.parametrize("path", EXPORTER_FILES, ids=lambda p: p.name)
+def test_exporter_uses_only_the_client_library_api(path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    bad = sorted(_client_modules_imported(tree, package_of(path)) - EXPORTER_CLIENT_API)
+    assert not bad, f"exporter/{path.name} imports client presentation code: {bad}"
+
+
+def test_the_exporter_check_sees_a_presentation_module() -> None:
+    tree = ast.parse(
+        "from gfxbpf.client import Broker\n"
+        "import gfxbpf.client.cli.cuda_view as view\n"
+        "import gfxbpf.client.cli.display\n"
+    )
+    got = _client_modules_imported(tree, "gfxbpf.exporter")
+    assert got == {"gfxbpf.client", "gfxbpf.client.cli.cuda_view", "gfxbpf.client.cli.display"}

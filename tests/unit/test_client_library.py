@@ -2,7 +2,7 @@
 
 FakeBroker speaks the real protocol on both transports: SOCK_SEQPACKET with
 gfxbpf.proto.framing, and grpcio with the generated servicer, answering
-errors the way broker/grpc_errors.py does (status + gfxbpf-* trailers). Its
+errors the way broker/grpc/errors.py does (status + gfxbpf-* trailers). Its
 maps hold fixed bytes, encoded with the catalog objects' own BTF, so the
 client's BTF decoding, ReadMap paging, token handling and error messages
 are checked end to end. The real broker is exercised in
@@ -27,8 +27,9 @@ import grpc
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from gfxbpf.bpf.btf import Btf
-from gfxbpf.client import Broker, BrokerError, BrokerUnreachable, ClientError, UsageError, cli
+from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.client import Broker, BrokerError, BrokerUnreachable, ClientError, UsageError
+from gfxbpf.client.cli import gfxclient as cli
 from gfxbpf.client.errors import EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_UNREACHABLE
 from gfxbpf.client.tokens import TokenCache
 from gfxbpf.client.transport import Transport
@@ -36,7 +37,7 @@ from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
-PROGRAMS = Path(__file__).resolve().parents[2] / "bpf" / "programs"
+PROGRAMS = Path(__file__).resolve().parents[2] / "catalog" / "programs"
 VMABIND_REASON = (
     "tracepoint i915:i915_vma_bind does not exist on this kernel: the i915 driver must "
     "be loaded (an Intel GPU, modprobe i915)"

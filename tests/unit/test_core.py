@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.btf_encode import encode_types
-from gfxbpf.bpf.btf_types import KIND_STRUCT, Int, Member, Struct, Void
-from gfxbpf.bpf.core_apply import CoreRecord, CoreResult, relocate
-from gfxbpf.bpf.core_match import types_match
-from gfxbpf.bpf.core_patch import POISON_IMM, patch
-from gfxbpf.bpf.core_relo import CoreError, CoreKind, essential_name, parse_spec
-from gfxbpf.bpf.core_resolve import Resolution
-from gfxbpf.bpf.core_target import Target
+from gfxbpf.bpf.asm import SLOT
+from gfxbpf.bpf.btf.encode import encode_types
+from gfxbpf.bpf.btf.kinds import KIND_STRUCT, Int, Member, Struct, Void
+from gfxbpf.bpf.core.apply import CoreRecord, CoreResult, relocate
+from gfxbpf.bpf.core.match import types_match
+from gfxbpf.bpf.core.patch import POISON_IMM, patch
+from gfxbpf.bpf.core.relo import CoreError, CoreKind, essential_name, parse_spec
+from gfxbpf.bpf.core.resolve import Resolution
+from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.object import ObjectSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
-_INSN = struct.Struct("<BBhi")
 
 
 @cache
@@ -57,7 +57,7 @@ def value(core: CoreResult, program: str, kind: str, local: str) -> int:
 
 
 def insn(core: CoreResult, r: CoreRecord, at: int = 0) -> tuple[int, int, int, int]:
-    code, regs, off, imm = _INSN.unpack_from(core.insns[r.program], (r.insn + at) * 8)
+    code, regs, off, imm = SLOT.unpack_from(core.insns[r.program], (r.insn + at) * 8)
     return code, regs, off, imm
 
 
@@ -200,7 +200,7 @@ def _tm(local: str, kind: int, target: str) -> bool:
 
 def test_type_matches_rules() -> None:
     # clang 14 cannot emit TYPE_MATCHES; the rule itself, on the stored BTF.
-    from gfxbpf.bpf.btf_types import KIND_ENUM, KIND_UNION
+    from gfxbpf.bpf.btf.kinds import KIND_ENUM, KIND_UNION
 
     assert _tm("u_thing", KIND_UNION, "target_new")  # same kind, members by name
     assert not _tm("u_thing", KIND_UNION, "target_old")  # a struct there
@@ -214,8 +214,8 @@ def test_type_matches_relocation_resolves_and_patches() -> None:
     """A TYPE_MATCHES record (as clang 15 writes it) on `union u_thing`."""
     lbtf = spec().btf
     assert lbtf is not None
-    from gfxbpf.bpf.btf_types import KIND_UNION
-    from gfxbpf.bpf.core_resolve import resolve
+    from gfxbpf.bpf.btf.kinds import KIND_UNION
+    from gfxbpf.bpf.core.resolve import resolve
 
     lid = lbtf.find("u_thing", KIND_UNION)
     assert lid is not None
@@ -224,16 +224,16 @@ def test_type_matches_relocation_resolves_and_patches() -> None:
         t = Target.from_blobs(target_btf(target))
         res, _ = resolve(local, t.candidates(lbtf.types[lid]))
         assert (res.orig_val, res.new_val, res.poison) == (1, want, False)
-        code = bytearray(_INSN.pack(0xB7, 1, 0, 1))  # r1 = 1
+        code = bytearray(SLOT.pack(0xB7, 1, 0, 1))  # r1 = 1
         patch(code, 0, res)
-        assert _INSN.unpack(code) == (0xB7, 1, 0, want)
+        assert SLOT.unpack(code) == (0xB7, 1, 0, want)
 
 
 def test_patch_refuses_an_instruction_that_disagrees() -> None:
-    code = bytearray(_INSN.pack(0xB7, 1, 0, 7))  # r1 = 7, but the record says 8
+    code = bytearray(SLOT.pack(0xB7, 1, 0, 7))  # r1 = 7, but the record says 8
     with pytest.raises(CoreError, match="expects 8"):
         patch(code, 0, Resolution(orig_val=8, new_val=16))
-    code = bytearray(_INSN.pack(0x61, 0x21, 8, 0))  # r1 = *(u32 *)(r2 + 8)
+    code = bytearray(SLOT.pack(0x61, 0x21, 8, 0))  # r1 = *(u32 *)(r2 + 8)
     with pytest.raises(CoreError, match="does not fit"):
         patch(code, 0, Resolution(orig_val=8, new_val=1 << 15))
 
@@ -305,7 +305,7 @@ def test_corrupt_records_give_core_errors_only() -> None:
 
 
 def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) -> None:
-    from gfxbpf.bpf.core_target import module_order
+    from gfxbpf.bpf.core.target import module_order
 
     base = target_btf("target_old")
     table = Target.from_blobs(base).vmlinux.table

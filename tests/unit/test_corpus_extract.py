@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.corpus import extract_bpf_objects
 
-CATALOG_OBJECT = Path(__file__).resolve().parents[2] / "bpf" / "programs" / "syscount.bpf.o"
+CATALOG_OBJECT = Path(__file__).resolve().parents[2] / "catalog" / "programs" / "syscount.bpf.o"
 
 
 def test_finds_embedded_objects_exactly() -> None:

@@ -10,11 +10,15 @@ from pathlib import Path
 import pytest
 
 from bench import cuda_standin as cs
-from gfxbpf.bpf import cuda_api, function_tables, symbols
-from gfxbpf.bpf.catalog import load_catalog
-from gfxbpf.client import cli, cuda_view
-from gfxbpf.client.display import MapData
+from gfxbpf.bpf import symbols
+from gfxbpf.catalog import cuda_api, function_tables
+from gfxbpf.catalog import entries as catalog
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.client import libcuda
+from gfxbpf.client.cli import cuda_view
+from gfxbpf.client.cli import gfxclient as cli
 from gfxbpf.client.errors import UsageError
+from gfxbpf.client.mapdata import MapData
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the stand-in")
 
@@ -41,7 +45,7 @@ def test_table_is_well_formed() -> None:
         else:
             assert f.arg == function_tables.NO_ARG
     assert load_catalog().get("cuda").function_table == "cuda"
-    assert function_tables.table("cuda") is cuda_api.FUNCTIONS
+    assert catalog.function_table("cuda") is cuda_api.FUNCTIONS
 
 
 def test_cookie_packs_index_role_and_argument() -> None:
@@ -53,7 +57,7 @@ def test_cookie_packs_index_role_and_argument() -> None:
 
 
 def test_roles_match_the_bpf_program() -> None:
-    src = (Path(__file__).resolve().parents[2] / "bpf/programs/cuda.bpf.c").read_text()
+    src = (Path(__file__).resolve().parents[2] / "catalog/programs/cuda.bpf.c").read_text()
     defined = {m[0].lower(): int(m[1]) for m in re.findall(r"#define ROLE_(\w+) (\d+)", src)}
     assert defined == function_tables.ROLES
 
@@ -96,15 +100,15 @@ MAPS = """\
 def test_find_libcuda_in_maps(tmp_path: Path) -> None:
     m = tmp_path / "maps"
     m.write_text(MAPS)
-    assert cuda_view.find_libcuda(1, str(m)) == "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
+    assert libcuda.find_libcuda(1, str(m)) == "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
     m.write_text("\n".join(ln for ln in MAPS.splitlines() if "libcuda.so" not in ln))
     with pytest.raises(UsageError, match="has no libcuda mapped"):
-        cuda_view.find_libcuda(1, str(m))  # libcudart is not the driver
+        libcuda.find_libcuda(1, str(m))  # libcudart is not the driver
     m.write_text("7f02-7f03 r-xp 0 08:01 3 /usr/lib/libcuda.so.1 (deleted)\n")
     with pytest.raises(UsageError, match="replaced since it was loaded"):
-        cuda_view.find_libcuda(1, str(m))
+        libcuda.find_libcuda(1, str(m))
     with pytest.raises(UsageError, match="no process 7"):
-        cuda_view.find_libcuda(7, str(tmp_path / "absent"))
+        libcuda.find_libcuda(7, str(tmp_path / "absent"))
 
 
 def test_processes_sum_by_role_and_direction() -> None:
@@ -139,4 +143,4 @@ def test_dump_keys_name_the_function() -> None:
 
 def test_cli_names_the_cuda_program_as_the_view_does() -> None:
     # gfxclient imports cuda_view only when the program is this one.
-    assert cli.CUDA_PROGRAM == cuda_view.PROGRAM
+    assert cli.CUDA_PROGRAM == libcuda.PROGRAM

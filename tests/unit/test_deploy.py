@@ -27,7 +27,7 @@ SYSUSERS = DEPLOY / "sysusers.d" / "gfxbpf.conf"
 TMPFILES = DEPLOY / "tmpfiles.d" / "gfxbpf.conf"
 MOUNT_DROPIN = DEPLOY / "sys-kernel-tracing.mount.d" / "gfxbpf.conf"
 POLICY = DEPLOY / "policy.example.toml"
-CATALOG = ROOT / "bpf" / "catalog.toml"
+CATALOG = ROOT / "catalog" / "catalog.toml"
 
 sys.path.insert(0, str(ROOT / "tools"))
 from unit_exec import (  # noqa: E402
@@ -452,7 +452,7 @@ def test_example_policy_approves_the_shipped_objects() -> None:
 
 
 def test_example_policy_passes_the_broker_parser() -> None:
-    policy = pytest.importorskip("gfxbpf.broker.policy")
+    policy = pytest.importorskip("gfxbpf.broker.policy.rules")
     loaded = policy.Policy.load(POLICY)
     assert {p.name for p in loaded.programs} >= {"execsnoop", "syscount", "ucalls"}
 

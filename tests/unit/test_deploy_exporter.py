@@ -120,7 +120,9 @@ def test_example_config_is_valid_and_the_example_policy_allows_it() -> None:
     config = load_config(EXAMPLE)
     assert config.broker.socket == "/run/gfxbpf/control.sock"
     policy = tomllib.loads(POLICY.read_text())["program"]
-    catalog = {p["name"] for p in tomllib.loads((ROOT / "bpf/catalog.toml").read_text())["program"]}
+    catalog = {
+        p["name"] for p in tomllib.loads((ROOT / "catalog/catalog.toml").read_text())["program"]
+    }
     for p in config.programs:
         assert p.name in catalog, p.name
         entries = [e for e in policy if e["name"] == p.name and USER in e.get("users", [])]

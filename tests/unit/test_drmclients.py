@@ -7,8 +7,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from gfxbpf.client import drmclients
-from gfxbpf.client.cli import DRM_CLIENT_LABEL, key_formatter
-from gfxbpf.client.display import MapData, render_map
+from gfxbpf.client.cli.display import render_map
+from gfxbpf.client.cli.gfxclient import DRM_CLIENT_LABEL, key_formatter
+from gfxbpf.client.mapdata import MapData
 
 FDINFO_AMD = (
     "pos:\t0\nflags:\t02100002\nmnt_id:\t26\nino:\t1089\n"

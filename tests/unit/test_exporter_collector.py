@@ -88,6 +88,39 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_once_scrapes_one_wait_after_attaching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--once: attach, let --wait seconds of activity happen, then scrape (a
+    scrape right after the attach would show counters near zero)."""
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    calls: list[Any] = []
+
+    class Fake:
+        def __init__(self, config: Any) -> None:
+            pass
+
+        def open(self) -> bool:
+            calls.append("open")
+            return True
+
+        def collect(self) -> list[Any]:
+            calls.append("scrape")
+            return []
+
+        def close(self) -> None:
+            calls.append("close")
+
+    monkeypatch.setattr(exporter_main, "GfxbpfCollector", Fake)
+    monkeypatch.setattr(exporter_main.time, "sleep", lambda s: calls.append(("sleep", s)))
+    for argv, wait in (([], 1.0), (["--wait", "2.5"], 2.5)):
+        calls.clear()
+        assert exporter_main.main(["--config", str(good), "--once", *argv], io.StringIO()) == 0
+        assert calls == ["open", ("sleep", wait), "scrape", "close"]
+    assert exporter_main.main(["--config", str(good), "--once", "--wait", "-1"]) == 2
+
+
 def test_help_teaches_the_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert exporter_main.main(["--help"]) == 0
     text = capsys.readouterr().out

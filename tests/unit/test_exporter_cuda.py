@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import cuda_api
-from gfxbpf.client import cuda_view
+from gfxbpf.catalog import cuda_api
+from gfxbpf.client import libcuda
+from gfxbpf.client.cli import cuda_view
 from gfxbpf.client.errors import UsageError
 from gfxbpf.exporter import main as exporter_main
 from gfxbpf.exporter import mapping, tables
@@ -148,7 +149,7 @@ def test_libcuda_is_found_like_gfxclient_finds_it(monkeypatch: pytest.MonkeyPatc
         asked.append(pid)
         return "/usr/lib/x86_64-linux-gnu/libcuda.so.580.1"
 
-    monkeypatch.setattr(cuda_view, "find_libcuda", find)
+    monkeypatch.setattr(libcuda, "find_libcuda", find)
     session, broker, _ = session_for(4242)
     session.attach_all()
     assert asked == [4242]
@@ -166,10 +167,10 @@ def test_a_process_without_libcuda_yet_is_asked_again_later(
 
     def find(pid: int) -> str:
         if not loaded:
-            raise cuda_view.NoLibcudaYet(f"process {pid} has no libcuda mapped")
+            raise libcuda.NoLibcudaYet(f"process {pid} has no libcuda mapped")
         return loaded[0]
 
-    monkeypatch.setattr(cuda_view, "find_libcuda", find)
+    monkeypatch.setattr(libcuda, "find_libcuda", find)
     session, broker, now = session_for(4242)
     session.attach_all()
     state = session.programs[0]
@@ -186,7 +187,7 @@ def test_another_users_process_is_reported_not_retried(monkeypatch: pytest.Monke
     def find(pid: int) -> str:
         raise UsageError(f"cannot read /proc/{pid}/maps: process {pid} is not yours")
 
-    monkeypatch.setattr(cuda_view, "find_libcuda", find)
+    monkeypatch.setattr(libcuda, "find_libcuda", find)
     session, broker, now = session_for(4242)
     session.attach_all()
     state = session.programs[0]

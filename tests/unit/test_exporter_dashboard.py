@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gfxbpf.bpf.catalog import load_catalog, object_path
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.catalog.entries import load_catalog, object_path
 from gfxbpf.exporter import mapping, tables
 from gfxbpf.exporter.collector import STATUS_SAMPLES
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import kconfig
-from gfxbpf.bpf.btf import Datasec, Var
-from gfxbpf.bpf.externs import ExternError, encode_kconfig
+from gfxbpf.bpf.btf.blob import Datasec, Var
+from gfxbpf.bpf.externs import kconfig
+from gfxbpf.bpf.externs.decls import ExternError, encode_kconfig
 from gfxbpf.bpf.object import ObjectSpec, UnsupportedError
 from tests.conftest import compile_bpf
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gfxbpf.bpf.catalog import load_catalog
-from gfxbpf.bpf.instance import DEFAULT_FREQUENCY
+from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
-from gfxbpf.broker.params import check_params
-from gfxbpf.broker.policy import Policy, PolicyError
-from gfxbpf.broker.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
+from gfxbpf.broker.policy.rules import Policy, PolicyError
+from gfxbpf.broker.request.params import check_params
+from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 SHA = "a" * 64

@@ -13,16 +13,16 @@ from typing import Any
 import grpc
 import pytest
 
-from gfxbpf.broker.grpc_server import (
+from gfxbpf.broker.access.tokens import TokenStore
+from gfxbpf.broker.grpc.server import (
     META_CODE,
     META_ERROR,
     META_RULE,
     TlsConfig,
     start_grpc_server,
 )
-from gfxbpf.broker.policy import Policy
+from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.service import BrokerError, Caller
-from gfxbpf.broker.tokens import TokenStore
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
@@ -713,7 +713,7 @@ def test_a_uids_slots_come_back_on_every_way_a_call_ends(limited: Any) -> None:
 
 
 def test_the_grpc_limits_are_validated_like_the_others() -> None:
-    from gfxbpf.broker.policy import LIMIT_KEYS, PolicyError
+    from gfxbpf.broker.policy.rules import LIMIT_KEYS, PolicyError
 
     assert {"grpc_calls_per_user", "grpc_request_seconds"} <= set(LIMIT_KEYS)
     assert {
@@ -792,7 +792,7 @@ def test_an_idle_connection_is_closed_and_the_client_comes_back(capped: Any) -> 
 
 
 def test_peer_fields_name_the_relayed_uid() -> None:
-    from gfxbpf.broker.grpc_accept import Peer, peer_fields
+    from gfxbpf.broker.grpc.accept import Peer, peer_fields
 
     name = Peer(1003, 42).inner_name()
     assert name.startswith("\0gfxbpf-grpc-")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import helpers, insn
-from gfxbpf.bpf.insn import Insn
+from gfxbpf.bpf import asm as insn
+from gfxbpf.bpf import helpers
+from gfxbpf.bpf.asm import Insn
 from tests.conftest import compile_bpf, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import instance, tracefs
-from gfxbpf.bpf.catalog import load_catalog, read_object
+from gfxbpf.bpf.link import tracefs
+from gfxbpf.catalog import instance
+from gfxbpf.catalog.entries import load_catalog, read_object
 
 FORMATS = Path(__file__).resolve().parent.parent / "data" / "formats"
 CATALOG = load_catalog()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.broker.leases import LeaseManager
+from gfxbpf.broker.access.leases import LeaseManager
 from gfxbpf.broker.service import BrokerError, Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

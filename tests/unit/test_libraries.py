@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.broker import libraries as L
+from gfxbpf.broker.request import libraries as L
 from tests.conftest import skip_or_fail
 
 ALICE, BOB = 54321, 54322  # uids nothing on this host runs as

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from gfxbpf.bpf.btf import Btf
+from gfxbpf.bpf.btf.blob import Btf
 from gfxbpf.client.errors import ProtocolError
 from gfxbpf.client.handle import ClientMap, fold_counters
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
-PROGRAMS = Path(__file__).resolve().parents[2] / "bpf" / "programs"
+PROGRAMS = Path(__file__).resolve().parents[2] / "catalog" / "programs"
 PERCPU_ARRAY = 6
 HASH = 1
 

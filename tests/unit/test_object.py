@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 import time
 from pathlib import Path
 
 import pytest
 
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.catalog import load_catalog, object_path
+from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, UnsupportedError, internal_map_name
+from gfxbpf.catalog.entries import load_catalog, object_path
 from tests.conftest import compile_bpf
 
 CATALOG = load_catalog()
@@ -105,7 +105,7 @@ def test_subprogram_linking(tmp_path: Path) -> None:
         starts[pos] = name
         pos += spec.programs[name].insn_count
     for i in range(len(insns) // 8):
-        code, regs, _off, imm = struct.unpack_from("<BBhi", insns, i * 8)
+        code, regs, _off, imm = SLOT.unpack_from(insns, i * 8)
         if code == 0x85 and regs >> 4 == 1:
             assert i + imm + 1 in starts
     assert [r for r in la.map_refs if r[1] == "cnt"]

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from gfxbpf.broker.policy import (
+from gfxbpf.broker.policy import report as policy_report
+from gfxbpf.broker.policy.rules import (
     Limits,
     NameResolver,
     Policy,
@@ -499,7 +500,7 @@ groups = ["nogroup-here"]
         path="p.toml",
         resolver=FakeResolver(),
     )
-    warnings = p.check_warnings()
+    warnings = policy_report.check_warnings(p)
     assert 'p.toml [[program]] #1 "x": field \'users\': no user "ghost" on this host (yet)' in (
         warnings
     )
@@ -508,7 +509,7 @@ groups = ["nogroup-here"]
         warnings
     )
     assert 'p.toml [[program]] #3 "x": same as [[program]] #1' in warnings
-    summary = p.summary()
+    summary = policy_report.summary(p)
     assert summary.startswith("p.toml: 3 [[program]] entries for 2 programs")
     assert "#2 y" in summary and "nobody" in summary
     assert "sessions_per_user=8" in summary
@@ -521,7 +522,7 @@ def test_check_warnings_name_a_per_user_limit_above_its_total():
         path="p.toml",
         resolver=FakeResolver(),
     )
-    warnings = [w for w in p.check_warnings() if "[limits]" in w]
+    warnings = [w for w in policy_report.check_warnings(p) if "[limits]" in w]
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("p.toml [limits]: grpc_connections_per_user (300) is more")
     assert "one user can take every session" in warnings[1]
@@ -534,7 +535,7 @@ def test_catalog_warnings(policy):
         NS(name="syscount", sha256=SHA_A.upper(), scopes=("self", "system")),
         NS(name="vmabind", sha256=SHA_C, scopes=("system",)),
     ]
-    warnings = policy.catalog_warnings(catalog)
+    warnings = policy_report.catalog_warnings(policy, catalog)
     assert warnings[0].startswith(
         f"policy.toml [[program]] #3 \"vmabind\": field 'sha256': the catalog's object has "
         f"sha256 {SHA_C}"

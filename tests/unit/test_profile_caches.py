@@ -5,11 +5,11 @@ the stack table's depth; the count rows parse the same in bulk."""
 
 from __future__ import annotations
 
-from gfxbpf.client import profile_read
-from gfxbpf.client.profile.model import RawStack
-from gfxbpf.client.profile.procmaps import Mapping, PerfMapEntry, ProcessMaps
-from gfxbpf.client.profile.stackcheck import StackCheck, classify
-from gfxbpf.client.profile.symbolize import Symbolizer
+from gfxbpf.client.profiles import read as profile_read
+from gfxbpf.client.profiles.model import RawStack
+from gfxbpf.client.profiles.procmaps import Mapping, PerfMapEntry, ProcessMaps
+from gfxbpf.client.profiles.stackcheck import StackCheck, classify
+from gfxbpf.client.profiles.symbolize import Symbolizer
 
 HEAP = Mapping(0x1000, 0x2000, "rw-p", 0, "00:00", 0, "[heap]")
 STACK = Mapping(0x5000, 0x6000, "rw-p", 0, "00:00", 0, "[stack]")

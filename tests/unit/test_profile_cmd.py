@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from gfxbpf.client import profile_cmd, profile_read
-from gfxbpf.client.cli import main, parse_args
+from gfxbpf.client.cli import profile_cmd
+from gfxbpf.client.cli.gfxclient import main, parse_args
 from gfxbpf.client.errors import EXIT_USAGE, ProtocolError, UsageError
+from gfxbpf.client.profiles import read as profile_read
 
 
 def _stack(*addrs: int) -> bytes:
@@ -159,3 +160,23 @@ def test_stack_ids_of_both_layouts() -> None:
     assert profile_read.stack_ids(counts) == {7, 9}
     calls = [(profile_read.CALL_KEY.pack(1, 4, 0, 0, 0x1000), b"")]
     assert profile_read.stack_ids(calls, probes=True) == {4}
+
+
+def test_processes_seen_sum_per_process_heaviest_first() -> None:
+    from gfxbpf.client.profiles import RawStack
+
+    raw = [
+        RawStack(pid=10, user=(), kernel=False, weight=3, comm="sh"),
+        RawStack(pid=11, user=(), kernel=False, weight=40, comm="prog"),
+        RawStack(pid=11, user=(), kernel=True, weight=5, comm="prog"),
+        RawStack(pid=12, user=(), kernel=False, weight=7),  # a probe's row: no comm
+    ]
+    seen = profile_cmd.processes_seen(raw, {12: "worker"})
+    assert seen == [(11, "prog", 45), (12, "worker", 7), (10, "sh", 3)]
+
+
+def test_no_children_flag_and_its_default() -> None:
+    args = parse_args(["profile", "--", "sh", "-c", "./prog; true"])
+    assert profile_cmd.parse_request(args).children
+    args = parse_args(["profile", "--no-children", "--pid", "7"])
+    assert not profile_cmd.parse_request(args).children

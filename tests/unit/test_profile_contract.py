@@ -11,11 +11,11 @@ import shutil
 
 import pytest
 
-from gfxbpf.client.profile import procmaps
-from gfxbpf.client.profile.demangle import demangle
-from gfxbpf.client.profile.model import Profile, RawStack
-from gfxbpf.client.profile.symbolize import Symbolizer
-from gfxbpf.client.profile.writers import FORMATS, render
+from gfxbpf.client.profiles import procmaps
+from gfxbpf.client.profiles.demangle import demangle
+from gfxbpf.client.profiles.model import Profile, RawStack
+from gfxbpf.client.profiles.symbolize import Symbolizer
+from gfxbpf.client.profiles.writers import FORMATS, render
 from gfxbpf.proto import pprof_pb2
 from tests.conftest import skip_or_fail
 

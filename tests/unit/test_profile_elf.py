@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.client.profile.elfinfo import read_info
-from gfxbpf.client.profile.elfsyms import function_ranges
+from gfxbpf.client.profiles.elfinfo import read_info
+from gfxbpf.client.profiles.elfsyms import function_ranges
 from tests.conftest import skip_or_fail
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from gfxbpf.client.profile.model import Profile
-from gfxbpf.client.profile.writers import write_profile
+from gfxbpf.client.profiles.model import Profile
+from gfxbpf.client.profiles.writers import write_profile
 from tests.browser import CHROMIUM, Browser
 from tests.conftest import skip_or_fail
 

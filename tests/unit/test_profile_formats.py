@@ -11,10 +11,10 @@ from xml.etree import ElementTree
 
 import pytest
 
-from gfxbpf.client.profile.flamegraph import build_tree
-from gfxbpf.client.profile.folded import FoldedError, parse_folded, read_folded
-from gfxbpf.client.profile.model import Profile
-from gfxbpf.client.profile.writers import FORMATS, format_top, top_functions, write_profile
+from gfxbpf.client.profiles.flamegraph import build_tree
+from gfxbpf.client.profiles.folded import FoldedError, parse_folded, read_folded
+from gfxbpf.client.profiles.model import Profile
+from gfxbpf.client.profiles.writers import FORMATS, format_top, top_functions, write_profile
 from gfxbpf.proto import pprof_pb2
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.client.profile import procmaps
-from gfxbpf.client.profile import vdso as vdso_module
-from gfxbpf.client.profile.elfinfo import read_info
-from gfxbpf.client.profile.model import Profile, RawStack
-from gfxbpf.client.profile.procmaps import capture
-from gfxbpf.client.profile.symbolize import Symbolizer
+from gfxbpf.client.profiles import procmaps
+from gfxbpf.client.profiles import vdso as vdso_module
+from gfxbpf.client.profiles.elfinfo import read_info
+from gfxbpf.client.profiles.model import Profile, RawStack
+from gfxbpf.client.profiles.procmaps import capture
+from gfxbpf.client.profiles.symbolize import Symbolizer
 from tests.conftest import skip_or_fail
 
 

@@ -7,9 +7,9 @@ import shutil
 import subprocess
 
 from gfxbpf.bpf.symbols import list_functions
-from gfxbpf.client.profile import symtab
-from gfxbpf.client.profile.elfsyms import function_ranges
-from gfxbpf.client.profile.symtab import SymbolTable
+from gfxbpf.client.profiles import symtab
+from gfxbpf.client.profiles.elfsyms import function_ranges
+from gfxbpf.client.profiles.symtab import SymbolTable
 from tests.conftest import skip_or_fail
 
 SEGMENTS = ((0, 0, 0x800), (0x1000, 0x401000, 0x2000))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from gfxbpf.bpf import instance, tracefs
-from gfxbpf.bpf.catalog import FIELD_ABSENT, load_catalog, read_object
+from gfxbpf.bpf.link import tracefs
+from gfxbpf.catalog import instance
+from gfxbpf.catalog.entries import FIELD_ABSENT, load_catalog, read_object
 from tests.release_formats import LACKS, RELEASES_DIR, RUNS, exists_in, reader_for, releases
 
 CATALOG = load_catalog()

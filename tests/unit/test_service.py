@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf import instance as bpfinstance
-from gfxbpf.bpf import kernel_btf, tracefs
-from gfxbpf.bpf.catalog import Catalog, load_catalog
+from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import features
 from gfxbpf.broker.auditlog import AuditLog
-from gfxbpf.broker.policy import NameResolver, Policy
+from gfxbpf.broker.policy.rules import NameResolver, Policy
 from gfxbpf.broker.service import BrokerError, Caller, Service
+from gfxbpf.catalog import instance as bpfinstance
+from gfxbpf.catalog.entries import Catalog, load_catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,9 +212,14 @@ def test_list_programs_names_a_field_this_kernel_lacks(
         "\tfield:int old_pid;\toffset:12;\tsize:4;\tsigned:1;\n"
     )
 
+    fork = (  # the process-tree programs' fork hook (tracefs build)
+        "name: sched_process_fork\nID: 2\nformat:\n"
+        "\tfield:pid_t child_pid;\toffset:20;\tsize:4;\tsigned:1;\n"
+    )
+
     def read_format(system: str, event: str) -> tracefs.EventFormat:
-        assert (system, event) == ("sched", "sched_process_exec")
-        return tracefs.parse_format(text)
+        assert system == "sched" and event in ("sched_process_exec", "sched_process_fork")
+        return tracefs.parse_format(text if event == "sched_process_exec" else fork)
 
     monkeypatch.setattr(kernel_btf, "tp_btf_target_exists", lambda _name: False)
 

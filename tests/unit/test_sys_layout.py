@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from gfxbpf.bpf import sys as bpfsys
+from gfxbpf.bpf import syscall as bpfsys
 
 
 def offsets(struct_type: type[ctypes.Structure]) -> dict[str, int]:

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
+from gfxbpf.broker.access.tokens import MAX_TOKEN_CHARS, TokenLimitError, TokenStore, token_digest
 from gfxbpf.broker.service import BrokerError, Caller
-from gfxbpf.broker.tokens import MAX_TOKEN_CHARS, TokenLimitError, TokenStore, token_digest
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ALICE = Caller(uid=1001, gid=1001, gids=(1001, 44), pid=4242, transport="unix")
@@ -117,7 +117,7 @@ def test_hostile_token_values_are_refused_cheaply() -> None:
 
 
 def test_from_policy_uses_the_limits() -> None:
-    from gfxbpf.broker.policy import Policy
+    from gfxbpf.broker.policy.rules import Policy
 
     policy = Policy.parse("[limits]\ntoken_ttl_seconds = 120\ntokens_per_user = 1\n")
     clock = Clock()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import tracefs
-from gfxbpf.bpf.tracefs import (
+from gfxbpf.bpf.link import tracefs
+from gfxbpf.bpf.link.tracefs import (
     FormatError,
     TracefsError,
     TracepointNotFound,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf import usdt
-from gfxbpf.bpf.usdt import ARG_CONST, ARG_REG, ARG_REG_DEREF, ArgSpec, UsdtError
+from gfxbpf.bpf.link import usdt
+from gfxbpf.bpf.link.usdt import ARG_CONST, ARG_REG, ARG_REG_DEREF, ArgSpec, UsdtError
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"
 

@@ -1,0 +1,1 @@
+"""BTF: parsing, the type table, decoding values, encoding, .BTF.ext, `.maps`, the kernel's BTF."""

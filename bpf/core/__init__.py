@@ -1,0 +1,2 @@
+"""CO-RE: relocation records resolved against a target BTF and patched into
+instructions, as libbpf does."""

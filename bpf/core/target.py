@@ -1,0 +1,155 @@
+"""The BTF that CO-RE relocations resolve against: vmlinux, then kernel modules.
+
+Candidates are looked for in vmlinux first; only when vmlinux has none for
+a type are the modules' BTFs (split BTF on top of vmlinux, under
+/sys/kernel/btf/<module>) searched, all of them, as libbpf does. A Target
+can also be built from stored blobs, which makes resolution testable
+offline.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gfxbpf.bpf.btf.kinds import BtfError, BtfType
+from gfxbpf.bpf.btf.parse import ParsedBlob, parse_blob, parse_split_blob
+from gfxbpf.bpf.btf.table import TypeTable
+from gfxbpf.bpf.core.match import EssentialIndex
+from gfxbpf.bpf.core.relo import CoreError
+from gfxbpf.bpf.core.resolve import Candidate
+
+SYSFS_BTF = "/sys/kernel/btf"
+MAX_BTF_BYTES = 256 << 20  # vmlinux BTF is a few MiB; bounds a hostile file
+
+
+@dataclass
+class TargetBtf:
+    """One target BTF; types before start_id belong to its base (vmlinux)."""
+
+    name: str
+    table: TypeTable
+    start_id: int
+    _index: EssentialIndex | None = None
+
+    def index(self) -> EssentialIndex:
+        if self._index is None:
+            self._index = EssentialIndex(self.table, self.start_id)
+        return self._index
+
+
+class Target:
+    """vmlinux BTF, and module BTFs loaded on first need."""
+
+    def __init__(
+        self, vmlinux: TargetBtf, modules: Callable[[], list[TargetBtf]] | None = None
+    ) -> None:
+        self.vmlinux = vmlinux
+        self._load_modules = modules
+        self._modules: list[TargetBtf] | None = None
+
+    @classmethod
+    def from_blobs(cls, vmlinux: bytes, modules: dict[str, bytes] | None = None) -> Target:
+        """A target from raw BTF: vmlinux's, and modules' split BTF in the given order."""
+        base = parse_blob(vmlinux)
+        mods = [(name, blob) for name, blob in (modules or {}).items()]
+        return cls(_table("vmlinux", base, 1), lambda: [_split(n, b, base) for n, b in mods])
+
+    @classmethod
+    def kernel(cls, root: str = SYSFS_BTF) -> Target:
+        """The running kernel's BTF (vmlinux parsed once per process)."""
+        base, vmlinux = _vmlinux(os.path.join(root, "vmlinux"))
+        return cls(vmlinux, lambda: _kernel_modules(root, base))
+
+    def modules(self) -> list[TargetBtf]:
+        if self._modules is None:
+            self._modules = self._load_modules() if self._load_modules else []
+        return self._modules
+
+    def candidates(self, local: BtfType) -> list[Candidate]:
+        """Target types with local's essential name and a compatible kind, in id order."""
+        found = [
+            Candidate("vmlinux", self.vmlinux.table, i)
+            for i in self.vmlinux.index().candidates(local)
+        ]
+        if found:
+            return found
+        for mod in self.modules():
+            found += [Candidate(mod.name, mod.table, i) for i in mod.index().candidates(local)]
+        return found
+
+
+def _table(name: str, blob: ParsedBlob, start_id: int) -> TargetBtf:
+    table = TypeTable(blob.types, blob.strings)
+    return TargetBtf(name, table, start_id)
+
+
+def _split(name: str, data: bytes, base: ParsedBlob) -> TargetBtf:
+    try:
+        blob = parse_split_blob(data, base)
+    except BtfError as e:
+        raise CoreError(f"module {name!r}: bad BTF: {e}") from None
+    return _table(name, blob, len(base.types))
+
+
+# vmlinux does not change while the kernel runs: parsed and indexed once.
+_VMLINUX_CACHE: dict[tuple[str, int, int], tuple[ParsedBlob, TargetBtf]] = {}
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_BTF_BYTES)
+    except OSError as e:
+        raise CoreError(
+            f"cannot read kernel BTF {path}: {e.strerror}; CO-RE needs a kernel built with "
+            "CONFIG_DEBUG_INFO_BTF"
+        ) from None
+
+
+def _vmlinux(path: str) -> tuple[ParsedBlob, TargetBtf]:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CoreError(
+            f"cannot read kernel BTF {path}: {e.strerror}; CO-RE needs a kernel built with "
+            "CONFIG_DEBUG_INFO_BTF"
+        ) from None
+    key = (path, st.st_size, st.st_mtime_ns)
+    cached = _VMLINUX_CACHE.get(key)
+    if cached is None:
+        try:
+            blob = parse_blob(_read(path))
+        except BtfError as e:
+            raise CoreError(f"kernel BTF {path} is unreadable: {e}") from None
+        cached = (blob, _table("vmlinux", blob, 1))
+        _VMLINUX_CACHE.clear()
+        _VMLINUX_CACHE[key] = cached
+    return cached
+
+
+def module_order(root: str = SYSFS_BTF, proc_modules: str = "/proc/modules") -> list[str]:
+    """Modules with BTF, oldest loaded first (libbpf walks BTF object ids, which grow)."""
+    try:
+        names = [n for n in os.listdir(root) if n != "vmlinux"]
+    except OSError:
+        return []
+    try:
+        with open(proc_modules) as f:
+            newest_first = [line.split(" ", 1)[0] for line in f]
+    except OSError:
+        newest_first = []
+    rank = {n: i for i, n in enumerate(reversed(newest_first))}
+    return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
+
+
+def _kernel_modules(root: str, base: ParsedBlob) -> list[TargetBtf]:
+    out = []
+    for name in module_order(root):
+        try:
+            data = _read(os.path.join(root, name))
+        except CoreError:
+            continue  # unloaded meanwhile
+        out.append(_split(name, data, base))
+    return out

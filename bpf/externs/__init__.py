@@ -1,0 +1,1 @@
+"""Extern symbols of an object: `.kconfig` values, `__ksym` variables and kfuncs."""

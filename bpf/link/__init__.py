@@ -1,0 +1,1 @@
+"""Attach points: perf events, tracefs, kprobes/uprobes/tracepoints/links, USDT."""

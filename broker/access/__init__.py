@@ -1,0 +1,1 @@
+"""Per-user accounting: gRPC tokens and leases, counts per uid, the map-memory budget."""

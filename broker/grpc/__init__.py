@@ -1,0 +1,1 @@
+"""The broker's gRPC listener: authentication, slots, the servicer and its methods."""

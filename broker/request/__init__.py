@@ -1,0 +1,1 @@
+"""Resolving an attach request: the program and object, its parameters, pids and libraries."""

@@ -1,0 +1,1 @@
+"""gfxclient: the command line and its screens over the client library."""

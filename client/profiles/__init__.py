@@ -1,0 +1,60 @@
+"""gfxbpf.client.profiles: turn raw stacks from the broker into named profiles.
+
+    maps = procmaps.capture(pid)            # while the process lives
+    sym = Symbolizer(); sym.add_process(pid, maps)
+    profile = sym.symbolize(raw_stacks, unit="samples", period_ns=10_101_010)
+    write_profile(profile, "svg", "out.svg"); print(format_top(profile, 10))
+
+Everything here runs as the user, reads only the user's own files and never
+imports the broker. Kernel frames arrive as one flag (RawStack.kernel), never
+as addresses, so no output can leak one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profiles.model import Profile, RawStack
+    from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps, capture
+    from gfxbpf.client.profiles.symbolize import Symbolizer
+    from gfxbpf.client.profiles.writers import FORMATS, format_top, top_functions, write_profile
+
+# Imported on first use: the symbolizer pulls in pyelftools (~17 ms), and every
+# gfxclient command imports profile_cmd to build its parser (issue #15).
+_HOMES = {
+    "Profile": "model",
+    "RawStack": "model",
+    "Mapping": "procmaps",
+    "ProcessMaps": "procmaps",
+    "capture": "procmaps",
+    "Symbolizer": "symbolize",
+    "FORMATS": "writers",
+    "format_top": "writers",
+    "top_functions": "writers",
+    "write_profile": "writers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "FORMATS",
+    "Mapping",
+    "ProcessMaps",
+    "Profile",
+    "RawStack",
+    "Symbolizer",
+    "capture",
+    "format_top",
+    "top_functions",
+    "write_profile",
+]

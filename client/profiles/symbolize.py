@@ -1,0 +1,240 @@
+"""Raw stacks (addresses) -> a Profile (function names), in the client.
+
+address -> mapping (/proc/PID/maps snapshot) -> file offset -> ELF virtual
+address (PT_LOAD segments) -> function (.symtab, else a separate debug file's,
+else .dynsym), or a perf map entry for JIT code (Python 3.12+ -X perf).
+Tables come from symtab.py's on-disk cache when the file was seen before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Literal
+
+from gfxbpf.client.profiles import symtab
+from gfxbpf.client.profiles.demangle import demangle
+from gfxbpf.client.profiles.elfinfo import DEBUG_ROOT, debug_file, read_info
+from gfxbpf.client.profiles.elfsyms import function_ranges
+from gfxbpf.client.profiles.model import (
+    KERNEL_FRAME,
+    LOST_FRAME,
+    UNITS,
+    UNKNOWN_FRAME,
+    Profile,
+    RawStack,
+)
+from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
+from gfxbpf.client.profiles.stackcheck import MAX_DEPTH, Kind, StackCheck, classify
+from gfxbpf.client.profiles.vdso import own_vdso_table
+
+__all__ = ["Symbolizer"]
+
+# A named frame and the file it lies in (a path; None if unknown), for the notes.
+_Frame = tuple[str, str | None]
+
+
+class Symbolizer:
+    def __init__(self, cache_dir: str | None = None, *, debug_root: str = DEBUG_ROOT) -> None:
+        self.cache_dir = cache_dir or symtab.default_cache_dir()
+        self.debug_root = debug_root
+        self._procs: dict[int, ProcessMaps] = {}
+        # (dev, inode, size, mtime) of a file -> its table (None: not usable)
+        self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
+        self._mapped: dict[tuple[str, int], symtab.SymbolTable | None] = {}  # (path, inode)
+        self._frames: dict[tuple[int, int], _Frame] = {}
+        # (pid, sampled, user addresses) -> (its StackCheck kind, names root first)
+        self._users: dict[tuple[int, bool, tuple[int, ...]], tuple[Kind, tuple[str, ...]]]
+        self._users = {}
+        self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
+        self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
+        # Frames a stack table keeps (its value size / 8): a stack that long was cut.
+        # Set it before the first stack: the kinds cached in _users depend on it.
+        self.stack_depth = MAX_DEPTH
+        self.parsed = 0  # symbol tables read from ELF files by this symbolizer
+        self.cache_hits = 0  # ... and loaded from the on-disk cache instead
+
+    def add_process(self, pid: int, maps: ProcessMaps) -> None:
+        """Call while the process lives; calling again adds what a later snapshot saw."""
+        if pid not in self._procs:
+            self._procs[pid] = maps
+        elif not self._procs[pid].merge(maps):
+            return  # nothing new: the names found so far still hold
+        self._frames = {k: v for k, v in self._frames.items() if k[0] != pid}
+        self._users = {k: v for k, v in self._users.items() if k[0] != pid}
+
+    def warm(self, pid: int, stacks: Iterable[tuple[int, ...]]) -> None:
+        """Name these user stacks' frames now (while sampling: the symbol tables
+        load and the names are cached), so symbolize() after it has less to do."""
+        maps = self._procs.get(pid)
+        if maps is None:
+            return
+        for user in stacks:
+            self._user(pid, maps, user, True)
+
+    def symbolize(
+        self,
+        raw: Iterable[RawStack],
+        unit: str,
+        period_ns: int | None = None,
+        duration_s: float | None = None,
+    ) -> Profile:
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
+        stacks: dict[tuple[str, ...], int] = {}
+        check = StackCheck(max_depth=self.stack_depth)
+        for r in raw:
+            frames = self._stack(r, check)
+            stacks[frames] = stacks.get(frames, 0) + r.weight
+        readable = demangle({name for frames in stacks for name in frames})
+        if readable:
+            named: dict[tuple[str, ...], int] = {}
+            for frames, w in stacks.items():
+                key = tuple(_clean(readable.get(n, n)) for n in frames)
+                named[key] = named.get(key, 0) + w
+            stacks = named
+        return Profile(
+            stacks=stacks,
+            unit=unit,
+            period_ns=period_ns,
+            duration_s=duration_s,
+            notes=check.notes() + self._problem_notes(check.objects),
+        )
+
+    def _stack(self, r: RawStack, check: StackCheck) -> tuple[str, ...]:
+        maps = self._procs.get(r.pid)
+        comm = r.comm or (maps.comm if maps else "") or f"[pid {r.pid}]"
+        names: tuple[str, ...] = (_clean(comm),)
+        if maps is None and r.user:
+            check.unmapped += r.weight
+        if r.user_error is not None and not r.user:
+            names += (LOST_FRAME,)
+            check.add_lost(r.user_error, r.weight)
+        elif r.user:
+            kind, user_names = self._user(r.pid, maps, r.user, r.leaf is None)
+            if maps is not None:  # else counted as unmapped, not as a cut stack
+                check.add_kind(kind, r.weight)
+            names += user_names
+        if r.leaf and names[-1] != _clean(r.leaf):
+            names += (_clean(r.leaf),)
+        if r.kernel:
+            names += (KERNEL_FRAME,)
+        return names
+
+    def _user(
+        self, pid: int, maps: ProcessMaps | None, user: tuple[int, ...], sampled: bool
+    ) -> tuple[Kind, tuple[str, ...]]:
+        """A user stack's StackCheck kind, and its frame names root first, made
+        safe to write; cached: a stack comes back once per count row naming it."""
+        key = (pid, sampled, user)
+        got = self._users.get(key)
+        if got is None:
+            # A return address is looked up at the call before it (a call can be
+            # a function's last instruction). All are return addresses but the
+            # innermost of a sampled stack; at a probe (leaf) it is one too.
+            ip = 0 if sampled else -1
+            frames = [self._frame(pid, maps, a if i == ip else a - 1) for i, a in enumerate(user)]
+            frames.reverse()
+            kind = classify(frames, self.stack_depth)
+            got = self._users[key] = (kind, tuple(_clean(n) for n, _ in frames))
+        return got
+
+    def _frame(self, pid: int, maps: ProcessMaps | None, addr: int) -> _Frame:
+        key = (pid, addr)
+        got = self._frames.get(key)
+        if got is None:
+            got = self._frames[key] = self._name(maps, addr)
+        return got
+
+    def _name(self, maps: ProcessMaps | None, addr: int) -> _Frame:
+        if maps is None:
+            return UNKNOWN_FRAME, None
+        m = maps.find(addr)
+        if m is None or not m.is_file:
+            jit = maps.find_perf(addr)
+            if jit is not None:
+                return jit.name, maps.perf_map_path
+            if m is not None and m.path == "[vdso]":
+                return self._vdso_name(addr - m.start), m.path
+            if m is not None and m.path.startswith("["):
+                return m.path, m.path  # [heap], [stack], ...
+            return UNKNOWN_FRAME, None
+        off = addr - m.start + m.offset
+        table = self._table(m, maps.root)
+        if table is not None:
+            vaddr = table.vaddr(off)
+            if vaddr is not None:
+                name = table.lookup(vaddr)
+                if name is not None:
+                    return name, m.file_path
+        return f"[{os.path.basename(m.file_path)}+{off:#x}]", m.file_path
+
+    def _vdso_name(self, offset: int) -> str:
+        if self._vdso is False:
+            self._vdso = own_vdso_table()
+        vaddr = self._vdso.vaddr(offset) if self._vdso else None
+        name = self._vdso.lookup(vaddr) if self._vdso and vaddr is not None else None
+        return name or "[vdso]"
+
+    def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
+        path = root + m.file_path
+        key = (path, m.inode)
+        if key not in self._mapped:  # one stat per file, not per address
+            self._mapped[key] = self._stat_and_load(m, path)
+        return self._mapped[key]
+
+    def _stat_and_load(self, m: Mapping, path: str) -> symtab.SymbolTable | None:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            self._problems.setdefault(m.file_path, f"cannot be read ({e.strerror})")
+            return None
+        if st.st_ino != m.inode:
+            # Replaced on disk (an upgrade) since it was mapped: its symbols would lie.
+            self._problems.setdefault(m.file_path, "was replaced on disk after it was mapped")
+            return None
+        local = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if local not in self._tables:
+            self._tables[local] = self._load_or_parse(path, st)
+            if self._tables[local] is None:
+                self._problems.setdefault(m.file_path, "is not a readable ELF file")
+        return self._tables[local]
+
+    def _load_or_parse(self, path: str, st: os.stat_result) -> symtab.SymbolTable | None:
+        info = read_info(path)
+        if info is None:
+            return None
+        key = symtab.cache_key(info.build_id, st)
+        debug = None
+        if not info.has_symtab:
+            # Stripped: a debug file installed later must not be hidden by the
+            # table cached without it, so the key says which one this is.
+            debug = debug_file(path, info, self.debug_root)
+            key += ".debug" if debug else ".dynsym"
+        table = symtab.load(self.cache_dir, key)
+        if table is not None:
+            self.cache_hits += 1
+            return table
+        funcs: list[tuple[int, int, str]] = []
+        # The debug file's .symtab, plus the exported names it may lack.
+        for source in (debug, path):
+            if source is not None:
+                funcs += function_ranges(source)
+        self.parsed += 1
+        table = symtab.SymbolTable.build(info.segments, funcs)
+        symtab.store(self.cache_dir, key, table)
+        return table
+
+    def _problem_notes(self, used: set[str]) -> list[str]:
+        return [
+            f"frames in {path} are named by file offset only: it {why}"
+            for path, why in sorted(self._problems.items())
+            if path in used
+        ]
+
+
+def _clean(name: str) -> str:
+    """Frame names end up in line- and ';'-separated formats."""
+    if ";" in name or "\n" in name or "\r" in name:
+        return name.replace(";", ":").replace("\n", " ").replace("\r", " ")
+    return name
