@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    broker_memory,
     cuda_cost,
     exporter_scrape,
     first_data,
@@ -60,6 +61,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"rounds": 3, "seconds": 5.0, "fold_hz": 20000, "fold_seconds": 4.0},
         {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
     ),
+    "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -71,6 +73,7 @@ RUNNERS = {
     "cuda": cuda_cost.run,
     "exporter": exporter_scrape.run,
     "profile": profile_bench.run,
+    "broker_memory": broker_memory.run,
 }
 
 NOTES = [
@@ -114,6 +117,12 @@ NOTES = [
     "as lost), so gfxbpf folds fewer distinct stacks than perf. gfxclient reads new stacks "
     "and names their frames once a second while sampling; its symbol cache "
     "(~/.cache/gfxbpf/symbols) is warm after the first profile.",
+    "Broker memory (10): a fresh broker each round; RSS is VmRSS, read while the bench "
+    "user holds the program just attached (catalog: the largest over every program held "
+    "in turn). The first CO-RE attach (execsnoop's tp_btf build, the broker's first read "
+    "of vmlinux BTF) is timed in the client from request to attached; libbpf's time is "
+    "the whole `bpftool prog loadall` process on the same object (both builds verified "
+    "and pinned, not attached).",
 ]
 
 

@@ -8,6 +8,7 @@ hold something print {"ready": ...} first and then wait for a line (or EOF)
 on stdin before going on.
 
   attach-latency PROGRAM N      N fresh attach+detach, then N joining a held one
+  attach-each PROGRAM...        attach each once (timed), wait for a line, detach
   hold PROGRAM [--sessions K] [--drain]
   mapread PROGRAM MAP ROUNDS    read one map via fd batch and via gRPC
   consume FD IDLE               count ring-buffer records until IDLE s of quiet
@@ -55,6 +56,24 @@ def attach_latency(program: str, n: int) -> None:
                 assert att.shared
                 att.detach()
     say({"fresh_s": fresh, "joined_s": joined})
+
+
+def attach_each(programs: list[str]) -> None:
+    """One session attaches each program in turn: the time from request to
+    attached (or the refusal), then waits for the driver to read the broker's
+    memory before it detaches and goes on."""
+    with Broker.connect(via="fd") as b:
+        for program in programs:
+            t0 = time.perf_counter()
+            try:
+                att = b.attach(program, scope="system")
+            except Exception as e:  # a program this host cannot run: reported, not fatal
+                say({"program": program, "error": str(e)})
+                wait_for_driver()
+                continue
+            say({"program": program, "attach_s": time.perf_counter() - t0})
+            wait_for_driver()
+            att.detach()
 
 
 def hold(program: str, sessions: int, drain: bool) -> None:
@@ -155,6 +174,8 @@ def main() -> None:
     a = sub.add_parser("attach-latency")
     a.add_argument("program")
     a.add_argument("n", type=int)
+    e = sub.add_parser("attach-each")
+    e.add_argument("programs", nargs="+")
     h = sub.add_parser("hold")
     h.add_argument("program")
     h.add_argument("--sessions", type=int, default=1)
@@ -169,6 +190,8 @@ def main() -> None:
     args = p.parse_args()
     if args.cmd == "attach-latency":
         attach_latency(args.program, args.n)
+    elif args.cmd == "attach-each":
+        attach_each(args.programs)
     elif args.cmd == "hold":
         hold(args.program, args.sessions, args.drain)
     elif args.cmd == "mapread":

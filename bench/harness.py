@@ -133,9 +133,18 @@ class Stage:
 
     def _write_policy(self) -> None:
         admin = str(self.venv / "bin/gfxbpf-admin")
+        # Every catalog program that takes no parameter, too: the broker-memory
+        # rows (bench/broker_memory.py) attach each once.
+        from gfxbpf.catalog.entries import load_catalog
+
+        extra = [
+            p.name
+            for p in load_catalog()
+            if "system" in p.scopes and not any(q.required for q in p.parameters)
+        ]
         entries = [
             sh([admin, "approve", name, "--users", BENCH_USER, "--scope", "system"]).stdout
-            for name in POLICY_PROGRAMS
+            for name in dict.fromkeys([*POLICY_PROGRAMS, *extra])
         ]
         # cuda (bench/cuda_cost.py): the bench user's own processes, on the stand-in.
         libs = str(self.work / "cuda" / "*" / "libcuda.so.1")

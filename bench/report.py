@@ -343,6 +343,39 @@ def _profile(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _broker_memory(r: dict[str, Any]) -> list[Row]:
+    def mib(k: str) -> float:
+        return float(r[k]) / 1024
+
+    rows: list[Row] = [
+        (f"10 broker RSS: {label}", f"{mib(k):.1f} MiB", "—", "—", f"≤ {cap} MiB",
+         _met(mib(k), lambda x, c=cap: x <= c))
+        for label, k, cap in (
+            ("idle", "rss_idle_kib", 50),
+            ("after the first CO-RE load (execsnoop tp_btf)", "rss_first_core_kib", 64),
+            (f"after each of {len(r['catalog_attached'])} catalog programs once",
+             "rss_all_catalog_kib", 72),
+            (f"{r['sessions']} sessions (after the above)", "rss_sessions_kib", 72),
+        )
+    ]  # fmt: skip
+    first, peer, ratio = (
+        r["first_core_attach_median_s"],
+        r["libbpf_loadall_median_s"],
+        r["ratio_vs_libbpf"],
+    )
+    rows.append(
+        (
+            "10 first CO-RE attach, request → attached (execsnoop tp_btf)",
+            _s(first),
+            f"{_s(peer)} (bpftool prog loadall)",
+            str(ratio),
+            "≤ 150 ms, ≤ 3×",
+            _met(first, lambda x: x <= 0.150 and ratio <= 3),
+        )
+    )
+    return rows
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -353,6 +386,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "cuda": _cuda,
     "exporter": _exporter,
     "profile": _profile,
+    "broker_memory": _broker_memory,
 }
 
 

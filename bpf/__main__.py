@@ -6,7 +6,8 @@ inspect OBJECT [--json] [--disasm]   programs, maps, global data, relocations, h
                                      externs and how they resolve on this kernel
 load OBJECT                          load it, print {"programs": {...}, "maps": {...}}
                                      with kernel ids, keep it loaded until stdin closes;
-                                     a warning on stderr if the kernel refused its BTF
+                                     fails if the kernel refuses its BTF (--allow-no-btf:
+                                     loads without it, with a warning on stderr)
 """
 
 from __future__ import annotations
@@ -152,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
         help="load it and print kernel ids as one JSON line; unload when stdin closes",
     )
     ld.add_argument("object")
+    ld.add_argument(
+        "--allow-no-btf",
+        action="store_true",
+        help="if the kernel refuses the object's BTF, load without it (maps lose their "
+        "types, subprograms their names) instead of failing",
+    )
     return ap
 
 
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect(
             spec, args.object, as_json=args.json, with_disasm=args.disasm, btf=args.target_btf
         )
-    return _load(spec)
+    return _load(spec, args.allow_no_btf)
 
 
 def _inspect(
@@ -198,19 +205,19 @@ def _inspect(
     return EXIT_OK
 
 
-def _load(spec: ObjectSpec) -> int:
+def _load(spec: ObjectSpec, allow_no_btf: bool) -> int:
     from gfxbpf.bpf.loader import LoadError, load  # needs bpf(2): only for `load`
     from gfxbpf.bpf.syscall import map_info
 
     # The loader's warnings (the kernel refused the object's BTF...) go to stderr.
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
     try:
-        obj = load(spec)
+        obj = load(spec, allow_no_btf=allow_no_btf)
     except (LoadError, ObjectError) as e:
         print(f"error: {e}", file=sys.stderr)
         log = getattr(e, "log", None)
         if log:
-            print("verifier log:\n" + log, file=sys.stderr)
+            print("kernel log:\n" + log, file=sys.stderr)
         return EXIT_LOAD_FAILED
     except PermissionError as e:
         print(f"error: {e}: loading BPF needs CAP_BPF and CAP_PERFMON (or root)", file=sys.stderr)

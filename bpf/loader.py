@@ -19,6 +19,7 @@ from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.asm import CODE_CALL, SLOT
 from gfxbpf.bpf.btf.blob import Btf
 from gfxbpf.bpf.btf.kernel import KernelBtfError, find_type, module_btf_fd
+from gfxbpf.bpf.btf.sanitize import missing_features, needs_sanitizing, sanitize
 from gfxbpf.bpf.core.apply import has_core_relos
 from gfxbpf.bpf.core.apply import relocate as core_relocate
 from gfxbpf.bpf.core.relo import CoreError
@@ -88,7 +89,11 @@ class LoadedObject:
 
 
 def load(
-    spec: ObjectSpec, programs: list[str] | None = None, read_only: Collection[str] = ()
+    spec: ObjectSpec,
+    programs: list[str] | None = None,
+    read_only: Collection[str] = (),
+    *,
+    allow_no_btf: bool = False,
 ) -> LoadedObject:
     """Load `spec`: every autoload program, or just the ones named.
 
@@ -98,6 +103,12 @@ def load(
     still write them. Ring buffers cannot be frozen (their consumer maps a
     writable page), nor maps whose values hold spin locks, timers and the like.
     `spec` itself is never changed by this option.
+
+    An object that carries BTF loads with it or not at all: when the kernel
+    refuses the BTF (after the fix-ups libbpf makes too), LoadError carries
+    the kernel's BTF log. allow_no_btf: load without it instead, as libbpf
+    does for an object whose programs do not need it (its maps lose their
+    types, subprograms their names and line info); obj.btf_error says why.
 
     Raises LoadError (with .log holding the verifier log for a rejected program).
     """
@@ -110,7 +121,7 @@ def load(
         )
     obj = LoadedObject(spec)
     try:
-        _load_btf(obj)
+        _load_btf(obj, allow_no_btf)
         if obj.btf_error:
             log.warning("object %r: %s; its maps have no BTF types", spec.name, obj.btf_error)
         for m in spec.maps.values():
@@ -136,7 +147,7 @@ def load(
     return obj
 
 
-def _load_btf(obj: LoadedObject) -> None:
+def _load_btf(obj: LoadedObject, allow_no_btf: bool) -> None:
     spec = obj.spec
     if spec.btf is None:
         return
@@ -148,13 +159,30 @@ def _load_btf(obj: LoadedObject) -> None:
         btf = Btf.parse(btf.to_bytes())
         for name in hidden:
             btf.set_func_linkage(name, 0)
+    missing = missing_features()
+    if needs_sanitizing(btf, missing):  # kinds this kernel refuses, rewritten as libbpf does
+        btf = sanitize(btf, missing)
     try:
         obj.btf_fd = bpfsys.btf_load(btf.to_bytes())
     except bpfsys.BpfError as e:
-        # Tracepoint programs load without BTF (libbpf goes on too); maps lose
-        # their types, so say why.
+        if not allow_no_btf:
+            raise LoadError(
+                f"object {spec.name!r}: the kernel refused the object's BTF ({e.strerror or e}); "
+                "the object needs a BTF this kernel accepts (rebuild it against this kernel's "
+                "features), or an explicit permission to load without BTF"
+                f"{_log_tail(e.log)}",
+                log=e.log,
+            ) from e
+        # Allowed: programs that do not need BTF load without it (libbpf goes
+        # on too); maps lose their types, so say why.
         obj.btf_error = f"kernel refused the object's BTF: {e}"
         obj.btf_fd = -1
+
+
+def _log_tail(log: str | None) -> str:
+    """The last lines of a BTF log (the kernel's reason comes last)."""
+    lines = [ln for ln in (log or "").splitlines() if ln.strip()]
+    return (": " + " / ".join(lines[-3:])) if lines else ""
 
 
 def _init_slots(obj: LoadedObject, kind: str, fds: dict[str, int]) -> None:

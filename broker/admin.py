@@ -112,6 +112,8 @@ def approve(args: argparse.Namespace) -> int:
         lines.append(f"functions = {_toml(functions)}")
     if args.max_frequency is not None:
         lines.append(f"max_frequency = {args.max_frequency}")
+    if args.allow_no_btf:
+        lines.append("allow_no_btf = true")
     print("\n".join(lines))
     return 0
 
@@ -143,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="HZ",
         help="highest sampling rate of a perf_event program (profile)",
+    )
+    a.add_argument(
+        "--allow-no-btf",
+        action="store_true",
+        help="let the object load without its BTF if the kernel refuses it (maps lose "
+        "their types); by default such an attach fails with the kernel's BTF log",
     )
     a.add_argument("--catalog", metavar="DIR", help="catalog directory (default: installed)")
     a.set_defaults(func=approve)

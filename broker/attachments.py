@@ -22,6 +22,22 @@ from gfxbpf.proto import gfxbpf_pb2 as pb
 Create = Callable[[Caller, Resolved, Target, InstanceKey], SharedInstance]
 
 
+def instance_uid(caller: Caller, res: Resolved) -> int | None:
+    """Who may share the instance: None for everyone, else only this uid.
+
+    Scope self is the caller's own data. A client that gets map fds (the
+    Unix socket) gets an instance shared only with its own uid, in every
+    scope: a revoked user's instance can then be detached without touching
+    anyone else's (the fds they kept stop receiving data), and where the
+    kernel lets unprivileged users load BPF (a program of theirs may write a
+    frozen map through such an fd), what they could forge is only their own.
+    Over gRPC the broker does every read, so users share system instances.
+    """
+    if res.scope == SELF or caller.transport == "unix":
+        return caller.uid
+    return None
+
+
 class Attachments:
     """policy() is the policy in force; create() loads an instance nobody shares yet."""
 
@@ -41,7 +57,7 @@ class Attachments:
         key = InstanceKey(
             sha256=res.sha256,
             scope=res.scope,
-            uid=caller.uid if res.scope == SELF else None,
+            uid=instance_uid(caller, res),
             pid=target.pid,
             library=target.library,
             functions=target.functions,
@@ -69,6 +85,7 @@ class Attachments:
             scope=res.scope,
             key=key,
             shared=shared,
+            name=res.entry.name if res.via == "name" else None,
         )
         if not owner.add(att):  # the session closed while we loaded
             self.release(att)

@@ -30,3 +30,26 @@ def bpf_stats_enabled() -> bool:
             return f.read().strip() == "1"
     except OSError:
         return False
+
+
+_UNPRIV_BPF = "/proc/sys/kernel/unprivileged_bpf_disabled"
+
+
+def unprivileged_bpf_disabled() -> int | None:
+    """The sysctl kernel.unprivileged_bpf_disabled (0, 1 or 2), None if unreadable.
+
+    At 0 any user may load socket filters, and such a program may write a
+    map whose fd its user holds even when the map is frozen (freezing only
+    stops bpf(2) writes). The broker then must not hand out fds of maps
+    another user reads (broker/attachments.py, instance_uid).
+    """
+    try:
+        with open(_UNPRIV_BPF) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def unprivileged_bpf_allowed() -> bool:
+    """Whether users without capabilities may load BPF programs now."""
+    return unprivileged_bpf_disabled() == 0

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gfxbpf.bpf import consts as C
+from gfxbpf.bpf import mapids
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.errors import HostError, InputError, KernelError
 from gfxbpf.bpf.link import tracefs
@@ -59,7 +60,9 @@ class InstanceLoader:
         self._policy = policy
         self._event_exists = event_exists
         self._read_format = read_format
-        self.map_budget = budget.MapBudget(clock)
+        # Which maps the kernel still holds, so a charge ends when its maps do.
+        self.live_maps = mapids.LiveMaps()
+        self.map_budget = budget.MapBudget(clock, lambda: self.live_maps.ids())
 
     def create(
         self, caller: Caller, res: Resolved, target: Target, key: InstanceKey
@@ -74,11 +77,13 @@ class InstanceLoader:
         charge = self.charge_maps(caller, entry, visible_specs)
         try:
             owner = caller.uid if res.scope == C.SELF else None
-            inst = _load_and_attach(opened, read_only, target, owner)
+            allow_no_btf = res.policy_entry.allow_no_btf
+            inst = _load_and_attach(opened, read_only, target, owner, allow_no_btf)
         except BaseException:
             self.map_budget.refund(charge)  # its maps are gone with the failed load
             raise
         visible = {m.name: inst.obj.maps[m.name] for m in entry.visible_maps}
+        self.map_budget.bind(charge, {mapids.map_id(m.fileno()) for m in visible.values()})
         return SharedInstance(key, entry, opened.spec, inst, visible, charge.nbytes)
 
     def _open(self, caller: Caller, res: Resolved, target: Target) -> bpfinstance.Opened:
@@ -119,27 +124,48 @@ class InstanceLoader:
             for m in specs
         )
         policy = self._policy()
-        limit = policy.limits.map_bytes_per_user
-        window = policy.limits.map_bytes_window_seconds
+        lim = policy.limits
+        limits = budget.Limits(
+            lim.map_bytes_per_user, lim.map_churn_bytes_per_user, lim.map_bytes_window_seconds
+        )
         try:
-            return self.map_budget.charge(caller.uid, need, limit, window)
+            return self.map_budget.charge(caller.uid, need, limits)
         except budget.OverBudget as e:
-            if e.retry_after is None:
-                msg = (
-                    f"program {entry.name!r} needs {budget.human(need)} of BPF maps, more than "
-                    f"the policy lets one user create in {window} s ({budget.human(limit)}): "
-                    "ask the administrator to raise map_bytes_per_user"
-                )
-            else:
-                msg = (
-                    f"uid {caller.uid} had the broker create {budget.human(e.used)} of BPF maps "
-                    f"in the last {window} s; program {entry.name!r} needs "
-                    f"{budget.human(need)} more, over the policy's limit of "
-                    f"{budget.human(limit)} per {window} s (a client can keep a map alive after "
-                    f"detaching). Retry in {max(1, round(e.retry_after))} s, or ask the "
-                    "administrator to raise map_bytes_per_user"
-                )
-            raise over_limit(msg, policy.path, "map_bytes_per_user", limit) from None
+            key = "map_bytes_per_user" if e.kind == "live" else "map_churn_bytes_per_user"
+            limit = limits.live if e.kind == "live" else limits.churn
+            msg = _over_budget(caller, entry, e, limits)
+            raise over_limit(msg, policy.path, key, limit) from None
+
+
+def _over_budget(caller: Caller, entry: Program, e: budget.OverBudget, lim: budget.Limits) -> str:
+    """The refusal of a charge over a limit: what is used, what is needed, what to do."""
+    h = budget.human
+    need = h(e.need)
+    if e.whole:
+        live = e.kind == "live"
+        limit, key = (
+            (lim.live, "map_bytes_per_user") if live else (lim.churn, "map_churn_bytes_per_user")
+        )
+        return (
+            f"program {entry.name!r} needs {need} of BPF maps, more than the policy lets one "
+            f"user {'hold' if live else 'create per window'} ({h(limit)}): ask the "
+            f"administrator to raise {key}"
+        )
+    if e.kind == "live":
+        return (
+            f"uid {caller.uid} already holds {h(e.used)} of BPF maps alive (attached, or kept "
+            f"through map fds or pins after detaching); program {entry.name!r} needs {need} "
+            f"more, over the policy's limit of {h(lim.live)}. Detach, or close the map fds "
+            "you kept (end the processes that hold them), or ask the administrator to raise "
+            "map_bytes_per_user"
+        )
+    wait = max(1, round(e.retry_after or 0))
+    return (
+        f"uid {caller.uid} had the broker create {h(e.used)} of BPF maps in the last "
+        f"{lim.window:g} s; program {entry.name!r} needs {need} more, over the policy's "
+        f"allowance of {h(lim.churn)} per {lim.window:g} s. Retry in {wait} s, or ask the "
+        "administrator to raise map_churn_bytes_per_user"
+    )
 
 
 def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
@@ -156,10 +182,14 @@ def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
 
 
 def _load_and_attach(
-    opened: bpfinstance.Opened, read_only: list[str], target: Target, owner: int | None
+    opened: bpfinstance.Opened,
+    read_only: list[str],
+    target: Target,
+    owner: int | None,
+    allow_no_btf: bool,
 ) -> bpfinstance.Instance:
     try:
-        inst = opened.load(read_only=read_only)
+        inst = opened.load(read_only=read_only, allow_no_btf=allow_no_btf)
     except LoadError as e:
         raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
     try:

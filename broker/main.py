@@ -13,8 +13,12 @@ policy file with the same validation as at start. A policy with problems is
 not applied: the broker keeps the one it has and writes a "reload" audit
 record with result "error" and the problems. A valid one replaces it for
 every request that starts afterwards (limits included: the gRPC token
-store, lease lengths, the audit rate limit); sessions, tokens and
-attachments that exist stay as they are. The catalog is not re-read. The
+store, lease lengths, the audit rate limit), and to what already lives:
+every live attachment is decided again and detached when the new policy no
+longer allows it (a Unix client's instance is its own uid's, so the map fds
+it kept stop receiving data), a call on an attachment decided under an
+older policy decides again first, and the gRPC tokens of users the policy
+lets run nothing are dropped. The catalog is not re-read. The
 signal handler only sets a flag; the main loop does the work.
 
 Any error while starting is one line on stderr and exit status 1, never a
@@ -189,6 +193,7 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
             new, service.catalog
         )
     service.policy = new  # one reference swap: requests that start now see the new policy
+    revoked = _revoke(service, new, grpc_server, audit)
     limits = new.limits
     audit.set_rate(limits.audit_lines_per_second)
     if grpc_server is not None:
@@ -203,11 +208,31 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
     audit.ok(
         "reload",
         detail=f"policy {config.policy} reloaded: {len(new.programs)} entries (was "
-        f"{len(old.programs)}); it applies to new requests, existing sessions and "
-        "attachments stay as they are",
+        f"{len(old.programs)}); it applies to every request from now on; "
+        f"{len(revoked['attachments'])} attachments it no longer allows were detached",
         warnings=warnings[:32],
+        revoked_attachments=revoked["attachments"][:64],
+        revoked_token_uids=revoked["token_uids"],
     )
     return True
+
+
+def _revoke(service: Any, new: Any, grpc_server: Any, audit: AuditLog) -> dict[str, list[int]]:
+    """Re-decide what lives under the new policy: detach the attachments it no
+    longer allows (and forget their gRPC leases), and drop the tokens of users
+    it lets run nothing at all."""
+    out: dict[str, list[int]] = {"attachments": [], "token_uids": []}
+    try:
+        out["attachments"] = service.revoke_disallowed()
+    except Exception as e:  # never let a reload take the broker down
+        audit.error("revoke", detail=f"re-deciding attachments failed: {e}")
+    leases = getattr(grpc_server, "leases", None)
+    if leases is not None and out["attachments"]:
+        leases.drop(set(out["attachments"]))
+    tokens = getattr(grpc_server, "tokens", None)
+    if tokens is not None:
+        out["token_uids"] = tokens.revoke_unless(lambda c: bool(new.programs_for(c.uid, c.gids)))
+    return out
 
 
 def _start_grpc(config: BrokerConfig, service: Any, listener: socket.socket) -> Any:
@@ -221,6 +246,35 @@ def _start_grpc(config: BrokerConfig, service: Any, listener: socket.socket) -> 
     except (OSError, ValueError, RuntimeError) as e:
         listener.close()
         raise StartError(f"gRPC: {e}") from None
+
+
+def _check_unprivileged_bpf(audit: AuditLog) -> None:
+    """Say at start when any user may load BPF (sysctl kernel.unprivileged_bpf_disabled
+    = 0): their programs can write maps whose fds they hold, frozen or not. The
+    broker then still passes each user fds of that user's own instances only."""
+    from gfxbpf.broker import features
+
+    value = features.unprivileged_bpf_disabled()
+    if value == 0:
+        audit.error(
+            "host_check",
+            detail="kernel.unprivileged_bpf_disabled = 0: any user may load BPF programs, "
+            "which can write the maps whose fds they hold (frozen or not). Map fds go only "
+            "to their own user's instances; set the sysctl to 2 (deploy/README.md, Security)",
+        )
+    elif value is None:
+        audit.error("host_check", detail="cannot read kernel.unprivileged_bpf_disabled")
+
+
+def _check_live_maps(service: Any, audit: AuditLog) -> None:
+    """Say at start when the kernel cannot list map ids for the live map budget."""
+    if service.loader.live_maps.ids() is None:
+        audit.error(
+            "host_check",
+            detail=f"cannot list BPF map ids ({service.loader.live_maps.error}): a map "
+            "charge counts as live for map_bytes_window_seconds instead of until the "
+            "kernel frees the map (deploy/README.md, Security)",
+        )
 
 
 class _Signals:
@@ -284,9 +338,11 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
         os.environ.pop(key, None)
 
     audit.ok("start", detail=report.summary(), uid=report.uid, pid=os.getpid())
+    _check_unprivileged_bpf(audit)
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
     audit.set_programs(lambda name: known_program(service, name))
+    _check_live_maps(service, audit)
     grpc_server = _start_grpc(config, service, listener)
     signals = _Signals()
 

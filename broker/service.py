@@ -29,7 +29,7 @@ from typing import Protocol
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.link import tracefs
-from gfxbpf.broker import features, replies, streaming
+from gfxbpf.broker import features, replies, revoke, streaming
 from gfxbpf.broker.attachments import Attachments
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.callers import Caller
@@ -69,6 +69,22 @@ def _broker_version() -> str:
 
 
 BROKER_VERSION = _broker_version()
+
+
+def _revoked_error(attachment_id: int, program: str = "") -> BrokerError:
+    what = f"attachment {attachment_id}" + (f" ({program})" if program else "")
+    return BrokerError(
+        pb.ERROR_PERMISSION_DENIED,
+        f"{what} was detached: the policy in force no longer allows it (ask the administrator)",
+    )
+
+
+def _unpriv_note(fds: Sequence[int]) -> dict[str, str]:
+    """For an attach line that passed fds: whether the host lets their holder
+    load BPF (its programs could write those maps; they are the user's own)."""
+    if fds and features.unprivileged_bpf_allowed():
+        return {"unprivileged_bpf": "allowed"}
+    return {}
 
 
 class TokenIssuer(Protocol):
@@ -138,13 +154,65 @@ class Service:
     def _attachment(self, owner: Owner, attachment_id: int) -> Attachment:
         with owner.lock:
             att = owner.attachments.get(attachment_id)
+        if attachment_id in owner.revoked:
+            raise _revoked_error(attachment_id)
         if att is None or att.closed:
             raise BrokerError(
                 pb.ERROR_NOT_FOUND,
                 f"no attachment {attachment_id} in this session (attachments: "
                 f"{', '.join(map(str, owner.attachment_ids())) or 'none'})",
             )
+        self._recheck(owner, att)
         return att
+
+    def _recheck(self, owner: Owner, att: Attachment) -> None:
+        """Decide att again if the policy changed since it was last allowed;
+        detach it and refuse when the policy in force no longer allows it."""
+        policy = self.policy
+        if att.policy is not policy:
+            if not revoke.allows(policy, att):
+                self._revoke(owner, att, "a call after a policy reload")
+            else:
+                att.policy = policy
+        if att.closed:
+            raise _revoked_error(att.id, att.program)
+
+    def _revoke(self, owner: Owner, att: Attachment, why: str) -> bool:
+        """Detach att from owner as revoked; False if it was gone already."""
+        with owner.lock:
+            if owner.attachments.get(att.id) is not att:
+                return False
+            del owner.attachments[att.id]
+            owner.revoked.add(att.id)
+        unloaded = self._attachments.release(att)
+        self._log(
+            "revoke",
+            owner.caller,
+            "ok",
+            program=att.program,
+            sha256=att.sha256,
+            scope=att.scope,
+            attachment_id=att.id,
+            unloaded=unloaded,
+            detail=f"detached: the policy in force no longer allows it ({why})",
+        )
+        return True
+
+    def revoke_disallowed(self) -> list[int]:
+        """After a reload: detach every live attachment the policy in force no
+        longer allows (an fd client's instance is its uid's own, so its kept
+        fds stop receiving data). The ids of those detached."""
+        policy = self.policy
+        revoked: list[int] = []
+        for owner in self._owners.all():
+            with owner.lock:
+                atts = list(owner.attachments.values())
+            for att in atts:
+                if revoke.allows(policy, att):
+                    att.policy = policy
+                elif self._revoke(owner, att, "policy reload"):
+                    revoked.append(att.id)
+        return revoked
 
     @property
     def open_owners(self) -> int:
@@ -213,7 +281,9 @@ class Service:
             pid=caller.pid,
             possible_cpus=bpfsys.possible_cpus(),
         )
-        self._log("hello", caller, "ok", detail=req.client_version or None)
+        # Checked on each session: an administrator may change it at any time.
+        extra = {"unprivileged_bpf": "allowed"} if features.unprivileged_bpf_allowed() else {}
+        self._log("hello", caller, "ok", detail=req.client_version or None, **extra)
         return reply
 
     def list_programs(self, caller: Caller, req: pb.ListProgramsRequest) -> pb.ListProgramsReply:
@@ -238,17 +308,20 @@ class Service:
         started = time.perf_counter()  # the audit record says how long attaching took
         name = req.name if req.WhichOneof("program") == "name" else None
         fields: dict[str, object] = {"program": name}
+        policy = self.policy  # decided under one policy; _recheck covers a reload meanwhile
         try:
             self._check_owner(caller, owner)
-            res = resolve(self.policy, self.catalog, self._objects, caller, req, fields)
+            res = resolve(policy, self.catalog, self._objects, caller, req, fields)
             fields.update(program=res.entry.name, sha256=res.sha256, scope=res.scope)
             self._objects.audit(res.data, res.sha256, res.entry.name)
-            target = check_params(self.policy, caller, res, req.params, fds)
+            target = check_params(policy, caller, res, req.params, fds)
             try:
                 att, joined = self._attachments.acquire(caller, owner, res, target)
             finally:
                 target.close()
-            reply, fds = replies.describe(att, joined, pass_fds=caller.transport == "unix")
+            att.policy = policy
+            self._recheck(owner, att)
+            reply, fds = replies.describe(att, joined, pass_fds=self._pass_fds(caller, att))
             reply.skipped_functions.extend(target.skipped)
             if target.skipped:
                 fields["skipped_functions"] = len(target.skipped)
@@ -268,6 +341,8 @@ class Service:
             attachment_id=att.id,
             shared=joined,
             map_bytes=0 if joined else att.shared.map_bytes,  # charged to the map budget
+            fds=len(fds),
+            **_unpriv_note(fds),
             rule=res.rule,
             via=res.via,
             prog_ids=[p.prog_id for p in reply.programs],
@@ -275,6 +350,23 @@ class Service:
             **fields,
         )
         return reply, fds
+
+    def _pass_fds(self, caller: Caller, att: Attachment) -> bool:
+        """Whether the reply carries map fds: over the Unix socket, and only of an
+        instance no other uid shares (instance_uid). A program the user loads
+        could write through such an fd where kernel.unprivileged_bpf_disabled
+        is 0, so this is checked on every attach rather than assumed."""
+        if caller.transport != "unix":
+            return False
+        if att.key.uid != caller.uid:
+            with att.owner.lock:
+                att.owner.attachments.pop(att.id, None)
+            self._attachments.release(att)
+            raise BrokerError(
+                pb.ERROR_INTERNAL,
+                f"refusing to pass fds of instance {att.key} shared beyond uid {caller.uid}",
+            )
+        return True
 
     def _create(
         self, caller: Caller, res: Resolved, target: Target, key: InstanceKey
@@ -289,6 +381,8 @@ class Service:
             self._check_owner(caller, owner)
             with owner.lock:
                 att = owner.attachments.pop(req.attachment_id, None)
+            if att is None and req.attachment_id in owner.revoked:
+                raise _revoked_error(req.attachment_id)
             if att is None:
                 raise BrokerError(
                     pb.ERROR_NOT_FOUND, f"no attachment {req.attachment_id} in this session"

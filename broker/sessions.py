@@ -33,6 +33,10 @@ class Attachment:
     shared: SharedInstance
     closed: bool = False
     streaming: bool = False
+    name: str | None = None  # as the request named it (None: uploaded bytes)
+    # The policy that last allowed it: a call made under another one (a
+    # reload) decides again before it reads (Service._recheck).
+    policy: Policy | None = None
 
 
 class Owner:
@@ -50,6 +54,7 @@ class Owner:
         self.closed = False
         self.lock = threading.Lock()
         self.attachments: dict[int, Attachment] = {}
+        self.revoked: set[int] = set()  # ids a policy reload detached (for the refusal)
 
     def attachment_ids(self) -> list[int]:
         with self.lock:

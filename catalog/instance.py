@@ -256,10 +256,11 @@ class Opened:
     spec: ObjectSpec
     params: Params
 
-    def load(self, read_only: Collection[str] = ()) -> Instance:
-        """Load the variant's programs; read_only names maps to freeze (loader.load)."""
+    def load(self, read_only: Collection[str] = (), *, allow_no_btf: bool = False) -> Instance:
+        """Load the variant's programs; read_only names maps to freeze, allow_no_btf
+        lets it load if the kernel refuses its BTF (loader.load)."""
         wanted = list(dict.fromkeys(a.program for a in self.entry.attach_for(self.variant)))
-        obj = load(self.spec, programs=wanted, read_only=read_only)
+        obj = load(self.spec, programs=wanted, read_only=read_only, allow_no_btf=allow_no_btf)
         return Instance(self.entry, self.variant, obj, self.params.functions, self.params)
 
 

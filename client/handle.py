@@ -1,8 +1,9 @@
 """An attachment and its maps, as the client sees them.
 
-Over the Unix socket the broker passes read-only map fds (and each ring
-buffer's own fd): maps are read directly with BPF_MAP_LOOKUP_BATCH/ELEM
-(gfxbpf.bpf.maps.Map) when the kernel lets an unprivileged holder do so,
+Over the Unix socket the broker passes fds of frozen maps (read-write fds,
+but no bpf(2) call can change a frozen map) and each ring buffer's own fd:
+maps are read directly with BPF_MAP_LOOKUP_BATCH/ELEM (gfxbpf.bpf.maps.Map)
+when the kernel lets an unprivileged holder do so,
 and through the broker's ReadMap otherwise. Over gRPC, maps come through
 ReadMap (paged) and events through StreamEvents (events.EventStream). Keys
 and values are decoded with the object's BTF from AttachReply.btf.

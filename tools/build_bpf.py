@@ -31,8 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path("catalog/programs")  # relative: it is baked into the debug info
-# Not in the catalog, never loaded by the broker; committed all the same.
+# Not in the catalog, never attached for a client; committed all the same.
 SIDE_SOURCES = (
+    # The broker's own iterator (bpf/mapids.py): packaged, not in the catalog.
+    Path("bpf/internal/mapids.bpf.c"),
     Path("bench/bench.bpf.c"),
     Path("bench/readcost.bpf.c"),
     Path("tests/data/objects/probe_write_user.bpf.c"),

@@ -179,7 +179,13 @@ _KindParser = Callable[[int, int, str, int, bool, int, int, int, int], BtfType]
 class _TypeParser:
     """Parses the type section; `maxref` is the largest type id referred to so far."""
 
-    def __init__(self, data: bytes, strings: bytes, names: dict[int, str]) -> None:
+    def __init__(
+        self,
+        data: bytes,
+        strings: bytes,
+        names: dict[int, str],
+        name_of: Callable[[int], str] | None = None,
+    ) -> None:
         self.data = data
         self.mv = memoryview(data)
         self.strings = strings
@@ -192,7 +198,7 @@ class _TypeParser:
             nm = sget(off)
             return nm if nm is not None else string_at(strings, names, off)
 
-        self.name = name
+        self.name = name_of if name_of is not None else name
         self.parsers: dict[int, _KindParser] = {
             KIND_INT: self._int,
             KIND_ARRAY: self._array,
@@ -263,6 +269,22 @@ class _TypeParser:
         if self.maxref >= len(types):
             _report_bad_ref(types)
         return types
+
+    def decode_one(self, tid: int, pos: int) -> BtfType:
+        """The type whose record starts at byte `pos` (a lazy table's index found it)."""
+        name_off, info, st = _III.unpack_from(self.data, pos)
+        kind = (info >> 24) & 0x1F
+        vlen = info & 0xFFFF
+        rec = _LIST_REC.get(kind)
+        need = rec * vlen if rec is not None else _FIXED_TAIL.get(kind, 0)
+        try:
+            nm = self.name(name_off)
+            parser = self.parsers.get(kind)
+            if parser is None:
+                raise BtfError(f"unknown kind {kind}")
+            return parser(tid, kind, nm, name_off, bool(info >> 31), vlen, st, pos + 12, need)
+        except BtfError as e:
+            raise BtfError(f"BTF type id {tid} at byte offset {pos}: {e}") from None
 
     # One method per kind family, each a _KindParser.
 

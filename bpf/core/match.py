@@ -68,25 +68,6 @@ def _essential_eq(a: str, b: str) -> bool:
     return essential_name(a) == essential_name(b)
 
 
-# ------------------------------------------------------------------ candidates
-
-
-class EssentialIndex:
-    """A target BTF's named types by essential name, each list in id order."""
-
-    def __init__(self, btf: TypeTable, start_id: int) -> None:
-        self.btf = btf
-        self.by_name: dict[str, list[int]] = {}
-        for t in btf.types[start_id:]:
-            if t.name:
-                self.by_name.setdefault(essential_name(t.name), []).append(t.id)
-
-    def candidates(self, local: BtfType) -> list[int]:
-        types = self.btf.types
-        ids = self.by_name.get(essential_name(local.name), [])
-        return [i for i in ids if kinds_compat(types[i], local)]
-
-
 # ------------------------------------------------------- field compatibility
 
 

@@ -2,9 +2,10 @@
 
 Candidates are looked for in vmlinux first; only when vmlinux has none for
 a type are the modules' BTFs (split BTF on top of vmlinux, under
-/sys/kernel/btf/<module>) searched, all of them, as libbpf does. A Target
-can also be built from stored blobs, which makes resolution testable
-offline.
+/sys/kernel/btf/<module>) searched, all of them, as libbpf does. Each is a
+LazyTable (btf_index.py): the raw blob, indexed, decoded type by type, so
+the broker never holds vmlinux as Python objects. A Target can also be
+built from stored blobs, which makes resolution testable offline.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gfxbpf.bpf.btf.kinds import BtfError, BtfType
-from gfxbpf.bpf.btf.parse import ParsedBlob, parse_blob, parse_split_blob
-from gfxbpf.bpf.btf.table import TypeTable
-from gfxbpf.bpf.core.match import EssentialIndex
-from gfxbpf.bpf.core.relo import CoreError
+from gfxbpf.bpf.btf.index import LazyTable
+from gfxbpf.bpf.btf.kinds import KIND_ENUM, KIND_ENUM64, BtfError, BtfType
+from gfxbpf.bpf.core.relo import CoreError, essential_name
 from gfxbpf.bpf.core.resolve import Candidate
 
 SYSFS_BTF = "/sys/kernel/btf"
 MAX_BTF_BYTES = 256 << 20  # vmlinux BTF is a few MiB; bounds a hostile file
+
+
+_ENUMS = frozenset({KIND_ENUM, KIND_ENUM64})
 
 
 @dataclass
@@ -29,14 +31,15 @@ class TargetBtf:
     """One target BTF; types before start_id belong to its base (vmlinux)."""
 
     name: str
-    table: TypeTable
+    table: LazyTable
     start_id: int
-    _index: EssentialIndex | None = None
 
-    def index(self) -> EssentialIndex:
-        if self._index is None:
-            self._index = EssentialIndex(self.table, self.start_id)
-        return self._index
+    def candidates(self, local: BtfType) -> list[int]:
+        """This BTF's own types with local's essential name and a compatible kind
+        (the same, or ENUM with ENUM64), in id order."""
+        kinds = _ENUMS if local.kind in _ENUMS else {local.kind}
+        ids = self.table.ids_named(essential_name(local.name), essential_name)
+        return [i for i in ids if self.table.kind_of(i) in kinds]
 
 
 class Target:
@@ -52,15 +55,18 @@ class Target:
     @classmethod
     def from_blobs(cls, vmlinux: bytes, modules: dict[str, bytes] | None = None) -> Target:
         """A target from raw BTF: vmlinux's, and modules' split BTF in the given order."""
-        base = parse_blob(vmlinux)
+        try:
+            base = TargetBtf("vmlinux", LazyTable(bytes(vmlinux)), 1)
+        except BtfError as e:
+            raise CoreError(f"bad target BTF: {e}") from None
         mods = [(name, blob) for name, blob in (modules or {}).items()]
-        return cls(_table("vmlinux", base, 1), lambda: [_split(n, b, base) for n, b in mods])
+        return cls(base, lambda: [_split(n, b, base.table) for n, b in mods])
 
     @classmethod
     def kernel(cls, root: str = SYSFS_BTF) -> Target:
         """The running kernel's BTF (vmlinux parsed once per process)."""
-        base, vmlinux = _vmlinux(os.path.join(root, "vmlinux"))
-        return cls(vmlinux, lambda: _kernel_modules(root, base))
+        vmlinux = _vmlinux(os.path.join(root, "vmlinux"))
+        return cls(vmlinux, lambda: _kernel_modules(root, vmlinux.table))
 
     def modules(self) -> list[TargetBtf]:
         if self._modules is None:
@@ -70,37 +76,35 @@ class Target:
     def candidates(self, local: BtfType) -> list[Candidate]:
         """Target types with local's essential name and a compatible kind, in id order."""
         found = [
-            Candidate("vmlinux", self.vmlinux.table, i)
-            for i in self.vmlinux.index().candidates(local)
+            Candidate("vmlinux", self.vmlinux.table, i) for i in self.vmlinux.candidates(local)
         ]
         if found:
             return found
         for mod in self.modules():
-            found += [Candidate(mod.name, mod.table, i) for i in mod.index().candidates(local)]
+            found += [Candidate(mod.name, mod.table, i) for i in mod.candidates(local)]
         return found
 
 
-def _table(name: str, blob: ParsedBlob, start_id: int) -> TargetBtf:
-    table = TypeTable(blob.types, blob.strings)
-    return TargetBtf(name, table, start_id)
-
-
-def _split(name: str, data: bytes, base: ParsedBlob) -> TargetBtf:
+def _split(name: str, data: bytes, base: LazyTable) -> TargetBtf:
     try:
-        blob = parse_split_blob(data, base)
+        table = LazyTable(data, base)
     except BtfError as e:
         raise CoreError(f"module {name!r}: bad BTF: {e}") from None
-    return _table(name, blob, len(base.types))
+    return TargetBtf(name, table, table.start_id)
 
 
-# vmlinux does not change while the kernel runs: parsed and indexed once.
-_VMLINUX_CACHE: dict[tuple[str, int, int], tuple[ParsedBlob, TargetBtf]] = {}
+# vmlinux does not change while the kernel runs: read and indexed once (the
+# blob and its index, ~6 MiB; decoded types are bounded by the table).
+_VMLINUX_CACHE: dict[tuple[str, int, int], TargetBtf] = {}
 
 
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read(MAX_BTF_BYTES)
+            # The size first: read(MAX) would allocate MAX bytes up front.
+            if os.fstat(f.fileno()).st_size > MAX_BTF_BYTES:
+                raise CoreError(f"kernel BTF {path} is larger than {MAX_BTF_BYTES} bytes")
+            return f.read()
     except OSError as e:
         raise CoreError(
             f"cannot read kernel BTF {path}: {e.strerror}; CO-RE needs a kernel built with "
@@ -108,7 +112,7 @@ def _read(path: str) -> bytes:
         ) from None
 
 
-def _vmlinux(path: str) -> tuple[ParsedBlob, TargetBtf]:
+def _vmlinux(path: str) -> TargetBtf:
     try:
         st = os.stat(path)
     except OSError as e:
@@ -120,10 +124,9 @@ def _vmlinux(path: str) -> tuple[ParsedBlob, TargetBtf]:
     cached = _VMLINUX_CACHE.get(key)
     if cached is None:
         try:
-            blob = parse_blob(_read(path))
+            cached = TargetBtf("vmlinux", LazyTable(_read(path)), 1)
         except BtfError as e:
             raise CoreError(f"kernel BTF {path} is unreadable: {e}") from None
-        cached = (blob, _table("vmlinux", blob, 1))
         _VMLINUX_CACHE.clear()
         _VMLINUX_CACHE[key] = cached
     return cached
@@ -144,7 +147,7 @@ def module_order(root: str = SYSFS_BTF, proc_modules: str = "/proc/modules") -> 
     return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
 
 
-def _kernel_modules(root: str, base: ParsedBlob) -> list[TargetBtf]:
+def _kernel_modules(root: str, base: LazyTable) -> list[TargetBtf]:
     out = []
     for name in module_order(root):
         try:

@@ -35,6 +35,7 @@ from gfxbpf.bpf.btf.kinds import (
     Datasec,
     Enum,
     Func,
+    FuncProto,
     Int,
     Var,
 )
@@ -143,7 +144,14 @@ def layout_kconfig(btf: Btf, externs: dict[str, Extern]) -> int:
 
 
 def fix_ksyms_btf(btf: Btf) -> None:
-    """The kernel refuses extern VARs and FUNCs: make .ksyms entries int-sized globals."""
+    """The kernel refuses extern VARs and FUNCs: make .ksyms entries int-sized globals.
+
+    A kfunc's FUNC becomes global, and so is checked like a global function:
+    every parameter must be named ("Invalid arg#1" otherwise), which a
+    declaration such as `struct task_struct *bpf_task_from_pid(s32) __ksym`
+    leaves unnamed. As libbpf does, such parameters take the name of the
+    dummy VAR that stands for the kfuncs in the DATASEC.
+    """
     ds = _datasec(btf, KSYMS_SEC)
     funcs = [t for t in btf.types if isinstance(t, Func) and t.linkage == LINKAGE_EXTERN]
     for f in funcs:
@@ -151,17 +159,30 @@ def fix_ksyms_btf(btf: Btf) -> None:
     if ds is None or not ds.secinfos:
         return
     int_id = _int_type(btf)
-    dummy: int | None = None
+    dummy: Var | None = None
     for i, si in enumerate(ds.secinfos):
         t = btf.type_by_id(si.type)
         if isinstance(t, Var):
             t.linkage, t.type = LINKAGE_GLOBAL, int_id
         else:  # a kfunc: the DATASEC may hold only VARs
             if dummy is None:
-                dummy = _append(btf, Var(0, KIND_VAR, "dummy_ksym", 0, False, int_id, 1))
-            si.type = dummy
+                dummy = Var(0, KIND_VAR, "dummy_ksym", 0, False, int_id, LINKAGE_GLOBAL)
+                _append(btf, dummy)
+            if isinstance(t, Func):
+                _name_params(btf, t, dummy)
+            si.type = dummy.id
         si.offset, si.size = 4 * i, 4
     ds.size = 4 * len(ds.secinfos)
+
+
+def _name_params(btf: Btf, f: Func, name: Var) -> None:
+    """Name every unnamed, typed parameter of kfunc `f` after the dummy VAR `name`."""
+    proto = btf.type_by_id(f.type)
+    if not isinstance(proto, FuncProto):
+        raise ExternError(f"kfunc {f.name!r}: its BTF type is not a function prototype")
+    for p in proto.params:
+        if p.type and not p.name_off:  # type 0 is the `...` of a variadic prototype
+            p.name, p.name_off = name.name, name.name_off
 
 
 def _datasec(btf: Btf, name: str) -> Datasec | None:

@@ -1,13 +1,23 @@
 """Per-user budget of kernel memory in the BPF maps the broker hands out.
 
 A client that received a map fd can keep that map alive after it detaches:
-it holds the fd, or pins it in a bpffs it may write. The broker cannot see
-such references, so it cannot give the memory back when the attachment ends
-(the memory stays charged to the broker's cgroup). What it can bound is how
-much it creates for one uid: every new instance's client-visible maps are
-charged to the uid that made the broker create them, and a charge lapses
-`window` seconds after it was made. Joining a live instance costs nothing
-(the kernel allocates nothing new).
+it holds the fd, or pins it in a bpffs it may write. The memory stays
+charged to the broker's cgroup for as long as the kernel holds the map.
+Every new instance's client-visible maps are charged to the uid that made
+the broker create them, and two limits apply (issue #26 item 11, issue #24
+item 4: one model):
+
+- live: the bytes of a uid's maps the kernel still holds, attached or kept
+  through fds and pins (map_bytes_per_user). A charge is released only when
+  the kernel has freed every one of its maps; the broker sees that by their
+  ids (bpf/mapids.py). Where it cannot list map ids, a charge counts as live
+  until `window` seconds after it was made.
+- churn: the bytes of maps created for a uid in the last `window` seconds,
+  freed or not (map_churn_bytes_per_user): an allowance that a user
+  profiling once a minute, or re-running 10-second profiles back to back,
+  never meets, and that stops a tight create-and-drop loop.
+
+Joining a live instance costs nothing (the kernel allocates nothing new).
 
 map_bytes() estimates what the kernel accounts for a map (the `memlock:`
 line of its fdinfo, bpf_map_memory_usage()), rounded up, from the same
@@ -19,7 +29,6 @@ from __future__ import annotations
 import mmap
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,70 +109,98 @@ class Charge:
     uid: int
     nbytes: int
     at: float
+    map_ids: frozenset[int] | None = None  # the kernel's ids, once loaded (bind)
+    freed: bool = False  # the kernel no longer holds any of its maps
+
+
+@dataclass(frozen=True)
+class Limits:
+    live: int  # bytes a uid's maps may hold at once
+    churn: int  # bytes created for a uid per window
+    window: float  # seconds
 
 
 class OverBudget(Exception):
-    """A charge would pass the limit. retry_after: seconds until it would fit,
-    None when it never fits (more than the whole limit)."""
+    """A charge would pass a limit (kind "live" or "churn"). retry_after: seconds
+    until it would fit (churn), None when unknown (live: it fits once the
+    kernel frees maps) or never (more than the whole limit: whole=True)."""
 
-    def __init__(self, used: int, need: int, retry_after: float | None) -> None:
-        super().__init__(f"{need} bytes over budget ({used} used)")
+    def __init__(
+        self, kind: str, used: int, need: int, retry_after: float | None, whole: bool = False
+    ) -> None:
+        super().__init__(f"{need} bytes over the {kind} budget ({used} used)")
+        self.kind = kind
         self.used = used
         self.need = need
         self.retry_after = retry_after
+        self.whole = whole
 
 
 class MapBudget:
-    """Bytes charged per uid over a sliding window; thread-safe.
+    """Charges per uid, live and recent; thread-safe.
 
-    The limit and window are passed to each charge, so a reloaded policy
-    applies at once.
+    live_ids() lists the map ids the kernel holds (None: cannot tell). The
+    limits are passed to each charge, so a reloaded policy applies at once.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        live_ids: Callable[[], set[int] | None] = lambda: None,
+    ) -> None:
         self._clock = clock
+        self._live_ids = live_ids
         self._lock = threading.Lock()
-        self._charges: dict[int, deque[Charge]] = {}
+        self._charges: dict[int, list[Charge]] = {}
 
-    def _live(self, uid: int, now: float, window: float) -> deque[Charge]:
-        q = self._charges.get(uid)
-        if q is None:
-            return deque()
-        while q and now - q[0].at >= window:
-            q.popleft()
-        if not q:
-            del self._charges[uid]
+    def _refresh(self, uid: int, now: float, window: float) -> list[Charge]:
+        """uid's charges, those the kernel freed marked, old freed ones dropped."""
+        q = self._charges.get(uid, [])
+        bound = [(c, c.map_ids) for c in q if not c.freed and c.map_ids]
+        if bound:
+            ids = self._live_ids()
+            for c, mine in bound:
+                if ids is None:  # cannot tell: live for a window, as before
+                    c.freed = now - c.at >= window
+                else:
+                    c.freed = not (mine & ids)
+        q = [c for c in q if not (c.freed and now - c.at >= window)]
+        if q:
+            self._charges[uid] = q
+        else:
+            self._charges.pop(uid, None)
         return q
 
-    def used(self, uid: int, window: float) -> int:
-        with self._lock:
-            return sum(c.nbytes for c in self._live(uid, self._clock(), window))
-
-    def charge(self, uid: int, nbytes: int, limit: int, window: float) -> Charge:
-        """Record nbytes for uid, or raise OverBudget if that would pass limit."""
+    def used(self, uid: int, window: float) -> tuple[int, int]:
+        """(live bytes, bytes created in the last window) of uid."""
         with self._lock:
             now = self._clock()
-            q = self._live(uid, now, window)
-            used = sum(c.nbytes for c in q)
-            if used + nbytes > limit:
-                raise OverBudget(
-                    used, nbytes, self._retry_after(q, used, nbytes, limit, now, window)
-                )
+            q = self._refresh(uid, now, window)
+            return _live(q), _recent(q, now, window)
+
+    def charge(self, uid: int, nbytes: int, limits: Limits) -> Charge:
+        """Record nbytes for uid, or raise OverBudget if that would pass a limit."""
+        for kind, limit in (("live", limits.live), ("churn", limits.churn)):
+            if nbytes > limit:
+                raise OverBudget(kind, 0, nbytes, None, whole=True)
+        with self._lock:
+            now = self._clock()
+            q = self._refresh(uid, now, limits.window)
+            recent = _recent(q, now, limits.window)
+            if recent + nbytes > limits.churn:
+                wait = _churn_retry(q, recent, nbytes, limits, now)
+                raise OverBudget("churn", recent, nbytes, wait)
+            live = _live(q)
+            if live + nbytes > limits.live:
+                raise OverBudget("live", live, nbytes, None)
             c = Charge(uid, nbytes, now)
             self._charges.setdefault(uid, q).append(c)
             return c
 
-    @staticmethod
-    def _retry_after(
-        q: deque[Charge], used: int, nbytes: int, limit: int, now: float, window: float
-    ) -> float | None:
-        if nbytes > limit:
-            return None
-        for c in q:  # oldest first: lapse charges until the new one fits
-            used -= c.nbytes
-            if used + nbytes <= limit:
-                return max(0.0, c.at + window - now)
-        return 0.0
+    def bind(self, charge: Charge, map_ids: set[int]) -> None:
+        """The kernel ids of a charge's maps: it is released once all are freed."""
+        with self._lock:
+            charge.map_ids = frozenset(map_ids)
 
     def refund(self, charge: Charge) -> None:
         """Take back a charge whose maps never reached a client."""
@@ -173,3 +210,20 @@ class MapBudget:
                 q.remove(charge)
                 if not q:
                     del self._charges[charge.uid]
+
+
+def _live(q: list[Charge]) -> int:
+    return sum(c.nbytes for c in q if not c.freed)
+
+
+def _recent(q: list[Charge], now: float, window: float) -> int:
+    return sum(c.nbytes for c in q if now - c.at < window)
+
+
+def _churn_retry(q: list[Charge], recent: int, nbytes: int, limits: Limits, now: float) -> float:
+    """Seconds until enough recent charges leave the window for nbytes to fit."""
+    for c in sorted((c for c in q if now - c.at < limits.window), key=lambda c: c.at):
+        recent -= c.nbytes
+        if recent + nbytes <= limits.churn:
+            return max(0.0, c.at + limits.window - now)
+    return 0.0

@@ -187,6 +187,17 @@ class LeaseManager:
         with self._lock:
             return holder.leases.pop(attachment_id, None) is not None
 
+    def drop(self, attachment_ids: set[int]) -> int:
+        """Forget the leases of attachments the broker detached itself (revoked by
+        a reload), so the reaper does not detach them again; how many."""
+        n = 0
+        with self._lock:
+            for h in self._holders.values():
+                for aid in attachment_ids & h.leases.keys():
+                    del h.leases[aid]
+                    n += 1
+        return n
+
     def has_lease(self, holder: Holder, attachment_id: int) -> bool:
         with self._lock:
             return attachment_id in holder.leases

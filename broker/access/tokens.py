@@ -154,6 +154,16 @@ class TokenStore:
                 del self._tokens[h]
             return len(dead)
 
+    def revoke_unless(self, keep: Callable[[Any], bool]) -> list[int]:
+        """Forget every token whose issuing Caller keep() rejects (a reload that
+        removed its user); the uids whose tokens went."""
+        with self._lock:
+            dead = [h for h, r in self._tokens.items() if not keep(r.caller)]
+            uids = sorted({self._tokens[h].uid for h in dead})
+            for h in dead:
+                del self._tokens[h]
+            return uids
+
     def count(self, uid: int | None = None) -> int:
         """Unexpired tokens (of one uid, or all)."""
         with self._lock:

@@ -9,6 +9,7 @@
     libraries = ["/usr/lib/x86_64-linux-gnu/libvulkan.so.1*"]  # uprobe targets (globs)
     functions = ["vk*"]               # uprobe symbols (globs; default: any)
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
+    allow_no_btf = false              # load even if the kernel refuses the object's BTF
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -62,6 +63,7 @@ _PROGRAM_KEYS = (
     "functions",
     "description",
     "max_frequency",
+    "allow_no_btf",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -242,6 +244,10 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         funcs = _check_str_list(table["functions"], where, "functions", errs)
         functions = funcs if funcs is not None else ()
     max_frequency = _parse_max_frequency(table, where, errs)
+    allow_no_btf = table.get("allow_no_btf", False)
+    if not isinstance(allow_no_btf, bool):
+        errs.add(where, "allow_no_btf", f"expected true or false, got {_toml_type(allow_no_btf)}")
+        allow_no_btf = False
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -263,6 +269,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         description=description,
         source=path,
         max_frequency=max_frequency,
+        allow_no_btf=allow_no_btf,
     )
 
 

@@ -46,9 +46,11 @@ class Limits:
     grpc_connections_total: int = 256
     grpc_connect_seconds: int = 10
     grpc_idle_seconds: int = 60
-    # Kernel bytes of client-visible maps the broker creates for one user per
-    # window: a client can keep a map alive past its attachment (broker/access/budget.py).
+    # Kernel bytes of client-visible maps (broker/access/budget.py): those one user's
+    # maps hold at once, attached or kept alive through fds after detaching,
+    # and those the broker creates for one user per window (churn).
     map_bytes_per_user: int = 64 * 1024 * 1024
+    map_churn_bytes_per_user: int = 1024 * 1024 * 1024
     map_bytes_window_seconds: int = 600
 
 
@@ -70,6 +72,9 @@ class ProgramEntry:
     description: str = ""
     source: str = "<policy>"  # the file it came from
     max_frequency: int | None = None  # perf_event sampling cap in Hz (None: no cap)
+    # Load even if the kernel refuses the object's BTF (maps lose their types,
+    # subprograms their names); without it such a load fails with the BTF log.
+    allow_no_btf: bool = False
 
     @property
     def label(self) -> str:

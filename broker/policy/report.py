@@ -39,6 +39,7 @@ def check_warnings(policy: Policy) -> list[str]:
             e.libraries,
             e.functions,
             e.max_frequency,
+            e.allow_no_btf,
         )
         if key in seen:
             out.append(f"{e.where}: same as [[program]] #{seen[key]}")
@@ -121,6 +122,8 @@ def summary(policy: Policy) -> str:
             line += f"  libraries {', '.join(e.libraries)}"
         if e.max_frequency is not None:
             line += f"  max_frequency {e.max_frequency} Hz"
+        if e.allow_no_btf:
+            line += "  allow_no_btf"
         lines.append(line)
     lim = ", ".join(f"{k}={getattr(policy.limits, k)}" for k in LIMIT_KEYS)
     lines.append(f"  limits: {lim}")

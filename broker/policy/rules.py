@@ -131,28 +131,42 @@ class Policy:
             return _upload(
                 program_name, Decision(False, why, reason=why, refusal=Refusal.BAD_SCOPE)
             )
-        candidates = self._candidates(program_name, sha)
+        candidates = self._candidates(program_name, sha, uid)
         if isinstance(candidates, Decision):
             return candidates
+        gid_set = frozenset(gids)
+        if not any(self._who(e, uid, gid_set) for e in candidates):
+            # Entries exist but none names the caller: refused exactly as if there
+            # were none (no oracle of the policy's contents); the rule says which.
+            return _upload(program_name, self._not_listed(candidates, program_name, sha, uid))
         hashed = [e for e in candidates if e.sha256 == sha]
         if not hashed:
             return self._wrong_hash(candidates, program_name, sha)
-        gid_set = frozenset(gids)
         admitted = [(e, field) for e in hashed if (field := self._who(e, uid, gid_set))]
         if not admitted:
-            return _upload(program_name, self._not_listed(hashed, uid))
+            return _upload(program_name, self._not_listed(hashed, program_name, sha, uid))
         return _upload(program_name, self._grant_scope(admitted, scope, uid))
 
-    def _candidates(self, program_name: str | None, sha: str) -> list[ProgramEntry] | Decision:
+    def _not_for_you(self, program_name: str | None, uid: int) -> str:
+        """What a caller no entry admits is told: the same whether entries for the
+        program exist or not (issue #26 item 12); the audit rule tells them apart."""
+        if program_name is None:
+            return "no [[program]] entry approves that sha256 for you"
+        return (
+            f"no [[program]] entry lets you run {show(program_name)} (you are {self._caller(uid)})"
+        )
+
+    def _candidates(
+        self, program_name: str | None, sha: str, uid: int
+    ) -> list[ProgramEntry] | Decision:
         """The entries for the program (by name, else by hash), or default deny."""
         if program_name is not None:
             candidates = [e for e in self.programs if e.name == program_name]
             if not candidates:
-                why = f"no [[program]] entry names {show(program_name)}"
                 return Decision(
                     False,
-                    f"default deny: {why}",
-                    reason=why,
+                    f"default deny: no [[program]] entry names {show(program_name)}",
+                    reason=self._not_for_you(program_name, uid),
                     ref="default deny",
                     refusal=Refusal.UNKNOWN_PROGRAM,
                 )
@@ -160,7 +174,7 @@ class Policy:
         candidates = [e for e in self.programs if e.sha256 == sha]
         if not candidates:
             rule = f"default deny: no [[program]] entry approves sha256 {sha}"
-            why = "no [[program]] entry approves that sha256"
+            why = self._not_for_you(None, uid)
             return Decision(
                 False, rule, reason=why, ref="default deny", refusal=Refusal.UNAPPROVED_HASH
             )
@@ -187,16 +201,24 @@ class Policy:
             refusal=Refusal.UNAPPROVED_HASH,
         )
 
-    def _not_listed(self, hashed: list[ProgramEntry], uid: int) -> Decision:
-        e = hashed[0]
+    def _not_listed(
+        self, entries: list[ProgramEntry], program_name: str | None, sha: str, uid: int
+    ) -> Decision:
+        e = entries[0]
         fields = f"users = {show(e.users)}, groups = {show(e.groups)}"
-        others = "".join(f", #{x.index}" for x in hashed[1:])
+        others = "".join(f", #{x.index}" for x in entries[1:])
+        hashes = (
+            ""
+            if all(x.sha256 == sha for x in entries)
+            else f"; sha256 = {show(e.sha256)}, the object's is {sha}"
+        )
         return Decision(
             False,
-            f"{e.where}{others}: {fields} do not include {self._caller(uid)} or any of its groups",
+            f"{e.where}{others}: {fields} do not include {self._caller(uid)} or any of its "
+            f"groups{hashes}",
             e,
-            reason=f"no entry for it names you or any of your groups (you are {self._caller(uid)})",
-            ref=f"{labels(hashed)}: users, groups",
+            reason=self._not_for_you(program_name, uid),
+            ref="default deny",
             refusal=Refusal.NOT_LISTED,
         )
 

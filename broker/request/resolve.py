@@ -86,8 +86,9 @@ def _by_name(
 ) -> Resolved:
     entry = next((p for p in catalog.programs if p.name == name), None)
     if entry is None:
-        # Policy first: a name nobody approved is a plain refusal.
-        if not any(e.name == name for e in policy.programs):
+        # Policy first: a name nobody approved for this caller is a plain
+        # refusal, the same whether someone else's entry names it or not.
+        if not any(e.name == name for e in policy.programs_for(caller.uid, caller.gids)):
             decide(policy, caller, name, "0" * 64, scope)
         raise BrokerError(
             pb.ERROR_NOT_FOUND,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import asm as bpfinsn
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
+from gfxbpf.broker.access import budget
 from gfxbpf.broker.review.table import extern_problem, map_type_problem, program_kind_problem
 
 # Helpers a reviewed tracing program may call, by group. Anything else is
@@ -182,13 +183,10 @@ def _map_type_name(t: int) -> str:
         return f"type {t}"
 
 
-def _map_memory(m_type: int, key: int, value: int, entries: int, ncpus: int) -> int:
-    if m_type == C.MapType.RINGBUF:
-        return entries
-    if m_type == C.MapType.PERF_EVENT_ARRAY:
-        return entries * 8
-    per_value = ((value + 7) & ~7) * ncpus if m_type in C.PERCPU_MAP_TYPES else value
-    return entries * (key + per_value)
+def _map_memory(m_type: int, key: int, value: int, entries: int, flags: int, ncpus: int) -> int:
+    """What the kernel would hold for the map: the map budget's own estimate
+    (broker/access/budget.py), so the audit and the budget use one model."""
+    return budget.map_bytes(m_type, key, value, entries, flags, ncpus)
 
 
 def audit_spec(spec: ObjectSpec, *, ncpus: int = 1) -> AuditReport:
@@ -291,7 +289,7 @@ def _audit_maps(spec: ObjectSpec, ncpus: int, report: AuditReport) -> None:
     if len(spec.maps) > MAX_MAPS:
         report.problems.append(f"{len(spec.maps)} maps, more than the limit of {MAX_MAPS}")
     for m in spec.maps.values():
-        mem = _map_memory(m.map_type, m.key_size, m.value_size, m.max_entries, ncpus)
+        mem = _map_memory(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus)
         report.maps.append(
             MapAudit(m.real_name, m.map_type, m.key_size, m.value_size, m.max_entries, mem)
         )

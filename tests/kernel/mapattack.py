@@ -8,11 +8,13 @@ Run as a test user with the venv python, next to rawclient.py; prints one JSON l
         each pin again with flags 0 (read-write) and try every write: update,
         delete of each key, batch delete; ring buffers: writable mappings of
         the producer page and the data. Reports the errno of each attempt.
-    python mapattack.py SOCKET retain N
+    python mapattack.py SOCKET retain N [PAUSE]
         attach and detach execsnoop (own ring buffer) N times, keeping every
-        map fd; stops at the first refusal. Reports how many attaches the
-        broker allowed, the refusal, and the kernel's `memlock:` of the held
-        maps (their kernel memory, from /proc/self/fdinfo).
+        map fd, PAUSE seconds apart; stops at the first refusal. Reports how
+        many attaches the broker allowed, the refusal, and the kernel's
+        `memlock:` of the held maps (their kernel memory, from /proc/self/fdinfo).
+    python mapattack.py SOCKET churn N
+        the same, closing the fds after each detach: a tight create/drop loop.
 
 obj_pin / obj_get are importable (BPF_OBJ_PIN / BPF_OBJ_GET, which gfxbpf never uses).
 """
@@ -180,7 +182,10 @@ def _memlock(fd: int) -> int:
     return 0
 
 
-def retain(sock: str, n: int) -> dict[str, Any]:
+def retain(sock: str, n: int, keep: bool = True, pause: float = 0.0) -> dict[str, Any]:
+    """keep=False: close each attachment's fds after detaching (a create/drop loop)."""
+    import time
+
     from rawclient import SCOPES, Failed, RawClient
 
     c = RawClient(sock)
@@ -200,7 +205,13 @@ def retain(sock: str, n: int) -> dict[str, Any]:
         allowed += 1
         # Detach by hand: RawClient.detach would close the fds she keeps.
         c.call(detach=pb.DetachRequest(attachment_id=a.attachment_id))
-        held.extend(c.attachments.pop(a.attachment_id)[1])
+        fds = c.attachments.pop(a.attachment_id)[1]
+        if keep:
+            held.extend(fds)
+        else:
+            for fd in fds:
+                os.close(fd)
+        time.sleep(pause)
     return {
         "allowed": allowed,
         "refusal": refusal,
@@ -214,7 +225,9 @@ def main() -> None:
     if mode == "pin":
         out = pin(sock, sys.argv[3], json.loads(sys.argv[4]))
     elif mode == "retain":
-        out = retain(sock, int(sys.argv[3]))
+        out = retain(sock, int(sys.argv[3]), pause=float(sys.argv[4]) if sys.argv[4:] else 0.0)
+    elif mode == "churn":
+        out = retain(sock, int(sys.argv[3]), keep=False)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(out), flush=True)

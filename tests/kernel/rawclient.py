@@ -52,6 +52,8 @@ class RawClient:
         self.sock.connect(path)
         self.next_id = 1
         self.attachments: dict[int, tuple[pb.AttachReply, list[int]]] = {}
+        # Detached attachments whose fds this client kept (detach keep_fds).
+        self.kept: dict[int, tuple[pb.AttachReply, list[int]]] = {}
 
     def call(self, send_fds: tuple[int, ...] = (), **body: Any) -> tuple[pb.Response, list[int]]:
         rid = self.next_id
@@ -73,15 +75,18 @@ class RawClient:
         self.attachments[resp.attach.attachment_id] = (resp.attach, fds)
         return resp.attach
 
-    def detach(self, att_id: int) -> pb.DetachReply:
+    def detach(self, att_id: int, keep_fds: bool = False) -> pb.DetachReply:
         resp, _ = self.call(detach=pb.DetachRequest(attachment_id=att_id))
-        _, fds = self.attachments.pop(att_id)
-        for fd in fds:
-            os.close(fd)
+        held = self.attachments.pop(att_id)
+        if keep_fds:
+            self.kept[att_id] = held
+        else:
+            for fd in held[1]:
+                os.close(fd)
         return resp.detach
 
     def map_fd(self, att_id: int, name: str) -> tuple[pb.MapDescription, int]:
-        reply, fds = self.attachments[att_id]
+        reply, fds = self.attachments.get(att_id) or self.kept[att_id]
         for m in reply.maps:
             if m.name == name or not name:
                 return m, fds[m.fd_index]
@@ -229,7 +234,13 @@ def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
             "nfds": len(c.attachments[a.attachment_id][1]),
         }
     if op == "detach":
-        return {"ok": True, "unloaded": c.detach(cmd["id"]).unloaded}
+        return {"ok": True, "unloaded": c.detach(cmd["id"], cmd.get("keep_fds", False)).unloaded}
+    if op == "cycles":  # n attach/detach pairs in a row, without a round trip to the test
+        unloaded = 0
+        for _ in range(cmd["n"]):
+            a = c.attach(name=cmd["name"], scope=SCOPES[cmd.get("scope", "")])
+            unloaded += c.detach(a.attachment_id).unloaded
+        return {"ok": True, "unloaded": unloaded}
     if op == "read_fd":
         return {"ok": True, "entries": c.read_fd(cmd["id"], cmd.get("map", ""))}
     if op == "read_rpc":

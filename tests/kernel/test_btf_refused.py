@@ -1,5 +1,7 @@
-"""A kernel refusal of an object's BTF is not silently dropped: the object
-loads without it, and the refusal is logged and printed by `python -m gfxbpf.bpf load`."""
+"""A kernel refusal of an object's BTF is never silently dropped: the load
+fails with the kernel's reason, unless the caller explicitly allows loading
+without BTF (allow_no_btf; the policy's `allow_no_btf`, `python -m gfxbpf.bpf
+load --allow-no-btf`); then the refusal is logged and printed."""
 
 from __future__ import annotations
 
@@ -34,12 +36,20 @@ def _refuse(*args: object, **kwargs: object) -> int:
     raise bpfsys.BpfError(errno.EINVAL, "BPF_BTF_LOAD")
 
 
-def test_refused_btf_is_kept_and_logged(
+def test_refused_btf_fails_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bpfsys, "btf_load", _refuse)
+    with pytest.raises(loader.LoadError) as e:
+        loader.load(ObjectSpec.from_file(OBJECT))
+    assert str(e.value).startswith("object 'syscount': the kernel refused the object's BTF")
+    assert "permission to load without BTF" in str(e.value)
+
+
+def test_refused_btf_is_kept_and_logged_when_allowed(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(bpfsys, "btf_load", _refuse)
     with caplog.at_level(logging.WARNING, logger="gfxbpf.bpf.loader"):
-        with loader.load(ObjectSpec.from_file(OBJECT)) as obj:
+        with loader.load(ObjectSpec.from_file(OBJECT), allow_no_btf=True) as obj:
             assert obj.btf_fd == -1 and obj.programs
             assert obj.btf_error is not None and "BPF_BTF_LOAD failed" in obj.btf_error
     (record,) = [r for r in caplog.records if r.name == "gfxbpf.bpf.loader"]
@@ -54,9 +64,22 @@ def test_accepted_btf_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     assert not [r for r in caplog.records if r.name == "gfxbpf.bpf.loader"]
 
 
-def test_cli_load_prints_the_refusal() -> None:
+def test_cli_load_fails_on_the_refusal() -> None:
     r = subprocess.run(
         [sys.executable, "-c", REFUSE_BTF, "load", OBJECT],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and not r.stdout
+    assert r.stderr.startswith("error: object 'syscount': the kernel refused the object's BTF")
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_load_prints_the_refusal_when_allowed() -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", REFUSE_BTF, "load", "--allow-no-btf", OBJECT],
         input="",
         capture_output=True,
         text=True,

@@ -5,7 +5,8 @@
    client can receive is frozen, so every write fails, on shared system-scope
    maps and per-session ones; ring buffers have no elements to write.
 2. Attach and detach again and again, keeping the fds: the kernel keeps those
-   maps; the broker's per-user map budget refuses once it is spent.
+   maps; the broker's live map budget refuses once they hold it all (issue
+   #26 item 11), and a create/drop loop meets the churn allowance.
 
 The broker runs as the unit runs it (user gfxbpf, CAP_BPF + CAP_PERFMON);
 the attacker is gfxtest-mallory running tests/kernel/mapattack.py.
@@ -82,8 +83,10 @@ def mallory(broker: BrokerProcess, *args: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- finding 1
 
 ATTACKED = [
-    {"name": "clonecount", "scope": "system"},  # shared with bob
-    {"name": "syscount", "scope": "system"},  # shared with bob
+    # System scope: shared with bob before issue #26 (Unix fds now reach only
+    # instances of her own uid); the writes must fail either way.
+    {"name": "clonecount", "scope": "system"},
+    {"name": "syscount", "scope": "system"},
     {"name": "execsnoop", "scope": "self"},  # her own ring buffer
     {"name": "ucalls", "scope": "self"},  # two per-session hash maps
     {"name": "fence", "scope": "system"},
@@ -236,26 +239,29 @@ def test_loader_refuses_to_freeze_a_ring_buffer() -> None:
 
 
 def test_retaining_map_fds_is_bounded_by_the_map_budget() -> None:
+    # A short window: only the live limit (maps the kernel still holds) can stop
+    # her; a budget of bytes per window (before issue #26 item 11) let her go on.
     policy = policy_for(
         {
             "execsnoop": {"users": [MALLORY], "scope": ["self"]},
             "syscount": {"users": [MALLORY, BOB], "scope": ["system"]},
         },
-        limits={"map_bytes_per_user": BUDGET, "map_bytes_window_seconds": 600},
+        limits={"map_bytes_per_user": BUDGET, "map_bytes_window_seconds": 1},
     )
     broker = start_broker(policy)
     bob = her = None
     try:
-        out = mallory(broker, "retain", "40")
-        assert out["refusal"] is not None, f"40 attaches allowed, {out['held_memlock']} bytes held"
-        assert 1 <= out["allowed"] < 40
+        out = mallory(broker, "retain", "12", "0.5")
+        assert out["refusal"] is not None, f"12 attaches allowed, {out['held_memlock']} bytes held"
+        assert 1 <= out["allowed"] < 12
         assert out["held_fds"] == out["allowed"]
         # What the kernel keeps for her stays within the budget.
         assert 0 < out["held_memlock"] <= BUDGET, out
         refusal = out["refusal"]
         assert refusal["code"] == "ERROR_RESOURCE_EXHAUSTED"
         assert refusal["rule"].endswith(f"[limits] map_bytes_per_user = {BUDGET}")
-        assert "Retry in" in refusal["message"] and "execsnoop" in refusal["message"]
+        assert "close the map fds you kept" in refusal["message"], refusal
+        assert "execsnoop" in refusal["message"]
         denied = [
             r
             for r in broker.audit_records()
@@ -269,15 +275,38 @@ def test_retaining_map_fds_is_bounded_by_the_map_budget() -> None:
         ]
         assert len(charged) == out["allowed"] and sum(charged) <= BUDGET
 
-        # Joining a live instance allocates nothing, so it costs nothing.
+        # Joining a live instance allocates nothing, so it costs nothing (fd
+        # clients share with their own uid only).
         bob = Client(broker, BOB)
         bob.ok("attach", name="syscount", scope="system")
-        her = Client(broker, MALLORY)
+        her = Client(broker, BOB)
         assert her.ok("attach", name="syscount", scope="system")["shared"] is True
     finally:
         for s in (bob, her):
             if s is not None:
                 s.close()
+        broker.stop()
+
+
+def test_a_tight_create_and_drop_loop_meets_the_churn_allowance() -> None:
+    """Without keeping anything alive, creating maps in a loop is still bounded."""
+    churn = 4 << 20
+    policy = policy_for(
+        {"execsnoop": {"users": [MALLORY], "scope": ["self"]}},
+        # Live room for a few instances: the kernel frees a detached one's maps
+        # a moment later (RCU), and this loop does not wait.
+        limits={"map_bytes_per_user": 4 * churn, "map_churn_bytes_per_user": churn},
+    )
+    broker = start_broker(policy)
+    try:
+        out = mallory(broker, "churn", "60")
+        assert out["refusal"] is not None, f"60 attaches allowed: {out}"
+        assert out["held_fds"] == 0 and 4 <= out["allowed"] < 60, out
+        refusal = out["refusal"]
+        assert refusal["code"] == "ERROR_RESOURCE_EXHAUSTED"
+        assert refusal["rule"].endswith(f"[limits] map_churn_bytes_per_user = {churn}")
+        assert "Retry in" in refusal["message"], refusal
+    finally:
         broker.stop()
 
 

@@ -3,8 +3,8 @@
 `systemctl reload gfxbpf` sends SIGHUP (ExecReload= in deploy/gfxbpf.service).
 The broker (user gfxbpf, CAP_BPF + CAP_PERFMON, as the unit runs it) must:
 keep serving with the old policy when the new file is broken or unreadable
-(and say so in the audit log), apply a good one to new requests, and leave
-existing attachments as they are.
+(and say so in the audit log), apply a good one to new requests, and detach
+existing attachments it no longer allows (test_revocation.py).
 """
 
 from __future__ import annotations
@@ -83,10 +83,11 @@ def test_reload_keeps_the_old_policy_on_error_and_applies_a_good_one() -> None:
                 assert r["ok"], r
             finally:
                 bob.close()
-            # alice's attachment from before the reload is still hers...
+            # alice's attachment from before the reload was revoked (issue #26)...
+            assert rec["revoked_attachments"] == [att["id"]], rec
             r = alice("stats", id=att["id"])
-            assert r["ok"] and r["programs"], r
-            # ...but a new attach on her old session is decided by the new policy.
+            assert not r["ok"] and r["code"] == "ERROR_PERMISSION_DENIED", r
+            # ...and a new attach on her old session is decided by the new policy.
             r = alice("attach", name="syscount", scope="self")
             assert not r["ok"] and r["code"] == "ERROR_PERMISSION_DENIED", r
             assert broker.alive()

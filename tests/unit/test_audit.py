@@ -13,6 +13,7 @@ import pytest
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.broker.access.budget import map_bytes
 from gfxbpf.broker.review import checks as audit
 from gfxbpf.catalog.entries import load_catalog
 
@@ -163,9 +164,12 @@ def test_size_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_per_cpu_memory_scales_with_cpus() -> None:
-    assert audit._map_memory(C.MapType.PERCPU_ARRAY, 4, 12, 10, 4) == 10 * (4 + 16 * 4)
-    assert audit._map_memory(C.MapType.HASH, 4, 8, 10, 4) == 10 * 12
-    assert audit._map_memory(C.MapType.RINGBUF, 0, 0, 1 << 20, 4) == 1 << 20
+    one = audit._map_memory(C.MapType.PERCPU_ARRAY, 4, 4096, 100, 0, 1)
+    assert audit._map_memory(C.MapType.PERCPU_ARRAY, 4, 4096, 100, 0, 4) > 3 * one
+    # The map budget's estimate: one model for the audit and the budget.
+    for shape in ((C.MapType.HASH, 4, 8, 10, 0, 4), (C.MapType.RINGBUF, 0, 0, 1 << 20, 0, 4)):
+        assert audit._map_memory(*shape) == map_bytes(*shape)
+    assert audit._map_memory(C.MapType.RINGBUF, 0, 0, 1 << 20, 0, 4) >= 1 << 20
 
 
 def test_garbage_is_a_refusal_not_a_crash() -> None:

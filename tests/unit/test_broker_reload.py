@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from gfxbpf.broker import main
 from gfxbpf.broker.access.leases import LeaseManager
 from gfxbpf.broker.access.tokens import TokenStore
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.config import parse_args
 from gfxbpf.broker.policy.rules import Policy
+from gfxbpf.broker.sessions import Caller
 from gfxbpf.catalog.entries import load_catalog
 
 CATALOG = load_catalog()
@@ -29,7 +32,9 @@ def _policy_text(users: str, limits: str = "") -> str:
 def _setup(tmp_path: Path) -> tuple[Path, SimpleNamespace, AuditLog, io.StringIO, SimpleNamespace]:
     path = tmp_path / "policy.toml"
     path.write_text(_policy_text('"root"'))
-    service = SimpleNamespace(policy=Policy.load(path), catalog=CATALOG)
+    service = SimpleNamespace(
+        policy=Policy.load(path), catalog=CATALOG, revoke_disallowed=lambda: [7]
+    )
     buf = io.StringIO()
     audit = AuditLog(buf, timer=False)
     audit.set_rate(20)
@@ -71,7 +76,8 @@ def test_a_good_policy_replaces_it_with_its_limits(tmp_path: Path) -> None:
     assert main.reload_policy(config, service, audit, grpc) is True
     rec = _last(buf)
     assert rec["op"] == "reload" and rec["result"] == "ok", rec
-    assert "applies to new requests" in rec["detail"]
+    assert "applies to every request" in rec["detail"]
+    assert rec["revoked_attachments"] == [7]  # what Service.revoke_disallowed detached
     assert any("nobody-gfxbpf-test" in w for w in rec["warnings"]), rec
     lim = service.policy.limits
     assert (lim.sessions_total, lim.hello_timeout_seconds) == (9, 4)
@@ -84,3 +90,44 @@ def test_reload_works_without_grpc(tmp_path: Path) -> None:
     path, service, audit, buf, _ = _setup(tmp_path)
     config = parse_args(["--policy", str(path)])
     assert main.reload_policy(config, service, audit, None) is True
+
+
+def test_a_reload_drops_the_tokens_of_users_it_lets_run_nothing(tmp_path: Path) -> None:
+    path, service, audit, buf, grpc = _setup(tmp_path)
+    config = parse_args(["--policy", str(path)])
+    root = Caller(uid=0, gid=0, gids=(0,), pid=1, transport="unix")
+    other = Caller(uid=54321, gid=54321, gids=(54321,), pid=2, transport="unix")
+    kept, _ = grpc.tokens.issue(root)
+    dropped, _ = grpc.tokens.issue(other)
+    grpc.leases.holder("token:x", other)
+    assert main.reload_policy(config, service, audit, grpc) is True
+    assert _last(buf)["revoked_token_uids"] == [54321]
+    assert grpc.tokens.authenticate(kept) is not None
+    assert grpc.tokens.authenticate(dropped) is None
+
+
+def test_start_says_when_the_host_lets_any_user_load_bpf(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gfxbpf.broker import features
+
+    for value, expect in ((0, "unprivileged_bpf_disabled = 0"), (None, "cannot read"), (2, None)):
+        monkeypatch.setattr(features, "unprivileged_bpf_disabled", lambda v=value: v)
+        buf = io.StringIO()
+        main._check_unprivileged_bpf(AuditLog(buf, timer=False))
+        lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+        if expect is None:
+            assert lines == []
+        else:
+            assert lines[0]["op"] == "host_check" and expect in lines[0]["detail"], lines
+
+
+def test_start_says_when_map_ids_cannot_be_listed() -> None:
+    for ids, error in ((None, "no BTF"), ({1, 2}, None)):
+        live = SimpleNamespace(ids=lambda v=ids: v, error=error)
+        service = SimpleNamespace(loader=SimpleNamespace(live_maps=live))
+        buf = io.StringIO()
+        main._check_live_maps(service, AuditLog(buf, timer=False))
+        lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+        if ids is None:
+            assert lines[0]["op"] == "host_check" and "no BTF" in lines[0]["detail"], lines
+        else:
+            assert lines == []

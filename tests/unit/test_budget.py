@@ -8,9 +8,10 @@ import pytest
 
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
 from gfxbpf.bpf.object import MapSpec
-from gfxbpf.broker.access.budget import PAGE, MapBudget, OverBudget, human, map_bytes
+from gfxbpf.broker.access.budget import PAGE, Limits, MapBudget, OverBudget, human, map_bytes
 from gfxbpf.broker.auditlog import AuditLog
-from gfxbpf.broker.policy.rules import Limits, Policy, PolicyError
+from gfxbpf.broker.policy.rules import Limits as PolicyLimits
+from gfxbpf.broker.policy.rules import Policy, PolicyError
 from gfxbpf.broker.service import BrokerError, Caller, Service
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -26,36 +27,74 @@ class Clock:
         return self.now
 
 
-def test_charges_lapse_after_the_window() -> None:
+def lim(live: int = 10**9, churn: int = 10**9, window: float = 60) -> Limits:
+    return Limits(live, churn, window)
+
+
+def test_churn_charges_lapse_after_the_window() -> None:
     clock = Clock()
     b = MapBudget(clock)
-    b.charge(1, 600, limit=1000, window=60)
+    b.charge(1, 600, lim(churn=1000))
     clock.now += 30
-    b.charge(1, 300, limit=1000, window=60)
+    b.charge(1, 300, lim(churn=1000))
     with pytest.raises(OverBudget) as ei:
-        b.charge(1, 200, limit=1000, window=60)
+        b.charge(1, 200, lim(churn=1000))
     # The first charge (600) must lapse for 200 more to fit: 30 s from now.
-    assert (ei.value.used, ei.value.need, ei.value.retry_after) == (900, 200, 30.0)
-    b.charge(2, 1000, limit=1000, window=60)  # per uid
+    e = ei.value
+    assert (e.kind, e.used, e.need, e.retry_after) == ("churn", 900, 200, 30.0)
+    b.charge(2, 1000, lim(churn=1000))  # per uid
     clock.now += 30
-    b.charge(1, 200, limit=1000, window=60)
-    assert b.used(1, window=60) == 500
+    b.charge(1, 200, lim(churn=1000))
+    assert b.used(1, window=60)[1] == 500
 
 
 def test_more_than_the_whole_limit_never_fits() -> None:
     b = MapBudget(Clock())
-    with pytest.raises(OverBudget) as ei:
-        b.charge(1, 1001, limit=1000, window=60)
-    assert ei.value.retry_after is None and ei.value.used == 0
+    for kind, limits in (("live", lim(live=1000)), ("churn", lim(churn=1000))):
+        with pytest.raises(OverBudget) as ei:
+            b.charge(1, 1001, limits)
+        assert ei.value.whole and ei.value.kind == kind and ei.value.used == 0
 
 
 def test_refund_gives_back_that_charge_only() -> None:
     b = MapBudget(Clock())
-    first = b.charge(1, 400, limit=1000, window=60)
-    b.charge(1, 400, limit=1000, window=60)
+    first = b.charge(1, 400, lim(churn=1000))
+    b.charge(1, 400, lim(churn=1000))
     b.refund(first)
     b.refund(first)  # twice is harmless
-    assert b.used(1, window=60) == 400
+    assert b.used(1, window=60) == (400, 400)
+
+
+def test_live_bytes_end_when_the_kernel_frees_the_maps_not_before() -> None:
+    clock = Clock()
+    kernel = {11, 12, 21}
+    b = MapBudget(clock, lambda: set(kernel))
+    first = b.charge(1, 600, lim(live=1000))
+    b.bind(first, {11, 12})
+    second = b.charge(1, 300, lim(live=1000))  # not loaded yet: counts as live
+    with pytest.raises(OverBudget) as ei:
+        b.charge(1, 200, lim(live=1000))
+    assert (ei.value.kind, ei.value.used, ei.value.retry_after) == ("live", 900, None)
+    clock.now += 3600  # time alone frees nothing: a client may keep fds for hours
+    with pytest.raises(OverBudget):
+        b.charge(1, 200, lim(live=1000))
+    kernel.discard(11)  # one of its maps freed: the charge still holds
+    assert b.used(1, window=60)[0] == 900
+    kernel.discard(12)  # all freed: released
+    b.bind(second, {21})
+    assert b.used(1, window=60) == (300, 0)
+    b.charge(1, 700, lim(live=1000))
+
+
+def test_without_map_ids_a_charge_is_live_for_a_window() -> None:
+    clock = Clock()
+    b = MapBudget(clock, lambda: None)  # the kernel cannot list map ids
+    c = b.charge(1, 600, lim(live=1000))
+    b.bind(c, {5})
+    with pytest.raises(OverBudget):
+        b.charge(1, 600, lim(live=1000))
+    clock.now += 60
+    b.charge(1, 600, lim(live=1000))
 
 
 def _bytes(
@@ -83,7 +122,7 @@ def test_map_bytes_follows_the_kernel_layouts() -> None:
 def test_every_catalog_program_fits_the_default_budget() -> None:
     from gfxbpf.bpf.object import ObjectSpec
 
-    limit = Limits().map_bytes_per_user
+    limit = PolicyLimits().map_bytes_per_user
     for p in load_catalog().programs:
         spec = ObjectSpec.from_file(str(p.directory / p.object))
         need = sum(
@@ -92,7 +131,7 @@ def test_every_catalog_program_fits_the_default_budget() -> None:
         )
         # Room for many instances of each, even with 256 possible CPUs. A
         # profile's stack table (16385 stacks of 32 frames, 4.5 MiB) is what it
-        # is for: room for 10 profiles per window (deploy/README.md and
+        # is for: room for 10 profiles live at once (deploy/README.md and
         # docs/PROFILE-OUTPUT.md say so).
         stacks = any(spec.maps[v.name].map_type == MapType.STACK_TRACE for v in p.visible_maps)
         assert need * (10 if stacks else 16) <= limit, (p.name, human(need))
@@ -130,8 +169,11 @@ def _ring() -> list[MapSpec]:
 ALICE = Caller(uid=1001, gid=1001, gids=(1001,), pid=42, transport="unix")
 
 
-def test_broker_refuses_past_the_budget_and_says_when_it_frees() -> None:
-    s, clock = _service("[limits]\nmap_bytes_per_user = 600000\nmap_bytes_window_seconds = 60\n")
+def test_broker_refuses_past_the_churn_allowance_and_says_when_it_frees() -> None:
+    s, clock = _service(
+        "[limits]\nmap_churn_bytes_per_user = 600000\nmap_bytes_window_seconds = 60\n"
+    )
+    s.loader.live_maps.ids = lambda: set()  # type: ignore[method-assign]
     entry = load_catalog().get("execsnoop")
     s.loader.charge_maps(ALICE, entry, _ring())
     clock.now += 20
@@ -141,8 +183,8 @@ def test_broker_refuses_past_the_budget_and_says_when_it_frees() -> None:
     e = ei.value
     assert e.code == pb.ERROR_RESOURCE_EXHAUSTED and e.result == "denied"
     # The caller is told the limit; the audit line also names the policy file.
-    assert e.rule == "[limits] map_bytes_per_user = 600000"
-    assert e.audit_rule == "/etc/gfxbpf/policy.toml [limits] map_bytes_per_user = 600000"
+    assert e.rule == "[limits] map_churn_bytes_per_user = 600000"
+    assert e.audit_rule == "/etc/gfxbpf/policy.toml [limits] map_churn_bytes_per_user = 600000"
     assert "uid 1001 had the broker create 552 KiB of BPF maps in the last 60 s" in e.message
     assert "'execsnoop' needs 276 KiB more" in e.message
     assert "Retry in 40 s" in e.message
@@ -150,12 +192,29 @@ def test_broker_refuses_past_the_budget_and_says_when_it_frees() -> None:
     s.loader.charge_maps(ALICE, entry, _ring())  # the first charge lapsed
 
 
+def test_broker_refuses_past_the_live_limit_and_says_what_to_close() -> None:
+    s, clock = _service("[limits]\nmap_bytes_per_user = 600000\n")
+    entry = load_catalog().get("execsnoop")
+    s.loader.live_maps.ids = lambda: {7}  # type: ignore[method-assign]
+    for _ in range(2):
+        c = s.loader.charge_maps(ALICE, entry, _ring())
+        s.loader.map_budget.bind(c, {7})
+    clock.now += 3600
+    with pytest.raises(BrokerError) as ei:
+        s.loader.charge_maps(ALICE, entry, _ring())
+    assert ei.value.rule == "[limits] map_bytes_per_user = 600000"
+    assert "already holds 552 KiB of BPF maps alive" in ei.value.message
+    assert "close the map fds you kept" in ei.value.message
+    s.loader.live_maps.ids = lambda: set()  # type: ignore[method-assign]
+    s.loader.charge_maps(ALICE, entry, _ring())  # the kernel freed them
+
+
 def test_one_instance_larger_than_the_budget_says_so() -> None:
     s, _ = _service("[limits]\nmap_bytes_per_user = 100000\n")
     with pytest.raises(BrokerError) as ei:
         s.loader.charge_maps(ALICE, load_catalog().get("execsnoop"), _ring())
     assert ei.value.code == pb.ERROR_RESOURCE_EXHAUSTED
-    assert "needs 276 KiB of BPF maps, more than the policy lets one user create in 600 s" in (
+    assert "needs 276 KiB of BPF maps, more than the policy lets one user hold" in (
         ei.value.message
     )
     assert "raise map_bytes_per_user" in ei.value.message

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from gfxbpf.broker.errors import DENIAL_CODES
 from gfxbpf.broker.policy import report as policy_report
 from gfxbpf.broker.policy.rules import (
     Limits,
@@ -102,6 +103,27 @@ def test_limits_defaults_and_overrides(policy):
 def test_scope_defaults_to_self():
     p = Policy.parse(f'[[program]]\nname = "x"\nsha256 = "{SHA_A}"\nusers = ["*"]\n')
     assert p.programs[0].scopes == ("self",)
+
+
+def test_allow_no_btf_is_off_unless_set_to_true():
+    base = f'[[program]]\nname = "x"\nsha256 = "{SHA_A}"\nusers = ["*"]\n'
+    assert Policy.parse(base).programs[0].allow_no_btf is False
+    assert Policy.parse(base + "allow_no_btf = true\n").programs[0].allow_no_btf is True
+    errs = _errors(base + 'allow_no_btf = "yes"\n')
+    assert errs == [
+        "/etc/gfxbpf/policy.toml: [[program]] #1 \"x\": field 'allow_no_btf': "
+        "expected true or false, got string"
+    ]
+
+
+def test_admin_approve_writes_allow_no_btf(capsys):
+    from gfxbpf.broker import admin
+
+    argv = ["approve", "syscount", "--users", "alice", "--allow-no-btf"]
+    assert admin.main(argv) == 0
+    assert Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].allow_no_btf
+    assert admin.main(argv[:-1]) == 0
+    assert not Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].allow_no_btf
 
 
 def test_empty_policy_denies_everything():
@@ -564,7 +586,7 @@ def test_policy_file_in_deploy_example_if_present():
     ("uid", "gids", "name", "sha", "scope", "ref"),
     [
         (1001, [], "foo", SHA_A, "self", "default deny"),
-        (1003, [1003], "syscount", SHA_A, "self", '[[program]] #1, #2 "syscount": users, groups'),
+        (1003, [1003], "syscount", SHA_A, "self", "default deny"),
         (1002, [], "ucalls", SHA_A, "self", '[[program]] #4 "ucalls": sha256'),
         (1001, [], "syscount", SHA_A, "system", '[[program]] #1 "syscount": scope'),
         (1001, [], None, "d" * 64, "self", "default deny"),
@@ -594,3 +616,21 @@ def test_library_named_is_lexical(tmp_path):
     assert not p.library_named(e, f"{lib}/../lib/x.so")  # not plain
     assert not p.library_named(e, f"{lib}/./x.so")
     assert not p.library_named(e, "x.so")
+
+
+def test_an_entry_that_names_someone_else_is_refused_like_no_entry(policy):
+    """No oracle of the policy (issue #26 item 12): what a caller no entry admits is
+    told is the same whether entries for the program exist or not; the audit rule
+    tells them apart."""
+    exists = policy.decide(1003, [1003], "syscount", SHA_A, "self")
+    absent = policy.decide(1003, [1003], "nosuchprogram", SHA_A, "self")
+    wrong_hash = policy.decide(1003, [1003], "syscount", "d" * 64, "self")
+    for d in (exists, absent, wrong_hash):
+        assert not d.allowed and d.ref == "default deny"
+        assert DENIAL_CODES[d.refusal] == DENIAL_CODES[absent.refusal]
+    assert exists.reason == wrong_hash.reason == absent.reason.replace("nosuchprogram", "syscount")
+    assert "users = " in exists.rule and "names" in absent.rule  # the audit keeps the detail
+    upload_approved = policy.decide(1003, [1003], None, SHA_A, "self")
+    upload_unknown = policy.decide(1003, [1003], None, "d" * 64, "self")
+    assert upload_approved.reason == upload_unknown.reason
+    assert upload_approved.refusal == upload_unknown.refusal

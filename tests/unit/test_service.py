@@ -53,13 +53,13 @@ def catalog_bytes(name: str) -> bytes:
     return (e.directory / e.object).read_bytes()
 
 
-def make_policy(extra: str = "", limits: str = "") -> Policy:
+def make_policy(extra: str = "", limits: str = "", users: str = '["alice", "bob"]') -> Policy:
     root = os.getuid()
     text = f"""
 [[program]]
 name = "syscount"
 sha256 = "{sha("syscount")}"
-users = ["alice", "bob"]
+users = {users}
 scope = ["self", "system"]
 
 [[program]]
@@ -280,8 +280,11 @@ def test_denied_attach_carries_the_rule(service: Service, log: io.StringIO) -> N
     assert e.code == pb.ERROR_PERMISSION_DENIED
     # The caller gets a reference to quote and what they lack: not the
     # policy's path, not the principals the entry names.
-    assert e.rule == '[[program]] #1 "syscount": users, groups'
-    assert "names you or any of your groups (you are uid 1003 (mallory))" in e.message
+    # Told as if no entry named the program (no oracle of the policy).
+    assert e.rule == "default deny"
+    assert 'no [[program]] entry lets you run "syscount" (you are uid 1003 (mallory))' in (
+        e.message
+    )
     for hidden in ("/etc/gfxbpf", "alice", "bob", "users ="):
         assert hidden not in e.message + e.rule
     assert e.to_pb().rule == e.rule
@@ -477,13 +480,14 @@ def test_ucalls_over_unix_needs_the_library_fd(service: Service) -> None:
 
 
 def test_system_scope_is_shared_and_refcounted(service: Service) -> None:
-    a, b = caller(ALICE), caller(BOB)
+    # Over gRPC (no fds) users share a system-scope instance.
+    a, b = caller(ALICE, "grpc"), caller(BOB, "grpc")
     oa, ob = service.open_owner(a), service.open_owner(b)
     ra, fa = service.attach(a, oa, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
     rb, fb = service.attach(b, ob, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
     assert not ra.shared and rb.shared
     assert [p.prog_id for p in ra.programs] == [p.prog_id for p in rb.programs]
-    assert fa == fb  # the same kernel maps
+    assert fa == fb == []  # the broker reads for them
     assert all(p.fd_index == -1 for p in ra.programs)
     assert service.live_instances == 1
     assert service.detach(a, oa, pb.DetachRequest(attachment_id=ra.attachment_id)).unloaded is False
@@ -491,6 +495,47 @@ def test_system_scope_is_shared_and_refcounted(service: Service) -> None:
     assert not shared.closed
     assert service.detach(b, ob, pb.DetachRequest(attachment_id=rb.attachment_id)).unloaded is True
     assert shared.closed and service.live_instances == 0
+
+
+def test_fd_clients_share_system_instances_with_their_own_uid_only(service: Service) -> None:
+    a, b = caller(ALICE), caller(BOB)
+    oa, oa2, ob = service.open_owner(a), service.open_owner(a), service.open_owner(b)
+    req = pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM)
+    ra, fa = service.attach(a, oa, req)
+    ra2, fa2 = service.attach(a, oa2, req)
+    rb, fb = service.attach(b, ob, req)
+    assert ra2.shared and len(fa2) == len(fa) == 1  # alice's two sessions: one instance
+    assert not rb.shared and len(fb) == 1  # bob's fds reach his own instance only
+    assert service.live_instances == 2
+    assert {s.key.uid for s in service.created} == {ALICE, BOB}  # type: ignore[attr-defined]
+
+
+def test_reload_detaches_what_the_new_policy_refuses(service: Service, log: io.StringIO) -> None:
+    a, b = caller(ALICE), caller(BOB, "grpc")
+    oa, ob = service.open_owner(a), service.open_owner(b)
+    ra, _ = service.attach(a, oa, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
+    rb, _ = service.attach(b, ob, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
+    bob_instance = service.created[1]  # type: ignore[attr-defined]
+    service.policy = make_policy(users='["alice"]')
+    assert service.revoke_disallowed() == [rb.attachment_id]
+    assert bob_instance.closed and service.live_instances == 1
+    with pytest.raises(BrokerError) as e:
+        service.read_map(b, ob, pb.ReadMapRequest(attachment_id=rb.attachment_id))
+    assert e.value.code == pb.ERROR_PERMISSION_DENIED and "no longer allows" in e.value.message
+    service.stats(a, oa, pb.StatsRequest(attachment_id=ra.attachment_id))  # alice keeps hers
+    revoked = [r for r in records(log) if r["op"] == "revoke"]
+    assert [(r["uid"], r["attachment_id"]) for r in revoked] == [(BOB, rb.attachment_id)]
+
+
+def test_a_call_after_a_reload_decides_again_before_reading(service: Service) -> None:
+    b = caller(BOB, "grpc")
+    ob = service.open_owner(b)
+    rb, _ = service.attach(b, ob, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
+    service.policy = make_policy(users='["alice"]')  # swapped, not yet revoked
+    with pytest.raises(BrokerError) as e:
+        service.read_map(b, ob, pb.ReadMapRequest(attachment_id=rb.attachment_id))
+    assert e.value.code == pb.ERROR_PERMISSION_DENIED and "no longer allows" in e.value.message
+    assert service.live_instances == 0 and service.revoke_disallowed() == []
 
 
 def test_self_scope_shares_per_user_and_rings_never(service: Service) -> None:

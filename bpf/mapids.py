@@ -1,0 +1,85 @@
+"""Which BPF maps the kernel still holds, by id.
+
+A map lives while anything references it: a program, a pin, or an fd some
+process kept. Listing map ids (BPF_MAP_GET_NEXT_ID) needs CAP_SYS_ADMIN, so
+this runs a map iterator instead (bpf/internal/mapids.bpf.c, iter/bpf_map),
+which CAP_BPF + CAP_PERFMON may load: one u32 id per live map per run.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from importlib import resources
+from pathlib import Path
+
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.link.attach import LinkAttachment
+from gfxbpf.bpf.link.kinds import attach_iter, read_iter
+from gfxbpf.bpf.loader import LoadedObject, load
+from gfxbpf.bpf.object import ObjectSpec
+
+OBJECT = "mapids.bpf.o"
+PROGRAM = "map_ids"
+
+
+def object_path() -> Path:
+    return Path(str(resources.files("gfxbpf.bpf.internal") / OBJECT))
+
+
+def map_id(fd: int) -> int:
+    """The kernel's id of the map behind fd."""
+    return bpfsys.map_info(fd).id
+
+
+class LiveMaps:
+    """ids() runs the iterator (loaded on first use); thread-safe.
+
+    If the kernel cannot run it (no BTF, no bpf_iter, no capability),
+    ids() returns None and keeps doing so: the caller decides what an
+    unknown answer means. error says why.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._obj: LoadedObject | None = None
+        self._link: LinkAttachment | None = None
+        self.error: str | None = None
+
+    def _open(self) -> LinkAttachment | None:
+        if self._link is not None or self.error is not None:
+            return self._link
+        try:
+            spec = ObjectSpec.from_file(str(self._path or object_path()))
+            self._obj = load(spec)
+            self._link = attach_iter(self._obj.programs[PROGRAM].fd, "iter/bpf_map")
+        except Exception as e:  # any failure: say why, answer None from now on
+            self.error = f"{type(e).__name__}: {e}"
+            self.close()
+        return self._link
+
+    def ids(self) -> set[int] | None:
+        """The ids of every map the kernel holds now, or None when unknown."""
+        with self._lock:
+            link = self._open()
+            if link is None:
+                return None
+            try:
+                raw = read_iter(link)
+            except OSError as e:
+                self.error = f"reading the map iterator: {e}"
+                return None
+        n = len(raw) // 4
+        return set(struct.unpack(f"<{n}I", raw[: n * 4]))
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        if self._obj is not None:
+            self._obj.close()
+            self._obj = None
+
+
+__all__ = ["OBJECT", "LiveMaps", "map_id", "object_path"]

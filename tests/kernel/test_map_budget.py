@@ -1,0 +1,96 @@
+"""The map budget rations churn and what is live, not everyday work
+(issue #24 item 4, issue #26 item 11).
+
+- LiveMaps (bpf/mapids.py), as the broker user with CAP_BPF + CAP_PERFMON
+  only, sees a map while an fd holds it and not once the last fd closed:
+  that is how a charge ends when the kernel frees its maps.
+- 20 back-to-back 2-second `gfxclient profile` runs by one ordinary user,
+  under the default limits, are all admitted (each profile's maps are
+  ~6.3 MiB: the old 64 MiB per 600 s refused the tenth or so).
+
+The attacks (a user keeping fds of detached maps meets the live limit; a
+tight create/drop loop meets the churn allowance) are in test_map_attacks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+
+from tests.kernel.brokerenv import (
+    BOB,
+    VENV_PYTHON,
+    BrokerProcess,
+    ensure_user,
+    policy_for,
+    run_as,
+    shared_dir,
+    unit_exec_argv,
+)
+
+LIVE_MAPS = textwrap.dedent(
+    """
+    import json, os
+    from gfxbpf.bpf import syscall as bpfsys
+    from gfxbpf.bpf.mapids import LiveMaps, map_id
+    live = LiveMaps()
+    fd = bpfsys.map_create(2, 4, 8, 4, 0)
+    mid = map_id(fd)
+    held = live.ids()
+    os.close(fd)
+    gone = None
+    for _ in range(200):  # the kernel frees a map from a work queue
+        ids = live.ids()
+        if ids is not None and mid not in ids:
+            gone = True
+            break
+        os.sched_yield()
+    print(json.dumps({"error": live.error, "held": held is not None and mid in held,
+                      "gone": gone}))
+    """
+)
+
+
+def test_live_maps_sees_a_map_until_its_last_fd_closes() -> None:
+    d = shared_dir(None, prefix="gfxbpf-livemaps-")
+    try:
+        script = d / "live_maps.py"
+        script.write_text(LIVE_MAPS)
+        script.chmod(0o644)
+        # As the unit runs the broker: user gfxbpf, CAP_BPF + CAP_PERFMON only.
+        argv = unit_exec_argv(f"{VENV_PYTHON} {script}")
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+        assert r.returncode == 0, r.stderr
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["error"] is None, out
+    assert out["held"] is True and out["gone"] is True, out
+
+
+SPIN = "import time\ne = time.time() + 2\nwhile time.time() < e: pass\n"
+
+
+def test_twenty_back_to_back_profiles_are_admitted_under_the_default_limits() -> None:
+    policy = policy_for({"profile": {"users": [BOB], "scope": "self"}})  # default [limits]
+    with BrokerProcess.start(policy, grpc=False) as broker:
+        out = broker.directory / "bob"
+        out.mkdir()
+        os.chown(out, *ensure_user(BOB))
+        results = []
+        for i in range(20):
+            argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+            argv += ["profile", "--format", "folded", "-o", str(out / f"{i}.folded"), "--"]
+            r = run_as(BOB, [*argv, "/usr/bin/python3", "-c", SPIN], timeout=120)
+            results.append((i, r.returncode, r.stderr.strip()[-300:]))
+            assert r.returncode == 0, results
+        charged = [
+            x["map_bytes"]
+            for x in broker.audit_records()
+            if x["op"] == "attach" and x["result"] == "ok" and x["program"] == "profile"
+        ]
+        assert len(charged) == 20 and sum(charged) > 64 << 20, charged  # past the old budget
+        assert not [x for x in broker.audit_records() if x["result"] == "denied"]
