@@ -64,6 +64,7 @@ from gfxbpf.broker.grpc.errors import (
 )
 from gfxbpf.broker.grpc.methods import METHODS
 from gfxbpf.broker.grpc.servicer import BrokerServicer, Gate
+from gfxbpf.broker.threadnames import name_this_thread
 
 log = logging.getLogger("gfxbpf.broker.grpc")
 
@@ -275,6 +276,13 @@ async def _listen(
     return server, port
 
 
+def _pool(size: int, name: str) -> futures.ThreadPoolExecutor:
+    """A pool whose threads carry name in /proc (broker/threadnames.py)."""
+    return futures.ThreadPoolExecutor(
+        max_workers=size, thread_name_prefix=name, initializer=name_this_thread, initargs=(name,)
+    )
+
+
 def _servicer(
     service: Any, tokens: TokenStore, tls: bool, max_workers: int, reap_interval: float
 ) -> BrokerServicer:
@@ -291,10 +299,8 @@ def _servicer(
         tokens,
         leases,
         tls=tls,
-        pool=futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gfxbpf-grpc"),
-        streams=futures.ThreadPoolExecutor(
-            max_workers=4 * max_workers, thread_name_prefix="gfxbpf-grpc-stream"
-        ),
+        pool=_pool(max_workers, "gfxbpf-grpc"),
+        streams=_pool(4 * max_workers, "gfxbpf-grpcstrm"),
     )
 
 

@@ -22,6 +22,10 @@ class RawStack:
     comm: str = ""  # process name if known (root frame)
     user_error: str | None = None  # why there is no user stack ("lost": bpf_get_stackid failed)
     leaf: str | None = None  # extra innermost frame, e.g. "cuLaunchKernel" for stacks at a probe
+    # Unwound from a stack copy (client/profiles/unwind) and stopped early: the
+    # Stop value ("no-cfi", "truncated", ...); the symbolizer ends the stack
+    # with one marker frame saying why. None: complete, or a kernel-walked stack.
+    unwind_stop: str | None = None
 
 
 @dataclass

@@ -7,12 +7,9 @@ root. A complete stack reaches a thread's entry (_start, start_thread, ...);
 one that does not is counted, by the object its outermost frame lies in, and
 the user is told what to do.
 
-Where .eh_frame unwinding goes later: the broker would copy the top of each
-sampled user stack (bpf_get_stack of registers + stack bytes) and the
-symbolizer would unwind it with each object's .eh_frame (parsed once and cached
-next to the symbol tables in symtab.py, keyed the same way) before
-Symbolizer._frames names the addresses; a stack unwound that way would reach a
-thread root and no longer be reported here.
+Stacks unwound from a stack copy (client/profiles/unwind) that stop early
+are counted by their reason instead (StackCheck.stops): they end in a marker
+frame, and frame pointers are not what they lack.
 """
 
 from __future__ import annotations
@@ -20,6 +17,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+
+from gfxbpf.client.profiles.unwind.result import StopCounts
 
 __all__ = ["MAX_DEPTH", "THREAD_ROOTS", "Kind", "StackCheck", "classify"]
 
@@ -72,6 +71,9 @@ class StackCheck:
     too_deep: int = 0  # weight of stacks that hit the depth limit
     max_depth: int = MAX_DEPTH  # frames the stack table keeps
     unmapped: int = 0  # weight of stacks of processes with no maps snapshot
+    # Stacks unwound from a stack copy (client/profiles/unwind) that stopped
+    # early, by reason: they carry a marker frame, not the frame-pointer advice.
+    stops: StopCounts = field(default_factory=StopCounts)
 
     def add(self, frames_root_first: list[tuple[str, str | None]], weight: int) -> None:
         """One user stack: (name, file it lies in) per frame, root first."""
@@ -91,11 +93,17 @@ class StackCheck:
     def add_lost(self, reason: str, weight: int) -> None:
         self.lost[reason] += weight
 
+    def add_stopped(self, kind: Kind, stop: str, weight: int) -> None:
+        """An unwound stack that ended early for reason stop (a Stop value)."""
+        self.objects |= kind[2]
+        self.stops.add(stop, weight)
+
     def notes(self) -> list[str]:
         out = []
         cut = sum(self.cut.values())
         lost = sum(self.lost.values())
-        total = self.complete + cut + lost + self.too_deep + self.unmapped
+        stopped = sum(self.stops.stopped.values())
+        total = self.complete + cut + lost + self.too_deep + self.unmapped + stopped
         if total and self.unmapped:
             out.append(
                 f"{self.unmapped * 100 / total:.1f}% of the weight is from processes whose "
@@ -108,6 +116,8 @@ class StackCheck:
                 "callers are missing (deep stacks that share their innermost "
                 f"{self.max_depth} frames are merged)"
             )
+        if total and stopped / total >= _NOTE_SHARE:
+            out += self.stops.notes(total=total, min_share=_NOTE_SHARE)
         if total and cut / total >= _NOTE_SHARE:
             where = ", ".join(
                 f"{os.path.basename(obj)} ({w * 100 / cut:.0f}%)"

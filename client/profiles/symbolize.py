@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gfxbpf.client.profiles import symtab
 from gfxbpf.client.profiles.demangle import demangle
@@ -26,7 +26,11 @@ from gfxbpf.client.profiles.model import (
 )
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.stackcheck import MAX_DEPTH, Kind, StackCheck, classify
+from gfxbpf.client.profiles.unwind.result import marker_frame
 from gfxbpf.client.profiles.vdso import own_vdso_table
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profiles.unwind.tables import UnwindTables
 
 __all__ = ["Symbolizer"]
 
@@ -35,9 +39,19 @@ _Frame = tuple[str, str | None]
 
 
 class Symbolizer:
-    def __init__(self, cache_dir: str | None = None, *, debug_root: str = DEBUG_ROOT) -> None:
+    def __init__(
+        self,
+        cache_dir: str | None = None,
+        *,
+        debug_root: str = DEBUG_ROOT,
+        unwind_tables: UnwindTables | None = None,
+    ) -> None:
         self.cache_dir = cache_dir or symtab.default_cache_dir()
+        self._own_cache = cache_dir is not None  # a caller's folder: unwind tables go in it too
         self.debug_root = debug_root
+        # The unwinder's tables (shared with it when given): their FDE ranges
+        # group a stripped file's addresses by function. Made on first need.
+        self._unwind_tables = unwind_tables
         self._procs: dict[int, ProcessMaps] = {}
         # (dev, inode, size, mtime) of a file -> its table (None: not usable)
         self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
@@ -112,8 +126,12 @@ class Symbolizer:
             check.add_lost(r.user_error, r.weight)
         elif r.user:
             kind, user_names = self._user(r.pid, maps, r.user, r.leaf is None)
-            if maps is not None:  # else counted as unmapped, not as a cut stack
+            if maps is not None and r.unwind_stop is not None:
+                check.add_stopped(kind, r.unwind_stop, r.weight)
+            elif maps is not None:  # else counted as unmapped, not as a cut stack
                 check.add_kind(kind, r.weight)
+            if r.unwind_stop is not None:  # one frame at the root end says why it stops
+                names += (marker_frame(r.unwind_stop),)
             names += user_names
         if r.leaf and names[-1] != _clean(r.leaf):
             names += (_clean(r.leaf),)
@@ -167,7 +185,19 @@ class Symbolizer:
                 name = table.lookup(vaddr)
                 if name is not None:
                     return name, m.file_path
+        if m.executable:  # no symbol: the FDE's function start, as perf does for stripped code
+            found = self._fde_tables().function_at(maps, addr)
+            if found is not None:
+                off = found[1]
         return f"[{os.path.basename(m.file_path)}+{off:#x}]", m.file_path
+
+    def _fde_tables(self) -> UnwindTables:
+        if self._unwind_tables is None:
+            from gfxbpf.client.profiles.unwind.tables import UnwindTables
+
+            folder = os.path.join(self.cache_dir, "unwind") if self._own_cache else None
+            self._unwind_tables = UnwindTables(folder, debug_root=self.debug_root)
+        return self._unwind_tables
 
     def _vdso_name(self, offset: int) -> str:
         if self._vdso is False:

@@ -15,13 +15,13 @@ from elftools.elf.sections import SymbolTableSection
 from gfxbpf.client.profiles.procmaps import parse_maps
 from gfxbpf.client.profiles.symtab import SymbolTable
 
-__all__ = ["own_vdso_table"]
+__all__ = ["own_vdso_image", "own_vdso_table"]
 
 _FUNC_TYPES = ("STT_FUNC", "STT_LOOS")
 
 
-def own_vdso_table() -> SymbolTable | None:
-    """This process's vDSO as a table keyed by offset into the mapping, or None."""
+def own_vdso_image() -> bytes | None:
+    """The bytes of this process's vDSO (an ELF image), or None."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:
             vdso = next((m for m in parse_maps(f.read()) if m.path == "[vdso]"), None)
@@ -29,9 +29,19 @@ def own_vdso_table() -> SymbolTable | None:
             return None
         with open("/proc/self/mem", "rb", buffering=0) as mem:
             mem.seek(vdso.start)
-            image = mem.read(vdso.end - vdso.start)
+            return mem.read(vdso.end - vdso.start)
+    except OSError:
+        return None
+
+
+def own_vdso_table() -> SymbolTable | None:
+    """This process's vDSO as a table keyed by offset into the mapping, or None."""
+    image = own_vdso_image()
+    if image is None:
+        return None
+    try:
         return _table(image)
-    except Exception:  # no vDSO, an unreadable one, or pyelftools on odd input
+    except Exception:  # pyelftools on odd input
         return None
 
 

@@ -32,6 +32,7 @@ def test_raw_stack_has_no_field_for_kernel_addresses() -> None:
         "comm": "str",
         "user_error": "str | None",
         "leaf": "str | None",
+        "unwind_stop": "str | None",  # a reason (unwind.Stop), never an address
     }
 
 

@@ -1,0 +1,134 @@
+"""What an unwind takes and gives: the sampled registers, the frames found,
+and why the walk stopped early (if it did), with the marker frame and the
+summary lines a profile shows for each reason.
+
+Kept free of ELF and parsing code so the BPF side's reader (profile_read.py)
+and the writers can import it without paying for the table builder.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MAX_FRAMES",
+    "STACK_COPY_BYTES",
+    "Stop",
+    "StopCounts",
+    "UnwindResult",
+    "UserRegs",
+    "marker_frame",
+]
+
+# Frames one unwind returns at most (the kernel's perf_event_max_stack default).
+MAX_FRAMES = 127
+# The stack copy perf --call-graph dwarf takes by default; the BPF program's cap.
+STACK_COPY_BYTES = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class UserRegs:
+    """The user registers at the sample (or at a probe's function entry):
+    instruction pointer, stack pointer (where the stack copy starts) and rbp."""
+
+    ip: int
+    sp: int
+    bp: int
+
+
+class Stop(enum.StrEnum):
+    """Why an unwind ended before the thread's first frame (a stack that reaches
+    it, e.g. _start or clone3 whose CFI marks the return address undefined, has
+    no reason: UnwindResult.stop is None)."""
+
+    NO_CFI = (
+        "no-cfi"  # code of a file with no CFI for that pc; frame pointers gave nothing plausible
+    )
+    JIT = "jit"  # anonymous executable memory (a JIT): no CFI to follow
+    NOT_CODE = "not-code"  # a return address outside every executable mapping (a broken chain)
+    NO_FILE = "no-file"  # the mapped file could not be read (gone, replaced, not the caller's)
+    TRUNCATED = "truncated"  # the next frame lies beyond the copied stack bytes
+    BAD_CFA = (
+        "bad-cfa"  # the frame address does not move up the stack, or its rule is not one we follow
+    )
+    DEPTH = "depth"  # MAX_FRAMES (or the caller's max_frames) reached
+
+
+# One marker frame per reason, the outermost frame of a stack that stopped early.
+_MARKERS = {
+    Stop.NO_CFI: "[unwind stopped: no CFI]",
+    Stop.JIT: "[unwind stopped: JIT code]",
+    Stop.NOT_CODE: "[unwind stopped: not code]",
+    Stop.NO_FILE: "[unwind stopped: file unreadable]",
+    Stop.TRUNCATED: "[unwind stopped: stack copy too short]",
+    Stop.BAD_CFA: "[unwind stopped: bad frame]",
+    Stop.DEPTH: "[unwind stopped: too deep]",
+}
+# What the profile's notes say about each reason.
+_EXPLAIN = {
+    Stop.NO_CFI: "code without call-frame information nor a valid frame pointer",
+    Stop.JIT: "JIT-compiled code (anonymous memory has no unwind tables)",
+    Stop.NOT_CODE: "a return address that is not in any executable mapping",
+    Stop.NO_FILE: "a mapped file that could not be read or was replaced",
+    Stop.TRUNCATED: "a stack deeper than the copied stack bytes",
+    Stop.BAD_CFA: "a frame whose call-frame rule could not be followed",
+    Stop.DEPTH: "the frame limit",
+}
+
+
+def marker_frame(stop: Stop | str) -> str:
+    """The frame name that ends (outermost) a stack unwound only partly;
+    square brackets, like every frame the symbolizer makes up."""
+    return _MARKERS[Stop(stop)]
+
+
+@dataclass(frozen=True, slots=True)
+class UnwindResult:
+    """frames: the pcs, innermost first; frames[0] is the sampled ip and the
+    others are return addresses (name them at pc - 1, as the symbolizer does).
+    Every pc lies in an executable mapping. stop: None if the walk reached the
+    thread's first frame, else why it ended."""
+
+    frames: tuple[int, ...]
+    stop: Stop | None
+
+    @property
+    def complete(self) -> bool:
+        return self.stop is None
+
+
+@dataclass
+class StopCounts:
+    """Stacks (by weight) per stop reason, for the profile summary."""
+
+    complete: int = 0
+    stopped: Counter[Stop] = field(default_factory=Counter)
+
+    def add(self, stop: Stop | str | None, weight: int = 1) -> None:
+        if stop is None:
+            self.complete += weight
+        else:
+            self.stopped[Stop(stop)] += weight
+
+    def update(self, results: Iterable[tuple[UnwindResult, int]]) -> None:
+        for r, weight in results:
+            self.add(r.stop, weight)
+
+    def total(self) -> int:
+        return self.complete + sum(self.stopped.values())
+
+    def notes(self, total: int | None = None, min_share: float = 0.01) -> list[str]:
+        """One line per reason holding at least min_share of the weight (of
+        total if given: the profile's whole user-stack weight)."""
+        total = total if total is not None else self.total()
+        out = []
+        for stop, w in self.stopped.most_common():
+            if total and w / total >= min_share:
+                out.append(
+                    f"{w * 100 / total:.1f}% of the user stacks stop early at {_EXPLAIN[stop]}: "
+                    f"they end in a {marker_frame(stop)} frame"
+                )
+        return out
