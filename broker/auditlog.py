@@ -10,18 +10,27 @@ str() raises, lone surrogates, huge strings) are coerced or truncated, and a
 failing stream is ignored.
 
 Rate limit (AuditLog.set_rate, from the policy's [limits]
-audit_lines_per_second): a user must not be able to flood the log. Records
-are keyed by uid when they carry one, else by transport (every
-unauthenticated gRPC caller is one key, "transport grpc"); each key has a
-token bucket of `rate` lines per second holding at most `rate` lines (one
-second of burst). A record over the budget is not written but counted, by
-op and result; SUMMARY_SECONDS after the first line it suppressed, a timer
-writes one summary line for the key (op "audit_suppressed", with the
-counts), even if the flood has stopped. flush_suppressed() writes every
-pending summary at once (the broker calls it before its "stop" record).
-Records with neither uid nor transport (the broker's own: accept errors) and
-the administrative ops in NEVER_SUPPRESSED (start, listen, reload, stop) are
-always written.
+audit_lines_per_second): a user must not be able to flood the log, nor hide
+their own security-relevant lines behind a flood (issue #26).
+- Never suppressed: the administrative ops in NEVER_SUPPRESSED (start,
+  listen, reload, stop) and what ALWAYS_WRITTEN names: a successful attach,
+  detach or token issue (each bounded by the broker's other limits).
+- Everything else is limited as repeats: its key is (who, op, result,
+  program) and each key has a token bucket of `rate` lines per second
+  holding at most `rate` (one second of burst). So a flood of junk detaches
+  spends only the budget of "that user's failed detaches", and a policy
+  denial of an attach is only ever suppressed by identical denials (same
+  user, same program) over the rate. "who" is the uid when the record has
+  one; else the peer of an unauthenticated gRPC caller (each peer its own
+  key); else the transport; else the broker itself (accept errors). A
+  program name that is neither in the catalog nor in the policy counts as
+  "(other)" in the key (set_programs), so a client cannot make keys without
+  end by inventing names.
+A record over its budget is not written but counted; SUMMARY_SECONDS after
+the first line a key suppressed, a timer writes one summary line for the
+key (op "audit_suppressed", with the key's who, program and counts), even
+if the flood has stopped. flush_suppressed() writes every pending summary
+at once (the broker calls it before its "stop" record).
 """
 
 from __future__ import annotations
@@ -42,6 +51,10 @@ MAX_FIELD_CHARS = 1024
 _BASE_FIELDS = ("time", "uid", "pid", "op", "program", "sha256", "scope", "result", "detail")
 # Administrative records: always written, whatever the rate limit.
 NEVER_SUPPRESSED = frozenset({"start", "listen", "reload", "stop", "audit_suppressed"})
+# Security-relevant successes: always written, whatever floods the log (issue #26).
+ALWAYS_WRITTEN = frozenset({("attach", "ok"), ("detach", "ok"), ("issue_token", "ok")})
+# The program of a key, when the name is neither in the catalog nor in the policy.
+OTHER_PROGRAM = "(other)"
 # A key's summary of suppressed lines comes this long after the first line it suppressed.
 SUMMARY_SECONDS = 5.0
 SUMMARY_OP = "audit_suppressed"
@@ -155,17 +168,38 @@ class _Bucket:
         self.by: Counter[str] = Counter()  # "op result" -> lines
 
 
-def _limit_key(op: Any, fields: dict[str, Any]) -> str | None:
-    """Whose budget a record spends; None: never suppressed."""
-    if isinstance(op, str) and op in NEVER_SUPPRESSED:
-        return None
+# (who kind, who, op, result, program): whose repeats a record is.
+_Key = tuple[str, Any, str, str, Any]
+
+
+def _who(fields: dict[str, Any]) -> tuple[str, Any]:
     uid = fields.get("uid")
     if uid is not None:
-        return f"uid {_clean(uid)}"
+        return "uid", _clean(uid)
     transport = fields.get("transport")
+    peer = fields.get("peer")
+    if transport is not None and peer is not None:
+        return "peer", f"{_clean(transport)} {_clean(peer)}"
     if transport is not None:
-        return f"transport {_clean(transport)}"
-    return None
+        return "transport", _clean(transport)
+    return "source", "broker"
+
+
+def _limit_key(
+    op: Any, result: Any, fields: dict[str, Any], known: Callable[[str], bool] | None = None
+) -> _Key | None:
+    """Whose budget a record spends; None: never suppressed."""
+    op_s, result_s = str(_clean(op)), str(_clean(result))
+    if op_s in NEVER_SUPPRESSED or (op_s, result_s) in ALWAYS_WRITTEN:
+        return None
+    program = _clean(fields.get("program"))
+    if program is not None and known is not None:
+        try:
+            program = program if known(str(program)) else OTHER_PROGRAM
+        except Exception:
+            program = OTHER_PROGRAM
+    kind, who = _who(fields)
+    return kind, who, op_s, result_s, program
 
 
 class AuditLog:
@@ -190,7 +224,8 @@ class AuditLog:
         self._lock = threading.Lock()  # one line at a time on the stream
         self._limit_lock = threading.Lock()  # buckets
         self._rate: int | None = None
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[_Key, _Bucket] = {}
+        self._known: Callable[[str], bool] | None = None
         self._use_timer = timer
         self._wake = threading.Condition(self._limit_lock)
         self._timer: threading.Thread | None = None
@@ -215,12 +250,16 @@ class AuditLog:
                 for b in self._buckets.values():
                     b.tokens = min(b.tokens, float(lines_per_second))
 
+    def set_programs(self, known: Callable[[str], bool] | None) -> None:
+        """Which program names key records by name (others: OTHER_PROGRAM)."""
+        self._known = known
+
     def _admit(self, op: Any, result: Any, fields: dict[str, Any]) -> bool:
         """Whether to write this record (else it is counted for its key's summary)."""
         rate = self._rate
         if rate is None:
             return True
-        key = _limit_key(op, fields)
+        key = _limit_key(op, result, fields, self._known)
         if key is None:
             return True
         try:
@@ -271,7 +310,7 @@ class AuditLog:
                     continue
             self.flush_suppressed(due_only=True)
 
-    def _take_summaries(self, due_only: bool) -> list[tuple[str, _Bucket, float]]:
+    def _take_summaries(self, due_only: bool) -> list[tuple[_Key, _Bucket, float]]:
         now = self._mono()
         out = []
         with self._limit_lock:
@@ -296,24 +335,32 @@ class AuditLog:
         only those whose SUMMARY_SECONDS have passed); return how many."""
         summaries = self._take_summaries(due_only)
         for key, b, now in summaries:
-            kind, _, who = key.partition(" ")
-            seconds = round(max(now - (b.since or now), 0.0), 3)
-            fields: dict[str, Any] = {kind: who if kind != "uid" else _uid_value(who)}
-            self._write(
-                format_record(
-                    op=SUMMARY_OP,
-                    result="ok",
-                    time=self._now(),
-                    detail=f"{b.suppressed} similar lines suppressed for {key} in the last "
-                    f"{seconds:g} s (more than {self._rate} lines/s: [limits] "
-                    "audit_lines_per_second)",
-                    suppressed=b.suppressed,
-                    seconds=seconds,
-                    counts=dict(b.by.most_common(32)),
-                    **fields,
-                )
-            )
+            self._write(self._summary_line(key, b, now))
         return len(summaries)
+
+    def _summary_line(self, key: _Key, b: _Bucket, now: float) -> str:
+        kind, who, op, result, program = key
+        seconds = round(max(now - (b.since or now), 0.0), 3)
+        fields: dict[str, Any] = {kind: who} if kind in ("uid", "peer") else {}
+        if kind == "peer":
+            fields["transport"] = str(who).partition(" ")[0]
+        elif kind == "transport":
+            fields["transport"] = who
+        whom = f"{kind} {who}" if kind != "source" else "the broker"
+        what = f"{op} {result}" + (f" of {program}" if program is not None else "")
+        return format_record(
+            op=SUMMARY_OP,
+            result="ok",
+            time=self._now(),
+            program=program,
+            detail=f"{b.suppressed} similar lines ({what}) suppressed for {whom} in the "
+            f"last {seconds:g} s (more than {self._rate} lines/s of the same kind: [limits] "
+            "audit_lines_per_second)",
+            suppressed=b.suppressed,
+            seconds=seconds,
+            counts=dict(b.by.most_common(32)),
+            **fields,
+        )
 
     def close(self) -> None:
         """Write pending summaries and stop the summary timer."""
@@ -365,10 +412,3 @@ class AuditLog:
 
     def error(self, op: Any, **fields: Any) -> str:
         return self.record(op=op, result="error", **fields)
-
-
-def _uid_value(text: str) -> Any:
-    try:
-        return int(text)
-    except ValueError:
-        return text

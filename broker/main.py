@@ -158,6 +158,11 @@ def _load(config: BrokerConfig) -> tuple[Any, Any]:
     return policy, catalog
 
 
+def known_program(service: Any, name: str) -> bool:
+    """Whether name is a program of the catalog or of the policy in force (audit keys)."""
+    return name in service.catalog or any(e.name == name for e in service.policy.programs)
+
+
 def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
     """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
     from gfxbpf.broker.policy import report as policy_report
@@ -336,6 +341,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     _check_unprivileged_bpf(audit)
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
+    audit.set_programs(lambda name: known_program(service, name))
     _check_live_maps(service, audit)
     grpc_server = _start_grpc(config, service, listener)
     signals = _Signals()

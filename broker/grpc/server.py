@@ -16,6 +16,13 @@ Neither: UNAUTHENTICATED, with a message that says how to get a token.
 Both are decided from what arrives before the request message (grpc_auth),
 so a call that sends headers and then nothing never gets further than that.
 
+Connections (issue #26): on a unix: address the broker accepts callers
+itself and relays them to grpc on a private socket (grpc/accept.py says why),
+so connections are capped per SO_PEERCRED uid and in total at accept, with
+fds kept free for the rest of the broker; grpc closes connections that
+stay without a call ([limits] grpc_idle_seconds) or do not finish the
+HTTP/2 handshake (grpc_connect_seconds).
+
 Floods (issue #16): the server is grpc.aio (grpc_servicer.BrokerServicer
 says why), so a call waiting for its request holds no thread; each
 authenticated uid may have [limits] grpc_calls_per_user calls in flight
@@ -36,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import threading
 from concurrent import futures
@@ -46,6 +54,7 @@ import grpc
 
 from gfxbpf.broker.access.leases import REAP_INTERVAL, LeaseManager
 from gfxbpf.broker.access.tokens import TokenStore
+from gfxbpf.broker.grpc.accept import GrpcAcceptor, open_listener
 from gfxbpf.broker.grpc.errors import (
     HOW_TO_AUTHENTICATE,
     META_CODE,
@@ -128,8 +137,10 @@ class GrpcServer:
         servicer: BrokerServicer,
         loop: asyncio.AbstractEventLoop,
         thread: threading.Thread,
+        acceptor: GrpcAcceptor | None = None,
     ) -> None:
         self.server = server
+        self.acceptor = acceptor  # unix: the broker's own accept side (None for TCP)
         self.address = address  # what it listens on, with the real port
         self.port = port  # TCP port (None for unix:)
         self.unix_path = unix_path
@@ -147,6 +158,9 @@ class GrpcServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self.acceptor is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.acceptor.stop(), self._loop).result(5.0)
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.server.stop(grace), self._loop).result(
                 grace + 5.0
@@ -161,6 +175,8 @@ class GrpcServer:
             with contextlib.suppress(OSError):
                 if stat.S_ISSOCK(os.lstat(self.unix_path).st_mode):
                     os.unlink(self.unix_path)
+        if self.acceptor is not None:
+            shutil.rmtree(os.path.dirname(self.acceptor.inner_path), ignore_errors=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for stop(); True when timeout passed first (as grpc's wait_for_termination)."""
@@ -219,6 +235,11 @@ def _listen_path(address: str, tls: TlsConfig | None) -> str | None:
 
 def _server_options(limits: Any) -> list[tuple[str, int]]:
     return [
+        # A connection without a call in flight this long is closed (GOAWAY): idle
+        # connections cost the broker fds and memory. Clients reconnect on their next call.
+        ("grpc.max_connection_idle_ms", limits.grpc_idle_seconds * 1000),
+        # ...and one that does not finish its handshake (HTTP/2 preface, TLS) this soon.
+        ("grpc.server_handshake_timeout_ms", limits.grpc_connect_seconds * 1000),
         # Never share a port with another process (grpc's default is SO_REUSEPORT).
         ("grpc.so_reuseport", 0),
         # An uploaded object is the largest request; bound what one call may make us hold.
@@ -308,15 +329,16 @@ def start_grpc_server(
         tokens = TokenStore.from_policy(service.policy)
     servicer = _servicer(service, tokens, tls is not None, max_workers, reap_interval)
     leases = servicer.leases
-    if unix_path is not None:
-        _prepare_unix_path(unix_path)
-    bind = f"unix:{unix_path}" if unix_path is not None else address
+    inner_dir = _private_dir(unix_path, address) if unix_path is not None else None
+    bind = f"unix:{inner_dir}/grpc.sock" if inner_dir is not None else address
     loop, thread = _start_loop()
 
     def give_up() -> None:
         _stop_loop(loop, thread)
         servicer.pool.shutdown(wait=False)
         servicer.streams.shutdown(wait=False)
+        if inner_dir is not None:
+            shutil.rmtree(inner_dir, ignore_errors=True)
 
     listening = _listen(servicer, address, bind, tls, _server_options(service.policy.limits))
     try:
@@ -324,12 +346,12 @@ def start_grpc_server(
     except BaseException:
         give_up()
         raise
-    if unix_path is not None:
+    acceptor = None
+    if unix_path is not None and inner_dir is not None:
         try:
-            _open_socket_to_callers(unix_path, socket_mode, address)
+            acceptor = _accept_on(service, unix_path, socket_mode, f"{inner_dir}/grpc.sock", loop)
         except OSError:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(5.0)
+            _stop_server(server, loop)
             give_up()
             raise
         real_address, real_port = f"unix:{unix_path}", None
@@ -338,17 +360,54 @@ def start_grpc_server(
     leases.start()
     service.tokens = tokens
     log.info("gRPC listening on %s%s", real_address, " (mTLS)" if tls else "")
-    return GrpcServer(
-        server, real_address, real_port, unix_path, tokens, leases, service, servicer, loop, thread
-    )
+    handles = (tokens, leases, service, servicer, loop, thread, acceptor)
+    return GrpcServer(server, real_address, real_port, unix_path, *handles)
 
 
-def _open_socket_to_callers(unix_path: str, socket_mode: int, address: str) -> None:
-    """chmod the socket: the unit's UMask=0077 made it 0600; callers authenticate per call."""
+def _stop_server(server: grpc.aio.Server, loop: asyncio.AbstractEventLoop) -> None:
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(5.0)
+
+
+def _private_dir(unix_path: str, address: str) -> str:
+    """The directory (0700) of grpc's own socket, named after the public one
+    (/run/gfxbpf/.grpc.sock.d): callers reach grpc only through the broker's
+    accept side (grpc/accept.py). A stale public socket, and the directory a
+    broker that died left behind (the unit keeps its RuntimeDirectory), are
+    removed first; anything else in the way is refused."""
+    _prepare_unix_path(unix_path)
+    parent, name = os.path.split(unix_path)
+    inner = os.path.join(parent or "/", f".{name}.d")
     try:
-        os.chmod(unix_path, socket_mode)
+        st = os.lstat(inner)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(
+                f"--grpc {address}: {inner} exists and is not this user's directory; "
+                "remove it (the broker keeps grpc's own socket there)"
+            )
+        shutil.rmtree(inner)
+    try:
+        os.mkdir(inner, 0o700)
     except OSError as e:
-        raise OSError(f"--grpc {address}: cannot chmod the socket: {e.strerror}") from e
+        raise OSError(f"--grpc {address}: cannot create {inner}: {e.strerror}") from e
+    return inner
+
+
+def _accept_on(
+    service: Any, unix_path: str, socket_mode: int, inner: str, loop: asyncio.AbstractEventLoop
+) -> GrpcAcceptor:
+    """Listen on the public socket (mode socket_mode: callers authenticate per call)
+    and start accepting there, on the gRPC loop."""
+    acceptor = GrpcAcceptor(service, open_listener(unix_path, socket_mode), inner)
+
+    async def start() -> None:
+        acceptor.start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10.0)
+    return acceptor
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from gfxbpf.broker.access.leases import Holder, LeaseManager
 from gfxbpf.broker.access.tokens import TokenStore
+from gfxbpf.broker.grpc.accept import peer_fields
 from gfxbpf.broker.grpc.auth import Authenticator, AuthFailure
 from gfxbpf.broker.grpc.errors import HOW_TO_AUTHENTICATE, Abort, abort
 from gfxbpf.broker.grpc.methods import METHODS, SERVICE_NAME, ServiceMethods
@@ -92,7 +93,7 @@ class BrokerServicer:
         if uid is not None:
             fields["uid"] = uid
         with contextlib.suppress(Exception):
-            fields["peer"] = context.peer()
+            fields.update(peer_fields(context.peer()))
         try:
             audit.denied(op, **fields)
         except Exception:  # the audit log must not take the listener down

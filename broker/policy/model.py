@@ -36,11 +36,18 @@ class Limits:
     # refused at accept, before it costs a thread.
     hello_timeout_seconds: int = 10  # a session's first request must come this soon
     sessions_total: int = 256  # concurrent Unix sessions of all users (one thread each)
-    audit_lines_per_second: int = 20  # audit lines per uid (burst as many), then summaries
+    audit_lines_per_second: int = 20  # per uid, op, result, program (burst as many), then summaries
     # gRPC (issue #16): calls are refused over this many in flight per uid, streams included,
     # and a call whose request message does not follow its headers this soon is ended.
     grpc_calls_per_user: int = 32
     grpc_request_seconds: int = 10
+    # gRPC connections (issue #26), on a unix: listener: refused at accept past these
+    # (per SO_PEERCRED uid, and in all), closed when silent for grpc_connect_seconds
+    # after connecting or without a call for grpc_idle_seconds (read at start only).
+    grpc_connections_per_user: int = 16
+    grpc_connections_total: int = 256
+    grpc_connect_seconds: int = 10
+    grpc_idle_seconds: int = 60
     # Kernel bytes of client-visible maps (broker/access/budget.py): those one user's
     # maps hold at once, attached or kept alive through fds after detaching,
     # and those the broker creates for one user per window (churn).

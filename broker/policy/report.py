@@ -51,6 +51,23 @@ def check_warnings(policy: Policy) -> list[str]:
                 f"{policy.path} [[tls_client]] #{c.index}: field 'user': no user "
                 f"{show(c.user)} on this host (yet)"
             )
+    return out + _limit_warnings(policy)
+
+
+def _limit_warnings(policy: Policy) -> list[str]:
+    lim, where = policy.limits, f"{policy.path} [limits]"
+    out = []
+    if lim.grpc_connections_per_user > lim.grpc_connections_total:
+        out.append(
+            f"{where}: grpc_connections_per_user ({lim.grpc_connections_per_user}) is more "
+            f"than grpc_connections_total ({lim.grpc_connections_total}): one user can take "
+            "every gRPC connection"
+        )
+    if lim.sessions_per_user > lim.sessions_total:
+        out.append(
+            f"{where}: sessions_per_user ({lim.sessions_per_user}) is more than "
+            f"sessions_total ({lim.sessions_total}): one user can take every session"
+        )
     return out
 
 

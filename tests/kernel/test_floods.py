@@ -32,6 +32,7 @@ from tests.kernel.brokerenv import (
     MALLORY,
     VENV_PYTHON,
     BrokerProcess,
+    Client,
     policy_for,
     run_as,
     uid_of,
@@ -176,6 +177,27 @@ while time.monotonic() < end:
     assert resp.WhichOneof("body") == "error", resp
 s.close()
 print(json.dumps(sent), flush=True)
+"""
+)
+
+
+# One session sending detaches of attachments that do not exist, as fast as
+# answers come, for N s (issue #26, finding 5: the flood that hid an attach).
+FLOOD_DETACH = (
+    _COMMON
+    + """
+path, seconds = sys.argv[1], float(sys.argv[2])
+s = connect(path)
+hello(s, 1)
+print(json.dumps({"flooding": True}), flush=True)
+sent, i, end = 0, 1, time.monotonic() + seconds
+while time.monotonic() < end:
+    i += 1
+    framing.send_message(s, pb.Request(id=i, detach=pb.DetachRequest(attachment_id=10**6 + i)))
+    resp, _ = framing.recv_message(s, pb.Response)
+    assert resp.WhichOneof("body") == "error", resp
+    sent += 1
+print(json.dumps({"detach": sent}), flush=True)
 """
 )
 
@@ -344,8 +366,7 @@ def test_silent_sessions_time_out_and_refusals_say_why() -> None:
 def test_audit_flood_is_rate_limited_with_a_summary() -> None:
     """Finding 5: mallory's bad requests; her lines <= rate (+ burst) per second, and a
     summary line (after the flood stopped) counts exactly what was left out."""
-    rate = 10
-    seconds = 2.0
+    rate, seconds = 10, 2.0
     with BrokerProcess.start(_policy(audit_lines_per_second=rate), grpc=False) as broker:
         script = _script(broker, "flood_audit.py", FLOOD_AUDIT)
         r = run_as(MALLORY, [VENV_PYTHON, script, broker.socket, str(seconds)])
@@ -380,16 +401,16 @@ def test_audit_flood_is_rate_limited_with_a_summary() -> None:
         assert wait_until(lambda: bool(summaries()), 10), broker.stderr()[-3000:]
         time.sleep(0.2)
         recs = broker.audit_records()
-        lines = [
-            rec for rec in recs if rec.get("uid") == mallory and rec["op"] != "audit_suppressed"
-        ]
-        per_second = collections.Counter(rec["time"][:19] for rec in lines)
-        info = f"sent {sent}; written {len(lines)}; per second {dict(per_second)}"
+        lines = [r for r in recs if r.get("uid") == mallory and r["op"] != "audit_suppressed"]
+        # Two kinds (protocol errors, attach denials of syscount), each limited on its own.
+        per_second = collections.Counter((rec["op"], rec["time"][:19]) for rec in lines)
+        per_kind = collections.Counter(rec["op"] for rec in lines)
+        info = f"sent {sent}; written {dict(per_kind)}; per second {dict(per_second)}"
         assert max(per_second.values()) <= 2 * rate, info  # rate + one second of burst
-        assert len(lines) <= rate * (seconds + 1) + rate, info
+        assert max(per_kind.values()) <= rate * (seconds + 1) + rate, info
         got = summaries()
         suppressed = sum(s["suppressed"] for s in got)
-        assert len(got) <= 2, got
+        assert len(got) <= 4, got  # one per kind, twice at most (5 s windows)
         # Every request was audited once: written or counted.
         ops = collections.Counter(rec["op"] for rec in lines)
         for s in got:
@@ -398,6 +419,75 @@ def test_audit_flood_is_rate_limited_with_a_summary() -> None:
         assert len(lines) + suppressed == ops.total(), (info, got)
         assert ops["protocol"] == sent["garbage"], (ops, sent)
         assert ops["attach"] == sent["attach"], (ops, sent)
-        assert got[0]["detail"].startswith(f"{got[0]['suppressed']} similar lines suppressed"), got
+        assert got[0]["detail"].startswith(f"{got[0]['suppressed']} similar lines ("), got
         # alice's Hello was logged in full.
         assert any(rec.get("uid") == uid_of(ALICE) and rec["op"] == "hello" for rec in recs), info
+
+
+def test_an_audit_flood_does_not_hide_an_attach() -> None:
+    """Issue #26, finding 5: junk detaches on one session (far over the rate), an
+    attach of clonecount in system scope on another: the attach line is written
+    in full, and so are its detach and a policy denial; the junk is summarised."""
+    rate, seconds = 10, 3.0
+    policy = policy_for(
+        {"clonecount": {"users": [ALICE], "scope": ["self", "system"]}},
+        limits={"audit_lines_per_second": rate},
+    )
+    with BrokerProcess.start(policy, grpc=False) as broker:
+        script = _script(broker, "flood_detach.py", FLOOD_DETACH)
+        flood = run_as(
+            ALICE,
+            [VENV_PYTHON, script, broker.socket, str(seconds)],
+            background=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        alice = Client(broker, ALICE)
+        try:
+            assert _json_line(flood) == {"flooding": True}
+            time.sleep(seconds / 3)  # well into the flood: the user's old budget is spent
+            att = alice.ok("attach", name="clonecount", scope="system")
+            denied = alice("attach", name="syscount", scope="system")
+            alice.ok("detach", id=att["id"])
+            sent = _json_line(flood)
+            me = uid_of(ALICE)
+            # Audit lines follow the answers: wait for the detach's (a few seconds at most).
+            wait_until(
+                lambda: any(
+                    r.get("uid") == me and r["op"] == "detach" and r["result"] == "ok"
+                    for r in broker.audit_records()
+                ),
+                5,
+            )
+            mine = [r for r in broker.audit_records() if r.get("uid") == me]
+        finally:
+            flood.wait(30)
+            alice.close()
+        assert not denied["ok"], denied
+        assert sent["detach"] > 10 * rate * seconds, sent  # a flood: far over the rate
+        _check_written_in_full(mine, att)
+        # The junk is limited on its own (rate + burst per second) and summarised.
+        junk = [r for r in mine if r["op"] == "detach" and r["result"] == "error"]
+        assert len(junk) <= rate * (seconds + 2) + rate, len(junk)
+        wait_until(lambda: any(r["op"] == "audit_suppressed" for r in broker.audit_records()), 10)
+        summaries = [r for r in broker.audit_records() if r["op"] == "audit_suppressed"]
+        assert summaries and all(
+            r["counts"] == {"detach error": r["suppressed"]} for r in summaries
+        )
+
+
+def _check_written_in_full(mine: list[dict[str, Any]], att: dict[str, Any]) -> None:
+    """The attach (program, scope, sha256, id), its detach and the denial are all there."""
+    attach = [r for r in mine if r["op"] == "attach" and r["result"] == "ok"]
+    assert len(attach) == 1, mine[-20:]
+    line = attach[0]
+    assert line["program"] == "clonecount" and line["scope"] == "system", line
+    assert line["sha256"] == att["sha256"] and line["attachment_id"] == att["id"], line
+    assert any(
+        r["op"] == "detach" and r["result"] == "ok" and r["attachment_id"] == att["id"]
+        for r in mine
+    ), mine[-20:]
+    assert any(
+        r["op"] == "attach" and r["result"] == "denied" and r["program"] == "syscount" for r in mine
+    ), mine[-20:]

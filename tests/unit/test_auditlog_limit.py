@@ -39,61 +39,117 @@ def test_no_limit_until_set() -> None:
     assert len(_lines(buf)) == 100
 
 
-def test_burst_then_rate_per_uid_and_exact_summary() -> None:
+def test_burst_then_rate_per_key_and_exact_summary() -> None:
     log, buf, clock = _log(5)
     written = [log.denied("attach", uid=7, transport="unix") for _ in range(20)]
     assert sum(1 for w in written if w) == 5  # the burst: one second's worth
     assert written[5] == ""  # a suppressed record returns no line
-    for _ in range(3):
+    for _ in range(3):  # another kind of line of the same user: its own budget
         log.error("protocol", uid=7)
     clock.now += 1.0  # one second refills five
     for _ in range(10):
         log.denied("attach", uid=7)
     lines = _lines(buf)
-    assert len(lines) == 10
-    # Nothing is due yet; then the summary counts every suppressed line, by op/result.
+    assert len(lines) == 5 + 3 + 5
+    # Nothing is due yet; then the summary counts every suppressed line of the key.
     assert log.flush_suppressed(due_only=True) == 0
     clock.now += SUMMARY_SECONDS
     assert log.flush_suppressed(due_only=True) == 1
     summary = _lines(buf)[-1]
     assert summary["op"] == "audit_suppressed" and summary["uid"] == 7
-    assert summary["suppressed"] == 15 + 3 + 5
-    assert summary["counts"] == {"attach denied": 20, "protocol error": 3}
-    assert summary["detail"].startswith("23 similar lines suppressed for uid 7 in the last 6 s")
+    assert summary["suppressed"] == 15 + 5
+    assert summary["counts"] == {"attach denied": 20}
+    assert summary["detail"].startswith(
+        "20 similar lines (attach denied) suppressed for uid 7 in the last 6 s"
+    )
     assert "audit_lines_per_second" in summary["detail"]
     # Counted once: a later flush writes nothing more.
     assert log.flush_suppressed() == 0
 
 
-def test_keys_are_independent_and_unauthenticated_grpc_is_one_key() -> None:
+def test_security_relevant_lines_survive_a_flood_of_the_same_user() -> None:
+    log, buf, _ = _log(2)
+    for i in range(1000):  # junk detaches: the review's flood
+        log.error("detach", uid=7, transport="unix", attachment_id=i)
+    for _ in range(50):  # denials of one program
+        log.denied("attach", uid=7, program="syscount", rule="no entry")
+    kept = [
+        log.ok("attach", uid=7, program="clonecount", scope="system", sha256="ab", attachment_id=3),
+        log.ok("detach", uid=7, program="clonecount", attachment_id=3),
+        log.ok("issue_token", uid=7, ttl_seconds=60),
+        log.denied("attach", uid=7, program="execsnoop", rule="no entry"),
+    ]
+    assert all(kept)
+    lines = _lines(buf)
+    assert [r["op"] for r in lines[-4:]] == ["attach", "detach", "issue_token", "attach"]
+    assert lines[-4]["attachment_id"] == 3 and lines[-4]["scope"] == "system"
+    # Successes are never suppressed, however many.
+    assert all(log.ok("attach", uid=7, program="syscount") for _ in range(100))
+    log.flush_suppressed()
+    counts = {
+        (r["program"], tuple(r["counts"])): r["suppressed"]
+        for r in _lines(buf)
+        if r["op"] == "audit_suppressed"
+    }
+    assert counts == {(None, ("detach error",)): 998, ("syscount", ("attach denied",)): 48}
+
+
+def test_invented_program_names_share_one_key() -> None:
+    log, buf, _ = _log(2)
+    log.set_programs(lambda name: name in ("syscount", "execsnoop"))
+    for i in range(100):
+        log.denied("attach", uid=7, program=f"junk{i}")
+    log.denied("attach", uid=7, program="syscount")
+    lines = _lines(buf)
+    assert len(lines) == 3
+    assert lines[-1]["program"] == "syscount"
+    assert [r["program"] for r in lines[:2]] == ["junk0", "junk1"]  # written as sent
+    log.flush_suppressed()
+    summary = _lines(buf)[-1]
+    assert summary["program"] == "(other)" and summary["suppressed"] == 98
+
+
+def test_keys_are_independent_and_unauthenticated_grpc_is_keyed_per_peer() -> None:
     log, buf, _ = _log(2)
     for _ in range(10):
         log.denied("attach", uid=1)
     log.ok("hello", uid=2)  # another user is not affected
-    for port in range(10):  # every peer of the unauthenticated flood: one key
-        log.denied("grpc_auth", transport="grpc", peer=f"ipv4:10.0.0.1:{port}")
+    for _ in range(10):  # one unauthenticated peer floods...
+        log.denied("grpc_auth", transport="grpc", peer="uid:1001")
+    for _ in range(2):  # ...another peer keeps its own budget
+        log.denied("grpc_auth", transport="grpc", peer="uid:1002")
     lines = _lines(buf)
-    assert [r["op"] for r in lines].count("grpc_auth") == 2
+    assert [r.get("peer") for r in lines if r["op"] == "grpc_auth"] == [
+        "uid:1001",
+        "uid:1001",
+        "uid:1002",
+        "uid:1002",
+    ]
     assert any(r["uid"] == 2 for r in lines)
     log.flush_suppressed()
     summaries = {
-        (r.get("uid"), r.get("transport")): r["suppressed"]
+        (r.get("uid"), r.get("peer")): r["suppressed"]
         for r in _lines(buf)
         if r["op"] == "audit_suppressed"
     }
-    assert summaries == {(1, None): 8, (None, "grpc"): 8}
+    assert summaries == {(1, None): 8, (None, "grpc uid:1001"): 8}
 
 
-def test_administrative_records_are_never_suppressed() -> None:
+def test_administrative_records_are_never_suppressed_accept_errors_are() -> None:
     log, buf, _ = _log(1)
     for _ in range(5):
         log.ok("start", uid=999, pid=1)  # the broker's own uid
         log.ok("reload", detail="x")
         log.error("reload", detail="x")
-        log.error("accept", detail="EMFILE")  # no uid, no transport
+        log.error("accept", detail="accept failed: EMFILE")  # no uid, no transport
     log.ok("listen")
     log.ok("stop")
-    assert len(_lines(buf)) == 22
+    lines = _lines(buf)
+    assert len(lines) == 15 + 1 + 2
+    assert [r["op"] for r in lines].count("accept") == 1
+    log.flush_suppressed()
+    summary = _lines(buf)[-1]
+    assert summary["suppressed"] == 4 and "for the broker" in summary["detail"]
 
 
 def test_summary_comes_from_the_timer_after_the_flood_stops(monkeypatch) -> None:

@@ -3,8 +3,10 @@ client that connects and says nothing (it must not stall other scrapes)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,3 +126,63 @@ def test_listen_tls_config() -> None:
     assert cfg.tls == ListenTls("c.pem", "k.pem", "ca.pem")
     with pytest.raises(ConfigError, match=r"e.toml: \[listen_tls\].key: missing"):
         parse_config("[listen_tls]\ncert = 'c.pem'\n[[program]]\nname = 'a'\n", "e.toml")
+
+
+@pytest.fixture
+def plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[listener.MetricsServer]:
+    monkeypatch.setattr(listener, "HEAD_SECONDS", 1.0)
+    server, thread = listener.start("127.0.0.1", 0, registry())
+    server.gate.limit = 4
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _status(s: socket.socket) -> str:
+    s.settimeout(5)
+    return s.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+
+
+def test_headers_past_the_byte_cap_are_refused(plain: listener.MetricsServer) -> None:
+    with socket.create_connection(("127.0.0.1", plain.server_port)) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            for _ in range(30):  # 12 KB in 31 lines: within the stdlib's own limits
+                s.sendall(b"X-Filler: " + b"a" * 400 + b"\r\n")
+        assert _status(s) == "HTTP/1.0 431 Request Header Fields Too Large"
+
+
+def test_headers_must_end_within_the_deadline_however_slow(plain: listener.MetricsServer) -> None:
+    with socket.create_connection(("127.0.0.1", plain.server_port)) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        t0 = time.monotonic()
+        status = ""
+        while time.monotonic() - t0 < 5 and not status:
+            try:  # a short line every 0.1 s: each read is quick, the whole is not
+                s.sendall(b"X: y\r\n")
+            except OSError:
+                break
+            s.settimeout(0.1)
+            with contextlib.suppress(TimeoutError):
+                status = s.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+        assert status == "HTTP/1.0 408 Request Timeout"
+        assert time.monotonic() - t0 < 3
+
+
+def test_a_full_house_of_header_senders_makes_way_for_a_scrape(
+    plain: listener.MetricsServer,
+) -> None:
+    slow = [socket.create_connection(("127.0.0.1", plain.server_port)) for _ in range(12)]
+    try:
+        for s in slow:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        time.sleep(0.2)
+        assert plain.gate.count() <= 2 * plain.gate.limit
+        text = get(f"http://127.0.0.1:{plain.server_port}/metrics", timeout=3)
+        assert "gfxbpf_test_events_total 3.0" in text
+    finally:
+        for s in slow:
+            s.close()

@@ -59,6 +59,10 @@ class FakeService:
     def ok(self, op: str, **kw: Any) -> None:
         pass
 
+    def record(self, *, op: str, result: str, **kw: Any) -> None:
+        if result == "denied":
+            self.denials.append({"op": op, **kw})
+
     def open_owner(self, caller: Caller) -> FakeOwner:
         o = FakeOwner(caller)
         self.owners.append(o)
@@ -369,6 +373,25 @@ def test_stale_socket_is_replaced_but_a_file_is_not(tmp_path: Any) -> None:
     with pytest.raises(OSError, match="not a socket"):
         start_grpc_server(svc, f"unix:{tmp_path}/file")
     assert (tmp_path / "file").read_text() == "x"
+
+
+def test_grpcs_private_socket_is_the_brokers_alone_and_cleaned_up(tmp_path: Any) -> None:
+    stale = tmp_path / ".grpc.sock.d"  # left by a broker that died
+    stale.mkdir()
+    (stale / "grpc.sock").write_text("")
+    svc = FakeService(Policy.parse(POLICY))
+    handle = start_grpc_server(svc, f"unix:{tmp_path}/grpc.sock")
+    inner = os.path.dirname(handle.acceptor.inner_path)
+    try:
+        assert inner == str(stale) and not (stale / "grpc.sock").is_file()
+        assert stat.S_IMODE(os.stat(inner).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(handle.acceptor.inner_path).st_mode)
+    finally:
+        handle.stop(0)
+    assert not os.path.exists(inner)
+    (tmp_path / ".other.sock.d").write_text("not a directory")
+    with pytest.raises(OSError, match="is not this user's directory"):
+        start_grpc_server(svc, f"unix:{tmp_path}/other.sock")
 
 
 def test_network_listener_requires_tls() -> None:
@@ -693,7 +716,86 @@ def test_the_grpc_limits_are_validated_like_the_others() -> None:
     from gfxbpf.broker.policy.rules import LIMIT_KEYS, PolicyError
 
     assert {"grpc_calls_per_user", "grpc_request_seconds"} <= set(LIMIT_KEYS)
+    assert {
+        "grpc_connections_per_user",
+        "grpc_connections_total",
+        "grpc_connect_seconds",
+        "grpc_idle_seconds",
+    } <= set(LIMIT_KEYS)
     assert Policy.parse(LIMITED).limits.grpc_calls_per_user == 3
     for bad in ("grpc_calls_per_user = 0", 'grpc_request_seconds = "10"'):
         with pytest.raises(PolicyError, match=bad.split()[0]):
             Policy.parse(f"[limits]\n{bad}\n")
+
+
+CONNECTIONS = """
+[limits]
+grpc_connections_per_user = 2
+grpc_connect_seconds = 1
+grpc_idle_seconds = 1
+"""
+
+
+@pytest.fixture
+def capped(tmp_path: Any) -> Iterator[tuple[FakeService, Any, str]]:
+    svc = FakeService(Policy.parse(CONNECTIONS))
+    handle = start_grpc_server(svc, f"unix:{tmp_path / 'grpc.sock'}", reap_interval=0.05)
+    try:
+        yield svc, handle, str(tmp_path / "grpc.sock")
+    finally:
+        handle.stop(0)
+
+
+def _eof(s: socket.socket, timeout: float) -> bool:
+    s.settimeout(timeout)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_connections_past_the_per_user_cap_are_refused_at_accept(capped: Any) -> None:
+    svc, handle, path = capped
+    socks = []
+    for _ in range(5):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        socks.append(s)
+    try:
+        assert _until(lambda: sum(_eof(s, 0.01) for s in socks[2:]) == 3)
+        assert handle.acceptor.per_uid.count(os.getuid()) == 2
+        assert _until(lambda: len([d for d in svc.denials if d["op"] == "grpc_connect"]) == 3)
+        refused = [d for d in svc.denials if d["op"] == "grpc_connect"]
+        assert refused[0]["uid"] == os.getuid()
+        assert refused[0]["rule"] == "[limits] grpc_connections_per_user = 2"
+        # Silent ones go after grpc_connect_seconds; then the places are free again.
+        assert _eof(socks[0], 3.0) and _eof(socks[1], 3.0)
+        assert _until(lambda: handle.acceptor.total == 0)
+        token, _ = svc.tokens.issue(ALICE, 60)
+        assert stub(f"unix:{path}").Hello(pb.HelloRequest(), metadata=bearer(token)).uid == 1001
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_an_idle_connection_is_closed_and_the_client_comes_back(capped: Any) -> None:
+    svc, handle, path = capped
+    token, _ = svc.tokens.issue(ALICE, 60)
+    s = stub(f"unix:{path}")
+    assert s.Hello(pb.HelloRequest(), metadata=bearer(token), timeout=5).uid == 1001
+    assert handle.acceptor.total == 1
+    # grpc_idle_seconds without a call: grpc closes it, the relay lets the place go.
+    assert _until(lambda: handle.acceptor.total == 0, 5.0)
+    assert s.Hello(pb.HelloRequest(), metadata=bearer(token), timeout=5).uid == 1001
+
+
+def test_peer_fields_name_the_relayed_uid() -> None:
+    from gfxbpf.broker.grpc.accept import Peer, peer_fields
+
+    name = Peer(1003, 42).inner_name()
+    assert name.startswith("\0gfxbpf-grpc-")
+    assert peer_fields("unix-abstract:" + name[1:]) == {"peer": "uid 1003", "peer_pid": 42}
+    assert peer_fields("ipv4:10.0.0.1:5555") == {"peer": "ipv4:10.0.0.1"}
+    assert peer_fields("unix:") == {"peer": "unix:"}

@@ -535,6 +535,19 @@ groups = ["nogroup-here"]
     assert summary.startswith("p.toml: 3 [[program]] entries for 2 programs")
     assert "#2 y" in summary and "nobody" in summary
     assert "sessions_per_user=8" in summary
+    assert not any("[limits]" in w for w in warnings)
+
+
+def test_check_warnings_name_a_per_user_limit_above_its_total():
+    p = Policy.parse(
+        "[limits]\ngrpc_connections_per_user = 300\nsessions_per_user = 9\nsessions_total = 4\n",
+        path="p.toml",
+        resolver=FakeResolver(),
+    )
+    warnings = [w for w in policy_report.check_warnings(p) if "[limits]" in w]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("p.toml [limits]: grpc_connections_per_user (300) is more")
+    assert "one user can take every session" in warnings[1]
 
 
 def test_catalog_warnings(policy):
