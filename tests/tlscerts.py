@@ -94,7 +94,9 @@ class CA:
                 ),
                 critical=False,
             )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                 critical=False,

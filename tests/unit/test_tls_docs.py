@@ -128,10 +128,11 @@ def test_grpc_mtls_with_documented_certificates(certs: Path) -> None:
     )
     try:
         # gfxclient --tls-ca ca.crt --tls-cert client.crt --tls-key client.key
-        files = TlsFiles(str(certs / "ca.crt"), str(certs / "client.crt"), str(certs / "client.key"))
+        files = TlsFiles(
+            str(certs / "ca.crt"), str(certs / "client.crt"), str(certs / "client.key")
+        )
         target = f"localhost:{handle.port}"
         stub = pb_grpc.BrokerStub(grpc.secure_channel(target, files.credentials()))
         assert stub.Hello(pb.HelloRequest(), timeout=10).uid == 4321
     finally:
         handle.stop(0)
-
