@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
