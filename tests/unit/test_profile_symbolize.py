@@ -150,12 +150,13 @@ def test_frame_pointer_stack_folds_to_main_hot(fp_build, run_prog, tmp_path) -> 
     assert stack[-3:] == ("main", "hot", "foo_walk"), stack
     # main's caller is in libc: named where libc's debug symbols are installed,
     # its file and offset where not (libc's own symbol table lacks static names).
+    # tools/setup.sh installs them (libc6-dbg); a developer's machine may lack them.
     if _libc_has_debug_file(run.pid):
         assert stack[-4] == "__libc_start_call_main", stack
+        assert prof.notes == [], "a complete stack needs no warning"
     else:
         assert re.fullmatch(r"\[libc\.so\.6\+0x[0-9a-f]+\]", stack[-4]), stack
     assert prof.stacks[stack] == 5 and prof.unit == "samples"
-    assert prof.notes == [], "a complete stack needs no warning"
     assert sym.parsed >= 2  # prog, libfoo.so, libc
 
 
