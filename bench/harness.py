@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import json
 import os
 import pwd
@@ -81,7 +82,8 @@ def ensure_user(name: str, system: bool) -> pwd.struct_passwd:
 
 def mount_tracefs() -> None:
     """tracefs readable by the service group only, as deploy/ sets it up."""
-    opts = f"gid={SERVICE_USER},mode=0750"
+    # The gid as a number: util-linux 2.41 does not resolve a remount's names.
+    opts = f"gid={grp.getgrnam(SERVICE_USER).gr_gid},mode=0750"
     if os.path.ismount(TRACEFS):
         sh(["mount", "-o", f"remount,{opts}", TRACEFS])
     else:

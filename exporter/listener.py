@@ -73,6 +73,10 @@ def tls_context(tls: ListenTls) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as e:
             raise TlsFilesError(f"cannot use client_ca {tls.client_ca}: {e}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
+        # Strict X.509 checks on every Python, not only where 3.13 makes them
+        # the default: a scraper certificate accepted on one release is
+        # accepted on all (deploy/README.md, "TLS certificates").
+        ctx.verify_flags |= ssl.VERIFY_X509_STRICT
     return ctx
 
 

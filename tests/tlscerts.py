@@ -4,6 +4,11 @@ ca = make_ca("test CA")
 server = ca.issue("localhost", server=True)        # SAN localhost, 127.0.0.1, ::1
 client = ca.issue("ci-runner")                      # a client certificate
 client.cert_pem, client.key_pem, client.sha256      # PEM bytes, DER SHA-256 hex
+ctx = strict_client_context("ca.crt")               # verifies as Python 3.13 does
+
+The certificates carry what deploy/README.md ("TLS certificates") asks for,
+Subject and Authority Key Identifiers included: OpenSSL's strict X.509 checks
+(Python 3.13's default) refuse a CA-issued certificate without them.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import ipaddress
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +69,9 @@ class CA:
                 ),
                 critical=True,
             )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
             .sign(self.key, hashes.SHA256())
         )
         self.cert_pem = self.cert.public_bytes(serialization.Encoding.PEM)
@@ -83,6 +92,13 @@ class CA:
                 x509.ExtendedKeyUsage(
                     [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
                 ),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                 critical=False,
             )
         )
@@ -109,3 +125,14 @@ class CA:
 
 def make_ca(name: str = "gfxbpf test CA") -> CA:
     return CA(name)
+
+
+def strict_client_context(cafile: str) -> ssl.SSLContext:
+    """A client context that checks certificates strictly on every Python.
+
+    Python 3.13's ssl.create_default_context sets VERIFY_X509_STRICT; setting
+    it here too makes Python 3.11 (Debian 12) refuse what 3.13 refuses.
+    """
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    return ctx

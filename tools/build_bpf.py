@@ -12,8 +12,19 @@ way, beside their sources, with no hash recorded anywhere.
 Each object is compiled from the repository root with a relative source path
 and `-fdebug-compilation-dir=.`, so no absolute path of the checkout enters
 the debug info and the bytes (hence the approved sha256) do not depend on
-where the checkout lives. They do depend on the compiler: the committed
-objects were built with Debian clang 14.0.6.
+where the checkout lives. They do depend on the compiler and on the system
+headers (libbpf-dev, linux-libc-dev): the committed objects are Debian 12's
+build (clang 14.0.6), and catalog/toolchains.toml records what each checked
+toolchain (Debian 13's clang 19 too) makes of each object, so that --check
+answers on either release:
+
+    python3 tools/build_bpf.py --record-toolchain   # this compiler's sha256s -> toolchains.toml
+    tools/debian13.sh --build-bpf                    # the one command after a source change:
+                                                     # build here, then record Debian 13's
+
+--check says, for each object, whether this machine rebuilds the committed
+bytes, or (another compiler) its build matches the sha256 recorded for this
+compiler from the same sources; anything else is a MISMATCH.
 """
 
 from __future__ import annotations
@@ -27,7 +38,11 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bpf_toolchains as toolchains  # noqa: E402 - beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path("catalog/programs")  # relative: it is baked into the debug info
@@ -49,7 +64,7 @@ SIDE_SOURCES = (
     Path("tests/data/core/core_kernel.bpf.c"),
 )
 CATALOG = ROOT / "catalog" / "catalog.toml"
-EXPECTED_CLANG = "Debian clang version 14.0.6"
+TOOLCHAINS = ROOT / "catalog" / "toolchains.toml"
 
 
 def clang_command(clang: str, source: Path, output: Path) -> list[str]:
@@ -99,14 +114,65 @@ def object_name(source: Path) -> str:
     return source.name[: -len(".c")] + ".o"
 
 
-def build(clang: str, source: Path, output: Path) -> None:
+@dataclass
+class Result:
+    """One object as this compiler built it."""
+
+    src: Path
+    key: str  # the committed object's path, relative to the root
+    out: Path  # where this build wrote it
+    sha256: str
+    sources: str  # digest of the repository files it was compiled from
+    system: set[str]  # the system headers it included
+
+
+def build(clang: str, source: Path, output: Path, key: str) -> Result:
+    depfile = output.with_name(output.name + ".d")
     cmd = clang_command(clang, source, output)
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([*cmd, "-MD", "-MF", str(depfile)], cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         sys.stderr.write(r.stderr)
         raise SystemExit(f"build_bpf: clang failed on {source}: {' '.join(cmd)}")
     if r.stderr:
         sys.stderr.write(r.stderr)
+    deps = toolchains.parse_depfile(depfile.read_text())
+    depfile.unlink()
+    repo, system = set(), set()
+    for d in deps:
+        p = Path(d)
+        if not p.is_absolute():
+            repo.add(d)
+        elif p.is_relative_to(ROOT):
+            repo.add(str(p.relative_to(ROOT)))
+        else:
+            system.add(d)
+    digest = toolchains.digest_files(ROOT, repo)
+    return Result(source, key, output, sha256_file(output), digest, system)
+
+
+def build_all(clang: str, srcs: list[Path], outdir: Path | None) -> list[Result]:
+    """Build every source, in place (outdir None) or into outdir."""
+    results = []
+    for i, src in enumerate(srcs):
+        key = str(src.with_name(object_name(src)))
+        if outdir is None:
+            out = ROOT / key
+        else:
+            (outdir / str(i)).mkdir()
+            out = outdir / str(i) / object_name(src)
+        results.append(build(clang, src, out, key))
+    return results
+
+
+def toolchain_of(version: str, results: list[Result], committed: bool) -> toolchains.Toolchain:
+    system = set().union(*(r.system for r in results))
+    return toolchains.Toolchain(
+        compiler=version,
+        headers=toolchains.digest_files(Path("/"), system),
+        release=toolchains.os_release(),
+        committed=committed,
+        objects={r.key: toolchains.Built(r.sha256, r.sources) for r in results},
+    )
 
 
 def sha256_file(path: Path) -> str:
@@ -201,58 +267,134 @@ def rewrite_policy_hashes(text: str, by_name: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Which compiler built the committed objects, and what others make of "
+        "them: catalog/toolchains.toml (see README.md, 'Approving an object').",
+    )
     ap.add_argument("--check", action="store_true", help="rebuild and compare; write nothing")
+    ap.add_argument(
+        "--record-toolchain",
+        action="store_true",
+        help="rebuild in a temp dir; record this compiler's sha256s in catalog/toolchains.toml "
+        "(objects and catalog untouched)",
+    )
     ap.add_argument("--clang", default=os.environ.get("CLANG", "clang"), help="compiler")
     args = ap.parse_args(argv)
 
     clang = shutil.which(args.clang) or args.clang
     version = clang_version(clang)
     print(f"build_bpf: {version}")
-    if not version.startswith(EXPECTED_CLANG):
-        print(
-            f"build_bpf: warning: the committed objects were built with {EXPECTED_CLANG}; "
-            "another compiler produces different bytes (and hashes)",
-            file=sys.stderr,
-        )
-
+    ref = toolchains.committed(toolchains.load(TOOLCHAINS))
     catalog_srcs = sources()
     srcs = catalog_srcs + side_sources()
     if args.check:
-        return check(clang, srcs)
+        return check(clang, version, srcs)
+    if args.record_toolchain:
+        return record_toolchain(clang, version, srcs, ref)
+    if ref is not None and ref.compiler != version:
+        print(
+            f"build_bpf: warning: the committed objects were built with {ref.compiler}; "
+            f"{version} makes other bytes (and hashes): they replace them now",
+            file=sys.stderr,
+        )
+    results = build_all(clang, srcs, None)
     hashes: dict[str, str] = {}
-    for src in srcs:
-        out = ROOT / src.with_name(object_name(src))
-        build(clang, src, out)
-        digest = sha256_file(out)
-        print(f"build_bpf: {out.relative_to(ROOT)} sha256 {digest}")
-        if src in catalog_srcs:
-            hashes[out.name] = digest
+    for r in results:
+        print(f"build_bpf: {r.key} sha256 {r.sha256}")
+        if r.src in catalog_srcs:
+            hashes[r.out.name] = r.sha256
     record_hashes(hashes)
+    toolchains.record(TOOLCHAINS, toolchain_of(version, results, committed=True))
+    print(f"build_bpf: recorded {version} as the committed toolchain in catalog/toolchains.toml")
     return 0
 
 
-def check(clang: str, srcs: list[Path]) -> int:
-    """Rebuild every object in a temporary directory and compare: 1 on any mismatch."""
-    bad: list[str] = []
-    recorded = catalog_hashes(CATALOG) if CATALOG.exists() else {}
+def record_toolchain(
+    clang: str, version: str, srcs: list[Path], ref: toolchains.Toolchain | None
+) -> int:
+    if ref is not None and ref.compiler == version:
+        print(
+            f"build_bpf: {version} built the committed objects: run python3 tools/build_bpf.py",
+            file=sys.stderr,
+        )
+        return 2
     with tempfile.TemporaryDirectory(prefix="gfxbpf-build-") as tmp:
-        for src in srcs:
-            name = object_name(src)
-            out = Path(tmp) / name
-            build(clang, src, out)
-            committed = ROOT / src.with_name(name)
-            if not committed.exists():
-                bad.append(f"{name}: not built (run python3 tools/build_bpf.py)")
-            elif committed.read_bytes() != out.read_bytes():
-                bad.append(f"{name}: differs from a rebuild of {src}")
-            elif name in recorded and recorded[name] != sha256_file(committed):
-                bad.append(f"{name}: catalog.toml sha256 is stale")
+        results = build_all(clang, srcs, Path(tmp))
+    toolchains.record(TOOLCHAINS, toolchain_of(version, results, committed=False))
+    print(f"build_bpf: recorded {len(results)} sha256s of {version} in catalog/toolchains.toml")
+    return 0
+
+
+def check(clang: str, version: str, srcs: list[Path]) -> int:
+    """Rebuild every object in a temporary directory and judge it: 1 on any mismatch."""
+    recorded = catalog_hashes(CATALOG) if CATALOG.exists() else {}
+    tcs = toolchains.load(TOOLCHAINS)
+    bad: list[str] = []
+    counts = {"same": 0, "recorded": 0}
+    with tempfile.TemporaryDirectory(prefix="gfxbpf-build-") as tmp:
+        results = build_all(clang, srcs, Path(tmp))
+        for r in results:
+            problem, how = judge(r, version, tcs, recorded)
+            if problem:
+                bad.append(f"{r.key}: {problem}")
             else:
-                print(f"build_bpf: {src.with_name(name)} ok")
+                counts[how] += 1
+                print(f"build_bpf: {r.key} ok")
     for line in bad:
         print(f"build_bpf: MISMATCH {line}", file=sys.stderr)
+    print(summary(version, tcs, counts, len(bad)))
     return 1 if bad else 0
+
+
+def judge(
+    r: Result, version: str, tcs: list[toolchains.Toolchain], catalog: dict[str, str]
+) -> tuple[str | None, str]:
+    """(what is wrong or None, "same" | "recorded") for one rebuilt object."""
+    committed = ROOT / r.key
+    if not committed.exists():
+        return "not built (run python3 tools/build_bpf.py)", ""
+    have = sha256_file(committed)
+    if catalog.get(committed.name, have) != have and committed.parent == ROOT / PROGRAMS:
+        return "catalog.toml sha256 is stale (run python3 tools/build_bpf.py)", ""
+    ref = toolchains.committed(tcs)
+    ref_entry = ref.objects.get(r.key) if ref else None
+    if ref_entry is None or ref_entry.sha256 != have or ref_entry.sources != r.sources:
+        who = ref.compiler if ref else "the committed toolchain"
+        return f"not what catalog/toolchains.toml records for {who} from these sources", ""
+    for t in tcs:  # every toolchain's record must follow the sources
+        e = t.objects.get(r.key)
+        if e is None or e.sources != r.sources:
+            return (
+                f"{t.compiler}'s sha256 was recorded from other sources "
+                "(run tools/debian13.sh --build-bpf)",
+                "",
+            )
+    if committed.read_bytes() == r.out.read_bytes():
+        return None, "same"
+    mine = toolchains.find(tcs, version)
+    if mine is None:
+        return f"differs from a rebuild of {r.src}, and no sha256 is recorded for {version}", ""
+    if mine.objects[r.key].sha256 != r.sha256:
+        return f"{version}'s build differs from the sha256 recorded for it", ""
+    return None, "recorded"
+
+
+def summary(version: str, tcs: list[toolchains.Toolchain], counts: dict[str, int], bad: int) -> str:
+    ref = toolchains.committed(tcs)
+    ref_name = f"{ref.compiler} ({ref.release})" if ref else "an unrecorded toolchain"
+    lines = [f"build_bpf: the committed objects are the build of {ref_name}"]
+    if counts["same"]:
+        lines.append(f"build_bpf: {counts['same']} rebuilt byte for byte with {version}")
+    if counts["recorded"]:
+        lines.append(
+            f"build_bpf: {counts['recorded']} built by {version} match the sha256 recorded for "
+            "it from the same sources; to check the committed bytes themselves, rebuild with "
+            f"{ref.compiler if ref else 'that toolchain'}"
+        )
+    if bad:
+        lines.append(f"build_bpf: {bad} MISMATCH (listed above)")
+    return "\n".join(lines)
 
 
 def record_hashes(hashes: dict[str, str]) -> None:

@@ -50,10 +50,13 @@ id "$SERVICE_USER" >/dev/null 2>&1 ||
 id "$DEMO_USER" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$DEMO_USER"
 
 say "tracefs readable by group $SERVICE_USER only (deploy/README.md explains why)"
+# A number, not the name: util-linux 2.41 (Debian 13) passes a remount's
+# gid= to the kernel as written, and tracefs takes numbers only.
+SERVICE_GID=$(getent group "$SERVICE_USER" | cut -d: -f3)
 if mountpoint -q /sys/kernel/tracing; then
-    mount -o remount,gid="$SERVICE_USER",mode=0750 /sys/kernel/tracing
+    mount -o remount,gid="$SERVICE_GID",mode=0750 /sys/kernel/tracing
 else
-    mount -t tracefs -o nosuid,nodev,noexec,gid="$SERVICE_USER",mode=0750 nodev /sys/kernel/tracing
+    mount -t tracefs -o nosuid,nodev,noexec,gid="$SERVICE_GID",mode=0750 nodev /sys/kernel/tracing
 fi
 
 USERS=$(IFS=,; echo "$DEMO_USER${EXTRA_USERS[*]:+,${EXTRA_USERS[*]}}")

@@ -15,6 +15,8 @@ DEB_PACKAGES=(
     prometheus   # a real Prometheus server (and promtool) for the exporter's tests
     libbpf-tools   # conformance corpus: BPF objects embedded in Debian's built tools
     systemtap-sdt-dev   # <sys/sdt.h>: the USDT probe test program
+    openssl   # the certificates deploy/README.md makes (tests/unit/test_tls_docs.py)
+    libc6-dbg   # names glibc's static frames (__libc_start_call_main, start_thread) in profiles
     binutils   # c++filt: readable C++ frames in profiles; objcopy: debug-file tests
 )
 

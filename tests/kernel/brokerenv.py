@@ -125,8 +125,11 @@ def ensure_tracefs_for_broker() -> None:
     if not os.path.exists(os.path.join(TRACEFS, "events")):
         subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], check=True, timeout=30)
     opts = _unit_exec_module().mount_options(MOUNT_DROPIN)
-    keep = [o for o in opts if o.split("=", 1)[0] in ("gid", "mode")]
     gid = grp.getgrnam(BROKER_USER).gr_gid
+    # gid= as a number: util-linux 2.41 (Debian 13) hands a remount's
+    # options to the kernel unresolved, and tracefs refuses a group name.
+    keep = [f"gid={gid}" if o.startswith("gid=") else o for o in opts]
+    keep = [o for o in keep if o.split("=", 1)[0] in ("gid", "mode")]
     st = os.stat(TRACEFS)
     want_mode = int(dict(o.split("=", 1) for o in keep).get("mode", "0750"), 8)
     if st.st_gid == gid and (st.st_mode & 0o7777) == want_mode:

@@ -135,15 +135,20 @@ def test_broker_runs_the_btf_build_with_exact_events(broker: BrokerProcess) -> N
 
 
 # The broker in a mount namespace of its own where /sys/kernel/tracing is an
-# empty root-only tmpfs: tracefs as it is without the deploy drop-in.
+# empty root-only tmpfs: tracefs as it is without the deploy drop-in. Only the
+# mount that holds /sys/kernel/tracing is made private (so the tmpfs does not
+# propagate to the host), not "/": in a chroot the root is no mount point and
+# `unshare --propagation private` fails there ("cannot change root filesystem
+# propagation").
 NO_TRACEFS = [
     "unshare",
     "--mount",
     "--propagation",
-    "private",
+    "unchanged",
     "sh",
     "-c",
-    'mount -t tmpfs -o mode=0700 gfxbpf-no-tracefs /sys/kernel/tracing && exec "$@"',
+    'mount --make-rprivate "$(findmnt -n -o TARGET -T /sys/kernel/tracing)"'
+    ' && mount -t tmpfs -o mode=0700 gfxbpf-no-tracefs /sys/kernel/tracing && exec "$@"',
     "sh",
 ]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ from tests.kernel.brokerenv import (
     wait_until,
 )
 from tests.kernel.promenv import PrometheusServer, free_port, get_or_empty, http_get
-from tests.tlscerts import make_ca
+from tests.tlscerts import make_ca, strict_client_context
 
 sys.path.insert(0, str(ROOT / "tools"))
 from unit_exec import setpriv_argv, unit_exec  # noqa: E402
@@ -166,7 +165,7 @@ class Stack:
 
     def scrape(self) -> str:
         """/metrics as Prometheus gets it (its client certificate)."""
-        ctx = ssl.create_default_context(cafile=str(self.tls / "ca.crt"))
+        ctx = strict_client_context(str(self.tls / "ca.crt"))
         ctx.load_cert_chain(self.tls / "prometheus.crt", self.tls / "prometheus.key")
         return http_get(f"https://127.0.0.1:{self.port}/metrics", context=ctx)
 

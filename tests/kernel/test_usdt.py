@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,12 @@ from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf, skip_or_fail
 from tests.kernel import brokerenv
-from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
+from tests.kernel.bpftool_compare import (
+    assert_loads_like_libbpf,
+    bpftool_json,
+    ensure_bpffs,
+    xlated,
+)
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"
 HITS = 250
@@ -71,10 +77,45 @@ def _run_attached(target: Path, obj: LoadedObject, probe: str, done: str, **atta
         proc.wait()
 
 
+def _libbpf_loads_usdt_for_uprobe_multi() -> bool:
+    """Whether bpftool's libbpf loads SEC("usdt") programs for uprobe_multi links.
+
+    libbpf 1.3 and later do (expected_attach_type BPF_TRACE_UPROBE_MULTI)
+    where the kernel has uprobe_multi links (Linux 6.6): Debian 13's bpftool
+    (libbpf 1.5). libbpf 1.1 (Debian 12's) loads them with attach type 0. The
+    kernel then resolves bpf_get_attach_cookie to a different helper, so the
+    translated code differs with the attach type.
+    """
+    info = bpftool_json("version")
+    assert isinstance(info, dict)
+    libbpf = tuple(int(x) for x in str(info["libbpf_version"]).split(".")[:2])
+    kernel = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    return libbpf >= (1, 3) and kernel >= (6, 6)
+
+
 def test_usdt_object_loads_like_libbpf(tmp_path: Path) -> None:
     obj, spec = _spec(tmp_path)
     assert spec.programs["tick"].attach_kind == "usdt"
-    assert assert_loads_like_libbpf(str(obj), spec, ensure_bpffs()) == 2
+    bpffs = ensure_bpffs()
+    if _libbpf_loads_usdt_for_uprobe_multi():
+        # As the broker loads them too (catalog/instance.py: use_uprobe_multi).
+        for prog in spec.programs.values():
+            prog.expected_attach_type = BPF_TRACE_UPROBE_MULTI
+    assert assert_loads_like_libbpf(str(obj), spec, bpffs) == 2
+
+
+def test_usdt_attach_type_changes_the_translated_cookie_helper(tmp_path: Path) -> None:
+    # Why conformance must follow libbpf's choice: the same program loaded
+    # both ways calls a different bpf_get_attach_cookie implementation.
+    _, spec = _spec(tmp_path)
+    with load(spec) as plain:
+        perf = xlated(plain.programs["tick"].id)
+    for prog in spec.programs.values():
+        prog.expected_attach_type = BPF_TRACE_UPROBE_MULTI
+    with load(spec) as multi:
+        um = xlated(multi.programs["tick"].id)
+    assert any("bpf_get_attach_cookie_trace" in i for i in perf), perf
+    assert any("bpf_get_attach_cookie_uprobe_multi" in i for i in um), um
 
 
 def test_usdt_counts_exact_hits_and_reads_arguments(tmp_path: Path) -> None:

@@ -377,7 +377,11 @@ def test_no_checkout_path_in_objects() -> None:
     for obj in [*PROGRAMS.glob("*.bpf.o"), *(ROOT / side for side in SIDE_OBJECTS)]:
         data = obj.read_bytes()
         for p in paths:
-            assert p.encode() not in data, obj.name
+            # As a directory of a file name, or a whole string (a compilation
+            # directory): a checkout at /gfxbpf is also a substring of the
+            # legitimate relative name catalog/programs/gfxbpf.h.
+            assert f"{p}/".encode() not in data, obj.name
+            assert b"\0" + p.encode() + b"\0" not in data, obj.name
         # The relative source path is there instead.
         assert str(obj.relative_to(ROOT).parent).encode() + b"/" in data, obj.name
 
@@ -386,6 +390,7 @@ def _load_build_tool():
     spec = importlib.util.spec_from_file_location("build_bpf", BUILD)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["build_bpf"] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -415,6 +420,20 @@ def test_rewrite_sha256_touches_only_hash_lines() -> None:
     assert new.replace(f'"{"1" * 64}"', '"old"').replace(f'sha256 = "{"2" * 64}"\n', "") == text
 
 
+def _committed_compiler() -> str:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bpf_toolchains
+
+    ref = bpf_toolchains.committed(bpf_toolchains.load(ROOT / "catalog" / "toolchains.toml"))
+    assert ref is not None, "catalog/toolchains.toml names no committed toolchain"
+    return ref.compiler
+
+
+def _clang_version() -> str:
+    out = subprocess.run(["clang", "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()[0].strip()
+
+
 @needs_clang
 def test_build_check_reproduces_objects() -> None:
     r = subprocess.run(
@@ -426,40 +445,49 @@ def test_build_check_reproduces_objects() -> None:
         assert f"{obj.name} ok" in r.stdout
     for side in SIDE_OBJECTS:  # bench/'s programs and the audit's test objects
         assert f"{side} ok" in r.stdout
+    # The answer names how: byte for byte with the committed objects' compiler
+    # (Debian 12), against this compiler's recorded sha256s with another (Debian 13).
+    n = len(list(PROGRAMS.glob("*.bpf.o")))
+    if _clang_version() == _committed_compiler():
+        assert "rebuilt byte for byte" in r.stdout and "MISMATCH" not in r.stderr
+        assert int(r.stdout.split(" rebuilt byte for byte")[0].rsplit(" ", 1)[1]) >= n
+    else:
+        assert "match the sha256 recorded for it from the same sources" in r.stdout, r.stdout
+
+
+def _partial_checkout(where: Path) -> Path:
+    """The catalog's sources, objects and records, and tools/: enough to build."""
+    (where / "catalog").mkdir(parents=True)
+    shutil.copytree(PROGRAMS, where / "catalog" / "programs")
+    for name in ("catalog.toml", "toolchains.toml"):
+        shutil.copy(ROOT / "catalog" / name, where / "catalog" / name)
+    shutil.copytree(ROOT / "tools", where / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    return where
+
+
+def _check(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(tree / "tools" / "build_bpf.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @needs_clang
 def test_build_is_independent_of_checkout_path(tmp_path: Path) -> None:
     # A checkout elsewhere builds the same bytes as the committed objects.
-    other = tmp_path / "some" / "other checkout"
-    (other / "catalog").mkdir(parents=True)
-    shutil.copytree(PROGRAMS, other / "catalog" / "programs")
-    shutil.copy(ROOT / "catalog" / "catalog.toml", other / "catalog" / "catalog.toml")
-    shutil.copytree(ROOT / "tools", other / "tools")
-    r = subprocess.run(
-        [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    other = _partial_checkout(tmp_path / "some" / "other checkout")
+    r = _check(other, "--check")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 @needs_clang
 def test_build_check_names_a_differing_object(tmp_path: Path) -> None:
-    other = tmp_path / "co"
-    (other / "catalog").mkdir(parents=True)
-    shutil.copytree(PROGRAMS, other / "catalog" / "programs")
-    shutil.copy(ROOT / "catalog" / "catalog.toml", other / "catalog" / "catalog.toml")
-    shutil.copytree(ROOT / "tools", other / "tools")
+    other = _partial_checkout(tmp_path / "co")
     obj = other / "catalog" / "programs" / "syscount.bpf.o"
     obj.write_bytes(obj.read_bytes() + b"\0")
-    r = subprocess.run(
-        [sys.executable, str(other / "tools" / "build_bpf.py"), "--check"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _check(other, "--check")
     assert r.returncode != 0
     assert "syscount.bpf.o" in r.stderr and "clonecount.bpf.o" not in r.stderr
 

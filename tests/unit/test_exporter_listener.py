@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gfxbpf.exporter import listener
 from gfxbpf.exporter.config import ConfigError, ListenTls, parse_config
-from tests.tlscerts import Issued, make_ca
+from tests.tlscerts import Issued, make_ca, strict_client_context
 
 
 def registry() -> CollectorRegistry:
@@ -59,7 +59,7 @@ def https(pki: dict[str, str]) -> Iterator[int]:
 
 
 def client_context(pki: dict[str, str], who: str | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=pki["ca"])
+    ctx = strict_client_context(pki["ca"])
     if who is not None:
         ctx.load_cert_chain(pki[f"{who}_cert"], pki[f"{who}_key"])
     return ctx
