@@ -31,6 +31,7 @@ from gfxbpf.client import profiles as profile
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
+from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles import read as profile_read
 from gfxbpf.client.profiles.writers import FORMATS
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -635,7 +636,7 @@ def _run(
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        out.write(_report(r, prof, args.top))
+        out.write(printable(_report(r, prof, args.top)))
     return 0
 
 
