@@ -139,7 +139,8 @@ def format_plain(value: Any) -> str:
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{printable(k)}: {format_plain(v)}" for k, v in value.items()) + "}"
+        items = ", ".join(f"{printable(str(k))}: {format_plain(v)}" for k, v in value.items())
+        return "{" + items + "}"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(format_plain(v) for v in value) + "]"
     return str(value)
@@ -150,7 +151,7 @@ def format_key(key: Any) -> str:
     if isinstance(key, dict):
         if len(key) == 1:
             return format_key(next(iter(key.values())))
-        return ", ".join(f"{printable(k)}={format_key(v)}" for k, v in key.items())
+        return ", ".join(f"{printable(str(k))}={format_key(v)}" for k, v in key.items())
     return format_plain(key)
 
 
@@ -512,7 +513,7 @@ def format_event(event: Any, timestamp: str = "") -> str:
             text = format_plain(v)
             if text == "" or any(c.isspace() for c in text) or '"' in text:
                 text = '"' + text.replace('"', '\\"') + '"'
-            parts.append(f"{printable(k)}={text}")
+            parts.append(f"{printable(str(k))}={text}")
     else:
         parts.append(format_plain(event))
     return " ".join(parts)

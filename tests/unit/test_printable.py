@@ -88,3 +88,9 @@ def test_profile_names_are_escaped_in_the_table_and_the_flame_graph() -> None:
     body = svg.split("<script>")[0]  # the script's own text has newlines only
     assert not RAW.search(body.replace("\n", ""))
     assert "\\x1b]0;PWNED\\x07" in body and "\\x1b]52;c;SGk=\\x07" in body
+
+
+def test_non_string_member_names_do_not_break_formatting() -> None:
+    assert d.format_plain({1: "a\x1b"}) == "{1: a\\x1b}"
+    assert d.format_key({1: 2, "b": "\x07"}) == "1=2, b=\\x07"
+    assert d.format_event({2: "x"}) == "2=x"
