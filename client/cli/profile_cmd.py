@@ -706,7 +706,7 @@ def _processes_lines(r: Run, what: str) -> list[str]:
         return []
     lines = [f"processes ({len(r.seen)}):", f"  {'pid':>8}  {'command':<16} {what}"]
     for pid, comm, weight in r.seen[:_SEEN_SHOWN]:
-        lines.append(f"  {pid:>8}  {comm:<16} {weight}")
+        lines.append(f"  {pid:>8}  {printable(comm):<16} {weight}")
     if len(r.seen) > _SEEN_SHOWN:
         rest = sum(w for _, _, w in r.seen[_SEEN_SHOWN:])
         lines.append(f"  … {len(r.seen) - _SEEN_SHOWN} more with {rest} {what} (--json lists all)")

@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass
 
 from gfxbpf.bpf.elf import SHT_NOBITS, open_elf
-from gfxbpf.client.profile.fileid import open_regular
+from gfxbpf.client.profiles.fileid import open_regular
 
 __all__ = ["DEBUG_ROOT", "ElfInfo", "debug_file", "read_info"]
 

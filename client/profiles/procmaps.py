@@ -12,7 +12,7 @@ import bisect
 import os
 from dataclasses import dataclass, field
 
-from gfxbpf.client.profile.fileid import open_regular
+from gfxbpf.client.profiles.fileid import open_regular
 
 __all__ = ["Mapping", "PerfMapEntry", "ProcessMaps", "capture", "parse_maps", "parse_perf_map"]
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.client.printable import printable
-from gfxbpf.client.profile import fileid
-from gfxbpf.client.profile.elfinfo import read_info
-from gfxbpf.client.profile.elfsyms import function_ranges
+from gfxbpf.client.profiles import fileid
+from gfxbpf.client.profiles.elfinfo import read_info
+from gfxbpf.client.profiles.elfsyms import function_ranges
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
