@@ -81,9 +81,9 @@ while time.time() < end:
 """
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    text = policy_for(
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    """The module's broker (the `broker` fixture, tests/kernel/conftest.py)."""
+    return policy_for(
         {
             "clonecount": {"users": [ALICE], "scope": "system"},
             "execsnoop": {"users": [ALICE], "scope": "system"},
@@ -92,11 +92,6 @@ def broker() -> Iterator[BrokerProcess]:
         },
         limits={"tokens_per_user": TOKENS_PER_USER, "map_bytes_per_user": 1 << 30},
     )
-    b = BrokerProcess.start(text)
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(scope="module")
