@@ -90,8 +90,7 @@ def _unpriv_note(fds: Sequence[int]) -> dict[str, str]:
 class TokenIssuer(Protocol):
     """What issue_token needs from the gRPC side (grpc_server's token store).
 
-    issue() returns (token, expires_unix); it raises BrokerError (e.g.
-    RESOURCE_EXHAUSTED for tokens_per_user) when it refuses.
+    issue() returns (token, expires_unix); it raises BrokerError when it refuses.
     """
 
     def issue(self, caller: Caller, ttl_seconds: int) -> tuple[str, int]: ...

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gfxbpf.client.printable import printable
+
 __all__ = ["DrmClient", "DrmClientNames", "scan"]
 
 # fdinfo files of DRM devices are a few hundred bytes.
@@ -107,6 +109,6 @@ class DrmClientNames:
         holders = self._clients.get(client_id)
         if not holders:
             return str(client_id)
-        shown = ", ".join(f"pid {c.pid} {c.comm}" for c in holders[:3])
+        shown = ", ".join(f"pid {c.pid} {printable(c.comm)}" for c in holders[:3])
         more = f" +{len(holders) - 3}" if len(holders) > 3 else ""
         return f"{client_id} ({holders[0].driver}: {shown}{more})"

@@ -1,12 +1,15 @@
 """A per-user cache of gRPC tokens, so each gfxclient run does not issue a new one.
 
-The broker caps unexpired tokens per user (policy tokens_per_user, 4 by
-default) and a token lives up to an hour, so issuing one per command would
-lock a user out after a few commands. A token is a credential: the cache is
-a 0600 file in a 0700 directory the user owns ($XDG_RUNTIME_DIR/gfxbpf, or
-/tmp/gfxbpf-<uid>); a directory that is anything else (another owner, a
-symlink, group/other access) is not used and the token is simply not cached.
-Set GFXBPF_TOKEN_CACHE=0 to turn the cache off.
+The broker keeps a few unexpired tokens per user (policy tokens_per_user, 4
+by default; a new one replaces the oldest) and a token lives up to an hour,
+so issuing one per command would cut short the tokens of the user's other
+clients. A token is a credential: the cache is a 0600 file in a 0700
+directory the user owns, the first usable of $XDG_RUNTIME_DIR/gfxbpf,
+$XDG_CACHE_HOME/gfxbpf/tokens (~/.cache/gfxbpf/tokens) and
+$TMPDIR/gfxbpf-<uid>. A directory that is anything else (another owner, a
+symlink, group/other access), or that sits in a folder another user could
+rename it out of, is not used: anyone can create /tmp/gfxbpf-<uid> first, so
+the home's comes before it. Set GFXBPF_TOKEN_CACHE=0 to turn the cache off.
 """
 
 from __future__ import annotations
@@ -38,7 +41,35 @@ def _private_dir(path: Path) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and (st.st_mode & 0o077) == 0
+    uid = os.getuid()
+    if not (stat.S_ISDIR(st.st_mode) and st.st_uid == uid and (st.st_mode & 0o077) == 0):
+        return False
+    return _steady(path.parent)
+
+
+def _steady(folder: Path) -> bool:
+    """True if no other user can rename what folder holds: it and every folder
+    above it belong to us or root and others cannot write them (but sticky
+    ones, like /tmp, where only an entry's owner may move it)."""
+    uid = os.getuid()
+    for p in (folder, *folder.parents):
+        st = os.stat(p)
+        if st.st_uid not in (uid, 0):
+            return False
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True
+
+
+def _home_dir() -> Path | None:
+    """$XDG_CACHE_HOME/gfxbpf/tokens (default ~/.cache), its parents made 0700."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):
+        return None  # no home ("~" unexpanded) or a relative setting
+    folder = Path(base) / "gfxbpf"
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, 0o700, exist_ok=True)
+    return folder / "tokens"
 
 
 def cache_dir() -> Path | None:
@@ -46,6 +77,9 @@ def cache_dir() -> Path | None:
         return None
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     candidates = [Path(runtime) / "gfxbpf"] if runtime else []
+    home = _home_dir()
+    if home is not None:
+        candidates.append(home)
     candidates.append(Path(tempfile.gettempdir()) / f"gfxbpf-{os.getuid()}")
     for path in candidates:
         try:

@@ -10,7 +10,9 @@ metadata "authorization: Bearer <token>". Decisions:
   client, or a tool started from a short-lived shell, keeps working after
   the issuing connection closed). Its life is capped instead: at most the
   policy's token_ttl_seconds, and at most tokens_per_user unexpired tokens
-  per uid at once. revoke() ends one early.
+  per uid at once: a new one replaces the uid's oldest (refusing would lock
+  out a user whose client cannot keep its tokens, e.g. when another user
+  squats its cache directory). revoke() ends one early.
 - authenticate() returns the identity captured at issue time (uid, gid and
   supplementary groups from SO_PEERGROUPS), with pid 0 and transport "grpc":
   the gRPC caller is not a process the broker can see.
@@ -34,13 +36,6 @@ TOKEN_BYTES = 32
 # Accept nothing much longer than what issue() produces (43 chars): a
 # hostile client must not make the broker hash megabytes per call.
 MAX_TOKEN_CHARS = 256
-
-
-class TokenLimitError(BrokerError):
-    """The caller already holds the most unexpired tokens the policy allows."""
-
-    def __init__(self, message: str, rule: str = "") -> None:
-        super().__init__(pb.ERROR_RESOURCE_EXHAUSTED, message, rule)
 
 
 @dataclass
@@ -91,8 +86,8 @@ class TokenStore:
         """A new token for caller: (token, expiry in unix seconds).
 
         ttl_seconds 0 = the longest allowed; larger values are capped at
-        max_ttl. Raises TokenLimitError (a BrokerError, RESOURCE_EXHAUSTED)
-        when the caller's uid already holds per_user unexpired tokens.
+        max_ttl. When the caller's uid already holds per_user unexpired
+        tokens, the one issued first stops working.
         """
         if ttl_seconds < 0:
             raise BrokerError(
@@ -103,13 +98,10 @@ class TokenStore:
         with self._lock:
             now = self._clock()
             self._purge_locked(now)
-            held = sum(1 for r in self._tokens.values() if r.uid == caller.uid)
-            if held >= self.per_user:
-                raise TokenLimitError(
-                    f"uid {caller.uid} already holds {held} unexpired gRPC tokens, the most "
-                    f"the policy allows; reuse one, or wait until one expires",
-                    f"[limits] tokens_per_user = {self.per_user}",
-                )
+            held = [h for h, r in self._tokens.items() if r.uid == caller.uid]
+            # The dict keeps issue order: the first ones are the oldest.
+            for h in held[: max(0, len(held) - self.per_user + 1)]:
+                del self._tokens[h]
             expires = now + life
             self._tokens[token_digest(token)] = _Record(caller, caller.uid, expires)
         return token, int(expires)
@@ -171,4 +163,4 @@ class TokenStore:
             return sum(1 for r in self._tokens.values() if uid is None or r.uid == uid)
 
 
-__all__ = ["MAX_TOKEN_CHARS", "TokenLimitError", "TokenStore", "token_digest"]
+__all__ = ["MAX_TOKEN_CHARS", "TokenStore", "token_digest"]

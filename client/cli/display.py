@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
 from gfxbpf.client.mapdata import MapData
+from gfxbpf.client.printable import json_printable, printable
 
 BAR_WIDTH = 52  # bpftrace's histogram bar width
 _BINARY = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -132,12 +133,14 @@ def slot_bounds(slot: int) -> tuple[int, int]:
 
 
 def format_plain(value: Any) -> str:
+    """A decoded value as text for a terminal (strings escaped: printable())."""
     if isinstance(value, str):
-        return value
+        return printable(value)
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {format_plain(v)}" for k, v in value.items()) + "}"
+        items = ", ".join(f"{printable(str(k))}: {format_plain(v)}" for k, v in value.items())
+        return "{" + items + "}"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(format_plain(v) for v in value) + "]"
     return str(value)
@@ -148,7 +151,7 @@ def format_key(key: Any) -> str:
     if isinstance(key, dict):
         if len(key) == 1:
             return format_key(next(iter(key.values())))
-        return ", ".join(f"{k}={format_key(v)}" for k, v in key.items())
+        return ", ".join(f"{printable(str(k))}={format_key(v)}" for k, v in key.items())
     return format_plain(key)
 
 
@@ -182,11 +185,12 @@ def json_line(obj: Any) -> str:
     it refuse, and then the document goes through jsonable(). Decoded values'
     dict keys are member names, so the encoder's own key rules never apply."""
     try:
-        return json.dumps(
+        text = json.dumps(
             obj, ensure_ascii=False, allow_nan=False, check_circular=False, default=_bytes_hex
         )
     except ValueError:
-        return json.dumps(jsonable(obj), ensure_ascii=False)
+        text = json.dumps(jsonable(obj), ensure_ascii=False)
+    return json_printable(text)
 
 
 def _bytes_hex(value: Any) -> str:
@@ -501,14 +505,15 @@ def clip(lines: list[str], width: int, height: int | None) -> list[str]:
 
 
 def format_event(event: Any, timestamp: str = "") -> str:
-    """One ring-buffer record as a line: 'HH:MM:SS.mmm pid=1 comm=bash ...'."""
+    """One ring-buffer record as a line: 'HH:MM:SS.mmm pid=1 comm=bash ...';
+    a value with a space or a quote is quoted, control characters escaped."""
     parts = [timestamp] if timestamp else []
     if isinstance(event, dict):
         for k, v in event.items():
             text = format_plain(v)
             if text == "" or any(c.isspace() for c in text) or '"' in text:
-                text = json.dumps(text, ensure_ascii=False)
-            parts.append(f"{k}={text}")
+                text = '"' + text.replace('"', '\\"') + '"'
+            parts.append(f"{printable(str(k))}={text}")
     else:
         parts.append(format_plain(event))
     return " ".join(parts)
@@ -541,6 +546,8 @@ class Screen:
 
     def draw(self, lines: Sequence[str]) -> None:
         # One write per frame: the terminal never shows half a frame for long.
+        # Lines are escaped again here: only this class's own sequences go out raw.
+        lines = [printable(ln) for ln in lines]
         body = "".join(f"{ln}{CLEAR_EOL}\n" for ln in lines[:-1])
         if lines:
             body += lines[-1] + CLEAR_EOL

@@ -58,6 +58,7 @@ from gfxbpf.client.errors import (
 from gfxbpf.client.grpc_config import DEFAULT_GRPC, TlsFiles
 from gfxbpf.client.handle import Attachment, ClientMap, scope_name
 from gfxbpf.client.mapdata import MapData, sum_cpus
+from gfxbpf.client.printable import json_printable, printable
 from gfxbpf.client.syscalls import syscall_name
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -690,7 +691,7 @@ def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
                 width = shutil.get_terminal_size((100, 40)).columns
                 limit = args.top or 20
                 with contextlib.suppress(OSError, ValueError):
-                    out.write("\n".join(w.frame(width, None, limit)) + "\n")
+                    _write_lines(out, w.frame(width, None, limit))
                     out.flush()
     return EXIT_OK
 
@@ -707,8 +708,14 @@ def _emit(
         screen.draw(w.frame(size.columns, size.lines, limit))
         return
     width = shutil.get_terminal_size((100, 40)).columns
-    out.write("\n".join(w.frame(max(width, 60), None, args.top)) + "\n\n")
+    _write_lines(out, w.frame(max(width, 60), None, args.top), end="\n\n")
     out.flush()
+
+
+def _write_lines(out: TextIO, lines: list[str], end: str = "\n") -> None:
+    """Text for a terminal, escaped where it leaves (printable): other users'
+    strings in it were escaped where they were formatted, this holds for all."""
+    out.write("\n".join(printable(ln) for ln in lines) + end)
 
 
 # ------------------------------------------------------------------ stream
@@ -756,9 +763,10 @@ def cmd_stream(args: argparse.Namespace, out: TextIO) -> int:
 def _event_text(args: argparse.Namespace, program: str, ring: str, rec: Any, stamp: float) -> str:
     if args.json:
         obj = {"timestamp": stamp, "program": program, "map": ring, "event": jsonable(rec)}
-        return json.dumps(obj, ensure_ascii=False)
+        return json_printable(json.dumps(obj, ensure_ascii=False))
     ms = int((stamp % 1) * 1000)
-    return format_event(rec, time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{ms:03d}")
+    line = format_event(rec, time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{ms:03d}")
+    return printable(line)
 
 
 # ------------------------------------------------------------------ dump
@@ -800,7 +808,7 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
     for name in events_only:
         lines.append("")
         lines.append(f"{name}: ring buffer of events (gfxclient stream {args.name})")
-    out.write("\n".join(lines) + "\n")
+    _write_lines(out, lines)
     return EXIT_OK
 
 

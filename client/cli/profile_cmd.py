@@ -31,6 +31,7 @@ from gfxbpf.client import profiles as profile
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
+from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles import read as profile_read
 from gfxbpf.client.profiles.writers import FORMATS
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -635,7 +636,7 @@ def _run(
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        out.write(_report(r, prof, args.top))
+        out.write(printable(_report(r, prof, args.top)))
     return 0
 
 
@@ -705,7 +706,7 @@ def _processes_lines(r: Run, what: str) -> list[str]:
         return []
     lines = [f"processes ({len(r.seen)}):", f"  {'pid':>8}  {'command':<16} {what}"]
     for pid, comm, weight in r.seen[:_SEEN_SHOWN]:
-        lines.append(f"  {pid:>8}  {comm:<16} {weight}")
+        lines.append(f"  {pid:>8}  {printable(comm):<16} {weight}")
     if len(r.seen) > _SEEN_SHOWN:
         rest = sum(w for _, _, w in r.seen[_SEEN_SHOWN:])
         lines.append(f"  … {len(r.seen) - _SEEN_SHOWN} more with {rest} {what} (--json lists all)")

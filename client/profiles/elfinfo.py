@@ -14,6 +14,7 @@ import zlib
 from dataclasses import dataclass
 
 from gfxbpf.bpf.elf import SHT_NOBITS, open_elf
+from gfxbpf.client.profiles.fileid import open_regular
 
 __all__ = ["DEBUG_ROOT", "ElfInfo", "debug_file", "read_info"]
 
@@ -52,7 +53,8 @@ def read_info(path: str) -> ElfInfo | None:
 def _crc32(path: str) -> int | None:
     crc = 0
     try:
-        with open(path, "rb") as f:
+        fd, _ = open_regular(path)  # a FIFO planted as a debug file must not hang us
+        with open(fd, "rb") as f:
             while chunk := f.read(1 << 20):
                 crc = zlib.crc32(chunk, crc)
     except OSError:

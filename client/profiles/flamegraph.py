@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import functools
 import html
-import re
 import zlib
 from dataclasses import dataclass, field
 
+from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.model import Profile
 
 __all__ = ["Node", "build_tree", "flamegraph_svg"]
@@ -30,7 +30,6 @@ CHAR_W = 7.0  # px per character at FONT, for cutting names to fit (monospace)
 MIN_PX = 0.1  # frames narrower than this are left out, like their callees
 
 _UNIT = {"samples": "samples", "calls": "calls", "nanoseconds": "ns"}
-_BAD_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 @dataclass
@@ -93,7 +92,9 @@ def _label(name: str, px: float) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def _esc(s: str) -> str:
-    return html.escape(_BAD_XML.sub("?", s), quote=True)
+    """Text for the SVG: control characters written as \\xNN (printable; XML
+    forbids most of them, and a name may be another user's), then XML-escaped."""
+    return html.escape(printable(s), quote=True)
 
 
 def _frames(root: Node, maxdepth: int, unit: str) -> tuple[list[str], int]:
@@ -111,13 +112,14 @@ def _frames(root: Node, maxdepth: int, unit: str) -> tuple[list[str], int]:
             continue
         rx, y = PAD + x / total * span, TOP + (maxdepth - depth) * FRAME_H
         pct = node.weight * 100 / total
+        label = _label(printable(node.name), px)  # cut to fit as it will read
         out.append(
             f'<g class="f" data-x="{x / total:.9g}" data-w="{node.weight / total:.9g}" '
             f'data-d="{depth}" data-n="{_esc(node.name)}">'
             f"<title>{_esc(node.name)} ({_amount(node.weight, unit)}, {pct:.2f}%)</title>"
             f'<rect x="{rx:.2f}" y="{y}" width="{px:.2f}" height="{FRAME_H - 1}" '
             f'fill="{_color(node.name)}" rx="2"/>'
-            f'<text x="{rx + 3:.2f}" y="{y + FRAME_H - 5}">{_esc(_label(node.name, px))}</text>'
+            f'<text x="{rx + 3:.2f}" y="{y + FRAME_H - 5}">{_esc(label)}</text>'
             "</g>"
         )
         cx = x
@@ -143,10 +145,10 @@ def flamegraph_svg(profile: Profile, title: str = "Flame graph") -> str:
         sub += f" at {1e9 / profile.period_ns:.0f} Hz"
     if dropped:
         sub += f"; {dropped} frames too narrow to draw"
-    notes = "\n".join(profile.notes)
+    notes = html.escape("\n".join(printable(n) for n in profile.notes), quote=True)
     note_el = (
         f'<text id="notes" x="{PAD}" y="46" class="warn">&#9888; {len(profile.notes)} '
-        f"note(s): hover to read<title>{_esc(notes)}</title></text>"
+        f"note(s): hover to read<title>{notes}</title></text>"
         if notes
         else ""
     )
@@ -155,7 +157,7 @@ def flamegraph_svg(profile: Profile, title: str = "Flame graph") -> str:
         f'<svg version="1.1" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
         f'height="{height}" viewBox="0 0 {WIDTH} {height}" data-width="{WIDTH}" '
         f'data-pad="{PAD}" data-charw="{CHAR_W}">\n'
-        f"<desc>{_esc(notes)}</desc>\n<style>{_CSS}</style>\n"
+        f"<desc>{notes}</desc>\n<style>{_CSS}</style>\n"
         f'<rect width="100%" height="100%" fill="#fdfdf6"/>\n'
         f'<text x="{WIDTH // 2}" y="20" class="title">{_esc(title)}</text>\n'
         f'<text x="{PAD}" y="34" class="sub">{_esc(sub)}</text>\n{note_el}\n'

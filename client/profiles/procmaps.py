@@ -12,6 +12,8 @@ import bisect
 import os
 from dataclasses import dataclass, field
 
+from gfxbpf.client.profiles.fileid import open_regular
+
 __all__ = ["Mapping", "PerfMapEntry", "ProcessMaps", "capture", "parse_maps", "parse_perf_map"]
 
 PERF_MAP_DIR = "/tmp"
@@ -143,12 +145,11 @@ def _read_perf_map(pid: int, directory: str) -> tuple[list[PerfMapEntry], str | 
     path = os.path.join(directory, f"perf-{pid}.map")
     try:
         owner = os.stat(f"/proc/{pid}").st_uid
-        with open(path, encoding="utf-8", errors="replace") as f:
-            # Only a map written by the process's user or the caller: anyone can
-            # create /tmp/perf-PID.map first and plant names for a pid.
-            st = os.fstat(f.fileno())
-            if st.st_uid not in (owner, os.getuid()):
-                return [], None
+        # Anyone can create /tmp/perf-PID.map first: only a regular file of the
+        # process's user is read (a FIFO would block us forever, a symlink could
+        # point anywhere, another user's file would plant names for the pid).
+        fd, st = open_regular(path, owners=(owner,), max_size=_PERF_MAP_LIMIT)
+        with open(fd, encoding="utf-8", errors="replace") as f:
             # Runtimes leave their maps behind: one older than the process is
             # from an earlier process that had the same pid.
             started = _start_time(pid)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
-from gfxbpf.client.profiles import symtab
+from gfxbpf.client.profiles import fileid, symtab
 from gfxbpf.client.profiles.demangle import demangle
 from gfxbpf.client.profiles.elfinfo import DEBUG_ROOT, debug_file, read_info
 from gfxbpf.client.profiles.elfsyms import function_ranges
@@ -53,8 +53,8 @@ class Symbolizer:
         # group a stripped file's addresses by function. Made on first need.
         self._unwind_tables = unwind_tables
         self._procs: dict[int, ProcessMaps] = {}
-        # (dev, inode, size, mtime) of a file -> its table (None: not usable)
-        self._tables: dict[tuple[int, int, int, int], symtab.SymbolTable | None] = {}
+        # a file's identity -> its table (None: not usable)
+        self._tables: dict[fileid.FileId, symtab.SymbolTable | None] = {}
         self._mapped: dict[tuple[str, int], symtab.SymbolTable | None] = {}  # (path, inode)
         self._frames: dict[tuple[int, int], _Frame] = {}
         # (pid, sampled, user addresses) -> (its StackCheck kind, names root first)
@@ -214,45 +214,54 @@ class Symbolizer:
         return self._mapped[key]
 
     def _stat_and_load(self, m: Mapping, path: str) -> symtab.SymbolTable | None:
+        # The path may be another user's: a FIFO there must not hang us, and
+        # what is parsed must be the file whose identity names the table.
         try:
-            st = os.stat(path)
+            fd, st = fileid.open_regular(path)
         except OSError as e:
-            self._problems.setdefault(m.file_path, f"cannot be read ({e.strerror})")
+            self._problems.setdefault(m.file_path, f"cannot be read ({e.strerror or e})")
             return None
-        if st.st_ino != m.inode:
-            # Replaced on disk (an upgrade) since it was mapped: its symbols would lie.
-            self._problems.setdefault(m.file_path, "was replaced on disk after it was mapped")
-            return None
-        local = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if local not in self._tables:
-            self._tables[local] = self._load_or_parse(path, st)
-            if self._tables[local] is None:
-                self._problems.setdefault(m.file_path, "is not a readable ELF file")
-        return self._tables[local]
+        try:
+            if st.st_ino != m.inode:
+                # Replaced on disk (an upgrade) since it was mapped: its symbols would lie.
+                self._problems.setdefault(m.file_path, "was replaced on disk after it was mapped")
+                return None
+            local = fileid.FileId.of(st)
+            if local not in self._tables:
+                self._tables[local] = self._load_or_parse(path, fd, st)
+                if self._tables[local] is None:
+                    self._problems.setdefault(m.file_path, "is not a readable ELF file")
+            return self._tables[local]
+        finally:
+            os.close(fd)
 
-    def _load_or_parse(self, path: str, st: os.stat_result) -> symtab.SymbolTable | None:
-        info = read_info(path)
+    def _load_or_parse(self, path: str, fd: int, st: os.stat_result) -> symtab.SymbolTable | None:
+        """The table of the file open as fd (path: where it was found, for its debug file)."""
+        opened = fileid.open_regular_path(fd)
+        info = read_info(opened)
         if info is None:
             return None
-        key = symtab.cache_key(info.build_id, st)
+        # Another user's file is parsed for this profile only: it could be
+        # rewritten in place, and its build-id is whatever it claims.
+        cached = fileid.may_cache(st)
+        key = fileid.cache_key(info.build_id, st)
         debug = None
         if not info.has_symtab:
             # Stripped: a debug file installed later must not be hidden by the
             # table cached without it, so the key says which one this is.
             debug = debug_file(path, info, self.debug_root)
             key += ".debug" if debug else ".dynsym"
-        table = symtab.load(self.cache_dir, key)
+        table = symtab.load(self.cache_dir, key) if cached else None
         if table is not None:
             self.cache_hits += 1
             return table
-        funcs: list[tuple[int, int, str]] = []
         # The debug file's .symtab, plus the exported names it may lack.
-        for source in (debug, path):
-            if source is not None:
-                funcs += function_ranges(source)
+        funcs, debug_ok = _debug_ranges(debug) if debug else ([], True)
+        funcs += function_ranges(opened)
         self.parsed += 1
         table = symtab.SymbolTable.build(info.segments, funcs)
-        symtab.store(self.cache_dir, key, table)
+        if cached and debug_ok:
+            symtab.store(self.cache_dir, key, table)
         return table
 
     def _problem_notes(self, used: set[str]) -> list[str]:
@@ -261,6 +270,18 @@ class Symbolizer:
             for path, why in sorted(self._problems.items())
             if path in used
         ]
+
+
+def _debug_ranges(path: str) -> tuple[list[tuple[int, int, str]], bool]:
+    """A debug file's functions, and whether they may be cached (fileid.may_cache)."""
+    try:
+        fd, st = fileid.open_regular(path)
+    except OSError:
+        return [], False
+    try:
+        return function_ranges(fileid.open_regular_path(fd)), fileid.may_cache(st)
+    finally:
+        os.close(fd)
 
 
 def _clean(name: str) -> str:

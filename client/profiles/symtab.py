@@ -1,8 +1,9 @@
 """Address -> function tables, parsed once per file and kept on disk.
 
-A table is keyed by the mapped file's build-id (or, for a file without one, by
-its device, inode, size and mtime), so a 96 MB library is parsed by the first
-profile that meets it and only loaded by the next ones. The cache file is a
+A table is keyed by the mapped file's build-id and its identity (fileid.py:
+device, inode, size, mtime, ctime; a build-id alone is a claim any file can
+make), so a 96 MB library is parsed by the first profile that meets it and
+only loaded by the next ones. Only files of the caller or root are cached. The cache file is a
 flat binary: a header, the PT_LOAD segments, the sorted start addresses and
 sizes as 64-bit arrays, then the names, one per line.
 """
@@ -16,7 +17,7 @@ import tempfile
 from array import array
 from dataclasses import dataclass
 
-__all__ = ["CACHE_LIMIT", "SymbolTable", "cache_key", "default_cache_dir", "load", "prune", "store"]
+__all__ = ["CACHE_LIMIT", "SymbolTable", "default_cache_dir", "load", "prune", "store"]
 
 _MAGIC = b"GFXSYM1\n"
 _HEADER = struct.Struct("<8sII")  # magic, number of segments, number of symbols
@@ -114,12 +115,6 @@ class SymbolTable:
             sizes=arrays[2],
             names=names,
         )
-
-
-def cache_key(build_id: str | None, st: os.stat_result) -> str:
-    if build_id:
-        return build_id
-    return f"noid-{st.st_dev:x}-{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
 
 
 def load(cache_dir: str, key: str) -> SymbolTable | None:

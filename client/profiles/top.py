@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gfxbpf.client.printable import printable
+
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import Profile
 
@@ -34,7 +36,8 @@ def _pct(part: int, whole: int) -> str:
 
 def format_top(profile: Profile, n: int) -> str:
     """A table for the terminal: self and total weight with their shares. Only
-    the table: the caller says what the profile covers and prints its notes."""
+    the table: the caller says what the profile covers and prints its notes.
+    Names are escaped (printable): process and symbol names are other users'."""
     total = profile.total()
     unit = _UNIT_LABEL.get(profile.unit, profile.unit)
     rows = top_functions(profile, n)
@@ -42,7 +45,9 @@ def format_top(profile: Profile, n: int) -> str:
     head = f"{'SELF':>6} {unit:>{width}}  {'TOTAL':>6} {unit:>{width}}  FUNCTION"
     lines = [head]
     for name, s, t in rows:
-        lines.append(f"{_pct(s, total):>6} {s:>{width}}  {_pct(t, total):>6} {t:>{width}}  {name}")
+        lines.append(
+            f"{_pct(s, total):>6} {s:>{width}}  {_pct(t, total):>6} {t:>{width}}  {printable(name)}"
+        )
     if not rows:
         lines.append(f"(no {unit})")
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.client.profiles import procmaps
+from gfxbpf.client.profiles import fileid, procmaps
 from gfxbpf.client.profiles import vdso as vdso_module
 from gfxbpf.client.profiles.elfinfo import debug_file, read_info
 from gfxbpf.client.profiles.model import Profile, RawStack
@@ -186,7 +186,8 @@ def test_second_symbolizer_loads_the_cache_instead_of_parsing(fp_build, run_prog
     assert s1.parsed >= 2 and s1.cache_hits == 0
     keys = os.listdir(tmp_path / "cache")
     bid = read_info(str(fp_build.prog)).build_id
-    assert bid and bid in keys, "tables are keyed by build-id"
+    ident = fileid.FileId.of(os.stat(fp_build.prog)).text()
+    assert bid and f"{bid}-{ident}" in keys, "tables are keyed by build-id and file identity"
     second, s2 = _symbolize(run, tmp_path / "cache")
     assert s2.parsed == 0 and s2.cache_hits == s1.parsed
     assert second.stacks == first.stacks

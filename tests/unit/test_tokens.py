@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from gfxbpf.broker.access.tokens import MAX_TOKEN_CHARS, TokenLimitError, TokenStore, token_digest
+from gfxbpf.broker.access.tokens import MAX_TOKEN_CHARS, TokenStore, token_digest
 from gfxbpf.broker.service import BrokerError, Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -73,23 +73,28 @@ def test_negative_ttl_is_invalid_argument() -> None:
     assert e.value.code == pb.ERROR_INVALID_ARGUMENT
 
 
-def test_per_user_limit_counts_unexpired_tokens_of_that_uid() -> None:
+def test_a_token_over_the_per_user_limit_replaces_that_uids_oldest() -> None:
+    # Issue 26 item 9: refusing locked out a user whose client could not keep
+    # its tokens (another user squatting its cache directory).
     clock = Clock()
     store = TokenStore(max_ttl=100, per_user=2, clock=clock)
-    store.issue(ALICE, 50)
-    store.issue(ALICE, 100)
-    with pytest.raises(TokenLimitError) as e:
-        store.issue(ALICE)
-    assert isinstance(e.value, BrokerError)
-    assert e.value.code == pb.ERROR_RESOURCE_EXHAUSTED
-    assert "tokens_per_user = 2" in e.value.rule
-    assert "uid 1001" in e.value.message
-    # Another user is not affected; an expired token frees a slot.
-    store.issue(BOB)
-    clock.t += 50
-    store.issue(ALICE)
+    first, _ = store.issue(ALICE, 100)
+    clock.t += 1
+    second, _ = store.issue(ALICE, 50)
+    bob, _ = store.issue(BOB)
+    third, _ = store.issue(ALICE)
+    assert store.authenticate(first) is None  # the oldest, though it expires last
+    assert store.authenticate(second) is not None and store.authenticate(third) is not None
     assert store.count(ALICE.uid) == 2
-    assert store.count(BOB.uid) == 1
+    assert store.authenticate(bob) is not None  # another user is not affected
+    fourth, _ = store.issue(ALICE)
+    assert store.authenticate(second) is None and store.authenticate(fourth) is not None
+    # An expired token frees its slot: nothing else is replaced.
+    clock.t += 100
+    fifth, _ = store.issue(ALICE)
+    sixth, _ = store.issue(ALICE)
+    assert store.count(ALICE.uid) == 2
+    assert store.authenticate(fifth) is not None and store.authenticate(sixth) is not None
 
 
 def test_revoke() -> None:
@@ -122,10 +127,10 @@ def test_from_policy_uses_the_limits() -> None:
     policy = Policy.parse("[limits]\ntoken_ttl_seconds = 120\ntokens_per_user = 1\n")
     clock = Clock()
     store = TokenStore.from_policy(policy, clock=clock)
-    _, exp = store.issue(ALICE, 0)
+    first, exp = store.issue(ALICE, 0)
     assert exp == int(clock.t) + 120
-    with pytest.raises(TokenLimitError):
-        store.issue(ALICE)
+    store.issue(ALICE)
+    assert store.count(ALICE.uid) == 1 and store.authenticate(first) is None
 
 
 def test_bad_construction() -> None:
