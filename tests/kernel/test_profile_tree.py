@@ -42,10 +42,13 @@ def progs() -> Iterator[dict[str, Path]]:
         "lib": lib,
         "caller": _cc(CALLER_C, d / "caller", f"-L{d}", "-lstk", "-Wl,-rpath,$ORIGIN"),
     }
-    for name in ("early", "late"):  # copies: their own command names
+    for name in ("early", "late", "suidhot"):  # copies: their own command names
         shutil.copy(out["hotcold"], d / name)
         (d / name).chmod(0o755)
         out[name] = d / name
+    # A setuid-root child: root's process although the user started it.
+    os.chown(out["suidhot"], 0, 0)
+    out["suidhot"].chmod(0o4755)
     yield out
     shutil.rmtree(d, ignore_errors=True)
 
@@ -103,6 +106,24 @@ def test_profile_command_attributes_a_grandchilds_samples_to_it(
     # The text report lists the processes too.
     r = gfxclient(broker, "fd", "profile", "--", "sh", "-c", cmd)
     assert r.returncode == 0 and "hotcold" in r.stdout.split("processes (")[1], r.stdout
+
+
+def test_a_setuid_child_leaves_the_tree(broker: BrokerProcess, progs: dict[str, Path]) -> None:
+    """A child that runs a setuid-root program is another user's process: the
+    tree follows the user's own children (hotcold), never suidhot (the kernel's
+    uid, euid and dumpable check at every sample, gfx_task.h)."""
+    assert os.stat(progs["suidhot"]).st_mode & 0o4000, "the test binary must be setuid"
+    out = progs["dir"] / "suid-tree.folded"
+    cmd = f"{progs['hotcold']} 150; {progs['suidhot']} 150; true"
+    r = gfxclient(
+        broker, "fd", "--json", "profile", "--frequency", "499", "-o", str(out),
+        "--format", "folded", "--", "sh", "-c", cmd,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    seen = _seen(json.loads(r.stdout))
+    assert seen.get("hotcold", 0) > 100, seen  # the tree is followed
+    assert "suidhot" not in seen, seen
+    assert not any(s.startswith("suidhot") for s in folded(out))
 
 
 # Forks `early` (spinning when the profile attaches) and a subshell; the
