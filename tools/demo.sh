@@ -67,6 +67,8 @@ install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
 "$VENV/bin/gfxbpf-admin" approve clonecount --users "$USERS" --scope self >>"$POLICY.new"
 "$VENV/bin/gfxbpf-admin" approve vmabind --users "$USERS" --scope system >>"$POLICY.new"
 "$VENV/bin/gfxbpf-admin" approve profile --users "$USERS" --scope self >>"$POLICY.new"
+# gfxclient profile's complete stacks: stack copies it unwinds with .eh_frame
+"$VENV/bin/gfxbpf-admin" approve stackcopy --users "$USERS" --scope self >>"$POLICY.new"
 install -m 0640 -g "$SERVICE_USER" "$POLICY.new" "$POLICY" && rm -f "$POLICY.new"
 "$VENV/bin/gfxbpf-broker" --policy "$POLICY" --check-policy
 

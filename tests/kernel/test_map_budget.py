@@ -93,4 +93,7 @@ def test_twenty_back_to_back_profiles_are_admitted_under_the_default_limits() ->
             if x["op"] == "attach" and x["result"] == "ok" and x["program"] == "profile"
         ]
         assert len(charged) == 20 and sum(charged) > 64 << 20, charged  # past the old budget
-        assert not [x for x in broker.audit_records() if x["result"] == "denied"]
+        # gfxclient asks for stackcopy first (complete stacks), which this
+        # policy does not grant, then takes profile: no other refusal.
+        denied = [x for x in broker.audit_records() if x["result"] == "denied"]
+        assert all(x["program"] == "stackcopy" for x in denied), denied

@@ -130,7 +130,7 @@ def test_a_setuid_child_leaves_the_tree(broker: BrokerProcess, progs: dict[str, 
 # subshell forks `late` once the attach is done (the file `go` appears).
 TREE_SH = """
 {early} 250 &
-( while [ ! -e {go} ]; do sleep 0.02; done; {late} 150 )
+( i=0; while [ ! -e {go} ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done; {late} 150 )
 wait
 """
 
