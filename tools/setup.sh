@@ -18,6 +18,7 @@ DEB_PACKAGES=(
     openssl   # the certificates deploy/README.md makes (tests/unit/test_tls_docs.py)
     libc6-dbg   # names glibc's static frames (__libc_start_call_main, start_thread) in profiles
     binutils   # c++filt: readable C++ frames in profiles; objcopy: debug-file tests
+    xz-utils gzip   # real stripped Debian programs the unwinder tests profile
 )
 
 missing=()

@@ -129,7 +129,11 @@ def test_gcc_o2_without_frame_pointers(folder: Path, strip: bool) -> None:
     assert cap.returncode == 0
     named = _names(_unwind_all(cap, folder / "cache"), cap.maps, folder)
     if strip:
-        assert all(f.startswith("[") for frames, _ in named for f in frames[:6]), named
+        # The chain's own frames are [file+0xSTART] (no symbols to name them);
+        # a sample taken before main (the loader, libc's start) is not the chain's.
+        own = {k: v for k, v in named.items() if k[0] and k[0][0].startswith(f"[{prog.name}+")}
+        assert sum(own.values()) >= 0.8 * sum(named.values()), named.most_common(5)
+        assert all(f.startswith("[") for frames, _ in own for f in frames[:6]), own
         named = _by_function_start(named, prog, _build(folder, "chain-o2-names", NO_FP))
     _check_chain(named)
 
