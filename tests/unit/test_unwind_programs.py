@@ -201,7 +201,7 @@ def test_debian_gzip_reaches_libc_start_main(folder: Path) -> None:
     _debian("/usr/bin/gzip")
     data = (folder / "random.bin").open("wb")
     with open("/dev/urandom", "rb") as rnd:
-        data.write(rnd.read(3 << 20))
+        data.write(rnd.read(12 << 20))  # about a second of gzip -9
     data.close()
     cap = sample_run(["/usr/bin/gzip", "-9", "-c", str(folder / "random.bin")], folder)
     assert cap.returncode == 0
