@@ -21,14 +21,7 @@ from gfxbpf.client.cli.display import (
     humanize_count,
     humanize_ns,
 )
-from gfxbpf.client.libcuda import (  # noqa: F401 - re-exported for gfxclient watch cuda
-    FUNCTION_NAMES,
-    PROGRAM,
-    NoLibcudaYet,
-    find_libcuda,
-    function_of,
-    is_libcuda,
-)
+from gfxbpf.client.libcuda import FUNCTION_NAMES, PROGRAM, function_of
 from gfxbpf.client.mapdata import MapData
 
 _ARROWS = {"htod": "H→D", "dtoh": "D→H", "dtod": "D→D", "any": "unified"}
