@@ -3,14 +3,15 @@
 vmlinux BTF holds ~127,000 types; as Python objects they cost the broker
 ~87 MiB and a second to build, for the few dozen types a CO-RE relocation,
 an attach target or a ksym ever touches. A LazyTable keeps the blob as read
-(bytes) and two arrays per type id, its record's offset and its name's
-string offset (4 bytes each, built by one walk on creation), and decodes a
-type when it is asked for, keeping the last few hundred decoded (the hot
-ones, task_struct and its members, are touched by every relocation). A
-name is found by searching the bytes: the string section for the name's
-offsets, then the name-offset array for those values; no name -> ids
-dict. Module BTF is split BTF on top of vmlinux: ids below its start id
-and string offsets below the base's string length belong to the base table.
+(bytes, or vmlinux's read-only mapping) and two arrays per type id, its
+record's offset and its name's string offset (4 bytes each, built by one
+walk on creation), and decodes a type when it is asked for, keeping the
+last few hundred decoded (the hot ones, task_struct and its members, are
+touched by every relocation). A name is found by searching the bytes: the
+string section for the name's offsets, then the name-offset array for those
+values; no name -> ids dict, but the last lookups are kept. Module BTF is
+split BTF on top of vmlinux: ids below its start id and string offsets
+below the base's string length belong to the base table.
 
 Read-only: what the loader rewrites before BPF_BTF_LOAD is the object's own
 BTF (btf.py), never the kernel's.
@@ -39,7 +40,7 @@ from gfxbpf.bpf.btf.kinds import (
     BtfType,
     Void,
 )
-from gfxbpf.bpf.btf.parse import _parse_header, _TypeParser
+from gfxbpf.bpf.btf.parse import BtfBytes, _parse_header, _TypeParser
 from gfxbpf.bpf.btf.table import TypeTable
 
 # Decoded types kept per table; a relocation touches tens, an object hundreds.
@@ -48,6 +49,9 @@ _SIZES_CACHE = 4096
 # Occurrences of a name inside longer strings searched for directly (each a
 # scan of the name offsets); past this many, the sorted offsets filter them.
 _DIRECT_INSIDE = 16
+# Names looked up kept per table (their ids): a load asks for task_struct and
+# mm_struct more than once, and so does the next load.
+_NAMED_CACHE = 1024
 
 
 _UNKNOWN = 1 << 40  # a record "length" that ends the walk past the section
@@ -67,29 +71,37 @@ def _record_words() -> tuple[list[int], list[int]]:
 _FIXED, _PER = _record_words()
 
 
-def walk_offsets(
-    data: bytes, t_start: int, t_len: int
-) -> tuple[array.array[int], array.array[int]]:
-    """(offset in 4-byte words within the type section, name offset) of every
-    record, in id order: the one pass over all types, kept tight (no object per type)."""
+class _Steps(dict[int, int]):
+    """Words from a record's start to the next one's, by its info word: a
+    dict lookup per record instead of the arithmetic (vmlinux has ~127,000
+    records but a few thousand distinct info words)."""
+
+    def __missing__(self, info: int) -> int:
+        b = info >> 24
+        self[info] = step = _FIXED[b] + _PER[b] * (info & 0xFFFF)
+        return step
+
+
+def walk_offsets(data: BtfBytes, t_start: int, t_len: int) -> tuple[array.array[int], bytes]:
+    """The offset (in 4-byte words within the type section) of every record, in
+    id order, and their name offsets as bytes (4 each, to search at C speed):
+    the one pass over all types, kept tight (no object per type)."""
     if t_start % 4 or t_len % 4:
         raise BtfError(f"BTF type section at byte {t_start} ({t_len} bytes) is not 4-byte aligned")
     w = memoryview(data)[t_start : t_start + t_len].cast("I")
     offs: array.array[int] = array.array("I")
     names: array.array[int] = array.array("I")
     app, napp = offs.append, names.append
-    fixed, per = _FIXED, _PER
+    steps = _Steps()
     n = len(w) - 2
     pos = 0
     while pos < n:
         app(pos)
         napp(w[pos])
-        info = w[pos + 1]
-        b = info >> 24
-        pos += fixed[b] + per[b] * (info & 0xFFFF)
+        pos += steps[w[pos + 1]]
     if pos != len(w):
         _bad_walk(w, offs, pos, t_start)
-    return offs, names
+    return offs, names.tobytes()
 
 
 def _bad_walk(w: memoryview, offs: array.array[int], pos: int, t_start: int) -> None:
@@ -134,7 +146,7 @@ class LazyTypes:
 class LazyTable(TypeTable):
     """A read-only TypeTable over a raw BTF blob (split on `base` when given)."""
 
-    def __init__(self, data: bytes, base: LazyTable | None = None) -> None:
+    def __init__(self, data: BtfBytes, base: LazyTable | None = None) -> None:
         _v, _f, t_start, t_len, s_start, s_len = _parse_header(data)
         if s_len and data[s_start + s_len - 1] != 0:
             raise BtfError(f"BTF string section at byte offset {s_start} does not end with NUL")
@@ -145,9 +157,9 @@ class LazyTable(TypeTable):
         self.start_id: int = base.count if base is not None else 1
         self.str_shift: int = base.str_end if base is not None else 0
         self.str_end: int = self.str_shift + s_len
-        self.offsets, self.names = walk_offsets(data, t_start, t_len)
-        self._names_raw: bytes | None = None
+        self.offsets, self._names_raw = walk_offsets(data, t_start, t_len)
         self._sorted_names: array.array[int] | None = None
+        self._named: dict[tuple[str, Callable[[str], str] | None], list[int]] = {}
         self.count: int = self.start_id + len(self.offsets)
         self._parser = _TypeParser(data, b"", {}, self.string_at)
         self.types = LazyTypes(self)  # type: ignore[assignment]
@@ -220,15 +232,16 @@ class LazyTable(TypeTable):
         data = self.data
         start, end = self._s
         out = []
-        # A flavour (name___x) has `name` as its essential name: searched too.
-        pats = (raw + b"\0", raw + b"___") if essential else (raw + b"\0",)
-        for pat in pats:
-            at = data.find(pat, start, end)
-            while at >= 0:
-                off = at - start + self.str_shift
-                if essential is None or essential(self.string_at(off)) == name:
-                    out.append(off)
-                at = data.find(pat, at + 1, end)
+        # With `essential`, a flavour (name___x) counts too: one scan for the bare
+        # name (each scan of vmlinux's 2.3 MB of strings is ~1 ms), then a look
+        # at what follows it.
+        pat = raw if essential else raw + b"\0"
+        at = data.find(pat, start, end)
+        while at >= 0:
+            off = at - start + self.str_shift
+            if essential is None or essential(self.string_at(off)) == name:
+                out.append(off)
+            at = data.find(pat, at + 1, end)
         if self.base is not None:
             out += self.base._name_offsets(name, essential)
         return out
@@ -240,8 +253,16 @@ class LazyTable(TypeTable):
         with `essential`, those whose essential name is `name`."""
         if not name:
             return []
-        if self._names_raw is None:  # the name offsets as bytes, to search at C speed
-            self._names_raw = self.names.tobytes()
+        key = (name, essential)
+        ids = self._named.get(key)
+        if ids is None:
+            ids = self._lookup(name, essential)
+            if len(self._named) >= _NAMED_CACHE:
+                self._named.clear()
+            self._named[key] = ids
+        return list(ids)
+
+    def _lookup(self, name: str, essential: Callable[[str], str] | None) -> list[int]:
         raw = self._names_raw
         ids = []
         noffs = self._name_offsets(name, essential)
@@ -265,10 +286,11 @@ class LazyTable(TypeTable):
 
     def _may_name(self, noff: int) -> bool:
         """Whether some record's name starts at string offset `noff`, by the sorted
-        name offsets (built on the first question: ~40 ms for vmlinux, so only
+        name offsets (built on the first question: ~10-40 ms for vmlinux, so only
         asked when a name occurs inside many longer strings)."""
         if self._sorted_names is None:
-            self._sorted_names = array.array("I", sorted(set(self.names)))
+            words = memoryview(self._names_raw).cast("I")
+            self._sorted_names = array.array("I", sorted(set(words)))
         i = bisect.bisect_left(self._sorted_names, noff)
         return i < len(self._sorted_names) and self._sorted_names[i] == noff
 

@@ -8,10 +8,11 @@ broker parses it on start.
 from __future__ import annotations
 
 import gc
+import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 from gfxbpf.bpf.btf.kinds import (
     BTF_HEADER_LEN,
@@ -81,6 +82,9 @@ _FIXED_TAIL = {
     KIND_DECL_TAG: 4,
 } | dict.fromkeys(REF_KINDS, 0)
 
+# A raw blob as read, or mapped read-only (vmlinux: core/target.py).
+BtfBytes: TypeAlias = bytes | mmap.mmap
+
 
 @dataclass(slots=True)
 class ParsedBlob:
@@ -134,7 +138,7 @@ def parse_split_blob(data: bytes, base: ParsedBlob) -> ParsedBlob:
     return ParsedBlob(types, strings, version, flags, names, (t_start, type_len, s_start, str_len))
 
 
-def _parse_header(data: bytes) -> tuple[int, int, int, int, int, int]:
+def _parse_header(data: BtfBytes) -> tuple[int, int, int, int, int, int]:
     """(version, flags, type start, type length, string start, string length), all checked."""
     n = len(data)
     if n < BTF_HEADER_LEN:
@@ -181,7 +185,7 @@ class _TypeParser:
 
     def __init__(
         self,
-        data: bytes,
+        data: BtfBytes,
         strings: bytes,
         names: dict[int, str],
         name_of: Callable[[int], str] | None = None,

@@ -10,11 +10,12 @@ built from stored blobs, which makes resolution testable offline.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gfxbpf.bpf.btf.index import LazyTable
+from gfxbpf.bpf.btf.index import BtfBytes, LazyTable
 from gfxbpf.bpf.btf.kinds import KIND_ENUM, KIND_ENUM64, BtfError, BtfType
 from gfxbpf.bpf.core.relo import CoreError, essential_name
 from gfxbpf.bpf.core.resolve import Candidate
@@ -85,7 +86,7 @@ class Target:
         return found
 
 
-def _split(name: str, data: bytes, base: LazyTable) -> TargetBtf:
+def _split(name: str, data: BtfBytes, base: LazyTable) -> TargetBtf:
     try:
         table = LazyTable(data, base)
     except BtfError as e:
@@ -93,17 +94,26 @@ def _split(name: str, data: bytes, base: LazyTable) -> TargetBtf:
     return TargetBtf(name, table, table.start_id)
 
 
-# vmlinux does not change while the kernel runs: read and indexed once (the
-# blob and its index, ~6 MiB; decoded types are bounded by the table).
+# vmlinux does not change while the kernel runs: mapped (or read) and indexed
+# once (the index is ~1 MiB; decoded types are bounded by the table).
 _VMLINUX_CACHE: dict[tuple[str, int, int], TargetBtf] = {}
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, mapped: bool = False) -> BtfBytes:
+    """The file's bytes; with `mapped`, a read-only private mapping where the
+    kernel allows one (/sys/kernel/btf/vmlinux, kernel 6.16+, as libbpf does):
+    the kernel's own pages, neither copied nor counted in this process's RSS."""
     try:
         with open(path, "rb") as f:
             # The size first: read(MAX) would allocate MAX bytes up front.
-            if os.fstat(f.fileno()).st_size > MAX_BTF_BYTES:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BTF_BYTES:
                 raise CoreError(f"kernel BTF {path} is larger than {MAX_BTF_BYTES} bytes")
+            if mapped and size:
+                try:
+                    return mmap.mmap(f.fileno(), size, mmap.MAP_PRIVATE, mmap.PROT_READ)
+                except (OSError, ValueError):
+                    pass  # an older kernel: sysfs cannot map it
             return f.read()
     except OSError as e:
         raise CoreError(
@@ -124,7 +134,9 @@ def _vmlinux(path: str) -> TargetBtf:
     cached = _VMLINUX_CACHE.get(key)
     if cached is None:
         try:
-            cached = TargetBtf("vmlinux", LazyTable(_read(path)), 1)
+            # Mapped only from sysfs: a regular file could shrink under the mapping.
+            blob = _read(path, mapped=path.startswith("/sys/"))
+            cached = TargetBtf("vmlinux", LazyTable(blob), 1)
         except BtfError as e:
             raise CoreError(f"kernel BTF {path} is unreadable: {e}") from None
         _VMLINUX_CACHE.clear()

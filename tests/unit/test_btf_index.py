@@ -81,6 +81,18 @@ def test_a_name_that_only_exists_inside_longer_strings() -> None:
     assert many.ids_named("x3_ask") == [5]
 
 
+def test_lookups_are_kept_bounded_and_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(btf_index, "_NAMED_CACHE", 4)
+    t = LazyTable(_table([f"s{i}" for i in range(10)]))
+    for i in range(10):
+        assert t.ids_named(f"s{i}") == [2 + i]
+    assert len(t._named) <= 4
+    got = t.ids_named("s9")
+    got.append(99)  # a caller's list: the kept answer stays as it was
+    assert t.ids_named("s9") == [11]
+    assert t.ids_named("s9", essential_name) == [11]
+
+
 def test_a_name_offset_inside_another_string_is_found() -> None:
     """A type whose name_off points into the middle of a string (legal BTF)."""
     strings = b"\0int\0my_task\0"
