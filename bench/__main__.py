@@ -119,10 +119,15 @@ NOTES = [
     "(~/.cache/gfxbpf/symbols) is warm after the first profile.",
     "Broker memory (10): a fresh broker each round; RSS is VmRSS, read while the bench "
     "user holds the program just attached (catalog: the largest over every program held "
-    "in turn). The first CO-RE attach (execsnoop's tp_btf build, the broker's first read "
-    "of vmlinux BTF) is timed in the client from request to attached; libbpf's time is "
-    "the whole `bpftool prog loadall` process on the same object (both builds verified "
-    "and pinned, not attached).",
+    "in turn). The first CO-RE attach (execsnoop's tp_btf build, the first client load "
+    "that relocates against vmlinux BTF) is timed in the client from request to attached; "
+    "its CPU is the broker's (every thread's on-CPU time from /proc/PID/task/*/schedstat, "
+    "the kernel's verification included) over that request. libbpf's time is the whole "
+    "`bpftool prog loadall` process on the same object (both builds verified and pinned, "
+    "not attached), its CPU its rusage. The broker indexes vmlinux BTF at start (its "
+    "live-maps iterator is CO-RE; vmlinux is mapped, not copied, on kernels 6.16+), so "
+    "the request does not pay for it; the next row is the same load in a fresh process "
+    "(`python -m bench.broker_memory`) that has not indexed vmlinux yet.",
 ]
 
 

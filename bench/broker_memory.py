@@ -2,32 +2,46 @@
 
 Each round starts a fresh broker (so that its first CO-RE load is this
 round's) and reads its VmRSS: idle; while the bench user holds execsnoop's
-tp_btf build (CO-RE against the kernel's BTF: the broker's first look at
-vmlinux BTF); in the last round also after every catalog program that takes
-no parameter was attached once, and with 100 sessions on syscount. The first
-attach is timed in the client, from the request to the reply that says it is
-attached; the peer is libbpf loading the same object with `bpftool prog
+tp_btf build (CO-RE against the kernel's BTF); in the last round also after
+every catalog program that takes no parameter was attached once, and with
+100 sessions on syscount. The first attach is timed in the client, from the
+request to the reply that says it is attached, and the broker's CPU time
+over it is read from the kernel (every thread's on-CPU time, verification
+included); the peer is libbpf loading the same object with `bpftool prog
 loadall` (a whole process: ELF, vmlinux BTF, CO-RE, maps, every program of
 the object verified and pinned, which the broker does not need to do for
-the build it leaves out).
+the build it leaves out), wall and CPU time.
+
+The broker indexes vmlinux BTF at start (its live-maps iterator is CO-RE),
+so the request does not pay for that; the cold row runs the same load path
+in a fresh process (`python -m bench.broker_memory OBJ PROGRAM`, imports
+excluded) with vmlinux not indexed yet, phase by phase.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
 
 from bench.exporter_scrape import attachable_programs
-from bench.harness import BenchError, Stage, log, read_json_line, rss_kib
+from bench.harness import REPO, BenchError, Stage, log, read_json_line, rss_kib
 from bench.procs import stop as stop_process
 from bench.stats import median
+from gfxbpf.bpf import syscall as bpfsys
+from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.loader import load
+from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.catalog.entries import load_catalog, object_path
 
 CORE_PROGRAM = "execsnoop"  # its tp_btf build: CO-RE and a BTF attach target
+CORE_BUILD = "process_exec_btf"  # the program of that build
 BPFFS = "/sys/fs/bpf"
 
 
@@ -39,42 +53,71 @@ def _restart_broker(stage: Stage) -> int:
     return rss_kib(stage.broker_pid)
 
 
+def cpu_ns(pid: int) -> int:
+    """On-CPU time (ns) of pid's threads, from the scheduler: exact, unlike the
+    ticks of /proc/PID/stat (the broker's pool threads live as long as it does)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total
+
+
 def _attach_each(stage: Stage, programs: list[str]) -> list[dict[str, Any]]:
-    """Attach each program once in one session; RSS read while each is held."""
+    """Attach each program once in one session; RSS read while each is held, and
+    the broker's CPU time over each attach."""
     p = stage.clientside("attach-each", *programs)
     assert p.stdin is not None
     out = []
     try:
+        read_json_line(p.stdout, p, "attach-each")  # connected
         for _ in programs:
-            row = read_json_line(p.stdout, p, "attach-each")
-            row["rss_kib"] = rss_kib(stage.broker_pid)
-            out.append(row)
+            before = cpu_ns(stage.broker_pid)
             p.stdin.write("\n")
             p.stdin.flush()
+            row = read_json_line(p.stdout, p, "attach-each")
+            row["broker_cpu_s"] = (cpu_ns(stage.broker_pid) - before) / 1e9
+            row["rss_kib"] = rss_kib(stage.broker_pid)
+            out.append(row)
+        p.stdin.write("\n")
+        p.stdin.flush()
     finally:
         p.communicate(timeout=120)
     return out
 
 
-def _libbpf_loadall(obj: str) -> float:
-    """Seconds `bpftool prog loadall` (libbpf) takes for obj, as one process."""
+def _libbpf_loadall(obj: str) -> tuple[float, float]:
+    """(wall s, CPU s) of `bpftool prog loadall` (libbpf) for obj, as one process."""
     pins = tempfile.mkdtemp(prefix="gfxbench_", dir=BPFFS)
     os.rmdir(pins)  # bpftool creates it
     try:
-        t0 = time.perf_counter()
-        r = subprocess.run(["bpftool", "prog", "loadall", obj, pins], capture_output=True)
-        dt = time.perf_counter() - t0
-        if r.returncode != 0:
-            raise BenchError(f"bpftool prog loadall {obj} failed: {r.stderr.decode().strip()}")
-        return dt
+        with tempfile.TemporaryFile() as err:
+            t0 = time.perf_counter()
+            p = subprocess.Popen(["bpftool", "prog", "loadall", obj, pins], stderr=err)
+            _, status, usage = os.wait4(p.pid, 0)  # its own CPU time, as the kernel counted it
+            dt = time.perf_counter() - t0
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode != 0:
+                err.seek(0)
+                raise BenchError(f"bpftool prog loadall {obj} failed: {err.read().decode()}")
+        return dt, usage.ru_utime + usage.ru_stime
     finally:
         shutil.rmtree(pins, ignore_errors=True)
+
+
+def _cold(stage: Stage, obj: str) -> dict[str, float]:
+    argv = [str(stage.venv / "bin/python"), "-m", "bench.broker_memory", obj, CORE_BUILD]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise BenchError(f"the cold load failed: {r.stderr.strip()}")
+    return dict(json.loads(r.stdout.splitlines()[-1]))
 
 
 def run(stage: Stage, rounds: int, sessions: int) -> dict[str, Any]:
     obj = str(object_path(load_catalog().get(CORE_PROGRAM)))
     others = [n for n in attachable_programs() if n != CORE_PROGRAM]
-    idle, first_rss, first_s, libbpf_s = [], [], [], []
+    idle, first_rss, first_s, first_cpu, libbpf_s, libbpf_cpu = [], [], [], [], [], []
+    colds: list[dict[str, float]] = []
     catalog: list[dict[str, Any]] = []
     for i in range(rounds):
         log(f"broker memory: round {i + 1}/{rounds}")
@@ -84,14 +127,19 @@ def run(stage: Stage, rounds: int, sessions: int) -> dict[str, Any]:
         if "error" in rows[0]:
             raise BenchError(f"{CORE_PROGRAM} did not attach: {rows[0]['error']}")
         first_s.append(rows[0]["attach_s"])
+        first_cpu.append(rows[0]["broker_cpu_s"])
         first_rss.append(rows[0]["rss_kib"])
         if last:
             catalog = rows
-        libbpf_s.append(_libbpf_loadall(obj))
+        wall, cpu = _libbpf_loadall(obj)
+        libbpf_s.append(wall)
+        libbpf_cpu.append(cpu)
+        colds.append(_cold(stage, obj))
     rss_catalog = rss_kib(stage.broker_pid)
     with stage.held("syscount", sessions=sessions):
         rss_sessions = rss_kib(stage.broker_pid)
     first, peer = median(first_s), median(libbpf_s)
+    cold = {k: round(median([c[k] for c in colds]), 4) for k in colds[0]}
     return {
         "rounds": rounds,
         "rss_idle_kib": max(idle),
@@ -102,8 +150,53 @@ def run(stage: Stage, rounds: int, sessions: int) -> dict[str, Any]:
         "sessions": sessions,
         "rss_sessions_kib": rss_sessions,
         "first_core_attach_s": first_s,
+        "first_core_broker_cpu_s": first_cpu,
         "libbpf_loadall_s": libbpf_s,
+        "libbpf_loadall_cpu_s": libbpf_cpu,
+        "cold_load": colds,
         "first_core_attach_median_s": round(first, 4),
+        "first_core_broker_cpu_median_s": round(median(first_cpu), 4),
         "libbpf_loadall_median_s": round(peer, 4),
+        "libbpf_loadall_cpu_median_s": round(median(libbpf_cpu), 4),
+        "cold_load_median": cold,
         "ratio_vs_libbpf": round(first / peer, 2),
     }
+
+
+def cold_load(obj: str, program: str) -> dict[str, float]:
+    """In this fresh process (imports done): vmlinux BTF indexed, then obj's
+    program loaded as the broker loads it (CO-RE, verified), each timed, wall
+    and CPU (system time included: the verifier runs in this process's
+    syscall), and the wall time spent inside BPF_BTF_LOAD and BPF_PROG_LOAD."""
+    in_kernel = [0.0]
+
+    def timed(fn: Any) -> Any:  # the loader calls these through the module
+        def call(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                in_kernel[0] += time.perf_counter() - t
+
+        return call
+
+    bpfsys.btf_load = timed(bpfsys.btf_load)  # type: ignore[assignment]
+    bpfsys.prog_load = timed(bpfsys.prog_load)  # type: ignore[assignment]
+    w0, c0 = time.perf_counter(), time.process_time()
+    Target.kernel()
+    w1, c1 = time.perf_counter(), time.process_time()
+    with load(ObjectSpec.from_file(obj), [program]):
+        w2, c2 = time.perf_counter(), time.process_time()
+    return {
+        "index_s": w1 - w0,
+        "index_cpu_s": c1 - c0,
+        "load_s": w2 - w1,
+        "load_cpu_s": c2 - c1,
+        "total_s": w2 - w0,
+        "total_cpu_s": c2 - c0,
+        "bpf_syscalls_s": in_kernel[0],
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(cold_load(sys.argv[1], sys.argv[2])))

@@ -8,7 +8,8 @@ hold something print {"ready": ...} first and then wait for a line (or EOF)
 on stdin before going on.
 
   attach-latency PROGRAM N      N fresh attach+detach, then N joining a held one
-  attach-each PROGRAM...        attach each once (timed), wait for a line, detach
+  attach-each PROGRAM...        connect, wait for a line; attach each once (timed),
+                                wait for a line, detach
   hold PROGRAM [--sessions K] [--drain]
   mapread PROGRAM MAP ROUNDS    read one map via fd batch and via gRPC
   consume FD IDLE               count ring-buffer records until IDLE s of quiet
@@ -61,8 +62,11 @@ def attach_latency(program: str, n: int) -> None:
 def attach_each(programs: list[str]) -> None:
     """One session attaches each program in turn: the time from request to
     attached (or the refusal), then waits for the driver to read the broker's
-    memory before it detaches and goes on."""
+    memory before it detaches and goes on. Once connected it says so and waits
+    too, so that the driver can read the broker's CPU time before the first."""
     with Broker.connect(via="fd") as b:
+        say({"ready": True})
+        wait_for_driver()
         for program in programs:
             t0 = time.perf_counter()
             try:
