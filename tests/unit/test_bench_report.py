@@ -205,3 +205,56 @@ def test_results_from_before_the_new_rows_still_render() -> None:
     }
     rows = _rows(report.markdown(_doc({"map_reads": maps})))
     assert rows["4 same, through gRPC ReadMap"][-3:] == ["1.435x faster", "—", "—"]
+
+
+def _broker_memory(**extra: object) -> dict:
+    r = {
+        "rss_idle_kib": 47 * 1024,
+        "rss_first_core_kib": 50 * 1024,
+        "rss_all_catalog_kib": 55 * 1024,
+        "rss_sessions_kib": 60 * 1024,
+        "catalog_attached": ["execsnoop", "syscount"],
+        "sessions": 100,
+        "first_core_attach_median_s": 0.040,
+        "libbpf_loadall_median_s": 0.020,
+        "ratio_vs_libbpf": 2.0,
+    }
+    return r | extra
+
+
+def test_broker_memory_rows_carry_cpu_time_and_the_cold_load() -> None:
+    cold = {
+        "index_s": 0.05,
+        "index_cpu_s": 0.02,
+        "load_s": 0.03,
+        "load_cpu_s": 0.01,
+        "total_s": 0.08,
+        "total_cpu_s": 0.03,
+        "bpf_syscalls_s": 0.001,
+    }
+    r = _broker_memory(
+        first_core_broker_cpu_median_s=0.012,
+        libbpf_loadall_cpu_median_s=0.015,
+        cold_load_median=cold,
+    )
+    rows = _rows(report.markdown(_doc({"broker_memory": r})))
+    first = rows["10 first CO-RE attach, request → attached (execsnoop tp_btf; CPU: the broker's)"]
+    assert first == [
+        "40 ms (CPU 12.0 ms)",
+        "20 ms (CPU 15.0 ms; bpftool prog loadall)",
+        "2.0 (CPU 0.80)",
+        "≤ 150 ms, ≤ 3×",
+        "yes",
+    ]
+    cold_row = rows[
+        "10 the same load, vmlinux BTF not yet indexed (a fresh process, imports excluded)"
+    ]
+    assert cold_row[0].startswith("80 ms (CPU 30.0 ms: index 20.0 ms, load 10.0 ms;")
+    assert cold_row[2] == "4.00 (CPU 2.00)"
+    assert rows["10 broker RSS: idle"][-2:] == ["≤ 50 MiB", "yes"]
+
+
+def test_broker_memory_rows_from_before_cpu_time_still_render() -> None:
+    rows = _rows(report.markdown(_doc({"broker_memory": _broker_memory(ratio_vs_libbpf=3.5)})))
+    first = rows["10 first CO-RE attach, request → attached (execsnoop tp_btf)"]
+    assert first[-3:] == ["3.5", "≤ 150 ms, ≤ 3×", "**no**"]
