@@ -102,7 +102,8 @@ _VMLINUX_CACHE: dict[tuple[str, int, int], TargetBtf] = {}
 def _read(path: str, mapped: bool = False) -> BtfBytes:
     """The file's bytes; with `mapped`, a read-only private mapping where the
     kernel allows one (/sys/kernel/btf/vmlinux, kernel 6.16+, as libbpf does):
-    the kernel's own pages, neither copied nor counted in this process's RSS."""
+    the kernel's own pages, neither copied nor counted in this process's RSS
+    (the mapping keeps a duplicate of the fd open while it lives)."""
     try:
         with open(path, "rb") as f:
             # The size first: read(MAX) would allocate MAX bytes up front.

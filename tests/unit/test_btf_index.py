@@ -7,6 +7,7 @@ the decoded-type cache stays bounded; corrupt blobs are clear errors.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from gfxbpf.bpf.btf.kinds import (
     Void,
 )
 from gfxbpf.bpf.btf.parse import parse_blob
+from gfxbpf.bpf.core import target as core_target
 from gfxbpf.bpf.core.relo import essential_name
 from gfxbpf.bpf.object import ObjectSpec
 
@@ -145,3 +147,31 @@ def test_this_kernels_vmlinux_matches_the_full_parse() -> None:
     for name in ("task_struct", "int", "pid", "mm_struct", "btf_trace_sched_process_exec"):
         want = [t.id for t in full if t.name == name]
         assert lazy.ids_named(name) == want, name
+
+
+def test_a_mapped_blob_reads_as_its_bytes_do(tmp_path: Path) -> None:
+    blob = _table(["task", "task___old", "mm"])
+    path = tmp_path / "btf"
+    path.write_bytes(blob)
+    mapped = core_target._read(str(path), mapped=True)
+    assert isinstance(mapped, mmap.mmap) and mapped[:] == blob
+    assert core_target._read(str(path)) == blob  # not asked to map: read
+    lazy, plain = LazyTable(mapped), LazyTable(blob)
+    assert list(lazy.types) == list(plain.types)
+    assert lazy.ids_named("task", essential_name) == plain.ids_named("task", essential_name)
+    assert lazy.find("mm", KIND_STRUCT) == plain.find("mm", KIND_STRUCT) == 4
+
+
+@pytest.mark.skipif(not VMLINUX.exists(), reason="no kernel BTF on this machine")
+def test_vmlinux_is_mapped_where_the_kernel_allows_it() -> None:
+    """Kernels 6.16+ let /sys/kernel/btf/vmlinux be mapped (not copied); older
+    ones refuse and it is read. Either way the table holds the same bytes."""
+    table = core_target.Target.kernel().vmlinux.table
+    try:
+        with open(VMLINUX, "rb") as f:
+            mmap.mmap(f.fileno(), 0, mmap.MAP_PRIVATE, mmap.PROT_READ).close()
+        can_map = True
+    except OSError:
+        can_map = False
+    assert isinstance(table.data, mmap.mmap) == can_map
+    assert table.data[:] == VMLINUX.read_bytes()
