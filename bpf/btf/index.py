@@ -74,7 +74,7 @@ _FIXED, _PER = _record_words()
 class _Steps(dict[int, int]):
     """Words from a record's start to the next one's, by its info word: a
     dict lookup per record instead of the arithmetic (vmlinux has ~127,000
-    records but a few thousand distinct info words)."""
+    records but a few hundred distinct info words)."""
 
     def __missing__(self, info: int) -> int:
         b = info >> 24
