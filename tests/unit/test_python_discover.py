@@ -101,6 +101,21 @@ def test_the_file_name_decides_between_version_strings(tmp_path: Path) -> None:
     assert python_file(str(_build(tmp_path, "runner", ["3.12.7", "3.10.2"]))) is None
 
 
+def test_a_debug_build_is_not_walked(tmp_path: Path) -> None:
+    # Debian's python3.11d defines _Py_NegativeRefcount (Py_REF_DEBUG); release builds do not.
+    src = tmp_path / "neg.c"
+    src.write_text(
+        "char _PyRuntime[64] = {1}; void _Py_NegativeRefcount(void) {}\n"
+        'const char v[] = "3.11.9"; int main(void) { return v[0] == 0; }\n'
+    )
+    exe = tmp_path / "python3.11d"
+    subprocess.run(["gcc", "-O0", "-o", exe, src], check=True)
+    pf = python_file(str(exe))
+    assert pf is not None and pf.debug_build and pf.version == (3, 11, 9)
+    assert not pf.walkable
+    assert not python_file("/usr/bin/python3").debug_build  # type: ignore[union-attr]
+
+
 def test_only_the_file_name(tmp_path: Path) -> None:
     pf = python_file(str(_build(tmp_path, "python3.9", [])))
     assert pf is not None and (pf.version, pf.how, pf.walkable) == ((3, 9), "file name", True)

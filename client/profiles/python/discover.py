@@ -38,7 +38,10 @@ __all__ = ["PythonFile", "debug_offsets", "kernel_dev", "libpython_of", "python_
 _EM_X86_64 = 62
 _PT_INTERP = 3
 _PF_X = 1
-_SYMBOLS = ("_PyRuntime", "Py_Version", "Py_BytesMain")
+# _Py_NegativeRefcount exists only in Py_REF_DEBUG (debug) builds, whose
+# structs the release-build table does not describe.
+_DEBUG_SYMBOL = "_Py_NegativeRefcount"
+_SYMBOLS = ("_PyRuntime", "Py_Version", "Py_BytesMain", _DEBUG_SYMBOL)
 _VERSION_STRING = re.compile(rb"(?<![\w.])3\.(\d{1,2})\.(\d{1,3})(?:(?:a|b|rc)\d+)?\+?\x00")
 _NAME = re.compile(r"python(\d+)\.(\d+)")
 _LIBPYTHON = re.compile(r"/libpython(\d+)\.(\d+)[a-z]*\.so(?:\.[\d.]+)?$")
@@ -55,14 +58,17 @@ class PythonFile:
     static: bool  # _PyRuntime defined in this file
     is_library: bool  # a shared object (no PT_INTERP): libpython3.X.so itself
     debug_offsets_ok: bool | None  # 3.13+: _Py_DebugOffsets agree with the table
+    debug_build: bool = False  # a Py_DEBUG interpreter (python3.X-dbg): other layouts
 
     @property
     def walkable(self) -> bool:
         """What the attach request may carry: an executable with its own
-        _PyRuntime, of a version with a layout, that contradicts no check."""
+        _PyRuntime, a release build of a version with a layout, that
+        contradicts no check."""
         return (
             self.static
             and not self.is_library
+            and not self.debug_build
             and self.runtime_off is not None
             and layout_for((self.version[0], self.version[1])) is not None
             and self.debug_offsets_ok is not False
@@ -115,6 +121,7 @@ def _inspect(path: str, fd: int) -> PythonFile | None:
         static=static,
         is_library=not any(p.type == _PT_INTERP for p in elf.segments),
         debug_offsets_ok=_debug_ok(elf, version, syms) if static else None,
+        debug_build=syms.get(_DEBUG_SYMBOL, (0, SHN_UNDEF))[1] != SHN_UNDEF,
     )
 
 
