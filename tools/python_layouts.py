@@ -163,6 +163,15 @@ DEBUG_FIELDS = {
     "bytes_data": "bytes_object.ob_sval",
 }
 
+# The frame-owner enum (3.11+), printed whole for the record.
+_OWNER_BASE = ("FRAME_OWNED_BY_THREAD", "FRAME_OWNED_BY_GENERATOR", "FRAME_OWNED_BY_FRAME_OBJECT")
+_OWNERS = {
+    (3, 11): _OWNER_BASE,
+    (3, 12): (*_OWNER_BASE, "FRAME_OWNED_BY_CSTACK"),
+    (3, 13): (*_OWNER_BASE, "FRAME_OWNED_BY_CSTACK"),
+    (3, 14): (*_OWNER_BASE, "FRAME_OWNED_BY_INTERPRETER", "FRAME_OWNED_BY_CSTACK"),
+}
+
 # Bitfields of PyASCIIObject.state whose positions the decoder needs.
 _STATE_BITS = ("kind", "compact", "ascii")
 
@@ -183,6 +192,8 @@ def _program(v: tuple[int, int]) -> str:
         lines.append("{ PyASCIIObject o; unsigned int w; memset(&o, 0, sizeof o);")
         lines.append(f"  o.state.{bit} = ~0u; memcpy(&w, &o.state, sizeof w);")
         lines.append(f'  printf("\\"state_{bit}\\": %u,\\n", w); }}')
+    for owner in _OWNERS.get(v, ()):
+        lines.append(f'printf("\\"owner.{owner}\\": %d,\\n", (int){owner});')
     if v >= (3, 13):
         for name, path in DEBUG_FIELDS.items():
             expr = f"offsetof(_Py_DebugOffsets, {path})"
