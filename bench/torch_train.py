@@ -29,7 +29,7 @@ def step(model: Model, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Ten
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def train(seconds: float) -> int:
