@@ -28,6 +28,7 @@ from bench import (
     machine,
     map_reads,
     profile_bench,
+    python_profile,
     report,
     ringbuf_rate,
 )
@@ -62,6 +63,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
     ),
     "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
+    "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 2.0}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -74,6 +76,7 @@ RUNNERS = {
     "exporter": exporter_scrape.run,
     "profile": profile_bench.run,
     "broker_memory": broker_memory.run,
+    "python": python_profile.run,
 }
 
 NOTES = [
@@ -128,6 +131,13 @@ NOTES = [
     "live-maps iterator is CO-RE; vmlinux is mapped, not copied, on kernels 6.16+), so "
     "the request does not pay for it; the next row is the same load in a fresh process "
     "(`python -m bench.broker_memory`) that has not indexed vmlinux yet.",
+    "Python (11): Debian's python3 runs outer -> middle -> inner (bench/python_profile.py); "
+    "gfxclient profile runs it as `-- COMMAND` with the bench user's stackcopy grant "
+    "(scope self), py-spy 0.4 (PyPI) runs as root and starts it through setpriv as the bench "
+    "user, in its default blocking mode (it stops the process per sample) and with "
+    "--nonblocking. A sample counts as complete when outer, middle and inner are adjacent "
+    "in order in its stack. The flame-graph time runs from the workload's own end to the "
+    "tool's exit.",
 ]
 
 

@@ -152,6 +152,10 @@ class Stage:
         libs = str(self.work / "cuda" / "*" / "libcuda.so.1")
         cuda = [admin, "approve", "cuda", "--users", BENCH_USER, "--scope", "self"]
         entries.append(sh([*cuda, "--libraries", libs]).stdout)
+        # stackcopy (bench/python_profile.py): stack copies are scope self only.
+        # The frame-pointer rows (profile_bench.py) ask for --scope system.
+        copies = [admin, "approve", "stackcopy", "--users", BENCH_USER, "--scope", "self"]
+        entries.append(sh(copies).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)

@@ -109,7 +109,10 @@ def under_gfxclient(
 ) -> tuple[float, dict[str, Any]]:
     """(workload seconds, gfxclient's JSON summary)."""
     output = str(user_dir(stage) / f"profile-{hz}.{fmt}")
-    args = ["--json", "profile", "--frequency", str(hz), "--format", fmt, "-o", output]
+    # --scope system: frame-pointer stacks (program profile), as perf -g; without
+    # it the bench user's stackcopy grant (python_profile.py) would be used.
+    args = ["--json", "profile", "--scope", "system", "--frequency", str(hz)]
+    args += ["--format", fmt, "-o", output]
     p = stage.gfxclient(
         *args, "--", str(prog), str(rounds), str(spin), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -407,6 +407,39 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.1f} ms"
 
 
+def _python(r: dict[str, Any]) -> list[Row]:
+    def pct(x: float) -> str:
+        return f"{x * 100:.1f}%"
+
+    gfx, spy = r["gfxbpf_chain_share"], r["pyspy_chain_share"]
+    return [
+        (
+            f"11 Python: samples with the whole chain outer;middle;inner ({r['hz']} Hz)",
+            pct(gfx),
+            f"{pct(spy)} (py-spy; --nonblocking {pct(r['pyspy_nonblocking_chain_share'])})",
+            str(ratio(gfx, spy)) if spy else "—",
+            "≥ py-spy's",
+            _met(gfx - spy, lambda d: d >= 0),
+        ),
+        (
+            f"11 Python: workload slowdown at {r['hz']} Hz (untraced {_s(r['untraced_s'])})",
+            f"×{r['gfxbpf_slowdown']}",
+            f"×{r['pyspy_slowdown']} (py-spy; --nonblocking ×{r['pyspy_nonblocking_slowdown']})",
+            str(ratio(r["gfxbpf_slowdown"], r["pyspy_slowdown"])),
+            "≤ py-spy's",
+            _met(r["gfxbpf_slowdown"] - r["pyspy_slowdown"], lambda d: d <= 0),
+        ),
+        (
+            "11 Python: end of the workload → flame graph written",
+            _s(r["gfxbpf_to_flamegraph_s"]),
+            f"{_s(r['pyspy_to_flamegraph_s'])} (py-spy)",
+            str(ratio(r["gfxbpf_to_flamegraph_s"], r["pyspy_to_flamegraph_s"])),
+            "—",
+            "—",
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -418,6 +451,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "exporter": _exporter,
     "profile": _profile,
     "broker_memory": _broker_memory,
+    "python": _python,
 }
 
 

@@ -1,0 +1,51 @@
+"""bench/python_profile.py's counting and its rows, offline (the run needs root)."""
+
+from __future__ import annotations
+
+from bench import python_profile as pp
+from bench import report
+
+PYSPY_RAW = """\
+<module> (loop.py:17);outer (loop.py:13);middle (loop.py:10);inner (loop.py:5) 44
+<module> (loop.py:17);outer (loop.py:13);middle (loop.py:10);inner (loop.py:4) 20
+<module> (loop.py:17);outer (loop.py:13) 6
+"""
+NATIVE = "python3;_start;__libc_start_main;main;Py_BytesMain"
+GFX_FOLDED = f"""\
+{NATIVE};outer (loop.py:13);middle (loop.py:10);inner (loop.py:5) 90
+{NATIVE};inner (loop.py:5);middle (loop.py:10);outer (loop.py:13) 5
+python3;[kernel] 5
+"""
+
+
+def test_chain_share_counts_samples_holding_the_chain_in_order() -> None:
+    assert pp.chain_share(pp.parse_folded(PYSPY_RAW.splitlines())) == 64 / 70
+    # Reversed (leaf first) is not the chain; [kernel] only is not either.
+    assert pp.chain_share(pp.parse_folded(GFX_FOLDED.splitlines())) == 0.9
+    assert pp.chain_share([]) == 0.0
+
+
+def test_frame_names_drop_file_and_line() -> None:
+    assert pp.frame_name("inner (loop.py:5)") == "inner"
+    assert pp.frame_name("Py_BytesMain") == "Py_BytesMain"
+    assert not pp.holds_chain(["outer (a.py:1)", "x", "middle (a.py:2)", "inner (a.py:3)"])
+
+
+def test_python_rows_compare_with_pyspy() -> None:
+    r = {
+        "hz": 99,
+        "untraced_s": 5.0,
+        "gfxbpf_chain_share": 0.97,
+        "pyspy_chain_share": 0.95,
+        "pyspy_nonblocking_chain_share": 0.9,
+        "gfxbpf_slowdown": 1.01,
+        "pyspy_slowdown": 1.2,
+        "pyspy_nonblocking_slowdown": 1.02,
+        "gfxbpf_to_flamegraph_s": 0.3,
+        "pyspy_to_flamegraph_s": 0.1,
+    }
+    rows = report.SECTIONS["python"](r)
+    assert [row[5] for row in rows] == ["yes", "yes", "—"]
+    assert rows[0][1] == "97.0%" and "95.0%" in rows[0][2]
+    r["gfxbpf_chain_share"] = 0.5
+    assert report.SECTIONS["python"](r)[0][5] == "**no**"
