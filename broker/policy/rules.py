@@ -34,9 +34,9 @@ from gfxbpf.broker.policy.model import (  # noqa: F401 - re-exported: callers im
     Refusal,
     TlsClient,
     labels,
-    show,
 )
 from gfxbpf.broker.policy.pathglob import is_plain_path, path_matches, resolve_pattern
+from gfxbpf.tomlcheck.checks import show
 
 
 def _upload(program_name: str | None, d: Decision) -> Decision:

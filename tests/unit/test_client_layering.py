@@ -22,7 +22,10 @@ FILES = sorted(CLIENT.rglob("*.py"))  # client/profiles/ too
 
 # What each layer must never import: other layers by folder name, and
 # third-party packages by top-level name. tests/ may import anything.
+_LAYERS = ("tomlcheck", "bpf", "catalog", "proto", "broker", "client", "exporter")
 FORBIDDEN: dict[str, frozenset[str]] = {
+    # Checking TOML files: the standard library only, below every layer that reads one.
+    "tomlcheck": frozenset({*_LAYERS[1:], "bench", "tests", "tools", "grpc", "google", "elftools"}),
     # The loader knows no policy, no wire format and no catalog.
     "bpf": frozenset(
         {
@@ -35,9 +38,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
         {"proto", "broker", "client", "exporter", "bench", "tests", "tools", "grpc", "google"}
     ),
     # Messages and framing know no daemon and no kernel object.
-    "proto": frozenset(
-        {"bpf", "catalog", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
-    ),
+    "proto": frozenset({*_LAYERS, "bench", "tests", "tools", "elftools"} - {"proto"}),
     # The daemon uses bpf and proto, never the client library.
     "broker": frozenset({"client", "exporter", "bench", "tests", "tools"}),
     # The client never holds a capability nor runs broker code.
@@ -51,9 +52,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     # The benchmark measures what a user runs: the client, and bpf for its own programs.
     "bench": frozenset({"broker", "tests", "tools"}),
     # Build scripts run before the package is installed.
-    "tools": frozenset(
-        {"bpf", "catalog", "proto", "broker", "client", "exporter", "bench", "tests"}
-    ),
+    "tools": frozenset({*_LAYERS, "bench", "tests"}),
 }
 
 
@@ -150,7 +149,7 @@ def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
 
 # Loading a layer must not load a forbidden gfxbpf layer either (what the
 # parse above cannot see: an import hidden behind a computed name).
-PRODUCT_LAYERS = ("bpf", "catalog", "proto", "broker", "client", "exporter")
+PRODUCT_LAYERS = _LAYERS
 
 
 @pytest.mark.parametrize("layer", PRODUCT_LAYERS)
@@ -187,7 +186,9 @@ def test_imports_follow_the_layers(path: Path) -> None:
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
         if name.startswith("gfxbpf.") and top == "gfxbpf":
             layer = name.split(".")[1]
-            assert layer in ("client", "proto", "bpf", "catalog"), f"{path.name} imports {name}"
+            assert layer in ("client", "proto", "bpf", "catalog", "tomlcheck"), (
+                f"{path.name} imports {name}"
+            )
             if layer in ("bpf", "catalog"):
                 # "from gfxbpf.bpf.btf.blob import Btf" records gfxbpf.bpf.btf.blob and its .Btf
                 allowed = any(name == a or name.startswith(a + ".") for a in ALLOWED_BPF)

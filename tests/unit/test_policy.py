@@ -112,7 +112,7 @@ def test_allow_no_btf_is_off_unless_set_to_true():
     errs = _errors(base + 'allow_no_btf = "yes"\n')
     assert errs == [
         "/etc/gfxbpf/policy.toml: [[program]] #1 \"x\": field 'allow_no_btf': "
-        "expected true or false, got string"
+        'expected true or false, got string "yes"'
     ]
 
 
@@ -258,7 +258,8 @@ def test_limits_must_be_positive_ints(value):
 def test_program_must_be_array_of_tables():
     errs = _errors('program = "syscount"\n')
     assert errs == [
-        "/etc/gfxbpf/policy.toml: top level: field 'program': write programs as [[program]] tables"
+        "/etc/gfxbpf/policy.toml: top level: field 'program': "
+        "write each as a [[program]] table, got string"
     ]
     errs = _errors("[[programs]]\nname = 'x'\n")
     assert "did you mean [[program]]?" in errs[0]
