@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # tools/ are scripts, run from a bare checkout.
 PACKAGES = {
     "tomlcheck": "gfxbpf.tomlcheck",
+    "elf": "gfxbpf.elf",
     "bpf": "gfxbpf.bpf",
     "catalog": "gfxbpf.catalog",
     "proto": "gfxbpf.proto",
@@ -26,7 +27,7 @@ PACKAGES = {
     "bench": "bench",
     "tools": "tools",
 }
-PRODUCT_FOLDERS = ("tomlcheck", "bpf", "catalog", "proto", "broker", "client", "exporter")
+PRODUCT_FOLDERS = ("tomlcheck", "elf", "bpf", "catalog", "proto", "broker", "client", "exporter")
 
 
 def package_of(path: Path) -> str:

@@ -22,34 +22,40 @@ FILES = sorted(CLIENT.rglob("*.py"))  # client/profiles/ too
 
 # What each layer must never import: other layers by folder name, and
 # third-party packages by top-level name. tests/ may import anything.
-_LAYERS = ("tomlcheck", "bpf", "catalog", "proto", "broker", "client", "exporter")
+_LAYERS = ("tomlcheck", "elf", "bpf", "catalog", "proto", "broker", "client", "exporter")
 FORBIDDEN: dict[str, frozenset[str]] = {
     # Checking TOML files: the standard library only, below every layer that reads one.
     "tomlcheck": frozenset({*_LAYERS[1:], "bench", "tests", "tools", "grpc", "google", "elftools"}),
-    # The loader knows no policy, no wire format and no catalog.
+    # The one ELF layer: the standard library and pyelftools, below bpf and the client.
+    "elf": frozenset({*_LAYERS[2:], "tomlcheck", "bench", "tests", "tools", "grpc", "google"}),
+    # The loader knows no policy, no wire format and no catalog; it reads ELF
+    # through gfxbpf.elf, never pyelftools itself (one ELF reader).
     "bpf": frozenset(
         {
             *("catalog", "proto", "broker", "client", "exporter", "bench", "tests", "tools"),
-            *("grpc", "google"),
+            *("grpc", "google", "elftools"),
         }
     ),
     # The catalog runs programs with the library; it knows no policy and no wire.
     "catalog": frozenset(
         {"proto", "broker", "client", "exporter", "bench", "tests", "tools", "grpc", "google"}
+        | {"elftools"}
     ),
     # Messages and framing know no daemon and no kernel object.
     "proto": frozenset({*_LAYERS, "bench", "tests", "tools", "elftools"} - {"proto"}),
     # The daemon uses bpf and proto, never the client library.
-    "broker": frozenset({"client", "exporter", "bench", "tests", "tools"}),
+    "broker": frozenset({"client", "exporter", "bench", "tests", "tools", "elftools"}),
     # The client never holds a capability nor runs broker code.
     "client": frozenset(
         {"broker", "bench", "tests", "tools", "prctl", "exporter", "prometheus_client"}
+        | {"elftools"}
     ),
     # The exporter is a client of the broker like gfxclient: the client library
     # (and through it the read side of bpf), never the daemon. The client does
     # not import it back (prometheus-client is an optional extra).
-    "exporter": frozenset({"broker", "bench", "tests", "tools", "prctl"}),
-    # The benchmark measures what a user runs: the client, and bpf for its own programs.
+    "exporter": frozenset({"broker", "bench", "tests", "tools", "prctl", "elftools"}),
+    # The benchmark measures what a user runs: the client, and bpf for its own
+    # programs (and pyelftools as a peer it compares with).
     "bench": frozenset({"broker", "tests", "tools"}),
     # Build scripts run before the package is installed.
     "tools": frozenset({*_LAYERS, "bench", "tests"}),
@@ -81,7 +87,6 @@ ALLOWED_BPF = {
     "gfxbpf.bpf.consts",
     "gfxbpf.catalog.cuda_api",
     "gfxbpf.catalog.function_tables",
-    "gfxbpf.bpf.elf",  # only reads files: the profile symbolizer shares the broker's ELF reader
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
@@ -186,7 +191,8 @@ def test_imports_follow_the_layers(path: Path) -> None:
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
         if name.startswith("gfxbpf.") and top == "gfxbpf":
             layer = name.split(".")[1]
-            assert layer in ("client", "proto", "bpf", "catalog", "tomlcheck"), (
+            # gfxbpf.elf only reads files: the symbolizer shares the broker's ELF layer.
+            assert layer in ("client", "proto", "bpf", "catalog", "tomlcheck", "elf"), (
                 f"{path.name} imports {name}"
             )
             if layer in ("bpf", "catalog"):
