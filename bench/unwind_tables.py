@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.unwind_samples import sample_run
-from gfxbpf.bpf.elf import open_elf
 from gfxbpf.client.profiles.elfinfo import read_info
 from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.unwind import UnwindTables, unwind
 from gfxbpf.client.profiles.unwind.lazy import open_lazy
 from gfxbpf.client.profiles.unwind.table import FileTable
+from gfxbpf.elf.reader import open_elf
 
 LIB_DIRS = ("/usr/lib", "/usr/local/lib")
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"

@@ -11,14 +11,10 @@ code.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import CODE_CALL, CODE_LD_IMM64, SLOT
@@ -36,6 +32,8 @@ from gfxbpf.bpf.btf.blob import (
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.externs.decls import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
 from gfxbpf.bpf.sections import SectionError, SectionProgram, SectionUnsupported, parse_section
+from gfxbpf.elf.reader import ElfFile
+from gfxbpf.elf.symbols import SymbolFormatError
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -52,7 +50,6 @@ STV_HIDDEN = 2
 SHN_UNDEF = 0
 SHN_LORESERVE = 0xFF00
 
-_SYM = struct.Struct("<IBBHQQ")
 _REL = struct.Struct("<QQ")
 
 MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hostile input
@@ -272,16 +269,17 @@ class ObjectSpec:
             raise
         except BtfError as e:
             raise ObjectError(f"bad BTF: {e}") from None
-        except (ELFError, struct.error, IndexError, KeyError, ValueError, UnicodeError) as e:
+        except (struct.error, IndexError, KeyError, ValueError, UnicodeError) as e:
             raise ObjectError(f"corrupt ELF object: {e}") from None
-        except Exception as e:  # pyelftools raises assorted types on hostile input
+        except Exception as e:  # hostile input: whatever a parser did not foresee
             raise ObjectError(f"corrupt ELF object: {type(e).__name__}: {e}") from None
         return spec
 
     def _parse(self, data: bytes) -> None:
-        sections = _read_sections(_open_elf(data), data)
+        elf = _open_elf(data)
+        sections = _read_sections(elf)
         self._sections = {s.name: s.index for s in sections}
-        symbols = _read_symtab(sections)
+        symbols = _read_symtab(elf)
         by_name = {s.name: s for s in sections}
         self._parse_metadata(by_name, sections)
         text = by_name.get(".text")
@@ -790,88 +788,50 @@ def _check_relocation(
         )
 
 
-def _open_elf(data: bytes) -> ELFFile:
+def _open_elf(data: bytes) -> ElfFile:
     """The ELF header, checked: a 64-bit little-endian BPF object whose headers fit."""
     if data[:4] != b"\x7fELF":
         raise ObjectError("not an ELF file (bad magic)")
     if len(data) < 64:
         raise ObjectError("truncated ELF header")
-    elf = ELFFile(io.BytesIO(data))
-    if elf.elfclass != 64 or not elf.little_endian:
+    elf = ElfFile(data, "object")  # ElfError (truncated headers...): a corrupt object
+    if not elf.is64 or elf.order != "<":
         raise ObjectError("not a 64-bit little-endian ELF object")
-    if elf["e_machine"] not in ("EM_BPF", EM_BPF):
-        raise ObjectError(f"not a BPF object (e_machine {elf['e_machine']})")
-    if elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"] > len(data):
-        raise ObjectError("truncated ELF: section header table runs past the end")
+    if elf.machine != EM_BPF:
+        raise ObjectError(f"not a BPF object (e_machine {elf.machine})")
     return elf
 
 
-# pyelftools names the section types it knows; the ones read here, by number.
-_SECTION_TYPES = {"SHT_PROGBITS": SHT_PROGBITS, "SHT_SYMTAB": SHT_SYMTAB}
-_SECTION_TYPES |= {"SHT_NOBITS": SHT_NOBITS, "SHT_REL": SHT_REL}
+def _read_sections(elf: ElfFile) -> list[_Section]:
+    """Every section with its body (ElfError for one that runs past the end)."""
+    return [
+        _Section(
+            s.index,
+            s.name,
+            s.type,
+            s.flags,
+            s.offset,
+            s.size,
+            s.link,
+            s.info,
+            s.entsize,
+            b"" if s.type == SHT_NOBITS or s.index == 0 else elf.data(s),
+        )  # fmt: skip
+        for s in elf.sections
+    ]
 
 
-def _read_sections(elf: ELFFile, data: bytes) -> list[_Section]:
-    """Every section with its body, refusing one that runs past the end of data."""
-    sections: list[_Section] = []
-    for i, sec in enumerate(elf.iter_sections()):
-        h = sec.header
-        raw_type = h["sh_type"]
-        stype = _SECTION_TYPES.get(raw_type, raw_type if isinstance(raw_type, int) else -1)
-        off, size = h["sh_offset"], h["sh_size"]
-        if stype != SHT_NOBITS and i and off + size > len(data):
-            raise ObjectError(f"truncated ELF: section {sec.name!r} runs past the end")
-        body = b"" if stype == SHT_NOBITS or i == 0 else data[off : off + size]
-        sections.append(
-            _Section(
-                i,
-                sec.name,
-                stype,
-                h["sh_flags"],
-                off,
-                size,
-                h["sh_link"],
-                h["sh_info"],
-                h["sh_entsize"],
-                body,
-            )
-        )
-    return sections
-
-
-def _read_symtab(sections: list[_Section]) -> list[Symbol]:
+def _read_symtab(elf: ElfFile) -> list[Symbol]:
     """The symbols of the object's one symbol table."""
-    symtabs = [s for s in sections if s.type == SHT_SYMTAB]
+    symtabs = [s for s in elf.sections if s.type == SHT_SYMTAB]
     if len(symtabs) != 1:
         raise ObjectError("expected exactly one symbol table (is the object stripped?)")
-    symtab = symtabs[0]
-    if symtab.link >= len(sections):
+    if symtabs[0].link >= len(elf.sections):
         raise ObjectError("symbol table links to a missing string table")
-    return _parse_symbols(symtab.data, sections[symtab.link].data)
-
-
-def _parse_symbols(data: bytes, strtab: bytes) -> list[Symbol]:
-    if len(data) % _SYM.size:
-        raise ObjectError("symbol table has a partial entry")
-    out = []
-    for i, (name_off, info, other, shndx, value, size) in enumerate(_SYM.iter_unpack(data)):
-        if name_off >= len(strtab) and name_off:
-            raise ObjectError(f"symbol #{i}: name offset {name_off} is past the string table")
-        end = strtab.find(b"\0", name_off)
-        raw = strtab[name_off : end if end >= 0 else len(strtab)]
-        out.append(
-            Symbol(
-                i,
-                raw.decode("utf-8", "replace"),
-                value,
-                size,
-                info & 0xF,
-                info >> 4,
-                other & 0x3,
-                shndx,
-            )
-        )
-    return out
+    try:
+        return [Symbol(*row) for row in elf.symbols_of(symtabs[0]).symbols()]
+    except SymbolFormatError as e:
+        raise ObjectError(str(e)) from None
 
 
 def _check_function(sym: Symbol, sec: _Section, is_text: bool) -> None:

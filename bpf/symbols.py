@@ -7,7 +7,7 @@ PT_LOAD segment holding it when the section index is unusable).
 A library such as libcuda is ~100 MB with thousands of exported symbols, and
 one attach resolves dozens of them twice (entry and return probes). So a
 file is parsed once into a SymbolIndex: only the ELF header, the section and
-program headers and the symbol/string/version tables are read (bpf/elf.py,
+program headers and the symbol/string/version tables are read (gfxbpf.elf,
 pread), and the symbol tables are unpacked with one precompiled struct each;
 .symtab only when a name is not in .dynsym. Indexes are
 kept in a small LRU keyed by the file's identity from fstat (device, inode,
@@ -26,7 +26,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gfxbpf.bpf.elf import (
+from gfxbpf.bpf.errors import InputError
+from gfxbpf.elf.reader import (
     SHN_UNDEF,
     SHT_NOBITS,
     STT_FUNC,
@@ -35,7 +36,6 @@ from gfxbpf.bpf.elf import (
     ElfFile,
     SymbolTable,
 )
-from gfxbpf.bpf.errors import InputError
 
 __all__ = [
     "FunctionSymbol",

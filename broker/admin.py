@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
-from gfxbpf.broker.review import checks as audit
+from gfxbpf.broker.review import checks
 from gfxbpf.catalog.entries import (
     Catalog,
     CatalogError,
@@ -69,7 +69,7 @@ def approve(args: argparse.Namespace) -> int:
             f"{entry.directory / entry.object} has sha256 {digest}, the catalog says "
             f"{entry.sha256}",
         )
-    report = audit.audit_bytes(data, entry.object.split(".", 1)[0])
+    report = checks.audit_bytes(data, entry.object.split(".", 1)[0])
     problems += report.problems
     if problems:
         for p in problems:
@@ -122,7 +122,7 @@ def audit_cmd(args: argparse.Namespace) -> int:
     path = Path(args.object)
     with open(path, "rb") as f:
         data = f.read(MAX_OBJECT_SIZE + 1)
-    report = audit.audit_bytes(data, object_name(str(path)))
+    report = checks.audit_bytes(data, object_name(str(path)))
     print(f"object {path}")
     print(report.text())
     return 0 if report.ok else 1

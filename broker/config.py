@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from gfxbpf.broker.policy import report as policy_report
+from gfxbpf.broker.policy import report
 from gfxbpf.broker.policy.rules import Policy, PolicyError
 
 DEFAULT_POLICY = "/etc/gfxbpf/policy.toml"
@@ -185,11 +185,11 @@ def check_policy(
             print(f"error: {problem}", file=stream)
         print(f"{path}: INVALID ({len(e.problems)} problems)", file=stream)
         return 1
-    print(policy_report.summary(policy), file=stream)
-    warnings = policy_report.check_warnings(policy)
+    print(report.summary(policy), file=stream)
+    warnings = report.check_warnings(policy)
     if use_catalog:
         try:
-            warnings += policy_report.catalog_warnings(policy, _load_catalog(catalog))
+            warnings += report.catalog_warnings(policy, _load_catalog(catalog))
         except Exception as e:  # a broken catalog is the catalog's problem, not the policy's
             warnings.append(f"catalog not checked: {e}")
     for w in warnings:

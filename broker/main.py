@@ -165,7 +165,7 @@ def known_program(service: Any, name: str) -> bool:
 
 def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
     """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
-    from gfxbpf.broker.policy import report as policy_report
+    from gfxbpf.broker.policy import report
     from gfxbpf.broker.policy.rules import Policy, PolicyError
 
     old = service.policy
@@ -189,9 +189,7 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
         return False
     warnings: list[str] = []
     with contextlib.suppress(Exception):
-        warnings = policy_report.check_warnings(new) + policy_report.catalog_warnings(
-            new, service.catalog
-        )
+        warnings = report.check_warnings(new) + report.catalog_warnings(new, service.catalog)
     service.policy = new  # one reference swap: requests that start now see the new policy
     revoked = _revoke(service, new, grpc_server, audit)
     limits = new.limits
@@ -326,7 +324,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     # privilege drop, before anything can start a thread.
     policy, catalog = _load(config)
     try:
-        report = ensure_broker_privileges(config.user)
+        privileges = ensure_broker_privileges(config.user)
     except PrivilegeError as e:
         raise StartError(f"privileges: {e}") from None
     from gfxbpf.broker.service import Service
@@ -337,7 +335,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(key, None)
 
-    audit.ok("start", detail=report.summary(), uid=report.uid, pid=os.getpid())
+    audit.ok("start", detail=privileges.summary(), uid=privileges.uid, pid=os.getpid())
     _check_unprivileged_bpf(audit)
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)

@@ -3,14 +3,14 @@
 The catalog names each reviewed program, its object in catalog/programs/, the
 sha256 of that object, the scopes it may run in, where it attaches, which
 .rodata knobs take tracepoint field offsets, and how its maps are shown.
-Every error names the catalog file, the program and the key at fault.
+Every problem is found before the catalog is refused, each naming the
+catalog file, the program and the key at fault (gfxbpf.tomlcheck.checks).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,8 @@ from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, ObjectError, ObjectSpec, object_name
 from gfxbpf.catalog import cuda_api
 from gfxbpf.catalog.function_tables import TableFunction
+from gfxbpf.tomlcheck import checks
+from gfxbpf.tomlcheck.checks import Entry, FileProblems, Problems, show, shown
 
 ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "tp_btf", "uprobe", "uretprobe", "perf_event")
 SHOWS = ("counter", "log2_histogram", "events", "table")
@@ -42,8 +44,9 @@ _TRACEPOINT = re.compile(r"^[A-Za-z0-9_]+/[A-Za-z0-9_]+$")
 _OBJECT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.bpf\.o$")
 
 
-class CatalogError(ValueError, InputError):
-    """catalog.toml is malformed or names something that is not there."""
+class CatalogError(FileProblems, InputError):
+    """catalog.toml is malformed or names something that is not there;
+    .problems lists every problem found."""
 
 
 class CatalogKeyError(KeyError, InputError):
@@ -197,33 +200,26 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     Objects are looked up in the `programs` directory beside the catalog file.
     """
     p = Path(path) if path is not None else DEFAULT_PATH
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise CatalogError(f"cannot read catalog {p}: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise CatalogError(f"catalog {p} is not UTF-8: {e}") from e
+    text = checks.read_text(p, CatalogError, "catalog")
     return parse_catalog(text, directory=p.parent / PROGRAMS_DIR, source=str(p))
 
 
 def parse_catalog(text: str, *, directory: str | Path, source: str = "catalog.toml") -> Catalog:
-    """Validate catalog text; objects must exist in directory."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise CatalogError(f"{source}: not valid TOML: {e}") from e
-    _check_keys(data, {"program"}, f"{source}: top level")
-    raw = data.get("program", [])
-    if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
-        raise CatalogError(f"{source}: 'program' must be an array of tables ([[program]])")
+    """Validate catalog text; objects must exist in directory. CatalogError
+    lists every problem found."""
+    data = checks.parse_toml(text, source, CatalogError)
+    problems = Problems(source)
+    top = problems.entry("top level")
+    top.unknown_keys(data, ("program",))
     programs: list[Program] = []
-    names: set[str] = set()
-    for i, entry in enumerate(raw):
-        prog = _parse_program(entry, i, Path(directory), source)
-        if prog.name in names:
-            raise CatalogError(f"{source}: program {prog.name!r} is declared twice")
-        names.add(prog.name)
+    for i, table in top.tables(data, "program", "program"):
+        prog = _parse_program(table, i, Path(directory), problems)
+        if prog is None:
+            continue
+        if prog.name in (p.name for p in programs):
+            problems.add(f"[[program]] #{i} {show(prog.name)}", "name", "declared twice")
         programs.append(prog)
+    problems.raise_if_any(CatalogError)
     return Catalog(path=Path(source), programs=tuple(programs))
 
 
@@ -250,14 +246,17 @@ def read_object(entry: Program) -> bytes:
             data = f.read(MAX_OBJECT_SIZE + 1)
     except OSError as e:
         raise ObjectUnreadable(
-            f"program {entry.name!r}: cannot read object {path}: {e.strerror or e}"
+            str(path), [f"program {entry.name!r}: cannot read object {path}: {e.strerror or e}"]
         ) from e
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
         raise ObjectChanged(
-            f"program {entry.name!r}: {path} has sha256 {digest}, but the catalog says "
-            f"{entry.sha256}; the object changed since it was reviewed (rebuild it with "
-            "python3 tools/build_bpf.py and re-approve it)"
+            str(path),
+            [
+                f"program {entry.name!r}: {path} has sha256 {digest}, but the catalog says "
+                f"{entry.sha256}; the object changed since it was reviewed (rebuild it with "
+                "python3 tools/build_bpf.py and re-approve it)"
+            ],
         )
     return data
 
@@ -337,81 +336,9 @@ def _knob_problems(entry: Program, spec: ObjectSpec, where: str) -> list[str]:
     return problems
 
 
-# --- validation helpers ---------------------------------------------------
+# --- validation (gfxbpf.tomlcheck.checks: every problem, each naming file, entry and field) ---
 
-
-def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise CatalogError(
-            f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})"
-        )
-
-
-class _Ctx:
-    """Error-message context for one [[program]] entry."""
-
-    def __init__(self, source: str, label: str) -> None:
-        self.source = source
-        self.label = label
-
-    def fail(self, key: str, problem: str) -> CatalogError:
-        return CatalogError(f"{self.source}: program {self.label}: {key}: {problem}")
-
-    def check_keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
-        unknown = sorted(set(table) - allowed)
-        if unknown:
-            raise self.fail(
-                where + unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})"
-            )
-
-    def get_str(
-        self, table: dict[str, Any], key: str, where: str, required: bool = True
-    ) -> str | None:
-        label = f"{where}{key}"
-        if key not in table:
-            if required:
-                raise self.fail(label, "missing")
-            return None
-        v = table[key]
-        if not isinstance(v, str) or not v.strip():
-            raise self.fail(label, f"must be a non-empty string, got {v!r}")
-        return v
-
-    def get_ident(
-        self, table: dict[str, Any], key: str, where: str, required: bool = True
-    ) -> str | None:
-        v = self.get_str(table, key, where, required)
-        if v is not None and not _IDENT.match(v):
-            raise self.fail(f"{where}{key}", f"{v!r} is not a C identifier")
-        return v
-
-    def get_bool(self, table: dict[str, Any], key: str, where: str, default: bool | None) -> bool:
-        if key not in table:
-            if default is None:
-                raise self.fail(f"{where}{key}", "missing")
-            return default
-        v = table[key]
-        if not isinstance(v, bool):
-            raise self.fail(f"{where}{key}", f"must be true or false, got {v!r}")
-        return v
-
-    def get_choice(
-        self, table: dict[str, Any], key: str, where: str, choices: tuple[str, ...], required: bool
-    ) -> str | None:
-        v = self.get_str(table, key, where, required)
-        if v is not None and v not in choices:
-            raise self.fail(f"{where}{key}", f"{v!r} is not one of {', '.join(choices)}")
-        return v
-
-    def get_tables(self, table: dict[str, Any], key: str) -> list[dict[str, Any]]:
-        v = table.get(key, [])
-        if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
-            raise self.fail(key, f"must be an array of tables ([[program.{key}]])")
-        return v
-
-
-_PROGRAM_KEYS = {
+_PROGRAM_KEYS = (
     "name",
     "object",
     "sha256",
@@ -428,44 +355,64 @@ _PROGRAM_KEYS = {
     "parameter",
     "requires",
     "function_table",
-}
-_ATTACH_KEYS = {"program", "kind", "target", "variant"}
-_FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant", "optional"}
-_MAP_KEYS = {"name", "visible", "show", "unit", "key_label", "description", "event_type"}
-_PARAMETER_KEYS = {"name", "type", "required", "description"}
+)
+_ATTACH_KEYS = ("program", "kind", "target", "variant")
+_FIELD_KEYS = ("knob", "tracepoint", "field", "size_knob", "variant", "optional")
+_MAP_KEYS = ("name", "visible", "show", "unit", "key_label", "description", "event_type")
+_PARAMETER_KEYS = ("name", "type", "required", "description")
+_C_IDENT = "a C identifier"
 
 
-def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: str) -> Program:
+def _ident(at: Entry, table: dict[str, Any], key: str, required: bool = False) -> str | None:
+    return at.matching(table, key, _IDENT, _C_IDENT, required)
+
+
+def _sub_entries(
+    at: Entry, table: dict[str, Any], key: str
+) -> Iterator[tuple[Entry, dict[str, Any]]]:
+    """The [[program.KEY]] tables of a program, each with the Entry its problems go to."""
+    for i, sub in at.tables(table, key, f"program.{key}"):
+        yield at.problems.entry(f"{at.where} [[program.{key}]] #{i}"), sub
+
+
+def _parse_program(
+    entry: dict[str, Any], index: int, directory: Path, problems: Problems
+) -> Program | None:
     raw_name = entry.get("name")
-    label = repr(raw_name) if isinstance(raw_name, str) else f"#{index + 1}"
-    c = _Ctx(source, label)
-    unknown = sorted(set(entry) - _PROGRAM_KEYS)
-    if unknown:
-        raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_PROGRAM_KEYS))})")
-    name, obj, sha, description = _parse_identity(c, entry, directory)
-    scopes = _parse_scopes(c, entry)
-    requires = c.get_str(entry, "requires", "", required=False)
-    uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
-    pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
-    stack_bytes_knob = c.get_ident(entry, "stack_bytes_knob", "", required=False)
+    where = f"[[program]] #{index}"
+    if isinstance(raw_name, str) and raw_name:
+        where += f" {show(raw_name)}"
+    at = problems.entry(where)
+    at.unknown_keys(entry, _PROGRAM_KEYS)
+    name, obj, sha, description = _parse_identity(at, entry, directory)
+    scopes = _parse_scopes(at, entry)
+    requires = at.string(entry, "requires")
+    uid_knob, pid_knob = _ident(at, entry, "uid_knob"), _ident(at, entry, "pid_knob")
+    stack_bytes_knob = _ident(at, entry, "stack_bytes_knob")
     if "self" in scopes and not (uid_knob or pid_knob):
-        raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
-    attach = _parse_attach_list(c, entry)
+        at.add("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
+    before_attach = len(problems)
+    attach = _parse_attach_list(at, entry)
+    # Fields are checked against the attach list only when it is complete.
+    complete = attach if len(problems) == before_attach else None
     fields = tuple(
-        _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
+        f for sub, t in _sub_entries(at, entry, "field") if (f := _parse_field(sub, t, complete))
     )
-    children_knob, tree_map = _parse_tree(c, entry, pid_knob)
+    children_knob, tree_map = _parse_tree(at, entry, pid_knob)
     knobs = [k for k in (uid_knob, pid_knob, children_knob, stack_bytes_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
-    _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
-    maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
-    _refuse_duplicates(c, "map", [m.name for m in maps], "map {!r} is declared twice")
-    _check_tree_map(c, tree_map, maps)
+    _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
+    maps = tuple(m for sub, t in _sub_entries(at, entry, "map") if (m := _parse_map(sub, t)))
+    _refuse_duplicates(at, "map", [m.name for m in maps], "map {} is declared twice")
+    _check_tree_map(at, tree_map, maps)
     params = tuple(
-        _parse_parameter(c, t, i) for i, t in enumerate(c.get_tables(entry, "parameter"))
+        p for sub, t in _sub_entries(at, entry, "parameter") if (p := _parse_parameter(sub, t))
     )
-    _refuse_duplicates(c, "parameter", [p.name for p in params], "parameter {!r} is declared twice")
-    function_table = _parse_function_table(c, entry, attach)
+    _refuse_duplicates(at, "parameter", [p.name for p in params], "parameter {} is declared twice")
+    function_table = _parse_function_table(at, entry, attach)
+    if not at.ok or None in (name, obj, sha, description):
+        return None
+    assert name and obj and sha and description
     return Program(
         name=name,
         object=obj,
@@ -494,202 +441,214 @@ def function_table(name: str) -> tuple[TableFunction, ...]:
 
 
 def _parse_tree(
-    c: _Ctx, entry: dict[str, Any], pid_knob: str | None
+    at: Entry, entry: dict[str, Any], pid_knob: str | None
 ) -> tuple[str | None, str | None]:
     """(children_knob, tree_map): both or neither, and only beside a pid_knob."""
-    knob = c.get_ident(entry, "children_knob", "", required=False)
-    tree = c.get_ident(entry, "tree_map", "", required=False)
+    knob = _ident(at, entry, "children_knob")
+    tree = _ident(at, entry, "tree_map")
     if bool(knob) != bool(tree):
-        raise c.fail(
-            "children_knob" if tree else "tree_map", "children_knob and tree_map go together"
-        )
-    if knob and not pid_knob:
-        raise c.fail("children_knob", "following children needs a pid_knob (whose children?)")
+        at.add("children_knob" if tree else "tree_map", "children_knob and tree_map go together")
+    elif knob and not pid_knob:
+        at.add("children_knob", "following children needs a pid_knob (whose children?)")
     return knob or None, tree or None
 
 
-def _check_tree_map(c: _Ctx, tree_map: str | None, maps: tuple[MapEntry, ...]) -> None:
+def _check_tree_map(at: Entry, tree_map: str | None, maps: tuple[MapEntry, ...]) -> None:
     """The tree is the broker's bookkeeping: declared, and never shown to a client."""
     if tree_map is None:
         return
     m = next((m for m in maps if m.name == tree_map), None)
     if m is None or m.visible:
-        raise c.fail("tree_map", f"map {tree_map!r} must be a [[program.map]] with visible = false")
+        at.add("tree_map", f"map {show(tree_map)} must be a [[program.map]] with visible = false")
 
 
-def _parse_function_table(c: _Ctx, entry: dict[str, Any], attach: tuple[Attach, ...]) -> str | None:
-    name = c.get_str(entry, "function_table", "", required=False)
+def _parse_function_table(
+    at: Entry, entry: dict[str, Any], attach: tuple[Attach, ...]
+) -> str | None:
+    name = at.string(entry, "function_table")
     if not name:
         return None
     try:
         function_table(name)
     except KeyError:
-        raise c.fail("function_table", f"no function table {name!r}") from None
+        at.add("function_table", f"no function table {show(name)}")
+        return None
     if not any(a.kind in ("uprobe", "uretprobe") for a in attach):
-        raise c.fail("function_table", "only a program with uprobes takes a function table")
+        at.add("function_table", "only a program with uprobes takes a function table")
     return name
 
 
-def _parse_identity(c: _Ctx, entry: dict[str, Any], directory: Path) -> tuple[str, str, str, str]:
+def _parse_identity(
+    at: Entry, entry: dict[str, Any], directory: Path
+) -> tuple[str | None, str | None, str | None, str | None]:
     """name, object (which must exist in directory), sha256 and description."""
-    name = c.get_str(entry, "name", "")
-    assert name is not None
-    if not _NAME.match(name):
-        raise c.fail("name", f"{name!r} must be lowercase letters, digits and _ (max 64)")
-    obj = c.get_str(entry, "object", "")
-    assert obj is not None
-    if not _OBJECT.match(obj):
-        raise c.fail("object", f"{obj!r} must be a file name ending in .bpf.o (no directories)")
-    if not (directory / obj).is_file():
-        raise c.fail(
-            "object", f"{directory / obj} does not exist (build it: python3 tools/build_bpf.py)"
-        )
-    sha = c.get_str(entry, "sha256", "")
-    assert sha is not None
-    if not _SHA256.match(sha):
-        raise c.fail("sha256", f"{sha!r} is not 64 lowercase hex digits")
-    description = c.get_str(entry, "description", "")
-    assert description is not None
+    name = at.string(entry, "name", True)
+    if name is not None and not _NAME.match(name):
+        at.add("name", f"{show(name)} must be lowercase letters, digits and _ (max 64)")
+        name = None
+    obj = at.string(entry, "object", True)
+    if obj is not None and not _OBJECT.match(obj):
+        at.add("object", f"{show(obj)} must be a file name ending in .bpf.o (no directories)")
+        obj = None
+    elif obj is not None and not (directory / obj).is_file():
+        at.add("object", f"{directory / obj} does not exist (build it: python3 tools/build_bpf.py)")
+        obj = None
+    sha = at.string(entry, "sha256", True)
+    if sha is not None and not _SHA256.match(sha):
+        at.add("sha256", f"{show(sha)} is not 64 lowercase hex digits")
+        sha = None
+    description = at.string(entry, "description", True)
     return name, obj, sha, description
 
 
-def _parse_scopes(c: _Ctx, entry: dict[str, Any]) -> tuple[str, ...]:
-    scopes = entry.get("scopes")
-    if scopes is None:
-        raise c.fail("scopes", "missing")
+def _parse_scopes(at: Entry, entry: dict[str, Any]) -> tuple[str, ...]:
+    if not at.present(entry, "scopes", True):
+        return ()
+    scopes = entry["scopes"]
     if not isinstance(scopes, list) or not scopes:
-        raise c.fail("scopes", f"must be a non-empty list, got {scopes!r}")
-    for s in scopes:
-        if s not in SCOPES:
-            raise c.fail("scopes", f"{s!r} is not one of {', '.join(SCOPES)}")
-    if len(set(scopes)) != len(scopes):
-        raise c.fail("scopes", "lists a scope twice")
-    return tuple(scopes)
+        at.add("scopes", f"expected a non-empty array, got {shown(scopes)}")
+        return ()
+    bad = [s for s in scopes if s not in SCOPES]
+    if bad:
+        at.add("scopes", f"{show(bad[0])} is not one of {', '.join(SCOPES)}")
+    elif len(set(scopes)) != len(scopes):
+        at.add("scopes", "lists a scope twice")
+    return tuple(s for s in scopes if s in SCOPES)
 
 
-def _parse_attach_list(c: _Ctx, entry: dict[str, Any]) -> tuple[Attach, ...]:
+def _parse_attach_list(at: Entry, entry: dict[str, Any]) -> tuple[Attach, ...]:
     """The [[program.attach]] entries: at least one, none repeated."""
-    attach = tuple(_parse_attach(c, t, i) for i, t in enumerate(c.get_tables(entry, "attach")))
-    if not attach:
-        raise c.fail("attach", "a program needs at least one [[program.attach]]")
-    seen: set[tuple[str, str | None, str | None]] = set()
-    for i, a in enumerate(attach):
-        key = (a.program, a.target, a.variant)
-        if key in seen:
-            raise c.fail(f"attach[{i}]", f"duplicates an earlier entry for {a.program!r}")
-        seen.add(key)
-    return attach
+    attach: list[Attach] = []
+    for sub, t in _sub_entries(at, entry, "attach"):
+        a = _parse_attach(sub, t)
+        if a is not None and (a.program, a.target, a.variant) in (
+            (b.program, b.target, b.variant) for b in attach
+        ):
+            sub.add(None, f"duplicates an earlier entry for {show(a.program)}")
+        elif a is not None:
+            attach.append(a)
+    if not attach and at.ok:
+        at.add("attach", "a program needs at least one [[program.attach]]")
+    return tuple(attach)
 
 
-def _refuse_duplicates(c: _Ctx, key: str, names: list[str], problem: str) -> None:
-    """Fail on the alphabetically first name that appears twice (problem formats it)."""
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise c.fail(key, problem.format(dup[0]))
+def _refuse_duplicates(at: Entry, key: str, names: list[str], problem: str) -> None:
+    """A problem for each name that appears twice (problem formats it)."""
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        at.add(key, problem.format(show(dup)))
 
 
-def _parse_attach(c: _Ctx, t: dict[str, Any], i: int) -> Attach:
-    where = f"attach[{i}]."
-    c.check_keys(t, _ATTACH_KEYS, where)
-    program = c.get_ident(t, "program", where)
-    kind = c.get_choice(t, "kind", where, ATTACH_KINDS, required=True)
-    target = c.get_str(t, "target", where, required=False)
-    variant = c.get_str(t, "variant", where, required=False)
+def _parse_attach(at: Entry, t: dict[str, Any]) -> Attach | None:
+    at.unknown_keys(t, _ATTACH_KEYS)
+    program = _ident(at, t, "program", True)
+    kind = at.choice(t, "kind", ATTACH_KINDS, True)
+    target = at.string(t, "target")
+    variant = at.string(t, "variant")
+    if kind is not None:
+        _check_attach_target(at, kind, target)
+    if not at.ok:
+        return None
     assert program is not None and kind is not None
-    if kind == "tracepoint":
-        if target is None:
-            raise c.fail(where + "target", "missing (a tracepoint needs 'system/event')")
-        if not _TRACEPOINT.match(target):
-            raise c.fail(where + "target", f"{target!r} is not 'system/event'")
-    elif kind == "raw_tracepoint":
-        if target is None:
-            raise c.fail(where + "target", "missing (a raw tracepoint needs its name)")
-        if not _IDENT.match(target):
-            raise c.fail(where + "target", f"{target!r} is not a raw tracepoint name")
-    elif kind == "tp_btf":  # needs vmlinux BTF, not tracefs
-        if target is None or not _IDENT.match(target):
-            raise c.fail(where + "target", "missing or not a tracepoint name (tp_btf/<name>)")
-    elif target is not None:
-        raise c.fail(
-            where + "target", f"a {kind} takes no target in the catalog (chosen at attach time)"
-        )
     return Attach(program=program, kind=kind, target=target, variant=variant)
 
 
-def _parse_field(c: _Ctx, t: dict[str, Any], i: int, attach: tuple[Attach, ...]) -> Field:
-    where = f"field[{i}]."
-    c.check_keys(t, _FIELD_KEYS, where)
-    knob = c.get_ident(t, "knob", where)
-    tracepoint = c.get_str(t, "tracepoint", where)
-    fname = c.get_ident(t, "field", where)
-    size_knob = c.get_ident(t, "size_knob", where, required=False)
-    variant = c.get_str(t, "variant", where, required=False)
-    optional = c.get_bool(t, "optional", where, default=False)
+def _check_attach_target(at: Entry, kind: str, target: str | None) -> None:
+    """Tracepoints name their target in the catalog; probes get theirs at attach."""
+    if kind == "tracepoint":
+        if target is None:
+            at.add("target", "missing (a tracepoint needs 'system/event')")
+        elif not _TRACEPOINT.match(target):
+            at.add("target", f"{show(target)} is not 'system/event'")
+    elif kind == "raw_tracepoint":
+        if target is None:
+            at.add("target", "missing (a raw tracepoint needs its name)")
+        elif not _IDENT.match(target):
+            at.add("target", f"{show(target)} is not a raw tracepoint name")
+    elif kind == "tp_btf":  # needs vmlinux BTF, not tracefs
+        if target is None or not _IDENT.match(target):
+            at.add("target", "missing or not a tracepoint name (tp_btf/<name>)")
+    elif target is not None:
+        at.add("target", f"a {kind} takes no target in the catalog (chosen at attach time)")
+
+
+def _parse_field(at: Entry, t: dict[str, Any], attach: tuple[Attach, ...] | None) -> Field | None:
+    at.unknown_keys(t, _FIELD_KEYS)
+    knob = _ident(at, t, "knob", True)
+    tracepoint = at.matching(t, "tracepoint", _TRACEPOINT, "'system/event'", True)
+    fname = _ident(at, t, "field", True)
+    size_knob = _ident(at, t, "size_knob")
+    variant = at.string(t, "variant")
+    optional = at.boolean(t, "optional", False)
+    if tracepoint is not None and attach is not None:
+        variant = _field_variant(at, tracepoint, variant, attach)
+    if not at.ok:
+        return None
     assert knob is not None and tracepoint is not None and fname is not None
-    if not _TRACEPOINT.match(tracepoint):
-        raise c.fail(where + "tracepoint", f"{tracepoint!r} is not 'system/event'")
-    # A knob is filled from a tracepoint this program attaches to, in the same variant.
-    variants = {a.variant for a in attach if a.kind == "tracepoint" and a.target == tracepoint}
-    if not variants:
-        raise c.fail(
-            where + "tracepoint", f"{tracepoint!r} is not an attach target of this program"
-        )
-    if variant is not None:
-        if variant not in variants:
-            shown = ", ".join(repr(v) for v in sorted(variants, key=str))
-            raise c.fail(
-                where + "variant",
-                f"{variant!r} does not attach {tracepoint!r} (its variants: {shown})",
-            )
-    elif len(variants) > 1:
-        raise c.fail(where + "variant", f"{tracepoint!r} is in several variants: name one")
-    else:
-        variant = next(iter(variants))
     return Field(
         knob=knob,
         tracepoint=tracepoint,
         field=fname,
         size_knob=size_knob,
         variant=variant,
-        optional=optional,
+        optional=bool(optional),
     )
 
 
-def _parse_map(c: _Ctx, t: dict[str, Any], i: int) -> MapEntry:
-    where = f"map[{i}]."
-    c.check_keys(t, _MAP_KEYS, where)
-    name = c.get_ident(t, "name", where)
-    assert name is not None
-    if len(name) > MAP_NAME_MAX:
-        raise c.fail(where + "name", f"{name!r} is longer than {MAP_NAME_MAX} characters")
-    visible = c.get_bool(t, "visible", where, default=None)
-    show = c.get_choice(t, "show", where, SHOWS, required=visible)
-    unit = c.get_choice(
-        t, "unit", where, UNITS, required=show in ("counter", "log2_histogram") and visible
-    )
-    key_label = c.get_str(t, "key_label", where, required=False)
-    description = c.get_str(t, "description", where)
-    event_type = c.get_ident(t, "event_type", where, required=show == "events")
-    if event_type is not None and show != "events":
-        raise c.fail(where + "event_type", "only a map with show = 'events' has an event_type")
-    assert description is not None
+def _field_variant(
+    at: Entry, tracepoint: str, variant: str | None, attach: tuple[Attach, ...]
+) -> str | None:
+    """A knob is filled from a tracepoint this program attaches to, in the same variant."""
+    variants = {a.variant for a in attach if a.kind == "tracepoint" and a.target == tracepoint}
+    if not variants:
+        at.add("tracepoint", f"{show(tracepoint)} is not an attach target of this program")
+    elif variant is not None:
+        if variant not in variants:
+            known = ", ".join(show(v) for v in sorted(variants, key=str))
+            at.add(
+                "variant",
+                f"{show(variant)} does not attach {show(tracepoint)} (its variants: {known})",
+            )
+    elif len(variants) > 1:
+        at.add("variant", f"{show(tracepoint)} is in several variants: name one")
+    else:
+        variant = next(iter(variants))
+    return variant
+
+
+def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
+    at.unknown_keys(t, _MAP_KEYS)
+    name = _ident(at, t, "name", True)
+    if name is not None and len(name) > MAP_NAME_MAX:
+        at.add("name", f"{show(name)} is longer than {MAP_NAME_MAX} characters")
+    visible = at.boolean(t, "visible", None)
+    shows = at.choice(t, "show", SHOWS, bool(visible))
+    unit = at.choice(t, "unit", UNITS, bool(visible) and shows in ("counter", "log2_histogram"))
+    key_label = at.string(t, "key_label")
+    description = at.string(t, "description", True)
+    event_type = _ident(at, t, "event_type", shows == "events")
+    if event_type is not None and shows != "events":
+        at.add("event_type", "only a map with show = 'events' has an event_type")
+    if not at.ok:
+        return None
+    assert name is not None and visible is not None and description is not None
     return MapEntry(
         name=name,
         visible=visible,
         description=description,
-        show=show,
+        show=shows,
         unit=unit,
         key_label=key_label,
         event_type=event_type,
     )
 
 
-def _parse_parameter(c: _Ctx, t: dict[str, Any], i: int) -> Parameter:
-    where = f"parameter[{i}]."
-    c.check_keys(t, _PARAMETER_KEYS, where)
-    name = c.get_ident(t, "name", where)
-    ptype = c.get_choice(t, "type", where, PARAMETER_TYPES, required=True)
-    required = c.get_bool(t, "required", where, default=False)
-    description = c.get_str(t, "description", where)
+def _parse_parameter(at: Entry, t: dict[str, Any]) -> Parameter | None:
+    at.unknown_keys(t, _PARAMETER_KEYS)
+    name = _ident(at, t, "name", True)
+    ptype = at.choice(t, "type", PARAMETER_TYPES, True)
+    required = at.boolean(t, "required", False)
+    description = at.string(t, "description", True)
+    if not at.ok:
+        return None
     assert name is not None and ptype is not None and description is not None
-    return Parameter(name=name, type=ptype, required=required, description=description)
+    return Parameter(name=name, type=ptype, required=bool(required), description=description)

@@ -11,17 +11,19 @@
     scope = "system"
     maps = ["counts"]          # default: every map the program shows
 
-Errors name the file, the entry and the field (ConfigError), never a traceback.
+Every problem is found before the file is refused (gfxbpf.tomlcheck.checks),
+each naming the file, the entry and the field (ConfigError), never a traceback.
 """
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gfxbpf.client.libcuda import PROGRAM as CUDA
+from gfxbpf.tomlcheck import checks
+from gfxbpf.tomlcheck.checks import Entry, FileProblems, Problems, show
 
 DEFAULT_LISTEN = "127.0.0.1:9438"
 DEFAULT_MAX_SERIES = 1000
@@ -34,8 +36,8 @@ _BROKER_KEYS = {"socket", "grpc", "via", "tls_ca", "tls_cert", "tls_key"}
 _PROGRAM_KEYS = {"name", "scope", "maps", "pid", "library", "functions", "max_series"}
 
 
-class ConfigError(ValueError):
-    """A bad configuration: the message says which file, entry and field, and what to do."""
+class ConfigError(FileProblems):
+    """A bad configuration: .problems says which file, entry and field, and what to do."""
 
 
 @dataclass(frozen=True)
@@ -82,167 +84,135 @@ class ExporterConfig:
         return program.max_series or self.max_series_per_metric
 
 
-class _Where:
-    """Builds ConfigErrors that name the file and the entry."""
-
-    def __init__(self, source: str, entry: str = "") -> None:
-        self.source = source
-        self.entry = entry
-
-    def fail(self, key: str, problem: str) -> ConfigError:
-        at = f"{self.entry}.{key}" if self.entry else key
-        return ConfigError(f"{self.source}: {at}: {problem}")
-
-    def keys(self, table: dict[str, Any], allowed: set[str]) -> None:
-        unknown = sorted(set(table) - allowed)
-        if unknown:
-            raise self.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
-    def string(self, table: dict[str, Any], key: str, default: str | None = None) -> str | None:
-        value = table.get(key, default)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise self.fail(key, f"must be a non-empty string, not {value!r}")
-        return value
-
-    def positive(self, table: dict[str, Any], key: str, default: int | None) -> int | None:
-        value = table.get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(key, f"must be a positive integer, not {value!r}")
-        return value
-
-    def strings(self, table: dict[str, Any], key: str) -> tuple[str, ...]:
-        value = table.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(key, f"must be a list of non-empty strings, not {value!r}")
-        return tuple(value)
-
-
-def parse_listen(text: str, where: _Where) -> tuple[str, int]:
+def parse_listen(text: str, at: Entry) -> tuple[str, int] | None:
     """'HOST:PORT' or ':PORT' (all addresses); IPv6 as '[::1]:PORT'."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise where.fail("listen", f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9438 or :9438)")
+        at.add("listen", f"{show(text)} is not HOST:PORT (e.g. 127.0.0.1:9438 or :9438)")
+        return None
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port_text)
 
 
-def _broker(table: Any, source: str) -> BrokerConfig:
-    where = _Where(source, "[broker]")
-    if not isinstance(table, dict):
-        raise where.fail("broker", "must be a table ([broker])")
-    where.keys(table, _BROKER_KEYS)
-    via = where.string(table, "via", "auto")
-    if via not in VIAS:
-        raise where.fail("via", f"{via!r} is not one of {', '.join(VIAS)}")
+def _positive(at: Entry, table: dict[str, Any], key: str) -> int | None:
+    return at.integer(table, key, 1, None, "a positive integer")
+
+
+def _broker(table: dict[str, Any] | None, problems: Problems) -> BrokerConfig:
+    if table is None:
+        return BrokerConfig()
+    at = problems.entry("[broker]")
+    at.unknown_keys(table, _BROKER_KEYS)
+    via = at.choice(table, "via", VIAS)
     cfg = BrokerConfig(
-        socket=where.string(table, "socket"),
-        grpc=where.string(table, "grpc"),
+        socket=at.string(table, "socket"),
+        grpc=at.string(table, "grpc"),
         via=via or "auto",
-        tls_ca=where.string(table, "tls_ca"),
-        tls_cert=where.string(table, "tls_cert"),
-        tls_key=where.string(table, "tls_key"),
+        tls_ca=at.string(table, "tls_ca"),
+        tls_cert=at.string(table, "tls_cert"),
+        tls_key=at.string(table, "tls_key"),
     )
     if (cfg.tls_cert is None) != (cfg.tls_key is None):
-        raise where.fail("tls_cert", "give both tls_cert and tls_key (or neither)")
-    if cfg.tls_cert is not None and (cfg.grpc is None or cfg.grpc.startswith("unix:")):
-        raise where.fail("grpc", 'mTLS files need a TCP gRPC address (grpc = "host:port")')
+        at.add("tls_cert", "give both tls_cert and tls_key (or neither)")
+    elif cfg.tls_cert is not None and (cfg.grpc is None or cfg.grpc.startswith("unix:")):
+        at.add("grpc", 'mTLS files need a TCP gRPC address (grpc = "host:port")')
     return cfg
 
 
-def _listen_tls(table: Any, source: str) -> ListenTls | None:
+def _listen_tls(table: dict[str, Any] | None, problems: Problems) -> ListenTls | None:
     if table is None:
         return None
-    where = _Where(source, "[listen_tls]")
-    if not isinstance(table, dict):
-        raise where.fail("listen_tls", "must be a table ([listen_tls])")
-    where.keys(table, _TLS_KEYS)
-    cert, key = where.string(table, "cert"), where.string(table, "key")
+    at = problems.entry("[listen_tls]")
+    at.unknown_keys(table, _TLS_KEYS)
+    cert = at.string(table, "cert", True, "HTTPS needs both cert and key")
+    key = at.string(table, "key", True, "HTTPS needs both cert and key")
+    client_ca = at.string(table, "client_ca")
     if cert is None or key is None:
-        raise where.fail(
-            "cert" if cert is None else "key", "missing: HTTPS needs both cert and key"
-        )
-    return ListenTls(cert, key, where.string(table, "client_ca"))
+        return None
+    return ListenTls(cert, key, client_ca)
 
 
-def _program(table: Any, index: int, source: str) -> ProgramConfig:
-    where = _Where(source, f"[[program]] #{index}")
-    if not isinstance(table, dict):
-        raise where.fail("program", "must be a table ([[program]])")
-    name = where.string(table, "name")
-    if name is None:
-        raise where.fail("name", "missing: the catalog program to attach (gfxclient list)")
-    where.entry = f'[[program]] #{index} "{name}"'
-    where.keys(table, _PROGRAM_KEYS)
-    scope = where.string(table, "scope")
-    if scope is not None and scope not in SCOPES:
-        raise where.fail("scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
+def _program(index: int, table: dict[str, Any], problems: Problems) -> ProgramConfig | None:
+    name = table.get("name")
+    where = f"[[program]] #{index}"
+    if isinstance(name, str) and name:
+        where += f" {show(name)}"
+    at = problems.entry(where)
+    at.string(table, "name", True, "the catalog program to attach (gfxclient list)")
+    at.unknown_keys(table, _PROGRAM_KEYS)
     program = ProgramConfig(
-        name=name,
-        scope=scope,
-        maps=where.strings(table, "maps"),
-        pid=where.positive(table, "pid", None),
-        library=where.string(table, "library"),
-        functions=where.strings(table, "functions"),
-        max_series=where.positive(table, "max_series", None),
+        name=name if isinstance(name, str) else "",
+        scope=at.choice(table, "scope", SCOPES),
+        maps=at.strings(table, "maps") or (),
+        pid=_positive(at, table, "pid"),
+        library=at.string(table, "library"),
+        functions=at.strings(table, "functions") or (),
+        max_series=_positive(at, table, "max_series"),
     )
     if name == CUDA:
-        _check_cuda(program, where)
-    return program
+        _check_cuda(program, table, at)
+    return program if at.ok else None
 
 
-def _check_cuda(program: ProgramConfig, where: _Where) -> None:
+def _check_cuda(program: ProgramConfig, table: dict[str, Any], at: Entry) -> None:
     """cuda traces one process of the caller's own user (the catalog: scope self only)."""
-    if program.pid is None:
-        raise where.fail(
+    if "pid" not in table:
+        at.add(
             "pid",
             "missing: cuda traces one process, which must run as the exporter's own user "
             "(its libcuda is found in /proc/PID/maps unless library is given)",
         )
     if program.scope not in (None, "self"):
-        raise where.fail("scope", 'cuda runs with scope "self" only: a process of this user')
+        at.add("scope", 'cuda runs with scope "self" only: a process of this user')
     if program.functions:
-        raise where.fail("functions", "cuda probes the functions of its own table: leave it out")
+        at.add("functions", "cuda probes the functions of its own table: leave it out")
+
+
+def _programs(data: dict[str, Any], top: Entry, problems: Problems) -> tuple[ProgramConfig, ...]:
+    """The [[program]] entries: at least one, each program once."""
+    if data.get("program", []) == []:
+        top.add("program", "no [[program]] entries: name at least one program to attach")
+    entries = top.tables(data, "program", "program")
+    seen: set[str] = set()
+    programs = []
+    for i, t in entries:
+        program = _program(i, t, problems)
+        if program is None:
+            continue
+        if program.name in seen:
+            problems.add(
+                f"[[program]] #{i} {show(program.name)}",
+                "name",
+                "listed twice: each program is attached once (its metrics have one name)",
+            )
+        seen.add(program.name)
+        programs.append(program)
+    return tuple(programs)
 
 
 def parse_config(text: str, source: str = "<config>") -> ExporterConfig:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: not valid TOML: {e}") from None
-    where = _Where(source)
-    where.keys(data, _TOP_KEYS)
-    listen = where.string(data, "listen", DEFAULT_LISTEN)
-    host, port = parse_listen(listen or DEFAULT_LISTEN, where)
-    limit = where.positive(data, "max_series_per_metric", DEFAULT_MAX_SERIES)
-    entries = data.get("program", [])
-    if not isinstance(entries, list) or not entries:
-        raise where.fail("program", "no [[program]] entries: name at least one program to attach")
-    programs = tuple(_program(t, i + 1, source) for i, t in enumerate(entries))
-    seen: set[str] = set()
-    for i, p in enumerate(programs):
-        if p.name in seen:
-            raise _Where(source, f'[[program]] #{i + 1} "{p.name}"').fail(
-                "name", "listed twice: each program is attached once (its metrics have one name)"
-            )
-        seen.add(p.name)
+    data = checks.parse_toml(text, source, ConfigError)
+    problems = Problems(source)
+    top = problems.entry("top level")
+    top.unknown_keys(data, _TOP_KEYS)
+    listen = top.string(data, "listen") or DEFAULT_LISTEN
+    address = parse_listen(listen, top)
+    limit = _positive(top, data, "max_series_per_metric")
+    programs = _programs(data, top, problems)
+    broker = _broker(top.table(data, "broker"), problems)
+    tls = _listen_tls(top.table(data, "listen_tls"), problems)
+    problems.raise_if_any(ConfigError)
+    assert address is not None
     return ExporterConfig(
-        host=host,
-        port=port,
+        host=address[0],
+        port=address[1],
         max_series_per_metric=limit or DEFAULT_MAX_SERIES,
-        broker=_broker(data.get("broker", {}), source),
+        broker=broker,
         programs=programs,
         source=source,
-        tls=_listen_tls(data.get("listen_tls"), source),
+        tls=tls,
     )
 
 
 def load_config(path: str | Path) -> ExporterConfig:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the configuration: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    return parse_config(text, str(path))
+    return parse_config(checks.read_text(path, ConfigError, "configuration"), str(path))

@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return check_config(args.check_config, args.json, out)
         config = load_config(args.config)
     except ConfigError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        for problem in e.problems:  # every problem found, one a line
+            print(f"{PROG}: {problem}", file=sys.stderr)
         return EXIT_USAGE
     collector = GfxbpfCollector(config)
     if args.once:

@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Folder -> the package its modules are imported as (pyproject's package-dir);
 # tools/ are scripts, run from a bare checkout.
 PACKAGES = {
+    "tomlcheck": "gfxbpf.tomlcheck",
+    "elf": "gfxbpf.elf",
     "bpf": "gfxbpf.bpf",
     "catalog": "gfxbpf.catalog",
     "proto": "gfxbpf.proto",
@@ -25,7 +27,7 @@ PACKAGES = {
     "bench": "bench",
     "tools": "tools",
 }
-PRODUCT_FOLDERS = ("bpf", "catalog", "proto", "broker", "client", "exporter")
+PRODUCT_FOLDERS = ("tomlcheck", "elf", "bpf", "catalog", "proto", "broker", "client", "exporter")
 
 
 def package_of(path: Path) -> str:

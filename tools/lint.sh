@@ -16,9 +16,9 @@ VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 TREE=$(mktemp -d)
 trap 'rm -rf "$TREE"' EXIT
 mkdir "$TREE/gfxbpf"
-for pkg in bpf catalog proto broker client exporter; do
+for pkg in tomlcheck elf bpf catalog proto broker client exporter; do
     ln -s "$ROOT/$pkg" "$TREE/gfxbpf/$pkg"
 done
 (cd "$TREE" && MYPYPATH="$TREE" "$VENV/bin/mypy" --config-file "$ROOT/pyproject.toml" \
-    -p gfxbpf.bpf -p gfxbpf.catalog -p gfxbpf.proto -p gfxbpf.broker -p gfxbpf.client -p gfxbpf.exporter) |
-    sed -e 's#^gfxbpf/\(bpf\|catalog\|proto\|broker\|client\|exporter\)/#\1/#'
+    -p gfxbpf.tomlcheck -p gfxbpf.elf -p gfxbpf.bpf -p gfxbpf.catalog -p gfxbpf.proto -p gfxbpf.broker -p gfxbpf.client -p gfxbpf.exporter) |
+    sed -e 's#^gfxbpf/\(tomlcheck\|elf\|bpf\|catalog\|proto\|broker\|client\|exporter\)/#\1/#'

@@ -12,23 +12,21 @@ one uprobe per probe site. Layout facts: libbpf's usdt.bpf.h and usdt.c.
 from __future__ import annotations
 
 import errno
-import io
 import os
 import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elftools.elf.elffile import ELFFile
-
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.link import attach
 from gfxbpf.bpf.maps import Map
+from gfxbpf.elf.notes import NT_STAPSDT, Note
+from gfxbpf.elf.reader import ElfError, open_elf
 
 NOTE_SECTION = ".note.stapsdt"
 BASE_SECTION = ".stapsdt.base"
-NT_STAPSDT = 3
 SPECS_MAP = "__bpf_usdt_specs"
 IP_MAP = "__bpf_usdt_ip_to_spec_id"
 
@@ -131,18 +129,13 @@ def encode_spec(args: list[ArgSpec], cookie: int = 0) -> bytes:
     return bytes(out)
 
 
-def _note_probes(data: bytes) -> list[tuple[int, int, int, str, str, str]]:
+def _note_probes(notes: list[Note]) -> list[tuple[int, int, int, str, str, str]]:
     """(pc, base, semaphore, provider, name, args) of each stapsdt note."""
     out = []
-    at = 0
-    while at + 12 <= len(data):
-        namesz, descsz, ntype = struct.unpack_from("<III", data, at)
-        name_at = at + 12
-        desc_at = name_at + ((namesz + 3) & ~3)
-        at = desc_at + ((descsz + 3) & ~3)
-        if data[name_at : name_at + namesz].rstrip(b"\0") != b"stapsdt" or ntype != NT_STAPSDT:
+    for note in notes:
+        if note.owner != b"stapsdt" or note.type != NT_STAPSDT:
             continue
-        desc = data[desc_at : desc_at + descsz]
+        desc = note.desc
         if len(desc) < 24:
             raise UsdtError("truncated .note.stapsdt entry")
         pc, base, sema = struct.unpack_from("<QQQ", desc)
@@ -156,26 +149,29 @@ def _note_probes(data: bytes) -> list[tuple[int, int, int, str, str, str]]:
 
 def read_probes(path: str) -> list[Probe]:
     """Every USDT probe of an ELF binary, with the file offset a uprobe takes."""
-    with open(path, "rb") as f:
-        elf = ELFFile(io.BytesIO(f.read()))
-    notes = elf.get_section_by_name(NOTE_SECTION)
-    if notes is None:
+    try:
+        fd, elf = open_elf(path)
+    except ElfError as e:
+        raise UsdtError(str(e)) from None
+    try:
+        notes = elf.notes(NOTE_SECTION)
+    finally:
+        os.close(fd)
+    if not notes:
         return []
-    base_sec = elf.get_section_by_name(BASE_SECTION)
-    segments = [s.header for s in elf.iter_segments() if s.header["p_type"] == "PT_LOAD"]
+    base_sec = elf.section(BASE_SECTION)
+    segments = elf.loads()
 
     def file_offset(addr: int, what: str) -> int:
-        seg = next(
-            (s for s in segments if s["p_vaddr"] <= addr < s["p_vaddr"] + s["p_filesz"]), None
-        )
+        seg = next((s for s in segments if s.vaddr <= addr < s.vaddr + s.filesz), None)
         if seg is None:
             raise UsdtError(f"{path}: {what} at {addr:#x} is in no loadable segment")
-        return int(addr - seg["p_vaddr"] + seg["p_offset"])
+        return int(addr - seg.vaddr + seg.offset)
 
     out = []
-    for pc, base, sema, prov, name, args in _note_probes(notes.data()):
+    for pc, base, sema, prov, name, args in _note_probes(notes):
         if base and base_sec is not None:  # prelinked: the notes' base moved with the text
-            pc += base_sec.header["sh_addr"] - base
+            pc += base_sec.addr - base
         off = file_offset(pc, f"probe {prov}:{name}")
         sema_off = file_offset(sema, f"the semaphore of {prov}:{name}") if sema else 0
         out.append(Probe(prov, name, pc, sema, args, off, sema_off))

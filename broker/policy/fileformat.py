@@ -21,18 +21,17 @@
     subject_cn = "ci-runner"          # and/or cert_sha256 = "<64 hex>"
     user = "alice"                    # name or uid
 
-Validation collects every problem before it refuses the file, each naming
-the file, the entry and the field. The result is gfxbpf.broker.policy.rules's data
-classes; Policy.load/parse/from_dict are the entry points and call in here.
+Validation (gfxbpf.tomlcheck.checks) collects every problem before it
+refuses the file, each naming the file, the entry and the field. The result
+is gfxbpf.broker.policy.rules's data classes; Policy.load/parse/from_dict
+are the entry points and call in here.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -46,8 +45,9 @@ from gfxbpf.broker.policy.model import (
     PolicyError,
     ProgramEntry,
     TlsClient,
-    show,
 )
+from gfxbpf.tomlcheck import checks
+from gfxbpf.tomlcheck.checks import Entry, Problems, is_integer, show, shown, toml_type
 
 _SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 _PROGRAM_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -82,185 +82,101 @@ class PolicyTables(NamedTuple):
 
 def read_text(path: str | os.PathLike[str]) -> str:
     """The file's text; PolicyError if it cannot be read or is not UTF-8."""
-    p = os.fspath(path)
-    try:
-        with open(p, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise PolicyError(p, [f"{p}: cannot read the policy: {e.strerror or e}"]) from e
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PolicyError(p, [f"{p}: not UTF-8 text (byte {e.start})"]) from e
+    return checks.read_text(path, PolicyError, "policy")
 
 
 def parse_toml(text: str, path: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise PolicyError(path, [f"{path}: TOML syntax error: {e}"]) from e
+    return checks.parse_toml(text, path, PolicyError)
 
 
 def parse_tables(data: Mapping[str, Any], path: str) -> PolicyTables:
     """Validate decoded TOML; PolicyError lists every problem found."""
-    errs = _Collector(path)
+    problems = Problems(path)
+    top = problems.entry("top level")
     for key in data:
         if key not in _TOP_KEYS:
             hint = " (did you mean [[program]]?)" if key == "programs" else ""
-            errs.add("top level", key, f"unknown key{hint} (known: {', '.join(_TOP_KEYS)})")
-
-    programs: list[ProgramEntry] = []
-    raw_programs = data.get("program", [])
-    if not isinstance(raw_programs, list):
-        errs.add("top level", "program", "write programs as [[program]] tables")
-        raw_programs = []
-    for i, table in enumerate(raw_programs, start=1):
-        entry = _parse_program(i, table, path, errs)
-        if entry is not None:
-            programs.append(entry)
-
-    limits = _parse_limits(data["limits"], errs) if "limits" in data else Limits()
-
-    tls: list[TlsClient] = []
-    raw_tls = data.get("tls_client", [])
-    if not isinstance(raw_tls, list):
-        errs.add("top level", "tls_client", "write certificates as [[tls_client]] tables")
-        raw_tls = []
-    for i, table in enumerate(raw_tls, start=1):
-        client = _parse_tls_client(i, table, errs)
-        if client is not None:
-            tls.append(client)
-
-    if errs.problems:
-        raise PolicyError(path, errs.problems)
+            top.add(key, f"unknown key{hint} (known: {', '.join(_TOP_KEYS)})")
+    table = dict(data)
+    programs = [
+        entry
+        for i, t in top.tables(table, "program", "program")
+        if (entry := _parse_program(i, t, path, problems)) is not None
+    ]
+    limits = _parse_limits(top.table(table, "limits"), problems)
+    tls = [
+        client
+        for i, t in top.tables(table, "tls_client", "tls_client")
+        if (client := _parse_tls_client(i, t, problems)) is not None
+    ]
+    problems.raise_if_any(PolicyError)
     return PolicyTables(programs, limits, tls)
 
 
-def _toml_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
-        return "date/time"
-    return type(value).__name__
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _Collector:
-    """Collects validation problems, each naming file, entry and field."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.problems: list[str] = []
-
-    def add(self, where: str, fld: str | None, message: str) -> None:
-        loc = f"{self.path}: {where}"
-        if fld is not None:
-            loc += f": field {fld!r}"
-        self.problems.append(f"{loc}: {message}")
-
-
-def _check_accounts(
-    value: Any, kind: str, where: str, fld: str, errs: _Collector
-) -> tuple[str | int, ...]:
+def _check_accounts(value: Any, kind: str, fld: str, at: Entry) -> tuple[str | int, ...]:
     id_word = "uid" if kind == "user" else "gid"
     if not isinstance(value, list):
-        errs.add(
-            where,
+        at.add(
             fld,
             f"expected an array of {kind} names or {id_word}s (e.g. {fld} = "
-            f'["alice", 1001]), got {_toml_type(value)} {show(value)}',
+            f'["alice", 1001]), got {shown(value)}',
         )
         return ()
     out: list[str | int] = []
     for item in value:
-        if _is_id(item):
-            if 0 <= item <= _MAX_ID:
-                out.append(item)
-            else:
-                errs.add(where, fld, f"{id_word} {item} is out of range 0..{_MAX_ID}")
-        elif isinstance(item, str):
-            if item == WILDCARD:
-                out.append(item)
-            elif item.isdigit():
-                errs.add(
-                    where, fld, f"write {id_word}s as integers: {item} rather than {show(item)}"
-                )
-            elif len(item) <= 256 and _ACCOUNT_RE.match(item):
-                out.append(item)
-            else:
-                errs.add(where, fld, f"{show(item)} is not a valid {kind} name")
+        problem = _account_problem(item, kind, id_word)
+        if problem:
+            at.add(fld, problem)
         else:
-            errs.add(
-                where,
-                fld,
-                f"each item must be a {kind} name (string) or {id_word} (integer), "
-                f"got {_toml_type(item)} {show(item)}",
-            )
+            out.append(item)
     return tuple(out)
 
 
-def _check_str_list(value: Any, where: str, fld: str, errs: _Collector) -> tuple[str, ...] | None:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        errs.add(
-            where,
-            fld,
-            f"expected an array of non-empty strings, got {_toml_type(value)} {show(value)}",
-        )
+def _account_problem(item: Any, kind: str, id_word: str) -> str | None:
+    """What is wrong with one item of users/groups, or None."""
+    if is_integer(item):
+        return None if 0 <= item <= _MAX_ID else f"{id_word} {item} is out of range 0..{_MAX_ID}"
+    if not isinstance(item, str):
+        return f"each item must be a {kind} name (string) or {id_word} (integer), got {shown(item)}"
+    if item == WILDCARD:
         return None
-    return tuple(value)
+    if item.isdigit():
+        return f"write {id_word}s as integers: {item} rather than {show(item)}"
+    if len(item) <= 256 and _ACCOUNT_RE.match(item):
+        return None
+    return f"{show(item)} is not a valid {kind} name"
 
 
-def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> ProgramEntry | None:
-    where = f"[[program]] #{index}"
-    if not isinstance(table, dict):
-        errs.add(where, None, f"expected a table, got {_toml_type(table)}")
-        return None
+def _parse_program(
+    index: int, table: dict[str, Any], path: str, problems: Problems
+) -> ProgramEntry | None:
     name = table.get("name")
+    where = f"[[program]] #{index}"
     if isinstance(name, str) and name:
-        where = f"[[program]] #{index} {json.dumps(name)}"
-    start = len(errs.problems)
-
+        where += f" {json.dumps(name)}"
+    at = problems.entry(where)
     # The checks run in field order so that the problems read in that order.
-    for key in table:
-        if key not in _PROGRAM_KEYS:
-            errs.add(where, key, f"unknown key (known: {', '.join(_PROGRAM_KEYS)})")
-    _check_name_and_sha(table, where, errs)
-    users = _check_accounts(table.get("users", []), "user", where, "users", errs)
-    groups = _check_accounts(table.get("groups", []), "group", where, "groups", errs)
-    scopes = _parse_scope(table, where, errs)
-    libraries = _parse_libraries(table, where, errs)
-    functions: tuple[str, ...] = (WILDCARD,)
+    at.unknown_keys(table, _PROGRAM_KEYS)
+    _check_name_and_sha(table, at)
+    users = _check_accounts(table.get("users", []), "user", "users", at)
+    groups = _check_accounts(table.get("groups", []), "group", "groups", at)
+    scopes = _parse_scope(table, at)
+    libraries = _parse_libraries(table, at)
+    functions: tuple[str, ...] | None = (WILDCARD,)
     if "functions" in table:
-        funcs = _check_str_list(table["functions"], where, "functions", errs)
-        functions = funcs if funcs is not None else ()
-    max_frequency = _parse_max_frequency(table, where, errs)
-    allow_no_btf = table.get("allow_no_btf", False)
-    if not isinstance(allow_no_btf, bool):
-        errs.add(where, "allow_no_btf", f"expected true or false, got {_toml_type(allow_no_btf)}")
-        allow_no_btf = False
-    max_stack_bytes = _parse_max_stack_bytes(table, where, errs)
+        functions = at.strings(table, "functions")
+    max_frequency = at.integer(table, "max_frequency", 1, MAX_FREQUENCY, "samples per second")
+    allow_no_btf = at.boolean(table, "allow_no_btf", False)
+    max_stack_bytes = at.integer(
+        table, "max_stack_bytes", 0, MAX_STACK_BYTES, "bytes of user stack per stack copy"
+    )
     description = table.get("description", "")
     if not isinstance(description, str):
-        errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
-        description = ""
-
-    if len(errs.problems) > start:
+        at.add("description", f"expected a string, got {toml_type(description)}")
+    if not at.ok:
         return None
-    sha = table.get("sha256")
-    assert isinstance(name, str) and isinstance(sha, str)
+    sha = table["sha256"]
+    assert isinstance(name, str) and isinstance(sha, str)  # checked above
     return ProgramEntry(
         index=index,
         name=name,
@@ -269,144 +185,78 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         groups=groups,
         scopes=scopes,
         libraries=libraries,
-        functions=functions,
+        functions=functions or (),
         description=description,
         source=path,
         max_frequency=max_frequency,
-        allow_no_btf=allow_no_btf,
+        allow_no_btf=bool(allow_no_btf),
         max_stack_bytes=max_stack_bytes,
     )
 
 
-def _check_name_and_sha(table: dict[str, Any], where: str, errs: _Collector) -> None:
-    name = table.get("name")
-    if "name" not in table:
-        errs.add(where, "name", "missing (the catalog program's name)")
-    elif not isinstance(name, str) or not _PROGRAM_NAME_RE.match(name):
-        errs.add(
-            where,
-            "name",
-            f"expected a program name (letters, digits, _ . -), got {_toml_type(name)} "
-            f"{show(name)}",
-        )
-
-    sha = table.get("sha256")
-    if "sha256" not in table:
-        errs.add(
-            where, "sha256", "missing (`gfxbpf-admin approve NAME` prints the entry with its hash)"
-        )
-    elif not isinstance(sha, str) or not _SHA256_RE.match(sha):
-        errs.add(where, "sha256", f"expected 64 hex digits, got {_toml_type(sha)} {show(sha)}")
+def _check_name_and_sha(table: dict[str, Any], at: Entry) -> None:
+    at.present(table, "name", True, "the catalog program's name")
+    at.matching(table, "name", _PROGRAM_NAME_RE, "a program name (letters, digits, _ . -)")
+    at.present(table, "sha256", True, "`gfxbpf-admin approve NAME` prints the entry with its hash")
+    at.matching(table, "sha256", _SHA256_RE, "64 hex digits")
 
 
-def _parse_scope(table: dict[str, Any], where: str, errs: _Collector) -> tuple[Scope, ...]:
+def _parse_scope(table: dict[str, Any], at: Entry) -> tuple[Scope, ...]:
     if "scope" not in table:
         return (SELF,)
     raw = table["scope"]
     items = raw if isinstance(raw, list) else [raw]
     if not items or not all(isinstance(s, str) for s in items):
-        errs.add(
-            where,
-            "scope",
-            f'expected "self", "system" or an array of them, got {_toml_type(raw)} {show(raw)}',
-        )
+        at.add("scope", f'expected "self", "system" or an array of them, got {shown(raw)}')
         return (SELF,)
     bad = [s for s in items if s not in SCOPES]
     if bad:
-        errs.add(where, "scope", f'unknown scope {show(bad[0])} (expected "self" or "system")')
+        at.add("scope", f'unknown scope {show(bad[0])} (expected "self" or "system")')
         return (SELF,)
     return tuple(dict.fromkeys(items))  # each one of SCOPES (checked above)
 
 
-def _parse_max_frequency(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
-    if "max_frequency" not in table:
-        return None
-    value = table["max_frequency"]
-    if not _is_id(value) or not 0 < value <= MAX_FREQUENCY:
-        errs.add(
-            where,
-            "max_frequency",
-            f"expected samples per second, 1 to {MAX_FREQUENCY}, got {_toml_type(value)} "
-            f"{show(value)}",
-        )
-        return None
-    return int(value)
-
-
-def _parse_max_stack_bytes(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
-    if "max_stack_bytes" not in table:
-        return None
-    value = table["max_stack_bytes"]
-    if not _is_id(value) or not 0 <= value <= MAX_STACK_BYTES:
-        errs.add(
-            where,
-            "max_stack_bytes",
-            f"expected bytes of user stack per stack copy, 0 to {MAX_STACK_BYTES}, got "
-            f"{_toml_type(value)} {show(value)}",
-        )
-        return None
-    return int(value)
-
-
-def _parse_libraries(table: dict[str, Any], where: str, errs: _Collector) -> tuple[str, ...]:
-    if "libraries" not in table:
-        return ()
-    libs = _check_str_list(table["libraries"], where, "libraries", errs)
-    for lib in libs or ():
+def _parse_libraries(table: dict[str, Any], at: Entry) -> tuple[str, ...]:
+    libs = at.strings(table, "libraries") or ()
+    for lib in libs:
         if not lib.startswith("/"):
-            errs.add(where, "libraries", f"{show(lib)} is not an absolute path")
+            at.add("libraries", f"{show(lib)} is not an absolute path")
         elif ".." in lib.split("/"):
-            errs.add(where, "libraries", f"{show(lib)} contains a '..' component")
-    return libs or ()
+            at.add("libraries", f"{show(lib)} contains a '..' component")
+    return libs
 
 
-def _parse_limits(table: Any, errs: _Collector) -> Limits:
-    where = "[limits]"
-    if not isinstance(table, dict):
-        errs.add(where, None, f"expected a table, got {_toml_type(table)}")
+def _parse_limits(table: dict[str, Any] | None, problems: Problems) -> Limits:
+    if table is None:
         return Limits()
+    at = problems.entry("[limits]")
+    at.unknown_keys(table, LIMIT_KEYS)
     values: dict[str, int] = {}
     for key, value in table.items():
         if key not in LIMIT_KEYS:
-            errs.add(where, key, f"unknown key (known: {', '.join(LIMIT_KEYS)})")
-        elif not _is_id(value) or value <= 0:
-            errs.add(
-                where, key, f"expected a positive integer, got {_toml_type(value)} {show(value)}"
-            )
+            continue
+        if not is_integer(value) or value <= 0:
+            at.add(key, f"expected a positive integer, got {shown(value)}")
         elif value > 2**31 - 1:
-            errs.add(where, key, f"{value} is too large (at most {2**31 - 1})")
+            at.add(key, f"{value} is too large (at most {2**31 - 1})")
         else:
             values[key] = value
     return Limits(**values)
 
 
-def _parse_tls_client(index: int, table: Any, errs: _Collector) -> TlsClient | None:
-    where = f"[[tls_client]] #{index}"
-    if not isinstance(table, dict):
-        errs.add(where, None, f"expected a table, got {_toml_type(table)}")
-        return None
-    start = len(errs.problems)
-    for key in table:
-        if key not in _TLS_KEYS:
-            errs.add(where, key, f"unknown key (known: {', '.join(_TLS_KEYS)})")
+def _parse_tls_client(index: int, table: dict[str, Any], problems: Problems) -> TlsClient | None:
+    at = problems.entry(f"[[tls_client]] #{index}")
+    at.unknown_keys(table, _TLS_KEYS)
     cn = table.get("subject_cn")
     if cn is not None and (not isinstance(cn, str) or not cn):
-        errs.add(where, "subject_cn", f"expected a non-empty string, got {_toml_type(cn)}")
+        at.add("subject_cn", f"expected a non-empty string, got {toml_type(cn)}")
     fp = table.get("cert_sha256")
     if fp is not None and (not isinstance(fp, str) or not _SHA256_RE.match(fp.replace(":", ""))):
-        errs.add(where, "cert_sha256", f"expected 64 hex digits, got {show(fp)}")
+        at.add("cert_sha256", f"expected 64 hex digits, got {show(fp)}")
     if cn is None and fp is None:
-        errs.add(where, None, "needs subject_cn or cert_sha256 to identify the certificate")
-    user: str | int | None = None
-    if "user" not in table:
-        errs.add(where, "user", "missing (the user name or uid the certificate acts as)")
-    else:
-        got = _check_accounts([table["user"]], "user", where, "user", errs)
-        if got and got[0] == WILDCARD:
-            errs.add(where, "user", '"*" is not a user; name one user or uid')
-        elif got:
-            user = got[0]
-    if len(errs.problems) > start or user is None:
+        at.add(None, "needs subject_cn or cert_sha256 to identify the certificate")
+    user = _tls_user(table, at)
+    if not at.ok or user is None:
         return None
     return TlsClient(
         index=index,
@@ -414,3 +264,13 @@ def _parse_tls_client(index: int, table: Any, errs: _Collector) -> TlsClient | N
         subject_cn=cn,
         cert_sha256=fp.replace(":", "").lower() if isinstance(fp, str) else None,
     )
+
+
+def _tls_user(table: dict[str, Any], at: Entry) -> str | int | None:
+    if not at.present(table, "user", True, "the user name or uid the certificate acts as"):
+        return None
+    got = _check_accounts([table["user"]], "user", "user", at)
+    if got and got[0] == WILDCARD:
+        at.add("user", '"*" is not a user; name one user or uid')
+        return None
+    return got[0] if got else None

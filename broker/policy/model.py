@@ -9,9 +9,9 @@ import grp
 import json
 import pwd
 from dataclasses import dataclass
-from typing import Any
 
 from gfxbpf.bpf.consts import SELF, Scope
+from gfxbpf.tomlcheck.checks import FileProblems
 
 WILDCARD = "*"
 # Highest sampling frequency anyone may ask for: the kernel's own default
@@ -135,13 +135,12 @@ class Decision:
     refusal: str = ""  # a Refusal kind, when refused
 
 
-class PolicyError(ValueError):
+class PolicyError(FileProblems):
     """The policy file is unreadable or invalid. .problems lists every problem found."""
 
-    def __init__(self, path: str, problems: list[str]) -> None:
-        self.path = path
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+    @property
+    def path(self) -> str:
+        return self.source
 
 
 class NameResolver:
@@ -164,14 +163,3 @@ class NameResolver:
             return pwd.getpwuid(uid).pw_name
         except (KeyError, OverflowError):
             return None
-
-
-def show(value: Any) -> str:
-    """A value as it would be written in TOML (near enough), for messages."""
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(show(v) for v in value) + "]"
-    return str(value)

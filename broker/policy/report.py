@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gfxbpf.broker.policy.model import LIMIT_KEYS, WILDCARD, show
+from gfxbpf.broker.policy.model import LIMIT_KEYS, WILDCARD
 from gfxbpf.broker.policy.rules import Policy
+from gfxbpf.tomlcheck.checks import show
 
 
 def check_warnings(policy: Policy) -> list[str]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.broker.policy import fileformat as policy_file
+from gfxbpf.broker.policy import fileformat
 from gfxbpf.broker.policy.model import (  # noqa: F401 - re-exported: callers import them here
     LIMIT_KEYS,
     MAX_FREQUENCY,
@@ -34,9 +34,9 @@ from gfxbpf.broker.policy.model import (  # noqa: F401 - re-exported: callers im
     Refusal,
     TlsClient,
     labels,
-    show,
 )
 from gfxbpf.broker.policy.pathglob import is_plain_path, path_matches, resolve_pattern
+from gfxbpf.tomlcheck.checks import show
 
 
 def _upload(program_name: str | None, d: Decision) -> Decision:
@@ -72,13 +72,13 @@ class Policy:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, resolver: NameResolver | None = None) -> Policy:
         p = os.fspath(path)
-        return cls.parse(policy_file.read_text(p), path=p, resolver=resolver)
+        return cls.parse(fileformat.read_text(p), path=p, resolver=resolver)
 
     @classmethod
     def parse(
         cls, text: str, *, path: str = "<policy>", resolver: NameResolver | None = None
     ) -> Policy:
-        return cls.from_dict(policy_file.parse_toml(text, path), path=path, resolver=resolver)
+        return cls.from_dict(fileformat.parse_toml(text, path), path=path, resolver=resolver)
 
     @classmethod
     def from_dict(
@@ -88,7 +88,7 @@ class Policy:
         path: str = "<policy>",
         resolver: NameResolver | None = None,
     ) -> Policy:
-        programs, limits, tls = policy_file.parse_tables(data, path)
+        programs, limits, tls = fileformat.parse_tables(data, path)
         return cls(programs, limits, tls, path=path, resolver=resolver)
 
     # ------------------------------------------------------------ decisions

@@ -17,8 +17,7 @@ from gfxbpf.broker.policy.rules import MAX_FREQUENCY, Policy, ProgramEntry, is_p
 from gfxbpf.broker.request import libraries
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.request.resolve import Resolved
-from gfxbpf.catalog import entries as catalog
-from gfxbpf.catalog import function_tables
+from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -218,7 +217,7 @@ def _table_functions(
     names: list[str] = []
     cookies: list[int] = []
     skipped: list[str] = []
-    for i, fn in enumerate(catalog.function_table(res.entry.function_table)):
+    for i, fn in enumerate(entries.function_table(res.entry.function_table)):
         if not index.has(fn.name):
             skipped.append(f"{fn.name}: not in {os.path.basename(t.library or '')}")
         elif not policy.function_allowed(res.policy_entry, fn.name):

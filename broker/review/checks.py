@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gfxbpf.bpf import asm as bpfinsn
+from gfxbpf.bpf import asm
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
 from gfxbpf.broker.access import budget
@@ -222,7 +222,7 @@ def _audit_program(spec: ObjectSpec, p: ProgramSpec, report: AuditReport) -> Non
         )
     try:
         linked = spec.link_program(p.name)
-        facts = bpfinsn.analyze(bytes(linked.insns))
+        facts = asm.analyze(bytes(linked.insns))
     except (ObjectError, ValueError) as e:
         report.problems.append(f"program {p.name!r}: cannot decode its instructions: {e}")
         return
@@ -263,7 +263,7 @@ def _prog_type_name(t: int) -> str:
         return f"type {t}"
 
 
-def _call_problems(name: str, facts: bpfinsn.ProgramFacts) -> list[str]:
+def _call_problems(name: str, facts: asm.ProgramFacts) -> list[str]:
     """Helpers off the allowlist (each named once), kfuncs, callback pointers."""
     problems: list[str] = []
     seen: set[str] = set()

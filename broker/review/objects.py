@@ -8,7 +8,7 @@ import threading
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.object import ObjectError, ObjectSpec
 from gfxbpf.broker.errors import BrokerError
-from gfxbpf.broker.review import checks as staticaudit
+from gfxbpf.broker.review import checks
 from gfxbpf.catalog.entries import ObjectChanged, ObjectUnreadable, Program, read_object
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -19,7 +19,7 @@ class Objects:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bytes: dict[str, bytes] = {}  # catalog name -> bytes
-        self._audits: dict[str, staticaudit.AuditReport] = {}  # sha256 -> verdict
+        self._audits: dict[str, checks.AuditReport] = {}  # sha256 -> verdict
 
     def catalog_bytes(self, entry: Program) -> bytes:
         with self._lock:
@@ -36,7 +36,7 @@ class Objects:
             self._bytes.setdefault(entry.name, data)
         return data
 
-    def audit(self, data: bytes, sha: str, name: str) -> staticaudit.AuditReport:
+    def audit(self, data: bytes, sha: str, name: str) -> checks.AuditReport:
         """The static audit's verdict on these bytes; BrokerError AUDIT_FAILED if refused."""
         with self._lock:
             report = self._audits.get(sha)
@@ -47,7 +47,7 @@ class Objects:
                 raise BrokerError(
                     pb.ERROR_INVALID_ARGUMENT, f"object (sha256 {sha}) cannot be used: {e}"
                 ) from None
-            report = staticaudit.audit_spec(spec, ncpus=bpfsys.possible_cpus())
+            report = checks.audit_spec(spec, ncpus=bpfsys.possible_cpus())
             with self._lock:
                 self._audits[sha] = report
         if not report.ok:

@@ -29,6 +29,8 @@ from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.client import proctree
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.broker import Broker
+from gfxbpf.client.cli import session
+from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.printable import printable
@@ -564,6 +566,12 @@ def _one_pid(req: Request, child: Child | None) -> int | None:
     if child is not None:
         return child.pid
     return req.pids[0] if len(req.pids) == 1 else None
+
+
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    """gfxclient profile; Ctrl-C ends the sampling, not the command."""
+    with StopSignal() as stop:
+        return run(args, out, session.connect, stop)
 
 
 def run(

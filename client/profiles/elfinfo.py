@@ -1,8 +1,8 @@
 """What symbolization needs from an ELF file's headers: its build-id, its
 .gnu_debuglink, its loadable segments; and where its separate debug file is.
 
-Only headers and two small notes are read (gfxbpf.bpf.elf, the project's one
-ELF reader), so this costs about a millisecond even for a 100 MB library;
+Only headers and two small notes are read (gfxbpf.elf, the project's one
+ELF layer), so this costs about a millisecond even for a 100 MB library;
 symbol tables are read by elfsyms.py, once per file (symtab.py caches them).
 """
 
@@ -13,8 +13,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from gfxbpf.bpf.elf import SHT_NOBITS, open_elf
 from gfxbpf.client.profiles.fileid import open_regular
+from gfxbpf.elf.reader import SHT_NOBITS, open_elf
 
 __all__ = ["DEBUG_ROOT", "ElfInfo", "debug_file", "read_info"]
 

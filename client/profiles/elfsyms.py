@@ -5,7 +5,7 @@ symbol per name, and it refuses a file whose symbols lie outside its contents).
 Symbolization asks the other way round and must read what that refuses: a
 separate debug file (objcopy --only-keep-debug) has a .symtab but no code, and
 two static functions of one name in different source files are two functions.
-Both read the tables with gfxbpf.bpf.elf (one struct per table): libLLVM's
+Both read the tables with gfxbpf.elf (one struct per table): libLLVM's
 36,000 exported functions take about 0.1 s.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import struct
 
-from gfxbpf.bpf.elf import ElfError, ElfFile, open_elf
+from gfxbpf.elf.reader import ElfError, ElfFile, open_elf
 
 __all__ = ["function_ranges"]
 

@@ -7,17 +7,15 @@ image for every process on the machine, so the client reads its own copy
 
 from __future__ import annotations
 
-import io
-
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
+import struct
 
 from gfxbpf.client.profiles.procmaps import parse_maps
 from gfxbpf.client.profiles.symtab import SymbolTable
+from gfxbpf.elf.reader import ElfError, ElfFile
 
 __all__ = ["own_vdso_image", "own_vdso_table"]
 
-_FUNC_TYPES = ("STT_FUNC", "STT_LOOS")
+_EM_ARM = 40
 
 
 def own_vdso_image() -> bytes | None:
@@ -41,23 +39,15 @@ def own_vdso_table() -> SymbolTable | None:
         return None
     try:
         return _table(image)
-    except Exception:  # pyelftools on odd input
+    except (ElfError, struct.error):
         return None
 
 
 def _table(image: bytes) -> SymbolTable | None:
-    elf = ELFFile(io.BytesIO(image))
-    segments = tuple(
-        (seg["p_offset"], seg["p_vaddr"], seg["p_filesz"])
-        for seg in elf.iter_segments()
-        if seg["p_type"] == "PT_LOAD"
-    )
-    dynsym = elf.get_section_by_name(".dynsym")
-    if not isinstance(dynsym, SymbolTableSection) or not segments:
+    elf = ElfFile(image, "[vdso]")
+    segments = tuple((p.offset, p.vaddr, p.filesz) for p in elf.loads())
+    dynsym = elf.symbol_table(".dynsym")
+    if dynsym is None or not segments:
         return None
-    funcs = {
-        (sym["st_value"], sym["st_size"], sym.name)
-        for sym in dynsym.iter_symbols()
-        if sym["st_info"]["type"] in _FUNC_TYPES and sym.name and sym["st_shndx"] != "SHN_UNDEF"
-    }
+    funcs = dynsym.function_ranges(thumb=elf.machine == _EM_ARM)
     return SymbolTable.build(segments, sorted(funcs))

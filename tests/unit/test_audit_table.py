@@ -10,7 +10,7 @@ import pytest
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.sections import SECTION_KINDS
-from gfxbpf.broker.review import checks as audit
+from gfxbpf.broker.review import checks
 from gfxbpf.broker.review import table as audit_table
 from tests.conftest import compile_bpf
 
@@ -33,18 +33,18 @@ def test_every_loader_kind_has_a_row() -> None:
 
 
 def test_tp_btf_and_kprobe_kinds_pass(tmp_path: Path) -> None:
-    report = audit.audit_spec(_spec(tmp_path, "kinds"))
+    report = checks.audit_spec(_spec(tmp_path, "kinds"))
     assert report.ok, report.problems
     assert {p.attach_kind for p in report.programs} == {"tp_btf", "kprobe", "ksyscall"}
 
 
 def test_iterator_refused(tmp_path: Path) -> None:
-    report = audit.audit_spec(_spec(tmp_path, "taskiter"))
+    report = checks.audit_spec(_spec(tmp_path, "taskiter"))
     assert any("tracing as iter: iterators dump" in p for p in report.problems), report.problems
 
 
 def test_kconfig_and_reviewed_kfuncs_pass_typeless_ksym_refused(tmp_path: Path) -> None:
-    report = audit.audit_spec(_spec(tmp_path, "externs"))
+    report = checks.audit_spec(_spec(tmp_path, "externs"))
     # Only the typeless ksym (vfs_read's address) is refused; kconfig and the
     # RCU kfuncs pass.
     assert len(report.problems) == 1, report.problems
@@ -53,7 +53,7 @@ def test_kconfig_and_reviewed_kfuncs_pass_typeless_ksym_refused(tmp_path: Path) 
 
 
 def test_typed_ksym_refused(tmp_path: Path) -> None:
-    report = audit.audit_spec(_spec(tmp_path, "typed_ksym"))
+    report = checks.audit_spec(_spec(tmp_path, "typed_ksym"))
     ksym = [p for p in report.problems if "__ksym bpf_prog_active" in p]
     assert len(ksym) == 1 and "no __ksym is on the broker's allowlist" in ksym[0], report.problems
 
@@ -71,7 +71,7 @@ SEC("tp_btf/sys_enter") int p(void *ctx) {
 }
 """
     )
-    report = audit.audit_spec(_spec(tmp_path, "kf", src))
+    report = checks.audit_spec(_spec(tmp_path, "kf", src))
     assert any("calls kfunc bpf_task_from_pid" in p and "references" in p for p in report.problems)
     assert any("bpf_task_release" in p and "allowlist" in p for p in report.problems)
 
@@ -100,7 +100,7 @@ def test_program_rows() -> None:
 
 
 def test_map_in_map_and_prog_array_refused(tmp_path: Path) -> None:
-    report = audit.audit_spec(_spec(tmp_path, "mapinmap"))
+    report = checks.audit_spec(_spec(tmp_path, "mapinmap"))
     problems = "\n".join(report.problems)
     assert "map 'outer': map type array_of_maps: map-in-map" in problems
     assert "map 'jump': map type prog_array: program arrays serve tail calls" in problems

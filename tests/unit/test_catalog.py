@@ -546,39 +546,75 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
         (
             'description = "demo"',
             'description = "demo"\ncolour = "red"',
-            "'demo': colour: unknown key",
+            "\"demo\": field 'colour': unknown key",
         ),
-        ('kind = "tracepoint"', 'kind = "tracepoint"\nflags = 1', "attach[0].flags: unknown key"),
-        ('object = "demo.bpf.o"', 'object = "missing.bpf.o"', "'demo': object: "),
-        ('object = "demo.bpf.o"', 'object = "../demo.bpf.o"', "'demo': object: "),
-        ('scopes = ["self", "system"]', 'scopes = ["everyone"]', "scopes: 'everyone'"),
+        (
+            'kind = "tracepoint"',
+            'kind = "tracepoint"\nflags = 1',
+            "[[program.attach]] #1: field 'flags': unknown key",
+        ),
+        ('object = "demo.bpf.o"', 'object = "missing.bpf.o"', "\"demo\": field 'object': "),
+        ('object = "demo.bpf.o"', 'object = "../demo.bpf.o"', "\"demo\": field 'object': "),
+        (
+            'scopes = ["self", "system"]',
+            'scopes = ["everyone"]',
+            "field 'scopes': \"everyone\" is not one of",
+        ),
         ('uid_knob = "target_uid"\n', "", "scope 'self' needs a uid_knob"),
-        ('show = "counter"', 'show = "pie"', "map[0].show: 'pie' is not one of"),
-        ('unit = "count"', 'unit = "furlongs"', "map[0].unit: 'furlongs'"),
-        ('unit = "count"\n', "", "map[0].unit: missing"),
-        ('show = "counter"', 'show = "events"', "map[0].event_type: missing"),
-        ("visible = true", 'visible = "yes"', "map[0].visible: must be true or false"),
+        (
+            'show = "counter"',
+            'show = "pie"',
+            "[[program.map]] #1: field 'show': \"pie\" is not one of",
+        ),
+        ('unit = "count"', 'unit = "furlongs"', "[[program.map]] #1: field 'unit': \"furlongs\""),
+        ('unit = "count"\n', "", "[[program.map]] #1: field 'unit': missing"),
+        ('show = "counter"', 'show = "events"', "[[program.map]] #1: field 'event_type': missing"),
+        (
+            "visible = true",
+            'visible = "yes"',
+            "[[program.map]] #1: field 'visible': expected true or false",
+        ),
         ('name = "counts"', 'name = "a_very_long_map_name"', "longer than 15"),
-        ('kind = "tracepoint"', 'kind = "kprobe"', "attach[0].kind: 'kprobe' is not one of"),
-        ('kind = "tracepoint"', 'kind = "uprobe"', "attach[0].target: a uprobe takes no target"),
-        ('target = "sched/sched_process_exec"\n', "", "attach[0].target: missing"),
+        (
+            'kind = "tracepoint"',
+            'kind = "kprobe"',
+            "[[program.attach]] #1: field 'kind': \"kprobe\" is not one of",
+        ),
+        (
+            'kind = "tracepoint"',
+            'kind = "uprobe"',
+            "[[program.attach]] #1: field 'target': a uprobe takes no target",
+        ),
+        (
+            'target = "sched/sched_process_exec"\n',
+            "",
+            "[[program.attach]] #1: field 'target': missing",
+        ),
         ('target = "sched/sched_process_exec"', 'target = "sched"', "is not 'system/event'"),
-        ('field = "pid"', 'field = "pid"\nvariant = "old"', "field[0].variant: 'old'"),
+        (
+            'field = "pid"',
+            'field = "pid"\nvariant = "old"',
+            "[[program.field]] #1: field 'variant': \"old\"",
+        ),
         (
             'field = "pid"',
             'field = "pid"\noptional = 1',
-            "field[0].optional: must be true or false",
+            "[[program.field]] #1: field 'optional': expected true or false",
         ),
         (
             'tracepoint = "sched/sched_process_exec"',
             'tracepoint = "sched/sched_switch"',
-            "field[0].tracepoint: 'sched/sched_switch' is not an attach target",
+            "[[program.field]] #1: field 'tracepoint': \"sched/sched_switch\" is not an attach",
         ),
-        ('knob = "off_pid"', 'knob = "target_uid"', "knob 'target_uid' is assigned more than once"),
-        ('sha256 = "{sha}"', 'sha256 = "abc"', "'demo': sha256: 'abc' is not 64"),
-        ('name = "demo"', 'name = "Demo!"', "name: 'Demo!' must be lowercase"),
-        ('program = "handler"', "program = 3", "attach[0].program: must be a non-empty string"),
-        ('description = "d"\n', "", "map[0].description: missing"),
+        ('knob = "off_pid"', 'knob = "target_uid"', 'knob "target_uid" is assigned more than once'),
+        ('sha256 = "{sha}"', 'sha256 = "abc"', '"demo": field \'sha256\': "abc" is not 64'),
+        ('name = "demo"', 'name = "Demo!"', "field 'name': \"Demo!\" must be lowercase"),
+        (
+            'program = "handler"',
+            "program = 3",
+            "[[program.attach]] #1: field 'program': expected a C identifier",
+        ),
+        ('description = "d"\n', "", "[[program.map]] #1: field 'description': missing"),
     ],
 )
 def test_broken_catalogs(tmp_path: Path, old: str, new: str, expect: str) -> None:
@@ -587,23 +623,43 @@ def test_broken_catalogs(tmp_path: Path, old: str, new: str, expect: str) -> Non
     with pytest.raises(cat.CatalogError) as ei:
         cat.load_catalog(path)
     assert expect in str(ei.value)
-    assert str(path) in str(ei.value)
+    # One problem (no follow-on ones), naming the file.
+    assert len(ei.value.problems) == 1, ei.value.problems
+    assert ei.value.problems[0].startswith(f"{path}: [[program]] #1 ")
 
 
 def test_duplicate_program_and_bad_toml(tmp_path: Path) -> None:
-    with pytest.raises(cat.CatalogError, match="'demo' is declared twice"):
+    with pytest.raises(cat.CatalogError, match="#2 \"demo\": field 'name': declared twice"):
         cat.load_catalog(_write(tmp_path, GOOD + GOOD))
-    with pytest.raises(cat.CatalogError, match="not valid TOML"):
+    with pytest.raises(cat.CatalogError, match="TOML syntax error"):
         cat.load_catalog(_write(tmp_path, GOOD + "\n[[program]\n"))
-    with pytest.raises(cat.CatalogError, match="top level: unknown key 'programs'"):
+    with pytest.raises(cat.CatalogError, match="top level: field 'programs': unknown key"):
         cat.load_catalog(_write(tmp_path, GOOD.replace("[[program]]", "[[programs]]", 1)))
-    with pytest.raises(cat.CatalogError, match="cannot read catalog"):
+    with pytest.raises(cat.CatalogError, match="cannot read the catalog"):
         cat.load_catalog(tmp_path / "nope.toml")
 
 
 def test_unnamed_program_is_labelled_by_position(tmp_path: Path) -> None:
-    with pytest.raises(cat.CatalogError, match=r"program #2: name: missing"):
+    with pytest.raises(cat.CatalogError, match=r"\[\[program\]\] #2: field 'name': missing"):
         cat.load_catalog(_write(tmp_path, GOOD + GOOD.replace('name = "demo"\n', "", 1)))
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    text = (
+        GOOD.replace('description = "demo"', 'description = "demo"\ncolour = "red"', 1)
+        .replace('unit = "count"', 'unit = "furlongs"', 1)
+        .replace("visible = true", "visible = true\nsize = 3", 1)
+    )
+    with pytest.raises(cat.CatalogError) as ei:
+        cat.load_catalog(_write(tmp_path, text + GOOD.replace('name = "demo"', 'name = "Demo!"')))
+    got = [p.split(": ", 1)[1] for p in ei.value.problems]
+    assert [g.split(": field ")[0] for g in got] == [
+        '[[program]] #1 "demo"',
+        '[[program]] #1 "demo" [[program.map]] #1',
+        '[[program]] #1 "demo" [[program.map]] #1',
+        '[[program]] #2 "Demo!"',
+    ], got
+    assert str(ei.value).count("\n") == 3
 
 
 def test_ambiguous_field_variant(tmp_path: Path) -> None:
@@ -613,7 +669,9 @@ def test_ambiguous_field_variant(tmp_path: Path) -> None:
         'program = "handler2"\nkind = "tracepoint"\ntarget = "sched/sched_process_exec"\n'
         'variant = "b"',
     )
-    with pytest.raises(cat.CatalogError, match="field\\[0\\].variant: .* several variants"):
+    with pytest.raises(
+        cat.CatalogError, match=r"\[\[program.field\]\] #1: field 'variant': .* several variants"
+    ):
         cat.load_catalog(_write(tmp_path, text))
     c = cat.load_catalog(
         _write(tmp_path, text.replace('field = "pid"', 'field = "pid"\nvariant = "b"'))

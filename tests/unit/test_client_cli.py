@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+from gfxbpf.client.cli import dump_cmd, session
 from gfxbpf.client.cli import gfxclient as cli
+from gfxbpf.client.cli.arguments import function_names
+from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_DENIED, EXIT_UNREACHABLE, EXIT_USAGE, BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -50,7 +53,7 @@ def test_watch_options() -> None:
     )
     assert args.via == "grpc"
     assert args.pid == 123 and args.scope == "self"
-    assert cli._functions(args) == ["vkQueueSubmit", "vkQueuePresentKHR", "vkAllocateMemory"]
+    assert function_names(args) == ["vkQueueSubmit", "vkQueuePresentKHR", "vkAllocateMemory"]
     assert args.interval == 0.5 and args.duration == 3.0
 
 
@@ -137,7 +140,7 @@ def test_stop_signal_turns_ctrl_c_into_a_flag() -> None:
     import time
 
     before = signal.getsignal(signal.SIGINT)
-    stop = cli.StopSignal()
+    stop = StopSignal()
     with stop:
         t0 = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
@@ -152,7 +155,7 @@ def test_stop_signal_turns_ctrl_c_into_a_flag() -> None:
 
 def test_dump_orders_by_value() -> None:
     entries = [(1, 5), (2, 50), (3, {"a": 7}), (4, [1, 2])]
-    assert [k for k, _ in cli._by_value(entries)] == [2, 3, 1, 4]
+    assert [k for k, _ in dump_cmd._by_value(entries)] == [2, 3, 1, 4]
 
 
 def test_long_sleeps_renew_grpc_leases(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,14 +169,14 @@ def test_long_sleeps_renew_grpc_leases(monkeypatch: pytest.MonkeyPatch) -> None:
         via = "grpc"
         attachments = [Att()]
 
-    monkeypatch.setattr(cli, "RENEW_EVERY", 0.05)
-    with cli.StopSignal() as stop:
-        assert cli._sleep(stop, 0.3, FakeBroker()) is False  # type: ignore[arg-type]
+    monkeypatch.setattr(session, "RENEW_EVERY", 0.05)
+    with StopSignal() as stop:
+        assert session.sleep_renewing(stop, 0.3, FakeBroker()) is False  # type: ignore[arg-type]
     assert len(renewed) >= 3
     FakeBroker.via = "fd"
     renewed.clear()
-    with cli.StopSignal() as stop:
-        cli._sleep(stop, 0.2, FakeBroker())  # type: ignore[arg-type]
+    with StopSignal() as stop:
+        session.sleep_renewing(stop, 0.2, FakeBroker())  # type: ignore[arg-type]
     assert renewed == []  # Unix sessions have no lease
 
 

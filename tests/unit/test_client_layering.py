@@ -22,38 +22,43 @@ FILES = sorted(CLIENT.rglob("*.py"))  # client/profiles/ too
 
 # What each layer must never import: other layers by folder name, and
 # third-party packages by top-level name. tests/ may import anything.
+_LAYERS = ("tomlcheck", "elf", "bpf", "catalog", "proto", "broker", "client", "exporter")
 FORBIDDEN: dict[str, frozenset[str]] = {
-    # The loader knows no policy, no wire format and no catalog.
+    # Checking TOML files: the standard library only, below every layer that reads one.
+    "tomlcheck": frozenset({*_LAYERS[1:], "bench", "tests", "tools", "grpc", "google", "elftools"}),
+    # The one ELF layer: the standard library and pyelftools, below bpf and the client.
+    "elf": frozenset({*_LAYERS[2:], "tomlcheck", "bench", "tests", "tools", "grpc", "google"}),
+    # The loader knows no policy, no wire format and no catalog; it reads ELF
+    # through gfxbpf.elf, never pyelftools itself (one ELF reader).
     "bpf": frozenset(
         {
             *("catalog", "proto", "broker", "client", "exporter", "bench", "tests", "tools"),
-            *("grpc", "google"),
+            *("grpc", "google", "elftools"),
         }
     ),
     # The catalog runs programs with the library; it knows no policy and no wire.
     "catalog": frozenset(
         {"proto", "broker", "client", "exporter", "bench", "tests", "tools", "grpc", "google"}
+        | {"elftools"}
     ),
     # Messages and framing know no daemon and no kernel object.
-    "proto": frozenset(
-        {"bpf", "catalog", "broker", "client", "exporter", "bench", "tests", "tools", "elftools"}
-    ),
+    "proto": frozenset({*_LAYERS, "bench", "tests", "tools", "elftools"} - {"proto"}),
     # The daemon uses bpf and proto, never the client library.
-    "broker": frozenset({"client", "exporter", "bench", "tests", "tools"}),
+    "broker": frozenset({"client", "exporter", "bench", "tests", "tools", "elftools"}),
     # The client never holds a capability nor runs broker code.
     "client": frozenset(
         {"broker", "bench", "tests", "tools", "prctl", "exporter", "prometheus_client"}
+        | {"elftools"}
     ),
     # The exporter is a client of the broker like gfxclient: the client library
     # (and through it the read side of bpf), never the daemon. The client does
     # not import it back (prometheus-client is an optional extra).
-    "exporter": frozenset({"broker", "bench", "tests", "tools", "prctl"}),
-    # The benchmark measures what a user runs: the client, and bpf for its own programs.
+    "exporter": frozenset({"broker", "bench", "tests", "tools", "prctl", "elftools"}),
+    # The benchmark measures what a user runs: the client, and bpf for its own
+    # programs (and pyelftools as a peer it compares with).
     "bench": frozenset({"broker", "tests", "tools"}),
     # Build scripts run before the package is installed.
-    "tools": frozenset(
-        {"bpf", "catalog", "proto", "broker", "client", "exporter", "bench", "tests"}
-    ),
+    "tools": frozenset({*_LAYERS, "bench", "tests"}),
 }
 
 
@@ -83,7 +88,6 @@ ALLOWED_BPF = {
     "gfxbpf.catalog.cuda_api",
     "gfxbpf.catalog.function_tables",
     "gfxbpf.catalog.python",  # data only: per-release CPython layouts the decoders follow
-    "gfxbpf.bpf.elf",  # only reads files: the profile symbolizer shares the broker's ELF reader
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
@@ -151,7 +155,7 @@ def test_no_forbidden_import_direction(layer: str, path: Path) -> None:
 
 # Loading a layer must not load a forbidden gfxbpf layer either (what the
 # parse above cannot see: an import hidden behind a computed name).
-PRODUCT_LAYERS = ("bpf", "catalog", "proto", "broker", "client", "exporter")
+PRODUCT_LAYERS = _LAYERS
 
 
 @pytest.mark.parametrize("layer", PRODUCT_LAYERS)
@@ -188,7 +192,10 @@ def test_imports_follow_the_layers(path: Path) -> None:
         assert not name.startswith("gfxbpf.broker"), f"{path.name} imports {name}"
         if name.startswith("gfxbpf.") and top == "gfxbpf":
             layer = name.split(".")[1]
-            assert layer in ("client", "proto", "bpf", "catalog"), f"{path.name} imports {name}"
+            # gfxbpf.elf only reads files: the symbolizer shares the broker's ELF layer.
+            assert layer in ("client", "proto", "bpf", "catalog", "tomlcheck", "elf"), (
+                f"{path.name} imports {name}"
+            )
             if layer in ("bpf", "catalog"):
                 # "from gfxbpf.bpf.btf.blob import Btf" records gfxbpf.bpf.btf.blob and its .Btf
                 allowed = any(name == a or name.startswith(a + ".") for a in ALLOWED_BPF)

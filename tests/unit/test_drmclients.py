@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from gfxbpf.client import drmclients
 from gfxbpf.client.cli.display import render_map
-from gfxbpf.client.cli.gfxclient import DRM_CLIENT_LABEL, key_formatter
+from gfxbpf.client.cli.output import DRM_CLIENT_LABEL, key_formatter
 from gfxbpf.client.mapdata import MapData
 
 FDINFO_AMD = (

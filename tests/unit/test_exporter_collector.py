@@ -50,17 +50,41 @@ def test_a_good_config() -> None:
     ("text", "where", "what"),
     [
         ("listen = 'nowhere'\n[[program]]\nname = 'a'", "listen", "HOST:PORT"),
-        ("[[program]]\nname = 'a'\nscope = 'world'", '[[program]] #1 "a".scope', "self, system"),
-        ("[[program]]\nname = 'a'\nmaps = 'counts'", '[[program]] #1 "a".maps', "list"),
-        ("[[program]]\nname = 'a'\ncolour = 1", '[[program]] #1 "a".colour', "unknown key"),
-        ("[[program]]\nscope = 'self'", "[[program]] #1.name", "missing"),
-        ("[[program]]\nname = 'a'\n[[program]]\nname = 'a'", '#2 "a".name', "listed twice"),
+        (
+            "[[program]]\nname = 'a'\nscope = 'world'",
+            "[[program]] #1 \"a\": field 'scope'",
+            "self, system",
+        ),
+        ("[[program]]\nname = 'a'\nmaps = 'counts'", "[[program]] #1 \"a\": field 'maps'", "array"),
+        (
+            "[[program]]\nname = 'a'\ncolour = 1",
+            "[[program]] #1 \"a\": field 'colour'",
+            "unknown key",
+        ),
+        ("[[program]]\nscope = 'self'", "[[program]] #1: field 'name'", "missing"),
+        (
+            "[[program]]\nname = 'a'\n[[program]]\nname = 'a'",
+            "#2 \"a\": field 'name'",
+            "listed twice",
+        ),
         ("max_series_per_metric = 0\n[[program]]\nname = 'a'", "max_series_per_metric", "positive"),
-        ("[broker]\nvia = 'carrier pigeon'\n[[program]]\nname='a'", "[broker].via", "auto"),
-        ("[broker]\ntls_cert = 'c'\n[[program]]\nname='a'", "[broker].tls_cert", "tls_key"),
-        ("[broker]\ntls_cert='c'\ntls_key='k'\n[[program]]\nname='a'", "[broker].grpc", "TCP"),
+        (
+            "[broker]\nvia = 'carrier pigeon'\n[[program]]\nname='a'",
+            "[broker]: field 'via'",
+            "auto",
+        ),
+        (
+            "[broker]\ntls_cert = 'c'\n[[program]]\nname='a'",
+            "[broker]: field 'tls_cert'",
+            "tls_key",
+        ),
+        (
+            "[broker]\ntls_cert='c'\ntls_key='k'\n[[program]]\nname='a'",
+            "[broker]: field 'grpc'",
+            "TCP",
+        ),
         ("listen = ':1'", "program", "no [[program]]"),
-        ("[[program]\nname = 'a'", "not valid TOML", ""),
+        ("[[program]\nname = 'a'", "TOML syntax error", ""),
     ],
 )
 def test_bad_configs_say_where_and_what(text: str, where: str, what: str) -> None:
@@ -68,6 +92,15 @@ def test_bad_configs_say_where_and_what(text: str, where: str, what: str) -> Non
         parse_config(text, "exp.toml")
     msg = str(e.value)
     assert msg.startswith("exp.toml: ") and where in msg and what in msg, msg
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    text = "listen = 'x'\ncolour = 1\n[[program]]\nname = 'a'\npid = 0\n[broker]\nvia = 'x'\n"
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, "exp.toml")
+    fields = [line.split(": field ")[1].split(":")[0] for line in e.value.problems]
+    assert fields == ["'colour'", "'listen'", "'pid'", "'via'"], e.value.problems
+    assert all(line.startswith("exp.toml: ") for line in e.value.problems)
 
 
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

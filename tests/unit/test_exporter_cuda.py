@@ -106,9 +106,9 @@ def test_a_cuda_config_needs_only_a_pid() -> None:
 @pytest.mark.parametrize(
     ("extra", "where", "what"),
     [
-        ("", ".pid", "exporter's own user"),
-        ("pid = 1\nscope = 'system'", ".scope", 'scope "self" only'),
-        ("pid = 1\nfunctions = ['cuLaunchKernel']", ".functions", "its own table"),
+        ("", "field 'pid'", "exporter's own user"),
+        ("pid = 1\nscope = 'system'", "field 'scope'", 'scope "self" only'),
+        ("pid = 1\nfunctions = ['cuLaunchKernel']", "field 'functions'", "its own table"),
     ],
 )
 def test_bad_cuda_configs_say_what_to_do(extra: str, where: str, what: str) -> None:

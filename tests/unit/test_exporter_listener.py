@@ -124,7 +124,7 @@ def test_listen_tls_config() -> None:
         "e.toml",
     )
     assert cfg.tls == ListenTls("c.pem", "k.pem", "ca.pem")
-    with pytest.raises(ConfigError, match=r"e.toml: \[listen_tls\].key: missing"):
+    with pytest.raises(ConfigError, match=r"e.toml: \[listen_tls\]: field 'key': missing"):
         parse_config("[listen_tls]\ncert = 'c.pem'\n[[program]]\nname = 'a'\n", "e.toml")
 
 

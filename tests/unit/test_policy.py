@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gfxbpf.broker.errors import DENIAL_CODES
-from gfxbpf.broker.policy import report as policy_report
+from gfxbpf.broker.policy import report
 from gfxbpf.broker.policy.rules import (
     Limits,
     NameResolver,
@@ -112,7 +112,7 @@ def test_allow_no_btf_is_off_unless_set_to_true():
     errs = _errors(base + 'allow_no_btf = "yes"\n')
     assert errs == [
         "/etc/gfxbpf/policy.toml: [[program]] #1 \"x\": field 'allow_no_btf': "
-        "expected true or false, got string"
+        'expected true or false, got string "yes"'
     ]
 
 
@@ -258,7 +258,8 @@ def test_limits_must_be_positive_ints(value):
 def test_program_must_be_array_of_tables():
     errs = _errors('program = "syscount"\n')
     assert errs == [
-        "/etc/gfxbpf/policy.toml: top level: field 'program': write programs as [[program]] tables"
+        "/etc/gfxbpf/policy.toml: top level: field 'program': "
+        "write each as a [[program]] table, got string"
     ]
     errs = _errors("[[programs]]\nname = 'x'\n")
     assert "did you mean [[program]]?" in errs[0]
@@ -522,7 +523,7 @@ groups = ["nogroup-here"]
         path="p.toml",
         resolver=FakeResolver(),
     )
-    warnings = policy_report.check_warnings(p)
+    warnings = report.check_warnings(p)
     assert 'p.toml [[program]] #1 "x": field \'users\': no user "ghost" on this host (yet)' in (
         warnings
     )
@@ -531,7 +532,7 @@ groups = ["nogroup-here"]
         warnings
     )
     assert 'p.toml [[program]] #3 "x": same as [[program]] #1' in warnings
-    summary = policy_report.summary(p)
+    summary = report.summary(p)
     assert summary.startswith("p.toml: 3 [[program]] entries for 2 programs")
     assert "#2 y" in summary and "nobody" in summary
     assert "sessions_per_user=8" in summary
@@ -544,7 +545,7 @@ def test_check_warnings_name_a_per_user_limit_above_its_total():
         path="p.toml",
         resolver=FakeResolver(),
     )
-    warnings = [w for w in policy_report.check_warnings(p) if "[limits]" in w]
+    warnings = [w for w in report.check_warnings(p) if "[limits]" in w]
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("p.toml [limits]: grpc_connections_per_user (300) is more")
     assert "one user can take every session" in warnings[1]
@@ -557,7 +558,7 @@ def test_catalog_warnings(policy):
         NS(name="syscount", sha256=SHA_A.upper(), scopes=("self", "system")),
         NS(name="vmabind", sha256=SHA_C, scopes=("system",)),
     ]
-    warnings = policy_report.catalog_warnings(policy, catalog)
+    warnings = report.catalog_warnings(policy, catalog)
     assert warnings[0].startswith(
         f"policy.toml [[program]] #3 \"vmabind\": field 'sha256': the catalog's object has "
         f"sha256 {SHA_C}"

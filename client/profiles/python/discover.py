@@ -14,8 +14,7 @@ needs to know of each: (dev, ino, runtime_off, version).
 - debug_offsets_ok (3.13+): the offsets CPython itself wrote into the
   binary's _Py_DebugOffsets agree with catalog/python/layouts.py.
 
-Symbols and data are read with gfxbpf.bpf.elf (the project's reader); only
-the segments' flags come from pyelftools, which that reader does not keep.
+Symbols, segments and data are read with gfxbpf.elf (the project's ELF layer).
 """
 
 from __future__ import annotations
@@ -27,9 +26,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elftools.elf.elffile import ELFFile
-
-from gfxbpf.bpf.elf import SHN_UNDEF, ElfError, ElfFile
+from gfxbpf.elf.reader import SHN_UNDEF, ElfError, ElfFile
 from gfxbpf.catalog.python import debug_offsets as debug_table
 from gfxbpf.catalog.python.layouts import LAYOUTS, layout_for
 from gfxbpf.client.profiles.fileid import open_regular
@@ -119,7 +116,7 @@ def _inspect(path: str, fd: int) -> PythonFile | None:
         return None
     runtime = syms.get("_PyRuntime")
     static = runtime is not None and runtime[1] != SHN_UNDEF
-    text = _lowest_exec_vaddr(fd)
+    text = _lowest_exec_vaddr(elf)
     runtime_off = runtime[0] - text if static and runtime and text is not None else None
     return PythonFile(
         path=path,
@@ -160,13 +157,8 @@ def _read_vaddr(elf: ElfFile, vaddr: int, size: int) -> bytes | None:
     return None
 
 
-def _lowest_exec_vaddr(fd: int) -> int | None:
-    with os.fdopen(os.dup(fd), "rb") as f:
-        loads = [
-            s["p_vaddr"]
-            for s in ELFFile(f).iter_segments()
-            if s["p_type"] == "PT_LOAD" and s["p_flags"] & _PF_X
-        ]
+def _lowest_exec_vaddr(elf: ElfFile) -> int | None:
+    loads = [s.vaddr for s in elf.loads() if s.flags & _PF_X]
     return min(loads) if loads else None
 
 

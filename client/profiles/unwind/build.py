@@ -9,7 +9,6 @@ import os
 import struct
 from array import array
 
-from gfxbpf.bpf.elf import SHT_NOBITS, ElfError, open_elf
 from gfxbpf.client.profiles.elfinfo import ElfInfo, debug_file, read_info
 from gfxbpf.client.profiles.unwind import cfi
 from gfxbpf.client.profiles.unwind.table import (
@@ -21,6 +20,7 @@ from gfxbpf.client.profiles.unwind.table import (
     FileTable,
     Rule,
 )
+from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
 __all__ = ["compile_fdes", "compile_file", "file_facts", "rule_of"]
 

@@ -17,10 +17,10 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 
-from gfxbpf.bpf.elf import SHT_NOBITS, ElfError, open_elf
 from gfxbpf.client.profiles.unwind import cfi
 from gfxbpf.client.profiles.unwind.build import rule_of
 from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
+from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
 __all__ = ["LAZY_MIN_BYTES", "LazyTable", "open_lazy"]
 

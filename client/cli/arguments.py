@@ -1,0 +1,76 @@
+"""Argument types and flags that several gfxclient commands share."""
+
+from __future__ import annotations
+
+import argparse
+
+from gfxbpf.bpf.consts import SCOPES
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def nonnegative_number(text: str) -> float:
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return positive_number(text)
+
+
+def process_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def add_attach_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="program name (see `gfxclient list`)")
+    p.add_argument("--scope", choices=SCOPES, help="default: the policy's scope")
+    p.add_argument(
+        "--pid",
+        type=process_id,
+        help="target process (per-process programs), with the processes it starts",
+    )
+    p.add_argument(
+        "--no-children",
+        action="store_true",
+        help="with --pid: that process only, not its child processes",
+    )
+    p.add_argument(
+        "--library", metavar="PATH", help="uprobe target (ucalls); a file you can read yourself"
+    )
+    p.add_argument(
+        "--function",
+        dest="functions",
+        metavar="F",
+        action="append",
+        default=[],
+        help="function in --library to trace; repeat or comma-separate",
+    )
+
+
+def function_names(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for item in getattr(args, "functions", []) or []:
+        out.extend(f.strip() for f in item.split(",") if f.strip())
+    return out

@@ -1,0 +1,192 @@
+"""gfxclient watch: a live view of a program's maps, redrawn every interval
+(Ctrl-C to stop; the last view stays on the screen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from gfxbpf.client.cli import stack_view
+from gfxbpf.client.cli.arguments import add_attach_arguments, count, function_names, positive_number
+from gfxbpf.client.cli.display import Screen, clip, entries_json, rates, render_map
+from gfxbpf.client.cli.output import dump_json, key_formatter, load_cuda_view, write_lines
+from gfxbpf.client.cli.session import CUDA_PROGRAM, attach, connect, sleep_renewing
+from gfxbpf.client.cli.stopping import StopSignal
+from gfxbpf.client.drmclients import DrmClientNames
+from gfxbpf.client.errors import EXIT_OK, UsageError
+from gfxbpf.client.handle import Attachment, ClientMap
+from gfxbpf.client.mapdata import MapData
+
+if TYPE_CHECKING:
+    from gfxbpf.client.cli.cuda_view import CudaWatch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_attach_arguments(p)
+    p.add_argument("--interval", type=positive_number, default=1.0, metavar="S", help="default 1")
+    p.add_argument("--duration", type=positive_number, metavar="S", help="stop after S seconds")
+    p.add_argument("--once", action="store_true", help="one view after one interval, then exit")
+    p.add_argument("--map", action="append", metavar="MAP", help="only this map (repeatable)")
+    p.add_argument("--top", type=count, metavar="N", help="rows per table (default: fit)")
+
+
+def _snapshot(maps: list[ClientMap]) -> dict[str, MapData]:
+    return {m.name: MapData.from_client_map(m) for m in maps}
+
+
+def _now_text() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+class Watch:
+    """The watch loop's state: previous snapshot and rendering."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        att: Attachment,
+        maps: list[ClientMap],
+        left_out: list[ClientMap] | None = None,
+    ) -> None:
+        self.args = args
+        self.att = att
+        self.maps = maps
+        self.left_out = left_out or []  # stack tables: a pointer, not rows
+        self.functions = function_names(args)
+        drm_clients = DrmClientNames()
+        self.fmts = {m.name: key_formatter(att, m, self.functions, drm_clients) for m in maps}
+        self.prev: dict[str, MapData] | None = None
+        self.prev_t = 0.0
+        self.cur: dict[str, MapData] = {}
+        self.rates: dict[str, dict[str, Any]] = {}
+        self.dt = 0.0
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        cur = _snapshot(self.maps)
+        if self.prev is not None:
+            self.dt = now - self.prev_t
+            self.rates = {n: rates(self.prev.get(n), d, self.dt) for n, d in cur.items()}
+        self.prev, self.prev_t, self.cur = cur, now, cur
+
+    def frame(self, width: int, height: int | None, limit: int | None) -> list[str]:
+        a = self.att
+        head = (
+            f"gfxclient watch {a.program} · scope {a.scope} · attachment {a.id} · "
+            f"via {a.broker.via} · every {self.args.interval:g}s · {_now_text()}"
+        )
+        lines = [head]
+        if height is not None:
+            lines.append("Ctrl-C to quit" + ("" if self.dt else " · rates after one interval"))
+        for name, data in self.cur.items():
+            lines.append("")
+            lines.extend(
+                render_map(
+                    data,
+                    self.rates.get(name),
+                    key_format=self.fmts[name],
+                    limit=limit,
+                    width=width,
+                )
+            )
+        for m in self.left_out:
+            lines += ["", stack_view.pointer(m, self.args.name)]
+        return clip(lines, width, height)
+
+    def json_line(self) -> dict[str, Any]:
+        return {
+            "timestamp": time.time(),
+            "program": self.att.program,
+            "attachment": self.att.id,
+            "scope": self.att.scope,
+            "interval": round(self.dt, 6) if self.dt else None,
+            "maps": {
+                name: entries_json(data, self.rates.get(name), self.fmts[name])
+                for name, data in self.cur.items()
+            },
+            "stack_tables_left_out": [m.name for m in self.left_out],
+        }
+
+
+def _row_limit(args: argparse.Namespace, nmaps: int, height: int | None) -> int | None:
+    if args.top:
+        return args.top
+    if height is None:
+        return None
+    return max(3, (height - 2) // max(nmaps, 1) - 4)
+
+
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    tty = out.isatty() and not args.json and not args.once
+    with StopSignal() as stop, connect(args) as broker:
+        att = attach(broker, args)
+        maps = att.table_maps()
+        if args.map:
+            unknown = [m for m in args.map if m not in att.maps]
+            if unknown:
+                raise UsageError(
+                    f"{att.program} has no map {unknown[0]!r} (maps: {', '.join(att.maps)})"
+                )
+            maps = [m for m in maps if m.name in args.map]
+        maps, stack_tables = stack_view.left_out(maps)
+        if not maps and stack_tables:
+            raise UsageError(stack_view.pointer(stack_tables[0], args.name))
+        if not maps:
+            raise UsageError(
+                f"{att.program} reports only events: use `gfxclient stream {args.name}`"
+            )
+        w: Watch | CudaWatch = Watch(args, att, maps, stack_tables)
+        if att.program == CUDA_PROGRAM and not args.map:
+            w = load_cuda_view().CudaWatch(att, maps, args.interval, args.library or "")
+        screen = Screen(out) if tty else None
+        start = time.monotonic()
+        try:
+            w.sample()
+            if screen is not None:
+                screen.start()
+            if not args.once:
+                _emit(w, args, out, screen)
+            tick = 0
+            while not stop.stopped:
+                tick += 1
+                due = start + tick * args.interval
+                if args.duration is not None:
+                    due = min(due, start + args.duration)
+                if sleep_renewing(stop, due - time.monotonic(), broker):
+                    break
+                w.sample()
+                _emit(w, args, out, screen)
+                if args.once:
+                    break
+                if args.duration is not None and time.monotonic() - start >= args.duration - 1e-3:
+                    break
+        finally:
+            if screen is not None:
+                screen.stop()
+                # Leave the last view on the normal screen, like bpftrace prints maps at exit.
+                width = shutil.get_terminal_size((100, 40)).columns
+                limit = args.top or 20
+                with contextlib.suppress(OSError, ValueError):
+                    write_lines(out, w.frame(width, None, limit))
+                    out.flush()
+    return EXIT_OK
+
+
+def _emit(
+    w: Watch | CudaWatch, args: argparse.Namespace, out: TextIO, screen: Screen | None
+) -> None:
+    if args.json:
+        dump_json(w.json_line(), out)
+        return
+    if screen is not None:
+        size = shutil.get_terminal_size((100, 40))
+        limit = _row_limit(args, len(w.maps), size.lines)
+        screen.draw(w.frame(size.columns, size.lines, limit))
+        return
+    width = shutil.get_terminal_size((100, 40)).columns
+    write_lines(out, w.frame(max(width, 60), None, args.top), end="\n\n")
+    out.flush()
