@@ -26,10 +26,10 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gfxbpf.elf.reader import SHN_UNDEF, ElfError, ElfFile
 from gfxbpf.catalog.python import debug_offsets as debug_table
 from gfxbpf.catalog.python.layouts import LAYOUTS, layout_for
 from gfxbpf.client.profiles.fileid import open_regular
+from gfxbpf.elf.reader import SHN_UNDEF, ElfError, ElfFile
 
 __all__ = [
     "PythonFile",
