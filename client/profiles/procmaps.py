@@ -65,6 +65,18 @@ class ProcessMaps:
 
     def __post_init__(self) -> None:
         self._index()
+        self._local: dict[tuple[str, int], str] = {}
+
+    def local_path(self, m: Mapping) -> str:
+        """Where we open m's file. Through root when there is one, unless only
+        our own path holds the mapped inode: in a mount namespace of its own
+        a chrooted process's paths are its namespace's, and /proc/PID/root
+        is the chroot."""
+        key = (m.file_path, m.inode)
+        found = self._local.get(key)
+        if found is None:
+            found = self._local[key] = _where_mapped(self.root, m)
+        return found
 
     def _index(self) -> None:
         self._starts = [m.start for m in self.mappings]
@@ -190,6 +202,23 @@ def capture(pid: int, perf_map_dir: str = PERF_MAP_DIR) -> ProcessMaps | None:
         comm=_read_comm(pid),
         root=_root_of(pid),
     )
+
+
+def _where_mapped(root: str, m: Mapping) -> str:
+    theirs = root + m.file_path
+    if not root or _stat_ids(theirs)[1] == m.inode:
+        return theirs
+    # Our path only if it is the mapped file itself: same device, same inode.
+    return m.file_path if _stat_ids(m.file_path) == (m.dev, m.inode) else theirs
+
+
+def _stat_ids(path: str) -> tuple[str, int]:
+    """(device as maps writes it, "fe:01"; inode) of path, ("", 0) if it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "", 0
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino
 
 
 def _read_comm(pid: int) -> str:
