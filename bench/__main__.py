@@ -30,6 +30,7 @@ from bench import (
     profile_bench,
     report,
     ringbuf_rate,
+    unwind_profile,
 )
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
@@ -62,6 +63,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
     ),
     "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
+    "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -74,6 +76,7 @@ RUNNERS = {
     "exporter": exporter_scrape.run,
     "profile": profile_bench.run,
     "broker_memory": broker_memory.run,
+    "unwind": unwind_profile.run,
 }
 
 NOTES = [
