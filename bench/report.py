@@ -395,9 +395,10 @@ def _unwind_workload(name: str, w: dict[str, Any]) -> list[Row]:
         r = ratio(g["s"], d["s"])
         rows.append(
             (f"11 {name}: workload at {hz} Hz (untraced {_s(w['untraced_s'])})",
-             f"{_s(g['s'])} (×{g['slowdown']}; CPU ×{g.get('cpu_slowdown')})",
-             f"perf dwarf {_s(d['s'])} (×{d['slowdown']}; CPU ×{d.get('cpu_slowdown')}), "
-             f"perf -g ×{f['slowdown']} (CPU ×{f.get('cpu_slowdown')})",
+             f"{_s(g['s'])} (×{g['slowdown']}; CPU ×{g['cpu_slowdown']}; "
+             f"client CPU {_s(g['tool_cpu_s'])})",
+             f"perf dwarf {_s(d['s'])} (×{d['slowdown']}; CPU ×{d['cpu_slowdown']}; perf CPU "
+             f"{_s(d['tool_cpu_s'])}), perf -g ×{f['slowdown']} (CPU ×{f['cpu_slowdown']})",
              str(r), "≤ perf dwarf's", _met(r, lambda x: x <= 1.0))
         )  # fmt: skip
     fg, bpf = w["flamegraph"], w["hz"][top]["bpf"]

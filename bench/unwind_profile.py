@@ -15,9 +15,14 @@ and the kernel memory of stackcopy's maps (bpftool's bytes_memlock). Last, the
 parse time and table size of the largest .eh_frame on the machine, first and
 from the disk cache (bench/unwind_tables.py).
 
-Every workload runs as the bench user under bench/'s `timeit` launcher, which
-times exec to exit (the tools' own start-up and write-out are outside it) and
-sends the workload's output to /dev/null.
+Every workload runs as the bench user under a `timeit` launcher built here,
+which times exec to exit (the tools' own start-up and write-out are outside
+it), reports the workload's CPU time, and sends its output to /dev/null. The
+profiler's own CPU time (gfxclient reads and unwinds while sampling; perf
+record writes the samples) is what the bench's children used beyond the
+workload's. On a machine with few CPUs and other load, the client's CPU
+competes with the workload's, which the wall time shows and the workload's
+CPU time does not.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -189,8 +195,8 @@ def bpf_cost(runs: tuple[int, int], recorded: int) -> dict[str, float | None]:
     }
 
 
-def starts(prefix: str) -> Callable[[list[str]], bool]:
-    return lambda frames: any(f.startswith(prefix) for f in frames)
+def starts(*prefixes: str) -> Callable[[list[str]], bool]:
+    return lambda frames: any(f.startswith(prefixes) for f in frames)
 
 
 def holds(name: str) -> Callable[[list[str]], bool]:
@@ -241,7 +247,9 @@ def workloads(work: Path) -> list[Workload]:
             "Debian xz -9",
             "xz",
             lambda mib: ["/usr/bin/xz", "-9", "-T1", "-c", _random_file(work, mib)],
-            starts("__libc_start_main"),
+            # perf names the frame under main __libc_start_call_main, and
+            # sometimes not the __libc_start_main_impl it is inlined in.
+            starts("__libc_start_main", "__libc_start_call_main"),
         ),
         Workload(
             "Debian python3 loop",
@@ -257,6 +265,18 @@ def _setpriv(stage: Stage, argv: list[str]) -> list[str]:
     return ["setpriv", *ids, "--", *argv]
 
 
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # the workload's, exec to exit
+    cpu: float  # the workload's user + system
+    tool_cpu: float  # the profiler's own (its process and helpers, not the workload)
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def untraced(stage: Stage, work: Path, argv: list[str]) -> tuple[float, float]:
     p = stage.as_bench_user([str(work / "timeit"), *argv], stderr=subprocess.PIPE)
     _, err = p.communicate(timeout=900)
@@ -267,28 +287,31 @@ def untraced(stage: Stage, work: Path, argv: list[str]) -> tuple[float, float]:
 
 def under_gfxclient(
     stage: Stage, work: Path, argv: list[str], hz: int, out: Path
-) -> tuple[tuple[float, float], dict[str, Any]]:
-    """(workload seconds: wall, CPU; gfxclient's summary); the profile in out (format
-    from its suffix)."""
+) -> tuple[Timing, dict[str, Any]]:
+    """(the timing, gfxclient's summary); the profile in out (format from its suffix)."""
     args = ["--json", "profile", "--frequency", str(hz), "-o", str(out)]
+    before = _children_cpu()
     p = stage.gfxclient(*args, "--", str(work / "timeit"), *argv,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     stdout, err = p.communicate(timeout=900)
     if p.returncode != 0:
         raise BenchError(f"gfxclient profile failed ({p.returncode}): {err.strip()[-1000:]}")
-    return elapsed_of(err), json.loads(stdout)
+    wall, cpu = elapsed_of(err)
+    return Timing(wall, cpu, _children_cpu() - before - cpu), json.loads(stdout)
 
 
 def under_perf(
     stage: Stage, work: Path, argv: list[str], hz: int, dwarf: bool, data: Path
-) -> tuple[float, float]:
+) -> Timing:
     graph = ["--call-graph", "dwarf"] if dwarf else ["-g"]
     cmd = ["perf", "record", "-q", "-F", str(hz), *graph, "-o", str(data), "--"]
+    before = _children_cpu()
     r = subprocess.run(cmd + _setpriv(stage, [str(work / "timeit"), *argv]),
                        capture_output=True, text=True, timeout=900)  # fmt: skip
     if r.returncode != 0:
         raise BenchError(f"perf record failed: {r.stderr[-1000:]}")
-    return elapsed_of(r.stderr)
+    wall, cpu = elapsed_of(r.stderr)
+    return Timing(wall, cpu, _children_cpu() - before - cpu)
 
 
 def perf_folded(data: Path, out: Path) -> tuple[float, dict[tuple[str, ...], int]]:
@@ -373,7 +396,7 @@ def measure(stage: Stage, work: Path, wl: Workload, rounds: int, seconds: float)
     row["untraced_cpu_s"] = round(base_cpu, 4)
     out = work / "profiles"
     for hz in HZ:
-        times: dict[str, list[tuple[float, float]]] = {t: [] for t in TOOLS}
+        times: dict[str, list[Timing]] = {t: [] for t in TOOLS}
         watches: list[BrokerWatch] = []
         for _ in range(rounds):
             with watching(stage) as watch:
@@ -391,9 +414,10 @@ def measure(stage: Stage, work: Path, wl: Workload, rounds: int, seconds: float)
             fold_s, stacks = perf_folded(stem.with_suffix(".data"), stem.with_suffix(".folded"))
             cell[tool] = _share_row(stacks, wl) | {"script_fold_s": round(fold_s, 3)}
         for tool in TOOLS:
-            s, cpu = median([w for w, _ in times[tool]]), median([c for _, c in times[tool]])
+            s, cpu = median([t.wall for t in times[tool]]), median([t.cpu for t in times[tool]])
             cell[tool] |= {"s": round(s, 4), "slowdown": ratio(s, base)}
             cell[tool] |= {"cpu_s": round(cpu, 4), "cpu_slowdown": ratio(cpu, base_cpu)}
+            cell[tool]["tool_cpu_s"] = round(median([t.tool_cpu for t in times[tool]]), 3)
         last = watches[-1]  # the run whose profile was kept
         cell["bpf"] = bpf_cost(busiest_new(last.before, last.last), summary["total"])
         cell["map_bytes"] = last.maps

@@ -77,7 +77,7 @@ def test_bpf_cost_is_the_profiles_busiest_new_program() -> None:
 
 
 def _tool(complete: float, s: float, slowdown: float) -> dict[str, Any]:
-    times = {"s": s, "slowdown": slowdown, "cpu_s": s, "cpu_slowdown": slowdown}
+    times = {"s": s, "slowdown": slowdown, "cpu_s": s, "cpu_slowdown": slowdown, "tool_cpu_s": 0.4}
     return {"complete": complete, "samples": 2000, "output_s": 0.01, "script_fold_s": 0.3, **times}
 
 
@@ -107,6 +107,7 @@ def test_the_unwind_rows_say_what_was_met() -> None:
     at = {r[0].split(" (")[0]: r for r in rows}
     assert at["11 xz: workload at 99 Hz"][5] == "yes"  # 2.0 s against perf dwarf's 2.2 s
     assert at["11 xz: workload at 999 Hz"][5] == "**no**"  # 2.6 s against 2.2 s
+    assert "client CPU 400 ms" in at["11 xz: workload at 99 Hz"][1]
     assert at["11 xz: end of sampling → flame graph at 999 Hz"][5] == "yes"
     assert "4.5 µs" in at["11 xz: BPF time per sample at 999 Hz"][1]
     assert "2.04 MiB" in at["11 kernel memory of stackcopy's maps"][1]
