@@ -244,6 +244,41 @@ def test_stacks_at_a_library_function_from_two_paths_count_exactly(
     assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
 
 
+# A SIGUSR1 handler that spins, raised from outer(): its samples lie above
+# a signal frame (the sigreturn trampoline's CFI leads back to the raise).
+SIGNAL_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+volatile unsigned long sink;
+static long rounds;
+__attribute__((noinline)) void handler_spin(void) { for (long i = 0; i < rounds; i++) sink += i; }
+__attribute__((noinline)) void on_signal(int sig) { handler_spin(); sink += sig; }
+__attribute__((noinline)) void outer(void) { raise(SIGUSR1); sink++; }
+int main(int argc, char **argv)
+{
+    rounds = atol(argv[1]);
+    signal(SIGUSR1, on_signal);
+    outer();
+    return 0;
+}
+"""
+
+
+def test_samples_in_a_signal_handler_reach_main(broker: BrokerProcess, work: Path) -> None:
+    gcc = shutil.which("gcc") or "gcc"
+    (work / "signal.c").write_text(SIGNAL_C)
+    subprocess.run([gcc, "-O2", "-fomit-frame-pointer", str(work / "signal.c"), "-o",
+                    str(work / "signal")], check=True, capture_output=True)  # fmt: skip
+    (work / "signal").chmod(0o755)
+    out = work / "signal.folded"
+    profile_of(broker, out, str(work / "signal"), "1500000000")
+    in_handler = [(s, n) for s, n in stacks_of(out) if "handler_spin" in s]
+    chain = ("main", "outer")
+    reached = share(in_handler, lambda s: _holds_in_order([f for f in s if f in chain], chain)
+                    and s[-2:] == ["on_signal", "handler_spin"])  # fmt: skip
+    assert reached >= 0.95, in_handler
+
+
 def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) -> None:
     bob = run_as(BOB, [str(work / "chain"), "100000"], background=True)
     try:
