@@ -301,7 +301,8 @@ def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) 
 
 
 def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
-    """max_stack_bytes = 1024: no record carries more stack than that."""
+    """max_stack_bytes = 1024: no record carries more stack than that; a client
+    may ask for less (params.stack_bytes), and asking for more is refused."""
     text = policy_for(
         {"stackcopy": {"users": [ALICE], "scope": "self", "max_stack_bytes": 1024}},
         limits={"map_bytes_per_user": 1 << 30},
@@ -312,7 +313,7 @@ def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
         "from gfxbpf.client.broker import Broker\n"
         "b = Broker.connect(socket=os.environ['SOCK'], via='fd')\n"
         "p = subprocess.Popen([sys.argv[1], '3000'])\n"
-        "a = b.attach('stackcopy', pid=p.pid, frequency=499)\n"
+        "a = b.attach('stackcopy', pid=p.pid, frequency=499, stack_bytes=int(sys.argv[2]))\n"
         "ring = a.open_events('stack_copies')\n"
         "sizes = []\n"
         "while p.poll() is None:\n"
@@ -321,7 +322,15 @@ def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
     )
     script.chmod(0o644)
     with BrokerProcess.start(text) as b:
-        r = run_as(ALICE, [VENV_PYTHON, str(script), str(work / "chain")], env={"SOCK": b.socket})
-    assert r.returncode == 0, r.stderr
-    n, biggest, _smallest = map(int, r.stdout.split())
-    assert n > 20 and biggest == 1024, r.stdout
+        sizes = {}
+        for asked in (0, 512):  # 0: the policy's cap
+            r = run_as(ALICE, [VENV_PYTHON, str(script), str(work / "chain"), str(asked)],
+                       env={"SOCK": b.socket})  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            n, sizes[asked], _smallest = map(int, r.stdout.split())
+            assert n > 20, r.stdout
+        argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", b.socket, "profile"]
+        argv += ["--stack-bytes", "2048", "--", str(work / "chain"), "10"]
+        over = run_as(ALICE, argv, timeout=120)
+    assert sizes == {0: 1024, 512: 512}, sizes
+    assert over.returncode != 0 and "max_stack_bytes" in over.stderr + over.stdout, over.stderr
