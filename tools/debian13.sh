@@ -148,6 +148,9 @@ set +e
 unshare --mount --propagation slave -- bash -euo pipefail -c '
     R=$1 CACHE=$2 n=$3; shift 3
     PASS_ENV=("${@:1:n}"); shift "$n"
+    # The userland'"'"'s root a mount of its own: pivot_root works inside (the
+    # tests'"'"' containers, tests/kernel/chroots.py), as on a host.
+    mount --bind "$R" "$R"
     mount -t proc proc "$R/proc"
     mount --rbind /sys "$R/sys" && mount --make-rslave "$R/sys"
     mount --rbind /dev "$R/dev" && mount --make-rslave "$R/dev"

@@ -70,7 +70,10 @@ def remove_root(root: Path) -> None:
 # How a program is isolated in the userland: how its /proc/PID/maps paths read from here.
 CHROOT = "chroot"  # our mount namespace: paths from our root ("/var/tmp/.../usr/bin/xz")
 NS_CHROOT = "ns+chroot"  # own mount namespace, chroot: the namespace's paths, ours too
-CONTAINER = "container"  # own mount namespace, pivot_root: paths from its root ("/usr/bin/xz")
+# own mount namespace, pivot_root: paths from its root ("/usr/bin/xz"). pivot_root
+# needs our own root to be a mount's root: so it is on a host, and in the
+# userland of tools/debian13.sh, which bind-mounts it onto itself.
+CONTAINER = "container"
 ISOLATIONS = (CHROOT, NS_CHROOT, CONTAINER)
 
 _CLONE_NEWNS = 0x00020000

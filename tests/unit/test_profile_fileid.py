@@ -139,3 +139,21 @@ def test_a_chroot_in_its_own_namespace_is_read_at_our_path(tmp_path: Path) -> No
     assert procmaps.ProcessMaps(1, [m], root=root).local_path(m) == str(lib)
     other = _mapping_of(lib, inode=lib.stat().st_ino + 1)  # not the mapped file
     assert procmaps.ProcessMaps(1, [other], root=root).local_path(other) == root + str(lib)
+
+
+def test_a_chroot_in_its_own_namespace_seen_from_another_chroot(tmp_path: Path) -> None:
+    """The same, read by a client that is itself chrooted (the Debian 13 leg of
+    CI): the kernel writes paths from the namespace's root, which the client
+    cannot open; /proc/PID/root's target has the same prefix, cut off."""
+    proc_root = tmp_path / "proc-root"  # stands for /proc/PID/root: the process's root
+    lib = proc_root / "usr" / "lib.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"chroot's")
+    st = lib.stat()
+    link = "/host/var/tmp/u/root"  # where its root lies in the namespace's paths
+    m = procmaps.Mapping(0x1000, 0x2000, "r-xp", 0, "00:00", st.st_ino, f"{link}/usr/lib.so")
+    maps = procmaps.ProcessMaps(1, [m], root=str(proc_root), root_link=link)
+    assert maps.local_path(m) == str(lib)
+    assert procmaps.ProcessMaps(1, [m], root=str(proc_root), root_link="/").local_path(m) == (
+        f"{proc_root}{link}/usr/lib.so"  # no prefix to cut: reported as unreadable later
+    )
