@@ -385,45 +385,55 @@ def _share_row(stacks: dict[tuple[str, ...], int], wl: Workload) -> dict[str, An
     return {"complete": share, "samples": n}
 
 
-# long: one workload's rows, every tool at every rate, in one place to read
 def measure(stage: Stage, work: Path, wl: Workload, rounds: int, seconds: float) -> dict[str, Any]:
+    """One workload's rows. Each round runs it untraced and under each tool in
+    turn, so that the machine's other load falls on all of them alike."""
     size = _calibrate(stage, work, wl, seconds)
     argv = wl.argv(size)
     log(f"unwind: {wl.name} ({' '.join(argv[-2:])}), {rounds} round(s)")
-    plain = [untraced(stage, work, argv) for _ in range(rounds)]
-    base, base_cpu = median([w for w, _ in plain]), median([c for _, c in plain])
+    runs = {hz: _rounds(stage, work, wl, argv, hz, rounds) for hz in HZ}
+    plain = [t for hz in HZ for t in runs[hz][0]["untraced"]]
+    base, base_cpu = median([t.wall for t in plain]), median([t.cpu for t in plain])
     row: dict[str, Any] = {"argv": argv, "untraced_s": round(base, 4), "hz": {}}
     row["untraced_cpu_s"] = round(base_cpu, 4)
-    out = work / "profiles"
-    for hz in HZ:
-        times: dict[str, list[Timing]] = {t: [] for t in TOOLS}
-        watches: list[BrokerWatch] = []
-        for _ in range(rounds):
-            with watching(stage) as watch:
-                watches.append(watch)
-                t, summary = under_gfxclient(stage, work, argv, hz, out / f"{wl.comm}-{hz}.folded")
-            times["gfxclient"].append(t)
-            for tool, dwarf in (("perf_dwarf", True), ("perf_fp", False)):
-                data = work / f"{wl.comm}-{hz}-{tool}.data"
-                times[tool].append(under_perf(stage, work, argv, hz, dwarf, data))
-        cell: dict[str, Any] = {}
-        gfx = parse_folded((out / f"{wl.comm}-{hz}.folded").read_text())
-        cell["gfxclient"] = _share_row(gfx, wl) | {"output_s": summary["output_s"]}
-        for tool in ("perf_dwarf", "perf_fp"):
-            stem = work / f"{wl.comm}-{hz}-{tool}"
-            fold_s, stacks = perf_folded(stem.with_suffix(".data"), stem.with_suffix(".folded"))
-            cell[tool] = _share_row(stacks, wl) | {"script_fold_s": round(fold_s, 3)}
+    for hz, (times, cell) in runs.items():
         for tool in TOOLS:
             s, cpu = median([t.wall for t in times[tool]]), median([t.cpu for t in times[tool]])
             cell[tool] |= {"s": round(s, 4), "slowdown": ratio(s, base)}
             cell[tool] |= {"cpu_s": round(cpu, 4), "cpu_slowdown": ratio(cpu, base_cpu)}
             cell[tool]["tool_cpu_s"] = round(median([t.tool_cpu for t in times[tool]]), 3)
-        last = watches[-1]  # the run whose profile was kept
-        cell["bpf"] = bpf_cost(busiest_new(last.before, last.last), summary["total"])
-        cell["map_bytes"] = last.maps
         row["hz"][str(hz)] = cell
     row["flamegraph"] = _flamegraph(stage, work, wl, argv, row["hz"][str(HZ[-1])])
     return row
+
+
+def _rounds(
+    stage: Stage, work: Path, wl: Workload, argv: list[str], hz: int, rounds: int
+) -> tuple[dict[str, list[Timing]], dict[str, Any]]:
+    """The timings of every round at hz (untraced and per tool), and the cell of
+    what the last round's profiles hold."""
+    out = work / "profiles"
+    times: dict[str, list[Timing]] = {t: [] for t in ("untraced", *TOOLS)}
+    for _ in range(rounds):
+        wall, cpu = untraced(stage, work, argv)
+        times["untraced"].append(Timing(wall, cpu, 0.0))
+        with watching(stage) as watch:
+            t, summary = under_gfxclient(stage, work, argv, hz, out / f"{wl.comm}-{hz}.folded")
+        times["gfxclient"].append(t)
+        for tool, dwarf in (("perf_dwarf", True), ("perf_fp", False)):
+            data = work / f"{wl.comm}-{hz}-{tool}.data"
+            times[tool].append(under_perf(stage, work, argv, hz, dwarf, data))
+    cell: dict[str, Any] = {}
+    gfx = parse_folded((out / f"{wl.comm}-{hz}.folded").read_text())
+    cell["gfxclient"] = _share_row(gfx, wl) | {"output_s": summary["output_s"]}
+    for tool in ("perf_dwarf", "perf_fp"):
+        stem = work / f"{wl.comm}-{hz}-{tool}"
+        fold_s, stacks = perf_folded(stem.with_suffix(".data"), stem.with_suffix(".folded"))
+        cell[tool] = _share_row(stacks, wl) | {"script_fold_s": round(fold_s, 3)}
+    # The last run's, whose profile was kept:
+    cell["bpf"] = bpf_cost(busiest_new(watch.before, watch.last), summary["total"])
+    cell["map_bytes"] = watch.maps
+    return times, cell
 
 
 def _flamegraph(
