@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -336,11 +336,12 @@ def _calibrate(stage: Stage, work: Path, wl: Workload, seconds: float) -> int:
 @dataclass
 class BrokerWatch:
     """The broker's BPF programs while a profile runs: their last stats, and
-    the kernel memory of the maps of the first program the profile added."""
+    the kernel memory of the maps of every program the profile added."""
 
     before: dict[int, tuple[int, int]]
     last: dict[int, tuple[int, int]]
-    maps: dict[str, int]
+    maps: dict[str, int]  # map name -> bytes_memlock
+    seen: set[int] = field(default_factory=set)  # programs whose maps are in
 
 
 @contextlib.contextmanager
@@ -352,9 +353,9 @@ def watching(stage: Stage) -> Iterator[BrokerWatch]:
         while not stop.wait(0.1):
             now = prog_stats(stage.broker_pid)
             w.last.update(now)
-            new = [p for p in now if p not in w.before]
-            if new and not w.maps:
-                w.maps = _maps_of(max(new, key=lambda p: now[p]))
+            for prog in now.keys() - w.before.keys() - w.seen:
+                w.seen.add(prog)
+                w.maps.update(_maps_of(prog))  # programs of one object share maps
 
     t = threading.Thread(target=poll, daemon=True)
     t.start()
