@@ -31,6 +31,7 @@ from bench import (
     python_profile,
     report,
     ringbuf_rate,
+    unwind_profile,
 )
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
@@ -64,6 +65,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
     "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 2.0}),
+    "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -77,6 +79,7 @@ RUNNERS = {
     "profile": profile_bench.run,
     "broker_memory": broker_memory.run,
     "python": python_profile.run,
+    "unwind": unwind_profile.run,
 }
 
 NOTES = [
@@ -131,7 +134,7 @@ NOTES = [
     "live-maps iterator is CO-RE; vmlinux is mapped, not copied, on kernels 6.16+), so "
     "the request does not pay for it; the next row is the same load in a fresh process "
     "(`python -m bench.broker_memory`) that has not indexed vmlinux yet.",
-    "Python (11): Debian's python3 runs outer -> middle -> inner (bench/python_profile.py); "
+    "Python (12): Debian's python3 runs outer -> middle -> inner (bench/python_profile.py); "
     "gfxclient profile runs it as `-- COMMAND` with the bench user's stackcopy grant "
     "(scope self), py-spy 0.4 (PyPI) runs as root and starts it through setpriv as the bench "
     "user, in its default blocking mode (it stops the process per sample) and with "

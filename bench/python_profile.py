@@ -1,4 +1,4 @@
-"""11. Python profiles: `gfxclient profile` (Python frames walked in the kernel)
+"""12. Python profiles: `gfxclient profile` (Python frames walked in the kernel)
 against py-spy (reads the process from outside, as root) on one CPython script.
 
 The workload is Debian's python3 running outer -> middle -> inner, a CPU loop,

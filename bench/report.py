@@ -414,7 +414,7 @@ def _python(r: dict[str, Any]) -> list[Row]:
     gfx, spy = r["gfxbpf_chain_share"], r["pyspy_chain_share"]
     return [
         (
-            f"11 Python: samples with the whole chain outer;middle;inner ({r['hz']} Hz)",
+            f"12 Python: samples with the whole chain outer;middle;inner ({r['hz']} Hz)",
             pct(gfx),
             f"{pct(spy)} (py-spy; --nonblocking {pct(r['pyspy_nonblocking_chain_share'])})",
             str(ratio(gfx, spy)) if spy else "—",
@@ -422,7 +422,7 @@ def _python(r: dict[str, Any]) -> list[Row]:
             _met(gfx - spy, lambda d: d >= 0),
         ),
         (
-            f"11 Python: workload slowdown at {r['hz']} Hz (untraced {_s(r['untraced_s'])})",
+            f"12 Python: workload slowdown at {r['hz']} Hz (untraced {_s(r['untraced_s'])})",
             f"×{r['gfxbpf_slowdown']}",
             f"×{r['pyspy_slowdown']} (py-spy; --nonblocking ×{r['pyspy_nonblocking_slowdown']})",
             str(ratio(r["gfxbpf_slowdown"], r["pyspy_slowdown"])),
@@ -430,7 +430,7 @@ def _python(r: dict[str, Any]) -> list[Row]:
             _met(r["gfxbpf_slowdown"] - r["pyspy_slowdown"], lambda d: d <= 0),
         ),
         (
-            "11 Python: end of the workload → flame graph written",
+            "12 Python: end of the workload → flame graph written",
             _s(r["gfxbpf_to_flamegraph_s"]),
             f"{_s(r['pyspy_to_flamegraph_s'])} (py-spy)",
             str(ratio(r["gfxbpf_to_flamegraph_s"], r["pyspy_to_flamegraph_s"])),
@@ -438,6 +438,65 @@ def _python(r: dict[str, Any]) -> list[Row]:
             "—",
         ),
     ]
+
+
+def _share(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def _unwind_workload(name: str, w: dict[str, Any]) -> list[Row]:
+    top = max(w["hz"], key=int)
+    c = w["hz"][top]
+    g, d, f = c["gfxclient"], c["perf_dwarf"], c["perf_fp"]
+    rows: list[Row] = [
+        (f"11 {name}: samples reaching main at {top} Hz ({g['samples']} samples)",
+         _share(g["complete"]),
+         f"perf dwarf {_share(d['complete'])}, perf -g {_share(f['complete'])}",
+         "—", "≥ 95%", _met(g["complete"], lambda x: x >= 0.95)),
+    ]  # fmt: skip
+    for hz, c in w["hz"].items():
+        g, d, f = c["gfxclient"], c["perf_dwarf"], c["perf_fp"]
+        r = ratio(g["s"], d["s"])
+        rows.append(
+            (f"11 {name}: workload at {hz} Hz (untraced {_s(w['untraced_s'])})",
+             f"{_s(g['s'])} (×{g['slowdown']}; CPU ×{g['cpu_slowdown']}; "
+             f"client CPU {_s(g['tool_cpu_s'])})",
+             f"perf dwarf {_s(d['s'])} (×{d['slowdown']}; CPU ×{d['cpu_slowdown']}; perf CPU "
+             f"{_s(d['tool_cpu_s'])}), perf -g ×{f['slowdown']} (CPU ×{f['cpu_slowdown']})",
+             str(r), "≤ perf dwarf's", _met(r, lambda x: x <= 1.0))
+        )  # fmt: skip
+    fg, bpf = w["flamegraph"], w["hz"][top]["bpf"]
+    rows.append(
+        (f"11 {name}: end of sampling → flame graph at {fg['hz']} Hz",
+         f"{_s(fg['gfxclient_svg_s'])} (svg)",
+         f"{_s(fg['perf_script_fold_s'])} (perf script + fold)",
+         str(fg["ratio_vs_perf"]), "≤ 0.5", _met(fg["ratio_vs_perf"], lambda x: x <= 0.5))
+    )  # fmt: skip
+    per = bpf["ns_per_recorded_sample"]
+    rows.append(
+        (f"11 {name}: BPF time per sample at {top} Hz (bpf_stats)",
+         f"{per / 1000:.1f} µs" if per is not None else "—",
+         f"({bpf['ns_per_run'] / 1000:.1f} µs per run, {bpf['runs']} runs on all CPUs)"
+         if bpf["ns_per_run"] is not None else "—", "—", "—", "—")
+    )  # fmt: skip
+    return rows
+
+
+def _unwind(r: dict[str, Any]) -> list[Row]:
+    rows = [row for name, w in r["workloads"].items() for row in _unwind_workload(name, w)]
+    maps = next(iter(next(iter(r["workloads"].values()))["hz"].values()))["map_bytes"]
+    listed = ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in sorted(maps.items()))
+    total = f"{sum(maps.values()) / 2**20:.2f} MiB ({listed})"
+    rows.append(("11 kernel memory of stackcopy's maps (memlock)", total, "—", "—", "—", "—"))
+    lib = r["largest_library"]
+    if lib.get("path"):
+        rows.append(
+            (f"11 largest .eh_frame: {lib['path']} ({lib['file_mb']} MB, .eh_frame "
+             f"{lib['eh_frame_mb']} MB, {lib['fdes']} FDEs)",
+             f"first parse {_s(lib['first_parse_s'])}, cached {_s(lib['cached_load_s'])}",
+             f"table {lib['table_mb']} MB", "—", "—", "—")
+        )  # fmt: skip
+    return rows
 
 
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
@@ -452,6 +511,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "profile": _profile,
     "broker_memory": _broker_memory,
     "python": _python,
+    "unwind": _unwind,
 }
 
 

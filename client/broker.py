@@ -262,6 +262,7 @@ class Broker:
         lease_seconds: int = 0,
         frequency: int = 0,
         children: bool = False,
+        stack_bytes: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
@@ -275,12 +276,11 @@ class Broker:
         if (name is None) == (object is None):
             raise UsageError("attach needs exactly one of a program name or object bytes")
         params = pb.AttachParams(
-            pid=pid or 0,
-            library=library or "",
-            functions=[str(f) for f in functions],
+            pid=pid or 0, library=library or "", functions=[str(f) for f in functions],
             frequency=frequency,  # sampling programs (profile); 0: the default
             children=children,
-        )
+            stack_bytes=stack_bytes,  # stackcopy, ustackcopy; 0: 8 KiB or the policy's cap
+        )  # fmt: skip
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:
             raise UsageError("lease_seconds must be >= 0")

@@ -9,13 +9,15 @@
 #                                             rebuilding the objects here, see build_bpf.py)
 #   sudo tools/debian13.sh --shell            an interactive shell in the userland
 #
-# The userland comes from the Debian package registry (debootstrap, minbase);
-# the tarball of its packages is cached in $GFXBPF_DEBIAN13_CACHE (default
+# The userland comes from the Debian package registry (debootstrap, minbase, by
+# tools/debian13_rootfs.sh, which the kernel tests' own Debian 13 userland
+# uses too); the tarball of its packages is cached in $GFXBPF_DEBIAN13_CACHE (default
 # /var/cache/gfxbpf; GFXBPF_DEBIAN13_CACHE= disables the cache), and so are
 # the .debs tools/setup.sh installs in it. The checkout (tracked and untracked,
 # not ignored, files) is copied to /gfxbpf inside. Everything runs in a mount
 # namespace of its own, so the userland's mounts vanish with it; the userland
-# is deleted afterwards (GFXBPF_DEBIAN13_KEEP=1 keeps it, for a look).
+# is deleted afterwards (GFXBPF_DEBIAN13_KEEP=1 keeps it, for a look). The
+# cache is mounted at /var/cache/gfxbpf inside, for the tests' own userland.
 #
 # What the userland shares with the host: the kernel, and so tracefs, which has
 # one superblock: remounting it inside with gid=<service group> changes the
@@ -43,14 +45,6 @@ say() { printf '\n\033[1m== debian13: %s\033[0m\n' "$*"; }
 die() { echo "debian13: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root (debootstrap, chroot and mounts need it)"
 [ "$(uname -m)" = x86_64 ] || die "only x86_64 hosts are supported (the BPF build targets x86)"
-
-if ! command -v debootstrap >/dev/null; then
-    say "installing debootstrap on the host"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap ||
-        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap; }
-fi
-[ -e "/usr/share/debootstrap/scripts/$SUITE" ] ||
-    die "this debootstrap does not know $SUITE: install a newer debootstrap (Debian 12: bookworm-backports)"
 
 # The group and mode of tracefs: what the userland's remounts can change.
 tracefs_opts() { findmnt -n -o OPTIONS "$TRACEFS" 2>/dev/null | grep -oE '(gid|mode)=[0-9]+' | paste -sd, || true; }
@@ -97,17 +91,8 @@ trap cleanup EXIT
 
 say "debootstrap $SUITE (minbase) into $ROOTFS"
 t0=$SECONDS
-DEBOOTSTRAP=(debootstrap --variant=minbase --include=python3,ca-certificates)
-TARBALL=${CACHE:+$CACHE/debian13-minbase.tgz}
-if [ -n "$TARBALL" ] && [ ! -s "$TARBALL" ]; then
-    mkdir -p "$CACHE"
-    "${DEBOOTSTRAP[@]}" --make-tarball="$TARBALL.new" "$SUITE" "$WORK/mk" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 ||
-        { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap --make-tarball failed"; }
-    mv "$TARBALL.new" "$TARBALL"
-    rm -rf --one-file-system "$WORK/mk"
-fi
-"${DEBOOTSTRAP[@]}" ${TARBALL:+--unpack-tarball="$TARBALL"} "$SUITE" "$ROOTFS" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 ||
-    { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap failed (log: $WORK/debootstrap.log)"; }
+GFXBPF_DEBIAN13_CACHE=$CACHE GFXBPF_DEBIAN_MIRROR=$MIRROR tools/debian13_rootfs.sh "$ROOTFS" >/dev/null ||
+    die "could not make the userland"
 echo "debian13: $(cat "$ROOTFS/etc/debian_version") in $((SECONDS - t0)) s"
 
 # The host's name service answers, the service user's ids match the host's.
@@ -128,7 +113,7 @@ fi
 PASS_ENV=()
 while IFS= read -r name; do
     PASS_ENV+=("$name=${!name}")
-done < <(compgen -e | grep -E '^(PIP_[A-Z_]+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|(https?|no)_proxy|(HTTPS?|NO)_PROXY)$' || true)
+done < <(compgen -e | grep -E '^(GFXBPF_DEBIAN_MIRROR|PIP_[A-Z_]+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|(https?|no)_proxy|(HTTPS?|NO)_PROXY)$' || true)
 
 if [ "$MODE" = build-bpf ]; then
     say "building the committed objects here (python3 tools/build_bpf.py)"
@@ -163,14 +148,19 @@ set +e
 unshare --mount --propagation slave -- bash -euo pipefail -c '
     R=$1 CACHE=$2 n=$3; shift 3
     PASS_ENV=("${@:1:n}"); shift "$n"
+    # The userland'"'"'s root a mount of its own: pivot_root works inside (the
+    # tests'"'"' containers, tests/kernel/chroots.py), as on a host.
+    mount --bind "$R" "$R"
     mount -t proc proc "$R/proc"
     mount --rbind /sys "$R/sys" && mount --make-rslave "$R/sys"
     mount --rbind /dev "$R/dev" && mount --make-rslave "$R/dev"
     mount -t tmpfs -o mode=0755 tmpfs "$R/run"
     mount -t tmpfs -o mode=1777 tmpfs "$R/tmp"
     if [ -n "$CACHE" ]; then   # the .debs setup.sh installs, kept for the next run
-        mkdir -p "$CACHE/debian13-debs"
+        mkdir -p "$CACHE/debian13-debs" "$R/var/cache/gfxbpf"
         mount --bind "$CACHE/debian13-debs" "$R/var/cache/apt/archives"
+        # The tests'"'"' own Debian 13 userland (tests/kernel/chroots.py) unpacks the same tarball.
+        mount --bind "$CACHE" "$R/var/cache/gfxbpf"
     fi
     exec chroot "$R" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 CI="${CI:-}" "${PASS_ENV[@]}" \

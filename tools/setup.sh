@@ -19,6 +19,7 @@ DEB_PACKAGES=(
     libc6-dbg   # names glibc's static frames (__libc_start_call_main, start_thread) in profiles
     binutils   # c++filt: readable C++ frames in profiles; objcopy: debug-file tests
     xz-utils gzip   # real stripped Debian programs the unwinder tests profile
+    debootstrap   # the kernel tests' Debian 13 userland (tools/debian13_rootfs.sh)
 )
 
 missing=()

@@ -83,14 +83,41 @@ def check_params(
             )
         t.frequency = _check_frequency(res, params.frequency)
         t.children = _check_children(res, params, t.pid)
-        cap = res.policy_entry.max_stack_bytes
-        if res.entry.stack_bytes_knob and cap is not None:
-            # The policy's cap over the object's 8 KiB (a client cannot ask for a size yet).
-            t.stack_bytes = min(cap, DEFAULT_STACK_BYTES)
+        t.stack_bytes = _check_stack_bytes(res, params.stack_bytes)
         return t
     except BaseException:
         t.close()
         raise
+
+
+def _check_stack_bytes(res: Resolved, asked: int) -> int | None:
+    """The stack copy size: the caller's, else the object's 8 KiB, within the
+    policy's max_stack_bytes (None: the object's default stands)."""
+    entry, pe = res.entry, res.policy_entry
+    if not entry.stack_bytes_knob:
+        if asked:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"program {entry.name!r} copies no stack: it takes no stack_bytes",
+            )
+        return None
+    if asked > DEFAULT_STACK_BYTES:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"stack_bytes {asked} is above the {DEFAULT_STACK_BYTES} bytes {entry.name!r} can copy",
+        )
+    cap = pe.max_stack_bytes
+    if cap is not None and asked > cap:
+        raise BrokerError(
+            pb.ERROR_PERMISSION_DENIED,
+            f"copying {asked} bytes of stack is above the {cap} the policy allows you for "
+            f"{entry.name!r}: ask for --stack-bytes {cap} or less",
+            rule=f"{pe.label}: max_stack_bytes",
+            audit_rule=f"{pe.where}: max_stack_bytes = {cap}",
+        )
+    if asked:
+        return asked
+    return min(cap, DEFAULT_STACK_BYTES) if cap is not None else None
 
 
 def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, PidHandle | None]:

@@ -107,6 +107,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --stacks-at: weigh stacks by calls (default) or time spent in the call",
     )
     p.add_argument(
+        "--stack-bytes",
+        type=_stack_bytes,
+        default=0,
+        metavar="N",
+        help="user stack bytes copied per sample for unwinding (1-8192; default 8192, or "
+        "the policy's max_stack_bytes when lower): less costs less, more reaches deeper",
+    )
+    p.add_argument(
         "--no-children",
         action="store_true",
         help="only the process itself, not the processes it starts (default: its whole tree)",
@@ -125,6 +133,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _pid(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def _stack_bytes(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 8192:
+        raise argparse.ArgumentTypeError(f"not a stack copy size (1-8192 bytes): {text!r}")
     return int(text)
 
 
@@ -534,11 +548,12 @@ def _try_copies(
     (or an older broker lacks it): then frame-pointer stacks, as before."""
     if args.scope not in (None, "self"):
         return None  # copies are process memory: scope self only
+    stack_bytes = getattr(args, "stack_bytes", 0)
     try:
-        return broker.attach(name, scope="self", **kw)
+        return broker.attach(name, scope="self", stack_bytes=stack_bytes, **kw)
     except BrokerError as e:
-        if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
-            raise
+        if stack_bytes or e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
+            raise  # --stack-bytes asks for copies: no quiet fallback to frame pointers
         return None
 
 

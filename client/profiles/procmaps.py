@@ -62,9 +62,24 @@ class ProcessMaps:
     # "/proc/PID/root" when the process sees another mount namespace (a container):
     # its paths are read through it; "" when the paths mean the same to us.
     root: str = ""
+    # What /proc/PID/root points to, as the kernel writes it to us (with root).
+    root_link: str = ""
 
     def __post_init__(self) -> None:
         self._index()
+        self._local: dict[tuple[str, int], str] = {}
+
+    def local_path(self, m: Mapping) -> str:
+        """Where we open m's file. Through root when there is one. A chrooted
+        process in a mount namespace of its own has its namespace's paths, and
+        /proc/PID/root is the chroot: then its root's path is cut off the front
+        (it is the same prefix), or, where we see that namespace's files at the
+        same paths, our own path holds the mapped inode."""
+        key = (m.file_path, m.inode)
+        found = self._local.get(key)
+        if found is None:
+            found = self._local[key] = _where_mapped(self.root, self.root_link, m)
+        return found
 
     def _index(self) -> None:
         self._starts = [m.start for m in self.mappings]
@@ -188,8 +203,37 @@ def capture(pid: int, perf_map_dir: str = PERF_MAP_DIR) -> ProcessMaps | None:
         perf_map=perf,
         perf_map_path=perf_path,
         comm=_read_comm(pid),
-        root=_root_of(pid),
+        root=(root := _root_of(pid)),
+        root_link=_readlink(root) if root else "",
     )
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _where_mapped(root: str, link: str, m: Mapping) -> str:
+    theirs = root + m.file_path
+    if not root or _stat_ids(theirs)[1] == m.inode:
+        return theirs
+    if link not in ("", "/") and m.file_path.startswith(link + "/"):
+        inside = root + m.file_path[len(link) :]
+        if _stat_ids(inside)[1] == m.inode:
+            return inside
+    # Our path only if it is the mapped file itself: same device, same inode.
+    return m.file_path if _stat_ids(m.file_path) == (m.dev, m.inode) else theirs
+
+
+def _stat_ids(path: str) -> tuple[str, int]:
+    """(device as maps writes it, "fe:01"; inode) of path, ("", 0) if it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "", 0
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino
 
 
 def _read_comm(pid: int) -> str:

@@ -178,7 +178,7 @@ class Symbolizer:
                 return m.path, m.path  # [heap], [stack], ...
             return UNKNOWN_FRAME, None
         off = addr - m.start + m.offset
-        table = self._table(m, maps.root)
+        table = self._table(m, maps.local_path(m))
         if table is not None:
             vaddr = table.vaddr(off)
             if vaddr is not None:
@@ -206,8 +206,7 @@ class Symbolizer:
         name = self._vdso.lookup(vaddr) if self._vdso and vaddr is not None else None
         return name or "[vdso]"
 
-    def _table(self, m: Mapping, root: str) -> symtab.SymbolTable | None:
-        path = root + m.file_path
+    def _table(self, m: Mapping, path: str) -> symtab.SymbolTable | None:
         key = (path, m.inode)
         if key not in self._mapped:  # one stat per file, not per address
             self._mapped[key] = self._stat_and_load(m, path)

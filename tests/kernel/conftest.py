@@ -7,15 +7,22 @@ arguments for BrokerProcess.start, e.g. {"grpc": False}) and
 `BROKER_INSTALL` (files copied where the broker's users can run them).
 The broker runs as the service user with only CAP_BPF+CAP_PERFMON
 (tests/kernel/brokerenv.py) and must stop cleanly when the module ends.
+
+`debian13_root` (session): the path of a Debian 13 (trixie) userland made
+with debootstrap (minbase + python3, xz-utils, gzip) once per test session,
+readable by the test users and deleted afterwards; run programs in it with
+tests.kernel.chroots.popen_in (see that module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.kernel.brokerenv import BrokerProcess
+from tests.kernel.chroots import make_debian13_root, remove_root
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +37,13 @@ def broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
     finally:
         code = b.stop()
         assert code == 0, f"the broker exited {code}: {b.stderr()[-4000:]}"
+
+
+@pytest.fixture(scope="session")
+def debian13_root() -> Iterator[Path]:
+    """A Debian 13 userland (another glibc, gcc, python3.13): its root directory."""
+    root = make_debian13_root()
+    try:
+        yield root
+    finally:
+        remove_root(root)

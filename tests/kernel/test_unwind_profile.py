@@ -244,6 +244,41 @@ def test_stacks_at_a_library_function_from_two_paths_count_exactly(
     assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
 
 
+# A SIGUSR1 handler that spins, raised from outer(): its samples lie above
+# a signal frame (the sigreturn trampoline's CFI leads back to the raise).
+SIGNAL_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+volatile unsigned long sink;
+static long rounds;
+__attribute__((noinline)) void handler_spin(void) { for (long i = 0; i < rounds; i++) sink += i; }
+__attribute__((noinline)) void on_signal(int sig) { handler_spin(); sink += sig; }
+__attribute__((noinline)) void outer(void) { raise(SIGUSR1); sink++; }
+int main(int argc, char **argv)
+{
+    rounds = atol(argv[1]);
+    signal(SIGUSR1, on_signal);
+    outer();
+    return 0;
+}
+"""
+
+
+def test_samples_in_a_signal_handler_reach_main(broker: BrokerProcess, work: Path) -> None:
+    gcc = shutil.which("gcc") or "gcc"
+    (work / "signal.c").write_text(SIGNAL_C)
+    subprocess.run([gcc, "-O2", "-fomit-frame-pointer", str(work / "signal.c"), "-o",
+                    str(work / "signal")], check=True, capture_output=True)  # fmt: skip
+    (work / "signal").chmod(0o755)
+    out = work / "signal.folded"
+    profile_of(broker, out, str(work / "signal"), "1500000000")
+    in_handler = [(s, n) for s, n in stacks_of(out) if "handler_spin" in s]
+    chain = ("main", "outer")
+    reached = share(in_handler, lambda s: _holds_in_order([f for f in s if f in chain], chain)
+                    and s[-2:] == ["on_signal", "handler_spin"])  # fmt: skip
+    assert reached >= 0.95, in_handler
+
+
 def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) -> None:
     bob = run_as(BOB, [str(work / "chain"), "100000"], background=True)
     try:
@@ -266,7 +301,8 @@ def test_another_users_process_never_appears(broker: BrokerProcess, work: Path) 
 
 
 def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
-    """max_stack_bytes = 1024: no record carries more stack than that."""
+    """max_stack_bytes = 1024: no record carries more stack than that; a client
+    may ask for less (params.stack_bytes), and asking for more is refused."""
     text = policy_for(
         {"stackcopy": {"users": [ALICE], "scope": "self", "max_stack_bytes": 1024}},
         limits={"map_bytes_per_user": 1 << 30},
@@ -277,7 +313,7 @@ def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
         "from gfxbpf.client.broker import Broker\n"
         "b = Broker.connect(socket=os.environ['SOCK'], via='fd')\n"
         "p = subprocess.Popen([sys.argv[1], '3000'])\n"
-        "a = b.attach('stackcopy', pid=p.pid, frequency=499)\n"
+        "a = b.attach('stackcopy', pid=p.pid, frequency=499, stack_bytes=int(sys.argv[2]))\n"
         "ring = a.open_events('stack_copies')\n"
         "sizes = []\n"
         "while p.poll() is None:\n"
@@ -286,7 +322,15 @@ def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
     )
     script.chmod(0o644)
     with BrokerProcess.start(text) as b:
-        r = run_as(ALICE, [VENV_PYTHON, str(script), str(work / "chain")], env={"SOCK": b.socket})
-    assert r.returncode == 0, r.stderr
-    n, biggest, _smallest = map(int, r.stdout.split())
-    assert n > 20 and biggest == 1024, r.stdout
+        sizes = {}
+        for asked in (0, 512):  # 0: the policy's cap
+            r = run_as(ALICE, [VENV_PYTHON, str(script), str(work / "chain"), str(asked)],
+                       env={"SOCK": b.socket})  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            n, sizes[asked], _smallest = map(int, r.stdout.split())
+            assert n > 20, r.stdout
+        argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", b.socket, "profile"]
+        argv += ["--stack-bytes", "2048", "--", str(work / "chain"), "10"]
+        over = run_as(ALICE, argv, timeout=120)
+    assert sizes == {0: 1024, 512: 512}, sizes
+    assert over.returncode != 0 and "max_stack_bytes" in over.stderr + over.stdout, over.stderr

@@ -103,3 +103,57 @@ def test_perf_map_fifo_does_not_hang_capture(tmp_path: Path) -> None:
     maps = done[0]
     assert isinstance(maps, procmaps.ProcessMaps)
     assert maps.perf_map == [] and maps.perf_map_path is None
+
+
+def _mapping_of(path: Path, inode: int | None = None) -> procmaps.Mapping:
+    st = path.stat()
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    ino = st.st_ino if inode is None else inode
+    return procmaps.Mapping(0x1000, 0x2000, "r-xp", 0, dev, ino, str(path))
+
+
+def test_a_process_files_are_read_through_its_root_when_it_holds_them(tmp_path: Path) -> None:
+    """A container (own mount namespace, pivot_root): its paths mean its root's files."""
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"host")
+    root = tmp_path / "root"
+    inside = Path(f"{root}{lib}")
+    inside.parent.mkdir(parents=True)
+    inside.write_bytes(b"container")
+    m = _mapping_of(inside)
+    m = procmaps.Mapping(m.start, m.end, m.perms, m.offset, m.dev, m.inode, str(lib))
+    maps = procmaps.ProcessMaps(1, [m], root=str(root))
+    assert maps.local_path(m) == str(inside)
+    assert procmaps.ProcessMaps(1, [m]).local_path(m) == str(lib)  # no root: the path as is
+
+
+def test_a_chroot_in_its_own_namespace_is_read_at_our_path(tmp_path: Path) -> None:
+    """unshare -m + chroot: the kernel writes the namespace's path, which is ours
+    (and /proc/PID/root + it names nothing); our file is taken only if it is
+    the mapped one, same device and inode."""
+    lib = tmp_path / "chroot" / "usr" / "lib.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"chroot's")
+    m = _mapping_of(lib)
+    root = str(tmp_path / "chroot")
+    assert procmaps.ProcessMaps(1, [m], root=root).local_path(m) == str(lib)
+    other = _mapping_of(lib, inode=lib.stat().st_ino + 1)  # not the mapped file
+    assert procmaps.ProcessMaps(1, [other], root=root).local_path(other) == root + str(lib)
+
+
+def test_a_chroot_in_its_own_namespace_seen_from_another_chroot(tmp_path: Path) -> None:
+    """The same, read by a client that is itself chrooted (the Debian 13 leg of
+    CI): the kernel writes paths from the namespace's root, which the client
+    cannot open; /proc/PID/root's target has the same prefix, cut off."""
+    proc_root = tmp_path / "proc-root"  # stands for /proc/PID/root: the process's root
+    lib = proc_root / "usr" / "lib.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"chroot's")
+    st = lib.stat()
+    link = "/host/var/tmp/u/root"  # where its root lies in the namespace's paths
+    m = procmaps.Mapping(0x1000, 0x2000, "r-xp", 0, "00:00", st.st_ino, f"{link}/usr/lib.so")
+    maps = procmaps.ProcessMaps(1, [m], root=str(proc_root), root_link=link)
+    assert maps.local_path(m) == str(lib)
+    assert procmaps.ProcessMaps(1, [m], root=str(proc_root), root_link="/").local_path(m) == (
+        f"{proc_root}{link}/usr/lib.so"  # no prefix to cut: reported as unreadable later
+    )

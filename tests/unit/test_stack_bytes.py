@@ -1,10 +1,12 @@
 """The size of stack copies (stackcopy, ustackcopy): the policy's
-max_stack_bytes key, and the knob the broker writes from it."""
+max_stack_bytes key, the size a client asks for (params.stack_bytes), and
+the knob the broker writes from them."""
 
 from __future__ import annotations
 
 import pytest
 
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import Policy, PolicyError
 from gfxbpf.broker.request.params import DEFAULT_STACK_BYTES, check_params
 from gfxbpf.broker.request.resolve import Resolved
@@ -24,10 +26,10 @@ def _policy(name: str, extra: str) -> Policy:
     )
 
 
-def _target(name: str, extra: str) -> int | None:
+def _target(name: str, extra: str, asked: int = 0) -> int | None:
     policy = _policy(name, extra)
     res = Resolved(b"", SHA, load_catalog().get(name), policy.programs[0], "self", "r", name)
-    return check_params(policy, CALLER, res, pb.AttachParams()).stack_bytes
+    return check_params(policy, CALLER, res, pb.AttachParams(stack_bytes=asked)).stack_bytes
 
 
 def test_the_policy_caps_the_copy_size() -> None:
@@ -35,6 +37,26 @@ def test_the_policy_caps_the_copy_size() -> None:
     assert _target("stackcopy", "max_stack_bytes = 16384\n") == DEFAULT_STACK_BYTES
     assert _target("stackcopy", "") is None  # the object's own 8 KiB
     assert _target("profile", "max_stack_bytes = 1024\n") is None  # copies nothing
+
+
+def test_the_client_chooses_a_size_within_the_cap() -> None:
+    assert _target("stackcopy", "", asked=2048) == 2048
+    assert _target("stackcopy", "max_stack_bytes = 4096\n", asked=4096) == 4096
+    assert _target("stackcopy", "max_stack_bytes = 4096\n", asked=100) == 100
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "asked", "code"),
+    [
+        ("stackcopy", "max_stack_bytes = 1024\n", 2048, pb.ERROR_PERMISSION_DENIED),
+        ("stackcopy", "", 8193, pb.ERROR_INVALID_ARGUMENT),  # more than the object copies
+        ("profile", "", 1024, pb.ERROR_INVALID_ARGUMENT),  # copies no stack
+    ],
+)
+def test_sizes_the_broker_refuses(name: str, extra: str, asked: int, code: int) -> None:
+    with pytest.raises(BrokerError) as e:
+        _target(name, extra, asked)
+    assert e.value.code == code, e.value
 
 
 @pytest.mark.parametrize("bad", ["-1", '"8k"', "16385", "true"])

@@ -42,7 +42,7 @@ def test_the_format_round_trips_and_refuses_damage(lib: Path, tmp_path: Path) ->
     data = cache.encode(table)
     back = cache.decode(data)
     assert back == table
-    for bad in (data[:-1], data[:100], b"GFXUNW2\n" + data[8:], b""):
+    for bad in (data[:-1], data[:100], b"GFXUNW1\n" + data[8:], b""):  # 1: older format
         assert cache.decode(bad) is None
 
 

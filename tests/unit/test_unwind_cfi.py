@@ -16,6 +16,7 @@ from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
     CFA_RBP,
     CFA_RSP,
+    CFA_SIGNAL,
     CFA_UNSUPPORTED,
     REG_SAME,
     REG_UNDEFINED,
@@ -116,8 +117,9 @@ def test_the_plt_expression_is_recognised_and_others_are_not() -> None:
     assert rule_after(b"\x0f" + uleb(len(PLT_EXPR)) + PLT_EXPR) == Rule(
         CFA_PLT, 8, REG_SAME, -8, 11
     )
-    deref = bytes([0x77, 0x08, 0x06])  # breg7 8; deref: a signal frame's kind of rule
-    assert rule_after(b"\x0f\x03" + deref).cfa == CFA_UNSUPPORTED
+    deref = bytes([0x77, 0x08, 0x06])  # breg7 8; deref: a signal frame's rule
+    assert rule_after(b"\x0f\x03" + deref) == Rule(CFA_SIGNAL, 8, REG_SAME, -8)
+    assert rule_after(b"\x0f\x03" + bytes([0x76, 0x08, 0x06])).cfa == CFA_UNSUPPORTED  # rbp
     # A register rule after the expression: the offset stays the expression's.
     assert rule_after(b"\x0f" + uleb(len(PLT_EXPR)) + PLT_EXPR + b"\x86\x02").rbp == -16
 
@@ -229,7 +231,46 @@ def _readelf_rows(path: str) -> list[tuple[int, dict[str, str], tuple[int, int]]
     return rows
 
 
+# glibc's __restore_rt (x86-64): the CFA is the interrupted rsp saved in the
+# ucontext at rsp + 160; rbp at rsp + 120, rip at rsp + 168 (and the other
+# registers, not kept). The FDE's CIE has augmentation "zRS".
+def _breg7(off: int) -> bytes:
+    return b"\x77" + sleb(off)  # DW_OP_breg7 (rsp + off)
+
+
+def _slot(reg: int, off: int) -> bytes:
+    return b"\x10" + uleb(reg) + uleb(len(_breg7(off))) + _breg7(off)  # DW_CFA_expression
+
+
+SIGNAL_FDE = (
+    b"\x0f" + uleb(len(_breg7(160)) + 1) + _breg7(160) + b"\x06"  # def_cfa_expression; deref
+    + _slot(6, 120) + _slot(3, 128) + _slot(16, 168)  # rbx (3): not a register the walk keeps
+)  # fmt: skip
+
+
+def test_a_signal_frame_keeps_the_interrupted_registers_slots() -> None:
+    assert rule_after(SIGNAL_FDE) == Rule(CFA_SIGNAL, 160, 120, 168)
+    # The same expressions outside a signal frame are not followed.
+    assert rule_after(_slot(6, 120)).rbp == REG_UNKNOWN
+    # A slot that is no multiple of 8, or below rsp: unknown.
+    cfa = SIGNAL_FDE[: 2 + SIGNAL_FDE[1]]
+    assert rule_after(cfa + _slot(16, 5)).ra == REG_UNKNOWN
+    assert rule_after(cfa + _slot(16, -8)).ra == REG_UNKNOWN
+
+
+def test_glibc_sigreturn_trampoline_is_a_signal_frame() -> None:
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    info = build.file_facts(libc)
+    if info is None:
+        pytest.skip(f"{libc} is not on this machine")
+    t = build.compile_file(libc, info, "/nonexistent")
+    assert t is not None
+    assert [r for r in t.rules if r.cfa == CFA_SIGNAL] == [Rule(CFA_SIGNAL, 160, 120, 168)]
+
+
 def _agrees(got: Rule, want: dict[str, str]) -> bool:
+    if got.cfa == CFA_SIGNAL:  # readelf prints the ucontext's slots as expressions
+        return want["CFA"] == "exp" and want.get("rbp") == "exp" and want.get("ra") == "exp"
     m = _READELF_CFA.fullmatch(want["CFA"])
     if m:
         cfa_ok = (got.cfa, got.off) == ((CFA_RSP if m[1] == "rsp" else CFA_RBP), int(m[2]))

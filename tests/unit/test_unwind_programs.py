@@ -266,3 +266,40 @@ def test_debug_frame_fills_what_eh_frame_lacks(folder: Path, separate: bool) -> 
     assert table.source == f".eh_frame + {want}"
     cap = sample_run([str(prog), ROUNDS], folder)
     _check_chain(_names(_unwind_all(cap, folder / "cache"), cap.maps, folder))
+
+
+SIGNAL_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+volatile unsigned long sink;
+static long rounds;
+__attribute__((noinline)) void handler_spin(void) { for (long i = 0; i < rounds; i++) sink += i; }
+__attribute__((noinline)) void on_signal(int sig) { handler_spin(); sink += sig; }
+__attribute__((noinline)) void outer(void) { raise(SIGUSR1); sink++; }
+int main(int argc, char **argv)
+{
+    rounds = atol(argv[1]);
+    signal(SIGUSR1, on_signal);
+    outer();
+    return 0;
+}
+"""
+
+
+def test_a_signal_handler_unwinds_through_the_sigreturn_frame(folder: Path) -> None:
+    # The handler runs on the thread's stack above a signal frame (the kernel's
+    # ucontext); libc's sigreturn trampoline (__restore_rt) has CFI that says
+    # where the interrupted rsp, rip and rbp were saved: the walk goes on
+    # through raise() to outer and main.
+    src, prog = folder / "signal.c", folder / "signal"
+    src.write_text(SIGNAL_C)
+    subprocess.run(["gcc", "-O2", *NO_FP, "-o", prog, src], check=True)
+    cap = sample_run([str(prog), ROUNDS], folder)
+    named = _names(_unwind_all(cap, folder / "cache"), cap.maps, folder)
+    in_handler = {k: n for k, n in named.items() if k[0][0] == "handler_spin"}
+    total = sum(in_handler.values())
+    assert total >= 50, named.most_common(5)
+    for (frames, stop), _ in in_handler.items():
+        assert stop is None, (frames, stop)
+        assert frames[:2] == ("handler_spin", "on_signal"), frames
+        assert frames[-1] == "_start" and frames.index("outer") < frames.index("main"), frames

@@ -21,7 +21,7 @@ from gfxbpf.client.profiles.unwind import (
     unwind,
 )
 from gfxbpf.client.profiles.unwind.tables import Located
-from tests.unit.test_unwind_cfi import ADDR, PLT_EXPR, eh_frame, uleb
+from tests.unit.test_unwind_cfi import ADDR, PLT_EXPR, SIGNAL_FDE, eh_frame, uleb
 
 LIB = 0x40_0000  # the fake library's code mapping; vaddr = pc - LIB
 RODATA = 0x41_0000  # its read-only data (same file, not executable)
@@ -31,6 +31,7 @@ STACK = 0x7FF0_0000_0000  # the stack mapping: [STACK, STACK + 64 KiB)
 SP = STACK + 0x8000
 
 LEAF, MID, FP, ROOT, NOCFI, PLT, ODD, EPI = 0x100, 0x200, 0x300, 0x400, 0x500, 0x600, 0x700, 0x800
+SIG = 0x900  # a sigreturn trampoline (its FDE starts a byte before it, as glibc's)
 FDES = [
     (LEAF, 0x40, b""),  # no push: CFA = rsp + 8 throughout
     (MID, 0x80, b"\x41\x0e\x10\x83\x02\x44\x0e\x20"),  # push rbx; sub rsp, 16
@@ -39,6 +40,7 @@ FDES = [
     (PLT, 0x40, b"\x0f" + uleb(len(PLT_EXPR)) + PLT_EXPR),
     (ODD, 0x40, b"\x0c\x03\x08"),  # CFA by rbx: not followed
     (EPI, 0x40, b"\x41\x0e\x10\x86\x02\x44\x0e\x08"),  # push rbp; ...; pop rbp (no restore)
+    (SIG, 0x10, SIGNAL_FDE),
 ]
 # NOCFI (0x500..0x600) has code but no FDE.
 
@@ -109,6 +111,24 @@ def test_a_data_value_is_never_a_frame() -> None:
     # A saved rbp that does not go up the stack ends the chain at the next guess.
     got = walk(LIB + NOCFI, {0x20: SP + 0x10, 0x28: LIB + NOCFI + 9}, bp=SP + 0x20)
     assert got == UnwindResult((LIB + NOCFI, LIB + NOCFI + 9), Stop.NO_CFI)
+
+
+def test_a_signal_handler_unwinds_through_the_signal_frame() -> None:
+    # The handler (leaf) returns into the trampoline; at its sp + 8 the kernel's
+    # ucontext holds the interrupted rsp, rip and rbp. The interrupted pc is
+    # where the thread was, not a return address: it is looked up as is (at
+    # FP's first byte; one byte before is no function at all).
+    uc, interrupted_sp = 8, SP + 0x200
+    words = {0: LIB + SIG + 1, uc + 160: interrupted_sp, uc + 168: LIB + FP, uc + 120: 0x77}
+    words[0x200] = LIB + ROOT + 0x10  # FP's return address at its entry: [rsp]
+    got = walk(LIB + LEAF + 4, words)
+    assert got == UnwindResult((LIB + LEAF + 4, LIB + SIG + 1, LIB + FP, LIB + ROOT + 0x10), None)
+    # The ucontext beyond the copy: truncated, not guessed.
+    got = walk(LIB + LEAF + 4, {0: LIB + SIG + 1}, size=0x80)
+    assert got == UnwindResult((LIB + LEAF + 4, LIB + SIG + 1), Stop.TRUNCATED)
+    # A saved rsp below the trampoline's: no frame is made of it.
+    got = walk(LIB + LEAF + 4, {0: LIB + SIG + 1, uc + 160: SP, uc + 168: LIB + FP})
+    assert got == UnwindResult((LIB + LEAF + 4, LIB + SIG + 1), Stop.BAD_CFA)
 
 
 def test_frame_pointers_where_there_is_no_cfi() -> None:

@@ -15,6 +15,7 @@ from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
     CFA_RBP,
     CFA_RSP,
+    CFA_SIGNAL,
     CFA_UNSUPPORTED,
     NO_RULE,
     FileTable,
@@ -24,7 +25,7 @@ from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
 __all__ = ["compile_fdes", "compile_file", "file_facts", "rule_of"]
 
-_KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT}
+_KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT, -3: CFA_SIGNAL}
 
 
 def file_facts(path: str) -> ElfInfo | None:

@@ -21,7 +21,7 @@ from gfxbpf.client.profiles.unwind.table import FileTable, Rule
 
 __all__ = ["CACHE_LIMIT", "decode", "default_cache_dir", "encode", "load", "store"]
 
-_MAGIC = b"GFXUNW1\n"
+_MAGIC = b"GFXUNW2\n"  # 2: signal frames (tables of 1 hold them as unsupported)
 # magic, segments, rows, rules, FDEs, source length, row-address and index type codes
 _HEADER = struct.Struct("<8sIIIIIcc2x")
 CACHE_LIMIT = 1 << 30

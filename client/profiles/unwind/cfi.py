@@ -27,10 +27,12 @@ _U32 = struct.Struct("<I").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 # The state a row records: (CFA register, CFA offset, rbp rule, ra rule, arg).
 # CFA register -1: the standard PLT expression (arg: its threshold); -2: an
-# expression not followed. A rule: an offset from the CFA (a multiple of 8),
-# or one of the odd markers below (table.py REG_*).
+# expression not followed; -3: a signal frame (the CFA is the word at rsp +
+# offset; rbp and the return address are then saved at rsp + their rule, the
+# saved registers of the ucontext the kernel pushed). A rule: an offset from
+# the CFA (a multiple of 8), or one of the odd markers below (table.py REG_*).
 _SAME, _UNDEFINED, _UNKNOWN = 1, 3, 5
-_PLT, _EXPR = -1, -2
+_PLT, _EXPR, _SIGNAL = -1, -2, -3
 State = tuple[int, int, int, int, int]
 # The PLT's CFA: rsp + N, + 8 once (rip & 15) >= K (DW_OP_breg7 N; DW_OP_breg16 0;
 # DW_OP_lit15; DW_OP_and; DW_OP_litK; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus).
@@ -127,7 +129,25 @@ def _expr_cfa(block: bytes) -> tuple[int, int, int]:
         if len(rest) == 9 and rest[:4] == _PLT_HEAD and rest[5:] == _PLT_TAIL:
             if 0x30 <= rest[4] <= 0x4F:  # DW_OP_lit0..31
                 return _PLT, off, rest[4] - 0x30
+        if rest == b"\x06" and off >= 0:  # DW_OP_deref: glibc's __restore_rt (sigreturn)
+            return _SIGNAL, off, 0
     return _EXPR, 0, 0
+
+
+def _expression(code: bytes, pos: int, st: list[int], cie: _Cie) -> int:
+    """DW_CFA_expression: followed only in a signal frame, for a register saved
+    at rsp + n (DW_OP_breg7 n), as glibc describes the ucontext's slots."""
+    reg, pos = _uleb(code, pos)
+    size, pos = _uleb(code, pos)
+    if pos + size > len(code):
+        raise CfiError("an expression runs past its FDE")
+    block, rule = code[pos : pos + size], _UNKNOWN
+    if st[0] == _SIGNAL and block[:1] == b"\x77":
+        off, end = _sleb(block, 1)
+        if end == len(block) and off >= 0 and off % 8 == 0:
+            rule = off
+    _set(st, reg, rule, cie.ra_reg)
+    return pos + size
 
 
 def _set(st: list[int], reg: int, rule: int, ra_reg: int) -> None:
@@ -312,7 +332,7 @@ _HANDLERS: dict[int, Callable[[bytes, int, list[int], _Cie], int]] = {
     0x0C: _def_cfa,
     0x0D: _def_cfa_register,
     0x0F: _def_cfa_expression,
-    0x10: _unknown_after("block"),  # DW_CFA_expression
+    0x10: _expression,  # DW_CFA_expression
     0x11: _offset_extended_sf,
     0x12: _def_cfa_sf,
     0x13: _def_cfa_offset_sf,

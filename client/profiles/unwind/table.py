@@ -20,6 +20,7 @@ __all__ = [
     "CFA_PLT",
     "CFA_RBP",
     "CFA_RSP",
+    "CFA_SIGNAL",
     "CFA_UNSUPPORTED",
     "REG_SAME",
     "REG_UNDEFINED",
@@ -38,6 +39,10 @@ CFA_RSP = 1  # rsp + off
 CFA_RBP = 2  # rbp + off
 CFA_PLT = 3  # a PLT entry: rsp + off, + 8 once past its push (arg: the pc & 15 threshold)
 CFA_UNSUPPORTED = 4  # another register or an expression this unwinder does not evaluate
+# A signal frame (the sigreturn trampoline): the CFA is the word at rsp + off (the
+# interrupted rsp); rbp and ra are then where rsp + rbp and rsp + ra point (the
+# saved registers), and the caller's pc is the interrupted one, not a return address.
+CFA_SIGNAL = 5
 
 # Register rules besides "saved at CFA + n" (n is always a multiple of -8 on x86-64).
 REG_SAME = 1  # the caller's value is this frame's (not saved)

@@ -120,7 +120,7 @@ class UnwindTables:
             return vdso, m.offset - m.start + seg, None
         if not m.is_file:
             return None, 0, (Stop.NO_CFI if m.path.startswith("[") else Stop.JIT)
-        table = self.file_table(maps.root + m.file_path, m.inode)
+        table = self.file_table(maps.local_path(m), m.inode)
         if table is None:
             return None, 0, Stop.NO_FILE
         seg = table.vaddr_delta(m.offset, m.offset + m.end - m.start)

@@ -20,6 +20,7 @@ from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
     CFA_RBP,
     CFA_RSP,
+    CFA_SIGNAL,
     NO_RULE,
     REG_SAME,
     REG_UNDEFINED,
@@ -65,6 +66,7 @@ def unwind(
     frames: list[int] = []
     resolve = tables.resolver(maps)
     guessed: Stop | None = None  # why the last step was a frame-pointer guess
+    exact = True  # pc is where the thread was (the sample, or a signal's interrupted pc)
     while True:
         where = resolve(pc)
         if where is None:  # not code: never a frame
@@ -75,7 +77,8 @@ def unwind(
         table, delta, why = where
         # A return address is looked up at the call (pc - 1): a call to a
         # function that never returns can be the last instruction of its FDE.
-        rule = table.rule(pc + delta - (len(frames) > 1)) if table is not None else NO_RULE
+        rule = table.rule(pc + delta - (not exact)) if table is not None else NO_RULE
+        exact = rule.cfa == CFA_SIGNAL
         step: tuple[int, int, int | None] | Stop | None
         if rule.cfa == CFA_NONE:
             guessed = why or Stop.NO_CFI
@@ -99,6 +102,8 @@ def _cfi_step(
         return None
     if rule.ra in (REG_SAME, REG_UNKNOWN):  # kept in a register: not followed
         return Stop.BAD_CFA
+    if rule.cfa == CFA_SIGNAL:
+        return _signal_step(rule, sp, mem)
     if rule.cfa == CFA_RSP:
         cfa = sp + rule.off
     elif rule.cfa == CFA_RBP:
@@ -128,6 +133,20 @@ def _cfi_step(
     if saved is None:
         return Stop.TRUNCATED
     return ra, cfa, saved
+
+
+def _signal_step(rule: Rule, sp: int, mem: _Stack) -> tuple[int, int, int | None] | Stop:
+    """Through a signal frame (pc in the sigreturn trampoline, sp at the
+    ucontext the kernel pushed): the interrupted rsp, rip and rbp, read
+    where the rule says they were saved (sp + offset)."""
+    cfa, pc = mem.u64(sp + rule.off), mem.u64(sp + rule.ra)
+    if cfa is None or pc is None:
+        return Stop.TRUNCATED
+    if cfa <= sp:  # the interrupted code's stack lies above the signal frame
+        return Stop.BAD_CFA
+    if rule.rbp in (REG_SAME, REG_UNKNOWN, REG_UNDEFINED):
+        return pc, cfa, None
+    return pc, cfa, mem.u64(sp + rule.rbp)
 
 
 def _frame_pointer_step(
