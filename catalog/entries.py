@@ -125,6 +125,10 @@ class Program:
     # .rodata u32: how many user stack bytes a stack copy takes (the broker
     # lowers it to the policy entry's max_stack_bytes).
     stack_bytes_knob: str | None = None
+    # .rodata u32 of a program that walks Python frames (gfx_python.h): the
+    # most frames a record holds; such a program has maps py_files and
+    # py_layouts, which the broker fills before attaching.
+    python_frames_knob: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -156,7 +160,13 @@ class Program:
     @property
     def knobs(self) -> tuple[str, ...]:
         """Every .rodata knob the broker may write."""
-        knobs = (self.uid_knob, self.pid_knob, self.children_knob, self.stack_bytes_knob)
+        knobs = (
+            self.uid_knob,
+            self.pid_knob,
+            self.children_knob,
+            self.stack_bytes_knob,
+            self.python_frames_knob,
+        )
         names = [k for k in knobs if k]
         for f in self.fields:
             names.append(f.knob)
@@ -422,6 +432,7 @@ _PROGRAM_KEYS = {
     "children_knob",
     "tree_map",
     "stack_bytes_knob",
+    "python_frames_knob",
     "attach",
     "field",
     "map",
@@ -447,7 +458,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     requires = c.get_str(entry, "requires", "", required=False)
     uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
     pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
-    stack_bytes_knob = c.get_ident(entry, "stack_bytes_knob", "", required=False)
+    stack_bytes_knob, python_frames_knob = _copy_knobs(c, entry)
     if "self" in scopes and not (uid_knob or pid_knob):
         raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
     attach = _parse_attach_list(c, entry)
@@ -455,7 +466,8 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
     )
     children_knob, tree_map = _parse_tree(c, entry, pid_knob)
-    knobs = [k for k in (uid_knob, pid_knob, children_knob, stack_bytes_knob) if k]
+    knobs = [k for k in (uid_knob, pid_knob, children_knob) if k]
+    knobs += [k for k in (stack_bytes_knob, python_frames_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
     maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
@@ -484,7 +496,15 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         requires=requires,
         function_table=function_table,
         stack_bytes_knob=stack_bytes_knob,
+        python_frames_knob=python_frames_knob,
     )
+
+
+def _copy_knobs(c: _Ctx, entry: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(stack_bytes_knob, python_frames_knob) of a stack-copy program."""
+    stack_bytes = c.get_ident(entry, "stack_bytes_knob", "", required=False)
+    python_frames = c.get_ident(entry, "python_frames_knob", "", required=False)
+    return stack_bytes, python_frames
 
 
 def function_table(name: str) -> tuple[TableFunction, ...]:

@@ -11,6 +11,7 @@
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
     max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
+    max_python_frames = 32            # Python frames a stack (default 64, at most 128)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -40,6 +41,7 @@ from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy.model import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_PYTHON_FRAMES,
     MAX_STACK_BYTES,
     WILDCARD,
     Limits,
@@ -67,6 +69,7 @@ _PROGRAM_KEYS = (
     "max_frequency",
     "allow_no_btf",
     "max_stack_bytes",
+    "max_python_frames",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -252,6 +255,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         errs.add(where, "allow_no_btf", f"expected true or false, got {_toml_type(allow_no_btf)}")
         allow_no_btf = False
     max_stack_bytes = _parse_max_stack_bytes(table, where, errs)
+    max_python_frames = _parse_max_python_frames(table, where, errs)
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -275,6 +279,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         max_frequency=max_frequency,
         allow_no_btf=allow_no_btf,
         max_stack_bytes=max_stack_bytes,
+        max_python_frames=max_python_frames,
     )
 
 
@@ -342,6 +347,21 @@ def _parse_max_stack_bytes(table: dict[str, Any], where: str, errs: _Collector) 
             where,
             "max_stack_bytes",
             f"expected bytes of user stack per stack copy, 0 to {MAX_STACK_BYTES}, got "
+            f"{_toml_type(value)} {show(value)}",
+        )
+        return None
+    return int(value)
+
+
+def _parse_max_python_frames(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
+    if "max_python_frames" not in table:
+        return None
+    value = table["max_python_frames"]
+    if not _is_id(value) or not 1 <= value <= MAX_PYTHON_FRAMES:
+        errs.add(
+            where,
+            "max_python_frames",
+            f"expected Python frames per stack, 1 to {MAX_PYTHON_FRAMES}, got "
             f"{_toml_type(value)} {show(value)}",
         )
         return None
