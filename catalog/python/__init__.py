@@ -1,2 +1,2 @@
-"""CPython's memory layouts, per version, as data for the Python frame walker
-(catalog/programs/gfx_python.h)."""
+"""CPython's memory layout per release, for the BPF Python frame walker
+(issue 23): what the broker loads into py_layouts (layouts.py)."""
