@@ -328,12 +328,12 @@ static __always_inline __u32 gfx_py_instr(__u64 f, __u64 code, struct py_layout 
 	if (l->frame_instr_kind == 0) {
 		if (bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(f + l->frame_instr)))
 			*fault = 1;
-		return lasti < 0 ? 0 : (__u32)lasti;
+		return (__u32)lasti;  /* -1: not started, as the client expects */
 	}
 	p = gfx_py_u64(f + l->frame_instr, fault);
 	base = code + l->code_adaptive;
-	if (p <= base)
-		return 0;
+	if (p < base)
+		return 0xFFFFFFFFu;  /* before the first instruction: not started */
 	p = (p - base) / 2;
 	return p > 0xFFFFFFFFull ? 0xFFFFFFFFu : (__u32)p;
 }

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.errors import ProtocolError
+from gfxbpf.client.profiles.python import records as py
+from gfxbpf.client.profiles.python.mixed import split_runs
 
 if TYPE_CHECKING:
     from gfxbpf.client.events import EventStream
@@ -33,8 +35,9 @@ FLAG_SHORT = 2  # the stack ended (an unreadable page) before the copy's size
 # first snapshot, or is not the caller's): the reason shown as its one frame.
 NO_MAPS = "process gone before its maps were read"
 
-# (tgid, kernel mode, comm, frames innermost first, why the unwind stopped)
-StackKey = tuple[int, bool, str, tuple[int, ...], str | None]
+# (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
+# Python frames innermost first)
+StackKey = tuple[int, bool, str, tuple[int, ...], str | None, tuple[py.Frame, ...]]
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller), value (calls, total_ns)
@@ -72,6 +75,7 @@ class CopyReader:
         process_maps: MapsOf,
         tables: UnwindTables,
         pids: Sequence[int] = (),
+        codes: py.CodeBook | None = None,
     ) -> None:
         self.stream = stream
         self.process_maps = process_maps  # tgid -> its maps (captured on first sight)
@@ -82,18 +86,23 @@ class CopyReader:
         self.samples = 0  # records kept
         self.short = 0  # records whose stack ended before the copy's size
         self._comms: dict[bytes, str] = {}
+        self.python = PythonJoin(codes)
 
     def drain(self, timeout: float = 0.0) -> int:
         """Read what the ring holds (waiting up to timeout for the first); the count."""
         records = self.stream.poll_raw(timeout)
         for rec in records:
             self.add(rec)
+        self.python.resolve()
         return len(records)
 
     def add(self, rec: bytes) -> None:
-        """Unwind one record into the counts."""
-        tgid, _tid, flags, size, ip, sp, bp, _t, _e, _f, _pad, comm = _parse(rec)
+        """Unwind one record into the counts (a Python record waits for its stack's)."""
+        if self.python.held(rec):
+            return
+        tgid, tid, flags, size, ip, sp, bp, _t, _e, _f, _pad, comm = _parse(rec)
         self.records += 1
+        pyframes = self.python.frames_of(tgid, tid)
         if self.wanted and tgid not in self.wanted:
             return
         self.samples += 1
@@ -103,18 +112,19 @@ class CopyReader:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
         maps = self.process_maps(tgid, False)
         if maps is None:
-            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS)
+            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS, pyframes)
         else:
             frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
                 frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop)
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, pyframes)
         self.counts[key] = self.counts.get(key, 0) + 1
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
         out = []
-        for (tgid, kernel, comm, frames, stop), weight in self.counts.items():
+        self.python.resolve()
+        for (tgid, kernel, comm, frames, stop, pyframes), weight in self.counts.items():
             lost = stop if not frames else None  # nothing unwound: say why, as one frame
             out.append(
                 profile.RawStack(
@@ -125,9 +135,49 @@ class CopyReader:
                     comm=comm,
                     user_error=_error(lost) if lost else None,
                     unwind_stop=stop if frames else None,
+                    python=self.python.runs(tgid, pyframes),
                 )
             )
         return out
+
+
+class PythonJoin:
+    """Python records held until the stack record of the same thread, which
+    the program sends right after (another CPU's records may come between)."""
+
+    def __init__(self, codes: py.CodeBook | None) -> None:
+        self.codes = codes
+        self._pending: dict[int, py.PyRecord] = {}  # tid -> its last Python record
+        self.records = 0
+        self.truncated = 0
+        self.versions: dict[int, tuple[int, int]] = {}  # tgid -> the version walked
+
+    def held(self, rec: bytes) -> bool:
+        """True for a Python record (kept for its stack record)."""
+        if not py.is_python(rec):
+            return False
+        r = py.parse(rec)
+        self.records += 1
+        self.truncated += r.truncated
+        self.versions[r.tgid] = r.version
+        self._pending[r.tid] = r
+        if self.codes is not None:
+            self.codes.want(r.tgid, r.frames)
+        return True
+
+    def frames_of(self, tgid: int, tid: int) -> tuple[py.Frame, ...]:
+        r = self._pending.pop(tid, None)
+        return r.frames if r is not None and r.tgid == tgid else ()
+
+    def resolve(self) -> None:
+        if self.codes is not None:
+            self.codes.resolve()
+
+    def runs(self, tgid: int, frames: tuple[py.Frame, ...]) -> tuple[tuple[str, ...], ...]:
+        if not frames or self.codes is None:
+            return ()
+        codes = self.codes
+        return split_runs((codes.name(tgid, c, i), fl) for c, i, fl in frames)
 
 
 def _error(stop: str) -> str:
@@ -146,7 +196,9 @@ class ProbeCopyReader:
         stream: EventStream,
         process_maps: MapsOf,
         tables: UnwindTables,
+        codes: py.CodeBook | None = None,
     ) -> None:
+        self.python = PythonJoin(codes)
         self.stream = stream
         self.process_maps = process_maps
         self.tables = tables
