@@ -43,8 +43,9 @@
 #define GFX_UREC_PYTHON 16
 /* py_rec.flags beside GFX_UREC_PYTHON */
 #define GFX_PY_TRUNCATED 32       /* more frames than python_frames */
-/* py_frame.flags */
+/* py_frame.flags: bit 0, and the code object's tag in bits 8-31 */
 #define GFX_PYF_ENTRY 1           /* the last frame run by one C call of the eval loop */
+#define GFX_PYF_TAG_SHIFT 8
 
 /* py_counts indexes */
 #define GFX_PYC_WALKED 0          /* records with at least one frame */
@@ -104,7 +105,7 @@ struct py_file_val {
 struct py_frame {
 	__u64 code;   /* code object address (py_codes key) */
 	__u32 instr;  /* instruction value, per version (docs/ARCHITECTURE.md) */
-	__u32 flags;  /* GFX_PYF_ENTRY */
+	__u32 flags;  /* GFX_PYF_ENTRY | tag << GFX_PYF_TAG_SHIFT (py_code_key.tag) */
 };
 
 /*
@@ -125,9 +126,12 @@ struct py_rec {
 
 #define GFX_PY_HDR (sizeof(struct py_rec) - GFX_PY_MAX_FRAMES * sizeof(struct py_frame))
 
+/* A code object's address may be reused by another once the first is freed:
+ * the tag (24 bits mixed from its name and line table pointers) tells the
+ * two apart, so a stale copy is never used for the new one. */
 struct py_code_key {
 	__u32 tgid;
-	__u32 pad;
+	__u32 tag;
 	__u64 code;
 };
 
@@ -338,6 +342,16 @@ static __always_inline __u32 gfx_py_instr(__u64 f, __u64 code, struct py_layout 
 	return p > 0xFFFFFFFFull ? 0xFFFFFFFFu : (__u32)p;
 }
 
+/* The code object's tag (py_code_key). */
+static __always_inline __u32 gfx_py_tag(__u64 code, struct py_layout *l, __u32 *fault)
+{
+	__u32 off = l->code_qualname != GFX_PY_NONE ? l->code_qualname : l->code_name;
+	__u64 name = gfx_py_u64(code + off, fault);
+	__u64 table = gfx_py_u64(code + l->code_linetable, fault);
+
+	return (__u32)(((name ^ (table << 1)) * 0x9E3779B97F4A7C15ull) >> 40);
+}
+
 static __always_inline __u8 gfx_py_byte(__u64 addr, __u32 *fault)
 {
 	__u8 v = 0;
@@ -394,7 +408,7 @@ static __always_inline __u32 gfx_py_frames(struct py_rec *r, struct py_layout **
 		idx &= GFX_PY_MAX_FRAMES - 1;
 		r->frames[idx].code = code;
 		r->frames[idx].instr = gfx_py_instr(f, code, l, &r->pad);
-		r->frames[idx].flags = fl;
+		r->frames[idx].flags = fl | gfx_py_tag(code, l, &r->pad) << GFX_PYF_TAG_SHIFT;
 		r->nframes = idx + 1;
 		f = gfx_py_u64(f + l->frame_previous, &r->pad);
 	}
@@ -484,6 +498,7 @@ static __always_inline void gfx_py_codes(struct py_rec *r, struct py_layout *l)
 		if (i >= r->nframes)
 			break;
 		k.code = r->frames[i & (GFX_PY_MAX_FRAMES - 1)].code;
+		k.tag = r->frames[i & (GFX_PY_MAX_FRAMES - 1)].flags >> GFX_PYF_TAG_SHIFT;
 		if (!bpf_map_lookup_elem(&py_codes, &k))
 			gfx_py_copy_code(&k, &s->code, l);
 	}

@@ -40,8 +40,9 @@ NO_MAPS = "process gone before its maps were read"
 StackKey = tuple[int, bool, str, tuple[int, ...], str | None, tuple[py.Frame, ...]]
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
-# ustackcopy's calls map: key (tgid, function, caller), value (calls, total_ns)
-CALL_KEY = struct.Struct("<IIQ")
+# ustackcopy's calls map: key (tgid, function, caller, hash of the Python
+# chain), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQQ")
 CALL_STATS = struct.Struct("<QQ")
 U64 = struct.Struct("<Q")
 # A row of ustackcopy's calls map whose copies unwound to different paths.
@@ -177,7 +178,7 @@ class PythonJoin:
         if not frames or self.codes is None:
             return ()
         codes = self.codes
-        return split_runs((codes.name(tgid, c, i), fl) for c, i, fl in frames)
+        return split_runs((codes.name(tgid, f), f[2]) for f in frames)
 
 
 def _error(stop: str) -> str:
@@ -187,9 +188,14 @@ def _error(stop: str) -> str:
     return f"no user frame unwound ({stop})"
 
 
+# A row of ustackcopy's calls map: tgid, function, caller, Python chain hash
+Row = tuple[int, int, int, int]
+
+
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
-    caller); the copies (a few per row) give each row its calling stack."""
+    caller, Python chain); the copies (a few per row) give each row its
+    calling stack, and a copy's Python record its Python frames."""
 
     def __init__(
         self,
@@ -202,19 +208,24 @@ class ProbeCopyReader:
         self.stream = stream
         self.process_maps = process_maps
         self.tables = tables
-        # (tgid, function, caller) -> the distinct unwound paths, from the caller out
-        self.paths: dict[tuple[int, int, int], set[tuple[tuple[int, ...], str | None]]] = {}
+        # row -> the distinct unwound paths, from the caller out
+        self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
+        self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
         self.records = 0
 
     def drain(self, timeout: float = 0.0) -> int:
         records = self.stream.poll_raw(timeout)
         for rec in records:
             self.add(rec)
+        self.python.resolve()
         return len(records)
 
     def add(self, rec: bytes) -> None:
-        tgid, _tid, _flags, size, ip, sp, bp, _t, _e, function, _pad, _comm = _parse(rec)
+        if self.python.held(rec):
+            return
+        tgid, tid, _flags, size, ip, sp, bp, _t, _e, function, _pad, _comm = _parse(rec)
         self.records += 1
+        pyframes = self.python.frames_of(tgid, tid)
         if size < U64.size:
             return  # not even the return address: nothing to place the row by
         caller = U64.unpack_from(rec, HEADER.size)[0]
@@ -227,20 +238,24 @@ class ProbeCopyReader:
                 break
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
         if len(frames) > 1 and frames[1] == caller:
-            self.paths.setdefault((tgid, function, caller), set()).add((frames[1:], stop))
+            row = (tgid, function, caller, py.chain_hash(pyframes))
+            self.paths.setdefault(row, set()).add((frames[1:], stop))
+            self.pyframes[row] = pyframes
 
     def raw_stacks(
         self, calls: Iterable[tuple[bytes, Any]], functions: Sequence[str], weight: str
     ) -> tuple[list[RawStack], int]:
         """One RawStack per row of the calls map, and how many rows had no copy."""
         out, uncopied = [], 0
+        self.python.resolve()
         for key, value in calls:
             if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
-            tgid, function, caller = CALL_KEY.unpack(key)
+            row: Row = CALL_KEY.unpack(key)
+            tgid, function, caller, _ = row
             ncalls, total_ns = CALL_STATS.unpack(value)
-            user, stop = self._path(tgid, function, caller)
-            uncopied += not self.paths.get((tgid, function, caller))
+            user, stop = self._path(row)
+            uncopied += not self.paths.get(row)
             leaf = functions[function] if function < len(functions) else f"[function {function}]"
             out.append(
                 profile.RawStack(
@@ -251,14 +266,16 @@ class ProbeCopyReader:
                     user_error=None if user else "no user stack (unreadable return address)",
                     leaf=leaf,
                     unwind_stop=stop if user else None,
+                    python=self.python.runs(tgid, self.pyframes.get(row, ())),
                 )
             )
         return out, uncopied
 
-    def _path(self, tgid: int, function: int, caller: int) -> tuple[tuple[int, ...], str | None]:
+    def _path(self, row: Row) -> tuple[tuple[int, ...], str | None]:
         """The row's calling stack: its copies' unwound path when they agree; where
         they differ, the frames they share and a marker (never one path picked)."""
-        paths = self.paths.get((tgid, function, caller))
+        caller = row[2]
+        paths = self.paths.get(row)
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:

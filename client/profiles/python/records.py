@@ -22,16 +22,19 @@ from gfxbpf.client.profiles.python.strings import decode_unicode
 FLAG_PYTHON = 16  # struct py_rec: a Python record (never set in a stack record)
 FLAG_TRUNCATED = 32  # more Python frames than the program's python_frames
 FRAME_ENTRY = 1  # the last frame one C call of the evaluation loop ran
+TAG_SHIFT = 8  # frame flags >> TAG_SHIFT: the code object's tag (py_codes key)
 
 HEADER = struct.Struct("<6I")  # tgid, tid, flags, nframes, version, pad
 FRAME = struct.Struct("<QII")  # code, instr, flags
-CODE_KEY = struct.Struct("<IIQ")  # tgid, pad, code
+CODE_KEY = struct.Struct("<IIQ")  # tgid, tag, code
 CODE_HEAD = struct.Struct("<IiIIIIII")  # version, firstlineno, name/file state+len, table_len, pad
 NAME_BYTES, PATH_BYTES, TABLE_BYTES = 96, 192, 1024  # gfx_python.h GFX_PY_NAME/PATH/TABLE
 CODE_SIZE = CODE_HEAD.size + NAME_BYTES + PATH_BYTES + TABLE_BYTES
 
 # (code address, instruction value, flags), innermost first
 Frame = tuple[int, int, int]
+# A code object: (tgid, tag, address)
+CodeId = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,21 @@ def parse(rec: bytes) -> PyRecord:
         raise ProtocolError(f"a Python record of {n} frames in {len(rec)} bytes (update gfxclient)")
     frames = tuple(FRAME.unpack_from(rec, HEADER.size + i * FRAME.size) for i in range(n))
     return PyRecord(tgid, tid, (version >> 8, version & 0xFF), frames, bool(flags & FLAG_TRUNCATED))
+
+
+_FNV_OFFSET, _FNV_PRIME, _U64 = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+
+
+def chain_hash(frames: Iterable[Frame]) -> int:
+    """ustackcopy's row key for a Python chain (python_hash() in
+    ustackcopy.bpf.c): FNV-1a over each frame's code and instruction value,
+    low bit set; 0 for no frame."""
+    h, n = _FNV_OFFSET, 0
+    for code, instr, _ in frames:
+        h = ((h ^ code) * _FNV_PRIME) & _U64
+        h = ((h ^ instr) * _FNV_PRIME) & _U64
+        n += 1
+    return h | 1 if n else 0
 
 
 @dataclass(frozen=True)
@@ -100,37 +118,40 @@ class CodeBook:
     def __init__(self, lookup: Lookup, read_all: ReadAll) -> None:
         self._lookup = lookup
         self._read_all = read_all
-        self.codes: dict[tuple[int, int], CodeInfo | None] = {}
-        self._wanted: set[tuple[int, int]] = set()
-        self._names: dict[tuple[int, int, int], str] = {}
+        self.codes: dict[CodeId, CodeInfo | None] = {}
+        self._wanted: set[CodeId] = set()
+        self._names: dict[tuple[int, int, int, int], str] = {}
 
     def want(self, tgid: int, frames: Iterable[Frame]) -> None:
-        for code, _, _ in frames:
-            if (tgid, code) not in self.codes:
-                self._wanted.add((tgid, code))
+        for code, _, flags in frames:
+            cid = (tgid, flags >> TAG_SHIFT, code)
+            if cid not in self.codes:
+                self._wanted.add(cid)
 
     def resolve(self) -> None:
         """Read what want() asked for since the last call."""
         if not self._wanted:
             return
-        keys = [CODE_KEY.pack(t, 0, c) for t, c in sorted(self._wanted)]
+        keys = [CODE_KEY.pack(*cid) for cid in sorted(self._wanted)]
         found = self._lookup(keys)
         if found is None:
             found = self._read_all()
         for key, value in found:
-            tgid, _, code = CODE_KEY.unpack(key)
-            if (tgid, code) in self._wanted:
-                self.codes[(tgid, code)] = decode_code(bytes(value))
+            cid = CODE_KEY.unpack(key)
+            if cid in self._wanted:
+                self.codes[cid] = decode_code(bytes(value))
         for key in self._wanted - self.codes.keys():
             self.codes[key] = None  # stored before its record was sent: evicted since
         self._wanted.clear()
 
-    def name(self, tgid: int, code: int, instr: int) -> str:
+    def name(self, tgid: int, frame: Frame) -> str:
         """`function (file:line)`; a code object never read: its address."""
-        key = (tgid, code, instr)
+        code, instr, flags = frame
+        key = (tgid, flags >> TAG_SHIFT, code, instr)
         got = self._names.get(key)
         if got is None:
-            got = self._names[key] = _frame_name(self.codes.get((tgid, code)), code, instr)
+            info = self.codes.get(key[:3])
+            got = self._names[key] = _frame_name(info, code, instr)
         return got
 
 
