@@ -15,8 +15,8 @@ from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import MAX_FREQUENCY, Policy, ProgramEntry, is_plain_path
 from gfxbpf.broker.request import libraries
-from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
+from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import entries as catalog
 from gfxbpf.catalog import function_tables

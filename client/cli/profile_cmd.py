@@ -736,8 +736,9 @@ def _python_notes(r: Run, prof: Profile) -> None:
     from gfxbpf.client.profiles.python.targets import report
 
     py = r.copies.python
+    procs = r.maps.procs
     profiled = {
-        pid: (comm, [m.file_path for m in r.maps.procs[pid].mappings] if pid in r.maps.procs else [])
+        pid: (comm, [m.file_path for m in procs[pid].mappings] if pid in procs else [])
         for pid, comm, _ in r.seen
     }
     r.python_summary, notes = report(r.pythons, py.versions, profiled)
