@@ -4,8 +4,6 @@ catalog/programs/gfx_python.h, tested live in tests/kernel/test_python_frames.py
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 
 from gfxbpf.client.errors import ProtocolError
