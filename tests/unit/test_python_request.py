@@ -15,7 +15,7 @@ from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.broker.sessions import Caller
 from gfxbpf.catalog import pyfiles
 from gfxbpf.catalog.entries import load_catalog
-from gfxbpf.catalog.instance import Params, ParameterError, prepare
+from gfxbpf.catalog.instance import ParameterError, Params, prepare
 from gfxbpf.catalog.python.layouts import LAYOUTS
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
