@@ -183,3 +183,31 @@ def test_symbolizer_names_python_frames_in_place_of_the_loop(tmp_path: object) -
     )
     prof = Symbolizer(cache_dir=str(tmp_path)).symbolize([raw], "samples")
     assert prof.stacks == {("python3", "outer (s.py:2)", "inner (s.py:7)"): 3}
+
+
+def test_notes_for_a_python_that_is_not_walked() -> None:
+    from gfxbpf.client.profiles.python import targets
+
+    mapped = ["/usr/bin/python3.12", "/usr/lib/x86_64-linux-gnu/libpython3.12.so.1.0"]
+    note = targets.process_note(4242, "python3", mapped, "/usr/bin/python3.12")
+    assert note is not None and "process 4242 (python3) runs Python 3.12" in note
+    assert "libpython3.12.so.1.0 (a shared build)" in note
+    assert targets.process_note(1, "make", ["/usr/bin/make"], "/usr/bin/make") is None
+
+
+def test_report_lists_interpreters_walked_and_notes_the_others() -> None:
+    from gfxbpf.client.profiles.python import targets
+
+    found = targets.Interpreters()
+    found.add("/usr/bin/python3")  # Debian's 3.11: walkable
+    section, notes = targets.report(
+        found,
+        {10: (3, 11)},
+        {
+            10: ("python3", ["/usr/bin/python3.11"]),
+            11: ("py", ["/opt/py/bin/python3.13", "/opt/py/lib/libpython3.13.so.1.0"]),
+        },
+    )
+    assert [i["version"][:4] for i in section["interpreters"]] == ["3.11"]
+    assert section["processes_walked"] == {"10": "3.11"}
+    assert len(notes) == 1 and "process 11 (py) runs Python 3.13" in notes[0]
