@@ -317,7 +317,8 @@ def trixie() -> Iterator[Path]:
 
 def test_python_3_13_in_a_chroot_by_pid(broker: BrokerProcess, work: Path, trixie: Path) -> None:
     uid, gid = ensure_user(ALICE)
-    chroot = [shutil.which("chroot") or "/usr/sbin/chroot", f"--userspec={uid}:{gid}", str(trixie), "/usr/bin/python3.13"]
+    chroot = [shutil.which("chroot") or "/usr/sbin/chroot", f"--userspec={uid}:{gid}"]
+    chroot += [str(trixie), "/usr/bin/python3.13"]
     proc = subprocess.Popen([*chroot, "/w/nested.py"], env={"PATH": "/usr/bin:/bin"})
     try:
         out = work / "py313.folded"
