@@ -187,6 +187,7 @@ def test_outer_middle_inner_on_the_native_path(broker: BrokerProcess, work: Path
     summary = profile(broker, out, "--frequency", "499", "--", PYTHON, str(work / "nested.py"))
     stacks = stacks_of(out)
     got = share(stacks, lambda s: _nested_ok(work, s))
+    print(f"outer/middle/inner: {got:.3f} of {sum(n for _, n in stacks)} samples")
     assert got >= 0.9, (got, _worst(work, stacks))
     py = summary["python"]
     assert any(i["version"].startswith("3.11") for i in py["interpreters"]), py
@@ -203,6 +204,7 @@ def test_two_threads_each_with_its_own_chain(broker: BrokerProcess, work: Path) 
     stacks = stacks_of(out)
     alpha = share(stacks, _chain_at_leaf(["alpha", "alpha_leaf", "spin"]))
     beta = share(stacks, _chain_at_leaf(["beta", "beta_leaf", "spin"]))
+    print(f"threads: alpha {alpha:.3f}, beta {beta:.3f}")
     assert alpha >= 0.2 and beta >= 0.2, (alpha, beta, stacks[:10])
 
 
@@ -339,4 +341,5 @@ def test_python_3_13_in_a_chroot_by_pid(broker: BrokerProcess, work: Path, trixi
         )
 
     got = share(stacks, chain)
+    print(f"3.13 in a chroot: {got:.3f} of {sum(n for _, n in stacks)} samples")
     assert got >= 0.9, (got, sorted(((n, s[-6:]) for s, n in stacks), reverse=True)[:3])
