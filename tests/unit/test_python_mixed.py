@@ -17,13 +17,15 @@ ENTRY = py.FRAME_ENTRY
 ASCII = 1 << 6 | 1 << 5 | 1 << 2  # PyUnicode state: ascii, compact, 1-byte kind
 
 
-def py_record(tgid: int, tid: int, frames: list[tuple[int, int, int]], flags: int = 0) -> bytes:
-    head = py.HEADER.pack(tgid, tid, py.FLAG_PYTHON | flags, len(frames), 3 << 8 | 11, 0)
+def py_record(
+    tgid: int, tid: int, frames: list[tuple[int, int, int]], flags: int = 0, ts: int = 5
+) -> bytes:
+    head = py.HEADER.pack(tgid, tid, py.FLAG_PYTHON | flags, len(frames), 3 << 8 | 11, 0, ts)
     return head + b"".join(py.FRAME.pack(*f) for f in frames)
 
 
-def stack_record(tgid: int, tid: int) -> bytes:
-    return HEADER.pack(tgid, tid, 0, 0, 0x401000, 0x7FF0, 0, 0, 0, 0, 0, b"python3")
+def stack_record(tgid: int, tid: int, ts: int = 5) -> bytes:
+    return HEADER.pack(tgid, tid, 0, 0, 0x401000, 0x7FF0, 0, ts, 0, 0, 0, b"python3")
 
 
 def code_value(
@@ -162,13 +164,15 @@ def test_copy_reader_joins_a_python_record_to_its_threads_stack_record() -> None
         py_record(7, 8, [(0x1000, 2, ENTRY)]),
         stack_record(7, 9),  # another thread between them: no Python frames
         stack_record(7, 8),
-        stack_record(7, 8),  # the next sample of thread 8 had no Python record
+        stack_record(7, 8, ts=6),  # the next sample of thread 8 had no Python record
+        py_record(7, 8, [(0x1000, 2, ENTRY)], ts=7),  # its stack record was dropped:
+        stack_record(7, 8, ts=8),  # never joined to the next sample's
     ]
     reader = CopyReader(_Stream(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
     reader.drain()
-    assert reader.records == 3 and reader.python.records == 1
+    assert reader.records == 4 and reader.python.records == 2
     got = sorted((s.python, s.weight) for s in reader.raw_stacks())
-    assert got == [((), 2), ((("inner (s.py:7)",),), 1)]
+    assert got == [((), 3), ((("inner (s.py:7)",),), 1)]
     assert reader.python.versions == {7: (3, 11)}
 
 
