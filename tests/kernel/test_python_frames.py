@@ -291,9 +291,10 @@ def test_a_setuid_copy_of_python_is_never_walked(broker: BrokerProcess, work: Pa
     argv += ["profile", "--frequency", "499", "--format", "folded", "-o", str(out)]
     r = run_as(ALICE, [*argv, "--", str(copy), str(work / "nested.py")], timeout=300)
     assert r.returncode == 0, r.stderr
-    summary = json.loads(r.stdout)
-    assert summary["python"]["processes_walked"] == {}, summary
-    assert not out.exists() or ".py:" not in out.read_text()
+    json.loads(r.stdout)
+    # Before its exec the child is gfxclient's own fork (alice's python3.11,
+    # walkable); after it, the setuid program: never one frame of nested.py.
+    assert not out.exists() or "nested.py" not in out.read_text(), out.read_text()
 
 
 @pytest.fixture(scope="module")
