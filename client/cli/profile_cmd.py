@@ -364,6 +364,7 @@ class Run:
     # The CPython executables sent for the kernel to walk (and those it cannot).
     pythons: Interpreters | None = None
     python_summary: dict[str, Any] | None = None
+    py_counts: dict[str, int] = field(default_factory=dict)  # the program's py_counts
 
     @property
     def targets(self) -> list[int]:
@@ -504,11 +505,26 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     while copies.drain():  # what came in since the last look
         pass
     lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if "py_counts" in run.att.maps:
+        run.py_counts = _py_counts(run.att.map("py_counts").raw_items())
     if isinstance(copies, CopyReader):
         return copies.raw_stacks(), lost
     entries = run.att.map("calls").raw_items()
     req = run.req
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
+
+
+# py_counts indexes (gfx_python.h GFX_PYC_*) -> the summary's names
+_PY_COUNTS = ("walked", "truncated", "no_thread_state", "unreadable", "codes_not_stored")
+
+
+def _py_counts(entries: list[tuple[bytes, Any]]) -> dict[str, int]:
+    out = {}
+    for key, value in entries:
+        i = _TGID.unpack_from(key)[0]
+        if i < len(_PY_COUNTS) and isinstance(value, bytes) and len(value) == 8:
+            out[_PY_COUNTS[i]] = profile_read.U64.unpack(value)[0]
+    return out
 
 
 # ------------------------------------------------------------------ the command
@@ -743,6 +759,13 @@ def _python_notes(r: Run, prof: Profile) -> None:
     }
     r.python_summary, notes = report(r.pythons, py.versions, profiled)
     r.python_summary["truncated"] = py.truncated
+    r.python_summary["walker"] = r.py_counts
+    bad = r.py_counts.get("unreadable", 0)
+    if bad > r.py_counts.get("walked", 0) // 100:  # a thread starting or ending: a few
+        prof.notes.append(
+            f"{r.py_counts['unreadable']} Python walks stopped at unreadable interpreter memory "
+            "(a thread starting or ending, or an interpreter this layout does not describe)"
+        )
     prof.notes.extend(notes)
 
 

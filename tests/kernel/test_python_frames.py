@@ -192,6 +192,8 @@ def test_outer_middle_inner_on_the_native_path(broker: BrokerProcess, work: Path
     py = summary["python"]
     assert any(i["version"].startswith("3.11") for i in py["interpreters"]), py
     assert list(py["processes_walked"].values()) == ["3.11"], py
+    print("walker counters:", py["walker"])
+    assert py["walker"]["walked"] >= sum(n for _, n in stacks) * 0.9, py
 
 
 def _chain_at_leaf(chain: list[str]) -> Callable[[list[str]], bool]:
