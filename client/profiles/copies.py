@@ -124,7 +124,7 @@ class CopyReader:
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
         out = []
-        self.python.resolve()
+        self.python.resolve(final=True)
         for (tgid, kernel, comm, frames, stop, pyframes), weight in self.counts.items():
             lost = stop if not frames else None  # nothing unwound: say why, as one frame
             out.append(
@@ -173,9 +173,9 @@ class PythonJoin:
         r = self._pending.pop(tid, None)
         return r.frames if r is not None and (r.tgid, r.ts) == (tgid, ts) else ()
 
-    def resolve(self) -> None:
+    def resolve(self, final: bool = False) -> None:
         if self.codes is not None:
-            self.codes.resolve()
+            self.codes.resolve(final)
 
     def runs(self, tgid: int, frames: tuple[py.Frame, ...]) -> tuple[tuple[str, ...], ...]:
         if not frames or self.codes is None:
@@ -250,7 +250,7 @@ class ProbeCopyReader:
     ) -> tuple[list[RawStack], int]:
         """One RawStack per row of the calls map, and how many rows had no copy."""
         out, uncopied = [], 0
-        self.python.resolve()
+        self.python.resolve(final=True)
         for key, value in calls:
             if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")

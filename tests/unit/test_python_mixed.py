@@ -215,3 +215,22 @@ def test_report_lists_interpreters_walked_and_notes_the_others() -> None:
     assert [i["version"][:4] for i in section["interpreters"]] == ["3.11"]
     assert section["processes_walked"] == {"10": "3.11"}
     assert len(notes) == 1 and "process 11 (py) runs Python 3.13" in notes[0]
+
+
+def test_code_book_reads_the_whole_map_through_the_broker_at_most_once_a_second() -> None:
+    key = py.CODE_KEY.pack(7, 0, 0x1000)
+    table = {key: code_value("f", "s.py", 1, ONE_LINE_PLUS_1)}
+    reads: list[int] = []
+
+    def read_all() -> list[tuple[bytes, bytes]]:
+        reads.append(1)
+        return list(table.items())
+
+    book = py.CodeBook(lambda ks: None, read_all)
+    book.want(7, [(0x2000, 0, 0)])
+    book.resolve()
+    book.want(7, [(0x1000, 0, 0)])
+    book.resolve()  # within the second: not read again, still wanted
+    assert len(reads) == 1 and (7, 0, 0x1000) not in book.codes
+    book.resolve(final=True)
+    assert len(reads) == 2 and book.name(7, (0x1000, 0, 0)).startswith("f (s.py:")

@@ -13,6 +13,7 @@ them through the map's fd and names each frame `function (file:line)`.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -120,9 +121,13 @@ class CodeBook:
     """Code objects by (tgid, address), read from py_codes as records name them
     (the map is an LRU: a code object is read soon after it is first met)."""
 
+    # Without a direct fd the whole map comes through the broker: at most this often.
+    READ_ALL_EVERY_S = 1.0
+
     def __init__(self, lookup: Lookup, read_all: ReadAll) -> None:
         self._lookup = lookup
         self._read_all = read_all
+        self._read_all_at = -self.READ_ALL_EVERY_S
         self.codes: dict[CodeId, CodeInfo | None] = {}
         self._wanted: set[CodeId] = set()
         self._names: dict[tuple[int, int, int, int], str] = {}
@@ -133,13 +138,18 @@ class CodeBook:
             if cid not in self.codes:
                 self._wanted.add(cid)
 
-    def resolve(self) -> None:
-        """Read what want() asked for since the last call."""
+    def resolve(self, final: bool = False) -> None:
+        """Read what want() asked for since the last call (through the broker:
+        at most every READ_ALL_EVERY_S, unless final)."""
         if not self._wanted:
             return
         keys = [CODE_KEY.pack(*cid) for cid in sorted(self._wanted)]
         found = self._lookup(keys)
         if found is None:
+            now = time.monotonic()
+            if not final and now - self._read_all_at < self.READ_ALL_EVERY_S:
+                return  # keep them wanted
+            self._read_all_at = now
             found = self._read_all()
         for key, value in found:
             cid: CodeId = CODE_KEY.unpack(key)
