@@ -132,8 +132,12 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
     )
 
 
-def profile(broker: BrokerProcess, out: Path, *args: str, env: dict | None = None) -> dict:
+def profile(
+    broker: BrokerProcess, out: Path, *args: str, env: dict | None = None, grpc: bool = False
+) -> dict:
     argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+    if grpc:  # no map fds: py_codes is read through the broker
+        argv += ["--grpc", broker.grpc or "", "--via", "grpc"]
     argv += ["profile", "--format", "folded", "-o", str(out), *args]
     r = run_as(ALICE, argv, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
@@ -194,6 +198,16 @@ def test_outer_middle_inner_on_the_native_path(broker: BrokerProcess, work: Path
     assert list(py["processes_walked"].values()) == ["3.11"], py
     print("walker counters:", py["walker"])
     assert py["walker"]["walked"] >= sum(n for _, n in stacks) * 0.9, py
+
+
+def test_over_grpc_the_code_objects_come_through_the_broker(
+    broker: BrokerProcess, work: Path
+) -> None:
+    out = work / "nested-grpc.folded"
+    profile(broker, out, "--frequency", "499", "--", PYTHON, str(work / "nested.py"), grpc=True)
+    stacks = stacks_of(out)
+    got = share(stacks, lambda s: _nested_ok(work, s))
+    assert got >= 0.9, (got, _worst(work, stacks))
 
 
 def _chain_at_leaf(chain: list[str]) -> Callable[[list[str]], bool]:
