@@ -171,7 +171,9 @@ class PythonJoin:
     def frames_of(self, tgid: int, tid: int, ts: int) -> tuple[py.Frame, ...]:
         """The Python frames of the stack record (tgid, tid, entry_ns ts)."""
         r = self._pending.pop(tid, None)
-        return r.frames if r is not None and (r.tgid, r.ts) == (tgid, ts) else ()
+        if r is None or (r.tgid, r.ts) != (tgid, ts):
+            return ()
+        return r.frames + ((0, 0, py.FRAME_CUT),) if r.truncated else r.frames
 
     def resolve(self, final: bool = False) -> None:
         if self.codes is not None:

@@ -55,6 +55,7 @@ def inner():
 outer()
 """
 INNER_BODY = range(7, 10)
+CUT = "[python frames cut at the depth limit]"  # client/profiles/python/records.py
 
 # Two threads, each its own chain; the main thread waits in join().
 THREADS = """\
@@ -360,3 +361,23 @@ def test_python_3_13_in_a_chroot_by_pid(broker: BrokerProcess, work: Path, trixi
     got = share(stacks, chain)
     print(f"3.13 in a chroot: {got:.3f} of {sum(n for _, n in stacks)} samples")
     assert got >= 0.9, (got, sorted(((n, s[-6:]) for s, n in stacks), reverse=True)[:3])
+
+
+def test_the_policy_caps_the_python_depth(work: Path) -> None:
+    """max_python_frames = 2: inner and middle, then a marker where the cut is."""
+    text = policy_for(
+        {"stackcopy": {"users": [ALICE], "scope": "self", "max_python_frames": 2}},
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+    with BrokerProcess.start(text) as b:
+        out = work / "cut.folded"
+        summary = profile(b, out, "--frequency", "499", "--", PYTHON, str(work / "nested.py"))
+    stacks = stacks_of(out)
+
+    def cut(frames: list[str]) -> bool:
+        i = frames.index(CUT) if CUT in frames else -1
+        return i >= 0 and functions(frames[i:])[:2] == ["middle", "inner"]
+
+    assert share(stacks, cut) >= 0.9, sorted(((n, s[-5:]) for s, n in stacks), reverse=True)[:3]
+    assert "outer (" not in out.read_text()
+    assert summary["python"]["walker"]["truncated"] > 0, summary["python"]

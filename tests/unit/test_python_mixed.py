@@ -234,3 +234,19 @@ def test_code_book_reads_the_whole_map_through_the_broker_at_most_once_a_second(
     assert len(reads) == 1 and (7, 0, 0x1000) not in book.codes
     book.resolve(final=True)
     assert len(reads) == 2 and book.name(7, (0x1000, 0, 0)).startswith("f (s.py:")
+
+
+def test_a_cut_chain_ends_in_a_marker_at_its_root() -> None:
+    key = py.CODE_KEY.pack(7, 0, 0x1000)
+    table = {key: code_value("inner", "s.py", 6, ONE_LINE_PLUS_1)}
+    book = py.CodeBook(lambda ks: [(k, table[k]) for k in ks if k in table], lambda: [])
+    records = [
+        py_record(7, 8, [(0x1000, 2, 0)], flags=py.FLAG_TRUNCATED),
+        stack_record(7, 8),
+    ]
+    reader = CopyReader(_Stream(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
+    reader.drain()
+    (stack,) = reader.raw_stacks()
+    assert stack.python == ((py.CUT_FRAME, "inner (s.py:7)"),)
+    # the marker is not part of ustackcopy's row key
+    assert py.chain_hash([(0x1000, 2, 0), (0, 0, py.FRAME_CUT)]) == py.chain_hash([(0x1000, 2, 0)])

@@ -26,6 +26,10 @@ FLAG_PYTHON = 16  # struct py_rec: a Python record (never set in a stack record)
 FLAG_TRUNCATED = 32  # more Python frames than the program's python_frames
 FRAME_ENTRY = 1  # the last frame one C call of the evaluation loop ran
 TAG_SHIFT = 8  # frame flags >> TAG_SHIFT: the code object's tag (py_codes key)
+# The client's own marker, after the outermost frame of a chain cut at the
+# program's python_frames: (0, 0, FRAME_CUT) names CUT_FRAME (no code is at 0).
+FRAME_CUT = 2
+CUT_FRAME = "[python frames cut at the depth limit]"
 
 HEADER = struct.Struct("<6IQ")  # tgid, tid, flags, nframes, version, pad, ts
 FRAME = struct.Struct("<QII")  # code, instr, flags
@@ -75,6 +79,8 @@ def chain_hash(frames: Iterable[Frame]) -> int:
     low bit set; 0 for no frame."""
     h, n = _FNV_OFFSET, 0
     for code, instr, _ in frames:
+        if not code:
+            continue  # the client's cut marker: not a frame the program saw
         h = ((h ^ code) * _FNV_PRIME) & _U64
         h = ((h ^ instr) * _FNV_PRIME) & _U64
         n += 1
@@ -135,7 +141,7 @@ class CodeBook:
     def want(self, tgid: int, frames: Iterable[Frame]) -> None:
         for code, _, flags in frames:
             cid = (tgid, flags >> TAG_SHIFT, code)
-            if cid not in self.codes:
+            if code and cid not in self.codes:
                 self._wanted.add(cid)
 
     def resolve(self, final: bool = False) -> None:
@@ -162,6 +168,8 @@ class CodeBook:
     def name(self, tgid: int, frame: Frame) -> str:
         """`function (file:line)`; a code object never read: its address."""
         code, instr, flags = frame
+        if not code:
+            return CUT_FRAME
         key = (tgid, flags >> TAG_SHIFT, code, instr)
         got = self._names.get(key)
         if got is None:
