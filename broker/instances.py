@@ -97,6 +97,8 @@ class InstanceLoader:
             frequency=target.frequency,
             children=target.children,
             stack_bytes=target.stack_bytes,
+            python_files=target.python_files,
+            python_frames=target.python_frames,
         )
         try:
             return bpfinstance.open_program(

@@ -128,6 +128,10 @@ class Program:
     # .rodata u32: how many user stack bytes a stack copy takes (the broker
     # lowers it to the policy entry's max_stack_bytes).
     stack_bytes_knob: str | None = None
+    # .rodata u32 of a program that walks Python frames (gfx_python.h): the
+    # most frames a record holds; such a program has maps py_files and
+    # py_layouts, which the broker fills before attaching.
+    python_frames_knob: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -159,7 +163,13 @@ class Program:
     @property
     def knobs(self) -> tuple[str, ...]:
         """Every .rodata knob the broker may write."""
-        knobs = (self.uid_knob, self.pid_knob, self.children_knob, self.stack_bytes_knob)
+        knobs = (
+            self.uid_knob,
+            self.pid_knob,
+            self.children_knob,
+            self.stack_bytes_knob,
+            self.python_frames_knob,
+        )
         names = [k for k in knobs if k]
         for f in self.fields:
             names.append(f.knob)
@@ -349,6 +359,7 @@ _PROGRAM_KEYS = (
     "children_knob",
     "tree_map",
     "stack_bytes_knob",
+    "python_frames_knob",
     "attach",
     "field",
     "map",
@@ -389,6 +400,7 @@ def _parse_program(
     requires = at.string(entry, "requires")
     uid_knob, pid_knob = _ident(at, entry, "uid_knob"), _ident(at, entry, "pid_knob")
     stack_bytes_knob = _ident(at, entry, "stack_bytes_knob")
+    python_frames_knob = _ident(at, entry, "python_frames_knob")
     if "self" in scopes and not (uid_knob or pid_knob):
         at.add("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
     before_attach = len(problems)
@@ -399,7 +411,8 @@ def _parse_program(
         f for sub, t in _sub_entries(at, entry, "field") if (f := _parse_field(sub, t, complete))
     )
     children_knob, tree_map = _parse_tree(at, entry, pid_knob)
-    knobs = [k for k in (uid_knob, pid_knob, children_knob, stack_bytes_knob) if k]
+    knobs = [k for k in (uid_knob, pid_knob, children_knob) if k]
+    knobs += [k for k in (stack_bytes_knob, python_frames_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
     maps = tuple(m for sub, t in _sub_entries(at, entry, "map") if (m := _parse_map(sub, t)))
@@ -431,6 +444,7 @@ def _parse_program(
         requires=requires,
         function_table=function_table,
         stack_bytes_knob=stack_bytes_knob,
+        python_frames_knob=python_frames_knob,
     )
 
 

@@ -263,11 +263,16 @@ class Broker:
         frequency: int = 0,
         children: bool = False,
         stack_bytes: int = 0,
+        python_files: Iterable[pb.PythonFile] = (),
+        python_frames: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
         children (with pid): the process's descendants too, those alive now
         and those it forks later, followed in the kernel.
+
+        python_files (programs that walk Python frames): the CPython
+        executables whose processes' Python frames to walk.
 
         library (uprobe programs): over the Unix socket this process opens it
         and passes the fd, so it must be readable by this user; over gRPC the
@@ -280,6 +285,8 @@ class Broker:
             frequency=frequency,  # sampling programs (profile); 0: the default
             children=children,
             stack_bytes=stack_bytes,  # stackcopy, ustackcopy; 0: 8 KiB or the policy's cap
+            python_files=list(python_files),
+            python_frames=python_frames,
         )  # fmt: skip
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:
@@ -289,6 +296,10 @@ class Broker:
             req.name = name
         else:
             req.object = bytes(object or b"")
+        return self._send_attach(req, library)
+
+    def _send_attach(self, req: pb.AttachRequest, library: str | None) -> Attachment:
+        """Send the request (with the library's fd over the Unix socket)."""
         if library and self.transport.passes_fds:
             # The broker opens no path for us: we open the library and pass it.
             lib_fd = open_library(library)

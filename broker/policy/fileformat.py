@@ -11,6 +11,7 @@
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
     max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
+    max_python_frames = 32            # Python frames a stack (default 64, at most 128)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -39,6 +40,7 @@ from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy.model import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_PYTHON_FRAMES,
     MAX_STACK_BYTES,
     WILDCARD,
     Limits,
@@ -67,6 +69,7 @@ _PROGRAM_KEYS = (
     "max_frequency",
     "allow_no_btf",
     "max_stack_bytes",
+    "max_python_frames",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -170,6 +173,9 @@ def _parse_program(
     max_stack_bytes = at.integer(
         table, "max_stack_bytes", 0, MAX_STACK_BYTES, "bytes of user stack per stack copy"
     )
+    max_python_frames = at.integer(
+        table, "max_python_frames", 1, MAX_PYTHON_FRAMES, "Python frames per stack"
+    )
     description = table.get("description", "")
     if not isinstance(description, str):
         at.add("description", f"expected a string, got {toml_type(description)}")
@@ -191,6 +197,7 @@ def _parse_program(
         max_frequency=max_frequency,
         allow_no_btf=bool(allow_no_btf),
         max_stack_bytes=max_stack_bytes,
+        max_python_frames=max_python_frames,
     )
 
 

@@ -19,6 +19,7 @@ WILDCARD = "*"
 MAX_FREQUENCY = 100_000
 # Most user stack bytes a stack copy may take (the objects' own ceiling, GFX_COPY_MAX).
 MAX_STACK_BYTES = 16384
+MAX_PYTHON_FRAMES = 128  # gfx_python.h GFX_PY_MAX_FRAMES
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class ProgramEntry:
     allow_no_btf: bool = False
     # Stack copies (stackcopy, ustackcopy): user stack bytes per record (None: 8 KiB)
     max_stack_bytes: int | None = None
+    # Python frame walkers (stackcopy, ustackcopy): frames per stack (None: 64)
+    max_python_frames: int | None = None
 
     @property
     def label(self) -> str:

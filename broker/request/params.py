@@ -16,9 +16,11 @@ from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import MAX_FREQUENCY, Policy, ProgramEntry, is_plain_path
 from gfxbpf.broker.request import libraries
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
+from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
+from gfxbpf.catalog.pyfiles import PythonFile
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
@@ -42,6 +44,8 @@ class Target:
     frequency: int | None = None  # perf_event sampling, Hz (None: the program's default)
     children: bool = False  # the pid's descendants too (gfx_tree.h)
     stack_bytes: int | None = None  # stack copy size (None: the object's default, 8 KiB)
+    python_files: tuple[PythonFile, ...] = ()  # interpreters whose frames to walk
+    python_frames: int | None = None  # Python frames a stack (None: the object's 64)
 
     @property
     def library_path(self) -> str | None:
@@ -84,6 +88,7 @@ def check_params(
         t.frequency = _check_frequency(res, params.frequency)
         t.children = _check_children(res, params, t.pid)
         t.stack_bytes = _check_stack_bytes(res, params.stack_bytes)
+        t.python_files, t.python_frames = check_python(res, params)
         return t
     except BaseException:
         t.close()

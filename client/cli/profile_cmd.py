@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles import Profile, RawStack, Symbolizer
     from gfxbpf.client.profiles.copies import CopyReader, ProbeCopyReader
     from gfxbpf.client.profiles.procmaps import ProcessMaps
+    from gfxbpf.client.profiles.python.targets import Interpreters
     from gfxbpf.client.profiles.unwind import UnwindTables
 
     Copies = CopyReader | ProbeCopyReader
@@ -376,6 +377,10 @@ class Run:
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # Programs stackcopy, ustackcopy: records unwound as they are read (no stack table).
     copies: Copies | None = None
+    # The CPython executables sent for the kernel to walk (and those it cannot).
+    pythons: Interpreters | None = None
+    python_summary: dict[str, Any] | None = None
+    py_counts: dict[str, int] = field(default_factory=dict)  # the program's py_counts
 
     @property
     def targets(self) -> list[int]:
@@ -516,6 +521,8 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     while copies.drain():  # what came in since the last look
         pass
     lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if "py_counts" in run.att.maps:
+        run.py_counts = _py_counts(run.att.map("py_counts").raw_items())
     if isinstance(copies, CopyReader):
         return copies.raw_stacks(), lost
     entries = run.att.map("calls").raw_items()
@@ -523,34 +530,65 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
 
 
+# py_counts indexes (gfx_python.h GFX_PYC_*) -> the summary's names
+_PY_COUNTS = ("walked", "truncated", "no_thread_state", "unreadable", "codes_not_stored")
+
+
+def _py_counts(entries: list[tuple[bytes, Any]]) -> dict[str, int]:
+    out = {}
+    for key, value in entries:
+        i = _TGID.unpack_from(key)[0]
+        if i < len(_PY_COUNTS) and isinstance(value, bytes) and len(value) == 8:
+            out[_PY_COUNTS[i]] = profile_read.U64.unpack(value)[0]
+    return out
+
+
 # ------------------------------------------------------------------ the command
 
 
-def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | None) -> Attachment:
+def _attach(
+    broker: Broker,
+    args: argparse.Namespace,
+    req: Request,
+    pid: int | None,
+    pythons: Interpreters | None = None,
+) -> Attachment:
     children = req.children and pid is not None  # several --pid: kept here, by /proc
+    files = [
+        pb.PythonFile(dev=f.dev, ino=f.ino, runtime_off=f.runtime_off or 0, major=v[0], minor=v[1])
+        for f in (pythons.files.values() if pythons else ())
+        for v in [f.version]
+    ]
     if req.probes:
         where: dict[str, Any] = {
             "library": req.library,
             "functions": req.functions,
             "children": children,
         }
-        copies = _try_copies(broker, args, "ustackcopy", pid=pid, **where)
+        copies = _try_copies(broker, args, "ustackcopy", files, pid=pid, **where)
         return copies or broker.attach("ustacks", scope=args.scope, pid=pid, **where)
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
-    copies = _try_copies(broker, args, "stackcopy", pid=pid, **sampling)
+    copies = _try_copies(broker, args, "stackcopy", files, pid=pid, **sampling)
     return copies or broker.attach("profile", scope=args.scope, pid=pid, **sampling)
 
 
 def _try_copies(
-    broker: Broker, args: argparse.Namespace, name: str, **kw: Any
+    broker: Broker, args: argparse.Namespace, name: str, files: list[pb.PythonFile], **kw: Any
 ) -> Attachment | None:
     """The stack-copy program, for complete stacks; None where it is not granted
-    (or an older broker lacks it): then frame-pointer stacks, as before."""
+    (or an older broker lacks it): then frame-pointer stacks, as before. An
+    older broker that walks no Python frames gets the request without files."""
     if args.scope not in (None, "self"):
         return None  # copies are process memory: scope self only
     stack_bytes = getattr(args, "stack_bytes", 0)
     try:
-        return broker.attach(name, scope="self", stack_bytes=stack_bytes, **kw)
+        kw["stack_bytes"] = stack_bytes
+        try:
+            return broker.attach(name, scope="self", python_files=files, **kw)
+        except BrokerError as e:
+            if not files or e.code != pb.ERROR_INVALID_ARGUMENT or "Python" not in str(e):
+                raise
+            return broker.attach(name, scope="self", **kw)
     except BrokerError as e:
         if stack_bytes or e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
             raise  # --stack-bytes asks for copies: no quiet fallback to frame pointers
@@ -570,9 +608,20 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
 
     symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
     stream = r.att.open_events(STACK_COPIES)
+    codes = _code_book(r.att)
     if r.req.probes:
-        return ProbeCopyReader(stream, r.maps.process, tables)
-    return CopyReader(stream, r.maps.process, tables, r.kept())
+        return ProbeCopyReader(stream, r.maps.process, tables, codes)
+    return CopyReader(stream, r.maps.process, tables, r.kept(), codes)
+
+
+def _code_book(att: Attachment) -> Any:
+    """The Python code objects the program copied (None: it walks no Python)."""
+    if "py_codes" not in att.maps:
+        return None
+    from gfxbpf.client.profiles.python.records import CodeBook
+
+    codes = att.map("py_codes")
+    return CodeBook(codes.lookup_many, codes.raw_items)
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:
@@ -614,10 +663,11 @@ def _run(
     tables = _unwind_tables()
     symbolizer = profile.Symbolizer(unwind_tables=tables)
     child = Child(req.command) if req.command else None
+    pythons = _find_pythons(req, args)
     try:
         broker = connect(args)
         try:
-            att = _attach(broker, args, req, _one_pid(req, child))
+            att = _attach(broker, args, req, _one_pid(req, child), pythons)
         except BaseException:
             broker.close()
             raise
@@ -627,6 +677,7 @@ def _run(
         raise
     with broker:
         r = _new_run(req, att, symbolizer, tables, child)
+        r.pythons = pythons
         try:
             if child is not None:
                 child.release()
@@ -663,6 +714,15 @@ def _run(
     return 0
 
 
+def _find_pythons(req: Request, args: argparse.Namespace) -> Interpreters | None:
+    """The CPython executables to walk (scope self only: the walk reads process memory)."""
+    if args.scope not in (None, "self"):
+        return None
+    from gfxbpf.client.profiles.python.targets import find
+
+    return find(req.pids, req.command)
+
+
 def _new_run(
     req: Request, att: Attachment, symbolizer: Symbolizer, tables: UnwindTables, child: Child | None
 ) -> Run:
@@ -695,6 +755,7 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
+    _python_notes(r, prof)
     if lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
@@ -706,6 +767,30 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
             "table was full (profile fewer processes, or for a shorter time)"
         )
     return prof
+
+
+def _python_notes(r: Run, prof: Profile) -> None:
+    """The Python section of the summary (kept on the run) and its notes."""
+    if r.pythons is None or r.copies is None:
+        return
+    from gfxbpf.client.profiles.python.targets import report
+
+    py = r.copies.python
+    procs = r.maps.procs
+    profiled = {
+        pid: (comm, [m.file_path for m in procs[pid].mappings] if pid in procs else [])
+        for pid, comm, _ in r.seen
+    }
+    r.python_summary, notes = report(r.pythons, py.versions, profiled)
+    r.python_summary["truncated"] = py.truncated
+    r.python_summary["walker"] = r.py_counts
+    bad = r.py_counts.get("unreadable", 0)
+    if bad > r.py_counts.get("walked", 0) // 100:  # a thread starting or ending: a few
+        prof.notes.append(
+            f"{r.py_counts['unreadable']} Python walks stopped at unreadable interpreter memory "
+            "(a thread starting or ending, or an interpreter this layout does not describe)"
+        )
+    prof.notes.extend(notes)
 
 
 def processes_seen(
@@ -741,12 +826,21 @@ def _report(r: Run, prof: Profile, n: int) -> str:
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
     lines.extend(_processes_lines(r, what))
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
+    lines.extend(_python_lines(r.python_summary))
     lines.extend(f"note: {note}" for note in prof.notes)
     if r.req.output:
         lines.append(f"wrote {r.req.output} ({r.req.fmt})")
     else:
         lines.append("write a flame graph with -o FILE.svg (or --format folded|pprof|speedscope)")
     return "\n".join(lines) + "\n"
+
+
+def _python_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section or not section["processes_walked"]:
+        return []
+    walked = section["processes_walked"]
+    found = ", ".join(f"{i['path']} ({i['version']})" for i in section["interpreters"])
+    return [f"python: {len(walked)} process(es) walked; interpreters: {found}"]
 
 
 def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
@@ -770,5 +864,6 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
         "top": [
             {"function": f, "self": s, "total": t} for f, s, t in profile.top_functions(prof, n)
         ],
+        "python": r.python_summary,
         "notes": list(prof.notes),
     }

@@ -26,6 +26,9 @@ class RawStack:
     # Stop value ("no-cfi", "truncated", ...); the symbolizer ends the stack
     # with one marker frame saying why. None: complete, or a kernel-walked stack.
     unwind_stop: str | None = None
+    # Python frames (client/profiles/python/mixed.py): runs innermost first,
+    # each root first, put in place of the evaluation loop's native frames.
+    python: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass
