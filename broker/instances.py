@@ -97,6 +97,7 @@ class InstanceLoader:
             frequency=target.frequency,
             children=target.children,
             stack_bytes=target.stack_bytes,
+            min_block_us=target.min_block_us,
         )
         try:
             return bpfinstance.open_program(

@@ -125,6 +125,9 @@ class Program:
     # .rodata u32: how many user stack bytes a stack copy takes (the broker
     # lowers it to the policy entry's max_stack_bytes).
     stack_bytes_knob: str | None = None
+    # .rodata u32 (offcpu): waits shorter than this many microseconds are dropped
+    # in the kernel (the broker writes the request's, never below the policy's floor).
+    min_block_knob: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -157,7 +160,7 @@ class Program:
     def knobs(self) -> tuple[str, ...]:
         """Every .rodata knob the broker may write."""
         knobs = (self.uid_knob, self.pid_knob, self.children_knob, self.stack_bytes_knob)
-        names = [k for k in knobs if k]
+        names = [k for k in (*knobs, self.min_block_knob) if k]
         for f in self.fields:
             names.append(f.knob)
             if f.size_knob:
@@ -422,6 +425,7 @@ _PROGRAM_KEYS = {
     "children_knob",
     "tree_map",
     "stack_bytes_knob",
+    "min_block_knob",
     "attach",
     "field",
     "map",
@@ -448,6 +452,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
     pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
     stack_bytes_knob = c.get_ident(entry, "stack_bytes_knob", "", required=False)
+    min_block_knob = c.get_ident(entry, "min_block_knob", "", required=False)
     if "self" in scopes and not (uid_knob or pid_knob):
         raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
     attach = _parse_attach_list(c, entry)
@@ -455,7 +460,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
     )
     children_knob, tree_map = _parse_tree(c, entry, pid_knob)
-    knobs = [k for k in (uid_knob, pid_knob, children_knob, stack_bytes_knob) if k]
+    knobs = [k for k in (uid_knob, pid_knob, children_knob, stack_bytes_knob, min_block_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
     maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
@@ -484,6 +489,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         requires=requires,
         function_table=function_table,
         stack_bytes_knob=stack_bytes_knob,
+        min_block_knob=min_block_knob,
     )
 
 

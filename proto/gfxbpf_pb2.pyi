@@ -138,20 +138,22 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "min_block_us")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FD_INDEX_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    MIN_BLOCK_US_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
     functions: _containers.RepeatedScalarFieldContainer[str]
     library_fd_index: int
     frequency: int
     children: bool
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ...) -> None: ...
+    min_block_us: int
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., min_block_us: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("name", "object", "scope", "params", "lease_seconds")

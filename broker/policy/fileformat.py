@@ -11,6 +11,7 @@
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
     max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
+    min_block_us = 1000               # offcpu: the shortest wait a client may ask for (default 100)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -40,6 +41,7 @@ from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy.model import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_MIN_BLOCK_US,
     MAX_STACK_BYTES,
     WILDCARD,
     Limits,
@@ -67,6 +69,7 @@ _PROGRAM_KEYS = (
     "max_frequency",
     "allow_no_btf",
     "max_stack_bytes",
+    "min_block_us",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -252,6 +255,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         errs.add(where, "allow_no_btf", f"expected true or false, got {_toml_type(allow_no_btf)}")
         allow_no_btf = False
     max_stack_bytes = _parse_max_stack_bytes(table, where, errs)
+    min_block_us = _parse_min_block_us(table, where, errs)
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -275,6 +279,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         max_frequency=max_frequency,
         allow_no_btf=allow_no_btf,
         max_stack_bytes=max_stack_bytes,
+        min_block_us=min_block_us,
     )
 
 
@@ -343,6 +348,21 @@ def _parse_max_stack_bytes(table: dict[str, Any], where: str, errs: _Collector) 
             "max_stack_bytes",
             f"expected bytes of user stack per stack copy, 0 to {MAX_STACK_BYTES}, got "
             f"{_toml_type(value)} {show(value)}",
+        )
+        return None
+    return int(value)
+
+
+def _parse_min_block_us(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
+    if "min_block_us" not in table:
+        return None
+    value = table["min_block_us"]
+    if not _is_id(value) or not 1 <= value <= MAX_MIN_BLOCK_US:
+        errs.add(
+            where,
+            "min_block_us",
+            f"expected the shortest wait recorded in microseconds, 1 to {MAX_MIN_BLOCK_US}, "
+            f"got {_toml_type(value)} {show(value)}",
         )
         return None
     return int(value)

@@ -24,6 +24,12 @@ from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
 DEFAULT_STACK_BYTES = 8192  # what stackcopy/ustackcopy copy unless the policy caps it
+# offcpu: the shortest wait recorded when the request names none (1 ms: a
+# few scheduler ticks' worth of waits on a busy host, and lock hand-offs
+# below it are noise in a flame graph), and the least any request may ask
+# where the policy sets no min_block_us (each kept wait is a ring record).
+DEFAULT_MIN_BLOCK_US = 1000
+MIN_BLOCK_FLOOR_US = 100
 MAX_SYMBOL_LEN = 512
 _UPROBE_KINDS = ("uprobe", "uretprobe")
 
@@ -43,6 +49,7 @@ class Target:
     frequency: int | None = None  # perf_event sampling, Hz (None: the program's default)
     children: bool = False  # the pid's descendants too (gfx_tree.h)
     stack_bytes: int | None = None  # stack copy size (None: the object's default, 8 KiB)
+    min_block_us: int | None = None  # offcpu: shortest wait kept (None: no such knob)
 
     @property
     def library_path(self) -> str | None:
@@ -88,6 +95,7 @@ def check_params(
         if res.entry.stack_bytes_knob and cap is not None:
             # The policy's cap over the object's 8 KiB (a client cannot ask for a size yet).
             t.stack_bytes = min(cap, DEFAULT_STACK_BYTES)
+        t.min_block_us = _check_min_block(res, params.min_block_us)
         return t
     except BaseException:
         t.close()
@@ -130,6 +138,27 @@ def _check_children(res: Resolved, params: pb.AttachParams, pid: int | None) -> 
             "params.children follows the descendants of params.pid: give a pid",
         )
     return True
+
+
+def _check_min_block(res: Resolved, asked: int) -> int | None:
+    """offcpu's shortest recorded wait: the request's (default 1 ms), never below
+    the policy entry's min_block_us (or the broker's own floor)."""
+    if not res.entry.min_block_knob:
+        if asked:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"program {res.entry.name!r} records no waits: it takes no min_block_us",
+            )
+        return None
+    floor = res.policy_entry.min_block_us or MIN_BLOCK_FLOOR_US
+    value = asked or max(DEFAULT_MIN_BLOCK_US, floor)
+    if value < floor:
+        raise BrokerError(
+            pb.ERROR_PERMISSION_DENIED,
+            f"recording waits from {value} us is below the {floor} us the policy allows you "
+            f"for program {res.entry.name!r}",
+        )
+    return value
 
 
 def _check_frequency(res: Resolved, frequency: int) -> int | None:
