@@ -262,6 +262,7 @@ class Broker:
         lease_seconds: int = 0,
         frequency: int = 0,
         children: bool = False,
+        min_block_us: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
@@ -280,6 +281,7 @@ class Broker:
             functions=[str(f) for f in functions],
             frequency=frequency,  # sampling programs (profile); 0: the default
             children=children,
+            min_block_us=min_block_us,  # offcpu: shortest wait kept; 0: the default
         )
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

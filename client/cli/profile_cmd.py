@@ -5,6 +5,8 @@ of your own processes, as a top-N table and a flame graph file.
     gfxclient profile -o cpu.folded --format folded -- ./myprog arg
     gfxclient profile --stacks-at /usr/lib/x86_64-linux-gnu/libcuda.so.1:cuLaunchKernel \\
         --weight time -- python3 train.py
+    gfxclient profile --off-cpu -o waits.svg -- python3 train.py
+    gfxclient profile --wall --pid 1234 --duration 10 -o wall.svg
 
 The broker samples (program `profile`) or probes (program `ustacks`); the
 maps hold user addresses only, which this process names from the targets'
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 # build its parser (issue #15).
 
 DEFAULT_FREQUENCY = 99
+DEFAULT_MIN_BLOCK_MS = 1.0  # the broker's default (broker/request/params.py)
+# Request.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time.
+CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
 STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
 REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
 TOP_N = 15
@@ -66,6 +71,23 @@ examples:
   gfxclient profile --format folded -o cpu.folded --pid 1234 --pid 1240
   gfxclient profile --stacks-at /usr/lib/x86_64-linux-gnu/libcuda.so.1:cuLaunchKernel \\
       --weight time -- python3 train.py                 which code paths launch GPU work
+  gfxclient profile --off-cpu -o waits.svg -- python3 train.py
+                                                        where it waits, and on what
+  gfxclient profile --wall --duration 10 --pid 1234 -o wall.svg
+                                                        computing and waiting, per thread
+
+A CPU profile shows only the time a program runs. --off-cpu shows the time its
+threads spend off the CPU, per stack, in nanoseconds: the innermost frame
+says why, from the system call the thread was in ([wait: futex] a lock or a
+condition variable, [wait: clock_nanosleep] a sleep, [wait: poll] or
+[wait: epoll_wait] waiting for I/O or events, [wait: read] a pipe, socket or
+file, [wait: ioctl] often a GPU driver, e.g. a CUDA synchronize),
+", uninterruptible" for disk I/O and some kernel locks, or [preempted]: it
+could have run but another task had the CPU. Waits shorter than --min-block
+(default 1 ms) are not recorded. --wall adds the CPU samples, each counted as
+the sampling period (1/--frequency s), so a thread's width in the flame graph
+is its wall-clock time, computing and waiting, with one [thread TID] frame per
+thread. Off-CPU frames are blue in the SVG.
 
 Without --pid or COMMAND, every process in the scope is sampled (scope self:
 all of yours). COMMAND and --pid include their child processes, those running
@@ -105,6 +127,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --stacks-at: weigh stacks by calls (default) or time spent in the call",
     )
     p.add_argument(
+        "--off-cpu",
+        action="store_true",
+        help="time off the CPU (blocked, sleeping, preempted) per stack, in ns, instead of "
+        "CPU samples; the leaf frame names the wait, e.g. [wait: futex]",
+    )
+    p.add_argument(
+        "--wall",
+        action="store_true",
+        help="wall-clock time per thread: CPU samples (as time at the sampling period) "
+        "and off-CPU time together, in ns",
+    )
+    p.add_argument(
+        "--min-block",
+        type=_millis,
+        metavar="MS",
+        help=f"with --off-cpu/--wall: ignore waits shorter than MS milliseconds "
+        f"(default {DEFAULT_MIN_BLOCK_MS:g}; the policy may set a floor)",
+    )
+    p.add_argument(
         "--no-children",
         action="store_true",
         help="only the process itself, not the processes it starts (default: its whole tree)",
@@ -138,6 +179,16 @@ def _hz(text: str) -> int:
     return int(text)
 
 
+def _millis(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0.001 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be 0.001 to 10000 milliseconds: {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -162,6 +213,13 @@ class Request:
     weight: str = "calls"  # --stacks-at: "calls" or "time"
     frequency: int = DEFAULT_FREQUENCY
     children: bool = True  # follow the targets' descendants (--no-children: False)
+    mode: str = CPU  # CPU, OFF_CPU (--off-cpu) or WALL (--wall)
+    min_block_us: int = 0  # --min-block; 0: the broker's default
+
+    @property
+    def timed(self) -> bool:
+        """Weighed in nanoseconds of wall-clock time (off-CPU or wall)."""
+        return self.mode != CPU
 
     @property
     def probes(self) -> bool:
@@ -202,6 +260,7 @@ def parse_request(args: argparse.Namespace) -> Request:
     req.fmt = args.format or _format_from(args.output) or ("svg" if args.output else None)
     if args.format and not args.output:
         req.output = DEFAULT_FILES[args.format]
+    _parse_mode(req, args)
     if args.stacks_at:
         _parse_stacks_at(req, args.stacks_at)
         if args.frequency:
@@ -211,6 +270,22 @@ def parse_request(args: argparse.Namespace) -> Request:
     elif args.weight != "calls":
         raise UsageError("--weight is for --stacks-at (sampling weighs by samples)")
     return req
+
+
+def _parse_mode(req: Request, args: argparse.Namespace) -> None:
+    if args.off_cpu and args.wall:
+        raise UsageError("give --off-cpu or --wall, not both (--wall includes the off-CPU time)")
+    req.mode = OFF_CPU if args.off_cpu else WALL if args.wall else CPU
+    if req.timed and args.stacks_at:
+        raise UsageError(f"--{req.mode} samples threads; --stacks-at counts calls: not both")
+    if req.mode == OFF_CPU and args.frequency:
+        raise UsageError("--frequency is for CPU samples; --off-cpu records every wait")
+    if args.min_block is not None:
+        if not req.timed:
+            raise UsageError("--min-block is for --off-cpu and --wall")
+        req.min_block_us = max(1, round(args.min_block * 1000))
+    if req.timed and args.scope not in (None, "self"):
+        raise UsageError(f"--{req.mode} copies your processes' stacks: scope self only")
 
 
 def _parse_stacks_at(req: Request, items: list[str]) -> None:
@@ -358,8 +433,11 @@ class Run:
     # Stack id -> user addresses, read while sampling: an id keeps its stack for
     # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # Programs stackcopy, ustackcopy: records unwound as they are read (no stack table).
+    # Programs stackcopy, ustackcopy, offcpu: records unwound as they are read (no stack table).
     copies: Copies | None = None
+    # --wall: the offcpu attachment beside the sampling one, and its reader.
+    waits_att: Attachment | None = None
+    waits: CopyReader | None = None
 
     @property
     def targets(self) -> list[int]:
@@ -400,6 +478,10 @@ class Run:
                 self.copies.wanted = set(self.kept())  # several --pid: their families too
             self.copies.drain()
             self.samples = self.copies.records
+            if self.waits is not None:
+                self.waits.wanted = set(self.kept())
+                self.waits.drain()
+                self.samples += self.waits.records
             return
         direct = self.att.map(self.counts_map).fd is not None
         if read and (direct or progress or not self.targets):
@@ -470,6 +552,8 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             # ms must be caught after its loader mapped the libraries, or its
             # copies cannot be unwound (its maps are gone once it exits).
             run.copies.drain(0.001 if run.elapsed() < 0.1 else 0.05)
+            if run.waits is not None:
+                run.waits.drain()
             continue
         # Often at first: a short-lived process must be caught with its libraries.
         stop.wait(0.05 if run.elapsed() < 1.0 else 0.25)
@@ -500,8 +584,13 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     while copies.drain():  # what came in since the last look
         pass
     lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if run.waits is not None and run.waits_att is not None:
+        while run.waits.drain():
+            pass
+        lost += profile_read.lost_count(run.waits_att.map("lost").raw_items())
     if isinstance(copies, CopyReader):
-        return copies.raw_stacks(), lost
+        waited = run.waits.raw_stacks() if run.waits is not None else []
+        return copies.raw_stacks() + waited, lost
     entries = run.att.map("calls").raw_items()
     req = run.req
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
@@ -512,6 +601,18 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
 
 def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | None) -> Attachment:
     children = req.children and pid is not None  # several --pid: kept here, by /proc
+    if req.mode == OFF_CPU:
+        return _attach_offcpu(broker, req, pid, children)
+    if req.mode == WALL:  # the samples here; _attach_waits adds the offcpu attachment
+        copies = _try_copies(
+            broker, args, "stackcopy", pid=pid, frequency=req.frequency, children=children
+        )
+        if copies is None:
+            raise ClientError(
+                "--wall needs program stackcopy (stack copies), which the policy does not "
+                "grant you: ask the administrator, or use --off-cpu and a CPU profile apart"
+            )
+        return copies
     if req.probes:
         where: dict[str, Any] = {
             "library": req.library,
@@ -523,6 +624,33 @@ def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | N
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
     copies = _try_copies(broker, args, "stackcopy", pid=pid, **sampling)
     return copies or broker.attach("profile", scope=args.scope, pid=pid, **sampling)
+
+
+def _attach_waits(
+    broker: Broker, req: Request, sampling: Attachment, pid: int | None
+) -> Attachment | None:
+    """--wall: offcpu beside the sampling attachment (detached if it cannot attach)."""
+    if req.mode != WALL:
+        return None
+    try:
+        return _attach_offcpu(broker, req, pid, req.children and pid is not None)
+    except BaseException:
+        sampling.detach()
+        raise
+
+
+def _attach_offcpu(broker: Broker, req: Request, pid: int | None, children: bool) -> Attachment:
+    try:
+        return broker.attach(
+            "offcpu", scope="self", pid=pid, children=children, min_block_us=req.min_block_us
+        )
+    except BrokerError as e:
+        if e.code == pb.ERROR_NOT_FOUND:
+            raise ClientError(
+                f"--{req.mode} needs program offcpu, which this broker does not offer "
+                f"(or the policy does not grant you): {e}"
+            ) from None
+        raise
 
 
 def _try_copies(
@@ -555,7 +683,24 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
     stream = r.att.open_events(STACK_COPIES)
     if r.req.probes:
         return ProbeCopyReader(stream, r.maps.process, tables)
-    return CopyReader(stream, r.maps.process, tables, r.kept())
+    req = r.req
+    return CopyReader(
+        stream,
+        r.maps.process,
+        tables,
+        r.kept(),
+        sample_ns=1_000_000_000 // req.frequency if req.mode == WALL else 0,
+        waits=req.mode == OFF_CPU,
+        threads=req.mode == WALL,
+    )
+
+
+def _waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
+    """--wall: the offcpu attachment's waits, per thread like the samples."""
+    from gfxbpf.client.profiles.copies import CopyReader
+
+    stream = att.open_events(STACK_COPIES)
+    return CopyReader(stream, r.maps.process, tables, r.kept(), waits=True, threads=True)
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:
@@ -595,6 +740,7 @@ def _run(
         broker = connect(args)
         try:
             att = _attach(broker, args, req, _one_pid(req, child))
+            waits_att = _attach_waits(broker, req, att, _one_pid(req, child))
         except BaseException:
             broker.close()
             raise
@@ -604,6 +750,8 @@ def _run(
         raise
     with broker:
         r = _new_run(req, att, symbolizer, tables, child)
+        if waits_att is not None:
+            r.waits_att, r.waits = waits_att, _waits_reader(r, waits_att, tables)
         try:
             if child is not None:
                 child.release()
@@ -619,6 +767,8 @@ def _run(
             r.seen = processes_seen(raw, r.maps.comms)
         finally:
             att.detach()
+            if waits_att is not None:
+                waits_att.detach()
     if not raw:
         _say_empty(r)
     read_s = time.monotonic() - (r.ended or 0.0)
@@ -660,6 +810,9 @@ def _say_empty(r: Run) -> None:
         if r.req.probes
         else "the target was idle (sleeping processes are not sampled) or exited at once"
     )
+    if r.req.timed:
+        what = "no waits were recorded"
+        hint = "no thread of the target left the CPU for --min-block or longer"
     print(f"gfxclient: {what} ({hint})", file=sys.stderr)
 
 
@@ -667,15 +820,20 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     req = r.req
     if req.probes:
         unit, period = ("calls" if req.weight == "calls" else "nanoseconds"), None
+    elif req.timed:
+        unit, period = "nanoseconds", None
     else:
         unit, period = "samples", 1_000_000_000 // req.frequency
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
+    if req.timed:
+        prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     if lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
-            "fell behind; sample at a lower --frequency)"
+            "fell behind; sample at a lower --frequency"
+            + (", or raise --min-block)" if req.timed else ")")
         )
     elif lost:
         prof.notes.append(
@@ -716,6 +874,8 @@ def _processes_lines(r: Run, what: str) -> list[str]:
 def _report(r: Run, prof: Profile, n: int) -> str:
     lines = [profile.format_top(prof, n).rstrip("\n")]
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
+    if r.req.timed:
+        what = "ns off the CPU" if r.req.mode == OFF_CPU else "ns of wall-clock time"
     lines.extend(_processes_lines(r, what))
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
     lines.extend(f"note: {note}" for note in prof.notes)
@@ -728,10 +888,18 @@ def _report(r: Run, prof: Profile, n: int) -> str:
 
 def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
     req = r.req
+    waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
     return {
         "program": "ustacks" if req.probes else "profile",
+        "mode": req.mode,
         "unit": prof.unit,
-        "frequency": None if req.probes else req.frequency,
+        "time": prof.time_kind,
+        "frequency": None if req.probes or req.mode == OFF_CPU else req.frequency,
+        "min_block_us": (req.min_block_us or round(DEFAULT_MIN_BLOCK_MS * 1000))
+        if req.timed
+        else None,
+        # ns off the CPU per state (sleeping, uninterruptible, preempted)
+        "off_cpu_ns": dict(getattr(waits, "by_state", {})) if waits is not None else None,
         "functions": [f"{req.library}:{f}" for f in req.functions] if req.probes else None,
         "pids": r.targets,
         "processes": r.processes,
