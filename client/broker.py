@@ -301,8 +301,14 @@ class Broker:
                 os.close(lib_fd)
         else:
             reply, fds = self.transport.attach(req)
+        att = self._attachment(reply, fds)
+        self._attachments.append(att)
+        return att
+
+    def _attachment(self, reply: pb.AttachReply, fds: list[int]) -> Attachment:
+        """The reply as an Attachment; on failure its fds closed and the broker told."""
         try:
-            att = Attachment(self, reply, fds)
+            return Attachment(self, reply, fds)
         except BaseException:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -310,8 +316,6 @@ class Broker:
             with contextlib.suppress(Exception):
                 self.transport.detach(reply.attachment_id)
             raise
-        self._attachments.append(att)
-        return att
 
     @property
     def attachments(self) -> list[Attachment]:

@@ -772,7 +772,17 @@ def _run(
     if not raw:
         _say_empty(r)
     read_s = time.monotonic() - (r.ended or 0.0)
-    prof = _symbolize(symbolizer, r, raw, lost)
+    _output(args, out, r, _symbolize(symbolizer, r, raw, lost), (lost, read_s))
+    return 0
+
+
+def _output(
+    args: argparse.Namespace, out: TextIO, r: Run, prof: Profile, read: tuple[int, float]
+) -> None:
+    """The file, then the summary (--json) or the report on out; read: the
+    records lost and the seconds from the end of sampling to detached."""
+    req = r.req
+    lost, read_s = read
     if req.output:
         try:
             profile.write_profile(prof, req.fmt or "svg", req.output)
@@ -787,7 +797,6 @@ def _run(
         out.write("\n")
     else:
         out.write(printable(_report(r, prof, args.top)))
-    return 0
 
 
 def _new_run(

@@ -44,6 +44,7 @@ EXPECTED = {
     "ustacks",
     "stackcopy",
     "ustackcopy",
+    "offcpu",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -133,6 +134,7 @@ KNOB_DEFAULTS = {
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "offcpu": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
