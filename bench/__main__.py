@@ -27,6 +27,7 @@ from bench import (
     kernel_cost,
     machine,
     map_reads,
+    offcpu,
     profile_bench,
     report,
     ringbuf_rate,
@@ -62,6 +63,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
     ),
     "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
+    "offcpu": ({"rounds": 3, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -74,6 +76,7 @@ RUNNERS = {
     "exporter": exporter_scrape.run,
     "profile": profile_bench.run,
     "broker_memory": broker_memory.run,
+    "offcpu": offcpu.run,
 }
 
 NOTES = [
@@ -123,6 +126,12 @@ NOTES = [
     "of vmlinux BTF) is timed in the client from request to attached; libbpf's time is "
     "the whole `bpftool prog loadall` process on the same object (both builds verified "
     "and pinned, not attached).",
+    "Off-CPU (11): two threads ping-pong a byte over two pipes (bench/offcpu.py), about "
+    "four context switches per round trip, timed by the workload itself. gfxclient "
+    "profile --off-cpu ran it as `-- COMMAND`; offcputime (libbpf-tools) ran as root with "
+    "-p on the same process, started stopped and continued once the tool had attached; "
+    "perf record --off-cpu ran it through setpriv where Debian's perf supports the option "
+    "(built with BUILD_BPF_SKEL=1). All keep waits of 1 ms and more.",
 ]
 
 

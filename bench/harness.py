@@ -152,6 +152,8 @@ class Stage:
         libs = str(self.work / "cuda" / "*" / "libcuda.so.1")
         cuda = [admin, "approve", "cuda", "--users", BENCH_USER, "--scope", "self"]
         entries.append(sh([*cuda, "--libraries", libs]).stdout)
+        # offcpu (bench/offcpu.py): copies of the bench user's own stacks, scope self only.
+        entries.append(sh([admin, "approve", "offcpu", "--users", BENCH_USER]).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)
