@@ -3,20 +3,25 @@
  * offcpu: where the caller's own threads wait, as stack copies with the time
  * they spent off the CPU (perf record --off-cpu, for an ordinary user).
  *
- * tp_btf/sched_switch runs on the CPU a task leaves while that task (prev)
- * is still current, so its saved user registers and its user stack are
- * readable then, and only then. So:
+ * A thread's user registers and stack are readable only while it is
+ * current: at sched_switch as it leaves (prev is current), and when it is
+ * back in its system call's exit. So:
  * - switch-out of a task gfx_tree_ok() and gfx_task_ok() accept: its user
- *   registers, the top of its user stack (gfx_ucopy.h), how it left (the
- *   state: preempted while runnable, asleep, or in an uninterruptible sleep)
- *   and the system call it is in go into its thread's slot of `blocked`,
- *   stamped with the time (entry_ns).
- * - switch-in of a thread with a stamped slot: if it was off the CPU for at
- *   least min_block_us, the slot goes to `stack_copies` with that time in
- *   `elapsed`; the stamp is cleared either way.
- * Kernel frames are never copied. Why it waited is named by the system call
- * number (a user register, orig_ax) and the state flags; the client turns
- * them into a leaf frame such as [wait: futex].
+ *   registers, how it left (the state: preempted while runnable, asleep, or
+ *   in an uninterruptible sleep) and the system call it is in go into its
+ *   thread's slot of `blocked`, stamped with the time (entry_ns). Outside a
+ *   system call (preempted in user code, a page fault) the top of its user
+ *   stack is copied there too (gfx_ucopy.h).
+ * - switch-in of a thread with a stamped slot: the time off the CPU, if at
+ *   least min_block_us, is added to the slot's `elapsed`; a slot with its
+ *   stack copy goes to `stack_copies` at once.
+ * - sys_exit of a thread whose slot holds time but no copy: the stack is the
+ *   one it blocked with (user code has not run since), so it is copied now,
+ *   after gfx_task_ok() again, and the slot goes to `stack_copies`.
+ * So a switch too short to keep (most of them on a busy host) costs no stack
+ * copy. Kernel frames are never copied. Why it waited is named by the system
+ * call number (a user register, orig_ax) and the state flags; the client
+ * turns them into a leaf frame such as [wait: futex].
  *
  * Scope self only: the copied bytes are process memory.
  */
@@ -26,6 +31,10 @@
 #define GFX_TASK_RUNNING 0
 #define GFX_TASK_UNINTERRUPTIBLE 2
 #define GFX_OFFCPU_THREADS 512  /* threads of the caller's blocked at once */
+#define GFX_NR_EXECVE 59
+#define GFX_NR_EXECVEAT 322
+/* In `blocked` only (cleared before a record is sent): no stack copy yet. */
+#define GFX_UREC_DEFER 128
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -52,22 +61,27 @@ struct {
  * chance. */
 struct pt_regs___gfx_sys {
 	unsigned long r11;
+	unsigned long bp;
 	unsigned long cx;
 	unsigned long orig_ax;
 	unsigned long ip;
 	unsigned long flags;
+	unsigned long sp;
 } __attribute__((preserve_access_index));
 
-/* The system call the current task is in, or -1 (preempted in user code, a fault). */
-static __always_inline long gfx_current_syscall(void)
+/* The current task's saved user registers: a typed pointer, read with plain
+ * (CO-RE relocated) loads in this tp_btf program. */
+static __always_inline struct pt_regs___gfx_sys *gfx_user_regs(void)
 {
-	struct pt_regs___gfx_sys *regs;
+	return (struct pt_regs___gfx_sys *)bpf_task_pt_regs(bpf_get_current_task_btf());
+}
 
-	regs = (struct pt_regs___gfx_sys *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	if (BPF_CORE_READ(regs, cx) != BPF_CORE_READ(regs, ip) ||
-	    BPF_CORE_READ(regs, r11) != BPF_CORE_READ(regs, flags))
+/* The system call these registers are in, or -1 (preempted in user code, a fault). */
+static __always_inline long gfx_regs_syscall(struct pt_regs___gfx_sys *regs)
+{
+	if (regs->cx != regs->ip || regs->r11 != regs->flags)
 		return -1;
-	return (long)BPF_CORE_READ(regs, orig_ax);
+	return (long)regs->orig_ax;
 }
 
 static __always_inline __u32 gfx_state_flags(unsigned int state)
@@ -77,55 +91,80 @@ static __always_inline __u32 gfx_state_flags(unsigned int state)
 	return (state & GFX_TASK_UNINTERRUPTIBLE) ? GFX_UREC_IO : 0;
 }
 
-/* The current task leaves the CPU: stamp its slot with its registers and stack. */
+/* The current thread's slot, made from the (never written) scratch the first time. */
+static __always_inline struct ustack_slot *gfx_slot(__u32 tid)
+{
+	struct ustack_slot *slot = bpf_map_lookup_elem(&blocked, &tid);
+	struct ustack_slot *blank;
+	__u32 zero = 0;
+
+	if (slot)
+		return slot;
+	blank = bpf_map_lookup_elem(&copy_scratch, &zero);
+	if (!blank || bpf_map_update_elem(&blocked, &tid, blank, BPF_NOEXIST) < 0)
+		return 0;
+	return bpf_map_lookup_elem(&blocked, &tid);
+}
+
+/* Send a slot's record (its time in elapsed) and clear the time. */
+static __always_inline void gfx_slot_send(struct ustack_slot *slot)
+{
+	slot->rec.flags &= ~GFX_UREC_DEFER;
+	gfx_urec_send(&slot->rec);
+	slot->rec.elapsed = 0;
+}
+
+/* The current task leaves the CPU: stamp its slot with its registers (and,
+ * outside a system call, its stack). */
 static __always_inline void offcpu_out(unsigned int state)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct pt_regs___gfx_sys *regs;
 	struct ustack_slot *slot;
 	struct ustack_rec *r;
 	long nr;
 
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return;
-	slot = bpf_map_lookup_elem(&blocked, &tid);
-	if (!slot) {
-		__u32 zero = 0;
-		struct ustack_slot *blank = bpf_map_lookup_elem(&copy_scratch, &zero);
-
-		/* A new thread: its slot is made once, from the (never written) scratch. */
-		if (!blank || bpf_map_update_elem(&blocked, &tid, blank, BPF_NOEXIST) < 0)
-			return;
-		slot = bpf_map_lookup_elem(&blocked, &tid);
-		if (!slot)
-			return;
-	}
+	slot = gfx_slot(tid);
+	if (!slot)
+		return;
 	r = &slot->rec;
-	gfx_urec_init(r, gfx_state_flags(state));
-	nr = gfx_current_syscall();
-	if (nr >= 0) {
-		r->flags |= GFX_UREC_SYSCALL;
-		r->function = (__u32)nr;
+	regs = gfx_user_regs();
+	nr = gfx_regs_syscall(regs);
+	/* Time kept from earlier in this same system call: it goes on, sent at its exit. */
+	if (r->elapsed && (r->flags & GFX_UREC_DEFER) && nr == r->function && regs->sp == r->sp) {
+		r->entry_ns = bpf_ktime_get_ns();
+		return;
 	}
-	gfx_urec_task_regs(r);
-	gfx_urec_copy(r);
+	gfx_urec_init(r, gfx_state_flags(state));
+	r->ip = regs->ip;
+	r->sp = regs->sp;
+	r->bp = regs->bp;
+	if (nr >= 0) {
+		r->flags |= GFX_UREC_SYSCALL | GFX_UREC_DEFER;
+		r->function = (__u32)nr;
+	} else {
+		gfx_urec_copy(r);
+	}
 	r->entry_ns = bpf_ktime_get_ns();
 }
 
-/* tid runs again: send its record if it waited long enough. */
+/* tid runs again: keep its time if it waited long enough; send it if copied. */
 static __always_inline void offcpu_in(__u32 tid)
 {
 	struct ustack_slot *slot = bpf_map_lookup_elem(&blocked, &tid);
-	__u64 now, start;
+	__u64 waited;
 
 	if (!slot || !slot->rec.entry_ns)
 		return;
-	start = slot->rec.entry_ns;
-	now = bpf_ktime_get_ns();
-	if (now - start >= (__u64)min_block_us * 1000) {
-		slot->rec.elapsed = now - start;
-		gfx_urec_send(&slot->rec);
-	}
+	waited = bpf_ktime_get_ns() - slot->rec.entry_ns;
 	slot->rec.entry_ns = 0;
+	if (waited < (__u64)min_block_us * 1000 && !slot->rec.elapsed)
+		return;
+	slot->rec.elapsed += waited;
+	if (!(slot->rec.flags & GFX_UREC_DEFER))
+		gfx_slot_send(slot);
 }
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -138,6 +177,37 @@ int offcpu_switch(unsigned long long *ctx)
 
 	offcpu_out(prev_state);
 	offcpu_in((__u32)next->pid);
+	return 0;
+}
+
+/* sys_exit(struct pt_regs *regs, long ret): the current thread leaves a system
+ * call; if it waited in it long enough, copy the stack it waited with now. */
+SEC("tp_btf/sys_exit")
+int offcpu_sys_exit(unsigned long long *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct pt_regs___gfx_sys *regs;
+	struct ustack_slot *slot;
+	struct ustack_rec *r;
+
+	/* Most system calls on the host: one cheap test before the map lookup. */
+	if (target_uid == GFX_ANY || (__u32)bpf_get_current_uid_gid() != target_uid)
+		return 0;
+	slot = bpf_map_lookup_elem(&blocked, &tid);
+	if (!slot || !slot->rec.elapsed || !(slot->rec.flags & GFX_UREC_DEFER))
+		return 0;
+	r = &slot->rec;
+	regs = gfx_user_regs();
+	/* The same system call at the same user sp, by a thread still in scope (an
+	 * execve may have made it another program, a reused tid another thread). */
+	if (regs->sp != r->sp || regs->orig_ax != r->function ||
+	    r->function == GFX_NR_EXECVE || r->function == GFX_NR_EXECVEAT ||
+	    r->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32) || !gfx_task_ok(target_uid)) {
+		r->elapsed = 0;
+		return 0;
+	}
+	gfx_urec_copy(r);
+	gfx_slot_send(slot);
 	return 0;
 }
 
