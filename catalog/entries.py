@@ -90,6 +90,9 @@ class MapEntry:
     unit: str | None = None  # one of UNITS
     key_label: str | None = None
     event_type: str | None = None  # BTF struct of ring-buffer records (show = "events")
+    # A broker-only map charged to the caller's map budget all the same (visible
+    # maps always are): one whose size a client's request makes it allocate.
+    charged: bool = False
 
 
 @dataclass(frozen=True)
@@ -435,7 +438,9 @@ _PROGRAM_KEYS = {
 }
 _ATTACH_KEYS = {"program", "kind", "target", "variant"}
 _FIELD_KEYS = {"knob", "tracepoint", "field", "size_knob", "variant", "optional"}
-_MAP_KEYS = {"name", "visible", "show", "unit", "key_label", "description", "event_type"}
+_MAP_KEYS = {
+    "name", "visible", "show", "unit", "key_label", "description", "event_type", "charged",
+}  # fmt: skip
 _PARAMETER_KEYS = {"name", "type", "required", "description"}
 
 
@@ -679,6 +684,9 @@ def _parse_map(c: _Ctx, t: dict[str, Any], i: int) -> MapEntry:
     if event_type is not None and show != "events":
         raise c.fail(where + "event_type", "only a map with show = 'events' has an event_type")
     assert description is not None
+    charged = bool(c.get_bool(t, "charged", where, default=False))
+    if charged and visible:
+        raise c.fail(where + "charged", "a visible map is always charged: say it of hidden maps")
     return MapEntry(
         name=name,
         visible=visible,
@@ -687,6 +695,7 @@ def _parse_map(c: _Ctx, t: dict[str, Any], i: int) -> MapEntry:
         unit=unit,
         key_label=key_label,
         event_type=event_type,
+        charged=charged,
     )
 
 

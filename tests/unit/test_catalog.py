@@ -560,6 +560,7 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
         ('unit = "count"\n', "", "map[0].unit: missing"),
         ('show = "counter"', 'show = "events"', "map[0].event_type: missing"),
         ("visible = true", 'visible = "yes"', "map[0].visible: must be true or false"),
+        ("visible = true", "visible = true\ncharged = true", "map[0].charged: a visible map"),
         ('name = "counts"', 'name = "a_very_long_map_name"', "longer than 15"),
         ('kind = "tracepoint"', 'kind = "kprobe"', "attach[0].kind: 'kprobe' is not one of"),
         ('kind = "tracepoint"', 'kind = "uprobe"', "attach[0].target: a uprobe takes no target"),

@@ -206,3 +206,21 @@ def test_record_layout_matches_the_program() -> None:
     fields = copies.HEADER.unpack(rec)
     assert fields[1] == 11 and fields[8] == 123 and fields[9] == FUTEX
     assert struct.calcsize("<4I3QQQII16s") == copies.HEADER.size == 80
+
+
+def test_the_per_thread_slots_are_charged_to_the_caller() -> None:
+    """`blocked` is broker-only, but its ~10 MiB are allocated at the caller's
+    request: the catalog marks it charged, and the charge covers it."""
+    from gfxbpf.broker.access import budget
+    from gfxbpf.broker.instances import _charged_specs, _visible_specs
+
+    entry = cat.load_catalog().get("offcpu")
+    spec, _ = prepare(entry, (entry.directory / entry.object).read_bytes(), Params(uid=1000))
+    charged = _charged_specs(entry, spec)
+    assert [m.name for m in charged] == ["blocked"]
+    (slots,) = charged
+    nbytes = budget.map_bytes(
+        slots.map_type, slots.key_size, slots.value_size, slots.max_entries, slots.flags, 2
+    )
+    assert nbytes >= 512 * 20 * 1024, nbytes
+    assert "blocked" not in [m.name for m in _visible_specs(entry, spec)]
