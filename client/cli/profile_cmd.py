@@ -684,7 +684,7 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
     if r.req.probes:
         return ProbeCopyReader(stream, r.maps.process, tables)
     req = r.req
-    return CopyReader(
+    reader = CopyReader(
         stream,
         r.maps.process,
         tables,
@@ -693,6 +693,9 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
         waits=req.mode == OFF_CPU,
         threads=req.mode == WALL,
     )
+    if req.timed:  # this process waits for records most of the time: not a finding
+        reader.skip.add(os.getpid())
+    return reader
 
 
 def _waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
@@ -700,7 +703,9 @@ def _waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
     from gfxbpf.client.profiles.copies import CopyReader
 
     stream = att.open_events(STACK_COPIES)
-    return CopyReader(stream, r.maps.process, tables, r.kept(), waits=True, threads=True)
+    reader = CopyReader(stream, r.maps.process, tables, r.kept(), waits=True, threads=True)
+    reader.skip.add(os.getpid())
+    return reader
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:

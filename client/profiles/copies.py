@@ -113,6 +113,7 @@ class CopyReader:
         self.process_maps = process_maps  # tgid -> its maps (captured on first sight)
         self.tables = tables
         self.wanted = set(pids)
+        self.skip: set[int] = set()  # tgids never kept (the profiler itself, waiting by design)
         self.counts: dict[StackKey, int] = {}
         self.records = 0  # every record read, those of unwanted pids included
         self.samples = 0  # records kept
@@ -130,7 +131,7 @@ class CopyReader:
         """Unwind one record into the counts."""
         tgid, tid, flags, size, ip, sp, bp, _t, elapsed, function, _pad, comm = _parse(rec)
         self.records += 1
-        if self.wanted and tgid not in self.wanted:
+        if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
             return
         self.samples += 1
         weight, leaf = self.sample_ns or 1, None
