@@ -98,6 +98,8 @@ class InstanceLoader:
             children=target.children,
             stack_bytes=target.stack_bytes,
             min_block_us=target.min_block_us,
+            python_files=target.python_files,
+            python_frames=target.python_frames,
         )
         try:
             return bpfinstance.open_program(

@@ -131,6 +131,10 @@ class Program:
     # .rodata u32 (offcpu): waits shorter than this many microseconds are dropped
     # in the kernel (the broker writes the request's, never below the policy's floor).
     min_block_knob: str | None = None
+    # .rodata u32 of a program that walks Python frames (gfx_python.h): the
+    # most frames a record holds; such a program has maps py_files and
+    # py_layouts, which the broker fills before attaching.
+    python_frames_knob: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -162,8 +166,15 @@ class Program:
     @property
     def knobs(self) -> tuple[str, ...]:
         """Every .rodata knob the broker may write."""
-        knobs = (self.uid_knob, self.pid_knob, self.children_knob, self.stack_bytes_knob)
-        names = [k for k in (*knobs, self.min_block_knob) if k]
+        knobs = (
+            self.uid_knob,
+            self.pid_knob,
+            self.children_knob,
+            self.stack_bytes_knob,
+            self.python_frames_knob,
+            self.min_block_knob,
+        )
+        names = [k for k in knobs if k]
         for f in self.fields:
             names.append(f.knob)
             if f.size_knob:
@@ -429,6 +440,7 @@ _PROGRAM_KEYS = {
     "tree_map",
     "stack_bytes_knob",
     "min_block_knob",
+    "python_frames_knob",
     "attach",
     "field",
     "map",
@@ -456,7 +468,7 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
     requires = c.get_str(entry, "requires", "", required=False)
     uid_knob = c.get_ident(entry, "uid_knob", "", required=False)
     pid_knob = c.get_ident(entry, "pid_knob", "", required=False)
-    stack_bytes_knob = c.get_ident(entry, "stack_bytes_knob", "", required=False)
+    stack_bytes_knob, python_frames_knob = _copy_knobs(c, entry)
     min_block_knob = c.get_ident(entry, "min_block_knob", "", required=False)
     if "self" in scopes and not (uid_knob or pid_knob):
         raise c.fail("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
@@ -465,7 +477,8 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         _parse_field(c, t, i, attach) for i, t in enumerate(c.get_tables(entry, "field"))
     )
     children_knob, tree_map = _parse_tree(c, entry, pid_knob)
-    knobs = [k for k in (uid_knob, pid_knob, children_knob, stack_bytes_knob, min_block_knob) if k]
+    knobs = [k for k in (uid_knob, pid_knob, children_knob) if k]
+    knobs += [k for k in (stack_bytes_knob, python_frames_knob, min_block_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(c, "field", knobs, "knob {!r} is assigned more than once")
     maps = tuple(_parse_map(c, t, i) for i, t in enumerate(c.get_tables(entry, "map")))
@@ -495,7 +508,15 @@ def _parse_program(entry: dict[str, Any], index: int, directory: Path, source: s
         function_table=function_table,
         stack_bytes_knob=stack_bytes_knob,
         min_block_knob=min_block_knob,
+        python_frames_knob=python_frames_knob,
     )
+
+
+def _copy_knobs(c: _Ctx, entry: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(stack_bytes_knob, python_frames_knob) of a stack-copy program."""
+    stack_bytes = c.get_ident(entry, "stack_bytes_knob", "", required=False)
+    python_frames = c.get_ident(entry, "python_frames_knob", "", required=False)
+    return stack_bytes, python_frames
 
 
 def function_table(name: str) -> tuple[TableFunction, ...]:

@@ -20,6 +20,7 @@ from gfxbpf.bpf.link import kinds as attach_kinds
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.catalog import pyfiles
 from gfxbpf.catalog.entries import FIELD_ABSENT, Attach, Program
 
 # What a user must do to make a tracepoint system appear (for error messages).
@@ -80,6 +81,9 @@ class Params:
     children: bool = False  # also the pid's descendants (the entry's children_knob)
     stack_bytes: int | None = None  # stack copy size (None: the object's default)
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: the object's 1 ms)
+    # Programs that walk Python frames: the interpreter files, and frames per stack.
+    python_files: tuple[pyfiles.PythonFile, ...] = ()
+    python_frames: int | None = None
 
 
 # Sampling frequency of perf_event programs when the request names none.
@@ -242,8 +246,21 @@ def prepare(
         if not entry.min_block_knob:
             raise ParameterError(f"program {entry.name!r} takes no minimum wait")
         _set_knob(spec, entry.min_block_knob, params.min_block_us)
+    _python_knobs(spec, entry, params)
     use_uprobe_multi(spec, entry)
     return spec, variant
+
+
+def _python_knobs(spec: ObjectSpec, entry: Program, params: Params) -> None:
+    if not entry.python_frames_knob:
+        if params.python_files or params.python_frames is not None:
+            raise ParameterError(f"program {entry.name!r} walks no Python frames")
+        return
+    pyfiles.check(params.python_files)
+    if params.python_frames is not None:
+        if not 0 < params.python_frames <= pyfiles.MAX_FRAMES:
+            raise ParameterError(f"python_frames must be 1 to {pyfiles.MAX_FRAMES}")
+        _set_knob(spec, entry.python_frames_knob, params.python_frames)
 
 
 def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:
@@ -291,7 +308,10 @@ class Instance:
 
     def attach(self, library_path: str | None = None, errors: ErrorMap | None = None) -> None:
         """Attach every program of the variant. On failure close() undoes what
-        was attached; errors, if given, chooses the exception to raise instead."""
+        was attached; errors, if given, chooses the exception to raise instead.
+        A program that walks Python frames gets its layouts and files first."""
+        if self.entry.python_frames_knob:
+            pyfiles.fill(self.obj, self.params.python_files)
         for a in self.entry.attach_for(self.variant):
             try:
                 attach_entry(self, a, self.params, library_path)

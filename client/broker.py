@@ -263,11 +263,16 @@ class Broker:
         frequency: int = 0,
         children: bool = False,
         min_block_us: int = 0,
+        python_files: Iterable[pb.PythonFile] = (),
+        python_frames: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
         children (with pid): the process's descendants too, those alive now
         and those it forks later, followed in the kernel.
+
+        python_files (programs that walk Python frames): the CPython
+        executables whose processes' Python frames to walk.
 
         library (uprobe programs): over the Unix socket this process opens it
         and passes the fd, so it must be readable by this user; over gRPC the
@@ -282,6 +287,8 @@ class Broker:
             frequency=frequency,  # sampling programs (profile); 0: the default
             children=children,
             min_block_us=min_block_us,  # offcpu: shortest wait kept; 0: the default
+            python_files=list(python_files),
+            python_frames=python_frames,
         )
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

@@ -138,13 +138,15 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "min_block_us")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "min_block_us")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FD_INDEX_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FILES_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FRAMES_FIELD_NUMBER: _ClassVar[int]
     MIN_BLOCK_US_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
@@ -152,8 +154,24 @@ class AttachParams(_message.Message):
     library_fd_index: int
     frequency: int
     children: bool
+    python_files: _containers.RepeatedCompositeFieldContainer[PythonFile]
+    python_frames: int
     min_block_us: int
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., min_block_us: _Optional[int] = ...) -> None: ...
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ...) -> None: ...
+
+class PythonFile(_message.Message):
+    __slots__ = ("dev", "ino", "runtime_off", "major", "minor")
+    DEV_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_OFF_FIELD_NUMBER: _ClassVar[int]
+    MAJOR_FIELD_NUMBER: _ClassVar[int]
+    MINOR_FIELD_NUMBER: _ClassVar[int]
+    dev: int
+    ino: int
+    runtime_off: int
+    major: int
+    minor: int
+    def __init__(self, dev: _Optional[int] = ..., ino: _Optional[int] = ..., runtime_off: _Optional[int] = ..., major: _Optional[int] = ..., minor: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("name", "object", "scope", "params", "lease_seconds")

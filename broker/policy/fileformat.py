@@ -12,6 +12,7 @@
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
     max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
     min_block_us = 1000               # offcpu: the shortest wait a client may ask for (default 100)
+    max_python_frames = 32            # Python frames a stack (default 64, at most 128)
     description = "..."               # free text, shown by ListPrograms
 
     [limits]                          # per-user limits; every key optional
@@ -42,6 +43,7 @@ from gfxbpf.broker.policy.model import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
     MAX_MIN_BLOCK_US,
+    MAX_PYTHON_FRAMES,
     MAX_STACK_BYTES,
     WILDCARD,
     Limits,
@@ -70,6 +72,7 @@ _PROGRAM_KEYS = (
     "allow_no_btf",
     "max_stack_bytes",
     "min_block_us",
+    "max_python_frames",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
 _TOP_KEYS = ("program", "limits", "tls_client")
@@ -256,6 +259,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         allow_no_btf = False
     max_stack_bytes = _parse_max_stack_bytes(table, where, errs)
     min_block_us = _parse_min_block_us(table, where, errs)
+    max_python_frames = _parse_max_python_frames(table, where, errs)
     description = table.get("description", "")
     if not isinstance(description, str):
         errs.add(where, "description", f"expected a string, got {_toml_type(description)}")
@@ -280,6 +284,7 @@ def _parse_program(index: int, table: Any, path: str, errs: _Collector) -> Progr
         allow_no_btf=allow_no_btf,
         max_stack_bytes=max_stack_bytes,
         min_block_us=min_block_us,
+        max_python_frames=max_python_frames,
     )
 
 
@@ -363,6 +368,21 @@ def _parse_min_block_us(table: dict[str, Any], where: str, errs: _Collector) -> 
             "min_block_us",
             f"expected the shortest wait recorded in microseconds, 1 to {MAX_MIN_BLOCK_US}, "
             f"got {_toml_type(value)} {show(value)}",
+        )
+        return None
+    return int(value)
+
+
+def _parse_max_python_frames(table: dict[str, Any], where: str, errs: _Collector) -> int | None:
+    if "max_python_frames" not in table:
+        return None
+    value = table["max_python_frames"]
+    if not _is_id(value) or not 1 <= value <= MAX_PYTHON_FRAMES:
+        errs.add(
+            where,
+            "max_python_frames",
+            f"expected Python frames per stack, 1 to {MAX_PYTHON_FRAMES}, got "
+            f"{_toml_type(value)} {show(value)}",
         )
         return None
     return int(value)

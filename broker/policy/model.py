@@ -21,6 +21,7 @@ MAX_FREQUENCY = 100_000
 MAX_STACK_BYTES = 16384
 # Longest minimum wait a policy may set for offcpu (10 s), in microseconds.
 MAX_MIN_BLOCK_US = 10_000_000
+MAX_PYTHON_FRAMES = 128  # gfx_python.h GFX_PY_MAX_FRAMES
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class ProgramEntry:
     # offcpu: the shortest wait (microseconds) a client may have recorded
     # (None: broker/request/params.py's MIN_BLOCK_FLOOR_US)
     min_block_us: int | None = None
+    # Python frame walkers (stackcopy, ustackcopy): frames per stack (None: 64)
+    max_python_frames: int | None = None
 
     @property
     def label(self) -> str:

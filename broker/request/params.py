@@ -16,10 +16,12 @@ from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import MAX_FREQUENCY, Policy, ProgramEntry, is_plain_path
 from gfxbpf.broker.request import libraries
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
+from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import entries as catalog
 from gfxbpf.catalog import function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
+from gfxbpf.catalog.pyfiles import PythonFile
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
@@ -50,6 +52,8 @@ class Target:
     children: bool = False  # the pid's descendants too (gfx_tree.h)
     stack_bytes: int | None = None  # stack copy size (None: the object's default, 8 KiB)
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: no such knob)
+    python_files: tuple[PythonFile, ...] = ()  # interpreters whose frames to walk
+    python_frames: int | None = None  # Python frames a stack (None: the object's 64)
 
     @property
     def library_path(self) -> str | None:
@@ -96,6 +100,7 @@ def check_params(
             # The policy's cap over the object's 8 KiB (a client cannot ask for a size yet).
             t.stack_bytes = min(cap, DEFAULT_STACK_BYTES)
         t.min_block_us = _check_min_block(res, params.min_block_us)
+        t.python_files, t.python_frames = check_python(res, params)
         return t
     except BaseException:
         t.close()

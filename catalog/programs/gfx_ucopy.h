@@ -27,10 +27,11 @@
 #define GFX_UREC_SHORT 2    /* the stack ended (an unreadable page) before stack_bytes */
 #define GFX_UREC_NO_COPY 4  /* no byte copied (a return record) */
 #define GFX_UREC_RETURN 8   /* ustacks: a return record (no registers, no stack) */
-/* offcpu: how the task left the CPU (neither RUNNABLE nor IO: an interruptible sleep) */
-#define GFX_UREC_RUNNABLE 16  /* preempted (or yielded) while runnable */
-#define GFX_UREC_IO 32        /* an uninterruptible sleep (disk I/O, some locks) */
-#define GFX_UREC_SYSCALL 64   /* it was in a system call: `function` is its number */
+/* offcpu: how the task left the CPU (neither RUNNABLE nor IO: an interruptible
+ * sleep). 16 and 32 are Python records' (gfx_python.h). */
+#define GFX_UREC_RUNNABLE 256  /* preempted (or yielded) while runnable */
+#define GFX_UREC_IO 512        /* an uninterruptible sleep (disk I/O, some locks) */
+#define GFX_UREC_SYSCALL 1024  /* it was in a system call: `function` is its number */
 
 /* One record in `stack_copies`: this header, then `size` stack bytes from sp. */
 struct ustack_rec {

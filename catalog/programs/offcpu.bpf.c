@@ -19,13 +19,17 @@
  *   one it blocked with (user code has not run since), so it is copied now,
  *   after gfx_task_ok() again, and the slot goes to `stack_copies`.
  * So a switch too short to keep (most of them on a busy host) costs no stack
- * copy. Kernel frames are never copied. Why it waited is named by the system
+ * copy. A thread of a CPython interpreter in `py_files` (gfx_python.h) sends
+ * its Python frames as a record of their own just before its stack record,
+ * as stackcopy does; a wait outside a system call has none (they can only be
+ * walked while the thread is current, and its record is sent at switch-in). Kernel frames are never copied. Why it waited is named by the system
  * call number (a user register, orig_ax) and the state flags; the client
  * turns them into a leaf frame such as [wait: futex].
  *
  * Scope self only: the copied bytes are process memory.
  */
 #include "gfx_tree.h"
+#include "gfx_python.h"
 #include "gfx_ucopy.h"
 
 #define GFX_TASK_RUNNING 0
@@ -34,7 +38,7 @@
 #define GFX_NR_EXECVE 59
 #define GFX_NR_EXECVEAT 322
 /* In `blocked` only (cleared before a record is sent): no stack copy yet. */
-#define GFX_UREC_DEFER 128
+#define GFX_UREC_DEFER 2048
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -189,6 +193,7 @@ int offcpu_sys_exit(unsigned long long *ctx)
 	struct pt_regs___gfx_sys *regs;
 	struct ustack_slot *slot;
 	struct ustack_rec *r;
+	struct py_rec *py;
 
 	/* Most system calls on the host: one cheap test before the map lookup. */
 	if (target_uid == GFX_ANY || (__u32)bpf_get_current_uid_gid() != target_uid)
@@ -205,6 +210,12 @@ int offcpu_sys_exit(unsigned long long *ctx)
 	    r->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32) || !gfx_task_ok(target_uid)) {
 		r->elapsed = 0;
 		return 0;
+	}
+	py = gfx_py_record();
+	if (py && gfx_py_walk(py) && !gfx_py_send(&stack_copies, py)) {
+		__u32 zero = 0;
+
+		gfx_count(&lost, &zero, 1);
 	}
 	gfx_urec_copy(r);
 	gfx_slot_send(slot);

@@ -12,9 +12,17 @@
  * the top of its user stack (gfx_ucopy.h). The client unwinds each record
  * with the call-frame information of the files the process maps.
  *
+ * A task running a CPython interpreter registered in `py_files`
+ * (gfx_python.h) first sends a Python record (struct py_rec, flags bit
+ * GFX_UREC_PYTHON) with its Python frames, then the stack record of the same
+ * sample: the client joins a Python record to the next stack record of the
+ * same thread and puts each run of Python frames in place of the evaluation
+ * loop's native frame that runs it.
+ *
  * Scope self only: the copied bytes are process memory.
  */
 #include "gfx_tree.h"
+#include "gfx_python.h"
 #include "gfx_ucopy.h"
 #include <linux/bpf_perf_event.h>
 
@@ -27,10 +35,17 @@ SEC("perf_event")
 int stackcopy_sample(struct bpf_perf_event_data *ctx)
 {
 	struct ustack_rec *r;
+	struct py_rec *py;
 
 	/* A build for scope system copies nothing (the catalog offers none). */
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return 0;
+	py = gfx_py_record();
+	if (py && gfx_py_walk(py) && !gfx_py_send(&stack_copies, py)) {
+		__u32 zero = 0;
+
+		gfx_count(&lost, &zero, 1);
+	}
 	r = gfx_urec_start((ctx->regs.cs & 3) == 0 ? GFX_UREC_KERNEL : 0);
 	if (!r)
 		return 0;

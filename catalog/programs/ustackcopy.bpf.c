@@ -14,10 +14,17 @@
  * it share a row, and the client, which unwinds each copy, says so when
  * a row's copies disagree instead of picking one path.
  *
+ * In a CPython process registered in `py_files` (gfx_python.h) every call
+ * walks the Python frames: the row key holds a hash of the chain (code
+ * objects and instruction values), so a C function called from two Python
+ * functions counts in two rows, and a copy is preceded by its Python record
+ * (as stackcopy sends them).
+ *
  * Scope self only: the copies are process memory.
  */
 #include "gfx_ucall.h"
 #include "gfx_tree.h"
+#include "gfx_python.h"
 #include "gfx_ucopy.h"
 #include <linux/ptrace.h>
 
@@ -33,6 +40,7 @@ struct call_key {
 	__u32 tgid;
 	__u32 function;  /* index in the `functions` parameter */
 	__u64 caller;    /* return address on top of the stack at entry (0: unreadable) */
+	__u64 python;    /* hash of the Python chain at entry (0: none) */
 };
 
 struct call_stats {
@@ -78,14 +86,31 @@ static __always_inline __u64 count_call(const struct call_key *key)
 	return st->calls;  /* racy read: it only picks which calls send a copy */
 }
 
+/* A hash of the record's frames (FNV-1a over code and instruction value). */
+static __always_inline __u64 python_hash(struct py_rec *py)
+{
+	__u64 h = 0xcbf29ce484222325ull;
+	__u32 i, idx;
+
+	for (i = 0; i < GFX_PY_MAX_FRAMES; i++) {
+		if (i >= py->nframes)
+			break;
+		idx = i & (GFX_PY_MAX_FRAMES - 1);
+		h = (h ^ py->frames[idx].code) * 0x100000001b3ull;
+		h = (h ^ py->frames[idx].instr) * 0x100000001b3ull;
+	}
+	return py->nframes ? h | 1 : 0;
+}
+
 SEC("uprobe")
 int ustackcopy_entry(struct pt_regs *ctx)
 {
 	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
 	struct entry_val ev = {};
 	struct ustack_rec *r;
+	struct py_rec *py;
 	struct entry_key ek;
-	__u32 one = 1;
+	__u32 one = 1, zero = 0;
 	__u64 n;
 
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) ||
@@ -96,6 +121,9 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	ev.key.function = function;
 	if (bpf_probe_read_user(&ev.key.caller, sizeof(ev.key.caller), (void *)ctx->rsp))
 		ev.key.caller = 0;
+	py = gfx_py_record();
+	if (py && gfx_py_walk(py))
+		ev.key.python = python_hash(py);
 	n = count_call(&ev.key);
 	if (!n)
 		gfx_count(&lost, &one, 1);  /* the table is full: the call is not counted */
@@ -103,6 +131,8 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	bpf_map_update_elem(&entry_ts, &ek, &ev, BPF_ANY);
 	if (!n || (n & (n - 1)))
 		return 0;
+	if (py && ev.key.python && !gfx_py_send(&stack_copies, py))
+		gfx_count(&lost, &zero, 1);
 	r = gfx_urec_start(0);
 	if (!r)
 		return 0;

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles import Profile, RawStack, Symbolizer
     from gfxbpf.client.profiles.copies import CopyReader, ProbeCopyReader
     from gfxbpf.client.profiles.procmaps import ProcessMaps
+    from gfxbpf.client.profiles.python.targets import Interpreters
     from gfxbpf.client.profiles.unwind import UnwindTables
 
     Copies = CopyReader | ProbeCopyReader
@@ -438,6 +439,9 @@ class Run:
     # --wall: the offcpu attachment beside the sampling one, and its reader.
     waits_att: Attachment | None = None
     waits: CopyReader | None = None
+    # The CPython executables sent for the kernel to walk (and those it cannot).
+    pythons: Interpreters | None = None
+    python_summary: dict[str, Any] | None = None
 
     @property
     def targets(self) -> list[int]:
@@ -599,13 +603,20 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
 # ------------------------------------------------------------------ the command
 
 
-def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | None) -> Attachment:
+def _attach(
+    broker: Broker,
+    args: argparse.Namespace,
+    req: Request,
+    pid: int | None,
+    pythons: Interpreters | None = None,
+) -> Attachment:
     children = req.children and pid is not None  # several --pid: kept here, by /proc
+    files = _python_files(pythons)
     if req.mode == OFF_CPU:
-        return _attach_offcpu(broker, req, pid, children)
+        return _attach_offcpu(broker, req, pid, children, files)
     if req.mode == WALL:  # the samples here; _attach_waits adds the offcpu attachment
         copies = _try_copies(
-            broker, args, "stackcopy", pid=pid, frequency=req.frequency, children=children
+            broker, args, "stackcopy", files, pid=pid, frequency=req.frequency, children=children
         )
         if copies is None:
             raise ClientError(
@@ -619,31 +630,51 @@ def _attach(broker: Broker, args: argparse.Namespace, req: Request, pid: int | N
             "functions": req.functions,
             "children": children,
         }
-        copies = _try_copies(broker, args, "ustackcopy", pid=pid, **where)
+        copies = _try_copies(broker, args, "ustackcopy", files, pid=pid, **where)
         return copies or broker.attach("ustacks", scope=args.scope, pid=pid, **where)
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
-    copies = _try_copies(broker, args, "stackcopy", pid=pid, **sampling)
+    copies = _try_copies(broker, args, "stackcopy", files, pid=pid, **sampling)
     return copies or broker.attach("profile", scope=args.scope, pid=pid, **sampling)
 
 
 def _attach_waits(
-    broker: Broker, req: Request, sampling: Attachment, pid: int | None
+    broker: Broker,
+    req: Request,
+    sampling: Attachment,
+    pid: int | None,
+    pythons: Interpreters | None = None,
 ) -> Attachment | None:
     """--wall: offcpu beside the sampling attachment (detached if it cannot attach)."""
     if req.mode != WALL:
         return None
     try:
-        return _attach_offcpu(broker, req, pid, req.children and pid is not None)
+        children = req.children and pid is not None
+        return _attach_offcpu(broker, req, pid, children, _python_files(pythons))
     except BaseException:
         sampling.detach()
         raise
 
 
-def _attach_offcpu(broker: Broker, req: Request, pid: int | None, children: bool) -> Attachment:
+def _python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
+    """The attach request's interpreters: the CPython executables to walk."""
+    return [
+        pb.PythonFile(dev=f.dev, ino=f.ino, runtime_off=f.runtime_off or 0, major=v[0], minor=v[1])
+        for f in (pythons.files.values() if pythons else ())
+        for v in [f.version]
+    ]
+
+
+def _attach_offcpu(
+    broker: Broker, req: Request, pid: int | None, children: bool, files: list[pb.PythonFile]
+) -> Attachment:
+    kw: dict[str, Any] = {"pid": pid, "children": children, "min_block_us": req.min_block_us}
     try:
-        return broker.attach(
-            "offcpu", scope="self", pid=pid, children=children, min_block_us=req.min_block_us
-        )
+        try:
+            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+        except BrokerError as e:  # a broker whose offcpu walks no Python
+            if not files or e.code != pb.ERROR_INVALID_ARGUMENT or "Python" not in str(e):
+                raise
+            return broker.attach("offcpu", scope="self", **kw)
     except BrokerError as e:
         if e.code == pb.ERROR_NOT_FOUND:
             raise ClientError(
@@ -654,14 +685,20 @@ def _attach_offcpu(broker: Broker, req: Request, pid: int | None, children: bool
 
 
 def _try_copies(
-    broker: Broker, args: argparse.Namespace, name: str, **kw: Any
+    broker: Broker, args: argparse.Namespace, name: str, files: list[pb.PythonFile], **kw: Any
 ) -> Attachment | None:
     """The stack-copy program, for complete stacks; None where it is not granted
-    (or an older broker lacks it): then frame-pointer stacks, as before."""
+    (or an older broker lacks it): then frame-pointer stacks, as before. An
+    older broker that walks no Python frames gets the request without files."""
     if args.scope not in (None, "self"):
         return None  # copies are process memory: scope self only
     try:
-        return broker.attach(name, scope="self", **kw)
+        try:
+            return broker.attach(name, scope="self", python_files=files, **kw)
+        except BrokerError as e:
+            if not files or e.code != pb.ERROR_INVALID_ARGUMENT or "Python" not in str(e):
+                raise
+            return broker.attach(name, scope="self", **kw)
     except BrokerError as e:
         if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
             raise
@@ -681,14 +718,16 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
 
     symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
     stream = r.att.open_events(STACK_COPIES)
+    codes = _code_book(r.att)
     if r.req.probes:
-        return ProbeCopyReader(stream, r.maps.process, tables)
+        return ProbeCopyReader(stream, r.maps.process, tables, codes)
     req = r.req
     reader = CopyReader(
         stream,
         r.maps.process,
         tables,
         r.kept(),
+        codes,
         sample_ns=1_000_000_000 // req.frequency if req.mode == WALL else 0,
         waits=req.mode == OFF_CPU,
         threads=req.mode == WALL,
@@ -703,9 +742,21 @@ def _waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
     from gfxbpf.client.profiles.copies import CopyReader
 
     stream = att.open_events(STACK_COPIES)
-    reader = CopyReader(stream, r.maps.process, tables, r.kept(), waits=True, threads=True)
+    reader = CopyReader(
+        stream, r.maps.process, tables, r.kept(), _code_book(att), waits=True, threads=True
+    )
     reader.skip.add(os.getpid())
     return reader
+
+
+def _code_book(att: Attachment) -> Any:
+    """The Python code objects the program copied (None: it walks no Python)."""
+    if "py_codes" not in att.maps:
+        return None
+    from gfxbpf.client.profiles.python.records import CodeBook
+
+    codes = att.map("py_codes")
+    return CodeBook(codes.lookup_many, codes.raw_items)
 
 
 def _one_pid(req: Request, child: Child | None) -> int | None:
@@ -741,11 +792,12 @@ def _run(
     tables = _unwind_tables()
     symbolizer = profile.Symbolizer(unwind_tables=tables)
     child = Child(req.command) if req.command else None
+    pythons = _find_pythons(req, args)
     try:
         broker = connect(args)
         try:
-            att = _attach(broker, args, req, _one_pid(req, child))
-            waits_att = _attach_waits(broker, req, att, _one_pid(req, child))
+            att = _attach(broker, args, req, _one_pid(req, child), pythons)
+            waits_att = _attach_waits(broker, req, att, _one_pid(req, child), pythons)
         except BaseException:
             broker.close()
             raise
@@ -755,6 +807,7 @@ def _run(
         raise
     with broker:
         r = _new_run(req, att, symbolizer, tables, child)
+        r.pythons = pythons
         if waits_att is not None:
             r.waits_att, r.waits = waits_att, _waits_reader(r, waits_att, tables)
         try:
@@ -804,6 +857,15 @@ def _output(
         out.write(printable(_report(r, prof, args.top)))
 
 
+def _find_pythons(req: Request, args: argparse.Namespace) -> Interpreters | None:
+    """The CPython executables to walk (scope self only: the walk reads process memory)."""
+    if args.scope not in (None, "self"):
+        return None
+    from gfxbpf.client.profiles.python.targets import find
+
+    return find(req.pids, req.command)
+
+
 def _new_run(
     req: Request, att: Attachment, symbolizer: Symbolizer, tables: UnwindTables, child: Child | None
 ) -> Run:
@@ -843,6 +905,7 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
+    _python_notes(r, prof)
     if lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
@@ -855,6 +918,23 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
             "table was full (profile fewer processes, or for a shorter time)"
         )
     return prof
+
+
+def _python_notes(r: Run, prof: Profile) -> None:
+    """The Python section of the summary (kept on the run) and its notes."""
+    if r.pythons is None or r.copies is None:
+        return
+    from gfxbpf.client.profiles.python.targets import report
+
+    py = r.copies.python
+    procs = r.maps.procs
+    profiled = {
+        pid: (comm, [m.file_path for m in procs[pid].mappings] if pid in procs else [])
+        for pid, comm, _ in r.seen
+    }
+    r.python_summary, notes = report(r.pythons, py.versions, profiled)
+    r.python_summary["truncated"] = py.truncated
+    prof.notes.extend(notes)
 
 
 def processes_seen(
@@ -892,12 +972,21 @@ def _report(r: Run, prof: Profile, n: int) -> str:
         what = "ns off the CPU" if r.req.mode == OFF_CPU else "ns of wall-clock time"
     lines.extend(_processes_lines(r, what))
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
+    lines.extend(_python_lines(r.python_summary))
     lines.extend(f"note: {note}" for note in prof.notes)
     if r.req.output:
         lines.append(f"wrote {r.req.output} ({r.req.fmt})")
     else:
         lines.append("write a flame graph with -o FILE.svg (or --format folded|pprof|speedscope)")
     return "\n".join(lines) + "\n"
+
+
+def _python_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section or not section["processes_walked"]:
+        return []
+    walked = section["processes_walked"]
+    found = ", ".join(f"{i['path']} ({i['version']})" for i in section["interpreters"])
+    return [f"python: {len(walked)} process(es) walked; interpreters: {found}"]
 
 
 def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
@@ -929,5 +1018,6 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
         "top": [
             {"function": f, "self": s, "total": t} for f, s, t in profile.top_functions(prof, n)
         ],
+        "python": r.python_summary,
         "notes": list(prof.notes),
     }

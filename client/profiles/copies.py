@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.errors import ProtocolError
+from gfxbpf.client.profiles.python import records as py
+from gfxbpf.client.profiles.python.mixed import split_runs
 
 if TYPE_CHECKING:
     from gfxbpf.client.events import EventStream
@@ -29,9 +31,9 @@ HEADER = struct.Struct("<4I3QQQII16s")
 FLAG_KERNEL = 1  # sampled in kernel mode: the registers are the user ones it entered with
 FLAG_SHORT = 2  # the stack ended (an unreadable page) before the copy's size
 # offcpu records: how the thread left the CPU, and whether `function` is a syscall number
-FLAG_RUNNABLE = 16  # preempted (or yielded) while runnable
-FLAG_IO = 32  # an uninterruptible sleep
-FLAG_SYSCALL = 64
+FLAG_RUNNABLE = 256  # preempted (or yielded) while runnable
+FLAG_IO = 512  # an uninterruptible sleep
+FLAG_SYSCALL = 1024  # (16 and 32 mark Python records: python/records.py)
 # Wait states, as the summary counts them.
 STATES = ("sleeping", "uninterruptible", "preempted")
 
@@ -40,12 +42,14 @@ STATES = ("sleeping", "uninterruptible", "preempted")
 NO_MAPS = "process gone before its maps were read"
 
 # (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
-#  wait leaf frame (offcpu), thread id (per-thread profiles) or 0)
-StackKey = tuple[int, bool, str, tuple[int, ...], str | None, str | None, int]
+#  Python frames innermost first, wait leaf frame (offcpu), thread id (per-thread
+#  profiles) or 0)
+StackKey = tuple[int, bool, str, tuple[int, ...], str | None, tuple[py.Frame, ...], str | None, int]
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
-# ustackcopy's calls map: key (tgid, function, caller), value (calls, total_ns)
-CALL_KEY = struct.Struct("<IIQ")
+# ustackcopy's calls map: key (tgid, function, caller, hash of the Python
+# chain), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQQ")
 CALL_STATS = struct.Struct("<QQ")
 U64 = struct.Struct("<Q")
 # A row of ustackcopy's calls map whose copies unwound to different paths.
@@ -100,6 +104,7 @@ class CopyReader:
         process_maps: MapsOf,
         tables: UnwindTables,
         pids: Sequence[int] = (),
+        codes: py.CodeBook | None = None,
         *,
         sample_ns: int = 0,
         waits: bool = False,
@@ -119,18 +124,23 @@ class CopyReader:
         self.samples = 0  # records kept
         self.short = 0  # records whose stack ended before the copy's size
         self._comms: dict[bytes, str] = {}
+        self.python = PythonJoin(codes)
 
     def drain(self, timeout: float = 0.0) -> int:
         """Read what the ring holds (waiting up to timeout for the first); the count."""
         records = self.stream.poll_raw(timeout)
         for rec in records:
             self.add(rec)
+        self.python.resolve()
         return len(records)
 
     def add(self, rec: bytes) -> None:
-        """Unwind one record into the counts."""
+        """Unwind one record into the counts (a Python record waits for its stack's)."""
+        if self.python.held(rec):
+            return
         tgid, tid, flags, size, ip, sp, bp, _t, elapsed, function, _pad, comm = _parse(rec)
         self.records += 1
+        pyframes = self.python.frames_of(tgid, tid)
         if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
             return
         self.samples += 1
@@ -144,20 +154,21 @@ class CopyReader:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
         maps = self.process_maps(tgid, False)
         if maps is None:
-            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS, leaf, 0)
+            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS, pyframes, leaf, 0)
         else:
             frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
                 frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, leaf, 0)
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, pyframes, leaf, 0)
         if self.threads:
-            key = (*key[:6], tid)
+            key = (*key[:7], tid)
         self.counts[key] = self.counts.get(key, 0) + weight
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
         out = []
-        for (tgid, kernel, comm, frames, stop, leaf, tid), weight in self.counts.items():
+        self.python.resolve()
+        for (tgid, kernel, comm, frames, stop, pyframes, leaf, tid), weight in self.counts.items():
             lost = stop if not frames else None  # nothing unwound: say why, as one frame
             out.append(
                 profile.RawStack(
@@ -170,9 +181,49 @@ class CopyReader:
                     unwind_stop=stop if frames else None,
                     leaf=leaf,
                     thread=tid or None,
+                    python=self.python.runs(tgid, pyframes),
                 )
             )
         return out
+
+
+class PythonJoin:
+    """Python records held until the stack record of the same thread, which
+    the program sends right after (another CPU's records may come between)."""
+
+    def __init__(self, codes: py.CodeBook | None) -> None:
+        self.codes = codes
+        self._pending: dict[int, py.PyRecord] = {}  # tid -> its last Python record
+        self.records = 0
+        self.truncated = 0
+        self.versions: dict[int, tuple[int, int]] = {}  # tgid -> the version walked
+
+    def held(self, rec: bytes) -> bool:
+        """True for a Python record (kept for its stack record)."""
+        if not py.is_python(rec):
+            return False
+        r = py.parse(rec)
+        self.records += 1
+        self.truncated += r.truncated
+        self.versions[r.tgid] = r.version
+        self._pending[r.tid] = r
+        if self.codes is not None:
+            self.codes.want(r.tgid, r.frames)
+        return True
+
+    def frames_of(self, tgid: int, tid: int) -> tuple[py.Frame, ...]:
+        r = self._pending.pop(tid, None)
+        return r.frames if r is not None and r.tgid == tgid else ()
+
+    def resolve(self) -> None:
+        if self.codes is not None:
+            self.codes.resolve()
+
+    def runs(self, tgid: int, frames: tuple[py.Frame, ...]) -> tuple[tuple[str, ...], ...]:
+        if not frames or self.codes is None:
+            return ()
+        codes = self.codes
+        return split_runs((codes.name(tgid, f), f[2]) for f in frames)
 
 
 def _error(stop: str) -> str:
@@ -182,32 +233,44 @@ def _error(stop: str) -> str:
     return f"no user frame unwound ({stop})"
 
 
+# A row of ustackcopy's calls map: tgid, function, caller, Python chain hash
+Row = tuple[int, int, int, int]
+
+
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
-    caller); the copies (a few per row) give each row its calling stack."""
+    caller, Python chain); the copies (a few per row) give each row its
+    calling stack, and a copy's Python record its Python frames."""
 
     def __init__(
         self,
         stream: EventStream,
         process_maps: MapsOf,
         tables: UnwindTables,
+        codes: py.CodeBook | None = None,
     ) -> None:
+        self.python = PythonJoin(codes)
         self.stream = stream
         self.process_maps = process_maps
         self.tables = tables
-        # (tgid, function, caller) -> the distinct unwound paths, from the caller out
-        self.paths: dict[tuple[int, int, int], set[tuple[tuple[int, ...], str | None]]] = {}
+        # row -> the distinct unwound paths, from the caller out
+        self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
+        self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
         self.records = 0
 
     def drain(self, timeout: float = 0.0) -> int:
         records = self.stream.poll_raw(timeout)
         for rec in records:
             self.add(rec)
+        self.python.resolve()
         return len(records)
 
     def add(self, rec: bytes) -> None:
-        tgid, _tid, _flags, size, ip, sp, bp, _t, _e, function, _pad, _comm = _parse(rec)
+        if self.python.held(rec):
+            return
+        tgid, tid, _flags, size, ip, sp, bp, _t, _e, function, _pad, _comm = _parse(rec)
         self.records += 1
+        pyframes = self.python.frames_of(tgid, tid)
         if size < U64.size:
             return  # not even the return address: nothing to place the row by
         caller = U64.unpack_from(rec, HEADER.size)[0]
@@ -220,20 +283,24 @@ class ProbeCopyReader:
                 break
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
         if len(frames) > 1 and frames[1] == caller:
-            self.paths.setdefault((tgid, function, caller), set()).add((frames[1:], stop))
+            row = (tgid, function, caller, py.chain_hash(pyframes))
+            self.paths.setdefault(row, set()).add((frames[1:], stop))
+            self.pyframes[row] = pyframes
 
     def raw_stacks(
         self, calls: Iterable[tuple[bytes, Any]], functions: Sequence[str], weight: str
     ) -> tuple[list[RawStack], int]:
         """One RawStack per row of the calls map, and how many rows had no copy."""
         out, uncopied = [], 0
+        self.python.resolve()
         for key, value in calls:
             if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
-            tgid, function, caller = CALL_KEY.unpack(key)
+            row: Row = CALL_KEY.unpack(key)
+            tgid, function, caller, _ = row
             ncalls, total_ns = CALL_STATS.unpack(value)
-            user, stop = self._path(tgid, function, caller)
-            uncopied += not self.paths.get((tgid, function, caller))
+            user, stop = self._path(row)
+            uncopied += not self.paths.get(row)
             leaf = functions[function] if function < len(functions) else f"[function {function}]"
             out.append(
                 profile.RawStack(
@@ -244,14 +311,16 @@ class ProbeCopyReader:
                     user_error=None if user else "no user stack (unreadable return address)",
                     leaf=leaf,
                     unwind_stop=stop if user else None,
+                    python=self.python.runs(tgid, self.pyframes.get(row, ())),
                 )
             )
         return out, uncopied
 
-    def _path(self, tgid: int, function: int, caller: int) -> tuple[tuple[int, ...], str | None]:
+    def _path(self, row: Row) -> tuple[tuple[int, ...], str | None]:
         """The row's calling stack: its copies' unwound path when they agree; where
         they differ, the frames they share and a marker (never one path picked)."""
-        paths = self.paths.get((tgid, function, caller))
+        caller = row[2]
+        paths = self.paths.get(row)
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:

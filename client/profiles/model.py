@@ -28,6 +28,9 @@ class RawStack:
     unwind_stop: str | None = None
     # Per-thread profiles (--wall): the thread id, shown as a frame under the root.
     thread: int | None = None
+    # Python frames (client/profiles/python/mixed.py): runs innermost first,
+    # each root first, put in place of the evaluation loop's native frames.
+    python: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass

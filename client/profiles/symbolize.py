@@ -25,6 +25,7 @@ from gfxbpf.client.profiles.model import (
     RawStack,
 )
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
+from gfxbpf.client.profiles.python.mixed import mix
 from gfxbpf.client.profiles.stackcheck import MAX_DEPTH, Kind, StackCheck, classify
 from gfxbpf.client.profiles.unwind.result import marker_frame
 from gfxbpf.client.profiles.vdso import own_vdso_table
@@ -134,7 +135,9 @@ class Symbolizer:
                 check.add_kind(kind, r.weight)
             if r.unwind_stop is not None:  # one frame at the root end says why it stops
                 names += (marker_frame(r.unwind_stop),)
-            names += user_names
+            names += mix(user_names, _python(r)) if r.python else user_names
+        if r.python and not r.user:
+            names += mix((), _python(r))
         if r.leaf and names[-1] != _clean(r.leaf):
             names += (_clean(r.leaf),)
         if r.kernel:
@@ -284,6 +287,10 @@ def _debug_ranges(path: str) -> tuple[list[tuple[int, int, str]], bool]:
         return function_ranges(fileid.open_regular_path(fd)), fileid.may_cache(st)
     finally:
         os.close(fd)
+
+
+def _python(r: RawStack) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(_clean(n) for n in run) for run in r.python)
 
 
 def _clean(name: str) -> str:

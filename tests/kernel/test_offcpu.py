@@ -125,6 +125,17 @@ int main(int argc, char **argv)
 }
 """
 
+# A Python program blocked 1.0 s in time.sleep under a known function.
+PY_SLEEP = """\
+import time
+def nap_here():
+    time.sleep(1.0)
+def caller():
+    nap_here()
+caller()
+"""
+PYTHON = "/usr/bin/python3"
+
 # A: 1.0 s, B: 2.0 s, C: 1.0 s, each found by its innermost own function.
 STACKS = {"A": "sleep_in_a", "B": "wait_in_b", "C": "spin_in_c"}
 
@@ -150,6 +161,8 @@ def work() -> Iterator[Path]:
         skip_or_fail("gcc is not installed (apt-get install gcc)")
         raise AssertionError  # unreachable
     _cc(gcc, ABC_C, d / "abc", "-pthread")
+    (d / "sleep.py").write_text(PY_SLEEP)
+    (d / "sleep.py").chmod(0o644)
     _cc(gcc, NAP_EXEC_C, d / "napexec")
     suid = _cc(gcc, NAP_EXEC_C, d / "suidnap")
     os.chown(suid, 0, 0)  # a setuid-root program the user may run
@@ -277,3 +290,25 @@ def test_other_formats_carry_the_time(broker: BrokerProcess, work: Path) -> None
     r = run_as(ALICE, [*argv, "--off-cpu", "-o", str(svg), "--", str(work / "napexec"), "200"])
     assert r.returncode == 0, r.stderr
     assert "rgb(90,150,230)" in svg.read_text()
+
+
+def test_a_python_program_blocked_in_time_sleep_shows_its_function(
+    broker: BrokerProcess, work: Path
+) -> None:
+    """The Python frames are walked at the wait's system call exit (gfx_python.h):
+    the wait's stack has caller -> nap_here above [wait: clock_nanosleep]."""
+    if not os.access(PYTHON, os.X_OK):
+        skip_or_fail(f"{PYTHON} is not installed")
+    out = work / "py-off.folded"
+    summary = profile_of(broker, out, "--off-cpu", "--", PYTHON, str(work / "sleep.py"))
+    stacks = stacks_of(out)
+
+    def named(frames: list[str], name: str) -> int:
+        return next((i for i, f in enumerate(frames) if f.split(" ", 1)[0] == name), -1)
+
+    napped = sum(
+        n
+        for s, n in stacks
+        if 0 <= named(s, "caller") < named(s, "nap_here") and s[-1] == "[wait: clock_nanosleep]"
+    )
+    assert abs(napped / 1e9 - 1.0) <= TOLERANCE, (napped, stacks, summary)

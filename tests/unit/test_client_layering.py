@@ -82,6 +82,7 @@ ALLOWED_BPF = {
     "gfxbpf.bpf.consts",
     "gfxbpf.catalog.cuda_api",
     "gfxbpf.catalog.function_tables",
+    "gfxbpf.catalog.python",  # data only: per-release CPython layouts the decoders follow
     "gfxbpf.bpf.elf",  # only reads files: the profile symbolizer shares the broker's ELF reader
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}

@@ -1,0 +1,69 @@
+"""The Python frame walker's data (catalog/programs/gfx_python.h): every
+known layout into `py_layouts`, the interpreter files of a request into
+`py_files`. Written after load, before attach; the maps stay broker-only."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from gfxbpf.bpf.errors import InputError
+from gfxbpf.bpf.loader import LoadedObject
+from gfxbpf.catalog.python.layouts import LAYOUTS
+
+LAYOUTS_MAP = "py_layouts"
+FILES_MAP = "py_files"
+MAX_FILES = 16  # gfx_python.h GFX_PY_FILES
+DEFAULT_FRAMES = 64  # gfx_python.h python_frames
+MAX_FRAMES = 128  # gfx_python.h GFX_PY_MAX_FRAMES
+
+_FILE_KEY = struct.Struct("<QQ")  # struct py_file_key: dev, ino
+_FILE_VAL = struct.Struct("<QII")  # struct py_file_val: runtime_off, layout, pad
+
+
+class PythonFileError(ValueError, InputError):
+    """A Python file the walker cannot take (too many, unknown version)."""
+
+
+@dataclass(frozen=True)
+class PythonFile:
+    """A CPython executable with libpython linked in, as the kernel names it."""
+
+    dev: int  # kernel st_dev encoding: major << 20 | minor
+    ino: int
+    runtime_off: int  # _PyRuntime minus the lowest executable PT_LOAD p_vaddr
+    version: tuple[int, int]
+
+
+def layout_index(version: tuple[int, int]) -> int | None:
+    """The slot of version's layout in py_layouts (None: no layout)."""
+    known = sorted(LAYOUTS)
+    return known.index(version) if version in known else None
+
+
+def check(files: tuple[PythonFile, ...]) -> None:
+    """Raise PythonFileError for a request the walker cannot take."""
+    if len(files) > MAX_FILES:
+        raise PythonFileError(f"{len(files)} Python files; at most {MAX_FILES}")
+    for f in files:
+        if layout_index(f.version) is None:
+            have = ", ".join(f"{a}.{b}" for a, b in sorted(LAYOUTS))
+            raise PythonFileError(
+                f"Python {f.version[0]}.{f.version[1]} (file {f.dev:#x}:{f.ino}) has no "
+                f"layout in this broker (known: {have})"
+            )
+        if not (0 <= f.runtime_off < 1 << 40 and 0 <= f.dev < 1 << 32 and 0 < f.ino < 1 << 64):
+            raise PythonFileError(f"Python file {f.dev:#x}:{f.ino}: offsets out of range")
+
+
+def fill(obj: LoadedObject, files: tuple[PythonFile, ...]) -> None:
+    """Every layout, then the files (checked first)."""
+    check(files)
+    layouts = obj.map(LAYOUTS_MAP)
+    for i, version in enumerate(sorted(LAYOUTS)):
+        layouts.update(struct.pack("<I", i), LAYOUTS[version].pack())
+    table = obj.map(FILES_MAP)
+    for f in files:
+        index = layout_index(f.version)
+        assert index is not None
+        table.update(_FILE_KEY.pack(f.dev, f.ino), _FILE_VAL.pack(f.runtime_off, index, 0))

@@ -1,0 +1,289 @@
+"""Python frames in gfxclient profile stacks (issue 23's acceptance, kernel half).
+
+The broker runs as the unit runs it (user gfxbpf, CAP_BPF + CAP_PERFMON
+only); gfxclient runs as gfxtest-alice over the Unix socket and profiles
+Debian's /usr/bin/python3 (3.11) with no flags: the BPF program walks the
+interpreter's frames (catalog/programs/gfx_python.h) and the client puts
+them in place of the evaluation loop's native frames.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import skip_or_fail
+from tests.kernel.brokerenv import (
+    ALICE,
+    BOB,
+    VENV_PYTHON,
+    BrokerProcess,
+    ensure_user,
+    policy_for,
+    run_as,
+    shared_dir,
+)
+from tests.kernel.rawclient import kernel_looking_text
+
+pytestmark = pytest.mark.kernel
+
+PYTHON = "/usr/bin/python3"
+MAX_HZ = 999
+
+# outer -> middle -> inner, a CPU loop in inner (lines 6-8).
+NESTED = """\
+import time
+def outer():
+    middle()
+def middle():
+    inner()
+def inner():
+    end = time.process_time() + 2.0
+    while time.process_time() < end:
+        pass
+outer()
+"""
+INNER_BODY = range(7, 10)
+
+# Two threads, each its own chain; the main thread waits in join().
+THREADS = """\
+import threading, time
+def spin(end):
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+def alpha_leaf(end):
+    spin(end)
+def alpha(end):
+    alpha_leaf(end)
+def beta_leaf(end):
+    spin(end)
+def beta(end):
+    beta_leaf(end)
+end = time.monotonic() + 3.0
+ts = [threading.Thread(target=alpha, args=(end,)), threading.Thread(target=beta, args=(end,))]
+for t in ts: t.start()
+for t in ts: t.join()
+"""
+
+# A C function of a test library called through ctypes from two functions.
+LIB_C = r"""
+volatile unsigned long lib_sink;
+__attribute__((noinline)) void fake_launch(unsigned long x) { lib_sink += x; }
+"""
+CTYPES = """\
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+def caller_a(n):
+    for i in range(n):
+        lib.fake_launch(i)
+def caller_b(n):
+    for i in range(n):
+        lib.fake_launch(i)
+caller_a(1000)
+caller_b(3000)
+"""
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[Path]:
+    if not os.access(PYTHON, os.X_OK):
+        skip_or_fail(f"{PYTHON} is not installed")
+    d = shared_dir(prefix="gfxbpf-pyframes-")
+    os.chown(d, *ensure_user(ALICE))
+    for name, text in (("nested.py", NESTED), ("threads.py", THREADS), ("calls.py", CTYPES)):
+        (d / name).write_text(text)
+        (d / name).chmod(0o644)
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        skip_or_fail("gcc is not installed (apt-get install gcc)")
+        raise AssertionError  # unreachable
+    (d / "lib.c").write_text(LIB_C)
+    subprocess.run(
+        [gcc, "-O2", "-shared", "-fPIC", str(d / "lib.c"), "-o", str(d / "liblaunch.so")],
+        check=True,
+        capture_output=True,
+    )
+    (d / "liblaunch.so").chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    work: Path = request.getfixturevalue("work")
+    lib = {"users": [ALICE], "scope": "self", "libraries": [str(work / "liblaunch.so")]}
+    return policy_for(
+        {
+            "stackcopy": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
+            "ustackcopy": lib,
+        },
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+
+
+def profile(broker: BrokerProcess, out: Path, *args: str, env: dict | None = None) -> dict:
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+    argv += ["profile", "--format", "folded", "-o", str(out), *args]
+    r = run_as(ALICE, argv, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+    return json.loads(r.stdout)
+
+
+def stacks_of(path: Path) -> list[tuple[list[str], int]]:
+    out = []
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        out.append((stack.split(";"), int(n)))
+    return out
+
+
+def share(stacks: list[tuple[list[str], int]], pred: Callable[[list[str]], bool]) -> float:
+    total = sum(n for _, n in stacks)
+    assert total > 100, stacks  # enough samples to judge a share by
+    return sum(n for s, n in stacks if pred(s)) / total
+
+
+def functions(frames: list[str]) -> list[str]:
+    """Python frames' function names ("inner (f.py:7)" -> "inner"), root first."""
+    return [f.split(" (", 1)[0] for f in frames if f.endswith(")") and ".py:" in f]
+
+
+def _nested_ok(work: Path, frames: list[str]) -> bool:
+    """Py_BytesMain on the native path, then outer, middle, inner in order,
+    inner naming its file and a line of its body."""
+    if "Py_BytesMain" not in frames:
+        return False
+    after = frames[frames.index("Py_BytesMain") :]
+    names = functions(after)
+    if names[-3:] != ["outer", "middle", "inner"]:
+        return False
+    inner = next(f for f in reversed(after) if f.startswith("inner ("))
+    where = inner[len("inner (") : -1]
+    path, _, line = where.rpartition(":")
+    return path == str(work / "nested.py") and line.isdigit() and int(line) in INNER_BODY
+
+
+def _worst(work: Path, stacks: list[tuple[list[str], int]]) -> list[tuple[int, list[str]]]:
+    """The heaviest stacks that miss the chain (for a failure's message)."""
+    bad = sorted(((n, s) for s, n in stacks if not _nested_ok(work, s)), reverse=True)
+    return [(n, s[-6:]) for n, s in bad[:3]]
+
+
+def test_outer_middle_inner_on_the_native_path(broker: BrokerProcess, work: Path) -> None:
+    out = work / "nested.folded"
+    summary = profile(broker, out, "--frequency", "499", "--", PYTHON, str(work / "nested.py"))
+    stacks = stacks_of(out)
+    got = share(stacks, lambda s: _nested_ok(work, s))
+    assert got >= 0.9, (got, _worst(work, stacks))
+    py = summary["python"]
+    assert any(i["version"].startswith("3.11") for i in py["interpreters"]), py
+    assert list(py["processes_walked"].values()) == ["3.11"], py
+
+
+def _chain_at_leaf(chain: list[str]) -> Callable[[list[str]], bool]:
+    return lambda frames: functions(frames)[-len(chain) :] == chain
+
+
+def test_two_threads_each_with_its_own_chain(broker: BrokerProcess, work: Path) -> None:
+    out = work / "threads.folded"
+    profile(broker, out, "--frequency", "499", "--", PYTHON, str(work / "threads.py"))
+    stacks = stacks_of(out)
+    alpha = share(stacks, _chain_at_leaf(["alpha", "alpha_leaf", "spin"]))
+    beta = share(stacks, _chain_at_leaf(["beta", "beta_leaf", "spin"]))
+    assert alpha >= 0.2 and beta >= 0.2, (alpha, beta, stacks[:10])
+
+
+def _ctypes_rows(broker: BrokerProcess, work: Path) -> dict[str, int]:
+    out = work / "calls.folded"
+    lib = str(work / "liblaunch.so")
+    summary = profile(
+        broker, out, "--stacks-at", f"{lib}:fake_launch", "--", PYTHON, str(work / "calls.py"), lib
+    )
+    assert summary["total"] == 4000, summary
+    rows: dict[str, int] = {}
+    for frames, n in stacks_of(out):
+        assert frames[-1] == "fake_launch" and "Py_BytesMain" in frames, frames
+        key = ";".join(functions(frames))
+        rows[key] = rows.get(key, 0) + n
+    return rows
+
+
+def test_stacks_at_a_c_function_count_exactly_per_python_caller(
+    broker: BrokerProcess, work: Path
+) -> None:
+    rows = _ctypes_rows(broker, work)
+    assert rows == {"<module>;caller_a": 1000, "<module>;caller_b": 3000}, rows
+
+
+def _ptrace_scope(value: str | None) -> str | None:
+    """Set kernel.yama.ptrace_scope (None: leave it); the old value."""
+    path = Path("/proc/sys/kernel/yama/ptrace_scope")
+    if not path.exists():
+        return None
+    old = path.read_text().strip()
+    if value is not None:
+        path.write_text(value)
+    return old
+
+
+@pytest.fixture
+def yama_2() -> Iterator[None]:
+    old = _ptrace_scope("2")
+    try:
+        yield
+    finally:
+        if old is not None:
+            _ptrace_scope(old)
+
+
+def test_ptrace_scope_2_changes_nothing(broker: BrokerProcess, work: Path, yama_2: None) -> None:
+    out = work / "nested-yama.folded"
+    profile(broker, out, "--frequency", "499", "--", PYTHON, str(work / "nested.py"))
+    stacks = stacks_of(out)
+    got = share(stacks, lambda s: _nested_ok(work, s))
+    assert got >= 0.9, (got, _worst(work, stacks))
+    rows = _ctypes_rows(broker, work)
+    assert rows == {"<module>;caller_a": 1000, "<module>;caller_b": 3000}, rows
+
+
+def test_another_users_python_never_appears(broker: BrokerProcess, work: Path) -> None:
+    spin = work / "spin.py"
+    spin.write_text("def bob_spin():\n    while True:\n        pass\nbob_spin()\n")
+    spin.chmod(0o644)
+    bob = run_as(BOB, [PYTHON, str(spin)], background=True)
+    alice = run_as(ALICE, [PYTHON, str(work / "nested.py")], background=True)
+    try:
+        out = work / "all.folded"
+        summary = profile(broker, out, "--duration", "2", "--frequency", "499")
+    finally:
+        for p in (alice, bob):
+            p.kill()
+            p.wait()
+    assert bob.pid not in summary["processes"], summary["processes"]
+    assert str(bob.pid) not in summary["python"]["processes_walked"], summary["python"]
+    text = out.read_text()
+    assert "bob_spin" not in text and "spin.py" not in text
+    assert "outer (" in text  # alice's own Python was walked in the same run
+
+
+def test_a_setuid_copy_of_python_is_never_walked(broker: BrokerProcess, work: Path) -> None:
+    copy = work / "python-setuid"
+    shutil.copy2(os.path.realpath(PYTHON), copy)
+    os.chown(copy, 0, 0)
+    copy.chmod(0o4755)
+    out = work / "setuid.folded"
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+    argv += ["profile", "--frequency", "499", "--format", "folded", "-o", str(out)]
+    r = run_as(ALICE, [*argv, "--", str(copy), str(work / "nested.py")], timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["python"]["processes_walked"] == {}, summary
+    assert not out.exists() or ".py:" not in out.read_text()
