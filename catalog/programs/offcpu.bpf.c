@@ -9,22 +9,24 @@
  * - switch-out of a task gfx_tree_ok() and gfx_task_ok() accept: its user
  *   registers, how it left (the state: preempted while runnable, asleep, or
  *   in an uninterruptible sleep) and the system call it is in go into its
- *   thread's slot of `blocked`, stamped with the time (entry_ns). Outside a
- *   system call (preempted in user code, a page fault) the top of its user
- *   stack is copied there too (gfx_ucopy.h).
- * - switch-in of a thread with a stamped slot: the time off the CPU, if at
- *   least min_block_us, is added to the slot's `elapsed`; a slot with its
- *   stack copy goes to `stack_copies` at once.
- * - sys_exit of a thread whose slot holds time but no copy: the stack is the
- *   one it blocked with (user code has not run since), so it is copied now,
- *   after gfx_task_ok() again, and the slot goes to `stack_copies`.
+ *   thread's header in `blocked`, stamped with the time (entry_ns). Outside
+ *   a system call (preempted in user code, a page fault) the top of its user
+ *   stack is copied now (gfx_ucopy.h), into its slot of `copied`.
+ * - switch-in of a thread with a stamped header: the time off the CPU, if at
+ *   least min_block_us, is added to its `elapsed`; a wait copied at
+ *   switch-out goes to `stack_copies` at once.
+ * - sys_exit of a thread whose header holds time: the stack is the one it
+ *   blocked with (user code has not run since), so it is copied now, after
+ *   gfx_task_ok() again, and the record goes to `stack_copies`.
  * So a switch too short to keep (most of them on a busy host) costs no stack
- * copy. A thread of a CPython interpreter in `py_files` (gfx_python.h) sends
- * its Python frames as a record of their own just before its stack record,
- * as stackcopy does; a wait outside a system call has none (they can only be
- * walked while the thread is current, and its record is sent at switch-in). Kernel frames are never copied. Why it waited is named by the system
- * call number (a user register, orig_ax) and the state flags; the client
- * turns them into a leaf frame such as [wait: futex].
+ * copy, and a waiting thread holds ~100 bytes, not a stack's 20 KiB. A thread
+ * of a CPython interpreter in `py_files` (gfx_python.h) sends its Python
+ * frames as a record of their own just before its stack record, as
+ * stackcopy does; a wait outside a system call has none (they can only be
+ * walked while the thread is current, and its record is sent at switch-in).
+ * Kernel frames are never copied. Why it waited is named by the system call
+ * number (a user register, orig_ax) and the state flags; the client turns
+ * them into a leaf frame such as [wait: futex].
  *
  * Scope self only: the copied bytes are process memory.
  */
@@ -34,7 +36,8 @@
 
 #define GFX_TASK_RUNNING 0
 #define GFX_TASK_UNINTERRUPTIBLE 2
-#define GFX_OFFCPU_THREADS 512  /* threads of the caller's blocked at once */
+#define GFX_OFFCPU_THREADS 4096  /* threads of the caller's off the CPU at once */
+#define GFX_OFFCPU_COPIES 128    /* ... of which preempted outside a system call */
 #define GFX_NR_EXECVE 59
 #define GFX_NR_EXECVEAT 322
 /* In `blocked` only (cleared before a record is sent): no stack copy yet. */
@@ -48,15 +51,30 @@ const volatile __u32 min_block_us = 1000;
 
 GFX_TREE_PROGRAMS(target_pid)
 
-/* tid -> the record of its last switch-out; entry_ns 0: it is running. The
- * slack of struct ustack_slot keeps the page-wise copy inside the value.
- * 512 slots of ~20 KiB; a slot evicted while its thread waits loses that wait. */
+/* A record's header (struct ustack_rec without the stack bytes). */
+struct offcpu_head {
+	__u8 bytes[GFX_UREC_HDR];
+};
+
+/* tid -> the header of its last switch-out: registers, state, system call,
+ * entry_ns (0: it is running) and the time kept so far (elapsed). ~100 bytes
+ * a thread; a slot evicted while its thread waits loses that wait. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, GFX_OFFCPU_THREADS);
 	__type(key, __u32);
-	__type(value, struct ustack_slot);
+	__type(value, struct offcpu_head);
 } blocked SEC(".maps");
+
+/* tid -> the whole record of a wait outside a system call, whose stack can
+ * only be copied at switch-out (~20 KiB each, the slack of struct ustack_slot
+ * keeping the page-wise copy inside the value). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, GFX_OFFCPU_COPIES);
+	__type(key, __u32);
+	__type(value, struct ustack_slot);
+} copied SEC(".maps");
 
 /* The registers a system call entry leaves (x86-64): SYSCALL puts the return
  * address in rcx and the flags in r11, which the entry code saves as cx and
@@ -95,80 +113,104 @@ static __always_inline __u32 gfx_state_flags(unsigned int state)
 	return (state & GFX_TASK_UNINTERRUPTIBLE) ? GFX_UREC_IO : 0;
 }
 
-/* The current thread's slot, made from the (never written) scratch the first time. */
-static __always_inline struct ustack_slot *gfx_slot(__u32 tid)
+/* The current thread's header slot, made the first time. */
+static __always_inline struct ustack_rec *gfx_head(__u32 tid)
 {
-	struct ustack_slot *slot = bpf_map_lookup_elem(&blocked, &tid);
-	struct ustack_slot *blank;
+	struct offcpu_head *h = bpf_map_lookup_elem(&blocked, &tid);
+	struct offcpu_head blank = {};
+
+	if (!h) {
+		if (bpf_map_update_elem(&blocked, &tid, &blank, BPF_NOEXIST) < 0)
+			return 0;
+		h = bpf_map_lookup_elem(&blocked, &tid);
+	}
+	/* Only the header fields of the record are ever touched through it. */
+	return (struct ustack_rec *)h;
+}
+
+/* Copy the current task's stack under the header h into tid's `copied` slot
+ * (made from the per-CPU scratch the first time: its stale bytes past the
+ * copy's size are never sent). */
+static __always_inline void gfx_copy_now(__u32 tid, struct ustack_rec *h)
+{
+	struct ustack_slot *slot = bpf_map_lookup_elem(&copied, &tid);
 	__u32 zero = 0;
 
-	if (slot)
-		return slot;
-	blank = bpf_map_lookup_elem(&copy_scratch, &zero);
-	if (!blank || bpf_map_update_elem(&blocked, &tid, blank, BPF_NOEXIST) < 0)
-		return 0;
-	return bpf_map_lookup_elem(&blocked, &tid);
+	if (!slot) {
+		struct ustack_slot *scratch = bpf_map_lookup_elem(&copy_scratch, &zero);
+
+		if (!scratch || bpf_map_update_elem(&copied, &tid, scratch, BPF_ANY) < 0)
+			return;
+		slot = bpf_map_lookup_elem(&copied, &tid);
+		if (!slot)
+			return;
+	}
+	__builtin_memcpy(&slot->rec, h, GFX_UREC_HDR);
+	gfx_urec_copy(&slot->rec);
 }
 
-/* Send a slot's record (its time in elapsed) and clear the time. */
-static __always_inline void gfx_slot_send(struct ustack_slot *slot)
+/* Send tid's copy taken at switch-out (if it is this wait's) with h's time. */
+static __always_inline void gfx_send_copied(__u32 tid, struct ustack_rec *h)
 {
-	slot->rec.flags &= ~GFX_UREC_DEFER;
+	struct ustack_slot *slot = bpf_map_lookup_elem(&copied, &tid);
+
+	if (!slot || slot->rec.entry_ns != h->entry_ns)
+		return;
+	slot->rec.elapsed = h->elapsed;
 	gfx_urec_send(&slot->rec);
-	slot->rec.elapsed = 0;
 }
 
-/* The current task leaves the CPU: stamp its slot with its registers (and,
- * outside a system call, its stack). */
+/* The current task leaves the CPU: stamp its header with its registers, state
+ * and system call (outside one, copy its stack now). */
 static __always_inline void offcpu_out(unsigned int state)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct pt_regs___gfx_sys *regs;
-	struct ustack_slot *slot;
-	struct ustack_rec *r;
+	struct ustack_rec *h;
 	long nr;
 
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return;
-	slot = gfx_slot(tid);
-	if (!slot)
+	h = gfx_head(tid);
+	if (!h)
 		return;
-	r = &slot->rec;
 	regs = gfx_user_regs();
 	nr = gfx_regs_syscall(regs);
 	/* Time kept from earlier in this same system call: it goes on, sent at its exit. */
-	if (r->elapsed && (r->flags & GFX_UREC_DEFER) && nr == r->function && regs->sp == r->sp) {
-		r->entry_ns = bpf_ktime_get_ns();
+	if (h->elapsed && (h->flags & GFX_UREC_DEFER) && nr == h->function && regs->sp == h->sp) {
+		h->entry_ns = bpf_ktime_get_ns();
 		return;
 	}
-	gfx_urec_init(r, gfx_state_flags(state));
-	r->ip = regs->ip;
-	r->sp = regs->sp;
-	r->bp = regs->bp;
+	gfx_urec_init(h, gfx_state_flags(state));
+	h->ip = regs->ip;
+	h->sp = regs->sp;
+	h->bp = regs->bp;
+	h->entry_ns = bpf_ktime_get_ns();
 	if (nr >= 0) {
-		r->flags |= GFX_UREC_SYSCALL | GFX_UREC_DEFER;
-		r->function = (__u32)nr;
+		h->flags |= GFX_UREC_SYSCALL | GFX_UREC_DEFER;
+		h->function = (__u32)nr;
 	} else {
-		gfx_urec_copy(r);
+		gfx_copy_now(tid, h);
 	}
-	r->entry_ns = bpf_ktime_get_ns();
 }
 
 /* tid runs again: keep its time if it waited long enough; send it if copied. */
 static __always_inline void offcpu_in(__u32 tid)
 {
-	struct ustack_slot *slot = bpf_map_lookup_elem(&blocked, &tid);
+	struct ustack_rec *h = (struct ustack_rec *)bpf_map_lookup_elem(&blocked, &tid);
 	__u64 waited;
 
-	if (!slot || !slot->rec.entry_ns)
+	if (!h || !h->entry_ns)
 		return;
-	waited = bpf_ktime_get_ns() - slot->rec.entry_ns;
-	slot->rec.entry_ns = 0;
-	if (waited < (__u64)min_block_us * 1000 && !slot->rec.elapsed)
-		return;
-	slot->rec.elapsed += waited;
-	if (!(slot->rec.flags & GFX_UREC_DEFER))
-		gfx_slot_send(slot);
+	waited = bpf_ktime_get_ns() - h->entry_ns;
+	if (waited >= (__u64)min_block_us * 1000 || h->elapsed) {
+		h->elapsed += waited;
+		if (!(h->flags & GFX_UREC_DEFER)) {
+			gfx_send_copied(tid, h);
+			h->elapsed = 0;
+		}
+	}
+	h->entry_ns = 0;
 }
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -184,41 +226,45 @@ int offcpu_switch(unsigned long long *ctx)
 	return 0;
 }
 
+/* Is h's kept time from the system call the current thread leaves, by a thread
+ * still in scope? (An execve may have made it another program, a reused tid
+ * another thread.) */
+static __always_inline int gfx_same_wait(struct ustack_rec *h)
+{
+	struct pt_regs___gfx_sys *regs = gfx_user_regs();
+
+	return regs->sp == h->sp && regs->orig_ax == h->function &&
+	       h->function != GFX_NR_EXECVE && h->function != GFX_NR_EXECVEAT &&
+	       h->tgid == (__u32)(bpf_get_current_pid_tgid() >> 32) && gfx_task_ok(target_uid);
+}
+
 /* sys_exit(struct pt_regs *regs, long ret): the current thread leaves a system
  * call; if it waited in it long enough, copy the stack it waited with now. */
 SEC("tp_btf/sys_exit")
 int offcpu_sys_exit(unsigned long long *ctx)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct pt_regs___gfx_sys *regs;
-	struct ustack_slot *slot;
-	struct ustack_rec *r;
+	struct ustack_rec *h, *r;
 	struct py_rec *py;
+	__u32 zero = 0;
 
 	/* Most system calls on the host: one cheap test before the map lookup. */
 	if (target_uid == GFX_ANY || (__u32)bpf_get_current_uid_gid() != target_uid)
 		return 0;
-	slot = bpf_map_lookup_elem(&blocked, &tid);
-	if (!slot || !slot->rec.elapsed || !(slot->rec.flags & GFX_UREC_DEFER))
+	h = (struct ustack_rec *)bpf_map_lookup_elem(&blocked, &tid);
+	if (!h || !h->elapsed || !(h->flags & GFX_UREC_DEFER))
 		return 0;
-	r = &slot->rec;
-	regs = gfx_user_regs();
-	/* The same system call at the same user sp, by a thread still in scope (an
-	 * execve may have made it another program, a reused tid another thread). */
-	if (regs->sp != r->sp || regs->orig_ax != r->function ||
-	    r->function == GFX_NR_EXECVE || r->function == GFX_NR_EXECVEAT ||
-	    r->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32) || !gfx_task_ok(target_uid)) {
-		r->elapsed = 0;
-		return 0;
+	r = (struct ustack_rec *)bpf_map_lookup_elem(&copy_scratch, &zero);
+	if (r && gfx_same_wait(h)) {
+		py = gfx_py_record();
+		if (py && gfx_py_walk(py) && !gfx_py_send(&stack_copies, py))
+			gfx_count(&lost, &zero, 1);
+		__builtin_memcpy(r, h, GFX_UREC_HDR);
+		r->flags &= ~GFX_UREC_DEFER;
+		gfx_urec_copy(r);
+		gfx_urec_send(r);
 	}
-	py = gfx_py_record();
-	if (py && gfx_py_walk(py) && !gfx_py_send(&stack_copies, py)) {
-		__u32 zero = 0;
-
-		gfx_count(&lost, &zero, 1);
-	}
-	gfx_urec_copy(r);
-	gfx_slot_send(slot);
+	h->elapsed = 0;
 	return 0;
 }
 
