@@ -298,6 +298,10 @@ class Broker:
             req.name = name
         else:
             req.object = bytes(object or b"")
+        return self._send_attach(req, library)
+
+    def _send_attach(self, req: pb.AttachRequest, library: str | None) -> Attachment:
+        """Send the request (with the library's fd over the Unix socket)."""
         if library and self.transport.passes_fds:
             # The broker opens no path for us: we open the library and pass it.
             lib_fd = open_library(library)

@@ -37,7 +37,9 @@
 #define GFX_PY_NAME 96            /* bytes of qualname copied */
 #define GFX_PY_PATH 192           /* bytes of filename copied */
 #define GFX_PY_TABLE 1024         /* bytes of line table copied */
-#define GFX_PY_CODES 4096         /* code objects remembered (LRU) */
+#ifndef GFX_PY_CODES  /* code objects remembered (LRU; the client reads them at once) */
+#define GFX_PY_CODES 1024
+#endif
 
 /* ustack_rec-compatible flag (gfx_ucopy.h): this record holds Python frames. */
 #define GFX_UREC_PYTHON 16

@@ -74,10 +74,14 @@ struct {
 
 /* The records a client reads, charged to the caller's map budget: 2 MiB
  * hold ~250 ms of one CPU sampled at 999 Hz with 8 KiB copies; the reader
- * is woken at a quarter of it. */
+ * is woken at a quarter of it. A program that sends fewer copies (ustackcopy)
+ * defines a smaller one. */
+#ifndef GFX_UREC_RING_BYTES
+#define GFX_UREC_RING_BYTES (2 << 20)
+#endif
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 2 << 20);
+	__uint(max_entries, GFX_UREC_RING_BYTES);
 } stack_copies SEC(".maps");
 
 /* 0 -> records dropped because the ring buffer was full;

@@ -30,6 +30,10 @@
  *
  * Scope self only: the copied bytes are process memory.
  */
+/* One record per kept wait (>= min_block_us), read every 50 ms: 1 MiB holds
+ * ~120 records of 8 KiB stack. Waits meet fewer code objects than samples. */
+#define GFX_UREC_RING_BYTES (1 << 20)
+#define GFX_PY_CODES 512
 #include "gfx_tree.h"
 #include "gfx_python.h"
 #include "gfx_ucopy.h"
@@ -37,7 +41,7 @@
 #define GFX_TASK_RUNNING 0
 #define GFX_TASK_UNINTERRUPTIBLE 2
 #define GFX_OFFCPU_THREADS 4096  /* threads of the caller's off the CPU at once */
-#define GFX_OFFCPU_COPIES 128    /* ... of which preempted outside a system call */
+#define GFX_OFFCPU_COPIES 64     /* ... of which preempted outside a system call */
 #define GFX_NR_EXECVE 59
 #define GFX_NR_EXECVEAT 322
 /* In `blocked` only (cleared before a record is sent): no stack copy yet. */

@@ -22,6 +22,10 @@
  *
  * Scope self only: the copies are process memory.
  */
+/* Copies only at powers of two of a row's count: 1 MiB of ring and 512 code
+ * objects are plenty, and leave the budget room for the Python key. */
+#define GFX_UREC_RING_BYTES (1 << 20)
+#define GFX_PY_CODES 512
 #include "gfx_ucall.h"
 #include "gfx_tree.h"
 #include "gfx_python.h"

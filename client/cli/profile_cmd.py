@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 DEFAULT_FREQUENCY = 99
 DEFAULT_MIN_BLOCK_MS = 1.0  # the broker's default (broker/request/params.py)
+# --wall's default: a thread preempted for less than 1 ms, many times, would
+# lose that share of its wall-clock time (the broker's own floor is 0.1 ms).
+WALL_MIN_BLOCK_US = 100
 # Request.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time.
 CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
 STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
@@ -85,10 +88,10 @@ condition variable, [wait: clock_nanosleep] a sleep, [wait: poll] or
 file, [wait: ioctl] often a GPU driver, e.g. a CUDA synchronize),
 ", uninterruptible" for disk I/O and some kernel locks, or [preempted]: it
 could have run but another task had the CPU. Waits shorter than --min-block
-(default 1 ms) are not recorded. --wall adds the CPU samples, each counted as
-the sampling period (1/--frequency s), so a thread's width in the flame graph
-is its wall-clock time, computing and waiting, with one [thread TID] frame per
-thread. Off-CPU frames are blue in the SVG.
+(default 1 ms; 0.1 ms with --wall) are not recorded. --wall adds the CPU
+samples, each counted as the sampling period (1/--frequency s), so a thread's
+width in the flame graph is its wall-clock time, computing and waiting, with
+one [thread TID] frame per thread. Off-CPU frames are blue in the SVG.
 
 Without --pid or COMMAND, every process in the scope is sampled (scope self:
 all of yours). COMMAND and --pid include their child processes, those running
@@ -144,7 +147,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_millis,
         metavar="MS",
         help=f"with --off-cpu/--wall: ignore waits shorter than MS milliseconds "
-        f"(default {DEFAULT_MIN_BLOCK_MS:g}; the policy may set a floor)",
+        f"(default {DEFAULT_MIN_BLOCK_MS:g}, --wall {WALL_MIN_BLOCK_US / 1000:g}, or the "
+        "policy's floor)",
     )
     p.add_argument(
         "--no-children",
@@ -216,6 +220,7 @@ class Request:
     children: bool = True  # follow the targets' descendants (--no-children: False)
     mode: str = CPU  # CPU, OFF_CPU (--off-cpu) or WALL (--wall)
     min_block_us: int = 0  # --min-block; 0: the broker's default
+    min_block_asked: bool = False  # given by --min-block (else --wall may retry higher)
 
     @property
     def timed(self) -> bool:
@@ -285,6 +290,9 @@ def _parse_mode(req: Request, args: argparse.Namespace) -> None:
         if not req.timed:
             raise UsageError("--min-block is for --off-cpu and --wall")
         req.min_block_us = max(1, round(args.min_block * 1000))
+        req.min_block_asked = True
+    elif req.mode == WALL:
+        req.min_block_us = WALL_MIN_BLOCK_US
     if req.timed and args.scope not in (None, "self"):
         raise UsageError(f"--{req.mode} copies your processes' stacks: scope self only")
 
@@ -671,10 +679,14 @@ def _attach_offcpu(
     try:
         try:
             return broker.attach("offcpu", scope="self", python_files=files, **kw)
-        except BrokerError as e:  # a broker whose offcpu walks no Python
-            if not files or e.code != pb.ERROR_INVALID_ARGUMENT or "Python" not in str(e):
+        except BrokerError as e:
+            if files and e.code == pb.ERROR_INVALID_ARGUMENT and "Python" in str(e):
+                return broker.attach("offcpu", scope="self", **kw)  # walks no Python
+            if req.min_block_asked or e.code != pb.ERROR_PERMISSION_DENIED or "below" not in str(e):
                 raise
-            return broker.attach("offcpu", scope="self", **kw)
+            # --wall's 0.1 ms is under this policy's floor: the broker's default then.
+            req.min_block_us = kw["min_block_us"] = 0
+            return broker.attach("offcpu", scope="self", python_files=files, **kw)
     except BrokerError as e:
         if e.code == pb.ERROR_NOT_FOUND:
             raise ClientError(

@@ -260,19 +260,19 @@ def test_another_users_waits_never_appear(broker: BrokerProcess, work: Path) -> 
 
 
 def test_a_setuid_program_is_never_recorded(broker: BrokerProcess, work: Path) -> None:
-    """napexec (the user's) naps 300 ms, then execs the setuid-root suidnap,
+    """napexec (the user's) naps 1 s, then execs the setuid-root suidnap,
     which naps 1.5 s under the same pid: the user's nap shows, root's never."""
     assert os.stat(work / "suidnap").st_mode & 0o4000, "the test binary must be setuid"
     out = work / "suid.folded"
     summary = profile_of(
-        broker, out, "--off-cpu", "--", str(work / "napexec"), "300", str(work / "suidnap")
+        broker, out, "--off-cpu", "--", str(work / "napexec"), "1000", str(work / "suidnap")
     )
-    assert summary["exit_status"] == 0 and summary["duration_s"] >= 1.5, summary
+    assert summary["exit_status"] == 0 and summary["duration_s"] >= 2.5, summary
     stacks = stacks_of(out)
     text = out.read_text()
     assert "suidnap" not in text, text
     own = sum(n for s, n in stacks if s[0] == "napexec" and "nap" in s) / 1e9
-    assert abs(own - 0.3) <= 0.3 * TOLERANCE, (own, text)
+    assert abs(own - 1.0) <= TOLERANCE, (own, text)
 
 
 def test_other_formats_carry_the_time(broker: BrokerProcess, work: Path) -> None:

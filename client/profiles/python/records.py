@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from gfxbpf.client.errors import ProtocolError
 from gfxbpf.client.profiles.python.linetable import line_for
@@ -107,8 +108,9 @@ def decode_code(value: bytes) -> CodeInfo:
 
 # Looks up packed py_codes keys; (key, value) of those present, or None when
 # the map cannot be read through its fd (then read_all is used).
-Lookup = Callable[[Iterable[bytes]], "list[tuple[bytes, bytes]] | None"]
-ReadAll = Callable[[], "list[tuple[bytes, bytes]]"]
+# (Values are bytes; per-CPU maps would give lists, which py_codes is not.)
+Lookup = Callable[[Iterable[bytes]], "list[tuple[bytes, Any]] | None"]
+ReadAll = Callable[[], "list[tuple[bytes, Any]]"]
 
 
 class CodeBook:
@@ -137,11 +139,11 @@ class CodeBook:
         if found is None:
             found = self._read_all()
         for key, value in found:
-            cid = CODE_KEY.unpack(key)
+            cid: CodeId = CODE_KEY.unpack(key)
             if cid in self._wanted:
                 self.codes[cid] = decode_code(bytes(value))
-        for key in self._wanted - self.codes.keys():
-            self.codes[key] = None  # stored before its record was sent: evicted since
+        for missing in self._wanted - self.codes.keys():
+            self.codes[missing] = None  # stored before its record was sent: evicted since
         self._wanted.clear()
 
     def name(self, tgid: int, frame: Frame) -> str:

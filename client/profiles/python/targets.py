@@ -15,6 +15,7 @@ import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gfxbpf.client.profiles.python.discover import PythonFile, libpython_of, python_file
 
@@ -103,7 +104,7 @@ def report(
     found: Interpreters | None,
     walked: dict[int, tuple[int, int]],
     profiled: dict[int, tuple[str, list[str]]],
-) -> tuple[dict[str, object], list[str]]:
+) -> tuple[dict[str, Any], list[str]]:
     """The summary's "python" section and the notes: walked is tgid -> version
     of the processes whose Python frames came, profiled pid -> (command, the
     files it maps) of every process in the profile."""

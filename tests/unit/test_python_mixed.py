@@ -1,0 +1,185 @@
+"""Python records of the stack-copy programs, the code objects they name and
+mixed stacks (client/profiles/python/records.py, mixed.py; the BPF side is
+catalog/programs/gfx_python.h, tested live in tests/kernel/test_python_frames.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gfxbpf.client.errors import ProtocolError
+from gfxbpf.client.profiles import Symbolizer
+from gfxbpf.client.profiles.copies import HEADER, CopyReader
+from gfxbpf.client.profiles.model import RawStack
+from gfxbpf.client.profiles.python import records as py
+from gfxbpf.client.profiles.python.mixed import mix, split_runs
+
+ENTRY = py.FRAME_ENTRY
+ASCII = 1 << 6 | 1 << 5 | 1 << 2  # PyUnicode state: ascii, compact, 1-byte kind
+
+
+def py_record(tgid: int, tid: int, frames: list[tuple[int, int, int]], flags: int = 0) -> bytes:
+    head = py.HEADER.pack(tgid, tid, py.FLAG_PYTHON | flags, len(frames), 3 << 8 | 11, 0)
+    return head + b"".join(py.FRAME.pack(*f) for f in frames)
+
+
+def stack_record(tgid: int, tid: int) -> bytes:
+    return HEADER.pack(tgid, tid, 0, 0, 0x401000, 0x7FF0, 0, 0, 0, 0, 0, b"python3")
+
+
+def code_value(
+    name: str, filename: str, first: int, table: bytes, tlen: int | None = None
+) -> bytes:
+    head = py.CODE_HEAD.pack(
+        3 << 8 | 11,
+        first,
+        ASCII,
+        len(name),
+        ASCII,
+        len(filename),
+        len(table) if tlen is None else tlen,
+        0,
+    )
+    return (
+        head
+        + name.encode().ljust(py.NAME_BYTES, b"\0")
+        + filename.encode().ljust(py.PATH_BYTES, b"\0")
+        + table.ljust(py.TABLE_BYTES, b"\0")
+    )
+
+
+# A 3.11 location table: one entry (code 13: "no column", a one-line step of
+# +1) covering 8 code units (length field 7 = units - 1).
+ONE_LINE_PLUS_1 = bytes([0x80 | 13 << 3 | 7, 2])
+
+
+def test_split_runs_cuts_at_entry_frames_innermost_first() -> None:
+    frames = [("inner", 0), ("middle", ENTRY), ("cb", 0), ("outer", ENTRY), ("<module>", ENTRY)]
+    assert split_runs(frames) == (("middle", "inner"), ("outer", "cb"), ("<module>",))
+
+
+def test_split_runs_keeps_frames_after_the_last_entry() -> None:
+    assert split_runs([("a", 0), ("b", 0)]) == (("b", "a"),)
+    assert split_runs([]) == ()
+
+
+def test_mix_puts_each_run_at_its_eval_loop_frame() -> None:
+    native = ("main", "Py_BytesMain", "_PyEval_EvalFrameDefault", "PyObject_Call")
+    native += ("_PyEval_EvalFrameDefault", "PyObject_Free")
+    runs = (("middle", "inner"), ("<module>", "outer"))
+    assert mix(native, runs) == (
+        "main",
+        "Py_BytesMain",
+        "<module>",
+        "outer",
+        "PyObject_Call",
+        "middle",
+        "inner",
+        "PyObject_Free",
+    )
+
+
+def test_mix_with_more_runs_than_loop_frames_keeps_them_at_the_outermost() -> None:
+    native = ("[unwind stopped]", "_PyEval_EvalFrameDefault", "leaf")
+    runs = (("inner",), ("outer",), ("<module>",))
+    assert mix(native, runs) == ("[unwind stopped]", "<module>", "outer", "inner", "leaf")
+
+
+def test_mix_without_a_loop_frame_puts_python_at_the_root() -> None:
+    assert mix(("leaf",), (("b",), ("a",))) == ("a", "b", "leaf")
+    assert mix(("a", "_PyEval_EvalFrameDefault"), ()) == ("a", "_PyEval_EvalFrameDefault")
+
+
+def test_parse_a_python_record() -> None:
+    rec = py_record(7, 8, [(0x1000, 3, ENTRY | 5 << py.TAG_SHIFT)], flags=py.FLAG_TRUNCATED)
+    assert py.is_python(rec) and not py.is_python(stack_record(7, 8))
+    r = py.parse(rec)
+    assert (r.tgid, r.tid, r.version, r.truncated) == (7, 8, (3, 11), True)
+    assert r.frames == ((0x1000, 3, ENTRY | 5 << py.TAG_SHIFT),)
+    with pytest.raises(ProtocolError):
+        py.parse(rec[:-1])  # a frame short
+
+
+def test_chain_hash_matches_the_programs_fnv() -> None:
+    h = 0xCBF29CE484222325
+    for v in (0x1000, 3):
+        h = ((h ^ v) * 0x100000001B3) & (1 << 64) - 1
+    assert py.chain_hash([(0x1000, 3, ENTRY)]) == h | 1
+    assert py.chain_hash([]) == 0
+    assert py.chain_hash([(0x1000, 3, 0)]) != py.chain_hash([(0x1000, 4, 0)])
+
+
+def test_decode_code_and_name_a_frame() -> None:
+    info = py.decode_code(code_value("Model.forward", "/srv/model.py", 41, ONE_LINE_PLUS_1))
+    assert (info.name, info.filename, info.firstlineno, info.complete) == (
+        "Model.forward",
+        "/srv/model.py",
+        41,
+        True,
+    )
+    assert info.line(2) == 42
+    cut = py.decode_code(code_value("f", "f.py", 1, ONE_LINE_PLUS_1, tlen=5000))
+    assert not cut.complete and len(cut.table) == py.TABLE_BYTES
+
+
+def test_code_book_reads_each_code_once_and_names_frames() -> None:
+    key = py.CODE_KEY.pack(7, 5, 0x1000)
+    table = {key: code_value("inner", "/w/s.py", 6, ONE_LINE_PLUS_1)}
+    asked: list[list[bytes]] = []
+
+    def lookup(keys: object) -> list[tuple[bytes, bytes]]:
+        ks = list(keys)  # type: ignore[call-overload]
+        asked.append(ks)
+        return [(k, table[k]) for k in ks if k in table]
+
+    book = py.CodeBook(lookup, lambda: list(table.items()))
+    frame = (0x1000, 2, 5 << py.TAG_SHIFT)
+    gone = (0x2000, 0, 0)
+    book.want(7, [frame, gone])
+    book.resolve()
+    book.want(7, [frame, gone])  # known (or known to be gone): not asked again
+    book.resolve()
+    assert len(asked) == 1 and len(asked[0]) == 2
+    assert book.name(7, frame) == "inner (/w/s.py:7)"
+    assert book.name(7, gone) == "[python code 0x2000]"
+    # the same address with another tag is another code object
+    assert book.name(7, (0x1000, 2, 6 << py.TAG_SHIFT)) == "[python code 0x1000]"
+
+
+class _Stream:
+    def __init__(self, records: list[bytes]) -> None:
+        self.records = records
+
+    def poll_raw(self, timeout: float) -> list[bytes]:
+        out, self.records = self.records, []
+        return out
+
+
+def test_copy_reader_joins_a_python_record_to_its_threads_stack_record() -> None:
+    key = py.CODE_KEY.pack(7, 0, 0x1000)
+    table = {key: code_value("inner", "s.py", 6, ONE_LINE_PLUS_1)}
+    book = py.CodeBook(lambda ks: [(k, table[k]) for k in ks if k in table], lambda: [])
+    records = [
+        py_record(7, 8, [(0x1000, 2, ENTRY)]),
+        stack_record(7, 9),  # another thread between them: no Python frames
+        stack_record(7, 8),
+        stack_record(7, 8),  # the next sample of thread 8 had no Python record
+    ]
+    reader = CopyReader(_Stream(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
+    reader.drain()
+    assert reader.records == 3 and reader.python.records == 1
+    got = sorted((s.python, s.weight) for s in reader.raw_stacks())
+    assert got == [((), 2), ((("inner (s.py:7)",),), 1)]
+    assert reader.python.versions == {7: (3, 11)}
+
+
+def test_symbolizer_names_python_frames_in_place_of_the_loop(tmp_path: object) -> None:
+    raw = RawStack(
+        pid=999_999_999,
+        user=(),
+        kernel=False,
+        weight=3,
+        comm="python3",
+        python=(("outer (s.py:2)", "inner (s.py:7)"),),
+    )
+    prof = Symbolizer(cache_dir=str(tmp_path)).symbolize([raw], "samples")
+    assert prof.stacks == {("python3", "outer (s.py:2)", "inner (s.py:7)"): 3}
