@@ -229,3 +229,12 @@ def test_the_per_thread_slots_are_charged_to_the_caller() -> None:
     )
     assert 64 * 20 * 1024 <= nbytes <= 2 << 20, nbytes
     assert not {"blocked", "copied"} & {m.name for m in _visible_specs(entry, spec)}
+
+
+def test_the_top_table_shows_time_in_seconds() -> None:
+    from gfxbpf.client.profiles.top import format_top
+
+    lines = format_top(_timed("off_cpu"), 5).splitlines()
+    assert lines[0].split() == ["SELF", "s", "TOTAL", "s", "FUNCTION"]
+    assert lines[1].split() == ["66.7%", "2.000", "66.7%", "2.000", "[wait:", "futex]"]
+    assert "3.000" in " ".join(lines)  # main's total: both stacks
