@@ -21,7 +21,8 @@
  * which of that memory is read.
  *
  * Use from a program: gfx_py_record() for the per-CPU record, gfx_py_walk()
- * to fill it, gfx_py_send() to put it in a ring buffer.
+ * to fill it, a time stamp in its `ts` that the record it goes with carries
+ * too, gfx_py_send() to put it in a ring buffer.
  */
 #ifndef GFX_PYTHON_H
 #define GFX_PYTHON_H
@@ -113,8 +114,9 @@ struct py_frame {
 /*
  * One record in a program's ring buffer: tgid, tid and flags sit where
  * struct ustack_rec has them, and flags holds GFX_UREC_PYTHON, so a reader
- * tells the two apart by the third word. `nframes` frames follow, innermost
- * first.
+ * tells the two apart by the third word. `ts` is the time the program also
+ * writes in the record this one belongs to (ustack_rec.entry_ns), so a
+ * reader never joins it to another. `nframes` frames follow, innermost first.
  */
 struct py_rec {
 	__u32 tgid;
@@ -123,6 +125,7 @@ struct py_rec {
 	__u32 nframes;
 	__u32 version;  /* major << 8 | minor of the layout used */
 	__u32 pad;
+	__u64 ts;       /* set by the caller: the joined record's time stamp */
 	struct py_frame frames[GFX_PY_MAX_FRAMES];
 };
 
@@ -261,6 +264,7 @@ static __always_inline struct py_rec *gfx_py_record(void)
 	s->rec.nframes = 0;
 	s->rec.version = 0;
 	s->rec.pad = 0;
+	s->rec.ts = 0;
 	return &s->rec;
 }
 

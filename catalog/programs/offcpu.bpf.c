@@ -61,8 +61,9 @@ struct offcpu_head {
 };
 
 /* tid -> the header of its last switch-out: registers, state, system call,
- * entry_ns (0: it is running) and the time kept so far (elapsed). ~100 bytes
- * a thread; a slot evicted while its thread waits loses that wait. */
+ * entry_ns (when it left), the time kept so far (elapsed), and `pad` 1 while
+ * it is off the CPU (0 in every record sent). ~100 bytes a thread; a slot
+ * evicted while its thread waits loses that wait. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, GFX_OFFCPU_THREADS);
@@ -161,6 +162,7 @@ static __always_inline void gfx_send_copied(__u32 tid, struct ustack_rec *h)
 	if (!slot || slot->rec.entry_ns != h->entry_ns)
 		return;
 	slot->rec.elapsed = h->elapsed;
+	slot->rec.pad = 0;
 	gfx_urec_send(&slot->rec);
 }
 
@@ -183,6 +185,7 @@ static __always_inline void offcpu_out(unsigned int state)
 	/* Time kept from earlier in this same system call: it goes on, sent at its exit. */
 	if (h->elapsed && (h->flags & GFX_UREC_DEFER) && nr == h->function && regs->sp == h->sp) {
 		h->entry_ns = bpf_ktime_get_ns();
+		h->pad = 1;
 		return;
 	}
 	gfx_urec_init(h, gfx_state_flags(state));
@@ -190,6 +193,7 @@ static __always_inline void offcpu_out(unsigned int state)
 	h->sp = regs->sp;
 	h->bp = regs->bp;
 	h->entry_ns = bpf_ktime_get_ns();
+	h->pad = 1;
 	if (nr >= 0) {
 		h->flags |= GFX_UREC_SYSCALL | GFX_UREC_DEFER;
 		h->function = (__u32)nr;
@@ -204,8 +208,9 @@ static __always_inline void offcpu_in(__u32 tid)
 	struct ustack_rec *h = (struct ustack_rec *)bpf_map_lookup_elem(&blocked, &tid);
 	__u64 waited;
 
-	if (!h || !h->entry_ns)
+	if (!h || !h->pad)
 		return;
+	h->pad = 0;
 	waited = bpf_ktime_get_ns() - h->entry_ns;
 	if (waited >= (__u64)min_block_us * 1000 || h->elapsed) {
 		h->elapsed += waited;
@@ -214,7 +219,6 @@ static __always_inline void offcpu_in(__u32 tid)
 			h->elapsed = 0;
 		}
 	}
-	h->entry_ns = 0;
 }
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -261,10 +265,14 @@ int offcpu_sys_exit(unsigned long long *ctx)
 	r = (struct ustack_rec *)bpf_map_lookup_elem(&copy_scratch, &zero);
 	if (r && gfx_same_wait(h)) {
 		py = gfx_py_record();
-		if (py && gfx_py_walk(py) && !gfx_py_send(&stack_copies, py))
-			gfx_count(&lost, &zero, 1);
+		if (py && gfx_py_walk(py)) {
+			py->ts = h->entry_ns;  /* the stack record's entry_ns: the reader joins them */
+			if (!gfx_py_send(&stack_copies, py))
+				gfx_count(&lost, &zero, 1);
+		}
 		__builtin_memcpy(r, h, GFX_UREC_HDR);
 		r->flags &= ~GFX_UREC_DEFER;
+		r->pad = 0;
 		gfx_urec_copy(r);
 		gfx_urec_send(r);
 	}

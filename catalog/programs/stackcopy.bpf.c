@@ -36,19 +36,25 @@ int stackcopy_sample(struct bpf_perf_event_data *ctx)
 {
 	struct ustack_rec *r;
 	struct py_rec *py;
+	__u64 ts;
 
 	/* A build for scope system copies nothing (the catalog offers none). */
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
 		return 0;
+	ts = bpf_ktime_get_ns();
 	py = gfx_py_record();
-	if (py && gfx_py_walk(py) && !gfx_py_send(&stack_copies, py)) {
-		__u32 zero = 0;
+	if (py && gfx_py_walk(py)) {
+		py->ts = ts;
+		if (!gfx_py_send(&stack_copies, py)) {
+			__u32 zero = 0;
 
-		gfx_count(&lost, &zero, 1);
+			gfx_count(&lost, &zero, 1);
+		}
 	}
 	r = gfx_urec_start((ctx->regs.cs & 3) == 0 ? GFX_UREC_KERNEL : 0);
 	if (!r)
 		return 0;
+	r->entry_ns = ts;  /* the sample's time: its Python record has the same */
 	gfx_urec_task_regs(r);
 	gfx_urec_copy(r);
 	gfx_urec_send(r);

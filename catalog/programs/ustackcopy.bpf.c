@@ -135,8 +135,11 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	bpf_map_update_elem(&entry_ts, &ek, &ev, BPF_ANY);
 	if (!n || (n & (n - 1)))
 		return 0;
-	if (py && ev.key.python && !gfx_py_send(&stack_copies, py))
-		gfx_count(&lost, &zero, 1);
+	if (py && ev.key.python) {
+		py->ts = ev.ts;  /* the copy's entry_ns: the client joins the two by it */
+		if (!gfx_py_send(&stack_copies, py))
+			gfx_count(&lost, &zero, 1);
+	}
 	r = gfx_urec_start(0);
 	if (!r)
 		return 0;

@@ -138,9 +138,9 @@ class CopyReader:
         """Unwind one record into the counts (a Python record waits for its stack's)."""
         if self.python.held(rec):
             return
-        tgid, tid, flags, size, ip, sp, bp, _t, elapsed, function, _pad, comm = _parse(rec)
+        tgid, tid, flags, size, ip, sp, bp, ts, elapsed, function, _pad, comm = _parse(rec)
         self.records += 1
-        pyframes = self.python.frames_of(tgid, tid)
+        pyframes = self.python.frames_of(tgid, tid, ts)
         if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
             return
         self.samples += 1
@@ -188,8 +188,10 @@ class CopyReader:
 
 
 class PythonJoin:
-    """Python records held until the stack record of the same thread, which
-    the program sends right after (another CPU's records may come between)."""
+    """Python records held until the stack record of the same thread and time
+    stamp, which the program sends right after (another CPU's records may
+    come between; a stack record the ring dropped leaves its Python record
+    unjoined, never joined to the next sample)."""
 
     def __init__(self, codes: py.CodeBook | None) -> None:
         self.codes = codes
@@ -211,9 +213,10 @@ class PythonJoin:
             self.codes.want(r.tgid, r.frames)
         return True
 
-    def frames_of(self, tgid: int, tid: int) -> tuple[py.Frame, ...]:
+    def frames_of(self, tgid: int, tid: int, ts: int) -> tuple[py.Frame, ...]:
+        """The Python frames of the stack record (tgid, tid, entry_ns ts)."""
         r = self._pending.pop(tid, None)
-        return r.frames if r is not None and r.tgid == tgid else ()
+        return r.frames if r is not None and (r.tgid, r.ts) == (tgid, ts) else ()
 
     def resolve(self) -> None:
         if self.codes is not None:
@@ -268,9 +271,9 @@ class ProbeCopyReader:
     def add(self, rec: bytes) -> None:
         if self.python.held(rec):
             return
-        tgid, tid, _flags, size, ip, sp, bp, _t, _e, function, _pad, _comm = _parse(rec)
+        tgid, tid, _flags, size, ip, sp, bp, ts, _e, function, _pad, _comm = _parse(rec)
         self.records += 1
-        pyframes = self.python.frames_of(tgid, tid)
+        pyframes = self.python.frames_of(tgid, tid, ts)
         if size < U64.size:
             return  # not even the return address: nothing to place the row by
         caller = U64.unpack_from(rec, HEADER.size)[0]

@@ -12,7 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from gfxbpf.client.profiles.procmaps import parse_maps
-from gfxbpf.client.profiles.python.discover import kernel_dev, libpython_of, python_file
+from gfxbpf.client.profiles.python.discover import (
+    interpreter_paths,
+    kernel_dev,
+    libpython_of,
+    python_file,
+)
 
 REPORT = (
     "with open('/proc/self/stat') as f: start = int(f.read().rsplit(')', 1)[1].split()[23])\n"
@@ -151,3 +156,18 @@ def test_an_open_file_descriptor_is_read_in_place() -> None:
         os.close(fd)
     assert by_fd is not None and by_fd.path == "/proc/4242/exe"
     assert replace(by_fd, path="/usr/bin/python3") == python_file("/usr/bin/python3")
+
+
+def test_interpreter_paths_under_a_root(tmp_path: Path) -> None:
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    (tmp_path / "usr/local/bin").mkdir(parents=True)
+    for name in ("python3.12", "python3.12-config", "python3.12d-config", "python3"):
+        (tmp_path / "usr/bin" / name).write_text("")
+    (tmp_path / "usr/local/bin/python3.14").write_text("")
+    (tmp_path / "usr/local/bin/python3.13").symlink_to(tmp_path / "usr/bin/python3.12")
+    assert interpreter_paths(str(tmp_path)) == [
+        str(tmp_path / "usr/bin/python3.12"),
+        str(tmp_path / "usr/local/bin/python3.14"),
+    ]
+    host = os.path.realpath("/usr/bin/python3")
+    assert host in [os.path.realpath(p) for p in interpreter_paths()]

@@ -17,13 +17,15 @@ ENTRY = py.FRAME_ENTRY
 ASCII = 1 << 6 | 1 << 5 | 1 << 2  # PyUnicode state: ascii, compact, 1-byte kind
 
 
-def py_record(tgid: int, tid: int, frames: list[tuple[int, int, int]], flags: int = 0) -> bytes:
-    head = py.HEADER.pack(tgid, tid, py.FLAG_PYTHON | flags, len(frames), 3 << 8 | 11, 0)
+def py_record(
+    tgid: int, tid: int, frames: list[tuple[int, int, int]], flags: int = 0, ts: int = 5
+) -> bytes:
+    head = py.HEADER.pack(tgid, tid, py.FLAG_PYTHON | flags, len(frames), 3 << 8 | 11, 0, ts)
     return head + b"".join(py.FRAME.pack(*f) for f in frames)
 
 
-def stack_record(tgid: int, tid: int) -> bytes:
-    return HEADER.pack(tgid, tid, 0, 0, 0x401000, 0x7FF0, 0, 0, 0, 0, 0, b"python3")
+def stack_record(tgid: int, tid: int, ts: int = 5) -> bytes:
+    return HEADER.pack(tgid, tid, 0, 0, 0x401000, 0x7FF0, 0, ts, 0, 0, 0, b"python3")
 
 
 def code_value(
@@ -162,13 +164,15 @@ def test_copy_reader_joins_a_python_record_to_its_threads_stack_record() -> None
         py_record(7, 8, [(0x1000, 2, ENTRY)]),
         stack_record(7, 9),  # another thread between them: no Python frames
         stack_record(7, 8),
-        stack_record(7, 8),  # the next sample of thread 8 had no Python record
+        stack_record(7, 8, ts=6),  # the next sample of thread 8 had no Python record
+        py_record(7, 8, [(0x1000, 2, ENTRY)], ts=7),  # its stack record was dropped:
+        stack_record(7, 8, ts=8),  # never joined to the next sample's
     ]
     reader = CopyReader(_Stream(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
     reader.drain()
-    assert reader.records == 3 and reader.python.records == 1
+    assert reader.records == 4 and reader.python.records == 2
     got = sorted((s.python, s.weight) for s in reader.raw_stacks())
-    assert got == [((), 2), ((("inner (s.py:7)",),), 1)]
+    assert got == [((), 3), ((("inner (s.py:7)",),), 1)]
     assert reader.python.versions == {7: (3, 11)}
 
 
@@ -183,3 +187,31 @@ def test_symbolizer_names_python_frames_in_place_of_the_loop(tmp_path: object) -
     )
     prof = Symbolizer(cache_dir=str(tmp_path)).symbolize([raw], "samples")
     assert prof.stacks == {("python3", "outer (s.py:2)", "inner (s.py:7)"): 3}
+
+
+def test_notes_for_a_python_that_is_not_walked() -> None:
+    from gfxbpf.client.profiles.python import targets
+
+    mapped = ["/usr/bin/python3.12", "/usr/lib/x86_64-linux-gnu/libpython3.12.so.1.0"]
+    note = targets.process_note(4242, "python3", mapped, "/usr/bin/python3.12")
+    assert note is not None and "process 4242 (python3) runs Python 3.12" in note
+    assert "libpython3.12.so.1.0 (a shared build)" in note
+    assert targets.process_note(1, "make", ["/usr/bin/make"], "/usr/bin/make") is None
+
+
+def test_report_lists_interpreters_walked_and_notes_the_others() -> None:
+    from gfxbpf.client.profiles.python import targets
+
+    found = targets.Interpreters()
+    found.add("/usr/bin/python3")  # Debian's 3.11: walkable
+    section, notes = targets.report(
+        found,
+        {10: (3, 11)},
+        {
+            10: ("python3", ["/usr/bin/python3.11"]),
+            11: ("py", ["/opt/py/bin/python3.13", "/opt/py/lib/libpython3.13.so.1.0"]),
+        },
+    )
+    assert [i["version"][:4] for i in section["interpreters"]] == ["3.11"]
+    assert section["processes_walked"] == {"10": "3.11"}
+    assert len(notes) == 1 and "process 11 (py) runs Python 3.13" in notes[0]

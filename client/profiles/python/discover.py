@@ -20,6 +20,7 @@ the segments' flags come from pyelftools, which that reader does not keep.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import struct
@@ -33,7 +34,14 @@ from gfxbpf.catalog.python import debug_offsets as debug_table
 from gfxbpf.catalog.python.layouts import LAYOUTS, layout_for
 from gfxbpf.client.profiles.fileid import open_regular
 
-__all__ = ["PythonFile", "debug_offsets", "kernel_dev", "libpython_of", "python_file"]
+__all__ = [
+    "PythonFile",
+    "debug_offsets",
+    "interpreter_paths",
+    "kernel_dev",
+    "libpython_of",
+    "python_file",
+]
 
 _EM_X86_64 = 62
 _PT_INTERP = 3
@@ -44,6 +52,8 @@ _DEBUG_SYMBOL = "_Py_NegativeRefcount"
 _SYMBOLS = ("_PyRuntime", "Py_Version", "Py_BytesMain", _DEBUG_SYMBOL)
 _VERSION_STRING = re.compile(rb"(?<![\w.])3\.(\d{1,2})\.(\d{1,3})(?:(?:a|b|rc)\d+)?\+?\x00")
 _NAME = re.compile(r"python(\d+)\.(\d+)")
+_INTERPRETER_NAME = re.compile(r"python\d+\.\d+")
+_INTERPRETER_DIRS = ("usr/bin", "usr/local/bin")
 _LIBPYTHON = re.compile(r"/libpython(\d+)\.(\d+)[a-z]*\.so(?:\.[\d.]+)?$")
 
 
@@ -250,3 +260,18 @@ def libpython_of(paths: Iterable[str]) -> tuple[str, tuple[int, int]] | None:
         if m:
             return p, (int(m.group(1)), int(m.group(2)))
     return None
+
+
+def interpreter_paths(root: str = "/") -> list[str]:
+    """The python3.X executables in /usr/bin and /usr/local/bin under root (a
+    container's /proc/PID/root, say), real files only, each once."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for folder in _INTERPRETER_DIRS:
+        for path in sorted(glob.glob(os.path.join(root, folder, "python3.*"))):
+            real = os.path.realpath(path)
+            if _INTERPRETER_NAME.fullmatch(os.path.basename(path)) and real not in seen:
+                if os.path.isfile(real):
+                    seen.add(real)
+                    out.append(path)
+    return out

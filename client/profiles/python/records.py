@@ -4,7 +4,8 @@ A program that walks Python frames (catalog/programs/gfx_python.h) sends,
 before a sample's stack record, a Python record in the same ring buffer:
 tgid, tid and flags where the stack record has them (flags bit
 FLAG_PYTHON tells them apart), the frame count, the version, then per frame
-(code object address, instruction value, flags), innermost first. The code
+(code object address, instruction value, flags), innermost first; its time
+stamp is the stack record's entry_ns, which joins the two. The code
 objects are copied once per process into the map `py_codes`; CodeBook reads
 them through the map's fd and names each frame `function (file:line)`.
 """
@@ -25,7 +26,7 @@ FLAG_TRUNCATED = 32  # more Python frames than the program's python_frames
 FRAME_ENTRY = 1  # the last frame one C call of the evaluation loop ran
 TAG_SHIFT = 8  # frame flags >> TAG_SHIFT: the code object's tag (py_codes key)
 
-HEADER = struct.Struct("<6I")  # tgid, tid, flags, nframes, version, pad
+HEADER = struct.Struct("<6IQ")  # tgid, tid, flags, nframes, version, pad, ts
 FRAME = struct.Struct("<QII")  # code, instr, flags
 CODE_KEY = struct.Struct("<IIQ")  # tgid, tag, code
 CODE_HEAD = struct.Struct("<IiIIIIII")  # version, firstlineno, name/file state+len, table_len, pad
@@ -45,6 +46,7 @@ class PyRecord:
     version: tuple[int, int]
     frames: tuple[Frame, ...]
     truncated: bool
+    ts: int  # the stack record it goes with has the same (ustack_rec.entry_ns)
 
 
 def is_python(rec: bytes) -> bool:
@@ -55,11 +57,12 @@ def is_python(rec: bytes) -> bool:
 def parse(rec: bytes) -> PyRecord:
     if len(rec) < HEADER.size:
         raise ProtocolError(f"a {len(rec)}-byte Python record (update gfxclient)")
-    tgid, tid, flags, n, version, _ = HEADER.unpack_from(rec)
+    tgid, tid, flags, n, version, _, ts = HEADER.unpack_from(rec)
     if len(rec) < HEADER.size + n * FRAME.size:
         raise ProtocolError(f"a Python record of {n} frames in {len(rec)} bytes (update gfxclient)")
     frames = tuple(FRAME.unpack_from(rec, HEADER.size + i * FRAME.size) for i in range(n))
-    return PyRecord(tgid, tid, (version >> 8, version & 0xFF), frames, bool(flags & FLAG_TRUNCATED))
+    ver = (version >> 8, version & 0xFF)
+    return PyRecord(tgid, tid, ver, frames, bool(flags & FLAG_TRUNCATED), ts)
 
 
 _FNV_OFFSET, _FNV_PRIME, _U64 = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1

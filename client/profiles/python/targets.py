@@ -9,7 +9,6 @@ target starts later is walked too.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -17,10 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gfxbpf.client.profiles.python.discover import PythonFile, libpython_of, python_file
+from gfxbpf.client.profiles.python.discover import (
+    PythonFile,
+    interpreter_paths,
+    libpython_of,
+    python_file,
+)
 
 MAX_FILES = 16  # what the broker takes (gfx_python.h GFX_PY_FILES)
-SYSTEM_GLOBS = ("/usr/bin/python3.*", "/usr/local/bin/python3.*")
 _PYTHON_NAME = re.compile(r"python\d\.\d+$")
 
 
@@ -54,19 +57,36 @@ def why_not(f: PythonFile) -> str:
 
 
 def find(pids: Iterable[int], command: list[str] | None) -> Interpreters:
-    """The interpreters of the targets, COMMAND and the system."""
+    """The interpreters of the targets, COMMAND and the system (and those of
+    a target's root: a container's or chroot's python3.X its children run)."""
     found = Interpreters()
+    roots = ["/"]
     for pid in pids:
         _add_exe(found, pid)
+        roots.append(f"/proc/{pid}/root")
     if command:
         path = shutil.which(command[0])
         if path:
             found.add(os.path.realpath(path))
-    for pattern in SYSTEM_GLOBS:
-        for path in sorted(glob.glob(pattern)):
-            if _PYTHON_NAME.search(path) and os.path.isfile(path):
-                found.add(os.path.realpath(path))
+    for root in _distinct(roots):
+        for path in interpreter_paths(root):
+            found.add(path)
     return found
+
+
+def _distinct(roots: list[str]) -> list[str]:
+    """The roots that are different directories (most targets share "/")."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for root in roots:
+        try:
+            st = os.stat(root)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            out.append(root)
+    return out
 
 
 def _add_exe(found: Interpreters, pid: int) -> None:
