@@ -27,6 +27,7 @@ from bench import (
     kernel_cost,
     machine,
     map_reads,
+    offcpu,
     profile_bench,
     python_profile,
     report,
@@ -66,6 +67,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
     "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 2.0}),
     "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
+    "offcpu": ({"rounds": 3, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -80,6 +82,7 @@ RUNNERS = {
     "broker_memory": broker_memory.run,
     "python": python_profile.run,
     "unwind": unwind_profile.run,
+    "offcpu": offcpu.run,
 }
 
 NOTES = [
@@ -141,6 +144,16 @@ NOTES = [
     "--nonblocking. A sample counts as complete when outer, middle and inner are adjacent "
     "in order in its stack. The flame-graph time runs from the workload's own end to the "
     "tool's exit.",
+    "in turn). The first CO-RE attach (execsnoop's tp_btf build, the broker's first read "
+    "of vmlinux BTF) is timed in the client from request to attached; libbpf's time is "
+    "the whole `bpftool prog loadall` process on the same object (both builds verified "
+    "and pinned, not attached).",
+    "Off-CPU (11): two threads ping-pong a byte over two pipes (bench/offcpu.py), about "
+    "four context switches per round trip, timed by the workload itself. gfxclient "
+    "profile --off-cpu ran it as `-- COMMAND`; offcputime (libbpf-tools) ran as root with "
+    "-p on the same process, started stopped and continued once the tool had attached; "
+    "perf record --off-cpu ran it through setpriv where Debian's perf supports the option "
+    "(built with BUILD_BPF_SKEL=1). All keep waits of 1 ms and more.",
 ]
 
 

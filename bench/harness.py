@@ -156,6 +156,8 @@ class Stage:
         # The frame-pointer rows (profile_bench.py) ask for --scope system.
         copies = [admin, "approve", "stackcopy", "--users", BENCH_USER, "--scope", "self"]
         entries.append(sh(copies).stdout)
+        # offcpu (bench/offcpu.py): copies of the bench user's own stacks, scope self only.
+        entries.append(sh([admin, "approve", "offcpu", "--users", BENCH_USER]).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)

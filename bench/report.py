@@ -499,6 +499,31 @@ def _unwind(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _offcpu(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    base, gfx = r["untraced_s"], r["gfxbpf_s"]
+    what = f"11 ping-pong slowdown, --off-cpu (untraced {_s(base)}, {r['round_trips']} round trips)"
+    peers = (("perf record --off-cpu", "perf"), ("offcputime (libbpf-tools)", "offcputime"))
+    for peer, key in peers:
+        if key + "_s" not in r:
+            why = r.get(key + "_unsupported") or "not run"
+            rows.append((f"{what} vs {peer}", f"{_s(gfx)} (×{r['gfxbpf_slowdown']})",
+                         f"unsupported: {why}", "—", "—", "—"))  # fmt: skip
+            continue
+        rel = ratio(gfx, r[key + "_s"])
+        rows.append(
+            (
+                f"{what} vs {peer}",
+                f"{_s(gfx)} (×{r['gfxbpf_slowdown']})",
+                f"{_s(r[key + '_s'])} (×{r[key + '_slowdown']})",
+                str(rel),
+                "≤ perf's" if key == "perf" else "—",
+                _met(rel, lambda x: x <= 1.0) if key == "perf" else "—",
+            )
+        )
+    return rows
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -512,6 +537,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "broker_memory": _broker_memory,
     "python": _python,
     "unwind": _unwind,
+    "offcpu": _offcpu,
 }
 
 

@@ -4,7 +4,7 @@ read-only → attach), mapping each step's failure to a protocol error."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gfxbpf.bpf import consts as C
@@ -24,7 +24,7 @@ from gfxbpf.broker.registry import InstanceKey
 from gfxbpf.broker.request.params import Target
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import instance as bpfinstance
-from gfxbpf.catalog.entries import Attach, Program
+from gfxbpf.catalog.entries import Attach, MapEntry, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
@@ -74,7 +74,7 @@ class InstanceLoader:
         # reopened from a bpffs pin (the program still writes). A ring buffer
         # cannot be frozen; each attachment gets its own (InstanceKey.unique).
         read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
-        charge = self.charge_maps(caller, entry, visible_specs)
+        charge = self.charge_maps(caller, entry, visible_specs + _charged_specs(entry, opened.spec))
         try:
             owner = caller.uid if res.scope == C.SELF else None
             allow_no_btf = res.policy_entry.allow_no_btf
@@ -97,6 +97,7 @@ class InstanceLoader:
             frequency=target.frequency,
             children=target.children,
             stack_bytes=target.stack_bytes,
+            min_block_us=target.min_block_us,
             python_files=target.python_files,
             python_frames=target.python_frames,
         )
@@ -171,9 +172,19 @@ def _over_budget(caller: Caller, entry: Program, e: budget.OverBudget, lim: budg
     )
 
 
+def _charged_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
+    """Broker-only maps the catalog charges to the caller (offcpu's per-thread
+    slots): they live no longer than the visible ones whose ids end the charge."""
+    return _specs(entry, spec, [m for m in entry.maps if m.charged])
+
+
 def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
+    return _specs(entry, spec, entry.visible_maps)
+
+
+def _specs(entry: Program, spec: ObjectSpec, maps: Sequence[MapEntry]) -> list[MapSpec]:
     out = []
-    for m in entry.visible_maps:
+    for m in maps:
         ms = spec.maps.get(m.name)
         if ms is None:
             raise BrokerError(

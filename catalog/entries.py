@@ -93,6 +93,9 @@ class MapEntry:
     unit: str | None = None  # one of UNITS
     key_label: str | None = None
     event_type: str | None = None  # BTF struct of ring-buffer records (show = "events")
+    # A broker-only map charged to the caller's map budget all the same (visible
+    # maps always are): one whose size a client's request makes it allocate.
+    charged: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ class Program:
     # .rodata u32: how many user stack bytes a stack copy takes (the broker
     # lowers it to the policy entry's max_stack_bytes).
     stack_bytes_knob: str | None = None
+    # .rodata u32 (offcpu): waits shorter than this many microseconds are dropped
+    # in the kernel (the broker writes the request's, never below the policy's floor).
+    min_block_knob: str | None = None
     # .rodata u32 of a program that walks Python frames (gfx_python.h): the
     # most frames a record holds; such a program has maps py_files and
     # py_layouts, which the broker fills before attaching.
@@ -169,6 +175,7 @@ class Program:
             self.children_knob,
             self.stack_bytes_knob,
             self.python_frames_knob,
+            self.min_block_knob,
         )
         names = [k for k in knobs if k]
         for f in self.fields:
@@ -359,6 +366,7 @@ _PROGRAM_KEYS = (
     "children_knob",
     "tree_map",
     "stack_bytes_knob",
+    "min_block_knob",
     "python_frames_knob",
     "attach",
     "field",
@@ -369,7 +377,9 @@ _PROGRAM_KEYS = (
 )
 _ATTACH_KEYS = ("program", "kind", "target", "variant")
 _FIELD_KEYS = ("knob", "tracepoint", "field", "size_knob", "variant", "optional")
-_MAP_KEYS = ("name", "visible", "show", "unit", "key_label", "description", "event_type")
+_MAP_KEYS = (
+    "name", "visible", "show", "unit", "key_label", "description", "event_type", "charged",
+)  # fmt: skip
 _PARAMETER_KEYS = ("name", "type", "required", "description")
 _C_IDENT = "a C identifier"
 
@@ -399,8 +409,7 @@ def _parse_program(
     scopes = _parse_scopes(at, entry)
     requires = at.string(entry, "requires")
     uid_knob, pid_knob = _ident(at, entry, "uid_knob"), _ident(at, entry, "pid_knob")
-    stack_bytes_knob = _ident(at, entry, "stack_bytes_knob")
-    python_frames_knob = _ident(at, entry, "python_frames_knob")
+    stack_bytes_knob, python_frames_knob, min_block_knob = _copy_knobs(at, entry)
     if "self" in scopes and not (uid_knob or pid_knob):
         at.add("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
     before_attach = len(problems)
@@ -412,7 +421,7 @@ def _parse_program(
     )
     children_knob, tree_map = _parse_tree(at, entry, pid_knob)
     knobs = [k for k in (uid_knob, pid_knob, children_knob) if k]
-    knobs += [k for k in (stack_bytes_knob, python_frames_knob) if k]
+    knobs += [k for k in (stack_bytes_knob, python_frames_knob, min_block_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
     maps = tuple(m for sub, t in _sub_entries(at, entry, "map") if (m := _parse_map(sub, t)))
@@ -444,8 +453,16 @@ def _parse_program(
         requires=requires,
         function_table=function_table,
         stack_bytes_knob=stack_bytes_knob,
+        min_block_knob=min_block_knob,
         python_frames_knob=python_frames_knob,
     )
+
+
+def _copy_knobs(at: Entry, entry: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """(stack_bytes_knob, python_frames_knob, min_block_knob): stack-copy programs' knobs."""
+    names = ("stack_bytes_knob", "python_frames_knob", "min_block_knob")
+    stack_bytes, python_frames, min_block = (_ident(at, entry, n) for n in names)
+    return stack_bytes, python_frames, min_block
 
 
 def function_table(name: str) -> tuple[TableFunction, ...]:
@@ -642,6 +659,9 @@ def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
     event_type = _ident(at, t, "event_type", shows == "events")
     if event_type is not None and shows != "events":
         at.add("event_type", "only a map with show = 'events' has an event_type")
+    charged = bool(at.boolean(t, "charged", False))
+    if charged and visible:
+        at.add("charged", "a visible map is always charged: say it of hidden maps")
     if not at.ok:
         return None
     assert name is not None and visible is not None and description is not None
@@ -653,6 +673,7 @@ def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
         unit=unit,
         key_label=key_label,
         event_type=event_type,
+        charged=charged,
     )
 
 

@@ -79,6 +79,7 @@ class Params:
     frequency: int | None = None  # perf_event sampling, Hz (None: DEFAULT_FREQUENCY)
     children: bool = False  # also the pid's descendants (the entry's children_knob)
     stack_bytes: int | None = None  # stack copy size (None: the object's default)
+    min_block_us: int | None = None  # offcpu: shortest wait kept (None: the object's 1 ms)
     # Programs that walk Python frames: the interpreter files, and frames per stack.
     python_files: tuple[pyfiles.PythonFile, ...] = ()
     python_frames: int | None = None
@@ -240,6 +241,10 @@ def prepare(
         if not entry.stack_bytes_knob:
             raise ParameterError(f"program {entry.name!r} takes no stack copies")
         _set_knob(spec, entry.stack_bytes_knob, params.stack_bytes)
+    if params.min_block_us is not None:
+        if not entry.min_block_knob:
+            raise ParameterError(f"program {entry.name!r} takes no minimum wait")
+        _set_knob(spec, entry.min_block_knob, params.min_block_us)
     _python_knobs(spec, entry, params)
     use_uprobe_multi(spec, entry)
     return spec, variant

@@ -263,6 +263,7 @@ class Broker:
         frequency: int = 0,
         children: bool = False,
         stack_bytes: int = 0,
+        min_block_us: int = 0,
         python_files: Iterable[pb.PythonFile] = (),
         python_frames: int = 0,
     ) -> Attachment:
@@ -285,6 +286,7 @@ class Broker:
             frequency=frequency,  # sampling programs (profile); 0: the default
             children=children,
             stack_bytes=stack_bytes,  # stackcopy, ustackcopy; 0: 8 KiB or the policy's cap
+            min_block_us=min_block_us,  # offcpu: shortest wait kept; 0: the default
             python_files=list(python_files),
             python_frames=python_frames,
         )  # fmt: skip
@@ -310,8 +312,14 @@ class Broker:
                 os.close(lib_fd)
         else:
             reply, fds = self.transport.attach(req)
+        att = self._attachment(reply, fds)
+        self._attachments.append(att)
+        return att
+
+    def _attachment(self, reply: pb.AttachReply, fds: list[int]) -> Attachment:
+        """The reply as an Attachment; on failure its fds closed and the broker told."""
         try:
-            att = Attachment(self, reply, fds)
+            return Attachment(self, reply, fds)
         except BaseException:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -319,8 +327,6 @@ class Broker:
             with contextlib.suppress(Exception):
                 self.transport.detach(reply.attachment_id)
             raise
-        self._attachments.append(att)
-        return att
 
     @property
     def attachments(self) -> list[Attachment]:

@@ -138,7 +138,7 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "stack_bytes")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "min_block_us", "stack_bytes")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class AttachParams(_message.Message):
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
     PYTHON_FILES_FIELD_NUMBER: _ClassVar[int]
     PYTHON_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    MIN_BLOCK_US_FIELD_NUMBER: _ClassVar[int]
     STACK_BYTES_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
@@ -156,8 +157,9 @@ class AttachParams(_message.Message):
     children: bool
     python_files: _containers.RepeatedCompositeFieldContainer[PythonFile]
     python_frames: int
+    min_block_us: int
     stack_bytes: int
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., stack_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ..., stack_bytes: _Optional[int] = ...) -> None: ...
 
 class PythonFile(_message.Message):
     __slots__ = ("dev", "ino", "runtime_off", "major", "minor")

@@ -11,6 +11,7 @@
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
     max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192)
+    min_block_us = 1000               # offcpu: the shortest wait a client may ask for (default 100)
     max_python_frames = 32            # Python frames a stack (default 64, at most 128)
     description = "..."               # free text, shown by ListPrograms
 
@@ -40,6 +41,7 @@ from gfxbpf.bpf.consts import SCOPES, SELF, Scope
 from gfxbpf.broker.policy.model import (
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_MIN_BLOCK_US,
     MAX_PYTHON_FRAMES,
     MAX_STACK_BYTES,
     WILDCARD,
@@ -69,6 +71,7 @@ _PROGRAM_KEYS = (
     "max_frequency",
     "allow_no_btf",
     "max_stack_bytes",
+    "min_block_us",
     "max_python_frames",
 )
 _TLS_KEYS = ("subject_cn", "cert_sha256", "user")
@@ -176,6 +179,9 @@ def _parse_program(
     max_python_frames = at.integer(
         table, "max_python_frames", 1, MAX_PYTHON_FRAMES, "Python frames per stack"
     )
+    min_block_us = at.integer(
+        table, "min_block_us", 1, MAX_MIN_BLOCK_US, "the shortest wait recorded in microseconds"
+    )
     description = table.get("description", "")
     if not isinstance(description, str):
         at.add("description", f"expected a string, got {toml_type(description)}")
@@ -197,6 +203,7 @@ def _parse_program(
         max_frequency=max_frequency,
         allow_no_btf=bool(allow_no_btf),
         max_stack_bytes=max_stack_bytes,
+        min_block_us=min_block_us,
         max_python_frames=max_python_frames,
     )
 

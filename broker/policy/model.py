@@ -19,6 +19,8 @@ WILDCARD = "*"
 MAX_FREQUENCY = 100_000
 # Most user stack bytes a stack copy may take (the objects' own ceiling, GFX_COPY_MAX).
 MAX_STACK_BYTES = 16384
+# Longest minimum wait a policy may set for offcpu (10 s), in microseconds.
+MAX_MIN_BLOCK_US = 10_000_000
 MAX_PYTHON_FRAMES = 128  # gfx_python.h GFX_PY_MAX_FRAMES
 
 
@@ -80,6 +82,9 @@ class ProgramEntry:
     allow_no_btf: bool = False
     # Stack copies (stackcopy, ustackcopy): user stack bytes per record (None: 8 KiB)
     max_stack_bytes: int | None = None
+    # offcpu: the shortest wait (microseconds) a client may have recorded
+    # (None: broker/request/params.py's MIN_BLOCK_FLOOR_US)
+    min_block_us: int | None = None
     # Python frame walkers (stackcopy, ustackcopy): frames per stack (None: 64)
     max_python_frames: int | None = None
 

@@ -24,6 +24,7 @@ from gfxbpf.broker.policy import fileformat
 from gfxbpf.broker.policy.model import (  # noqa: F401 - re-exported: callers import them here
     LIMIT_KEYS,
     MAX_FREQUENCY,
+    MAX_MIN_BLOCK_US,
     MAX_STACK_BYTES,
     WILDCARD,
     Decision,

@@ -25,6 +25,12 @@ from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
 DEFAULT_STACK_BYTES = 8192  # what stackcopy/ustackcopy copy unless the policy caps it
+# offcpu: the shortest wait recorded when the request names none (1 ms: a
+# few scheduler ticks' worth of waits on a busy host, and lock hand-offs
+# below it are noise in a flame graph), and the least any request may ask
+# where the policy sets no min_block_us (each kept wait is a ring record).
+DEFAULT_MIN_BLOCK_US = 1000
+MIN_BLOCK_FLOOR_US = 100
 MAX_SYMBOL_LEN = 512
 _UPROBE_KINDS = ("uprobe", "uretprobe")
 
@@ -44,6 +50,7 @@ class Target:
     frequency: int | None = None  # perf_event sampling, Hz (None: the program's default)
     children: bool = False  # the pid's descendants too (gfx_tree.h)
     stack_bytes: int | None = None  # stack copy size (None: the object's default, 8 KiB)
+    min_block_us: int | None = None  # offcpu: shortest wait kept (None: no such knob)
     python_files: tuple[PythonFile, ...] = ()  # interpreters whose frames to walk
     python_frames: int | None = None  # Python frames a stack (None: the object's 64)
 
@@ -88,6 +95,7 @@ def check_params(
         t.frequency = _check_frequency(res, params.frequency)
         t.children = _check_children(res, params, t.pid)
         t.stack_bytes = _check_stack_bytes(res, params.stack_bytes)
+        t.min_block_us = _check_min_block(res, params.min_block_us)
         t.python_files, t.python_frames = check_python(res, params)
         return t
     except BaseException:
@@ -161,6 +169,27 @@ def _check_children(res: Resolved, params: pb.AttachParams, pid: int | None) -> 
             "params.children follows the descendants of params.pid: give a pid",
         )
     return True
+
+
+def _check_min_block(res: Resolved, asked: int) -> int | None:
+    """offcpu's shortest recorded wait: the request's (default 1 ms), never below
+    the policy entry's min_block_us (or the broker's own floor)."""
+    if not res.entry.min_block_knob:
+        if asked:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT,
+                f"program {res.entry.name!r} records no waits: it takes no min_block_us",
+            )
+        return None
+    floor = res.policy_entry.min_block_us or MIN_BLOCK_FLOOR_US
+    value = asked or max(DEFAULT_MIN_BLOCK_US, floor)
+    if value < floor:
+        raise BrokerError(
+            pb.ERROR_PERMISSION_DENIED,
+            f"recording waits from {value} us is below the {floor} us the policy allows you "
+            f"for program {res.entry.name!r}",
+        )
+    return value
 
 
 def _check_frequency(res: Resolved, frequency: int) -> int | None:

@@ -27,6 +27,11 @@
 #define GFX_UREC_SHORT 2    /* the stack ended (an unreadable page) before stack_bytes */
 #define GFX_UREC_NO_COPY 4  /* no byte copied (a return record) */
 #define GFX_UREC_RETURN 8   /* ustacks: a return record (no registers, no stack) */
+/* offcpu: how the task left the CPU (neither RUNNABLE nor IO: an interruptible
+ * sleep). 16 and 32 are Python records' (gfx_python.h). */
+#define GFX_UREC_RUNNABLE 256  /* preempted (or yielded) while runnable */
+#define GFX_UREC_IO 512        /* an uninterruptible sleep (disk I/O, some locks) */
+#define GFX_UREC_SYSCALL 1024  /* it was in a system call: `function` is its number */
 
 /* One record in `stack_copies`: this header, then `size` stack bytes from sp. */
 struct ustack_rec {
@@ -95,17 +100,11 @@ struct pt_regs___gfx {
 	unsigned long sp;
 } __attribute__((preserve_access_index));
 
-/* A cleared record from the per-CPU scratch (NULL: none, never in practice). */
-static __always_inline struct ustack_rec *gfx_urec_start(__u32 flags)
+/* Clear r's header for the current task (offcpu builds records in its own map). */
+static __always_inline void gfx_urec_init(struct ustack_rec *r, __u32 flags)
 {
-	__u32 zero = 0;
 	__u64 id = bpf_get_current_pid_tgid();
-	struct ustack_slot *slot = bpf_map_lookup_elem(&copy_scratch, &zero);
-	struct ustack_rec *r;
 
-	if (!slot)
-		return 0;
-	r = &slot->rec;
 	r->tgid = id >> 32;
 	r->tid = (__u32)id;
 	r->flags = flags;
@@ -113,7 +112,18 @@ static __always_inline struct ustack_rec *gfx_urec_start(__u32 flags)
 	r->ip = r->sp = r->bp = r->entry_ns = r->elapsed = 0;
 	r->function = r->pad = 0;
 	bpf_get_current_comm(r->comm, sizeof(r->comm));
-	return r;
+}
+
+/* A cleared record from the per-CPU scratch (NULL: none, never in practice). */
+static __always_inline struct ustack_rec *gfx_urec_start(__u32 flags)
+{
+	__u32 zero = 0;
+	struct ustack_slot *slot = bpf_map_lookup_elem(&copy_scratch, &zero);
+
+	if (!slot)
+		return 0;
+	gfx_urec_init(&slot->rec, flags);
+	return &slot->rec;
 }
 
 /*

@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = command(
         "profile",
-        "CPU profile (flame graph) of your processes, or the stacks that call a function",
+        "CPU, off-CPU or wall-clock profile (flame graph) of your processes, "
+        "or the stacks that call a function",
         "\n\n" + profile_cmd.EXAMPLES,
     )
     profile_cmd.add_arguments(p)

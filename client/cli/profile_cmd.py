@@ -5,6 +5,8 @@ of your own processes, as a top-N table and a flame graph file.
     gfxclient profile -o cpu.folded --format folded -- ./myprog arg
     gfxclient profile --stacks-at /usr/lib/x86_64-linux-gnu/libcuda.so.1:cuLaunchKernel \\
         --weight time -- python3 train.py
+    gfxclient profile --off-cpu -o waits.svg -- python3 train.py
+    gfxclient profile --wall --pid 1234 --duration 10 -o wall.svg
 
 The broker samples (program `profile`) or probes (program `ustacks`); the
 maps hold user addresses only, which this process names from the targets'
@@ -52,6 +54,12 @@ if TYPE_CHECKING:
 # build its parser (issue #15).
 
 DEFAULT_FREQUENCY = 99
+DEFAULT_MIN_BLOCK_MS = 1.0  # the broker's default (broker/request/params.py)
+# --wall's default: a thread preempted for less than 1 ms, many times, would
+# lose that share of its wall-clock time (the broker's own floor is 0.1 ms).
+WALL_MIN_BLOCK_US = 100
+# Request.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time.
+CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
 STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
 REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
 TOP_N = 15
@@ -69,6 +77,23 @@ examples:
   gfxclient profile --format folded -o cpu.folded --pid 1234 --pid 1240
   gfxclient profile --stacks-at /usr/lib/x86_64-linux-gnu/libcuda.so.1:cuLaunchKernel \\
       --weight time -- python3 train.py                 which code paths launch GPU work
+  gfxclient profile --off-cpu -o waits.svg -- python3 train.py
+                                                        where it waits, and on what
+  gfxclient profile --wall --duration 10 --pid 1234 -o wall.svg
+                                                        computing and waiting, per thread
+
+A CPU profile shows only the time a program runs. --off-cpu shows the time its
+threads spend off the CPU, per stack, in nanoseconds: the innermost frame
+says why, from the system call the thread was in ([wait: futex] a lock or a
+condition variable, [wait: clock_nanosleep] a sleep, [wait: poll] or
+[wait: epoll_wait] waiting for I/O or events, [wait: read] a pipe, socket or
+file, [wait: ioctl] often a GPU driver, e.g. a CUDA synchronize),
+", uninterruptible" for disk I/O and some kernel locks, or [preempted]: it
+could have run but another task had the CPU. Waits shorter than --min-block
+(default 1 ms; 0.1 ms with --wall) are not recorded. --wall adds the CPU
+samples, each counted as the sampling period (1/--frequency s), so a thread's
+width in the flame graph is its wall-clock time, computing and waiting, with
+one [thread TID] frame per thread. Off-CPU frames are blue in the SVG.
 
 Without --pid or COMMAND, every process in the scope is sampled (scope self:
 all of yours). COMMAND and --pid include their child processes, those running
@@ -115,6 +140,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="user stack bytes copied per sample for unwinding (1-8192; default 8192, or "
         "the policy's max_stack_bytes when lower): less costs less, more reaches deeper",
     )
+    _add_time_arguments(p)
     p.add_argument(
         "--no-children",
         action="store_true",
@@ -128,6 +154,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND ...",
         help="run COMMAND and profile it until it exits",
+    )
+
+
+def _add_time_arguments(p: argparse.ArgumentParser) -> None:
+    """--off-cpu, --wall and --min-block: time profiles (program offcpu)."""
+    p.add_argument(
+        "--off-cpu",
+        action="store_true",
+        help="time off the CPU (blocked, sleeping, preempted) per stack, in ns, instead of "
+        "CPU samples; the leaf frame names the wait, e.g. [wait: futex]",
+    )
+    p.add_argument(
+        "--wall",
+        action="store_true",
+        help="wall-clock time per thread: CPU samples (as time at the sampling period) "
+        "and off-CPU time together, in ns",
+    )
+    p.add_argument(
+        "--min-block",
+        type=_millis,
+        metavar="MS",
+        help=f"with --off-cpu/--wall: ignore waits shorter than MS milliseconds "
+        f"(default {DEFAULT_MIN_BLOCK_MS:g}, --wall {WALL_MIN_BLOCK_US / 1000:g}, or the "
+        "policy's floor)",
     )
 
 
@@ -155,6 +205,16 @@ def _hz(text: str) -> int:
     return int(text)
 
 
+def _millis(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0.001 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be 0.001 to 10000 milliseconds: {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -179,6 +239,14 @@ class Request:
     weight: str = "calls"  # --stacks-at: "calls" or "time"
     frequency: int = DEFAULT_FREQUENCY
     children: bool = True  # follow the targets' descendants (--no-children: False)
+    mode: str = CPU  # CPU, OFF_CPU (--off-cpu) or WALL (--wall)
+    min_block_us: int = 0  # --min-block; 0: the broker's default
+    min_block_asked: bool = False  # given by --min-block (else --wall may retry higher)
+
+    @property
+    def timed(self) -> bool:
+        """Weighed in nanoseconds of wall-clock time (off-CPU or wall)."""
+        return self.mode != CPU
 
     @property
     def probes(self) -> bool:
@@ -219,6 +287,7 @@ def parse_request(args: argparse.Namespace) -> Request:
     req.fmt = args.format or _format_from(args.output) or ("svg" if args.output else None)
     if args.format and not args.output:
         req.output = DEFAULT_FILES[args.format]
+    _parse_mode(req, args)
     if args.stacks_at:
         _parse_stacks_at(req, args.stacks_at)
         if args.frequency:
@@ -228,6 +297,25 @@ def parse_request(args: argparse.Namespace) -> Request:
     elif args.weight != "calls":
         raise UsageError("--weight is for --stacks-at (sampling weighs by samples)")
     return req
+
+
+def _parse_mode(req: Request, args: argparse.Namespace) -> None:
+    if args.off_cpu and args.wall:
+        raise UsageError("give --off-cpu or --wall, not both (--wall includes the off-CPU time)")
+    req.mode = OFF_CPU if args.off_cpu else WALL if args.wall else CPU
+    if req.timed and args.stacks_at:
+        raise UsageError(f"--{req.mode} samples threads; --stacks-at counts calls: not both")
+    if req.mode == OFF_CPU and args.frequency:
+        raise UsageError("--frequency is for CPU samples; --off-cpu records every wait")
+    if args.min_block is not None:
+        if not req.timed:
+            raise UsageError("--min-block is for --off-cpu and --wall")
+        req.min_block_us = max(1, round(args.min_block * 1000))
+        req.min_block_asked = True
+    elif req.mode == WALL:
+        req.min_block_us = WALL_MIN_BLOCK_US
+    if req.timed and args.scope not in (None, "self"):
+        raise UsageError(f"--{req.mode} copies your processes' stacks: scope self only")
 
 
 def _parse_stacks_at(req: Request, items: list[str]) -> None:
@@ -375,8 +463,11 @@ class Run:
     # Stack id -> user addresses, read while sampling: an id keeps its stack for
     # the table's life (no BPF_F_REUSE_STACKID), so after it only new ids are read.
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # Programs stackcopy, ustackcopy: records unwound as they are read (no stack table).
+    # Programs stackcopy, ustackcopy, offcpu: records unwound as they are read (no stack table).
     copies: Copies | None = None
+    # --wall: the offcpu attachment beside the sampling one, and its reader.
+    waits_att: Attachment | None = None
+    waits: CopyReader | None = None
     # The CPython executables sent for the kernel to walk (and those it cannot).
     pythons: Interpreters | None = None
     python_summary: dict[str, Any] | None = None
@@ -421,6 +512,10 @@ class Run:
                 self.copies.wanted = set(self.kept())  # several --pid: their families too
             self.copies.drain()
             self.samples = self.copies.records
+            if self.waits is not None:
+                self.waits.wanted = set(self.kept())
+                self.waits.drain()
+                self.samples += self.waits.records
             return
         direct = self.att.map(self.counts_map).fd is not None
         if read and (direct or progress or not self.targets):
@@ -491,6 +586,8 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             # ms must be caught after its loader mapped the libraries, or its
             # copies cannot be unwound (its maps are gone once it exits).
             run.copies.drain(0.001 if run.elapsed() < 0.1 else 0.05)
+            if run.waits is not None:
+                run.waits.drain()
             continue
         # Often at first: a short-lived process must be caught with its libraries.
         stop.wait(0.05 if run.elapsed() < 1.0 else 0.25)
@@ -523,8 +620,13 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     lost = profile_read.lost_count(run.att.map("lost").raw_items())
     if "py_counts" in run.att.maps:
         run.py_counts = _py_counts(run.att.map("py_counts").raw_items())
+    if run.waits is not None and run.waits_att is not None:
+        while run.waits.drain():
+            pass
+        lost += profile_read.lost_count(run.waits_att.map("lost").raw_items())
     if isinstance(copies, CopyReader):
-        return copies.raw_stacks(), lost
+        waited = run.waits.raw_stacks() if run.waits is not None else []
+        return copies.raw_stacks() + waited, lost
     entries = run.att.map("calls").raw_items()
     req = run.req
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
@@ -554,11 +656,19 @@ def _attach(
     pythons: Interpreters | None = None,
 ) -> Attachment:
     children = req.children and pid is not None  # several --pid: kept here, by /proc
-    files = [
-        pb.PythonFile(dev=f.dev, ino=f.ino, runtime_off=f.runtime_off or 0, major=v[0], minor=v[1])
-        for f in (pythons.files.values() if pythons else ())
-        for v in [f.version]
-    ]
+    files = _python_files(pythons)
+    if req.mode == OFF_CPU:
+        return _attach_offcpu(broker, req, pid, children, files)
+    if req.mode == WALL:  # the samples here; _attach_waits adds the offcpu attachment
+        copies = _try_copies(
+            broker, args, "stackcopy", files, pid=pid, frequency=req.frequency, children=children
+        )
+        if copies is None:
+            raise ClientError(
+                "--wall needs program stackcopy (stack copies), which the policy does not "
+                "grant you: ask the administrator, or use --off-cpu and a CPU profile apart"
+            )
+        return copies
     if req.probes:
         where: dict[str, Any] = {
             "library": req.library,
@@ -570,6 +680,57 @@ def _attach(
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
     copies = _try_copies(broker, args, "stackcopy", files, pid=pid, **sampling)
     return copies or broker.attach("profile", scope=args.scope, pid=pid, **sampling)
+
+
+def _attach_waits(
+    broker: Broker,
+    req: Request,
+    sampling: Attachment,
+    pid: int | None,
+    pythons: Interpreters | None = None,
+) -> Attachment | None:
+    """--wall: offcpu beside the sampling attachment (detached if it cannot attach)."""
+    if req.mode != WALL:
+        return None
+    try:
+        children = req.children and pid is not None
+        return _attach_offcpu(broker, req, pid, children, _python_files(pythons))
+    except BaseException:
+        sampling.detach()
+        raise
+
+
+def _python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
+    """The attach request's interpreters: the CPython executables to walk."""
+    return [
+        pb.PythonFile(dev=f.dev, ino=f.ino, runtime_off=f.runtime_off or 0, major=v[0], minor=v[1])
+        for f in (pythons.files.values() if pythons else ())
+        for v in [f.version]
+    ]
+
+
+def _attach_offcpu(
+    broker: Broker, req: Request, pid: int | None, children: bool, files: list[pb.PythonFile]
+) -> Attachment:
+    kw: dict[str, Any] = {"pid": pid, "children": children, "min_block_us": req.min_block_us}
+    try:
+        try:
+            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+        except BrokerError as e:
+            if files and e.code == pb.ERROR_INVALID_ARGUMENT and "Python" in str(e):
+                return broker.attach("offcpu", scope="self", **kw)  # walks no Python
+            if req.min_block_asked or e.code != pb.ERROR_PERMISSION_DENIED or "below" not in str(e):
+                raise
+            # --wall's 0.1 ms is under this policy's floor: the broker's default then.
+            req.min_block_us = kw["min_block_us"] = 0
+            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+    except BrokerError as e:
+        if e.code == pb.ERROR_NOT_FOUND:
+            raise ClientError(
+                f"--{req.mode} needs program offcpu, which this broker does not offer "
+                f"(or the policy does not grant you): {e}"
+            ) from None
+        raise
 
 
 def _try_copies(
@@ -611,7 +772,32 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
     codes = _code_book(r.att)
     if r.req.probes:
         return ProbeCopyReader(stream, r.maps.process, tables, codes)
-    return CopyReader(stream, r.maps.process, tables, r.kept(), codes)
+    req = r.req
+    reader = CopyReader(
+        stream,
+        r.maps.process,
+        tables,
+        r.kept(),
+        codes,
+        sample_ns=1_000_000_000 // req.frequency if req.mode == WALL else 0,
+        waits=req.mode == OFF_CPU,
+        threads=req.mode == WALL,
+    )
+    if req.timed:  # this process waits for records most of the time: not a finding
+        reader.skip.add(os.getpid())
+    return reader
+
+
+def _waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
+    """--wall: the offcpu attachment's waits, per thread like the samples."""
+    from gfxbpf.client.profiles.copies import CopyReader
+
+    stream = att.open_events(STACK_COPIES)
+    reader = CopyReader(
+        stream, r.maps.process, tables, r.kept(), _code_book(att), waits=True, threads=True
+    )
+    reader.skip.add(os.getpid())
+    return reader
 
 
 def _code_book(att: Attachment) -> Any:
@@ -668,6 +854,7 @@ def _run(
         broker = connect(args)
         try:
             att = _attach(broker, args, req, _one_pid(req, child), pythons)
+            waits_att = _attach_waits(broker, req, att, _one_pid(req, child), pythons)
         except BaseException:
             broker.close()
             raise
@@ -678,6 +865,8 @@ def _run(
     with broker:
         r = _new_run(req, att, symbolizer, tables, child)
         r.pythons = pythons
+        if waits_att is not None:
+            r.waits_att, r.waits = waits_att, _waits_reader(r, waits_att, tables)
         try:
             if child is not None:
                 child.release()
@@ -693,10 +882,22 @@ def _run(
             r.seen = processes_seen(raw, r.maps.comms)
         finally:
             att.detach()
+            if waits_att is not None:
+                waits_att.detach()
     if not raw:
         _say_empty(r)
     read_s = time.monotonic() - (r.ended or 0.0)
-    prof = _symbolize(symbolizer, r, raw, lost)
+    _output(args, out, r, _symbolize(symbolizer, r, raw, lost), (lost, read_s))
+    return 0
+
+
+def _output(
+    args: argparse.Namespace, out: TextIO, r: Run, prof: Profile, read: tuple[int, float]
+) -> None:
+    """The file, then the summary (--json) or the report on out; read: the
+    records lost and the seconds from the end of sampling to detached."""
+    req = r.req
+    lost, read_s = read
     if req.output:
         try:
             profile.write_profile(prof, req.fmt or "svg", req.output)
@@ -711,7 +912,6 @@ def _run(
         out.write("\n")
     else:
         out.write(printable(_report(r, prof, args.top)))
-    return 0
 
 
 def _find_pythons(req: Request, args: argparse.Namespace) -> Interpreters | None:
@@ -743,6 +943,9 @@ def _say_empty(r: Run) -> None:
         if r.req.probes
         else "the target was idle (sleeping processes are not sampled) or exited at once"
     )
+    if r.req.timed:
+        what = "no waits were recorded"
+        hint = "no thread of the target left the CPU for --min-block or longer"
     print(f"gfxclient: {what} ({hint})", file=sys.stderr)
 
 
@@ -750,16 +953,21 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     req = r.req
     if req.probes:
         unit, period = ("calls" if req.weight == "calls" else "nanoseconds"), None
+    elif req.timed:
+        unit, period = "nanoseconds", None
     else:
         unit, period = "samples", 1_000_000_000 // req.frequency
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
+    if req.timed:
+        prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     _python_notes(r, prof)
     if lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
-            "fell behind; sample at a lower --frequency)"
+            "fell behind; sample at a lower --frequency"
+            + (", or raise --min-block)" if req.timed else ")")
         )
     elif lost:
         prof.notes.append(
@@ -824,6 +1032,8 @@ def _processes_lines(r: Run, what: str) -> list[str]:
 def _report(r: Run, prof: Profile, n: int) -> str:
     lines = [profile.format_top(prof, n).rstrip("\n")]
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
+    if r.req.timed:
+        what = "ns off the CPU" if r.req.mode == OFF_CPU else "ns of wall-clock time"
     lines.extend(_processes_lines(r, what))
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
     lines.extend(_python_lines(r.python_summary))
@@ -845,10 +1055,18 @@ def _python_lines(section: dict[str, Any] | None) -> list[str]:
 
 def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
     req = r.req
+    waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
     return {
         "program": "ustacks" if req.probes else "profile",
+        "mode": req.mode,
         "unit": prof.unit,
-        "frequency": None if req.probes else req.frequency,
+        "time": prof.time_kind,
+        "frequency": None if req.probes or req.mode == OFF_CPU else req.frequency,
+        "min_block_us": (req.min_block_us or round(DEFAULT_MIN_BLOCK_MS * 1000))
+        if req.timed
+        else None,
+        # ns off the CPU per state (sleeping, uninterruptible, preempted)
+        "off_cpu_ns": dict(getattr(waits, "by_state", {})) if waits is not None else None,
         "functions": [f"{req.library}:{f}" for f in req.functions] if req.probes else None,
         "pids": r.targets,
         "processes": r.processes,

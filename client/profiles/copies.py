@@ -1,4 +1,4 @@
-"""Stack copies (programs `stackcopy`, `ustackcopy`) read as they come and unwound here.
+"""Stack copies (programs `stackcopy`, `ustackcopy`, `offcpu`) read as they come and unwound here.
 
 Each record of the `stack_copies` ring buffer (catalog/programs/gfx_ucopy.h,
 struct ustack_rec) holds a sample's user registers and the top of its user
@@ -30,14 +30,21 @@ if TYPE_CHECKING:
 HEADER = struct.Struct("<4I3QQQII16s")
 FLAG_KERNEL = 1  # sampled in kernel mode: the registers are the user ones it entered with
 FLAG_SHORT = 2  # the stack ended (an unreadable page) before the copy's size
+# offcpu records: how the thread left the CPU, and whether `function` is a syscall number
+FLAG_RUNNABLE = 256  # preempted (or yielded) while runnable
+FLAG_IO = 512  # an uninterruptible sleep
+FLAG_SYSCALL = 1024  # (16 and 32 mark Python records: python/records.py)
+# Wait states, as the summary counts them.
+STATES = ("sleeping", "uninterruptible", "preempted")
 
 # Where a sample's process maps could not be read (it exited before the
 # first snapshot, or is not the caller's): the reason shown as its one frame.
 NO_MAPS = "process gone before its maps were read"
 
 # (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
-# Python frames innermost first)
-StackKey = tuple[int, bool, str, tuple[int, ...], str | None, tuple[py.Frame, ...]]
+#  Python frames innermost first, wait leaf frame (offcpu), thread id (per-thread
+#  profiles) or 0)
+StackKey = tuple[int, bool, str, tuple[int, ...], str | None, tuple[py.Frame, ...], str | None, int]
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
@@ -67,8 +74,29 @@ def _unwind(
     return result.frames, None if result.stop is None else str(result.stop)
 
 
+def wait_state(flags: int) -> str:
+    """How an offcpu record's thread left the CPU (one of STATES)."""
+    if flags & FLAG_RUNNABLE:
+        return "preempted"
+    return "uninterruptible" if flags & FLAG_IO else "sleeping"
+
+
+def wait_frame(flags: int, syscall: int) -> str:
+    """The leaf frame that says why an offcpu record's thread waited: the system
+    call it was in (the kernel's frames are never shown), or that it was preempted."""
+    from gfxbpf.client.syscalls import SYSCALLS
+
+    if flags & FLAG_RUNNABLE:
+        return "[preempted]"
+    what = SYSCALLS.get(syscall, f"syscall {syscall}") if flags & FLAG_SYSCALL else "page fault"
+    return f"[wait: {what}, uninterruptible]" if flags & FLAG_IO else f"[wait: {what}]"
+
+
 class CopyReader:
-    """Drains a stackcopy attachment's ring buffer and unwinds every record."""
+    """Drains a stackcopy (or offcpu) attachment's ring buffer and unwinds every
+    record. Weights: 1 a sample; sample_ns a sample (time at the sampling
+    period, for wall-clock profiles); waits: an offcpu record's time off the
+    CPU in ns, with its wait frame as the leaf. threads: keep threads apart."""
 
     def __init__(
         self,
@@ -77,11 +105,20 @@ class CopyReader:
         tables: UnwindTables,
         pids: Sequence[int] = (),
         codes: py.CodeBook | None = None,
+        *,
+        sample_ns: int = 0,
+        waits: bool = False,
+        threads: bool = False,
     ) -> None:
+        self.sample_ns = sample_ns
+        self.waits = waits
+        self.threads = threads
+        self.by_state = dict.fromkeys(STATES, 0)  # offcpu: ns off the CPU per state
         self.stream = stream
         self.process_maps = process_maps  # tgid -> its maps (captured on first sight)
         self.tables = tables
         self.wanted = set(pids)
+        self.skip: set[int] = set()  # tgids never kept (the profiler itself, waiting by design)
         self.counts: dict[StackKey, int] = {}
         self.records = 0  # every record read, those of unwanted pids included
         self.samples = 0  # records kept
@@ -101,31 +138,37 @@ class CopyReader:
         """Unwind one record into the counts (a Python record waits for its stack's)."""
         if self.python.held(rec):
             return
-        tgid, tid, flags, size, ip, sp, bp, ts, _e, _f, _pad, comm = _parse(rec)
+        tgid, tid, flags, size, ip, sp, bp, ts, elapsed, function, _pad, comm = _parse(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
-        if self.wanted and tgid not in self.wanted:
+        if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
             return
         self.samples += 1
+        weight, leaf = self.sample_ns or 1, None
+        if self.waits:
+            weight, leaf = elapsed, wait_frame(flags, function)
+            self.by_state[wait_state(flags)] += elapsed
         self.short += bool(flags & FLAG_SHORT)
         name = self._comms.get(comm)
         if name is None:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
         maps = self.process_maps(tgid, False)
         if maps is None:
-            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS, pyframes)
+            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS, pyframes, leaf, 0)
         else:
             frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
                 frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, pyframes)
-        self.counts[key] = self.counts.get(key, 0) + 1
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, pyframes, leaf, 0)
+        if self.threads:
+            key = (*key[:7], tid)
+        self.counts[key] = self.counts.get(key, 0) + weight
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
         out = []
         self.python.resolve(final=True)
-        for (tgid, kernel, comm, frames, stop, pyframes), weight in self.counts.items():
+        for (tgid, kernel, comm, frames, stop, pyframes, leaf, tid), weight in self.counts.items():
             lost = stop if not frames else None  # nothing unwound: say why, as one frame
             out.append(
                 profile.RawStack(
@@ -136,6 +179,8 @@ class CopyReader:
                     comm=comm,
                     user_error=_error(lost) if lost else None,
                     unwind_stop=stop if frames else None,
+                    leaf=leaf,
+                    thread=tid or None,
                     python=self.python.runs(tgid, pyframes),
                 )
             )

@@ -65,9 +65,15 @@ def _depth(node: Node) -> int:
     return best
 
 
+# Leaf frames of off-CPU time (client/profiles/copies.wait_frame).
+OFF_CPU_FRAMES = ("[wait:", "[preempted]")
+
+
 @functools.lru_cache(maxsize=65536)
 def _color(name: str) -> str:
     if name.startswith("["):  # made-up frames: [kernel], [unknown], [lib.so+0x..]
+        if name.startswith(OFF_CPU_FRAMES):  # time off the CPU: blue, as off-CPU graphs are
+            return "rgb(90,150,230)" if name.startswith("[wait") else "rgb(150,190,240)"
         return "rgb(240,140,60)" if name == "[kernel]" else "rgb(190,190,190)"
     h = zlib.crc32(name.encode("utf-8", "replace"))
     return f"rgb({205 + h % 50},{70 + (h >> 8) % 160},{(h >> 16) % 55})"

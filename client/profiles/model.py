@@ -26,6 +26,8 @@ class RawStack:
     # Stop value ("no-cfi", "truncated", ...); the symbolizer ends the stack
     # with one marker frame saying why. None: complete, or a kernel-walked stack.
     unwind_stop: str | None = None
+    # Per-thread profiles (--wall): the thread id, shown as a frame under the root.
+    thread: int | None = None
     # Python frames (client/profiles/python/mixed.py): runs innermost first,
     # each root first, put in place of the evaluation loop's native frames.
     python: tuple[tuple[str, ...], ...] = ()
@@ -38,6 +40,9 @@ class Profile:
     period_ns: int | None = None  # sampling period (1e9 / frequency) for "samples"
     duration_s: float | None = None
     notes: list[str] = field(default_factory=list)  # e.g. frame-pointer warnings for the user
+    # For unit "nanoseconds": what the time is ("off_cpu", "wall"; None: time in calls),
+    # pprof's sample type.
+    time_kind: str | None = None
 
     def total(self) -> int:
         return sum(self.stacks.values())

@@ -38,6 +38,8 @@ def pprof_message(profile: Profile) -> pprof_pb2.Profile:
     msg = pprof_pb2.Profile()
     s = _Strings(msg)
     types = list(_SAMPLE_TYPES.get(profile.unit, [(profile.unit, "count")]))
+    if profile.unit == "nanoseconds" and profile.time_kind:
+        types = [(profile.time_kind, "nanoseconds")]  # off_cpu, wall: pprof -sample_index
     cpu = profile.unit == "samples" and profile.period_ns
     if cpu:
         types.append(("cpu", "nanoseconds"))  # samples x period: the CPU time they stand for

@@ -120,6 +120,8 @@ class Symbolizer:
         maps = self._procs.get(r.pid)
         comm = r.comm or (maps.comm if maps else "") or f"[pid {r.pid}]"
         names: tuple[str, ...] = (_clean(comm),)
+        if r.thread is not None:
+            names += (f"[thread {r.thread}]",)
         if maps is None and r.user:
             check.unmapped += r.weight
         if r.user_error is not None and not r.user:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gfxbpf.client.printable import printable
@@ -30,6 +31,10 @@ def top_functions(profile: Profile, n: int) -> list[tuple[str, int, int]]:
     return [(k, self_w.get(k, 0), total_w[k]) for k in ranked[: max(n, 0)]]
 
 
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:.3f}"
+
+
 def _pct(part: int, whole: int) -> str:
     return f"{part * 100 / whole:5.1f}%" if whole else "    -"
 
@@ -40,13 +45,18 @@ def format_top(profile: Profile, n: int) -> str:
     Names are escaped (printable): process and symbol names are other users'."""
     total = profile.total()
     unit = _UNIT_LABEL.get(profile.unit, profile.unit)
+    show: Callable[[int], str] = str
+    if profile.time_kind:  # off-CPU or wall-clock time: seconds read better than ns
+        unit, show = "s", _seconds
     rows = top_functions(profile, n)
-    width = max([len(f"{total}"), len(unit), 5])
+    width = max([len(show(total)), len(unit), 5])
     head = f"{'SELF':>6} {unit:>{width}}  {'TOTAL':>6} {unit:>{width}}  FUNCTION"
     lines = [head]
     for name, s, t in rows:
+        self_w, total_w = show(s), show(t)
         lines.append(
-            f"{_pct(s, total):>6} {s:>{width}}  {_pct(t, total):>6} {t:>{width}}  {printable(name)}"
+            f"{_pct(s, total):>6} {self_w:>{width}}  {_pct(t, total):>6} {total_w:>{width}}  "
+            f"{printable(name)}"
         )
     if not rows:
         lines.append(f"(no {unit})")

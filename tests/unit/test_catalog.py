@@ -44,6 +44,7 @@ EXPECTED = {
     "ustacks",
     "stackcopy",
     "ustackcopy",
+    "offcpu",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -133,6 +134,7 @@ KNOB_DEFAULTS = {
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "offcpu": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")
@@ -573,6 +575,11 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
             "visible = true",
             'visible = "yes"',
             "[[program.map]] #1: field 'visible': expected true or false",
+        ),
+        (
+            "visible = true",
+            "visible = true\ncharged = true",
+            "[[program.map]] #1: field 'charged': a visible map",
         ),
         ('name = "counts"', 'name = "a_very_long_map_name"', "longer than 15"),
         (

@@ -1,0 +1,190 @@
+"""11. Off-CPU profiles: the slowdown of a context-switch-heavy workload (two
+threads ping-ponging a byte over two pipes, each read a block and a switch)
+under `gfxclient profile --off-cpu`, against `perf record --off-cpu` and
+libbpf-tools' offcputime (run by root), in one run.
+
+Each tool records waits of 1 ms and more (gfxclient's default, perf's
+--off-cpu-thresh where it has one, offcputime -m 1000), so nearly every
+switch of the workload is looked at and dropped in the kernel: the figure is
+the price of a switch, not of output. gfxclient runs the workload as
+`-- COMMAND` (its tree only, filtered in the kernel); offcputime -p follows
+the same process; perf record runs it through setpriv. The workload times
+itself, so start-up and attach are outside its figure.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import BenchError, Stage, log, sh
+from bench.profile_bench import user_dir
+from bench.stats import median, ratio
+
+PINGPONG_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static int ab[2], ba[2];
+static long rounds;
+static double now(void)
+{ struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static void *pong(void *arg)
+{
+    char c;
+    for (long i = 0; i < rounds; i++)
+        if (read(ab[0], &c, 1) != 1 || write(ba[1], &c, 1) != 1) exit(1);
+    return arg;
+}
+int main(int argc, char **argv)
+{
+    pthread_t t;
+    char c = 'x';
+    double t0;
+    rounds = atol(argv[1]);
+    if (pipe(ab) || pipe(ba)) return 1;
+    pthread_create(&t, 0, pong, 0);
+    t0 = now();
+    for (long i = 0; i < rounds; i++)
+        if (write(ab[1], &c, 1) != 1 || read(ba[0], &c, 1) != 1) return 1;
+    printf("{\"elapsed\": %.6f}\n", now() - t0);
+    fflush(stdout);
+    pthread_join(t, 0);
+    return 0;
+}
+"""
+MIN_BLOCK_US = 1000
+
+
+def build(stage: Stage) -> Path:
+    src, out = stage.work / "pingpong.c", stage.work / "pingpong"
+    src.write_text(PINGPONG_C)
+    sh([shutil.which("gcc") or "gcc", "-O2", "-pthread", "-o", str(out), str(src)])
+    out.chmod(0o755)
+    return out
+
+
+def _elapsed(text: str) -> float:
+    for line in text.splitlines():
+        if line.startswith('{"elapsed"'):
+            return float(json.loads(line)["elapsed"])
+    raise BenchError(f"the workload printed no timing: {text[-500:]!r}")
+
+
+def untraced(stage: Stage, prog: Path, n: int) -> float:
+    p = stage.as_bench_user([str(prog), str(n)], stdout=subprocess.PIPE)
+    out, _ = p.communicate(timeout=600)
+    return _elapsed(out)
+
+
+def under_gfxclient(stage: Stage, prog: Path, n: int) -> tuple[float, dict[str, Any]]:
+    out_file = str(user_dir(stage) / "offcpu.folded")
+    args = ["--json", "profile", "--off-cpu", "--min-block", str(MIN_BLOCK_US / 1000)]
+    p = stage.gfxclient(
+        *args, "--format", "folded", "-o", out_file, "--", str(prog), str(n),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = p.communicate(timeout=600)
+    if p.returncode != 0:
+        raise BenchError(f"gfxclient profile --off-cpu failed ({p.returncode}): {err[-1000:]}")
+    summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
+    return _elapsed(out), summary
+
+
+def perf_off_cpu_support() -> str | None:
+    """None when this perf records --off-cpu; else why not, in its words."""
+    r = subprocess.run(
+        ["perf", "record", "--off-cpu", "-o", "/dev/null", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if "off-cpu" in r.stderr and "ignored" in r.stderr:  # Debian 12's perf 6.1
+        return r.stderr.strip().split("[ perf record", 1)[0].strip()
+    return None if r.returncode == 0 else r.stderr.strip()[-300:]
+
+
+def under_perf(stage: Stage, prog: Path, n: int) -> float:
+    argv = ["perf", "record", "-q", "--off-cpu", "-o", str(stage.work / "offcpu.perf.data")]
+    setpriv = ["setpriv", f"--reuid={stage.bench_uid}", f"--regid={stage.bench_gid}"]
+    r = subprocess.run(
+        [*argv, "--", *setpriv, "--clear-groups", "--", str(prog), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if r.returncode != 0:
+        raise BenchError(f"perf record --off-cpu failed: {r.stderr[-1000:]}")
+    return _elapsed(r.stdout)
+
+
+def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> float:
+    """offcputime -p on the workload, started stopped (SIGSTOP) so that it is traced
+    from its first round, as gfxclient's -- COMMAND is."""
+    w = stage.as_bench_user(
+        ["sh", "-c", f'kill -STOP $$; exec "{prog}" {n}'], stdout=subprocess.PIPE
+    )
+    trace = subprocess.Popen(
+        [tool, "-p", str(w.pid), "-m", str(MIN_BLOCK_US), "600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2.0)  # no "attached" line to wait for: a libbpf tool attaches in ~1 s
+        if trace.poll() is not None:
+            raise BenchError(
+                f"offcputime exited: {trace.stderr.read()[-1000:] if trace.stderr else ''}"
+            )
+        w.send_signal(signal.SIGCONT)
+        out, _ = w.communicate(timeout=600)
+        return _elapsed(out)
+    finally:
+        trace.send_signal(signal.SIGINT)
+        try:
+            trace.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            trace.kill()
+            trace.wait()
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
+def _calibrate(stage: Stage, prog: Path, seconds: float) -> int:
+    probe = 20_000
+    one = untraced(stage, prog, probe)
+    return max(probe, round(probe * seconds / max(one, 1e-6)))
+
+
+def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
+    prog = build(stage)
+    n = _calibrate(stage, prog, seconds)
+    log(f"offcpu: ping-pong of {n} round trips (~{seconds} s untraced)")
+    out: dict[str, Any] = {"workload": f"2 threads, {n} pipe round trips", "round_trips": n}
+    out["min_block_us"] = MIN_BLOCK_US
+    base = median([untraced(stage, prog, n) for _ in range(rounds)])
+    out["untraced_s"] = round(base, 4)
+    runs = [under_gfxclient(stage, prog, n) for _ in range(rounds)]
+    gfx = median([t for t, _ in runs])
+    out["gfxbpf_s"], out["gfxbpf_slowdown"] = round(gfx, 4), ratio(gfx, base)
+    out["gfxbpf_waits_ns"] = runs[-1][1]["total"]
+    out["perf_unsupported"] = perf_off_cpu_support()
+    if out["perf_unsupported"] is None:
+        perf = median([under_perf(stage, prog, n) for _ in range(rounds)])
+        out["perf_s"], out["perf_slowdown"] = round(perf, 4), ratio(perf, base)
+    tool = shutil.which("offcputime") or "/usr/sbin/offcputime"
+    if Path(tool).exists():
+        oc = median([under_offcputime(stage, prog, n, tool) for _ in range(rounds)])
+        out["offcputime_s"], out["offcputime_slowdown"] = round(oc, 4), ratio(oc, base)
+    else:
+        out["offcputime_unsupported"] = "offcputime is not installed (apt-get install libbpf-tools)"
+    out["switches_per_s_untraced"] = round(4 * n / base)
+    return out
