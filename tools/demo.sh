@@ -60,7 +60,7 @@ else
 fi
 
 USERS=$(IFS=,; echo "$DEMO_USER${EXTRA_USERS[*]:+,${EXTRA_USERS[*]}}")
-say "policy: $USERS may watch syscount, execsnoop, clonecount (own events) and vmabind, and profile own processes"
+say "policy: $USERS may watch syscount, execsnoop, clonecount (own events) and vmabind, and profile own processes (CPU, probes, waits)"
 install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
 "$VENV/bin/gfxbpf-admin" approve syscount --users "$USERS" --scope self >"$POLICY.new"
 "$VENV/bin/gfxbpf-admin" approve execsnoop --users "$USERS" --scope self >>"$POLICY.new"
@@ -69,6 +69,9 @@ install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
 "$VENV/bin/gfxbpf-admin" approve profile --users "$USERS" --scope self >>"$POLICY.new"
 # gfxclient profile's complete stacks: stack copies it unwinds with .eh_frame
 "$VENV/bin/gfxbpf-admin" approve stackcopy --users "$USERS" --scope self >>"$POLICY.new"
+# ... at probes (profile --stacks-at), and where threads wait (profile --off-cpu, --wall)
+"$VENV/bin/gfxbpf-admin" approve ustackcopy --users "$USERS" --scope self >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve offcpu --users "$USERS" --scope self >>"$POLICY.new"
 install -m 0640 -g "$SERVICE_USER" "$POLICY.new" "$POLICY" && rm -f "$POLICY.new"
 "$VENV/bin/gfxbpf-broker" --policy "$POLICY" --check-policy
 
