@@ -144,11 +144,7 @@ NOTES = [
     "--nonblocking. A sample counts as complete when outer, middle and inner are adjacent "
     "in order in its stack. The flame-graph time runs from the workload's own end to the "
     "tool's exit.",
-    "in turn). The first CO-RE attach (execsnoop's tp_btf build, the broker's first read "
-    "of vmlinux BTF) is timed in the client from request to attached; libbpf's time is "
-    "the whole `bpftool prog loadall` process on the same object (both builds verified "
-    "and pinned, not attached).",
-    "Off-CPU (11): two threads ping-pong a byte over two pipes (bench/offcpu.py), about "
+    "Off-CPU (13): two threads ping-pong a byte over two pipes (bench/offcpu.py), about "
     "four context switches per round trip, timed by the workload itself. gfxclient "
     "profile --off-cpu ran it as `-- COMMAND`; offcputime (libbpf-tools) ran as root with "
     "-p on the same process, started stopped and continued once the tool had attached; "

@@ -502,7 +502,7 @@ def _unwind(r: dict[str, Any]) -> list[Row]:
 def _offcpu(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     base, gfx = r["untraced_s"], r["gfxbpf_s"]
-    what = f"11 ping-pong slowdown, --off-cpu (untraced {_s(base)}, {r['round_trips']} round trips)"
+    what = f"13 ping-pong slowdown, --off-cpu (untraced {_s(base)}, {r['round_trips']} round trips)"
     peers = (("perf record --off-cpu", "perf"), ("offcputime (libbpf-tools)", "offcputime"))
     for peer, key in peers:
         if key + "_s" not in r:

@@ -49,7 +49,8 @@ while True:
     outer(20000)
 EOF
 chmod 644 "$ROOT/tmp/gfxbpf_loop.py"
-chroot --userspec="$USER_:$USER_" "$ROOT" /usr/bin/python3 /tmp/gfxbpf_loop.py &
+# Numeric ids: the chroot has its own /etc/passwd, without the demo user.
+chroot --userspec="$(id -u "$USER_"):$(id -g "$USER_")" "$ROOT" /usr/bin/python3 /tmp/gfxbpf_loop.py &
 LOOP=$!
 trap 'kill $LOOP 2>/dev/null || true' EXIT
 sleep 1
