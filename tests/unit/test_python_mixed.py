@@ -203,17 +203,19 @@ def test_report_lists_interpreters_walked_and_notes_the_others() -> None:
     from gfxbpf.client.profiles.python import targets
 
     found = targets.Interpreters()
-    found.add("/usr/bin/python3")  # Debian's 3.11: walkable
+    f = found.add("/usr/bin/python3")  # Debian's 3.11 (3.13 on Debian 13): walkable
+    assert f is not None and f.walkable
+    host = f"{f.version[0]}.{f.version[1]}"
     section, notes = targets.report(
         found,
-        {10: (3, 11)},
+        {10: (int(host[0]), int(host[2:]))},
         {
-            10: ("python3", ["/usr/bin/python3.11"]),
+            10: ("python3", [f"/usr/bin/python{host}"]),
             11: ("py", ["/opt/py/bin/python3.13", "/opt/py/lib/libpython3.13.so.1.0"]),
         },
     )
-    assert [i["version"][:4] for i in section["interpreters"]] == ["3.11"]
-    assert section["processes_walked"] == {"10": "3.11"}
+    assert [i["version"][: len(host)] for i in section["interpreters"]] == [host]
+    assert section["processes_walked"] == {"10": host}
     assert len(notes) == 1 and "process 11 (py) runs Python 3.13" in notes[0]
 
 

@@ -298,7 +298,9 @@ def test_a_signal_handler_unwinds_through_the_sigreturn_frame(folder: Path) -> N
     named = _names(_unwind_all(cap, folder / "cache"), cap.maps, folder)
     in_handler = {k: n for k, n in named.items() if k[0][0] == "handler_spin"}
     total = sum(in_handler.values())
-    assert total >= 50, named.most_common(5)
+    # The handler is where the program spends its time: most samples, whatever
+    # the compiler makes of the loop (Debian 13's gcc runs it in half the time).
+    assert total >= 20 and total >= 0.8 * sum(named.values()), named.most_common(5)
     for (frames, stop), _ in in_handler.items():
         assert stop is None, (frames, stop)
         assert frames[:2] == ("handler_spin", "on_signal"), frames
