@@ -2,32 +2,26 @@
 tables and the bytes of any section (.eh_frame for the unwinder), for every
 module of the project that reads one: the one ELF layer.
 
-pyelftools, the project's ELF library, parses and checks the ELF header
-(its structs built once per class and byte order). The tables are read in
-bulk, each with one precompiled struct: the section and program headers
-(pyelftools parses one header in ~12 us, libc's 64 section headers in
-0.8 ms; the struct in 0.02 ms) and the symbol tables (symbols.py); other
+The ELF header and the tables are read with precompiled structs, not
+pyelftools (importing it costs a daemon ~1 MiB of RSS, and it parses one
+section header in ~12 us, libc's 64 in 0.8 ms; the struct in 0.02 ms):
+the section and program headers in bulk and the symbol tables (symbols.py); other
 bytes (.eh_frame for the unwinder) by pread, or sliced out of an image in
 memory, only where asked for. So the headers of a 100 MB library cost a
 tenth of a millisecond.
 Nothing is trusted: every range is checked against the file's size before
-it is read, and any violation, or anything pyelftools refuses, is an
-ElfError naming the file and what was wrong. It only reads files, so the
+it is read, and any violation is an ElfError naming the file and what was
+wrong. It only reads files, so the
 client may import it.
 """
 
 from __future__ import annotations
 
 import array
-import functools
 import os
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Any
-
-from elftools.elf import enums
-from elftools.elf.structs import ELFStructs
 
 from gfxbpf.elf import notes
 from gfxbpf.elf.symbols import SHN_UNDEF, STT_FUNC, STT_GNU_IFUNC, SymbolTable, layout
@@ -54,17 +48,6 @@ _MAX_READ = 512 << 20  # no real table comes near this; a corrupt size might
 _MAX_NOTE = 1 << 20  # no real note area is this large
 
 
-def _numbers(prefix: str) -> dict[str, int]:
-    """pyelftools' names of one header field's values back to their numbers
-    (it decodes e_machine to a name)."""
-    out: dict[str, int] = {}
-    for name, table in vars(enums).items():
-        if name.startswith(prefix) and isinstance(table, dict):
-            out.update((k, v) for k, v in table.items() if isinstance(v, int))
-    return out
-
-
-_MACHINES = _numbers("ENUM_E_MACHINE")
 SHN_XINDEX = 0xFFFF
 
 
@@ -97,18 +80,10 @@ class Segment:
     flags: int = 0  # PF_X 1, PF_W 2, PF_R 4
 
 
-def _number(value: Any, names: dict[str, int]) -> int:
-    if isinstance(value, int):
-        return value
-    return names.get(value, -1)
-
-
-@functools.cache
-def _elf_structs(little_endian: bool, elfclass: int) -> ELFStructs:
-    """pyelftools' structs of one ELF class and byte order, built once."""
-    structs = ELFStructs(little_endian=little_endian, elfclass=elfclass)
-    structs.create_basic_structs()
-    return structs
+def _ehdr(is64: bool, order: str) -> struct.Struct:
+    """The ELF header after e_ident: type, machine, version, entry, phoff, shoff,
+    flags, ehsize, phentsize, phnum, shentsize, shnum, shstrndx."""
+    return struct.Struct(order + "16xHHI" + ("QQQ" if is64 else "III") + "IHHHHHH")
 
 
 @dataclass(frozen=True)
@@ -148,19 +123,13 @@ class ElfFile:
             raise ElfError(f"{path} is not a valid ELF file: bad class or byte order")
         self.is64 = ident[4] == 2
         self.order = "<" if ident[5] == 1 else ">"
-        structs = _elf_structs(self.order == "<", 64 if self.is64 else 32)
-        size = structs.Elf_Ehdr.sizeof()
-        try:
-            eh = structs.Elf_Ehdr.parse(self.read(0, size, "ELF header"))
-        except ElfError:
-            raise
-        except Exception as e:  # pyelftools (construct) on a header it cannot decode
-            raise ElfError(f"{path}: corrupt ELF header ({type(e).__name__}: {e})") from None
-        self.machine: int = _number(eh["e_machine"], _MACHINES)
+        ehdr = _ehdr(self.is64, self.order)
+        eh = ehdr.unpack(self.read(0, ehdr.size, "ELF header"))
+        _, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, shstrndx = eh
+        self.machine: int = machine
         self._lay = _tables(self.is64, self.order)
-        self.sections = self._read_sections(eh["e_shoff"], eh["e_shentsize"], eh["e_shnum"],
-                                            eh["e_shstrndx"])  # fmt: skip
-        self.segments = self._read_segments(eh["e_phoff"], eh["e_phentsize"], eh["e_phnum"])
+        self.sections = self._read_sections(shoff, shentsize, shnum, shstrndx)
+        self.segments = self._read_segments(phoff, phentsize, phnum)
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         """length bytes at offset, all inside the file (else ElfError)."""
