@@ -27,6 +27,23 @@ if TYPE_CHECKING:
     from gfxbpf.client.cli.cuda_view import CudaWatch
 
 
+EXAMPLES = """\
+examples:
+  gfxclient watch syscount                   counters, sorted, with rates
+  gfxclient watch cuda --pid 4242            CUDA launches, copies, device memory, sync
+  gfxclient watch cuda --pid 4242 --by-python --top 10
+                                             launches per Python function, e.g.
+                                             train_step (train.py:41), and launches/s
+  gfxclient watch cuda --pid 4242 --by-python --once --json
+                                             the same once, with each function's chains
+
+--by-python counts every launch (cuLaunchKernel, cuLaunchKernelEx, their
+_ptsz, cooperative and graph variants) exactly, per Python call chain, with
+program ustackcopy on the process's libcuda (the program of `gfxclient
+profile --stacks-at`): the policy must grant ustackcopy with that library.
+"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_attach_arguments(p)
     p.add_argument("--interval", type=positive_number, default=1.0, metavar="S", help="default 1")
