@@ -98,13 +98,14 @@ def _attach(
     except BrokerError as e:
         if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
             raise
-        raise ClientError(
+        why = (
             f"watch cuda --by-python needs program {PROGRAM} on {library} "
             f"({', '.join(functions)}), which the policy does not grant you: ask the "
             f"administrator to grant {PROGRAM} with that library (scope self); "
             f"`gfxclient watch cuda` without --by-python needs only program cuda.\n  "
             f"broker: {e.message}"
-        ) from None
+        )
+        raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
 
 
 @dataclass

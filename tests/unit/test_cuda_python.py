@@ -14,7 +14,9 @@ from bench import cuda_standin as cs
 from gfxbpf.catalog import cuda_api
 from gfxbpf.client.cli import cuda_python as cp
 from gfxbpf.client.cli.gfxclient import build_parser
+from gfxbpf.client.errors import BrokerError
 from gfxbpf.client.profiles.python import records as py
+from gfxbpf.proto import gfxbpf_pb2 as pb
 
 FUNCS = ["cuLaunchKernel", "cuLaunchKernelEx"]
 A = ("<module> (t.py:9)", "caller_a (t.py:3)")
@@ -104,3 +106,18 @@ def test_launch_functions_are_those_the_library_defines(tmp_path: Path) -> None:
     assert cp.launch_functions(str(old)) == [n for n in launches if n not in cs.OLD_DRIVER_LACKS]
     with pytest.raises(cp.UsageError, match="defines none"):
         cp.launch_functions(str(tmp_path / "missing.so"))
+
+
+class _Refusing:
+    def attach(self, name: str, **kw: Any) -> Any:
+        raise BrokerError(pb.ERROR_PERMISSION_DENIED, f"no rule grants {name}")
+
+
+def test_a_refused_grant_names_the_program_and_library_to_ask_for() -> None:
+    args = _args("--by-python", "--pid", "5")
+    with pytest.raises(BrokerError) as e:
+        cp._attach(_Refusing(), args, "/x/libcuda.so.1", FUNCS, [])  # type: ignore[arg-type]
+    text = str(e.value)
+    assert "needs program ustackcopy on /x/libcuda.so.1" in text
+    assert "ask the administrator" in text and "no rule grants ustackcopy" in text
+    assert e.value.exit_code == 3
