@@ -24,7 +24,7 @@ from gfxbpf.client.cli.display import clip, humanize_count
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.printable import printable
-from gfxbpf.client.profiles.read import CALL_KEY, CALL_STATS
+from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS, ProbeCopyReader
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 PROGRAM = "ustackcopy"
@@ -50,7 +50,6 @@ def attach(broker: Broker, args: argparse.Namespace) -> PythonLaunches:
     """ustackcopy on the target's libcuda launch functions, walking its Python."""
     from gfxbpf.client import libcuda
     from gfxbpf.client.cli.profile_cmd import code_book, python_files
-    from gfxbpf.client.profiles.copies import ProbeCopyReader
     from gfxbpf.client.profiles.python.targets import find
 
     if not args.pid:

@@ -16,6 +16,7 @@ from gfxbpf.client.cli import cuda_python as cp
 from gfxbpf.client.cli.gfxclient import build_parser
 from gfxbpf.client.errors import BrokerError
 from gfxbpf.client.profiles.python import records as py
+from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 FUNCS = ["cuLaunchKernel", "cuLaunchKernelEx"]
@@ -121,3 +122,62 @@ def test_a_refused_grant_names_the_program_and_library_to_ask_for() -> None:
     assert "needs program ustackcopy on /x/libcuda.so.1" in text
     assert "ask the administrator" in text and "no rule grants ustackcopy" in text
     assert e.value.exit_code == 3
+
+
+class _Codes:
+    """Names frames as the code book does: by code address and instruction."""
+
+    def name(self, tgid: int, frame: py.Frame) -> str:
+        return {0xA0: "<module> (t.py:9)", 0xB0: f"caller_a (t.py:{frame[1]})"}[frame[0]]
+
+
+class _Reader:
+    def __init__(self, chains: dict[tuple[int, int], tuple[py.Frame, ...]]) -> None:
+        self.chains = chains
+        self.python = self
+        self.codes = _Codes()
+
+    def drain(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def resolve(self, final: bool = False) -> None:
+        pass
+
+
+class _Map:
+    def __init__(self, rows: list[tuple[bytes, bytes]]) -> None:
+        self.rows = rows
+
+    def raw_items(self) -> list[tuple[bytes, bytes]]:
+        return self.rows
+
+
+class _Att:
+    id = 7
+
+    def __init__(self, rows: list[tuple[bytes, bytes]]) -> None:
+        self.calls = _Map(rows)
+
+    def map(self, name: str) -> _Map:
+        assert name == "calls"
+        return self.calls
+
+
+def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
+    inner_first = ((0xB0, 3, 0), (0xA0, 40, py.FRAME_ENTRY))
+    h = py.chain_hash(inner_first)
+    rows = [(CALL_KEY.pack(100, 0, 0x1000, h), CALL_STATS.pack(1000, 4_000_000))]
+    att = _Att(rows)
+    view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
+    view.sample()
+    att.calls.rows = [(rows[0][0], CALL_STATS.pack(1500, 6_000_000))]
+    view.sample()
+    doc = view.json_line()
+    assert doc["launches"] == 1500 and doc["library"] == "/x/libcuda.so.1"
+    [g] = doc["python_functions"]
+    assert g["function"] == "caller_a (t.py:3)" and g["launches"] == 1500
+    assert g["chains"] == [{"chain": ["<module> (t.py:9)", "caller_a (t.py:3)"], "launches": 1500}]
+    assert g["launches_per_s"] > 0  # 500 launches since the last sample
+    text = view.frame(120, None, None)
+    assert text[1].startswith("1500 launches (cuLaunchKernel, cuLaunchKernelEx)")
+    assert text[-1].split()[-2:] == ["caller_a", "(t.py:3)"]
