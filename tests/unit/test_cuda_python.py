@@ -15,8 +15,8 @@ from gfxbpf.catalog import cuda_api
 from gfxbpf.client.cli import cuda_python as cp
 from gfxbpf.client.cli.gfxclient import build_parser
 from gfxbpf.client.errors import BrokerError
-from gfxbpf.client.profiles.python import records as py
 from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS
+from gfxbpf.client.profiles.python import records as py
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 FUNCS = ["cuLaunchKernel", "cuLaunchKernelEx"]
