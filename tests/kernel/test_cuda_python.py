@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,7 @@ def work() -> Iterator[Path]:
     (d / "launches.py").write_text(SCRIPT)
     subprocess.run(["chmod", "-R", "a+rX", str(d)], check=True)
     yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def broker_policy(request: pytest.FixtureRequest) -> str:
