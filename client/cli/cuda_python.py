@@ -25,6 +25,7 @@ from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS, ProbeCopyReader
+from gfxbpf.client.profiles.read import lost_count
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 PROGRAM = "ustackcopy"
@@ -195,7 +196,8 @@ class PythonLaunches:
         self.groups: list[Group] = []
         self.prev: dict[tuple[int, str], int] = {}
         self.rates: dict[tuple[int, str], float] = {}
-        self.t = self.prev_t = 0.0
+        self.prev_t = self.dt = 0.0
+        self.lost = 0  # launches the broker's table had no room to count
 
     def sample(self) -> None:
         while self.reader.drain():  # the copies name the rows' chains
@@ -205,9 +207,12 @@ class PythonLaunches:
         groups = group_rows(rows, self._chains(), self.functions)
         cur = {(g.pid, g.function): g.calls for g in groups}
         if self.prev_t:
-            dt = now - self.prev_t
-            self.rates = {k: (n - self.prev.get(k, 0)) / dt for k, n in cur.items()}
-        self.groups, self.prev, self.prev_t, self.t = groups, cur, now, now
+            self.dt = now - self.prev_t
+            self.rates = {k: (n - self.prev.get(k, 0)) / self.dt for k, n in cur.items()}
+        self.groups, self.prev, self.prev_t = groups, cur, now
+        if "lost" in self.att.maps:
+            counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] calls
+            self.lost = lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
 
     def _chains(self) -> Chains:
         codes = self.reader.python.codes
@@ -217,10 +222,6 @@ class PythonLaunches:
             for key, frames in self.reader.chains.items()
         }
 
-    @property
-    def dt(self) -> float:
-        return self.interval if self.rates else 0.0
-
     def json_line(self) -> dict[str, Any]:
         return {
             "timestamp": time.time(),
@@ -228,8 +229,10 @@ class PythonLaunches:
             "view": "by-python",
             "attachment": self.att.id,
             "library": self.library,
+            "interval": round(self.dt, 6) if self.dt else None,
             "functions": self.functions,
             "launches": sum(g.calls for g in self.groups),
+            "lost": self.lost,
             "python_functions": [
                 g.as_json(self.rates.get((g.pid, g.function))) for g in self.groups
             ],
@@ -243,7 +246,12 @@ class PythonLaunches:
             f"{total} launches ({', '.join(self.functions)}) by innermost Python function:",
         ]
         lines.extend(table_lines(self.groups, self.rates, limit))
+        if self.lost:
+            lines.append(f"note: {self.lost} launches not counted: the broker's table was full")
         return clip(lines, width, height)
+
+
+_UNCOUNTED = (1).to_bytes(4, "little")  # ustackcopy.bpf.c: lost[1], calls not counted
 
 
 def _row(key: bytes, value: Any) -> tuple[Row, int, int]:

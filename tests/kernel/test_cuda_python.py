@@ -132,6 +132,7 @@ def test_launches_are_counted_exactly_per_python_function(
     assert set(got) == {f"launch_a ({script}:6)", f"launch_b ({script}:9)"}, got
     a, b = got[f"launch_a ({script}:6)"], got[f"launch_b ({script}:9)"]
     assert (a["launches"], b["launches"], last["launches"]) == (N, M, N + M)
+    assert last["lost"] == 0
     assert a["by_launch_function"] == {"cuLaunchKernel": N}
     assert b["by_launch_function"] == {"cuLaunchKernelEx": M}
     assert a["pid"] == b["pid"] == target.pid

@@ -5,6 +5,7 @@ as the copy reader gives them)."""
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -154,13 +155,16 @@ class _Map:
 
 class _Att:
     id = 7
+    maps = {"calls": None, "lost": None}
 
     def __init__(self, rows: list[tuple[bytes, bytes]]) -> None:
         self.calls = _Map(rows)
+        # ustackcopy's lost: [0] copies the ring dropped, [1] calls not counted
+        u32, u64 = struct.Struct("<I"), struct.Struct("<Q")
+        self.lost = _Map([(u32.pack(0), u64.pack(5)), (u32.pack(1), u64.pack(2))])
 
     def map(self, name: str) -> _Map:
-        assert name == "calls"
-        return self.calls
+        return {"calls": self.calls, "lost": self.lost}[name]
 
 
 def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
@@ -174,10 +178,12 @@ def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
     view.sample()
     doc = view.json_line()
     assert doc["launches"] == 1500 and doc["library"] == "/x/libcuda.so.1"
+    assert doc["lost"] == 2 and doc["interval"] > 0  # calls not counted, not copies
     [g] = doc["python_functions"]
     assert g["function"] == "caller_a (t.py:3)" and g["launches"] == 1500
     assert g["chains"] == [{"chain": ["<module> (t.py:9)", "caller_a (t.py:3)"], "launches": 1500}]
     assert g["launches_per_s"] > 0  # 500 launches since the last sample
     text = view.frame(120, None, None)
     assert text[1].startswith("1500 launches (cuLaunchKernel, cuLaunchKernelEx)")
-    assert text[-1].split()[-2:] == ["caller_a", "(t.py:3)"]
+    assert text[-2].split()[-2:] == ["caller_a", "(t.py:3)"]
+    assert text[-1] == "note: 2 launches not counted: the broker's table was full"
