@@ -90,8 +90,10 @@ def _target(work: Path, user: str) -> subprocess.Popen[str]:
     return p
 
 
-def _watch(broker: BrokerProcess, user: str, *args: str) -> subprocess.Popen[str]:
-    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket]
+def _watch(broker: BrokerProcess, user: str, *args: str, via: str = "fd") -> subprocess.Popen[str]:
+    assert broker.grpc is not None
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--grpc", broker.grpc]
+    argv += ["--via", via]  # grpc: no map fds, the code objects come through the broker
     return run_as(
         user,
         [*argv, "watch", "cuda", "--by-python", *args],
@@ -108,11 +110,12 @@ def _stop(p: subprocess.Popen[str]) -> None:
         p.wait()
 
 
+@pytest.mark.parametrize("via", ["fd", "grpc"])
 def test_launches_are_counted_exactly_per_python_function(
-    broker: BrokerProcess, work: Path
+    broker: BrokerProcess, work: Path, via: str
 ) -> None:
     target = _target(work, ALICE)
-    watch = _watch(broker, ALICE, "--pid", str(target.pid), "--json", "--duration", "3")
+    watch = _watch(broker, ALICE, "--pid", str(target.pid), "--json", "--duration", "3", via=via)
     try:
         assert watch.stdout is not None and target.stdin is not None and target.stdout
         first = json.loads(watch.stdout.readline())  # right after attaching
