@@ -243,7 +243,8 @@ class PythonLaunches:
         lines = [
             f"gfxclient watch cuda --by-python · {self.library} · attachment {self.att.id} · "
             f"every {self.interval:g}s · {time.strftime('%H:%M:%S')}",
-            f"{total} launches ({', '.join(self.functions)}) by innermost Python function:",
+            f"{total} launches by innermost Python function "
+            f"({len(self.functions)} launch functions probed; --json names them):",
         ]
         lines.extend(table_lines(self.groups, self.rates, limit))
         if self.lost:

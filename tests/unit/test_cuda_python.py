@@ -184,6 +184,6 @@ def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
     assert g["chains"] == [{"chain": ["<module> (t.py:9)", "caller_a (t.py:3)"], "launches": 1500}]
     assert g["launches_per_s"] > 0  # 500 launches since the last sample
     text = view.frame(120, None, None)
-    assert text[1].startswith("1500 launches (cuLaunchKernel, cuLaunchKernelEx)")
+    assert text[1].startswith("1500 launches by innermost Python function (2 launch functions")
     assert text[-2].split()[-2:] == ["caller_a", "(t.py:3)"]
     assert text[-1] == "note: 2 launches not counted: the broker's table was full"
