@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "watch",
         "a live view of a program's maps (Ctrl-C to stop)",
         "; with --json, one object {timestamp, program, maps: {name: entries}} per "
-        "interval, the first right after attaching (its rates are null)",
+        "interval, the first right after attaching (its rates are null)\n\n" + watch_cmd.EXAMPLES,
     )
     watch_cmd.add_arguments(p)
     stream_cmd.add_arguments(

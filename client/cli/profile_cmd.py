@@ -656,7 +656,7 @@ def _attach(
     pythons: Interpreters | None = None,
 ) -> Attachment:
     children = req.children and pid is not None  # several --pid: kept here, by /proc
-    files = _python_files(pythons)
+    files = python_files(pythons)
     if req.mode == OFF_CPU:
         return _attach_offcpu(broker, req, pid, children, files)
     if req.mode == WALL:  # the samples here; _attach_waits adds the offcpu attachment
@@ -694,13 +694,13 @@ def _attach_waits(
         return None
     try:
         children = req.children and pid is not None
-        return _attach_offcpu(broker, req, pid, children, _python_files(pythons))
+        return _attach_offcpu(broker, req, pid, children, python_files(pythons))
     except BaseException:
         sampling.detach()
         raise
 
 
-def _python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
+def python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
     """The attach request's interpreters: the CPython executables to walk."""
     return [
         pb.PythonFile(dev=f.dev, ino=f.ino, runtime_off=f.runtime_off or 0, major=v[0], minor=v[1])
@@ -769,7 +769,7 @@ def _copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies
 
     symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
     stream = r.att.open_events(STACK_COPIES)
-    codes = _code_book(r.att)
+    codes = code_book(r.att)
     if r.req.probes:
         return ProbeCopyReader(stream, r.maps.process, tables, codes)
     req = r.req
@@ -794,13 +794,13 @@ def _waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
 
     stream = att.open_events(STACK_COPIES)
     reader = CopyReader(
-        stream, r.maps.process, tables, r.kept(), _code_book(att), waits=True, threads=True
+        stream, r.maps.process, tables, r.kept(), code_book(att), waits=True, threads=True
     )
     reader.skip.add(os.getpid())
     return reader
 
 
-def _code_book(att: Attachment) -> Any:
+def code_book(att: Attachment) -> Any:
     """The Python code objects the program copied (None: it walks no Python)."""
     if "py_codes" not in att.maps:
         return None

@@ -22,7 +22,26 @@ from gfxbpf.client.handle import Attachment, ClientMap
 from gfxbpf.client.mapdata import MapData
 
 if TYPE_CHECKING:
+    from gfxbpf.client.broker import Broker
+    from gfxbpf.client.cli.cuda_python import PythonLaunches
     from gfxbpf.client.cli.cuda_view import CudaWatch
+
+
+EXAMPLES = """\
+examples:
+  gfxclient watch syscount                   counters, sorted, with rates
+  gfxclient watch cuda --pid 4242            CUDA launches, copies, device memory, sync
+  gfxclient watch cuda --pid 4242 --by-python --top 10
+                                             launches per Python function, e.g.
+                                             train_step (train.py:41), and launches/s
+  gfxclient watch cuda --pid 4242 --by-python --once --json
+                                             the same once, with each function's chains
+
+--by-python counts every launch (cuLaunchKernel, cuLaunchKernelEx, their
+_ptsz, cooperative and graph variants) exactly, per Python call chain, with
+program ustackcopy on the process's libcuda (the program of `gfxclient
+profile --stacks-at`): the policy must grant ustackcopy with that library.
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--once", action="store_true", help="one view after one interval, then exit")
     p.add_argument("--map", action="append", metavar="MAP", help="only this map (repeatable)")
     p.add_argument("--top", type=count, metavar="N", help="rows per table (default: fit)")
+    p.add_argument(
+        "--by-python",
+        action="store_true",
+        help="cuda only: kernel launches per innermost Python function of --pid PID, "
+        "e.g. `train_step (train.py:41)` (--json: each with its whole Python chain); "
+        "needs program ustackcopy on the target's libcuda in the policy",
+    )
 
 
 def _snapshot(maps: list[ClientMap]) -> dict[str, MapData]:
@@ -120,28 +146,36 @@ def _row_limit(args: argparse.Namespace, nmaps: int, height: int | None) -> int 
     return max(3, (height - 2) // max(nmaps, 1) - 4)
 
 
+def _make_watch(broker: Broker, args: argparse.Namespace) -> Watch | CudaWatch | PythonLaunches:
+    if args.by_python:
+        if args.name != CUDA_PROGRAM or args.map:
+            raise UsageError("--by-python is for `gfxclient watch cuda --pid PID` (no --map)")
+        from gfxbpf.client.cli import cuda_python
+
+        return cuda_python.attach(broker, args)
+    att = attach(broker, args)
+    maps = att.table_maps()
+    if args.map:
+        unknown = [m for m in args.map if m not in att.maps]
+        if unknown:
+            raise UsageError(
+                f"{att.program} has no map {unknown[0]!r} (maps: {', '.join(att.maps)})"
+            )
+        maps = [m for m in maps if m.name in args.map]
+    maps, stack_tables = stack_view.left_out(maps)
+    if not maps and stack_tables:
+        raise UsageError(stack_view.pointer(stack_tables[0], args.name))
+    if not maps:
+        raise UsageError(f"{att.program} reports only events: use `gfxclient stream {args.name}`")
+    if att.program == CUDA_PROGRAM and not args.map:
+        return load_cuda_view().CudaWatch(att, maps, args.interval, args.library or "")
+    return Watch(args, att, maps, stack_tables)
+
+
 def command(args: argparse.Namespace, out: TextIO) -> int:
     tty = out.isatty() and not args.json and not args.once
     with StopSignal() as stop, connect(args) as broker:
-        att = attach(broker, args)
-        maps = att.table_maps()
-        if args.map:
-            unknown = [m for m in args.map if m not in att.maps]
-            if unknown:
-                raise UsageError(
-                    f"{att.program} has no map {unknown[0]!r} (maps: {', '.join(att.maps)})"
-                )
-            maps = [m for m in maps if m.name in args.map]
-        maps, stack_tables = stack_view.left_out(maps)
-        if not maps and stack_tables:
-            raise UsageError(stack_view.pointer(stack_tables[0], args.name))
-        if not maps:
-            raise UsageError(
-                f"{att.program} reports only events: use `gfxclient stream {args.name}`"
-            )
-        w: Watch | CudaWatch = Watch(args, att, maps, stack_tables)
-        if att.program == CUDA_PROGRAM and not args.map:
-            w = load_cuda_view().CudaWatch(att, maps, args.interval, args.library or "")
+        w = _make_watch(broker, args)
         screen = Screen(out) if tty else None
         start = time.monotonic()
         try:
@@ -177,7 +211,10 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _emit(
-    w: Watch | CudaWatch, args: argparse.Namespace, out: TextIO, screen: Screen | None
+    w: Watch | CudaWatch | PythonLaunches,
+    args: argparse.Namespace,
+    out: TextIO,
+    screen: Screen | None,
 ) -> None:
     if args.json:
         dump_json(w.json_line(), out)

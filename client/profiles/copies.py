@@ -261,6 +261,8 @@ class ProbeCopyReader:
         # row -> the distinct unwound paths, from the caller out
         self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
         self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
+        # (tgid, chain hash) -> the Python frames, unwound or not (watch cuda --by-python)
+        self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
         self.records = 0
 
     def drain(self, timeout: float = 0.0) -> int:
@@ -276,6 +278,8 @@ class ProbeCopyReader:
         tgid, tid, _flags, size, ip, sp, bp, ts, _e, function, _pad, _comm = _parse(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
+        if pyframes:
+            self.chains[(tgid, py.chain_hash(pyframes))] = pyframes
         if size < U64.size:
             return  # not even the return address: nothing to place the row by
         caller = U64.unpack_from(rec, HEADER.size)[0]

@@ -1,0 +1,189 @@
+"""`gfxclient watch cuda --by-python`: ustackcopy rows grouped per innermost
+Python function, the table and the --json line (no broker: rows and chains
+as the copy reader gives them)."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import cuda_standin as cs
+from gfxbpf.catalog import cuda_api
+from gfxbpf.client.cli import cuda_python as cp
+from gfxbpf.client.cli.gfxclient import build_parser
+from gfxbpf.client.errors import BrokerError
+from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS
+from gfxbpf.client.profiles.python import records as py
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+FUNCS = ["cuLaunchKernel", "cuLaunchKernelEx"]
+A = ("<module> (t.py:9)", "caller_a (t.py:3)")
+B = ("<module> (t.py:10)", "caller_b (t.py:6)")
+B2 = ("<module> (t.py:11)", "caller_b (t.py:6)")  # the same function from elsewhere
+ROWS: list[tuple[cp.Row, int, int]] = [
+    ((100, 0, 0x1000, 11), 1000, 2_000_000),  # caller_a, cuLaunchKernel
+    ((100, 0, 0x1000, 13), 2000, 2_000_000),  # caller_b
+    ((100, 1, 0x1008, 13), 500, 1_000_000),  # caller_b, cuLaunchKernelEx
+    ((100, 0, 0x1000, 15), 500, 0),  # caller_b from another <module> line
+    ((100, 0, 0x2000, 0), 7, 70_000),  # no Python frame
+    ((100, 0, 0x1000, 17), 3, 0),  # a chain whose copy was not read
+]
+CHAINS: cp.Chains = {(100, 11): A, (100, 13): B, (100, 15): B2}
+
+
+def _groups() -> dict[str, cp.Group]:
+    return {g.function: g for g in cp.group_rows(ROWS, CHAINS, FUNCS)}
+
+
+def test_rows_sum_per_innermost_frame_with_their_chains() -> None:
+    groups = cp.group_rows(ROWS, CHAINS, FUNCS)
+    assert [(g.function, g.calls) for g in groups] == [
+        ("caller_b (t.py:6)", 3000),
+        ("caller_a (t.py:3)", 1000),
+        (cp.NO_PYTHON, 7),
+        (cp.NOT_COPIED, 3),
+    ]
+    b = groups[0]
+    assert b.by_launch == {"cuLaunchKernel": 2500, "cuLaunchKernelEx": 500}
+    assert b.chains == {B: 2500, B2: 500}
+    assert b.time_ns == 3_000_000
+
+
+def test_json_has_counts_and_each_chain_root_first() -> None:
+    doc = _groups()["caller_b (t.py:6)"].as_json(12.5)
+    assert doc == {
+        "pid": 100,
+        "function": "caller_b (t.py:6)",
+        "launches": 3000,
+        "launches_per_s": 12.5,
+        "time_ns": 3_000_000,
+        "by_launch_function": {"cuLaunchKernel": 2500, "cuLaunchKernelEx": 500},
+        "chains": [
+            {"chain": list(B), "launches": 2500},
+            {"chain": list(B2), "launches": 500},
+        ],
+    }
+
+
+def test_table_lines_show_counts_rates_means_and_what_was_left_out() -> None:
+    groups = cp.group_rows(ROWS, CHAINS, FUNCS)
+    lines = cp.table_lines(groups, {(100, "caller_a (t.py:3)"): 250.0}, limit=2)
+    assert "python function" in lines[0]
+    assert lines[1].split() == ["100", "3000", "1.0µs", "caller_b", "(t.py:6)"]
+    assert lines[2].split() == ["100", "1000", "250", "2.0µs", "caller_a", "(t.py:3)"]
+    assert lines[3] == "  … 2 more functions with 10 launches"
+    assert cp.table_lines([], {}, None) == ["  (no launches seen yet)"]
+
+
+def test_the_row_hash_is_the_chain_hash_of_the_reader() -> None:
+    """The reader keys chains by chain_hash, as ustackcopy keys its rows."""
+    frames = ((0x7F00, 44, 1 << py.TAG_SHIFT), (0x7F80, 12, py.FRAME_ENTRY))
+    h = py.chain_hash(frames)
+    assert h & 1 and h == py.chain_hash(frames + ((0, 0, py.FRAME_CUT),))
+    assert py.chain_hash(()) == 0
+
+
+def _args(*argv: str) -> Any:
+    return build_parser().parse_args(["watch", "cuda", *argv])
+
+
+def test_by_python_is_a_watch_flag_and_needs_cuda_and_a_pid() -> None:
+    assert _args("--by-python", "--pid", "5").by_python
+    with pytest.raises(cp.UsageError, match="needs --pid"):
+        cp.attach(None, _args("--by-python"))  # type: ignore[arg-type]
+    with pytest.raises(cp.UsageError, match="scope self"):
+        cp.attach(None, _args("--by-python", "--pid", "5", "--scope", "system"))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the stand-in")
+def test_launch_functions_are_those_the_library_defines(tmp_path: Path) -> None:
+    launches = [cuda_api.FUNCTIONS[i].name for i in cuda_api.by_role("launch")]
+    new = cs.build_library(tmp_path / "new")
+    assert cp.launch_functions(str(new)) == launches
+    old = cs.build_library(tmp_path / "old", old_driver=True)
+    assert cp.launch_functions(str(old)) == [n for n in launches if n not in cs.OLD_DRIVER_LACKS]
+    with pytest.raises(cp.UsageError, match="defines none"):
+        cp.launch_functions(str(tmp_path / "missing.so"))
+
+
+class _Refusing:
+    def attach(self, name: str, **kw: Any) -> Any:
+        raise BrokerError(pb.ERROR_PERMISSION_DENIED, f"no rule grants {name}")
+
+
+def test_a_refused_grant_names_the_program_and_library_to_ask_for() -> None:
+    args = _args("--by-python", "--pid", "5")
+    with pytest.raises(BrokerError) as e:
+        cp._attach(_Refusing(), args, "/x/libcuda.so.1", FUNCS, [])  # type: ignore[arg-type]
+    text = str(e.value)
+    assert "needs program ustackcopy on /x/libcuda.so.1" in text
+    assert "ask the administrator" in text and "no rule grants ustackcopy" in text
+    assert e.value.exit_code == 3
+
+
+class _Codes:
+    """Names frames as the code book does: by code address and instruction."""
+
+    def name(self, tgid: int, frame: py.Frame) -> str:
+        return {0xA0: "<module> (t.py:9)", 0xB0: f"caller_a (t.py:{frame[1]})"}[frame[0]]
+
+
+class _Reader:
+    def __init__(self, chains: dict[tuple[int, int], tuple[py.Frame, ...]]) -> None:
+        self.chains = chains
+        self.python = self
+        self.codes = _Codes()
+
+    def drain(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def resolve(self, final: bool = False) -> None:
+        pass
+
+
+class _Map:
+    def __init__(self, rows: list[tuple[bytes, bytes]]) -> None:
+        self.rows = rows
+
+    def raw_items(self) -> list[tuple[bytes, bytes]]:
+        return self.rows
+
+
+class _Att:
+    id = 7
+    maps = {"calls": None, "lost": None}
+
+    def __init__(self, rows: list[tuple[bytes, bytes]]) -> None:
+        self.calls = _Map(rows)
+        # ustackcopy's lost: [0] copies the ring dropped, [1] calls not counted
+        u32, u64 = struct.Struct("<I"), struct.Struct("<Q")
+        self.lost = _Map([(u32.pack(0), u64.pack(5)), (u32.pack(1), u64.pack(2))])
+
+    def map(self, name: str) -> _Map:
+        return {"calls": self.calls, "lost": self.lost}[name]
+
+
+def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
+    inner_first = ((0xB0, 3, 0), (0xA0, 40, py.FRAME_ENTRY))
+    h = py.chain_hash(inner_first)
+    rows = [(CALL_KEY.pack(100, 0, 0x1000, h), CALL_STATS.pack(1000, 4_000_000))]
+    att = _Att(rows)
+    view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
+    view.sample()
+    att.calls.rows = [(rows[0][0], CALL_STATS.pack(1500, 6_000_000))]
+    view.sample()
+    doc = view.json_line()
+    assert doc["launches"] == 1500 and doc["library"] == "/x/libcuda.so.1"
+    assert doc["lost"] == 2 and doc["interval"] > 0  # calls not counted, not copies
+    [g] = doc["python_functions"]
+    assert g["function"] == "caller_a (t.py:3)" and g["launches"] == 1500
+    assert g["chains"] == [{"chain": ["<module> (t.py:9)", "caller_a (t.py:3)"], "launches": 1500}]
+    assert g["launches_per_s"] > 0  # 500 launches since the last sample
+    text = view.frame(120, None, None)
+    assert text[1].startswith("1500 launches by innermost Python function (2 launch functions")
+    assert text[-2].split()[-2:] == ["caller_a", "(t.py:3)"]
+    assert text[-1] == "note: 2 launches not counted: the broker's table was full"
