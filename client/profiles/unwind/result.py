@@ -95,10 +95,14 @@ class UnwindResult:
     """frames: the pcs, innermost first; frames[0] is the sampled ip and the
     others are return addresses (name them at pc - 1, as the symbolizer does).
     Every pc lies in an executable mapping. stop: None if the walk reached the
-    thread's first frame, else why it ended."""
+    thread's first frame, else why it ended. scanned: how many return
+    addresses a stack scan found (0: every frame by CFI or frame pointer)."""
 
     frames: tuple[int, ...]
     stop: Stop | None
+    # Frames whose return address was found by a stack scan past code without
+    # CFI (scan.py), not read where a rule or a frame pointer put it.
+    scanned: int = 0
 
     @property
     def complete(self) -> bool:
