@@ -6,14 +6,19 @@ A word of the stack above sp is taken as the frame's return address only if
 all of these hold, so that a data value or a stale return address left by an
 earlier call is not made a frame:
 - it lies in an executable mapping, and an FDE of its file covers the call;
-- the bytes just before it are a call: E8 rel32 whose target is code, or one
-  of the FF /2 indirect forms (2 to 7 bytes, a REX prefix allowed);
+- the bytes just before it are a call: E8 rel32 into the code the frame is
+  running (its target lies a little before pc, in the same file, and no FDE
+  covers either) or into a PLT stub, or one of the FF /2 indirect forms (2
+  to 7 bytes, a REX prefix allowed). A direct call to any other function is
+  refused: that function's frame, not this one, would sit below the word
+  (it is what stale return addresses of earlier calls look like);
 - the CFI walk from it (CFA = slot + 8) takes CHECK_STEPS more steps to code
   (or to the thread's first frame).
-A direct call whose target lies before the pc in the same stretch of code
-without CFI (the function the frame is in) is preferred to any other
-candidate of the window: it names the frame's function as the callee, where
-an indirect call or a call to another function could be a stale word.
+A direct call into the frame's own code ("strong") is taken wherever it lies
+in the window: it names the frame's function as the callee. A call through a
+pointer or a PLT stub ("weak") could be a stale word, or the return address
+of a frame further up whose callees were refused: it is taken only if it is
+the first word of the window that looks like a return address at all.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ _CALL_BYTES = 7
 # A direct call's target counts as "the frame's function" at most this far before pc.
 _SAME_FUNCTION_SPAN = 1 << 16
 _I32 = struct.Struct("<i").unpack_from
+# How PLT stubs begin: jmp *GOT(%rip), bnd jmp, and .plt.sec's endbr64 first.
+_PLT_HEADS = (b"\xff\x25", b"\xf2\xff\x25", b"\xf3\x0f\x1e\xfa\xff\x25", b"\xf3\x0f\x1e\xfa\xf2\xff\x25")
 _MASK = (1 << 64) - 1
 
 Resolve = Callable[[int], Located | None]
@@ -49,25 +56,28 @@ def scan_caller(
     """The caller (return address, CFA, rbp) of the frame at pc whose sp is
     sp, or None if no word of the window passes every check."""
     weak: Step | None = None
+    first = True  # no word that looks like a return address seen yet
     for slot in range(sp, sp + SCAN_BYTES, 8):
         ra = mem.u64(slot)
         if ra is None:
             break
         kind = _call_kind(pc, ra, resolve, code_before)
-        if kind is None or (weak is not None and kind == "weak"):
-            continue
-        step = _checked(ra, slot, sp, bp, mem, resolve)
-        if step is None:
+        if kind is None:
             continue
         if kind == "strong":
-            return step
-        weak = step
+            step = _checked(ra, slot, sp, bp, mem, resolve)
+            if step is not None:
+                return step
+        elif kind == "weak" and first:
+            weak = _checked(ra, slot, sp, bp, mem, resolve)
+        first = False
     return weak
 
 
 def _call_kind(pc: int, ra: int, resolve: Resolve, code_before: CodeBefore) -> str | None:
-    """"strong" (a direct call into the frame's own code), "weak" (another
-    call) or None (not a return address of code with CFI)."""
+    """"strong" (a direct call into the frame's own code), "weak" (a call
+    through a pointer or a PLT stub), "refused" (a direct call to another
+    function) or None (not a return address of code with CFI)."""
     where = resolve(ra)
     if where is None or where[0] is None or where[0].function(ra + where[1] - 1) is None:
         return None
@@ -76,8 +86,12 @@ def _call_kind(pc: int, ra: int, resolve: Resolve, code_before: CodeBefore) -> s
         return None
     if code[-5] == 0xE8:
         target = (ra + _I32(code, _CALL_BYTES - 4)[0]) & _MASK
+        if _same_function(pc, target, resolve):
+            return "strong"
+        if _is_plt_stub(target, code_before):
+            return "weak"
         if resolve(target) is not None:
-            return "strong" if _same_function(pc, target, resolve) else "weak"
+            return "refused"
     if any(is_indirect_call(code[-n:]) for n in range(2, _CALL_BYTES + 1)):
         return "weak"
     return None
@@ -93,6 +107,13 @@ def _same_function(pc: int, target: int, resolve: Resolve) -> bool:
     if table is None or not 0 <= pc - target < _SAME_FUNCTION_SPAN:
         return False
     return table.function(pc + delta) is None and table.function(target + delta) is None
+
+
+def _is_plt_stub(target: int, code_before: CodeBefore) -> bool:
+    """target starts a PLT stub (jmp *GOT(%rip), after endbr64 / bnd in
+    .plt.sec): the callee it reaches is not known here."""
+    head = code_before(target + 7, 7)
+    return head is not None and head.startswith(_PLT_HEADS)
 
 
 def is_indirect_call(code: bytes) -> bool:
