@@ -24,10 +24,10 @@ from gfxbpf.client.profiles.unwind import (
     UnwindResult,
     UnwindTables,
     marker_frame,
+    scan,
     unwind,
     walk,
 )
-from gfxbpf.client.profiles.unwind import scan
 from gfxbpf.client.profiles.unwind.scan import SCAN_BYTES, is_indirect_call
 from tests.conftest import skip_or_fail
 
@@ -165,7 +165,9 @@ def test_scan_recovers_the_chain_under_a_leaf_without_cfi(
         assert _stale_words(cap, tmp_path / f"scan-{stale_bytes}") >= 0.9 * len(in_leaf)
 
 
-@pytest.mark.parametrize("indirect", [False, True], ids=["real-call-unrecognised", "through-pointer"])
+@pytest.mark.parametrize(
+    "indirect", [False, True], ids=["real-call-unrecognised", "through-pointer"]
+)
 def test_stale_return_addresses_are_never_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, indirect: bool
 ) -> None:

@@ -43,7 +43,12 @@ _CALL_BYTES = 7
 _SAME_FUNCTION_SPAN = 1 << 16
 _I32 = struct.Struct("<i").unpack_from
 # How PLT stubs begin: jmp *GOT(%rip), bnd jmp, and .plt.sec's endbr64 first.
-_PLT_HEADS = (b"\xff\x25", b"\xf2\xff\x25", b"\xf3\x0f\x1e\xfa\xff\x25", b"\xf3\x0f\x1e\xfa\xf2\xff\x25")
+_PLT_HEADS = (
+    b"\xff\x25",
+    b"\xf2\xff\x25",
+    b"\xf3\x0f\x1e\xfa\xff\x25",
+    b"\xf3\x0f\x1e\xfa\xf2\xff\x25",
+)
 _MASK = (1 << 64) - 1
 
 Resolve = Callable[[int], Located | None]
@@ -75,7 +80,7 @@ def scan_caller(
 
 
 def _call_kind(pc: int, ra: int, resolve: Resolve, code_before: CodeBefore) -> str | None:
-    """"strong" (a direct call into the frame's own code), "weak" (a call
+    """ "strong" (a direct call into the frame's own code), "weak" (a call
     through a pointer or a PLT stub), "refused" (a direct call to another
     function) or None (not a return address of code with CFI)."""
     where = resolve(ra)
@@ -137,7 +142,9 @@ def is_indirect_call(code: bytes) -> bool:
     return length == len(code)
 
 
-def _checked(ra: int, slot: int, sp: int, bp: int | None, mem: Stack, resolve: Resolve) -> Step | None:
+def _checked(
+    ra: int, slot: int, sp: int, bp: int | None, mem: Stack, resolve: Resolve
+) -> Step | None:
     """(ra, slot + 8, rbp) if the walk from there goes on by CFI, trying the
     sampled rbp and then the words the frame saved below slot as the
     caller's rbp (code without CFI may have pushed it and reused the register)."""

@@ -40,9 +40,7 @@ class Stack:
         return None
 
 
-def cfi_step(
-    rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack
-) -> Step | Stop | None:
+def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step | Stop | None:
     """(caller pc, caller sp, caller rbp or None if unknown), None at the
     outermost frame, or why no caller can be found."""
     if rule.ra == REG_UNDEFINED:

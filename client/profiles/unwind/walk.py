@@ -76,9 +76,7 @@ def unwind(
         pc, sp, bp = step
 
 
-def _frame_pointer_step(
-    sp: int, bp: int | None, mem: Stack, why: Stop
-) -> Step | Stop | None:
+def _frame_pointer_step(sp: int, bp: int | None, mem: Stack, why: Stop) -> Step | Stop | None:
     """The caller by the frame-pointer chain: [rbp] = caller's rbp, [rbp+8] =
     return address. Only if rbp is an aligned address in the copied stack at
     or above sp; the loop then checks the return address is code, and the
