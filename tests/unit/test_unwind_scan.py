@@ -189,6 +189,22 @@ def test_stale_return_addresses_are_never_taken(
         assert r.stop is Stop.NO_CFI and r.scanned == 0, (names, r)
 
 
+def test_the_summary_counts_stacks_recovered_by_the_scan(tmp_path: Path) -> None:
+    cap, results = _run(tmp_path, 8)
+    sym = Symbolizer(cache_dir=str(tmp_path / "sym"))
+    sym.add_process(cap.maps.pid, cap.maps)
+    raws = [
+        RawStack(
+            cap.maps.pid, r.frames, False, 1, "t", unwind_stop=r.stop, unwind_scanned=r.scanned > 0
+        )
+        for r in results
+    ]
+    share = 100 * sum(r.scanned > 0 for r in results) / len(results)
+    assert share >= 50
+    notes = sym.symbolize(raws, "samples").notes
+    assert f"{share:.1f}% of the user stacks were recovered by a stack scan" in " ".join(notes)
+
+
 def test_without_the_scan_the_leaf_stops_the_walk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
