@@ -18,11 +18,13 @@ import pytest
 from bench.unwind_samples import Capture, sample_run
 from gfxbpf.client.profiles.elfsyms import function_ranges
 from gfxbpf.client.profiles.model import RawStack
+from gfxbpf.client.profiles.procmaps import ProcessMaps
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.unwind import (
     Stop,
     UnwindResult,
     UnwindTables,
+    UserRegs,
     marker_frame,
     scan,
     unwind,
@@ -30,6 +32,10 @@ from gfxbpf.client.profiles.unwind import (
 )
 from gfxbpf.client.profiles.unwind.scan import SCAN_BYTES, is_indirect_call
 from tests.conftest import skip_or_fail
+from tests.unit.test_unwind_walk import HEAP, LEAF, LIB, MID, NOCFI, SP, FakeTables
+from tests.unit.test_unwind_walk import ROOT as ROOT_FDE
+from tests.unit.test_unwind_walk import maps as fake_maps
+from tests.unit.test_unwind_walk import stack as fake_stack
 
 # The leaf: no .cfi directives, rbx/r12/rbp pushed, rbp a data register, and
 # (STALE bytes) a local area it never writes: whatever earlier calls left there stays.
@@ -241,3 +247,70 @@ def test_indirect_call_forms(code: str) -> None:
 @pytest.mark.parametrize("code", ["ffe0", "ff20", "ff5008ff", "ffd000", "e801020304", "90ffd0", ""])
 def test_not_indirect_calls(code: str) -> None:
     assert not is_indirect_call(bytes.fromhex(code))
+
+
+class _CodeTables(FakeTables):
+    """The fake library, with the code bytes before chosen return addresses
+    (everything else reads as nops)."""
+
+    def __init__(self, code: dict[int, bytes]) -> None:
+        super().__init__()
+        self.code = code
+
+    def code_before(self, maps: ProcessMaps, addr: int, n: int) -> bytes | None:
+        return self.code.get(addr, b"\x90" * n)[-n:]
+
+
+def _direct_call(target: int, ra: int) -> bytes:
+    return b"\x90\x90\xe8" + struct.pack("<i", target - ra)
+
+
+def _scan_walk(words: dict[int, int], code: dict[int, bytes]) -> UnwindResult:
+    """A sample in the fake library's code without CFI (NOCFI), rbp data."""
+    regs = UserRegs(LIB + NOCFI + 0x10, SP, 0x1234)
+    return unwind(regs, fake_stack(words), fake_maps(), _CodeTables(code))
+
+
+RA_ROOT = LIB + ROOT_FDE + 0x10  # the thread's root: its CFI ends the walk there
+RA_MID = LIB + MID + 0x10  # mid's CFI: CFA = sp + 32 (it pushed rbx, took 16 bytes)
+
+
+def test_a_direct_call_into_the_frame_is_taken_past_other_words() -> None:
+    # Data, a code address with no call before it, then the real return address.
+    words = {0: HEAP + 8, 8: LIB + LEAF + 4, 0x18: RA_ROOT}
+    got = _scan_walk(words, {RA_ROOT: _direct_call(LIB + NOCFI, RA_ROOT)})
+    assert got == UnwindResult((LIB + NOCFI + 0x10, RA_ROOT), None, scanned=1)
+
+
+def test_words_that_are_not_checked_return_addresses_are_not_taken() -> None:
+    for code in (
+        {},  # no call before it
+        {RA_ROOT: _direct_call(LIB + MID, RA_ROOT)},  # a direct call to another function
+        {RA_ROOT: _direct_call(HEAP, RA_ROOT)},  # a "call" to data
+    ):
+        got = _scan_walk({0x18: RA_ROOT}, code)
+        assert got == UnwindResult((LIB + NOCFI + 0x10,), Stop.NO_CFI), code
+    # A call before it, but no FDE covers it (the caller has no CFI either).
+    got = _scan_walk({0: LIB + NOCFI + 0x80}, {LIB + NOCFI + 0x80: b"\x90" * 5 + b"\xff\xd0"})
+    assert got == UnwindResult((LIB + NOCFI + 0x10,), Stop.NO_CFI)
+
+
+def test_a_candidate_whose_walk_does_not_go_on_is_dropped() -> None:
+    # mid's frame above the word would hold its return address at +32: data there.
+    words = {0: RA_MID, 8 + 24: HEAP + 8}
+    got = _scan_walk(words, {RA_MID: _direct_call(LIB + NOCFI, RA_MID)})
+    assert got == UnwindResult((LIB + NOCFI + 0x10,), Stop.NO_CFI)
+    # ... and the walk goes on where it holds the root's.
+    got = _scan_walk({0: RA_MID, 8 + 24: RA_ROOT}, {RA_MID: _direct_call(LIB + NOCFI, RA_MID)})
+    assert got == UnwindResult((LIB + NOCFI + 0x10, RA_MID, RA_ROOT), None, scanned=1)
+
+
+def test_a_call_through_a_pointer_is_taken_only_as_the_first_candidate() -> None:
+    indirect = {RA_ROOT: b"\x90" * 5 + b"\xff\xd0"}
+    got = _scan_walk({0x18: RA_ROOT}, indirect)
+    assert got == UnwindResult((LIB + NOCFI + 0x10, RA_ROOT), None, scanned=1)
+    # A stale return address below it (a direct call elsewhere): nothing is taken.
+    stale = LIB + LEAF + 0x20
+    code = {**indirect, stale: _direct_call(LIB + MID, stale)}
+    got = _scan_walk({8: stale, 0x18: RA_ROOT}, code)
+    assert got == UnwindResult((LIB + NOCFI + 0x10,), Stop.NO_CFI)
