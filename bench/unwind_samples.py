@@ -34,6 +34,7 @@ static int out_fd = -1;
 static uintptr_t stack_lo, stack_hi;
 static char maps_path[4200];
 static volatile int left;
+static size_t copy_max = 8192;  /* UNWIND_STACK_BYTES: the BPF program's cap by default */
 
 /* Async-signal-safe: only write(2). Samples of other threads' stacks are skipped. */
 static void on_prof(int sig, siginfo_t *si, void *arg) {
@@ -42,7 +43,7 @@ static void on_prof(int sig, siginfo_t *si, void *arg) {
     uint64_t rec[5];
     uintptr_t sp = uc->uc_mcontext.gregs[REG_RSP];
     if (out_fd >= 0 && left > 0 && sp >= stack_lo && sp < stack_hi) {
-        size_t n = stack_hi - sp < 8192 ? stack_hi - sp : 8192;
+        size_t n = stack_hi - sp < copy_max ? stack_hi - sp : copy_max;
         rec[0] = 0x53574e55u;  /* "UNWS" */
         rec[1] = uc->uc_mcontext.gregs[REG_RIP];
         rec[2] = sp;
@@ -72,6 +73,7 @@ __attribute__((constructor)) static void sampler_start(void) {
     if (!path) return;
     snprintf(maps_path, sizeof maps_path, "%s.maps", path);
     left = getenv("UNWIND_MAX") ? atoi(getenv("UNWIND_MAX")) : 2000;
+    if (getenv("UNWIND_STACK_BYTES")) copy_max = strtoul(getenv("UNWIND_STACK_BYTES"), 0, 10);
     maps = fopen("/proc/self/maps", "r");
     while (maps && fgets(line, sizeof line, maps))
         if (strstr(line, "[stack]")) sscanf(line, "%lx-%lx", &stack_lo, &stack_hi);
@@ -141,6 +143,7 @@ def sample_run(
     *,
     period_us: int = 997,
     max_samples: int = 2000,
+    stack_bytes: int = 8192,
     stdin: bytes | None = None,
     timeout: float = 120,
 ) -> Capture:
@@ -148,7 +151,8 @@ def sample_run(
     lib = build_sampler(folder)
     out = folder / f"samples-{os.getpid()}-{len(list(folder.iterdir()))}"
     env = dict(os.environ, LD_PRELOAD=str(lib), UNWIND_SAMPLES=str(out),
-               UNWIND_PERIOD_US=str(period_us), UNWIND_MAX=str(max_samples))  # fmt: skip
+               UNWIND_PERIOD_US=str(period_us), UNWIND_MAX=str(max_samples),
+               UNWIND_STACK_BYTES=str(stack_bytes))  # fmt: skip
     proc = subprocess.run(argv, env=env, input=stdin, capture_output=True, timeout=timeout)
     maps_text = Path(f"{out}.maps").read_text()
     # The process is gone: its maps as it last saw them stand for it.

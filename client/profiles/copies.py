@@ -42,9 +42,12 @@ STATES = ("sleeping", "uninterruptible", "preempted")
 NO_MAPS = "process gone before its maps were read"
 
 # (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
+#  whether a stack scan found a frame,
 #  Python frames innermost first, wait leaf frame (offcpu), thread id (per-thread
 #  profiles) or 0)
-StackKey = tuple[int, bool, str, tuple[int, ...], str | None, tuple[py.Frame, ...], str | None, int]
+StackKey = tuple[
+    int, bool, str, tuple[int, ...], str | None, bool, tuple[py.Frame, ...], str | None, int
+]
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
@@ -67,11 +70,12 @@ def _parse(rec: bytes) -> tuple[Any, ...]:
 
 def _unwind(
     rec: bytes, ip: int, sp: int, bp: int, size: int, maps: ProcessMaps, tables: UnwindTables
-) -> tuple[tuple[int, ...], str | None]:
+) -> tuple[tuple[int, ...], str | None, bool]:
+    """frames, why the walk stopped (None: complete), whether a stack scan found a frame."""
     from gfxbpf.client.profiles.unwind import UserRegs, unwind
 
     result = unwind(UserRegs(ip, sp, bp), rec[HEADER.size : HEADER.size + size], maps, tables)
-    return result.frames, None if result.stop is None else str(result.stop)
+    return result.frames, None if result.stop is None else str(result.stop), result.scanned > 0
 
 
 def wait_state(flags: int) -> str:
@@ -154,21 +158,23 @@ class CopyReader:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
         maps = self.process_maps(tgid, False)
         if maps is None:
-            key: StackKey = (tgid, bool(flags & FLAG_KERNEL), name, (), NO_MAPS, pyframes, leaf, 0)
+            kernel = bool(flags & FLAG_KERNEL)
+            key: StackKey = (tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, 0)
         else:
-            frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
-                frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, pyframes, leaf, 0)
+                frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, scan, pyframes, leaf, 0)
         if self.threads:
-            key = (*key[:7], tid)
+            key = (*key[:8], tid)
         self.counts[key] = self.counts.get(key, 0) + weight
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
         out = []
         self.python.resolve(final=True)
-        for (tgid, kernel, comm, frames, stop, pyframes, leaf, tid), weight in self.counts.items():
+        for key, weight in self.counts.items():
+            tgid, kernel, comm, frames, stop, scanned, pyframes, leaf, tid = key
             lost = stop if not frames else None  # nothing unwound: say why, as one frame
             out.append(
                 profile.RawStack(
@@ -179,6 +185,7 @@ class CopyReader:
                     comm=comm,
                     user_error=_error(lost) if lost else None,
                     unwind_stop=stop if frames else None,
+                    unwind_scanned=scanned,
                     leaf=leaf,
                     thread=tid or None,
                     python=self.python.runs(tgid, pyframes),
@@ -287,7 +294,7 @@ class ProbeCopyReader:
             maps = self.process_maps(tgid, refresh)
             if maps is None:
                 return
-            frames, stop = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, _ = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if len(frames) > 1:
                 break
         # frames[0] is the function's entry; frames[1] its caller, as the row says.

@@ -26,6 +26,9 @@ class RawStack:
     # Stop value ("no-cfi", "truncated", ...); the symbolizer ends the stack
     # with one marker frame saying why. None: complete, or a kernel-walked stack.
     unwind_stop: str | None = None
+    # Unwound from a stack copy with at least one return address found by a
+    # stack scan past code without CFI (unwind/scan.py): counted in the summary.
+    unwind_scanned: bool = False
     # Per-thread profiles (--wall): the thread id, shown as a frame under the root.
     thread: int | None = None
     # Python frames (client/profiles/python/mixed.py): runs innermost first,

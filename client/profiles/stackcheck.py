@@ -118,6 +118,7 @@ class StackCheck:
             )
         if total and stopped / total >= _NOTE_SHARE:
             out += self.stops.notes(total=total, min_share=_NOTE_SHARE)
+        out += self.stops.scan_note(total)
         if total and cut / total >= _NOTE_SHARE:
             where = ", ".join(
                 f"{os.path.basename(obj)} ({w * 100 / cut:.0f}%)"

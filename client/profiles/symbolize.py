@@ -129,6 +129,8 @@ class Symbolizer:
             check.add_lost(r.user_error, r.weight)
         elif r.user:
             kind, user_names = self._user(r.pid, maps, r.user, r.leaf is None)
+            if maps is not None and r.unwind_scanned:
+                check.stops.scanned += r.weight
             if maps is not None and r.unwind_stop is not None:
                 check.add_stopped(kind, r.unwind_stop, r.weight)
             elif maps is not None:  # else counted as unmapped, not as a cut stack

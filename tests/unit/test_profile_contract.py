@@ -33,6 +33,7 @@ def test_raw_stack_has_no_field_for_kernel_addresses() -> None:
         "user_error": "str | None",
         "leaf": "str | None",
         "unwind_stop": "str | None",  # a reason (unwind.Stop), never an address
+        "unwind_scanned": "bool",  # whether a stack scan found a frame
         "thread": "int | None",  # a thread id (--wall), never an address
         "python": "tuple[tuple[str, ...], ...]",  # Python frame names, never an address
     }

@@ -95,10 +95,14 @@ class UnwindResult:
     """frames: the pcs, innermost first; frames[0] is the sampled ip and the
     others are return addresses (name them at pc - 1, as the symbolizer does).
     Every pc lies in an executable mapping. stop: None if the walk reached the
-    thread's first frame, else why it ended."""
+    thread's first frame, else why it ended. scanned: how many return
+    addresses a stack scan found (0: every frame by CFI or frame pointer)."""
 
     frames: tuple[int, ...]
     stop: Stop | None
+    # Frames whose return address was found by a stack scan past code without
+    # CFI (scan.py), not read where a rule or a frame pointer put it.
+    scanned: int = 0
 
     @property
     def complete(self) -> bool:
@@ -111,6 +115,7 @@ class StopCounts:
 
     complete: int = 0
     stopped: Counter[Stop] = field(default_factory=Counter)
+    scanned: int = 0  # weight of stacks (complete or not) with a frame found by a stack scan
 
     def add(self, stop: Stop | str | None, weight: int = 1) -> None:
         if stop is None:
@@ -121,6 +126,17 @@ class StopCounts:
     def update(self, results: Iterable[tuple[UnwindResult, int]]) -> None:
         for r, weight in results:
             self.add(r.stop, weight)
+
+    def scan_note(self, total: int) -> list[str]:
+        """The line saying how many stacks a stack scan carried past code
+        without CFI (their frames above it rest on a checked guess)."""
+        if not total or not self.scanned:
+            return []
+        return [
+            f"{self.scanned * 100 / total:.1f}% of the user stacks were recovered by a stack scan "
+            "past code without call-frame information (a return address found in the stack "
+            "copy and checked by the call before it and the CFI after it)"
+        ]
 
     def total(self) -> int:
         return self.complete + sum(self.stopped.values())

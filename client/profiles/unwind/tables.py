@@ -41,6 +41,8 @@ __all__ = ["Located", "UnwindTables"]
 Located = tuple[Table | None, int, Stop | None]
 # The tables kept in memory, by their arrays' size (libLLVM's is about 10 MB).
 MEMORY_LIMIT = 512 << 20
+# Code reads kept for the stack scan before the cache starts over.
+_CODE_CACHE = 1 << 16
 
 _UNSET: Located = (None, 0, Stop.NO_FILE)
 
@@ -92,6 +94,8 @@ class UnwindTables:
         # Large files are served by their .eh_frame_hdr while compiled aside.
         self.lazy = lazy
         self.compiling: list[threading.Thread] = []
+        # Code bytes read for the stack scan, by (path, inode, file offset, n).
+        self._code: dict[tuple[str, int, int, int], bytes | None] = {}
 
     def resolver(self, maps: ProcessMaps) -> Callable[[int], Located | None]:
         """pc -> where it lies (Located), or None if it is not code. Rebuilt
@@ -160,6 +164,19 @@ class UnwindTables:
             return None
         start = table.file_offset(found[0])
         return (m.file_path, start) if start is not None else None
+
+    def code_before(self, maps: ProcessMaps, addr: int, n: int) -> bytes | None:
+        """The n bytes of code that end at addr, read from the file mapped
+        there (None: not one file mapping, unreadable, or replaced)."""
+        m = maps.find(addr - 1)
+        if m is None or not m.executable or not m.is_file or addr - n < m.start:
+            return None
+        key = (m.path, m.inode, m.offset + addr - n - m.start, n)
+        if key not in self._code:
+            if len(self._code) >= _CODE_CACHE:
+                self._code.clear()
+            self._code[key] = _read_at(maps.local_path(m), m.inode, key[2], n)
+        return self._code[key]
 
     def file_table(self, path: str, inode: int | None = None) -> Table | None:
         """The table of the file at path (None if unreadable, not ELF, or no
@@ -249,3 +266,17 @@ class UnwindTables:
         while total > self.memory_limit and len(self._files) > 1:
             _, old = self._files.popitem(last=False)
             total -= old.nbytes() if old is not None else 0
+
+
+def _read_at(path: str, inode: int, offset: int, n: int) -> bytes | None:
+    """n bytes at offset of the file at path, if it is still that inode."""
+    try:
+        fd, st = open_regular(path)
+    except OSError:
+        return None
+    try:
+        return os.pread(fd, n, offset) if st.st_ino == inode else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

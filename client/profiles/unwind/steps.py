@@ -1,0 +1,94 @@
+"""One step of the walk by a rule of the call-frame information, over the
+copied stack bytes: shared by the walk (walk.py) and the check of a scanned
+return address (scan.py)."""
+
+from __future__ import annotations
+
+import struct
+
+from gfxbpf.client.profiles.unwind.result import Stop
+from gfxbpf.client.profiles.unwind.table import (
+    CFA_PLT,
+    CFA_RBP,
+    CFA_RSP,
+    CFA_SIGNAL,
+    REG_SAME,
+    REG_UNDEFINED,
+    REG_UNKNOWN,
+    Rule,
+)
+
+__all__ = ["Stack", "Step", "cfi_step"]
+
+_U64 = struct.Struct("<Q").unpack_from
+# The caller's (pc, sp, rbp or None if unknown).
+Step = tuple[int, int, int | None]
+
+
+class Stack:
+    """The copied bytes, addressed as the process saw them (bytes[0] at sp)."""
+
+    __slots__ = ("base", "data", "end", "top")
+
+    def __init__(self, sp: int, data: bytes, top: int) -> None:
+        self.base, self.data, self.end = sp, data, sp + len(data)
+        self.top = top  # the end of the stack's mapping: what a longer copy could hold
+
+    def u64(self, addr: int) -> int | None:
+        if self.base <= addr and addr + 8 <= self.end:
+            return int(_U64(self.data, addr - self.base)[0])
+        return None
+
+
+def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step | Stop | None:
+    """(caller pc, caller sp, caller rbp or None if unknown), None at the
+    outermost frame, or why no caller can be found."""
+    if rule.ra == REG_UNDEFINED:
+        return None
+    if rule.ra in (REG_SAME, REG_UNKNOWN):  # kept in a register: not followed
+        return Stop.BAD_CFA
+    if rule.cfa == CFA_SIGNAL:
+        return _signal_step(rule, sp, mem)
+    if rule.cfa == CFA_RSP:
+        cfa = sp + rule.off
+    elif rule.cfa == CFA_RBP:
+        if bp is None:
+            return Stop.BAD_CFA
+        cfa = bp + rule.off
+    elif rule.cfa == CFA_PLT:
+        cfa = sp + rule.off + (8 if (pc & 15) >= rule.arg else 0)
+    else:
+        return Stop.BAD_CFA
+    if cfa <= sp:  # the stack grows down: a caller's frame is above
+        return Stop.BAD_CFA
+    ra = mem.u64(cfa + rule.ra)
+    if ra is None:
+        return Stop.TRUNCATED
+    if ra == 0:  # a zeroed return address ends the chain (thread roots without CFI)
+        return None
+    if rule.rbp == REG_SAME:
+        return ra, cfa, bp
+    if rule.rbp in (REG_UNKNOWN, REG_UNDEFINED):
+        return ra, cfa, None
+    if cfa + rule.rbp < sp:
+        # A save slot below sp: an epilogue already popped rbp (gcc emits no
+        # DW_CFA_restore there), so the register holds the caller's value.
+        return ra, cfa, bp
+    saved = mem.u64(cfa + rule.rbp)
+    if saved is None:
+        return Stop.TRUNCATED
+    return ra, cfa, saved
+
+
+def _signal_step(rule: Rule, sp: int, mem: Stack) -> Step | Stop:
+    """Through a signal frame (pc in the sigreturn trampoline, sp at the
+    ucontext the kernel pushed): the interrupted rsp, rip and rbp, read
+    where the rule says they were saved (sp + offset)."""
+    cfa, pc = mem.u64(sp + rule.off), mem.u64(sp + rule.ra)
+    if cfa is None or pc is None:
+        return Stop.TRUNCATED
+    if cfa <= sp:  # the interrupted code's stack lies above the signal frame
+        return Stop.BAD_CFA
+    if rule.rbp in (REG_SAME, REG_UNKNOWN, REG_UNDEFINED):
+        return pc, cfa, None
+    return pc, cfa, mem.u64(sp + rule.rbp)
