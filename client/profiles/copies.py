@@ -332,6 +332,25 @@ class ProbeCopyReader:
             )
         return out, uncopied
 
+    def _same_functions(
+        self, tgid: int, paths: set[tuple[tuple[int, ...], str | None]]
+    ) -> tuple[tuple[int, ...], str | None] | None:
+        """One of the paths when all run through the same functions, call sites
+        apart (what a profile shows: CPython 3.13 calls one C function from two
+        places of its evaluation loop as an instruction specializes); else None."""
+        maps = self.process_maps(tgid, False)
+        if maps is None:
+            return None
+
+        def functions(path: tuple[int, ...]) -> tuple[object, ...]:
+            # a - 1: a return address may lie just past its function's end.
+            return tuple(self.tables.function_at(maps, a - 1) or a for a in path)
+
+        ordered = sorted(paths, key=lambda p: (p[0], p[1] or ""))
+        if len({functions(p) for p, _ in ordered}) == 1 and len({s for _, s in ordered}) == 1:
+            return ordered[0]
+        return None
+
     def _path(self, row: Row) -> tuple[tuple[int, ...], str | None]:
         """The row's calling stack: its copies' unwound path when they agree; where
         they differ, the frames they share and a marker (never one path picked)."""
@@ -341,6 +360,9 @@ class ProbeCopyReader:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:
             return next(iter(paths))
+        same = self._same_functions(row[0], paths)
+        if same is not None:
+            return same
         stacks = [p for p, _ in paths]
         shared = 0
         while all(len(p) > shared and p[shared] == stacks[0][shared] for p in stacks):
