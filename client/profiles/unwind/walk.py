@@ -21,7 +21,6 @@ from gfxbpf.client.profiles.unwind.table import (
     CFA_RBP,
     CFA_RSP,
     CFA_SIGNAL,
-    NO_RULE,
     REG_SAME,
     REG_UNDEFINED,
     REG_UNKNOWN,
@@ -64,20 +63,19 @@ def unwind(
     pc, sp = regs.ip, regs.sp
     bp: int | None = regs.bp  # None once a frame's rule loses it
     frames: list[int] = []
-    resolve = tables.resolver(maps)
+    lookup = tables.stepper(maps)
     guessed: Stop | None = None  # why the last step was a frame-pointer guess
     exact = True  # pc is where the thread was (the sample, or a signal's interrupted pc)
     while True:
-        where = resolve(pc)
+        # A return address is looked up at the call (pc - 1): a call to a
+        # function that never returns can be the last instruction of its FDE.
+        where, rule = lookup(pc, exact)
         if where is None:  # not code: never a frame
             return UnwindResult(tuple(frames), guessed or Stop.NOT_CODE)
         frames.append(pc)
         if len(frames) >= max_frames:
             return UnwindResult(tuple(frames), Stop.DEPTH)
-        table, delta, why = where
-        # A return address is looked up at the call (pc - 1): a call to a
-        # function that never returns can be the last instruction of its FDE.
-        rule = table.rule(pc + delta - (not exact)) if table is not None else NO_RULE
+        why = where[2]
         exact = rule.cfa == CFA_SIGNAL
         step: tuple[int, int, int | None] | Stop | None
         if rule.cfa == CFA_NONE:
