@@ -62,7 +62,10 @@ WALL_MIN_BLOCK_US = 100
 CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
 STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
 REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
-COPY_BATCH_S = 0.05  # stack copies are read (and the targets' maps polled) this often
+# Stack copies are read this often: a new process's maps are read at its first
+# record, so one that lives a few ms more than this is still caught.
+COPY_READ_S = 0.01
+COPY_TICK_S = 0.05  # ... and the targets' trees and maps polled this often
 TOP_N = 15
 # Default file names when --format is given without -o.
 DEFAULT_FILES = {
@@ -461,6 +464,7 @@ class Run:
     child: Child | None
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    ticked: float = 0.0  # when tick() last ran
     samples: int = 0
     processes: list[int] = field(default_factory=list)  # tgids the profile holds
     seen: list[tuple[int, str, int]] = field(default_factory=list)  # (pid, comm, weight)
@@ -582,7 +586,9 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
         count = now - last_count >= 1.0
         if count:
             last_count = now
-        run.tick(count, progress is not None)
+        if run.copies is None or run.elapsed() < 0.1 or now - run.ticked >= COPY_TICK_S:
+            run.ticked = now
+            run.tick(count, progress is not None)
         if progress is not None and count:
             what = "calls" if run.req.probes else "samples"
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
@@ -593,8 +599,8 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             # copies cannot be unwound (its maps are gone once it exits).
             if run.elapsed() < 0.1:
                 run.copies.drain(0.001)
-            else:  # then in batches: a pass per record costs as much as its unwind
-                stop.wait(max(0.0, COPY_BATCH_S - (time.monotonic() - now)))
+            else:  # then in batches: a wake per record costs more than its unwind
+                stop.wait(max(0.0, COPY_READ_S - (time.monotonic() - now)))
                 run.copies.drain()
             if run.waits is not None:
                 run.waits.drain()
