@@ -43,7 +43,7 @@ from gfxbpf.proto import gfxbpf_pb2 as pb
 if TYPE_CHECKING:
     from gfxbpf.client.profiles import Profile, RawStack, Symbolizer
     from gfxbpf.client.profiles.copies import CopyReader, ProbeCopyReader
-    from gfxbpf.client.profiles.procmaps import ProcessMaps
+    from gfxbpf.client.profiles.procmaps import ProcessMaps, SnapshotState
     from gfxbpf.client.profiles.python.targets import Interpreters
     from gfxbpf.client.profiles.unwind import UnwindTables
 
@@ -62,6 +62,10 @@ WALL_MIN_BLOCK_US = 100
 CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
 STACK_COPIES = "stack_copies"  # program stackcopy's ring buffer
 REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
+# Stack copies are read this often: a new process's maps are read at its first
+# record, so one that lives a few ms more than this is still caught.
+COPY_READ_S = 0.01
+COPY_TICK_S = 0.05  # ... and the targets' trees and maps polled this often
 TOP_N = 15
 # Default file names when --format is given without -o.
 DEFAULT_FILES = {
@@ -411,11 +415,16 @@ class Maps:
         # into it, so it is the whole picture the unwinder should see too.
         self.procs: dict[int, ProcessMaps] = {}
         self.refreshed: dict[int, float] = {}  # pid -> when process() last captured it
+        self.states: dict[int, SnapshotState] = {}  # pid -> what its last snapshot was taken from
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
-            maps = profile.capture(pid)
+            state = profile.snapshot_state(pid)
+            if state is None or state == self.states.get(pid):
+                continue  # gone, or the snapshot would be the last one again
+            maps = profile.capture(pid, text=state[0])
             if maps is not None and maps.mappings:  # a zombie has none
+                self.states[pid] = state
                 self.procs.setdefault(pid, maps)
                 self.symbolizer.add_process(pid, maps)
                 self.seen.add(pid)
@@ -455,6 +464,7 @@ class Run:
     child: Child | None
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    ticked: float = 0.0  # when tick() last ran
     samples: int = 0
     processes: list[int] = field(default_factory=list)  # tgids the profile holds
     seen: list[tuple[int, str, int]] = field(default_factory=list)  # (pid, comm, weight)
@@ -576,7 +586,9 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
         count = now - last_count >= 1.0
         if count:
             last_count = now
-        run.tick(count, progress is not None)
+        if run.copies is None or run.elapsed() < 0.1 or now - run.ticked >= COPY_TICK_S:
+            run.ticked = now
+            run.tick(count, progress is not None)
         if progress is not None and count:
             what = "calls" if run.req.probes else "samples"
             progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
@@ -585,7 +597,11 @@ def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | N
             # The first 100 ms a snapshot a millisecond: a process that lives a few
             # ms must be caught after its loader mapped the libraries, or its
             # copies cannot be unwound (its maps are gone once it exits).
-            run.copies.drain(0.001 if run.elapsed() < 0.1 else 0.05)
+            if run.elapsed() < 0.1:
+                run.copies.drain(0.001)
+            else:  # then in batches: a wake per record costs more than its unwind
+                stop.wait(max(0.0, COPY_READ_S - (time.monotonic() - now)))
+                run.copies.drain()
             if run.waits is not None:
                 run.waits.drain()
             continue

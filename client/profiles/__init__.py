@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import Profile, RawStack
-    from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps, capture
+    from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps, capture, snapshot_state
     from gfxbpf.client.profiles.symbolize import Symbolizer
     from gfxbpf.client.profiles.writers import FORMATS, format_top, top_functions, write_profile
 
@@ -29,6 +29,7 @@ _HOMES = {
     "Mapping": "procmaps",
     "ProcessMaps": "procmaps",
     "capture": "procmaps",
+    "snapshot_state": "procmaps",
     "Symbolizer": "symbolize",
     "FORMATS": "writers",
     "format_top": "writers",
@@ -55,6 +56,7 @@ __all__ = [
     "Symbolizer",
     "capture",
     "format_top",
+    "snapshot_state",
     "top_functions",
     "write_profile",
 ]

@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 
 from gfxbpf.client.profiles.fileid import open_regular
 
-__all__ = ["Mapping", "PerfMapEntry", "ProcessMaps", "capture", "parse_maps", "parse_perf_map"]
+__all__ = [
+    "Mapping",
+    "PerfMapEntry",
+    "ProcessMaps",
+    "SnapshotState",
+    "capture",
+    "parse_maps",
+    "parse_perf_map",
+    "snapshot_state",
+]
 
 PERF_MAP_DIR = "/tmp"
 # A perf map larger than this is not read (a runaway JIT must not eat the client).
@@ -188,13 +197,40 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
-def capture(pid: int, perf_map_dir: str = PERF_MAP_DIR) -> ProcessMaps | None:
-    """A snapshot of the process's mappings (+ perf map), or None if it is gone
-    or not readable by the caller."""
+# What a snapshot would be taken from: the maps text, the perf map file's
+# (size, mtime_ns) or None, the command name and the mount namespace.
+SnapshotState = tuple[str, tuple[int, int] | None, str, str]
+
+
+def _maps_text(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-            text = f.read()
+            return f.read()
     except OSError:
+        return None
+
+
+def snapshot_state(pid: int, perf_map_dir: str = PERF_MAP_DIR) -> SnapshotState | None:
+    """What capture() reads, less the parsing (a tenth of its cost): equal states
+    give equal snapshots, so a caller polling a process skips unchanged ones.
+    None if the process is gone or its maps unreadable."""
+    text = _maps_text(pid)
+    if text is None:
+        return None
+    try:
+        st = os.stat(os.path.join(perf_map_dir, f"perf-{pid}.map"))
+        perf: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        perf = None
+    return text, perf, _read_comm(pid), _readlink(f"/proc/{pid}/ns/mnt")
+
+
+def capture(
+    pid: int, perf_map_dir: str = PERF_MAP_DIR, text: str | None = None
+) -> ProcessMaps | None:
+    """A snapshot of the process's mappings (+ perf map), or None if it is gone
+    or not readable by the caller. text: its maps text, if just read."""
+    if text is None and (text := _maps_text(pid)) is None:
         return None
     perf, perf_path = _read_perf_map(pid, perf_map_dir)
     return ProcessMaps(

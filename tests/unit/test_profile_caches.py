@@ -1,10 +1,24 @@
 """The caches that let gfxclient profile name stacks while sampling: a maps
 snapshot that adds nothing keeps the names found; one that changes a mapping
 drops them; warm() names stacks ahead of symbolize(); the depth note follows
-the stack table's depth; the count rows parse the same in bulk."""
+the stack table's depth; the count rows parse the same in bulk; a polled
+process's maps are parsed again only when what they are read from changed."""
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gfxbpf.client import profiles as profile
+from gfxbpf.client.cli.profile_cmd import Maps
+from gfxbpf.client.profiles import procmaps
 from gfxbpf.client.profiles import read as profile_read
 from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.procmaps import Mapping, PerfMapEntry, ProcessMaps
@@ -81,3 +95,62 @@ def test_count_rows_parse_in_bulk_as_one_by_one() -> None:
     ]
     (lost,) = profile_read.profile_stacks(rows[2:3], stacks)
     assert lost.user_error == "stack table collision (another stack holds its slot)"
+
+
+# Waits on stdin; a line maps 1 MiB more (and answers), the next ends it.
+_MAPPER = "import mmap,sys; input(); m=mmap.mmap(-1,1<<20); print(1,flush=True); input()"
+
+
+@contextlib.contextmanager
+def _idle_child() -> Iterator[subprocess.Popen[str]]:
+    """A process whose maps stay put until told to map more (this one's own
+    heap moves as the test allocates)."""
+    with subprocess.Popen([sys.executable, "-c", _MAPPER], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as child:  # fmt: skip
+        try:
+            yield child
+        finally:
+            child.kill()
+
+
+def _map_more(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "1\n"
+
+
+def test_snapshot_state_changes_with_the_maps_and_the_perf_map(tmp_path: Path) -> None:
+    with _idle_child() as child:
+        time.sleep(0.2)  # its interpreter started
+        before = procmaps.snapshot_state(child.pid, str(tmp_path))
+        assert before is not None and before == procmaps.snapshot_state(child.pid, str(tmp_path))
+        perf = tmp_path / f"perf-{child.pid}.map"
+        perf.write_text("1000 10 jitted\n")
+        with_perf = procmaps.snapshot_state(child.pid, str(tmp_path))
+        st = perf.stat()
+        assert with_perf is not None and with_perf[1] == (st.st_size, st.st_mtime_ns)
+        _map_more(child)
+        after = procmaps.snapshot_state(child.pid, str(tmp_path))
+        assert after is not None and after[0] != before[0]
+    assert procmaps.snapshot_state(2**22 + 1, str(tmp_path)) is None  # no such pid
+
+
+def test_polled_maps_are_parsed_only_when_they_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[int] = []
+    real = procmaps.capture
+
+    def counting(pid: int, perf_map_dir: str = "/tmp", text: str | None = None) -> Any:
+        parsed.append(pid)
+        return real(pid, perf_map_dir, text)
+
+    monkeypatch.setattr(profile, "capture", counting)
+    maps = Maps(Symbolizer(cache_dir="/nonexistent"))
+    with _idle_child() as child:
+        time.sleep(0.2)
+        for _ in range(3):
+            maps.capture([child.pid])
+        assert parsed == [child.pid], "an unchanged process is parsed once"
+        _map_more(child)
+        maps.capture([child.pid])
+        assert parsed == [child.pid] * 2 and child.pid in maps.procs

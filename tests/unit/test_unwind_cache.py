@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from gfxbpf.client.profiles.elfsyms import function_ranges
 from gfxbpf.client.profiles.fileid import cache_key
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import Stop, UnwindTables, cache
-from gfxbpf.client.profiles.unwind.table import CFA_NONE, FileTable
+from gfxbpf.client.profiles.unwind.table import CFA_NONE, NO_RULE, FileTable
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -218,3 +219,26 @@ def test_a_large_file_is_served_by_its_search_table_while_compiled_aside(
     assert isinstance(tables.file_table(str(lib)), FileTable)  # swapped in once compiled
     again = UnwindTables(cache_dir=str(folder))
     assert isinstance(again.file_table(str(lib)), FileTable) and again.cache_hits == 1
+
+
+def test_remembered_steps_are_the_lookups_and_follow_the_mappings(
+    lib: Path, tmp_path: Path
+) -> None:
+    tables = UnwindTables(cache_dir=str(tmp_path / "c"))
+    offset, inside = _function_in(lib)
+    maps = _maps("", str(lib), os.stat(lib).st_ino, offset)
+    step, resolve = tables.stepper(maps), tables.resolver(maps)
+    for pc in (0x7F00_0000_0000 + inside, 0x7F00_0000_0000 + inside + 1, 0x1000):
+        where = resolve(pc)
+        for exact in (True, False):
+            want = where[0].rule(pc + where[1] - (not exact)) if where and where[0] else NO_RULE
+            assert step(pc, exact) == (where, want)
+            assert step(pc, exact) == (where, want), "remembered: the same answer"
+    code = maps.mappings[0]
+    # Remapped lower (same pid, new snapshot): the old steps no longer hold.
+    moved = ProcessMaps(pid=99, mappings=[replace(code, start=code.start >> 1, end=code.end >> 1)])
+    assert tables.stepper(moved)(0x7F00_0000_0000 + inside, True) == (None, NO_RULE)
+    first = resolve(0x7F00_0000_0000 + inside)
+    got, rule = tables.stepper(moved)((code.start >> 1) + inside, True)
+    assert first is not None and first[0] is not None and got is not None
+    assert got[0] is first[0] and rule == first[0].rule(0x7F00_0000_0000 + inside + first[1])

@@ -32,7 +32,7 @@ from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import build, cache
 from gfxbpf.client.profiles.unwind.lazy import open_lazy
 from gfxbpf.client.profiles.unwind.result import Stop
-from gfxbpf.client.profiles.unwind.table import Table
+from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, Table
 
 __all__ = ["Located", "UnwindTables"]
 
@@ -45,6 +45,7 @@ MEMORY_LIMIT = 512 << 20
 _CODE_CACHE = 1 << 16
 
 _UNSET: Located = (None, 0, Stop.NO_FILE)
+STEP_LIMIT = 1 << 16  # remembered steps per process
 
 
 class _ProcIndex:
@@ -57,6 +58,23 @@ class _ProcIndex:
         self.entries: list[Located | None] = [
             _UNSET if m.executable else None for m in maps.mappings
         ]
+        # (pc << 1 | exact) -> where pc lies and its rule: samples of one
+        # process meet the same few hundred pcs thousands of times.
+        self.steps: dict[int, tuple[Located | None, Rule]] = {}
+
+    def step(self, pc: int, exact: bool) -> tuple[Located | None, Rule]:
+        """Where pc lies (None: not code) and the rule for the step from it; a
+        return address (not exact) is looked up at the call, pc - 1."""
+        key = pc << 1 | exact
+        got = self.steps.get(key)
+        if got is None:
+            where, rule = self.resolve(pc), NO_RULE
+            if where is not None and where[0] is not None:
+                rule = where[0].rule(pc + where[1] - (not exact))
+            if len(self.steps) >= STEP_LIMIT:
+                self.steps.clear()
+            got = self.steps[key] = where, rule
+        return got
 
     def resolve(self, pc: int) -> Located | None:
         """None if pc is in no executable mapping."""
@@ -104,6 +122,12 @@ class UnwindTables:
         if idx is None or idx.maps is not maps or idx.mappings is not maps.mappings:
             idx = self._procs[maps.pid] = _ProcIndex(self, maps)
         return idx.resolve
+
+    def stepper(self, maps: ProcessMaps) -> Callable[[int, bool], tuple[Located | None, Rule]]:
+        """(pc, exact) -> (where pc lies, or None if not code; the rule for the
+        step from it), remembered while the snapshot's mappings stay the same."""
+        self.resolver(maps)
+        return self._procs[maps.pid].step
 
     def prepare(self, maps: ProcessMaps) -> None:
         """Build (or load) the tables of every executable mapping now: call it

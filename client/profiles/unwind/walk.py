@@ -17,7 +17,7 @@ from gfxbpf.client.profiles.procmaps import ProcessMaps
 from gfxbpf.client.profiles.unwind.result import MAX_FRAMES, Stop, UnwindResult, UserRegs
 from gfxbpf.client.profiles.unwind.scan import scan_caller
 from gfxbpf.client.profiles.unwind.steps import Stack, Step, cfi_step
-from gfxbpf.client.profiles.unwind.table import CFA_NONE, CFA_SIGNAL, NO_RULE
+from gfxbpf.client.profiles.unwind.table import CFA_NONE, CFA_SIGNAL
 from gfxbpf.client.profiles.unwind.tables import UnwindTables
 
 __all__ = ["unwind"]
@@ -38,7 +38,8 @@ def unwind(
     pc, sp = regs.ip, regs.sp
     bp: int | None = regs.bp  # None once a frame's rule loses it
     frames: list[int] = []
-    resolve = tables.resolver(maps)
+    lookup = tables.stepper(maps)
+    resolve = tables.resolver(maps)  # the stack scan's check that an address is code
     scanned = 0  # frames found by a stack scan
 
     def code_before(addr: int, n: int) -> bytes | None:
@@ -47,16 +48,15 @@ def unwind(
     guessed: Stop | None = None  # why the last step was a frame-pointer guess
     exact = True  # pc is where the thread was (the sample, or a signal's interrupted pc)
     while True:
-        where = resolve(pc)
+        # A return address is looked up at the call (pc - 1): a call to a
+        # function that never returns can be the last instruction of its FDE.
+        where, rule = lookup(pc, exact)
         if where is None:  # not code: never a frame
             return UnwindResult(tuple(frames), guessed or Stop.NOT_CODE, scanned)
         frames.append(pc)
         if len(frames) >= max_frames:
             return UnwindResult(tuple(frames), Stop.DEPTH, scanned)
-        table, delta, why = where
-        # A return address is looked up at the call (pc - 1): a call to a
-        # function that never returns can be the last instruction of its FDE.
-        rule = table.rule(pc + delta - (not exact)) if table is not None else NO_RULE
+        why = where[2]
         exact = rule.cfa == CFA_SIGNAL
         step: Step | Stop | None
         if rule.cfa == CFA_NONE:
