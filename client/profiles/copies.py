@@ -295,7 +295,9 @@ class ProbeCopyReader:
             if maps is None:
                 return
             frames, stop, _ = _unwind(rec, ip, sp, bp, size, maps, self.tables)
-            if len(frames) > 1:
+            # A copy is rare (a row's 1st, 2nd, 4th ... call): one that stops
+            # early may have met maps from before an exec; look once more.
+            if len(frames) > 1 and stop is None:
                 break
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
         if len(frames) > 1 and frames[1] == caller:
