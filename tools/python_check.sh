@@ -32,25 +32,12 @@ if [ ! -x "$ROOT/usr/bin/python3" ]; then
 fi
 chmod 755 "$ROOT"
 VERSION=$(chroot "$ROOT" /usr/bin/python3 -c 'import sys; print(sys.version.split()[0])')
-cat >"$ROOT/tmp/gfxbpf_loop.py" <<'EOF'
-def inner(n):
-    s = 0
-    for i in range(n):
-        s += i * i
-    return s
-
-def middle(n):
-    return inner(n)
-
-def outer(n):
-    return middle(n)
-
-while True:
-    outer(20000)
-EOF
+# The bench's outer -> middle -> inner script (bench/python_profile.py), run "forever".
+PYTHONPATH=$REPO "$VENV/bin/python" -c 'from bench.python_profile import SCRIPT; print(SCRIPT)' \
+    >"$ROOT/tmp/gfxbpf_loop.py"
 chmod 644 "$ROOT/tmp/gfxbpf_loop.py"
 # Numeric ids: the chroot has its own /etc/passwd, without the demo user.
-chroot --userspec="$(id -u "$USER_"):$(id -g "$USER_")" "$ROOT" /usr/bin/python3 /tmp/gfxbpf_loop.py &
+chroot --userspec="$(id -u "$USER_"):$(id -g "$USER_")" "$ROOT" /usr/bin/python3 /tmp/gfxbpf_loop.py 1000000000 &
 LOOP=$!
 trap 'kill $LOOP 2>/dev/null || true' EXIT
 sleep 1
