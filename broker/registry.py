@@ -3,7 +3,10 @@
 Identical requests (same object hash, scope, uid for scope self, pid,
 library and functions) share one kernel instance: a hundred users watching
 the same system-scope program cost the traced workload what one does. The
-instance is closed when the last attachment releases it.
+instance is closed when the last attachment releases it, or, if a request
+is using it then (using()), when that request is done: a revoke during a
+reload must never close an fd a request is about to read or send, since the
+kernel may hand its number to another user's map meanwhile.
 
 Creation happens under a per-key lock, not the registry lock, so loads of
 different programs run concurrently while two identical requests still end
@@ -44,6 +47,34 @@ class _Slot(Generic[T]):
         self.value: T | None = None
         self.refs = 0
         self.dead = False
+        self.busy = 0  # pins held by requests (Registry.pin)
+        self.closing: T | None = None  # released while busy: the last request closes it
+
+
+class Gone(Exception):
+    """The instance was released (detached, revoked) before the request used it."""
+
+
+class Pin(Generic[T]):
+    """A request's hold on an instance (Registry.pin); let go at the end of its with-block."""
+
+    def __init__(self, slot: _Slot[T]) -> None:
+        self._slot: _Slot[T] | None = slot
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return
+        with slot.lock:
+            slot.busy -= 1
+            closing = None
+            if not slot.busy:
+                closing, slot.closing = slot.closing, None
+        if closing is not None:
+            closing.close()
 
 
 class Registry(Generic[T]):
@@ -92,8 +123,25 @@ class Registry(Generic[T]):
             slot.value = None
             slot.dead = True
             self._forget(key, slot)
-            value.close()
+            if slot.busy:
+                slot.closing = value
+            else:
+                value.close()
             return True
+
+    def pin(self, key: Hashable, value: T) -> Pin:
+        """Keep value open while the returned Pin is held (with-block): its fds
+        stay valid. Gone now if value was released already; a release
+        meanwhile closes it when the last pin is let go."""
+        with self._lock:
+            slot = self._slots.get(key)
+        if slot is None:
+            raise Gone(key)
+        with slot.lock:
+            if slot.value is not value:
+                raise Gone(key)
+            slot.busy += 1
+        return Pin(slot)
 
     def refs(self, key: Hashable) -> int:
         with self._lock:

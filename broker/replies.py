@@ -3,6 +3,7 @@ map and program descriptions, ReadMap pages and program stats."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 from gfxbpf.bpf import consts as C
@@ -86,11 +87,23 @@ def listing(
 
 
 def describe(att: Attachment, joined: bool, pass_fds: bool) -> tuple[pb.AttachReply, list[int]]:
-    """AttachReply for att, and the map fds to send with it (when pass_fds)."""
+    """AttachReply for att, and the map fds to send with it (when pass_fds):
+    duplicates the caller closes once sent, so a revoke that closes the
+    instance meanwhile cannot make them name something else. The caller
+    pins the instance while this runs."""
+    fds: list[int] = []
+    try:
+        return _describe(att, joined, fds if pass_fds else None), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _describe(att: Attachment, joined: bool, fds: list[int] | None) -> pb.AttachReply:
     shared = att.shared
     entry = shared.entry
     spec = shared.spec
-    fds: list[int] = []
     reply = pb.AttachReply(
         attachment_id=att.id,
         program=entry.name,
@@ -112,9 +125,9 @@ def describe(att: Attachment, joined: bool, pass_fds: bool) -> tuple[pb.AttachRe
         d.btf_value_type_id = kmap.value_type_id
         if m.event_type and spec.btf is not None:
             d.btf_event_type_id = spec.btf.find(m.event_type, KIND_STRUCT) or 0
-        if pass_fds:
+        if fds is not None:
             d.fd_index = len(fds)
-            fds.append(kmap.fileno())
+            fds.append(os.dup(kmap.fileno()))
         reply.maps.append(d)
     for pname, prog in shared.obj.programs.items():
         reply.programs.append(
@@ -126,7 +139,7 @@ def describe(att: Attachment, joined: bool, pass_fds: bool) -> tuple[pb.AttachRe
                 fd_index=-1,  # a program fd would let its holder attach it elsewhere
             )
         )
-    return reply, fds
+    return reply
 
 
 def readable_map(att: Attachment, asked: str) -> Map:

@@ -38,7 +38,7 @@ from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import InstanceLoader, SharedInstance
 from gfxbpf.broker.policy.rules import Policy, ProgramEntry
-from gfxbpf.broker.registry import InstanceKey
+from gfxbpf.broker.registry import Gone, InstanceKey, Pin
 from gfxbpf.broker.request.params import Target, check_params
 from gfxbpf.broker.request.resolve import Resolved, resolve
 from gfxbpf.broker.review.objects import Objects
@@ -186,6 +186,19 @@ class Service:
         if att.closed:
             raise _revoked_error(att.id, att.program)
 
+    def _pin(self, owner: Owner, att: Attachment) -> Pin[SharedInstance]:
+        """Hold att's instance open for one request: a detach or revoke meanwhile
+        closes it when the request is done, never under it (a closed fd's
+        number may already name another user's map)."""
+        try:
+            return self._attachments.registry.pin(att.key, att.shared)
+        except Gone:
+            if att.id in owner.revoked:
+                raise _revoked_error(att.id, att.program) from None
+            raise BrokerError(
+                pb.ERROR_NOT_FOUND, f"attachment {att.id} was detached meanwhile"
+            ) from None
+
     def _revoke(self, owner: Owner, att: Attachment, why: str) -> bool:
         """Detach att from owner as revoked; False if it was gone already."""
         with owner.lock:
@@ -330,7 +343,9 @@ class Service:
                 target.close()
             att.policy = policy
             self._recheck(owner, att)
-            reply, fds = replies.describe(att, joined, pass_fds=self._pass_fds(caller, att))
+            pass_fds = self._pass_fds(caller, att)
+            with self._pin(owner, att):  # a reload may revoke it this very moment
+                reply, fds = replies.describe(att, joined, pass_fds=pass_fds)
             reply.skipped_functions.extend(target.skipped)
             if target.skipped:
                 fields["skipped_functions"] = len(target.skipped)
@@ -411,11 +426,12 @@ class Service:
             self._check_owner(caller, owner)
             att = self._attachment(owner, req.attachment_id)
             fields.update(program=att.program, sha256=att.sha256, scope=att.scope)
-            kmap = replies.readable_map(att, req.map)
             limit = self.policy.limits.read_map_entries
-            reply = replies.read_page(
-                kmap, req.max_entries, limit, bytes(req.cursor), packed=req.packed
-            )
+            with self._pin(owner, att):
+                kmap = replies.readable_map(att, req.map)
+                reply = replies.read_page(
+                    kmap, req.max_entries, limit, bytes(req.cursor), packed=req.packed
+                )
         except BrokerError as e:
             raise self._fail("read_map", caller, e, **fields) from None
         self._log("read_map", caller, "ok", entries=len(reply.entries) or reply.count, **fields)
@@ -460,7 +476,9 @@ class Service:
         except BrokerError as e:
             raise self._fail("stream_events", caller, e, **fields) from None
         self._log("stream_events", caller, "ok", **fields)
-        return streaming.events(att, att.shared.visible[name], req.max_events, cancelled)
+        with self._pin(owner, att):  # the ring keeps its own fd from here on
+            ring = streaming.open_ring(att, att.shared.visible[name])
+        return streaming.events(att, ring, req.max_events, cancelled)
 
     # ------------------------------------------------------------ Stats
 
@@ -473,11 +491,25 @@ class Service:
             else:
                 with owner.lock:
                     atts = [a for a in owner.attachments.values() if not a.closed]
-            reply = replies.stats(atts)
+            with contextlib.ExitStack() as pins:
+                held = [a for a in atts if self._pinned(pins, owner, a, bool(req.attachment_id))]
+                reply = replies.stats(held)
         except BrokerError as e:
             raise self._fail("stats", caller, e, **fields) from None
         self._log("stats", caller, "ok", programs=len(reply.programs), **fields)
         return reply
+
+    def _pinned(
+        self, pins: contextlib.ExitStack, owner: Owner, att: Attachment, asked: bool
+    ) -> bool:
+        """Pin att for Stats; False if it went away meanwhile (raises if it was the one asked)."""
+        try:
+            pins.enter_context(self._pin(owner, att))
+        except BrokerError:
+            if asked:
+                raise
+            return False
+        return True
 
     # ------------------------------------------------------------ IssueToken
 

@@ -3,6 +3,7 @@ in batches (gRPC callers, who cannot hold the ring buffer's fd)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from gfxbpf.bpf.maps import Map
@@ -30,16 +31,23 @@ def event_map(att: Attachment, asked: str) -> str:
     return name
 
 
-def events(
-    att: Attachment, kmap: Map, max_events: int, cancelled: Callable[[], bool]
-) -> Iterator[pb.EventBatch]:
-    """Batches until max_events, detach (a last batch with end = true) or
-    cancelled() (no last batch). att.streaming is cleared when it ends."""
+def open_ring(att: Attachment, kmap: Map) -> RingBuffer:
+    """The ring buffer of kmap on an fd of its own (the caller pins the instance
+    while this runs, so kmap's fd is the map's)."""
+    fd = os.dup(kmap.fileno())
     try:
-        ring = RingBuffer(kmap.fileno(), kmap.max_entries)
+        return RingBuffer(fd, kmap.max_entries, owns_fd=True)
     except OSError as e:
         att.streaming = False
         raise BrokerError(pb.ERROR_KERNEL, f"cannot map the ring buffer: {e}") from None
+
+
+def events(
+    att: Attachment, ring: RingBuffer, max_events: int, cancelled: Callable[[], bool]
+) -> Iterator[pb.EventBatch]:
+    """Batches until max_events, detach (a last batch with end = true) or
+    cancelled() (no last batch). ring is closed and att.streaming cleared when
+    it ends."""
     seq = 0
     try:
         while True:

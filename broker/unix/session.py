@@ -203,6 +203,9 @@ class Session:
                 self.send(pb.Response(id=req.id, attach=areply), map_fds)
             except framing.MessageTooLarge as e:
                 self.error(req.id, pb.ERROR_INTERNAL, f"attach reply too large: {e}")
+            finally:  # duplicates made for this reply (replies.describe)
+                for fd in map_fds:
+                    os.close(fd)
         elif body == "stream_events":
             # Raises INVALID_ARGUMENT over Unix: the client holds the ring's fd.
             for batch in self.service.stream_events(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.broker.registry import InstanceKey, Registry
+from gfxbpf.broker.registry import Gone, InstanceKey, Registry
 from gfxbpf.broker.request.pidcheck import PidError, verify_owner
 
 
@@ -34,6 +34,23 @@ def key(**kw: object) -> InstanceKey:
     }
     base.update(kw)
     return InstanceKey(**base)  # type: ignore[arg-type]
+
+
+def test_a_release_while_pinned_closes_when_the_last_pin_goes() -> None:
+    reg: Registry[Thing] = Registry()
+    thing, _ = reg.acquire(key(), lambda: Thing(1))
+    with reg.pin(key(), thing):
+        with reg.pin(key(), thing):
+            assert reg.release(key(), thing) is True  # the last attachment left...
+            assert thing.closed == 0 and len(reg) == 0  # ...but a request still reads it
+        assert thing.closed == 0
+    assert thing.closed == 1
+    with pytest.raises(Gone):  # a request that starts after the release
+        reg.pin(key(), thing)
+    again, joined = reg.acquire(key(), lambda: Thing(2))
+    assert not joined and again.n == 2  # a new attach does not join the closing one
+    with pytest.raises(Gone):
+        reg.pin(key(), thing)  # nor does a pin of the old instance reach the new one
 
 
 def test_join_and_release() -> None:

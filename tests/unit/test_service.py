@@ -17,7 +17,7 @@ import pytest
 from gfxbpf.bpf.btf import kernel as kernel_btf
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.broker import features
+from gfxbpf.broker import features, replies
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.policy.rules import NameResolver, Policy
 from gfxbpf.broker.service import BrokerError, Caller, Service
@@ -106,7 +106,9 @@ def no_i915(system: str, event: str) -> bool:
 
 
 class FakeMap:
-    def __init__(self, name: str, fd: int) -> None:
+    """A map on a real fd (of /dev/null): the broker duplicates the fds it passes."""
+
+    def __init__(self, name: str) -> None:
         self.name = name
         self.map_type = 1
         self.key_size = 4
@@ -116,10 +118,15 @@ class FakeMap:
         self.ncpus = 1
         self.key_type_id = 0
         self.value_type_id = 0
-        self._fd = fd
+        self._fd = os.open(os.devnull, os.O_RDONLY)
 
     def fileno(self) -> int:
         return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 @dataclass
@@ -150,7 +157,7 @@ class FakeShared:
         self.key = key
         self.entry = entry
         self.spec = spec
-        self.visible = {m.name: FakeMap(m.name, 1000 + i) for i, m in enumerate(entry.visible_maps)}
+        self.visible = {m.name: FakeMap(m.name) for m in entry.visible_maps}
         self.obj = FakeObj(
             {
                 a.program: FakeProg(FakeProgSpec(f"{a.kind}/{a.target}", 5), FakeShared.next_id)
@@ -162,6 +169,8 @@ class FakeShared:
 
     def close(self) -> None:
         self.closed = True
+        for m in self.visible.values():
+            m.close()
 
 
 @pytest.fixture
@@ -336,7 +345,11 @@ def test_upload_of_approved_bytes_uses_the_catalog_entry(service: Service) -> No
         service, caller(ALICE), object=catalog_bytes("syscount"), scope=pb.SCOPE_SELF
     )
     assert reply.program == "syscount" and reply.sha256 == sha("syscount")
-    assert [m.name for m in reply.maps] == ["counts"] and fds == [1000]
+    assert [m.name for m in reply.maps] == ["counts"] and len(fds) == 1
+    # The fd sent is a duplicate of the instance's map fd (the session closes it).
+    kept = service.created[-1].visible["counts"].fileno()  # type: ignore[attr-defined]
+    assert fds[0] != kept and os.path.samestat(os.fstat(fds[0]), os.fstat(kept))
+    os.close(fds[0])
 
 
 def test_upload_without_catalog_metadata_is_refused(log: io.StringIO) -> None:
@@ -536,6 +549,57 @@ def test_a_call_after_a_reload_decides_again_before_reading(service: Service) ->
         service.read_map(b, ob, pb.ReadMapRequest(attachment_id=rb.attachment_id))
     assert e.value.code == pb.ERROR_PERMISSION_DENIED and "no longer allows" in e.value.message
     assert service.live_instances == 0 and service.revoke_disallowed() == []
+
+
+def test_a_revoke_during_a_read_closes_the_instance_after_the_read(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reload that revokes while ReadMap reads must not close the map fd under
+    # it: its number could name another user's map by the time it is read.
+    b = caller(BOB, "grpc")
+    ob = service.open_owner(b)
+    rb, _ = service.attach(b, ob, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
+    shared = service.created[0]  # type: ignore[attr-defined]
+    seen: list[bool] = []
+
+    def read_page(kmap: Any, *a: Any, **k: Any) -> pb.ReadMapReply:
+        service.policy = make_policy(users='["alice"]')
+        assert service.revoke_disallowed() == [rb.attachment_id]
+        seen.append(shared.closed)
+        os.fstat(kmap.fileno())  # still the map's fd
+        return pb.ReadMapReply()
+
+    monkeypatch.setattr(replies, "read_page", read_page)
+    service.read_map(b, ob, pb.ReadMapRequest(attachment_id=rb.attachment_id, map="counts"))
+    assert seen == [False] and shared.closed  # closed once the read was done
+    with pytest.raises(BrokerError) as e:
+        service.read_map(b, ob, pb.ReadMapRequest(attachment_id=rb.attachment_id))
+    assert e.value.code == pb.ERROR_PERMISSION_DENIED
+
+
+def test_a_revoke_during_attach_leaves_the_fds_sent_valid(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reload lands between the attach's decision and its reply: the fds in
+    # the reply are duplicates made while the instance was held open.
+    a = caller(ALICE)
+    oa = service.open_owner(a)
+    describe = replies.describe
+
+    def revoke_then_describe(att: Any, joined: bool, pass_fds: bool) -> Any:
+        service.policy = make_policy(users='["bob"]')
+        assert service.revoke_disallowed() == [att.id]
+        return describe(att, joined, pass_fds)
+
+    monkeypatch.setattr(replies, "describe", revoke_then_describe)
+    reply, fds = service.attach(a, oa, pb.AttachRequest(name="syscount", scope=pb.SCOPE_SYSTEM))
+    shared = service.created[0]  # type: ignore[attr-defined]
+    assert shared.closed and len(fds) == 1
+    assert os.path.samestat(os.fstat(fds[0]), os.stat(os.devnull))  # the map's, not closed
+    os.close(fds[0])
+    with pytest.raises(BrokerError) as e:
+        service.stats(a, oa, pb.StatsRequest(attachment_id=reply.attachment_id))
+    assert e.value.code == pb.ERROR_PERMISSION_DENIED
 
 
 def test_self_scope_shares_per_user_and_rings_never(service: Service) -> None:
