@@ -82,11 +82,13 @@ class Relocation:
 
     insn_index: int
     # "map" (ld_imm64 of a map), "data" (ld_imm64 into global data or .kconfig),
-    # "call" (into .text), "ksym" (ld_imm64 of a __ksym), "kfunc" (call of a kfunc)
+    # "call" (into .text), "ksym" (ld_imm64 of a __ksym), "kfunc" (call of a kfunc),
+    # "func" (ld_imm64 of a .text function: a helper's callback, e.g. bpf_find_vma)
     kind: str
     symbol: str
     map_name: str | None = None  # for "map" and "data"
-    offset: int = 0  # "data": symbol offset in the section; "call": target byte offset in .text
+    # "data": symbol offset in the section; "call"/"func": the symbol's byte offset in .text
+    offset: int = 0
 
 
 @dataclass
@@ -576,6 +578,9 @@ class _Linker:
                 # Resolved by the loader against the running kernel (externs.py).
                 self.map_refs.append((start + i, r.symbol, r.kind, 0))
                 continue
+            if r is not None and r.kind == "func":
+                self.place_callback(prog, start + i, at, r, regs, imm)
+                continue
             if code != CODE_CALL or regs >> 4 != C.BPF_PSEUDO_CALL:
                 continue
             target = self.call_target(prog, i, imm, r)
@@ -583,6 +588,26 @@ class _Linker:
                 self.append(target)
             new_imm = self.placed[target.name] - (start + i) - 1
             SLOT.pack_into(self.insns, at, code, regs, off, new_imm)
+
+    def place_callback(
+        self, prog: ProgramSpec, pos: int, at: int, r: Relocation, regs: int, imm: int
+    ) -> None:
+        """An ld_imm64 of a subprogram's address: BPF_PSEUDO_FUNC, imm relative
+        to the next instruction, as for a call (the verifier's convention)."""
+        if (r.offset + imm) % C.INSN_SIZE:
+            raise ObjectError(f"program {prog.name!r}: misaligned callback at insn {pos}")
+        target_idx = (r.offset + imm) // C.INSN_SIZE
+        target = self.subprogs.get(target_idx)
+        if target is None:
+            raise ObjectError(
+                f"program {prog.name!r}: callback at insn {pos} names .text insn "
+                f"{target_idx}, which starts no function"
+            )
+        if target.name not in self.placed:
+            self.append(target)
+        regs = (regs & 0x0F) | (C.BPF_PSEUDO_FUNC << 4)
+        new_imm = self.placed[target.name] - pos - 1  # pos: the load in the linked stream
+        SLOT.pack_into(self.insns, at, CODE_LD_IMM64, regs, 0, new_imm)
 
     def call_target(self, prog: ProgramSpec, i: int, imm: int, r: Relocation | None) -> ProgramSpec:
         """The subprogram that the call at insn i of prog enters."""
@@ -743,10 +768,9 @@ class _Relocator:
     def load(self, prog: ProgramSpec, local: int, sym: Symbol, sname: str) -> Relocation:
         """An ld_imm64 of a map or of an address in global data."""
         if sym.shndx == self.text_index:
-            raise UnsupportedError(
-                f"program {prog.name!r}: taking the address of function {sname!r} "
-                "(callbacks for bpf_loop and friends) is not supported yet"
-            )
+            # A callback: clang writes the function's byte offset from the symbol
+            # into imm; the linker turns it into a BPF_PSEUDO_FUNC load.
+            return Relocation(local, "func", sname, offset=sym.value)
         if sym.shndx == self.maps_sec:
             m = self.map_by_offset.get(sym.value)
             if m is None:

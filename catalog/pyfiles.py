@@ -18,7 +18,8 @@ DEFAULT_FRAMES = 64  # gfx_python.h python_frames
 MAX_FRAMES = 128  # gfx_python.h GFX_PY_MAX_FRAMES
 
 _FILE_KEY = struct.Struct("<QQ")  # struct py_file_key: dev, ino
-_FILE_VAL = struct.Struct("<QII")  # struct py_file_val: runtime_off, layout, pad
+_FILE_VAL = struct.Struct("<QII")  # struct py_file_val: runtime_off, layout, flags
+LIB_FLAG = 1  # gfx_python.h GFX_PYFILE_LIB
 
 
 class PythonFileError(ValueError, InputError):
@@ -27,12 +28,16 @@ class PythonFileError(ValueError, InputError):
 
 @dataclass(frozen=True)
 class PythonFile:
-    """A CPython executable with libpython linked in, as the kernel names it."""
+    """A CPython executable with libpython linked in, or a shared libpython,
+    as the kernel names it."""
 
     dev: int  # kernel st_dev encoding: major << 20 | minor
     ino: int
-    runtime_off: int  # _PyRuntime minus the lowest executable PT_LOAD p_vaddr
+    # executable: _PyRuntime minus the lowest executable PT_LOAD p_vaddr;
+    # library: _PyRuntime minus (p_vaddr - p_offset) of its executable PT_LOAD
+    runtime_off: int
     version: tuple[int, int]
+    library: bool = False
 
 
 def layout_index(version: tuple[int, int]) -> int | None:
@@ -66,4 +71,5 @@ def fill(obj: LoadedObject, files: tuple[PythonFile, ...]) -> None:
     for f in files:
         index = layout_index(f.version)
         assert index is not None
-        table.update(_FILE_KEY.pack(f.dev, f.ino), _FILE_VAL.pack(f.runtime_off, index, 0))
+        flags = LIB_FLAG if f.library else 0
+        table.update(_FILE_KEY.pack(f.dev, f.ino), _FILE_VAL.pack(f.runtime_off, index, flags))

@@ -24,7 +24,7 @@ def check_python(
             )
         return (), None
     files = tuple(
-        pyfiles.PythonFile(f.dev, f.ino, f.runtime_off, (f.major, f.minor))
+        pyfiles.PythonFile(f.dev, f.ino, f.runtime_off, (f.major, f.minor), f.library)
         for f in params.python_files
     )
     try:

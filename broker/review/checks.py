@@ -71,8 +71,16 @@ ALLOWED_HELPERS = frozenset(
         "get_stackid",
         # uprobe/perf cookies (e.g. which function a uprobe is on).
         "get_attach_cookie",
+        # The memory area of the current task that holds an address (its file,
+        # start and page offset): where a shared library is mapped, as
+        # /proc/self/maps would say. Its callback is the only one allowed.
+        "find_vma",
     }
 )
+
+# The allowed helpers that take a callback (a BPF_PSEUDO_FUNC load); the
+# verifier lets a function pointer go nowhere but such an argument.
+CALLBACK_HELPERS = frozenset({"find_vma"})
 
 # Helpers refused with a specific reason (everything not allowed is refused;
 # these are the ones worth explaining).
@@ -281,11 +289,12 @@ def _call_problems(name: str, facts: asm.ProgramFacts) -> list[str]:
             f"program {name!r} calls a kernel function (kfunc, BTF id {btf_id}, "
             f"instruction {idx}): kfunc calls are not allowed"
         )
+    callbacks_to = {h for _, _, h in facts.helper_calls} & CALLBACK_HELPERS
     for idx, src, _ in facts.ld_imm64:
-        if src == C.BPF_PSEUDO_FUNC:
+        if src == C.BPF_PSEUDO_FUNC and not callbacks_to:
             problems.append(
                 f"program {name!r}: callback function pointer at instruction {idx} "
-                "(bpf_loop and friends) is not allowed"
+                "with no bpf_find_vma call to take it (bpf_loop and friends are not allowed)"
             )
             break
     return problems

@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Python frames of the current task, walked in the kernel (CPython 3.9+,
- * interpreters with libpython linked into the executable).
+ * libpython linked into the executable or a shared libpython3.X.so).
  *
- * Who runs Python is decided per executable FILE, not per process: the
- * broker fills `py_files` with (device, inode) -> (offset of _PyRuntime from
- * the lowest executable PT_LOAD, layout index) and `py_layouts` with
- * CPython's structure offsets per version (gfxbpf.catalog.python.layouts).
- * A task whose mm->exe_file is such a file has its runtime at
- * mm->start_code + runtime_off; from there: the main interpreter, its thread
+ * Who runs Python is decided per FILE, not per process: the broker fills
+ * `py_files` with (device, inode) -> (where _PyRuntime is, layout index)
+ * and `py_layouts` with CPython's structure offsets per version
+ * (gfxbpf.catalog.python.layouts). A task whose mm->exe_file is such an
+ * executable has its runtime at mm->start_code + runtime_off. A process of
+ * a shared build is found by its user ip: when that lies in a mapping of a
+ * registered libpython (bpf_find_vma), the runtime is at the file's load
+ * address + runtime_off, remembered per process in `py_procs` (a process
+ * that never shows such an ip is given up after GFX_PY_LIB_TRIES samples).
+ * From the runtime: the main interpreter, its thread
  * states (the one whose thread_id is this thread's pthread_self(), which on
  * x86-64 glibc is the fs base), the current frame and the chain of previous
  * frames. Each frame gives (code object address, instruction value, ENTRY
@@ -99,10 +103,23 @@ struct py_file_key {
 	__u64 ino;
 };
 
+/* py_file_val.flags */
+#define GFX_PYFILE_LIB 1          /* a shared libpython: found through the mapping of an ip */
+#define GFX_PY_LIB_TRIES 64       /* samples of a process looked up before it counts as not Python */
+
 struct py_file_val {
-	__u64 runtime_off;  /* _PyRuntime - lowest PF_X p_vaddr */
+	__u64 runtime_off;  /* executable: _PyRuntime - lowest PF_X p_vaddr; library:
+			     * _PyRuntime - (p_vaddr - p_offset) of its PF_X PT_LOAD */
 	__u32 layout;       /* index in py_layouts */
-	__u32 pad;
+	__u32 flags;        /* GFX_PYFILE_LIB */
+};
+
+/* A process of a shared build, once its libpython mapping was found. */
+struct py_proc {
+	__u64 start;        /* the process's start time: a reused pid is another process */
+	__u64 runtime;      /* 0: not found (yet) */
+	__u32 layout;
+	__u32 tries;        /* lookups that found no libpython */
 };
 
 struct py_frame {
@@ -175,6 +192,14 @@ struct {
 	__type(value, struct py_file_val);
 } py_files SEC(".maps");
 
+/* tgid -> where a shared build's runtime is (GFX_PYFILE_LIB) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct py_proc);
+} py_procs SEC(".maps");
+
 /* tid -> its thread state address; checked by thread_id at every use */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -230,6 +255,18 @@ struct thread_struct___gfxpy {
 struct task_struct___gfxpy {
 	struct mm_struct___gfxpy *mm;
 	struct thread_struct___gfxpy thread;
+	struct task_struct___gfxpy *group_leader;
+	__u64 start_time;
+} __attribute__((preserve_access_index));
+
+struct vm_area_struct___gfxpy {
+	unsigned long vm_start;
+	unsigned long vm_pgoff;
+	struct file___gfxpy *vm_file;
+} __attribute__((preserve_access_index));
+
+struct pt_regs___gfxpy {
+	unsigned long ip;
 } __attribute__((preserve_access_index));
 
 static __always_inline void gfx_py_count(__u32 idx)
@@ -268,14 +305,64 @@ static __always_inline struct py_rec *gfx_py_record(void)
 	return &s->rec;
 }
 
+/* bpf_find_vma's callback: the runtime address if vma maps a registered
+ * libpython (vm_start - vm_pgoff pages is where the file's offset 0 sits). */
+static long gfx_py_vma(struct task_struct___gfxpy *task, struct vm_area_struct___gfxpy *vma,
+		       struct py_proc *found)
+{
+	struct py_file_key fk = {};
+	struct py_file_val *fv;
+
+	fk.dev = BPF_CORE_READ(vma, vm_file, f_inode, i_sb, s_dev);
+	fk.ino = BPF_CORE_READ(vma, vm_file, f_inode, i_ino);
+	fv = bpf_map_lookup_elem(&py_files, &fk);
+	if (!fv || !(fv->flags & GFX_PYFILE_LIB))
+		return 0;
+	found->runtime = BPF_CORE_READ(vma, vm_start) - (BPF_CORE_READ(vma, vm_pgoff) << 12) +
+			 fv->runtime_off;
+	found->layout = fv->layout;
+	return 0;
+}
+
+/* A shared build's runtime: remembered for this process, else looked for
+ * at the user ip (0: not found). */
+static __always_inline __u64 gfx_py_lib_runtime(struct task_struct___gfxpy *task, __u32 *layout)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 start = BPF_CORE_READ(task, group_leader, start_time);
+	struct py_proc found = {}, *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	struct pt_regs___gfxpy *regs;
+
+	if (p && p->start == start) {
+		if (p->runtime) {
+			*layout = p->layout;
+			return p->runtime;
+		}
+		if (p->tries >= GFX_PY_LIB_TRIES)
+			return 0;
+		found.tries = p->tries;
+	}
+	found.start = start;
+	regs = (struct pt_regs___gfxpy *)bpf_task_pt_regs((void *)task);
+	bpf_find_vma((void *)task, BPF_CORE_READ(regs, ip), gfx_py_vma, &found, 0);
+	if (!found.runtime)
+		found.tries++;
+	bpf_map_update_elem(&py_procs, &tgid, &found, BPF_ANY);
+	*layout = found.layout;
+	return found.runtime;
+}
+
 /* The current task's runtime address and layout, if its executable is a
- * registered interpreter file (0: not Python). */
+ * registered interpreter file or it maps a registered libpython (0: not
+ * Python). */
 static __always_inline __u64 gfx_py_runtime(struct py_layout **layout)
 {
 	struct task_struct___gfxpy *task = (void *)bpf_get_current_task_btf();
 	struct py_file_key fk = {};
 	struct py_file_val *fv;
 	struct mm_struct___gfxpy *mm;
+	__u64 runtime;
+	__u32 idx = 0;
 
 	mm = BPF_CORE_READ(task, mm);
 	if (!mm)
@@ -283,12 +370,18 @@ static __always_inline __u64 gfx_py_runtime(struct py_layout **layout)
 	fk.dev = BPF_CORE_READ(mm, exe_file, f_inode, i_sb, s_dev);
 	fk.ino = BPF_CORE_READ(mm, exe_file, f_inode, i_ino);
 	fv = bpf_map_lookup_elem(&py_files, &fk);
-	if (!fv)
+	if (fv && !(fv->flags & GFX_PYFILE_LIB)) {
+		idx = fv->layout;
+		runtime = BPF_CORE_READ(mm, start_code) + fv->runtime_off;
+	} else {
+		runtime = gfx_py_lib_runtime(task, &idx);
+	}
+	if (!runtime)
 		return 0;
-	*layout = bpf_map_lookup_elem(&py_layouts, &fv->layout);
+	*layout = bpf_map_lookup_elem(&py_layouts, &idx);
 	if (!*layout || !(*layout)->version)
 		return 0;
-	return BPF_CORE_READ(mm, start_code) + fv->runtime_off;
+	return runtime;
 }
 
 /* This thread's thread state: the cached one if its thread_id still is this

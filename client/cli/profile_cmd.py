@@ -717,11 +717,18 @@ def _attach_waits(
 
 
 def python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
-    """The attach request's interpreters: the CPython executables to walk."""
+    """The attach request's interpreters: the CPython executables and shared
+    libpythons to walk."""
     return [
-        pb.PythonFile(dev=f.dev, ino=f.ino, runtime_off=f.runtime_off or 0, major=v[0], minor=v[1])
+        pb.PythonFile(
+            dev=f.dev,
+            ino=f.ino,
+            runtime_off=f.runtime_off or 0,
+            major=f.version[0],
+            minor=f.version[1],
+            library=f.is_library,
+        )
         for f in (pythons.files.values() if pythons else ())
-        for v in [f.version]
     ]
 
 

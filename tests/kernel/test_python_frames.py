@@ -30,6 +30,7 @@ from tests.kernel.brokerenv import (
     shared_dir,
 )
 from tests.kernel.rawclient import kernel_looking_text
+from tests.shared_python import build_shared_python
 
 pytestmark = pytest.mark.kernel
 
@@ -214,6 +215,41 @@ def test_over_grpc_the_code_objects_come_through_the_broker(
     stacks = stacks_of(out)
     got = share(stacks, lambda s: _nested_ok(work, s))
     assert got >= 0.9, (got, _worst(work, stacks))
+
+
+@pytest.fixture(scope="module")
+def pyshared(work: Path) -> Path:
+    prog = build_shared_python(work)
+    if prog is None:
+        skip_or_fail("gcc or /usr/bin/python3-config is missing (apt-get install python3-dev)")
+        raise AssertionError  # unreachable
+    return prog
+
+
+@pytest.mark.parametrize("how", ["command", "pid"])
+def test_a_shared_build_is_walked_through_its_libpython(
+    broker: BrokerProcess, work: Path, pyshared: Path, how: str
+) -> None:
+    # The executable has no _PyRuntime: the walker finds libpython's mapping
+    # from a sampled ip (bpf_find_vma) and remembers it for the process.
+    out = work / f"shared-{how}.folded"
+    argv = [str(pyshared), str(work / "nested.py")]
+    if how == "command":
+        summary = profile(broker, out, "--frequency", "499", "--", *argv)
+    else:
+        proc = run_as(ALICE, argv, background=True)
+        try:
+            summary = profile(broker, out, "--frequency", "499", "--pid", str(proc.pid))
+        finally:
+            proc.kill()
+            proc.wait()
+    stacks = stacks_of(out)
+    got = share(stacks, lambda s: _nested_ok(work, s))
+    print(f"shared build ({how}): {got:.3f} of {sum(n for _, n in stacks)} samples")
+    assert got >= 0.9, (got, _worst(work, stacks))
+    py = summary["python"]
+    assert list(py["processes_walked"].values()) == [HOST_VERSION], py
+    assert any("libpython" in i["path"] for i in py["interpreters"]), py
 
 
 def _chain_at_leaf(chain: list[str]) -> Callable[[list[str]], bool]:

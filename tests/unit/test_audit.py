@@ -116,6 +116,18 @@ def test_dangerous_helpers_refused(helper: int, words: str) -> None:
     assert f"bpf_{words} " in report.problems[0]
 
 
+def test_a_callback_may_only_go_to_bpf_find_vma() -> None:
+    # stackcopy passes bpf_find_vma a callback (gfx_python.h); the same
+    # callback handed to bpf_loop (181) instead is refused twice over.
+    spec = catalog_spec("stackcopy")
+    assert checks.audit_spec(spec).ok
+    patch_helper(spec, "stackcopy_sample", 180, 181)
+    report = checks.audit_spec(spec)
+    assert not report.ok
+    assert any("bpf_loop" in p and "allowlist" in p for p in report.problems), report.problems
+    assert any("callback function pointer" in p for p in report.problems), report.problems
+
+
 def test_unknown_helper_refused_as_not_allowlisted() -> None:
     spec = catalog_spec("syscount")
     patch_helper(spec, "sys_enter", 15, 9)  # skb_store_bytes: not for tracing

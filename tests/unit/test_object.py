@@ -184,3 +184,38 @@ def test_corrupt_btf_section_is_named(tmp_path: Path) -> None:
 def test_object_from_missing_file_is_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         ObjectSpec.from_file(os.fspath(tmp_path / "missing.o"))
+
+
+def test_a_callback_becomes_a_pseudo_func_load(tmp_path: Path) -> None:
+    # clang leaves a function's address as an ld_imm64 of .text + byte offset;
+    # linked, it is a BPF_PSEUDO_FUNC load whose imm reaches the callback's
+    # appended copy (relative to the next instruction, like a call).
+    data = build(
+        tmp_path,
+        """
+        struct ctxv { __u64 n; };
+        static long first(void *task, void *vma, struct ctxv *c) { c->n += 1; return 0; }
+        static long second(void *task, void *vma, struct ctxv *c) { c->n += 2; return 1; }
+        SEC("perf_event") int p(void *ctx) {
+            struct ctxv c = {};
+            void *t = bpf_get_current_task_btf();
+            bpf_find_vma(t, 0x1000, second, &c, 0);
+            bpf_find_vma(t, 0x2000, first, &c, 0);
+            return c.n;
+        }
+        """,
+    )
+    spec = ObjectSpec.parse(data, "t")
+    linked = spec.link_program("p")
+    assert linked.subprogs == ["second", "first"]  # in the order they are met
+    starts, pos = {}, spec.programs["p"].insn_count
+    for name in linked.subprogs:
+        starts[pos] = name
+        pos += spec.programs[name].insn_count
+    loads = []
+    for i in range(len(linked.insns) // 8):
+        code, regs, _off, imm = SLOT.unpack_from(linked.insns, i * 8)
+        if code == 0x18 and regs >> 4 == C.BPF_PSEUDO_FUNC:
+            loads.append(starts[i + imm + 1])
+    assert loads == ["second", "first"]
+    assert len(linked.func_info) == 3  # the verifier needs one per callback too

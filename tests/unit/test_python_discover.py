@@ -16,8 +16,11 @@ from gfxbpf.client.profiles.python.discover import (
     interpreter_paths,
     kernel_dev,
     libpython_of,
+    libpython_paths,
     python_file,
 )
+from tests.conftest import skip_or_fail
+from tests.shared_python import build_shared_python
 
 REPORT = (
     "with open('/proc/self/stat') as f: start = int(f.read().rsplit(')', 1)[1].split()[23])\n"
@@ -171,3 +174,40 @@ def test_interpreter_paths_under_a_root(tmp_path: Path) -> None:
     ]
     host = os.path.realpath("/usr/bin/python3")
     assert host in [os.path.realpath(p) for p in interpreter_paths()]
+
+
+def test_a_shared_builds_libpython(tmp_path: Path) -> None:
+    # The runtime address the walker computes from the mapping of an ip in
+    # libpython's text (vm_start - vm_pgoff pages + runtime_off) is the one
+    # the interpreter itself reports.
+    prog = build_shared_python(tmp_path)
+    if prog is None:
+        skip_or_fail("gcc or /usr/bin/python3-config (python3-dev) is missing")
+        return
+    script = REPORT + "print(open('/proc/self/maps').read())\n"
+    out = subprocess.run([str(prog), "-c", script], check=True, capture_output=True, text=True)
+    head, _, maps_text = out.stdout.partition("\n")
+    _, addr, *version = (int(x) for x in head.split())
+    text = [
+        m
+        for m in parse_maps(maps_text)
+        if os.path.basename(m.file_path).startswith("libpython") and "x" in m.perms
+    ]
+    assert len(text) == 1, maps_text
+    lib = python_file(text[0].file_path)
+    assert lib is not None and lib.walkable and lib.is_library and lib.static
+    assert lib.version == tuple(version)
+    assert lib.runtime_off is not None
+    assert text[0].start - text[0].offset + lib.runtime_off == addr
+    exe = python_file(str(prog))
+    assert exe is None or not exe.walkable  # the executable of a shared build has no runtime
+
+
+def test_libpython_paths_under_a_root(tmp_path: Path) -> None:
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libpython3.12.so.1.0").write_bytes(b"\x7fELF")
+    (lib / "libpython3.12.so").symlink_to("libpython3.12.so.1.0")
+    (lib / "libpython3.12.a").write_bytes(b"!<arch>")
+    (lib / "libpythonista.so").write_bytes(b"")
+    assert libpython_paths(str(tmp_path)) == [str(lib / "libpython3.12.so.1.0")]

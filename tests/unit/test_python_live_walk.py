@@ -11,7 +11,7 @@ process cannot show what a sample taken mid-instruction sees.
 
 The host's /usr/bin/python3 always runs. pyenv's interpreters, where this
 machine has them (shared builds: the runtime is found in libpython3.X.so,
-which the BPF walker does not follow, but the layouts are the same), and
+from the mapping of its code, as the BPF walker finds it), and
 GFXBPF_PYTHON_ROOTS (colon-separated chroot folders, e.g. debootstrapped
 Debian 13 and sid: 3.13, 3.14) add the interpreters found there; chroots need
 root.
@@ -116,10 +116,10 @@ def test_reference_walk_of_a_live_interpreter(root: str, exe: str, tmp_path_fact
 
 
 def _runtime_of(pid: int, pf: PythonFile) -> tuple[int, tuple[int, int], int]:
-    """(_PyRuntime's address, version, runtime_off): from start_code for a
-    static interpreter, as the BPF does; for a shared build, from where
-    libpython's code is mapped (that file's runtime_off is from its own
-    lowest executable segment, so the same sum holds)."""
+    """(_PyRuntime's address, version, runtime_off), as the BPF computes it:
+    from start_code for a static interpreter; for a shared build, from the
+    mapping of libpython's code (vm_start - vm_pgoff pages, the file's
+    offset 0, plus that library's runtime_off)."""
     if pf.walkable:
         assert pf.runtime_off is not None
         return _start_code(pid) + pf.runtime_off, (pf.version[0], pf.version[1]), pf.runtime_off
@@ -131,8 +131,8 @@ def _runtime_of(pid: int, pf: PythonFile) -> tuple[int, tuple[int, int], int]:
     lpf = python_file(lib[0])
     assert lpf is not None and lpf.is_library and lpf.runtime_off is not None
     assert (lpf.version[0], lpf.version[1]) == lib[1]
-    text = min(m.start for m in maps if m.file_path == lib[0] and m.executable)
-    return text + lpf.runtime_off, lib[1], lpf.runtime_off
+    text = min((m for m in maps if m.file_path == lib[0] and m.executable), key=lambda m: m.start)
+    return text.start - text.offset + lpf.runtime_off, lib[1], lpf.runtime_off
 
 
 def _place_script(root: str, folder: str | None) -> str:

@@ -3,14 +3,17 @@ needs to know of each: (dev, ino, runtime_off, version).
 
 - version: the Py_Version symbol (PY_VERSION_HEX, 3.11+), else a PY_VERSION
   string ("3.9.18") in .rodata, else the file name (python3.X, libpython3.X).
-- runtime_off: st_value(_PyRuntime) minus the lowest p_vaddr of the PF_X
-  PT_LOAD segments, since the kernel's mm->start_code is that p_vaddr plus
-  the load bias (load_elf_binary).
+- runtime_off: for an executable, st_value(_PyRuntime) minus the lowest
+  p_vaddr of the PF_X PT_LOAD segments, since the kernel's mm->start_code is
+  that p_vaddr plus the load bias (load_elf_binary). For a shared libpython,
+  st_value(_PyRuntime) minus (p_vaddr - p_offset) of its PF_X PT_LOAD: the
+  BPF program finds the mapping of an ip in that segment, and vm_start -
+  vm_pgoff pages is where file offset 0 would sit.
 - dev: st_dev in the kernel's encoding, (major << 20) | minor, what the BPF
   program reads from the inode's superblock.
-- static: _PyRuntime is defined in this file. Only an executable with its own
-  _PyRuntime is walked; a process whose interpreter is libpython3.X.so (a
-  shared build, pyenv's default among them) is told apart by libpython_of().
+- static: _PyRuntime is defined in this file: an executable with libpython
+  linked in, or libpython3.X.so itself (a shared build; the executable of
+  such a build has no _PyRuntime and is not walked itself).
 - debug_offsets_ok (3.13+): the offsets CPython itself wrote into the
   binary's _Py_DebugOffsets agree with catalog/python/layouts.py.
 
@@ -37,6 +40,7 @@ __all__ = [
     "interpreter_paths",
     "kernel_dev",
     "libpython_of",
+    "libpython_paths",
     "python_file",
 ]
 
@@ -51,6 +55,7 @@ _VERSION_STRING = re.compile(rb"(?<![\w.])3\.(\d{1,2})\.(\d{1,3})(?:(?:a|b|rc)\d
 _NAME = re.compile(r"python(\d+)\.(\d+)")
 _INTERPRETER_NAME = re.compile(r"python\d+\.\d+")
 _INTERPRETER_DIRS = ("usr/bin", "usr/local/bin")
+_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib")
 _LIBPYTHON = re.compile(r"/libpython(\d+)\.(\d+)[a-z]*\.so(?:\.[\d.]+)?$")
 
 
@@ -69,12 +74,11 @@ class PythonFile:
 
     @property
     def walkable(self) -> bool:
-        """What the attach request may carry: an executable with its own
-        _PyRuntime, a release build of a version with a layout, that
-        contradicts no check."""
+        """What the attach request may carry: a file with its own _PyRuntime
+        (an executable or libpython), a release build of a version with a
+        layout, that contradicts no check."""
         return (
             self.static
-            and not self.is_library
             and not self.debug_build
             and self.runtime_off is not None
             and layout_for((self.version[0], self.version[1])) is not None
@@ -116,7 +120,8 @@ def _inspect(path: str, fd: int) -> PythonFile | None:
         return None
     runtime = syms.get("_PyRuntime")
     static = runtime is not None and runtime[1] != SHN_UNDEF
-    text = _lowest_exec_vaddr(elf)
+    is_library = not any(p.type == _PT_INTERP for p in elf.segments)
+    text = _text_base(elf, is_library)
     runtime_off = runtime[0] - text if static and runtime and text is not None else None
     return PythonFile(
         path=path,
@@ -126,7 +131,7 @@ def _inspect(path: str, fd: int) -> PythonFile | None:
         dev=kernel_dev(st.st_dev),
         ino=st.st_ino,
         static=static,
-        is_library=not any(p.type == _PT_INTERP for p in elf.segments),
+        is_library=is_library,
         debug_offsets_ok=_debug_ok(elf, version, syms) if static else None,
         debug_build=syms.get(_DEBUG_SYMBOL, (0, SHN_UNDEF))[1] != SHN_UNDEF,
     )
@@ -157,9 +162,12 @@ def _read_vaddr(elf: ElfFile, vaddr: int, size: int) -> bytes | None:
     return None
 
 
-def _lowest_exec_vaddr(elf: ElfFile) -> int | None:
-    loads = [s.vaddr for s in elf.loads() if s.flags & _PF_X]
-    return min(loads) if loads else None
+def _text_base(elf: ElfFile, is_library: bool) -> int | None:
+    """What runtime_off is counted from (see the module docstring)."""
+    loads = sorted((s for s in elf.loads() if s.flags & _PF_X), key=lambda s: s.vaddr)
+    if not loads:
+        return None
+    return loads[0].vaddr - loads[0].offset if is_library else loads[0].vaddr
 
 
 def _version(
@@ -252,6 +260,21 @@ def libpython_of(paths: Iterable[str]) -> tuple[str, tuple[int, int]] | None:
         if m:
             return p, (int(m.group(1)), int(m.group(2)))
     return None
+
+
+def libpython_paths(root: str = "/", folders: tuple[str, ...] = _LIBRARY_DIRS) -> list[str]:
+    """The libpython3.X.so files in the usual library folders under root (a
+    shared build's runtime), real files only, each once."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(root, folder, "libpython3.*.so*"))):
+            real = os.path.realpath(path)
+            if _LIBPYTHON.search("/" + os.path.basename(real)) and real not in seen:
+                if os.path.isfile(real):
+                    seen.add(real)
+                    out.append(real)
+    return out
 
 
 def interpreter_paths(root: str = "/") -> list[str]:

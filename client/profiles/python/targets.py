@@ -4,7 +4,9 @@ tells the user about the Python processes it could not read.
 The walker decides per file (catalog/programs/gfx_python.h): the targets'
 own executables (/proc/PID/exe, which is the file even inside a container
 or chroot), COMMAND's, and the system's python3.X, so that a Python a
-target starts later is walked too.
+target starts later is walked too; likewise the libpython3.X.so of shared
+builds: the one a target maps, the one beside COMMAND (../lib, as pyenv and
+conda lay them out) and the system's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gfxbpf.client.profiles.python.discover import (
     PythonFile,
     interpreter_paths,
     libpython_of,
+    libpython_paths,
     python_file,
 )
 
@@ -49,7 +52,7 @@ def why_not(f: PythonFile) -> str:
     v = ".".join(map(str, f.version[:2]))
     if f.debug_build:
         return f"Python {v} is a debug build (other structure layouts)"
-    if not f.static or f.is_library:
+    if not f.static:
         return f"Python {v} keeps its runtime in libpython (a shared build)"
     if f.debug_offsets_ok is False:
         return f"Python {v}'s own _Py_DebugOffsets disagree with this gfxclient's layout"
@@ -63,15 +66,32 @@ def find(pids: Iterable[int], command: list[str] | None) -> Interpreters:
     roots = ["/"]
     for pid in pids:
         _add_exe(found, pid)
+        _add_mapped_libpython(found, pid)
         roots.append(f"/proc/{pid}/root")
     if command:
         path = shutil.which(command[0])
         if path:
-            found.add(os.path.realpath(path))
+            real = os.path.realpath(path)
+            found.add(real)
+            lib_dir = os.path.join(os.path.dirname(os.path.dirname(real)), "lib")
+            for lib in libpython_paths(lib_dir, folders=("",)):
+                found.add(lib)
     for root in _distinct(roots):
-        for path in interpreter_paths(root):
+        for path in interpreter_paths(root) + libpython_paths(root):
             found.add(path)
     return found
+
+
+def _add_mapped_libpython(found: Interpreters, pid: int) -> None:
+    """The libpython a running shared build maps, seen from its own root."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            paths = [line.split(None, 5)[-1].strip() for line in f if "libpython" in line]
+    except OSError:
+        return
+    lib = libpython_of(paths)
+    if lib is not None:
+        found.add(f"/proc/{pid}/root{lib[0]}")
 
 
 def _distinct(roots: list[str]) -> list[str]:
@@ -109,9 +129,13 @@ def process_note(pid: int, comm: str, mapped: Iterable[str], exe: str | None) ->
     who = f"process {pid} ({comm})"
     if lib is not None:
         v = ".".join(map(str, lib[1]))
+        f = python_file(f"/proc/{pid}/root{lib[0]}")
+        if f is not None and not f.walkable:
+            return f"{who} runs Python {v} from {os.path.basename(lib[0])}: {why_not(f)}"
         return (
-            f"{who} runs Python {v} from {os.path.basename(lib[0])} (a shared build): its "
-            "Python frames are not walked yet, only native frames are shown"
+            f"{who} runs Python {v} from {os.path.basename(lib[0])} (a shared build): no "
+            "sample of it ran inside libpython, where the walker finds its runtime; only "
+            "native frames are shown"
         )
     if exe and _PYTHON_NAME.search(exe):
         f = python_file(exe)
