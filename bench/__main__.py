@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         stage.close(keep=True)
         raise
-    stage.close()
+    stage.close(keep=bool(os.environ.get("GFXBPF_BENCH_KEEP")))  # the outputs, to look at
     doc = {
         "date": datetime.date.today().isoformat(),
         "args": argv,
