@@ -6,7 +6,10 @@ a fixed number of rounds; it times itself and prints the monotonic time it
 ended, so the time from the end of sampling to a written flame graph is
 measured the same way for both tools (the tool's exit minus the workload's
 end). Rows: the share of samples that hold the whole Python chain
-outer;middle;inner in order, the workload's slowdown at 99 Hz (py-spy's
+outer;middle;inner in order, of all samples and of those taken while the
+script ran (a frame of loop.py on the stack: gfxclient samples the process
+from exec, so its interpreter's start-up and shutdown, which py-spy does not
+see, count among all samples), the workload's slowdown at 99 Hz (py-spy's
 default blocking mode, and --nonblocking), and the time to a flame graph.
 gfxclient runs the script as `-- COMMAND` as the bench user; py-spy runs it
 through setpriv as the bench user, as root (it needs ptrace rights).
@@ -19,7 +22,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,17 @@ def chain_share(stacks: list[tuple[list[str], int]], chain: tuple[str, ...] = CH
     total = sum(c for _, c in stacks)
     full = sum(c for frames, c in stacks if holds_chain(frames, chain))
     return full / total if total else 0.0
+
+
+def in_script(frames: list[str], script: str = "loop.py") -> bool:
+    """Whether a frame of the script is on the stack (py-spy names the file
+    by its base name, gfxclient by its path)."""
+    return any(f"{script}:" in f for f in frames)
+
+
+def script_share(stacks: list[tuple[list[str], int]], chain: tuple[str, ...] = CHAIN) -> float:
+    """chain_share of the samples taken while the script ran (in_script)."""
+    return chain_share([(f, c) for f, c in stacks if in_script(f)], chain)
 
 
 def _result(text: str) -> dict[str, float]:
@@ -150,8 +164,8 @@ def _prepare(stage: Stage, seconds: float) -> tuple[Path, int, Path]:
     return script, max(10, round(seconds / max(one, 1e-6))), work
 
 
-def _share(path: Path) -> float:
-    return round(chain_share(parse_folded(path.read_text().splitlines())), 4)
+def _share(path: Path, share: Callable[..., float] = chain_share) -> float:
+    return round(share(parse_folded(path.read_text().splitlines())), 4)
 
 
 def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
@@ -172,6 +186,12 @@ def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
         "pyspy_chain_share": median([_share(work / f"spy-{i}.txt") for i in range(rounds)]),
         "pyspy_nonblocking_chain_share": median(
             [_share(work / f"spynb-{i}.txt") for i in range(rounds)]
+        ),
+        "gfxbpf_script_share": median(
+            [_share(work / f"gfx-{i}.folded", script_share) for i in range(rounds)]
+        ),
+        "pyspy_script_share": median(
+            [_share(work / f"spy-{i}.txt", script_share) for i in range(rounds)]
         ),
         "gfxbpf_slowdown": ratio(median([r["elapsed"] for r in gfx]), base),
         "pyspy_slowdown": ratio(median([r["elapsed"] for r in spy]), base),

@@ -421,6 +421,7 @@ def _python(r: dict[str, Any]) -> list[Row]:
             "≥ py-spy's",
             _met(gfx - spy, lambda d: d >= 0),
         ),
+        *_python_in_script(r, pct),
         (
             f"12 Python: workload slowdown at {r['hz']} Hz (untraced {_s(r['untraced_s'])})",
             f"×{r['gfxbpf_slowdown']}",
@@ -437,6 +438,24 @@ def _python(r: dict[str, Any]) -> list[Row]:
             "—",
             "—",
         ),
+    ]
+
+
+def _python_in_script(r: dict[str, Any], pct: Callable[[float], str]) -> list[Row]:
+    """The same share of the samples taken while the script ran (results
+    from before this row was measured have none)."""
+    if "gfxbpf_script_share" not in r:
+        return []
+    gfx, spy = r["gfxbpf_script_share"], r["pyspy_script_share"]
+    return [
+        (
+            "12 Python: the same, of the samples taken in the script (a frame of loop.py)",
+            pct(gfx),
+            f"{pct(spy)} (py-spy)",
+            str(ratio(gfx, spy)) if spy else "—",
+            "≥ py-spy's",
+            _met(gfx - spy, lambda d: d >= 0),
+        )
     ]
 
 

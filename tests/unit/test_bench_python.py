@@ -25,6 +25,19 @@ def test_chain_share_counts_samples_holding_the_chain_in_order() -> None:
     assert pp.chain_share([]) == 0.0
 
 
+def test_script_share_leaves_out_start_up_and_shutdown() -> None:
+    # gfxclient samples from exec: the interpreter's start-up has no frame of
+    # the script and is left out of this share (py-spy never sees it).
+    folded = GFX_FOLDED.replace(
+        "python3;[kernel] 5", "python3;Py_BytesMain;Py_InitializeFromConfig 5"
+    )
+    stacks = pp.parse_folded(folded.splitlines())
+    assert pp.chain_share(stacks) == 0.9
+    assert pp.script_share(stacks) == 90 / 95
+    assert pp.script_share(pp.parse_folded(PYSPY_RAW.splitlines())) == 64 / 70
+    assert pp.in_script(["<module> (/tmp/x/loop.py:17)"]) and not pp.in_script(["loop.pyc"])
+
+
 def test_frame_names_drop_file_and_line() -> None:
     assert pp.frame_name("inner (loop.py:5)") == "inner"
     assert pp.frame_name("Py_BytesMain") == "Py_BytesMain"
@@ -45,7 +58,11 @@ def test_python_rows_compare_with_pyspy() -> None:
         "pyspy_to_flamegraph_s": 0.1,
     }
     rows = report.SECTIONS["python"](r)
-    assert [row[5] for row in rows] == ["yes", "yes", "—"]
+    assert [row[5] for row in rows] == ["yes", "yes", "—"]  # no in-script share: no such row
+    with_script = report.SECTIONS["python"](
+        {**r, "gfxbpf_script_share": 0.99, "pyspy_script_share": 0.995}
+    )
+    assert [row[5] for row in with_script] == ["yes", "**no**", "yes", "—"]
     assert rows[0][1] == "97.0%" and "95.0%" in rows[0][2]
     r["gfxbpf_chain_share"] = 0.5
     assert report.SECTIONS["python"](r)[0][5] == "**no**"
