@@ -268,6 +268,7 @@ class ProbeCopyReader:
         # row -> the distinct unwound paths, from the caller out
         self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
         self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
+        self.scanned: set[Row] = set()  # rows a copy of which needed a stack scan
         # (tgid, chain hash) -> the Python frames, unwound or not (watch cuda --by-python)
         self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
         self.records = 0
@@ -294,7 +295,7 @@ class ProbeCopyReader:
             maps = self.process_maps(tgid, refresh)
             if maps is None:
                 return
-            frames, stop, _ = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, scanned = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             # A copy is rare (a row's 1st, 2nd, 4th ... call): one that stops
             # early may have met maps from before an exec; look once more.
             if len(frames) > 1 and stop is None:
@@ -304,6 +305,8 @@ class ProbeCopyReader:
             row = (tgid, function, caller, py.chain_hash(pyframes))
             self.paths.setdefault(row, set()).add((frames[1:], stop))
             self.pyframes[row] = pyframes
+            if scanned:
+                self.scanned.add(row)
 
     def raw_stacks(
         self, calls: Iterable[tuple[bytes, Any]], functions: Sequence[str], weight: str
@@ -329,6 +332,7 @@ class ProbeCopyReader:
                     user_error=None if user else "no user stack (unreadable return address)",
                     leaf=leaf,
                     unwind_stop=stop if user else None,
+                    unwind_scanned=bool(user) and row in self.scanned,
                     python=self.python.runs(tgid, self.pyframes.get(row, ())),
                 )
             )

@@ -314,3 +314,27 @@ def test_a_call_through_a_pointer_is_taken_only_as_the_first_candidate() -> None
     code = {**indirect, stale: _direct_call(LIB + MID, stale)}
     got = _scan_walk({8: stale, 0x18: RA_ROOT}, code)
     assert got == UnwindResult((LIB + NOCFI + 0x10,), Stop.NO_CFI)
+
+
+def test_a_probe_row_a_scan_carried_is_counted_in_the_summary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --stacks-at (ustackcopy): a row whose copy needed a stack scan says so,
+    # like a sampled stack, so the summary's scan note counts it.
+    from gfxbpf.client.profiles import copies
+    from gfxbpf.client.profiles.python import records as py
+
+    caller = 0x4444
+    rec = copies.HEADER.pack(7, 7, 0, 8, 0x1000, 0x2000, 0, 1, 0, 0, 0, b"app")
+    rec += struct.pack("<Q", caller)
+
+    class Stream:
+        def poll_raw(self, timeout: float) -> list[bytes]:
+            return [rec]
+
+    monkeypatch.setattr(copies, "_unwind", lambda *a: ((0x1000, caller, 0x5555), None, True))
+    reader = copies.ProbeCopyReader(Stream(), lambda pid, refresh: object(), None)  # type: ignore[arg-type]
+    reader.drain()
+    key = copies.CALL_KEY.pack(7, 0, caller, py.chain_hash(()))
+    stacks, uncopied = reader.raw_stacks([(key, copies.CALL_STATS.pack(3, 0))], ["fn"], "calls")
+    assert uncopied == 0 and stacks[0].user == (caller, 0x5555) and stacks[0].unwind_scanned
