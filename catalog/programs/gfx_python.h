@@ -8,10 +8,13 @@
  * and `py_layouts` with CPython's structure offsets per version
  * (gfxbpf.catalog.python.layouts). A task whose mm->exe_file is such an
  * executable has its runtime at mm->start_code + runtime_off. A process of
- * a shared build is found by its user ip: when that lies in a mapping of a
- * registered libpython (bpf_find_vma), the runtime is at the file's load
- * address + runtime_off, remembered per process in `py_procs` (a process
- * that never shows such an ip is given up after GFX_PY_LIB_TRIES samples).
+ * a shared build is found by an address in libpython's code: its user ip,
+ * else the first word of the top GFX_PY_SCAN_BYTES of its user stack that
+ * lies in such a mapping (a return address into the interpreter, e.g. below
+ * a ctypes call or a blocking system call), looked up with bpf_find_vma.
+ * The runtime is then at the file's load address + runtime_off, remembered
+ * per process in `py_procs` (a process with no such address in
+ * GFX_PY_LIB_TRIES records counts as not Python).
  * From the runtime: the main interpreter, its thread
  * states (the one whose thread_id is this thread's pthread_self(), which on
  * x86-64 glibc is the fs base), the current frame and the chain of previous
@@ -105,7 +108,9 @@ struct py_file_key {
 
 /* py_file_val.flags */
 #define GFX_PYFILE_LIB 1          /* a shared libpython: found through the mapping of an ip */
-#define GFX_PY_LIB_TRIES 64       /* samples of a process looked up before it counts as not Python */
+#define GFX_PY_LIB_TRIES 64       /* records of a process looked at before it counts as not Python */
+#define GFX_PY_SCAN_BYTES 512     /* user stack searched for an address in libpython's code */
+#define GFX_PY_VM_EXEC 4          /* vm_flags VM_EXEC: code, not libpython's data */
 
 struct py_file_val {
 	__u64 runtime_off;  /* executable: _PyRuntime - lowest PF_X p_vaddr; library:
@@ -261,12 +266,14 @@ struct task_struct___gfxpy {
 
 struct vm_area_struct___gfxpy {
 	unsigned long vm_start;
+	unsigned long vm_flags;
 	unsigned long vm_pgoff;
 	struct file___gfxpy *vm_file;
 } __attribute__((preserve_access_index));
 
 struct pt_regs___gfxpy {
 	unsigned long ip;
+	unsigned long sp;
 } __attribute__((preserve_access_index));
 
 static __always_inline void gfx_py_count(__u32 idx)
@@ -306,13 +313,16 @@ static __always_inline struct py_rec *gfx_py_record(void)
 }
 
 /* bpf_find_vma's callback: the runtime address if vma maps a registered
- * libpython (vm_start - vm_pgoff pages is where the file's offset 0 sits). */
+ * libpython's code (vm_start - vm_pgoff pages is where the file's offset 0
+ * sits; its data mappings may be placed otherwise, so only code counts). */
 static long gfx_py_vma(struct task_struct___gfxpy *task, struct vm_area_struct___gfxpy *vma,
 		       struct py_proc *found)
 {
 	struct py_file_key fk = {};
 	struct py_file_val *fv;
 
+	if (!(BPF_CORE_READ(vma, vm_flags) & GFX_PY_VM_EXEC))
+		return 0;
 	fk.dev = BPF_CORE_READ(vma, vm_file, f_inode, i_sb, s_dev);
 	fk.ino = BPF_CORE_READ(vma, vm_file, f_inode, i_ino);
 	fv = bpf_map_lookup_elem(&py_files, &fk);
@@ -324,14 +334,43 @@ static long gfx_py_vma(struct task_struct___gfxpy *task, struct vm_area_struct__
 	return 0;
 }
 
+/* Look for libpython's code at the user ip, then among the words at the top
+ * of the user stack (read into the per-CPU code scratch, unused until the
+ * runtime is known). Only user-space addresses are looked up. */
+static __always_inline void gfx_py_find_lib(struct task_struct___gfxpy *task, struct py_proc *found)
+{
+	struct pt_regs___gfxpy *regs = (struct pt_regs___gfxpy *)bpf_task_pt_regs((void *)task);
+	__u32 zero = 0;
+	struct py_scratch *s;
+	__u64 *words, w;
+	int i;
+
+	bpf_find_vma((void *)task, BPF_CORE_READ(regs, ip), gfx_py_vma, found, 0);
+	if (found->runtime)
+		return;
+	s = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!s)
+		return;
+	words = (__u64 *)s->code.table;
+	if (bpf_probe_read_user(words, GFX_PY_SCAN_BYTES, (void *)BPF_CORE_READ(regs, sp)))
+		return;
+	for (i = 0; i < GFX_PY_SCAN_BYTES / 8; i++) {
+		w = words[i];
+		if (w < 0x10000 || w >= 0x800000000000ULL)
+			continue;
+		bpf_find_vma((void *)task, w, gfx_py_vma, found, 0);
+		if (found->runtime)
+			return;
+	}
+}
+
 /* A shared build's runtime: remembered for this process, else looked for
- * at the user ip (0: not found). */
+ * (0: not found). */
 static __always_inline __u64 gfx_py_lib_runtime(struct task_struct___gfxpy *task, __u32 *layout)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 start = BPF_CORE_READ(task, group_leader, start_time);
 	struct py_proc found = {}, *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	struct pt_regs___gfxpy *regs;
 
 	if (p && p->start == start) {
 		if (p->runtime) {
@@ -343,8 +382,7 @@ static __always_inline __u64 gfx_py_lib_runtime(struct task_struct___gfxpy *task
 		found.tries = p->tries;
 	}
 	found.start = start;
-	regs = (struct pt_regs___gfxpy *)bpf_task_pt_regs((void *)task);
-	bpf_find_vma((void *)task, BPF_CORE_READ(regs, ip), gfx_py_vma, &found, 0);
+	gfx_py_find_lib(task, &found);
 	if (!found.runtime)
 		found.tries++;
 	bpf_map_update_elem(&py_procs, &tgid, &found, BPF_ANY);

@@ -35,6 +35,7 @@ from tests.kernel.brokerenv import (
     shared_dir,
 )
 from tests.kernel.rawclient import kernel_looking_text
+from tests.shared_python import build_shared_python
 
 pytestmark = pytest.mark.kernel
 
@@ -292,15 +293,25 @@ def test_other_formats_carry_the_time(broker: BrokerProcess, work: Path) -> None
     assert "rgb(90,150,230)" in svg.read_text()
 
 
+@pytest.mark.parametrize("build", ["static", "shared"])
 def test_a_python_program_blocked_in_time_sleep_shows_its_function(
-    broker: BrokerProcess, work: Path
+    broker: BrokerProcess, work: Path, build: str
 ) -> None:
     """The Python frames are walked at the wait's system call exit (gfx_python.h):
-    the wait's stack has caller -> nap_here above [wait: clock_nanosleep]."""
+    the wait's stack has caller -> nap_here above [wait: clock_nanosleep].
+    Debian's python3 has libpython linked in; a shared build's process is
+    found by a return address into libpython's code on its stack."""
     if not os.access(PYTHON, os.X_OK):
         skip_or_fail(f"{PYTHON} is not installed")
-    out = work / "py-off.folded"
-    summary = profile_of(broker, out, "--off-cpu", "--", PYTHON, str(work / "sleep.py"))
+    python = PYTHON
+    if build == "shared":
+        built = build_shared_python(work)
+        if built is None:
+            skip_or_fail("gcc or /usr/bin/python3-config is missing (apt-get install python3-dev)")
+            return
+        python = str(built)
+    out = work / f"py-off-{build}.folded"
+    summary = profile_of(broker, out, "--off-cpu", "--", python, str(work / "sleep.py"))
     stacks = stacks_of(out)
 
     def named(frames: list[str], name: str) -> int:

@@ -266,11 +266,11 @@ def test_two_threads_each_with_its_own_chain(broker: BrokerProcess, work: Path) 
     assert alpha >= 0.2 and beta >= 0.2, (alpha, beta, stacks[:10])
 
 
-def _ctypes_rows(broker: BrokerProcess, work: Path) -> dict[str, int]:
+def _ctypes_rows(broker: BrokerProcess, work: Path, python: str = PYTHON) -> dict[str, int]:
     out = work / "calls.folded"
     lib = str(work / "liblaunch.so")
     summary = profile(
-        broker, out, "--stacks-at", f"{lib}:fake_launch", "--", PYTHON, str(work / "calls.py"), lib
+        broker, out, "--stacks-at", f"{lib}:fake_launch", "--", python, str(work / "calls.py"), lib
     )
     assert summary["total"] == 4000, summary
     rows: dict[str, int] = {}
@@ -285,6 +285,15 @@ def test_stacks_at_a_c_function_count_exactly_per_python_caller(
     broker: BrokerProcess, work: Path
 ) -> None:
     rows = _ctypes_rows(broker, work)
+    assert rows == {"<module>;caller_a": 1000, "<module>;caller_b": 3000}, rows
+
+
+def test_stacks_at_through_a_shared_build_count_exactly_per_python_caller(
+    broker: BrokerProcess, work: Path, pyshared: Path
+) -> None:
+    # No sampled ip here: the probe's program finds libpython's code among the
+    # top words of the stack (a return address into the interpreter).
+    rows = _ctypes_rows(broker, work, str(pyshared))
     assert rows == {"<module>;caller_a": 1000, "<module>;caller_b": 3000}, rows
 
 
