@@ -70,9 +70,16 @@ def parse_folded(lines: Iterable[str]) -> list[tuple[list[str], int]]:
     return out
 
 
+def is_python(frame: str) -> bool:
+    """`inner (loop.py:5)`: a Python frame (native ones have no ` (file:line)`)."""
+    return frame.endswith(")") and " (" in frame and ":" in frame.rsplit(" (", 1)[1]
+
+
 def holds_chain(frames: list[str], chain: tuple[str, ...] = CHAIN) -> bool:
-    """Whether the stack holds the chain's functions next to each other, in order."""
-    names = [frame_name(f) for f in frames]
+    """Whether the stack's Python frames hold the chain's functions next to
+    each other, in order (before 3.11 a C frame of the evaluation loop sits
+    between each two Python calls: `outer;_PyEval_Vector;middle`)."""
+    names = [frame_name(f) for f in frames if is_python(f)]
     n = len(chain)
     return any(tuple(names[i : i + n]) == chain for i in range(len(names) - n + 1))
 
