@@ -473,11 +473,15 @@ class Service:
                         f"attachment {att.id} is already streaming (one consumer per ring buffer)",
                     )
                 att.streaming = True
+            try:
+                with self._pin(owner, att):  # the ring keeps its own fd from here on
+                    ring = streaming.open_ring(att.shared.visible[name])
+            except BrokerError:
+                att.streaming = False
+                raise
         except BrokerError as e:
             raise self._fail("stream_events", caller, e, **fields) from None
         self._log("stream_events", caller, "ok", **fields)
-        with self._pin(owner, att):  # the ring keeps its own fd from here on
-            ring = streaming.open_ring(att, att.shared.visible[name])
         return streaming.events(att, ring, req.max_events, cancelled)
 
     # ------------------------------------------------------------ Stats

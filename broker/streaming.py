@@ -31,14 +31,12 @@ def event_map(att: Attachment, asked: str) -> str:
     return name
 
 
-def open_ring(att: Attachment, kmap: Map) -> RingBuffer:
+def open_ring(kmap: Map) -> RingBuffer:
     """The ring buffer of kmap on an fd of its own (the caller pins the instance
     while this runs, so kmap's fd is the map's)."""
-    fd = os.dup(kmap.fileno())
-    try:
-        return RingBuffer(fd, kmap.max_entries, owns_fd=True)
-    except OSError as e:
-        att.streaming = False
+    try:  # a RingBuffer that fails closes the fd it owns
+        return RingBuffer(os.dup(kmap.fileno()), kmap.max_entries, owns_fd=True)
+    except (OSError, ValueError) as e:  # ValueError: not a ring buffer's size
         raise BrokerError(pb.ERROR_KERNEL, f"cannot map the ring buffer: {e}") from None
 
 

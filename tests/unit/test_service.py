@@ -702,6 +702,19 @@ def test_stream_events_over_unix_is_refused(service: Service) -> None:
     assert "fd_index" in ei.value.message
 
 
+def test_a_stream_that_could_not_start_can_be_asked_again(service: Service) -> None:
+    # The fake ring buffer is /dev/null, which cannot be mapped: each ask is
+    # that kernel error, never "already streaming" left over from the last.
+    g = caller(ALICE, "grpc")
+    o = service.open_owner(g)
+    reply, _ = attach(service, g, o, name="execsnoop", scope=pb.SCOPE_SELF)
+    req = pb.StreamEventsRequest(attachment_id=reply.attachment_id)
+    for _ in range(2):
+        with pytest.raises(BrokerError) as ei:
+            service.stream_events(g, o, req, lambda: False)
+        assert ei.value.code == pb.ERROR_KERNEL, ei.value.message
+
+
 def test_issue_token(service: Service) -> None:
     a = caller(ALICE)
     o = service.open_owner(a)
