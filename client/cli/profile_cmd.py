@@ -107,6 +107,10 @@ Stacks are unwound from stack copies by the programs' call-frame
 information (.eh_frame) where the policy grants stackcopy (ustackcopy for
 --stacks-at); otherwise they follow frame pointers (-fno-omit-frame-pointer).
 Kernel time shows as one [kernel] frame; no kernel address leaves the broker.
+CPython 3.9 to 3.14 processes (no flags, no ptrace rights needed) show their
+Python functions as `function (file:line)` in place of the interpreter's
+evaluation loop, with stackcopy, ustackcopy and offcpu; the summary lists the
+interpreters found and notes a Python it cannot read.
 """
 
 
