@@ -13,7 +13,6 @@ on a busy host: that is CPU contention, not a wait, and has its own frame);
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.rawclient import kernel_looking_text
+from tests.kernel.profiling import profile, stacks_of
 from tests.shared_python import build_shared_python
 
 pytestmark = pytest.mark.kernel
@@ -183,23 +182,7 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
 
 
 def profile_of(broker: BrokerProcess, out: Path, *args: str) -> dict:
-    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
-    # The flags before the command: argparse hands what follows -o FILE to COMMAND.
-    i = args.index("--") if "--" in args else len(args)
-    argv += ["profile", *args[:i], "--format", "folded", "-o", str(out), *args[i:]]
-    r = run_as(ALICE, argv, timeout=300, env={"GFXBPF_DEBUG": "1"})
-    assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
-    return json.loads(r.stdout)
-
-
-def stacks_of(path: Path) -> list[tuple[list[str], int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        out.append((stack.split(";"), int(n)))
-    return out
+    return profile(broker, out, *args, env={"GFXBPF_DEBUG": "1"})
 
 
 def seconds_under(stacks: list[tuple[list[str], int]], function: str, waits: bool) -> float:

@@ -29,7 +29,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.rawclient import kernel_looking_text
+from tests.kernel.profiling import profile, share, stacks_of
 from tests.shared_python import build_shared_python
 
 pytestmark = pytest.mark.kernel
@@ -137,34 +137,6 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
         },
         limits={"map_bytes_per_user": 1 << 30},
     )
-
-
-def profile(
-    broker: BrokerProcess, out: Path, *args: str, env: dict | None = None, grpc: bool = False
-) -> dict:
-    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
-    if grpc:  # no map fds: py_codes is read through the broker
-        argv += ["--grpc", broker.grpc or "", "--via", "grpc"]
-    argv += ["profile", "--format", "folded", "-o", str(out), *args]
-    r = run_as(ALICE, argv, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
-    return json.loads(r.stdout)
-
-
-def stacks_of(path: Path) -> list[tuple[list[str], int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        out.append((stack.split(";"), int(n)))
-    return out
-
-
-def share(stacks: list[tuple[list[str], int]], pred: Callable[[list[str]], bool]) -> float:
-    total = sum(n for _, n in stacks)
-    assert total > 100, stacks  # enough samples to judge a share by
-    return sum(n for s, n in stacks if pred(s)) / total
 
 
 def functions(frames: list[str]) -> list[str]:

@@ -32,6 +32,7 @@ from tests.kernel.brokerenv import (
     shared_dir,
 )
 from tests.kernel.chroots import CONTAINER, ISOLATIONS, popen_in, user_dir_in
+from tests.kernel.profiling import share, stacks_of
 from tests.kernel.rawclient import kernel_looking_text
 
 pytestmark = pytest.mark.kernel
@@ -88,20 +89,6 @@ def profile_pid(broker: BrokerProcess, pid: int, out: Path) -> subprocess.Comple
     argv += ["--pid", str(pid), "--duration", "3", "--frequency", "499"]
     argv += ["--format", "folded", "-o", str(out)]
     return run_as(ALICE, argv, timeout=300)
-
-
-def stacks_of(path: Path) -> list[tuple[list[str], int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        out.append((stack.split(";"), int(n)))
-    return out
-
-
-def share(stacks: list[tuple[list[str], int]], pred: object) -> float:
-    total = sum(n for _, n in stacks)
-    assert total > 100, stacks  # enough samples to judge a share by
-    return sum(n for s, n in stacks if pred(s)) / total  # type: ignore[operator]
 
 
 def profiled_in_chroot(

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.unwind_profile import CHAIN_C  # main -> chain_a -> ... -> chain_leaf, -O2
+from tests.c_programs import SIGNAL_C
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
@@ -29,6 +31,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
+from tests.kernel.profiling import profile, share, stacks_of
 from tests.kernel.rawclient import kernel_looking_text
 
 pytestmark = pytest.mark.kernel
@@ -36,26 +39,6 @@ pytestmark = pytest.mark.kernel
 MAX_HZ = 999
 CHAIN = ("main", "chain_a", "chain_b", "chain_c", "chain_d", "chain_leaf")
 
-# main -> chain_a -> ... -> chain_leaf, each a real call (noinline; the add
-# after each call keeps it from becoming a jump). Built -O2 without frame
-# pointers, as distributions build.
-CHAIN_C = r"""
-#include <stdlib.h>
-volatile unsigned long sink;
-__attribute__((noinline)) unsigned long chain_leaf(unsigned long n)
-{ for (unsigned long i = 0; i < n; i++) sink += i * i; return sink; }
-__attribute__((noinline)) unsigned long chain_d(unsigned long n) { return chain_leaf(n) + 1; }
-__attribute__((noinline)) unsigned long chain_c(unsigned long n) { return chain_d(n) + 2; }
-__attribute__((noinline)) unsigned long chain_b(unsigned long n) { return chain_c(n) + 3; }
-__attribute__((noinline)) unsigned long chain_a(unsigned long n) { return chain_b(n) + 4; }
-int main(int argc, char **argv)
-{
-    unsigned long rounds = argc > 1 ? strtoul(argv[1], 0, 10) : 100;
-    unsigned long t = 0;
-    for (unsigned long r = 0; r < rounds; r++) t += chain_a(1000000);
-    return (int)(t & 1);
-}
-"""
 
 # A shared-library function called from two code paths, -O2 both sides.
 LIB_C = r"""
@@ -154,29 +137,11 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
 
 
 def profile_of(broker: BrokerProcess, out: Path, *command: str, hz: int = 499) -> dict:
-    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
-    argv += ["profile", "--frequency", str(hz), "--format", "folded", "-o", str(out)]
-    r = run_as(ALICE, [*argv, "--", *command], timeout=300, env={"GFXBPF_DEBUG": "1"})
-    assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
-    summary = json.loads(r.stdout)
+    summary = profile(
+        broker, out, "--frequency", str(hz), "--", *command, env={"GFXBPF_DEBUG": "1"}
+    )
     assert summary["program"] == "profile" and summary["exit_status"] == 0, summary
     return summary
-
-
-def stacks_of(path: Path) -> list[tuple[list[str], int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        out.append((stack.split(";"), int(n)))
-    return out
-
-
-def share(stacks: list[tuple[list[str], int]], pred: object) -> float:
-    total = sum(n for _, n in stacks)
-    assert total > 100, stacks  # enough samples to judge a share by
-    return sum(n for s, n in stacks if pred(s)) / total  # type: ignore[operator]
 
 
 def _holds_in_order(frames: list[str], chain: tuple[str, ...]) -> bool:
@@ -242,26 +207,6 @@ def test_stacks_at_a_library_function_from_two_paths_count_exactly(
     # ... and below main, the start code: the whole stack was unwound.
     assert all("__libc_start_main" in ";".join(f) for f, _ in stacks_of(out)), out.read_text()
     assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
-
-
-# A SIGUSR1 handler that spins, raised from outer(): its samples lie above
-# a signal frame (the sigreturn trampoline's CFI leads back to the raise).
-SIGNAL_C = r"""
-#include <signal.h>
-#include <stdlib.h>
-volatile unsigned long sink;
-static long rounds;
-__attribute__((noinline)) void handler_spin(void) { for (long i = 0; i < rounds; i++) sink += i; }
-__attribute__((noinline)) void on_signal(int sig) { handler_spin(); sink += sig; }
-__attribute__((noinline)) void outer(void) { raise(SIGUSR1); sink++; }
-int main(int argc, char **argv)
-{
-    rounds = atol(argv[1]);
-    signal(SIGUSR1, on_signal);
-    outer();
-    return 0;
-}
-"""
 
 
 def test_samples_in_a_signal_handler_reach_main(broker: BrokerProcess, work: Path) -> None:

@@ -21,6 +21,7 @@ from gfxbpf.client.profiles.procmaps import ProcessMaps
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.unwind import Stop, UnwindResult, UnwindTables, marker_frame, unwind
 from gfxbpf.client.profiles.unwind.table import CFA_NONE
+from tests.c_programs import SIGNAL_C
 from tests.conftest import skip_or_fail
 
 CHAIN_C = r"""
@@ -266,24 +267,6 @@ def test_debug_frame_fills_what_eh_frame_lacks(folder: Path, separate: bool) -> 
     assert table.source == f".eh_frame + {want}"
     cap = sample_run([str(prog), ROUNDS], folder)
     _check_chain(_names(_unwind_all(cap, folder / "cache"), cap.maps, folder))
-
-
-SIGNAL_C = r"""
-#include <signal.h>
-#include <stdlib.h>
-volatile unsigned long sink;
-static long rounds;
-__attribute__((noinline)) void handler_spin(void) { for (long i = 0; i < rounds; i++) sink += i; }
-__attribute__((noinline)) void on_signal(int sig) { handler_spin(); sink += sig; }
-__attribute__((noinline)) void outer(void) { raise(SIGUSR1); sink++; }
-int main(int argc, char **argv)
-{
-    rounds = atol(argv[1]);
-    signal(SIGUSR1, on_signal);
-    outer();
-    return 0;
-}
-"""
 
 
 def test_a_signal_handler_unwinds_through_the_sigreturn_frame(folder: Path) -> None:
