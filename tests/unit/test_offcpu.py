@@ -25,6 +25,7 @@ from gfxbpf.client.profiles.flamegraph import flamegraph_svg
 from gfxbpf.client.profiles.model import Profile
 from gfxbpf.client.profiles.pprof import pprof_message
 from gfxbpf.proto import gfxbpf_pb2 as pb
+from tests.event_stream import Records
 
 SHA = "a" * 64
 CALLER = Caller(uid=1000, gid=1000, gids=(1000,), pid=0, transport="grpc")
@@ -102,15 +103,6 @@ def test_wait_frames_name_the_system_call_and_the_state(flags: int, nr: int, fra
     assert copies.wait_frame(flags, nr) == frame
 
 
-class _Stream:
-    def __init__(self, records: list[bytes]) -> None:
-        self.records = records
-
-    def poll_raw(self, timeout: float) -> list[bytes]:
-        out, self.records = self.records, []
-        return out
-
-
 def _rec(tid: int, flags: int, elapsed: int, nr: int = 0, comm: bytes = b"app") -> bytes:
     return copies.HEADER.pack(7, tid, flags, 0, 0, 0, 0, 0, elapsed, nr, 0, comm)
 
@@ -122,7 +114,7 @@ def test_waits_are_weighed_by_their_time_and_counted_per_state() -> None:
         _rec(7, copies.FLAG_RUNNABLE, 5_000_000),
         _rec(8, copies.FLAG_SYSCALL, 500_000_000, FUTEX),
     ]
-    reader = copies.CopyReader(_Stream(recs), lambda pid, refresh: None, None, waits=True)  # type: ignore[arg-type]
+    reader = copies.CopyReader(Records(recs), lambda pid, refresh: None, None, waits=True)  # type: ignore[arg-type]
     assert reader.drain() == 4
     got = {s.leaf: s.weight for s in reader.raw_stacks()}
     assert got == {
@@ -140,7 +132,7 @@ def test_waits_are_weighed_by_their_time_and_counted_per_state() -> None:
 def test_wall_samples_count_the_period_and_keep_threads_apart() -> None:
     recs = [_rec(7, 0, 0), _rec(7, 0, 0), _rec(9, 0, 0)]
     reader = copies.CopyReader(
-        _Stream(recs),
+        Records(recs),
         lambda pid, refresh: None,
         None,
         sample_ns=2_000_000,

@@ -12,6 +12,7 @@ from gfxbpf.client.profiles.copies import HEADER, CopyReader
 from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.python import records as py
 from gfxbpf.client.profiles.python.mixed import mix, split_runs
+from tests.event_stream import Records
 
 ENTRY = py.FRAME_ENTRY
 ASCII = 1 << 6 | 1 << 5 | 1 << 2  # PyUnicode state: ascii, compact, 1-byte kind
@@ -147,15 +148,6 @@ def test_code_book_reads_each_code_once_and_names_frames() -> None:
     assert book.name(7, (0x1000, 2, 6 << py.TAG_SHIFT)) == "[python code 0x1000]"
 
 
-class _Stream:
-    def __init__(self, records: list[bytes]) -> None:
-        self.records = records
-
-    def poll_raw(self, timeout: float) -> list[bytes]:
-        out, self.records = self.records, []
-        return out
-
-
 def test_copy_reader_joins_a_python_record_to_its_threads_stack_record() -> None:
     key = py.CODE_KEY.pack(7, 0, 0x1000)
     table = {key: code_value("inner", "s.py", 6, ONE_LINE_PLUS_1)}
@@ -168,7 +160,7 @@ def test_copy_reader_joins_a_python_record_to_its_threads_stack_record() -> None
         py_record(7, 8, [(0x1000, 2, ENTRY)], ts=7),  # its stack record was dropped:
         stack_record(7, 8, ts=8),  # never joined to the next sample's
     ]
-    reader = CopyReader(_Stream(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
+    reader = CopyReader(Records(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
     reader.drain()
     assert reader.records == 4 and reader.python.records == 2
     got = sorted((s.python, s.weight) for s in reader.raw_stacks())
@@ -246,7 +238,7 @@ def test_a_cut_chain_ends_in_a_marker_at_its_root() -> None:
         py_record(7, 8, [(0x1000, 2, 0)], flags=py.FLAG_TRUNCATED),
         stack_record(7, 8),
     ]
-    reader = CopyReader(_Stream(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
+    reader = CopyReader(Records(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
     reader.drain()
     (stack,) = reader.raw_stacks()
     assert stack.python == ((py.CUT_FRAME, "inner (s.py:7)"),)

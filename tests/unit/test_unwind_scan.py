@@ -32,6 +32,7 @@ from gfxbpf.client.profiles.unwind import (
 )
 from gfxbpf.client.profiles.unwind.scan import SCAN_BYTES, is_indirect_call
 from tests.conftest import skip_or_fail
+from tests.event_stream import Records
 from tests.unit.test_unwind_walk import HEAP, LEAF, LIB, MID, NOCFI, SP, FakeTables
 from tests.unit.test_unwind_walk import ROOT as ROOT_FDE
 from tests.unit.test_unwind_walk import maps as fake_maps
@@ -328,12 +329,8 @@ def test_a_probe_row_a_scan_carried_is_counted_in_the_summary(
     rec = copies.HEADER.pack(7, 7, 0, 8, 0x1000, 0x2000, 0, 1, 0, 0, 0, b"app")
     rec += struct.pack("<Q", caller)
 
-    class Stream:
-        def poll_raw(self, timeout: float) -> list[bytes]:
-            return [rec]
-
     monkeypatch.setattr(copies, "_unwind", lambda *a: ((0x1000, caller, 0x5555), None, True))
-    reader = copies.ProbeCopyReader(Stream(), lambda pid, refresh: object(), None)  # type: ignore[arg-type]
+    reader = copies.ProbeCopyReader(Records([rec]), lambda pid, refresh: object(), None)  # type: ignore[arg-type]
     reader.drain()
     key = copies.CALL_KEY.pack(7, 0, caller, py.chain_hash(()))
     stacks, uncopied = reader.raw_stacks([(key, copies.CALL_STATS.pack(3, 0))], ["fn"], "calls")

@@ -1,0 +1,13 @@
+"""A stand-in for gfxbpf.client.events.EventStream in offline tests: it hands
+out the records it was given, once."""
+
+from __future__ import annotations
+
+
+class Records:
+    def __init__(self, records: list[bytes]) -> None:
+        self.records = records
+
+    def poll_raw(self, timeout: float | None = None) -> list[bytes]:
+        out, self.records = self.records, []
+        return out
