@@ -64,6 +64,14 @@ def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
+def workload_timing(text: str) -> dict[str, float]:
+    """The JSON line a bench workload prints when it ends ({"elapsed": s, ...})."""
+    for line in text.splitlines():
+        if line.startswith('{"elapsed"'):
+            return json.loads(line)
+    raise BenchError(f"the workload printed no timing: {text[-500:]!r}")
+
+
 def sh(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run a setup command; its stderr in the error if it fails."""
     r = subprocess.run(argv, capture_output=True, text=True, **kw)

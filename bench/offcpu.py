@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BenchError, Stage, log, sh
+from bench.harness import BenchError, Stage, log, sh, workload_timing
 from bench.profile_bench import user_dir
 from bench.stats import median, ratio
 
@@ -71,17 +71,10 @@ def build(stage: Stage) -> Path:
     return out
 
 
-def _elapsed(text: str) -> float:
-    for line in text.splitlines():
-        if line.startswith('{"elapsed"'):
-            return float(json.loads(line)["elapsed"])
-    raise BenchError(f"the workload printed no timing: {text[-500:]!r}")
-
-
 def untraced(stage: Stage, prog: Path, n: int) -> float:
     p = stage.as_bench_user([str(prog), str(n)], stdout=subprocess.PIPE)
     out, _ = p.communicate(timeout=600)
-    return _elapsed(out)
+    return workload_timing(out)["elapsed"]
 
 
 def under_gfxclient(stage: Stage, prog: Path, n: int) -> tuple[float, dict[str, Any]]:
@@ -95,7 +88,7 @@ def under_gfxclient(stage: Stage, prog: Path, n: int) -> tuple[float, dict[str, 
     if p.returncode != 0:
         raise BenchError(f"gfxclient profile --off-cpu failed ({p.returncode}): {err[-1000:]}")
     summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
-    return _elapsed(out), summary
+    return workload_timing(out)["elapsed"], summary
 
 
 def perf_off_cpu_support() -> str | None:
@@ -122,7 +115,7 @@ def under_perf(stage: Stage, prog: Path, n: int) -> float:
     )
     if r.returncode != 0:
         raise BenchError(f"perf record --off-cpu failed: {r.stderr[-1000:]}")
-    return _elapsed(r.stdout)
+    return workload_timing(r.stdout)["elapsed"]
 
 
 def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> float:
@@ -145,7 +138,7 @@ def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> float:
             )
         w.send_signal(signal.SIGCONT)
         out, _ = w.communicate(timeout=600)
-        return _elapsed(out)
+        return workload_timing(out)["elapsed"]
     finally:
         trace.send_signal(signal.SIGINT)
         try:

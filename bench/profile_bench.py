@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BENCH_USER, BenchError, Bpftrace, Stage, log, sh
+from bench.harness import BENCH_USER, BenchError, Bpftrace, Stage, log, sh, workload_timing
 from bench.stats import median, ratio
 
 FANOUT = 100  # a_i x b_j: FANOUT**2 distinct stacks
@@ -81,17 +81,10 @@ def build(stage: Stage) -> Path:
     return out
 
 
-def _elapsed(text: str) -> float:
-    for line in text.splitlines():
-        if line.startswith('{"elapsed"'):
-            return float(json.loads(line)["elapsed"])
-    raise BenchError(f"the workload printed no timing: {text[-500:]!r}")
-
-
 def untraced(stage: Stage, prog: Path, rounds: int, spin: int) -> float:
     p = stage.as_bench_user([str(prog), str(rounds), str(spin)], stdout=subprocess.PIPE)
     out, _ = p.communicate(timeout=900)
-    return _elapsed(out)
+    return workload_timing(out)["elapsed"]
 
 
 def user_dir(stage: Stage) -> Path:
@@ -120,7 +113,7 @@ def under_gfxclient(
     out, err = p.communicate(timeout=900)
     if p.returncode != 0:
         raise BenchError(f"gfxclient profile failed ({p.returncode}): {err.strip()[-1000:]}")
-    elapsed = _elapsed(out)
+    elapsed = workload_timing(out)["elapsed"]
     summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
     return elapsed, summary
 
@@ -143,7 +136,7 @@ def under_perf(stage: Stage, prog: Path, rounds: int, spin: int, hz: int, data: 
     )
     if r.returncode != 0:
         raise BenchError(f"perf record failed: {r.stderr[-1000:]}")
-    return _elapsed(r.stdout)
+    return workload_timing(r.stdout)["elapsed"]
 
 
 def under_bpftrace(stage: Stage, prog: Path, rounds: int, spin: int, hz: int) -> float:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BenchError, Stage, log
+from bench.harness import BenchError, Stage, log, workload_timing
 from bench.stats import median, ratio
 
 PYTHON = "/usr/bin/python3"
@@ -102,13 +102,6 @@ def script_share(stacks: list[tuple[list[str], int]], chain: tuple[str, ...] = C
     return chain_share([(f, c) for f, c in stacks if in_script(f)], chain)
 
 
-def _result(text: str) -> dict[str, float]:
-    for line in text.splitlines():
-        if line.startswith('{"elapsed"'):
-            return json.loads(line)
-    raise BenchError(f"the Python workload printed no timing: {text[-500:]!r}")
-
-
 def _as_bench(stage: Stage, argv: list[str]) -> list[str]:
     ids = [f"--reuid={stage.bench_uid}", f"--regid={stage.bench_gid}", "--clear-groups"]
     return ["setpriv", *ids, "--", *argv]
@@ -117,7 +110,7 @@ def _as_bench(stage: Stage, argv: list[str]) -> list[str]:
 def untraced(stage: Stage, script: Path, rounds: int) -> float:
     p = stage.as_bench_user([PYTHON, str(script), str(rounds)], stdout=subprocess.PIPE)
     out, _ = p.communicate(timeout=900)
-    return _result(out)["elapsed"]
+    return workload_timing(out)["elapsed"]
 
 
 def under_gfxclient(stage: Stage, script: Path, rounds: int, out: Path) -> dict[str, Any]:
@@ -131,7 +124,7 @@ def under_gfxclient(stage: Stage, script: Path, rounds: int, out: Path) -> dict[
     done = time.monotonic()
     if p.returncode != 0:
         raise BenchError(f"gfxclient profile failed ({p.returncode}): {err.strip()[-1000:]}")
-    res = _result(text)
+    res = workload_timing(text)
     summary = json.loads(text[text.index("\n{") + 1 :])
     return {**res, "exit": done, "summary": summary}
 
@@ -146,7 +139,7 @@ def under_pyspy(
     done = time.monotonic()
     if r.returncode != 0:
         raise BenchError(f"py-spy record failed ({r.returncode}): {r.stderr[-1000:]}")
-    return {**_result(r.stdout), "exit": done}
+    return {**workload_timing(r.stdout), "exit": done}
 
 
 def find_pyspy(stage: Stage) -> str:
