@@ -584,10 +584,7 @@ class _Linker:
             if code != CODE_CALL or regs >> 4 != C.BPF_PSEUDO_CALL:
                 continue
             target = self.call_target(prog, i, imm, r)
-            if target.name not in self.placed:
-                self.append(target)
-            new_imm = self.placed[target.name] - (start + i) - 1
-            SLOT.pack_into(self.insns, at, code, regs, off, new_imm)
+            SLOT.pack_into(self.insns, at, code, regs, off, self.reach(target, start + i))
 
     def place_callback(
         self, prog: ProgramSpec, pos: int, at: int, r: Relocation, regs: int, imm: int
@@ -596,18 +593,9 @@ class _Linker:
         to the next instruction, as for a call (the verifier's convention)."""
         if (r.offset + imm) % C.INSN_SIZE:
             raise ObjectError(f"program {prog.name!r}: misaligned callback at insn {pos}")
-        target_idx = (r.offset + imm) // C.INSN_SIZE
-        target = self.subprogs.get(target_idx)
-        if target is None:
-            raise ObjectError(
-                f"program {prog.name!r}: callback at insn {pos} names .text insn "
-                f"{target_idx}, which starts no function"
-            )
-        if target.name not in self.placed:
-            self.append(target)
+        target = self.subprog_at(prog, (r.offset + imm) // C.INSN_SIZE, f"callback at insn {pos}")
         regs = (regs & 0x0F) | (C.BPF_PSEUDO_FUNC << 4)
-        new_imm = self.placed[target.name] - pos - 1  # pos: the load in the linked stream
-        SLOT.pack_into(self.insns, at, CODE_LD_IMM64, regs, 0, new_imm)
+        SLOT.pack_into(self.insns, at, CODE_LD_IMM64, regs, 0, self.reach(target, pos))
 
     def call_target(self, prog: ProgramSpec, i: int, imm: int, r: Relocation | None) -> ProgramSpec:
         """The subprogram that the call at insn i of prog enters."""
@@ -617,13 +605,24 @@ class _Linker:
             target_idx = prog.insn_offset + i + imm + 1
         else:
             raise ObjectError(f"program {prog.name!r}: call at insn {i} has no relocation")
+        return self.subprog_at(prog, target_idx, f"call at insn {i}")
+
+    def subprog_at(self, prog: ProgramSpec, target_idx: int, what: str) -> ProgramSpec:
+        """The subprogram starting at .text insn target_idx, which `what` of prog names."""
         target = self.subprogs.get(target_idx)
         if target is None:
             raise ObjectError(
-                f"program {prog.name!r}: call at insn {i} into .text insn "
-                f"{target_idx}, which starts no function"
+                f"program {prog.name!r}: {what} into .text insn {target_idx}, "
+                "which starts no function"
             )
         return target
+
+    def reach(self, target: ProgramSpec, pos: int) -> int:
+        """The imm with which the insn at pos of the linked stream reaches
+        target (relative to the next insn; target appended on first use)."""
+        if target.name not in self.placed:
+            self.append(target)
+        return self.placed[target.name] - pos - 1
 
     def append(self, sub: ProgramSpec) -> None:
         """Append a subprogram at the end of the stream and link it in turn."""
