@@ -4,7 +4,7 @@ Identical requests (same object hash, scope, uid for scope self, pid,
 library and functions) share one kernel instance: a hundred users watching
 the same system-scope program cost the traced workload what one does. The
 instance is closed when the last attachment releases it, or, if a request
-is using it then (using()), when that request is done: a revoke during a
+has it pinned then (pin()), when that request is done: a revoke during a
 reload must never close an fd a request is about to read or send, since the
 kernel may hand its number to another user's map meanwhile.
 

@@ -20,6 +20,7 @@ __all__ = [
     "ProcessMaps",
     "SnapshotState",
     "capture",
+    "mapped_files",
     "parse_maps",
     "parse_perf_map",
     "snapshot_state",
@@ -200,6 +201,13 @@ def _start_time(pid: int) -> float | None:
 # What a snapshot would be taken from: the maps text, the perf map file's
 # (size, mtime_ns) or None, the command name and the mount namespace.
 SnapshotState = tuple[str, tuple[int, int] | None, str, str]
+
+
+def mapped_files(pid: int) -> list[str]:
+    """The paths of the files the process maps (none when it is gone or not
+    readable by the caller)."""
+    text = _maps_text(pid)
+    return [] if text is None else [m.file_path for m in parse_maps(text) if m.is_file]
 
 
 def _maps_text(pid: int) -> str | None:

@@ -26,7 +26,7 @@ import glob
 import os
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gfxbpf.catalog.python import debug_offsets as debug_table
@@ -264,29 +264,35 @@ def libpython_of(paths: Iterable[str]) -> tuple[str, tuple[int, int]] | None:
 
 def libpython_paths(root: str = "/", folders: tuple[str, ...] = _LIBRARY_DIRS) -> list[str]:
     """The libpython3.X.so files in the usual library folders under root (a
-    shared build's runtime), real files only, each once."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for folder in folders:
-        for path in sorted(glob.glob(os.path.join(root, folder, "libpython3.*.so*"))):
-            real = os.path.realpath(path)
-            if _LIBPYTHON.search("/" + os.path.basename(real)) and real not in seen:
-                if os.path.isfile(real):
-                    seen.add(real)
-                    out.append(real)
-    return out
+    shared build's runtime), real files only, each once, by their real path."""
+
+    def named(path: str, real: str) -> bool:  # libpython3.12.so -> libpython3.12.so.1.0
+        return _LIBPYTHON.search("/" + os.path.basename(real)) is not None
+
+    return [real for _, real in _files_under(root, folders, "libpython3.*.so*", named)]
 
 
 def interpreter_paths(root: str = "/") -> list[str]:
     """The python3.X executables in /usr/bin and /usr/local/bin under root (a
     container's /proc/PID/root, say), real files only, each once."""
+
+    def named(path: str, real: str) -> bool:  # python3.11, not python3.11-config
+        return _INTERPRETER_NAME.fullmatch(os.path.basename(path)) is not None
+
+    return [path for path, _ in _files_under(root, _INTERPRETER_DIRS, "python3.*", named)]
+
+
+def _files_under(
+    root: str, folders: tuple[str, ...], pattern: str, named: Callable[[str, str], bool]
+) -> list[tuple[str, str]]:
+    """(path, real path) of the regular files matching pattern in folders
+    under root that named() accepts, each real file once."""
     seen: set[str] = set()
-    out: list[str] = []
-    for folder in _INTERPRETER_DIRS:
-        for path in sorted(glob.glob(os.path.join(root, folder, "python3.*"))):
+    out: list[tuple[str, str]] = []
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(root, folder, pattern))):
             real = os.path.realpath(path)
-            if _INTERPRETER_NAME.fullmatch(os.path.basename(path)) and real not in seen:
-                if os.path.isfile(real):
-                    seen.add(real)
-                    out.append(path)
+            if named(path, real) and real not in seen and os.path.isfile(real):
+                seen.add(real)
+                out.append((path, real))
     return out

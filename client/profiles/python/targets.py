@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gfxbpf.client.profiles import procmaps
 from gfxbpf.client.profiles.python.discover import (
     PythonFile,
     interpreter_paths,
@@ -84,12 +85,7 @@ def find(pids: Iterable[int], command: list[str] | None) -> Interpreters:
 
 def _add_mapped_libpython(found: Interpreters, pid: int) -> None:
     """The libpython a running shared build maps, seen from its own root."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            paths = [line.split(None, 5)[-1].strip() for line in f if "libpython" in line]
-    except OSError:
-        return
-    lib = libpython_of(paths)
+    lib = libpython_of(procmaps.mapped_files(pid))
     if lib is not None:
         found.add(f"/proc/{pid}/root{lib[0]}")
 
