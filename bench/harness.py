@@ -239,6 +239,12 @@ class Stage:
             "GFXBPF_GRPC": self.grpc_address,
         }
 
+    def setpriv(self, argv: list[str]) -> list[str]:
+        """argv run as the bench user by a tool that runs as root and starts it
+        (perf record, py-spy): through setpriv, without root's groups."""
+        ids = [f"--reuid={self.bench_uid}", f"--regid={self.bench_gid}", "--clear-groups"]
+        return ["setpriv", *ids, "--", *argv]
+
     def as_bench_user(self, argv: list[str], **kw: Any) -> subprocess.Popen[str]:
         return subprocess.Popen(
             argv,

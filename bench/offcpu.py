@@ -106,9 +106,8 @@ def perf_off_cpu_support() -> str | None:
 
 def under_perf(stage: Stage, prog: Path, n: int) -> float:
     argv = ["perf", "record", "-q", "--off-cpu", "-o", str(stage.work / "offcpu.perf.data")]
-    setpriv = ["setpriv", f"--reuid={stage.bench_uid}", f"--regid={stage.bench_gid}"]
     r = subprocess.run(
-        [*argv, "--", *setpriv, "--clear-groups", "--", str(prog), str(n)],
+        [*argv, "--", *stage.setpriv([str(prog), str(n)])],
         capture_output=True,
         text=True,
         timeout=600,

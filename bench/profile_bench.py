@@ -118,18 +118,10 @@ def under_gfxclient(
     return elapsed, summary
 
 
-def _as_bench(stage: Stage, argv: list[str]) -> list[str]:
-    return ["setpriv", f"--reuid={stage.bench_uid}", f"--regid={stage.bench_gid}"] + [
-        "--clear-groups",
-        "--",
-        *argv,
-    ]
-
-
 def under_perf(stage: Stage, prog: Path, rounds: int, spin: int, hz: int, data: Path) -> float:
     argv = ["perf", "record", "-q", "-g", "-F", str(hz), "-o", str(data), "--"]
     r = subprocess.run(
-        argv + _as_bench(stage, [str(prog), str(rounds), str(spin)]),
+        argv + stage.setpriv([str(prog), str(rounds), str(spin)]),
         capture_output=True,
         text=True,
         timeout=900,

@@ -102,11 +102,6 @@ def script_share(stacks: list[tuple[list[str], int]], chain: tuple[str, ...] = C
     return chain_share([(f, c) for f, c in stacks if in_script(f)], chain)
 
 
-def _as_bench(stage: Stage, argv: list[str]) -> list[str]:
-    ids = [f"--reuid={stage.bench_uid}", f"--regid={stage.bench_gid}", "--clear-groups"]
-    return ["setpriv", *ids, "--", *argv]
-
-
 def untraced(stage: Stage, script: Path, rounds: int) -> float:
     p = stage.as_bench_user([PYTHON, str(script), str(rounds)], stdout=subprocess.PIPE)
     out, _ = p.communicate(timeout=900)
@@ -134,7 +129,7 @@ def under_pyspy(
 ) -> dict[str, Any]:
     argv = [pyspy, "record", "-r", str(HZ), "-f", "raw", "-o", str(out)]
     argv += [] if blocking else ["--nonblocking"]
-    argv += ["--", *_as_bench(stage, [PYTHON, str(script), str(rounds)])]
+    argv += ["--", *stage.setpriv([PYTHON, str(script), str(rounds)])]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     done = time.monotonic()
     if r.returncode != 0:

@@ -260,11 +260,6 @@ def workloads(work: Path) -> list[Workload]:
     ]
 
 
-def _setpriv(stage: Stage, argv: list[str]) -> list[str]:
-    ids = [f"--reuid={stage.bench_uid}", f"--regid={stage.bench_gid}", "--clear-groups"]
-    return ["setpriv", *ids, "--", *argv]
-
-
 @dataclass(frozen=True)
 class Timing:
     wall: float  # the workload's, exec to exit
@@ -306,7 +301,7 @@ def under_perf(
     graph = ["--call-graph", "dwarf"] if dwarf else ["-g"]
     cmd = ["perf", "record", "-q", "-F", str(hz), *graph, "-o", str(data), "--"]
     before = _children_cpu()
-    r = subprocess.run(cmd + _setpriv(stage, [str(work / "timeit"), *argv]),
+    r = subprocess.run(cmd + stage.setpriv([str(work / "timeit"), *argv]),
                        capture_output=True, text=True, timeout=900)  # fmt: skip
     if r.returncode != 0:
         raise BenchError(f"perf record failed: {r.stderr[-1000:]}")
