@@ -21,7 +21,13 @@
 #     from cudaMalloc), and synchronizations;
 #  4. prints what gfxclient saw next to the truth, the broker's attach times
 #     (first and second attach) and the launch time untraced and traced, and a
-#     markdown block for docs/gpu-hosts.md.
+#     markdown block for docs/gpu-hosts.md;
+#  5. Python frames down to the launch: a second PyTorch workload launches
+#     from two Python functions a known number of times each, and the user
+#     runs `watch cuda --by-python` (exact launches per Python function), a
+#     `profile --stacks-at libcuda:<launch function>` (native and Python launch
+#     stacks), a CPU profile of a Python loop that launches, and an off-CPU
+#     profile of one that waits for the GPU; it prints the shares found.
 #
 # Options:
 #   --python PY   the Python that has PyTorch (default: python3); run as --user
@@ -32,6 +38,8 @@
 #                 gfxbpf that `python3 -c 'import gfxbpf'` finds for root
 #   --launches N  kernel launches in the measured window (default 20000)
 #   --keep        keep the work directory (policy, audit log, outputs)
+#   --out DIR     copy the reports, the audit log and the folded profiles here
+#   --skip-python skip step 5
 #
 # Needs: nvidia-smi, a libcuda.so.1 that ldconfig knows, PyTorch with CUDA for
 # --python, gfxbpf and its dependencies for root's python3, and a kernel with
@@ -45,6 +53,8 @@ USERNAME=gfxcheck
 SITE=""
 LAUNCHES=20000
 KEEP=0
+OUTDIR=""
+PYFRAMES=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --python) PY=$2; shift 2 ;;
@@ -52,6 +62,8 @@ while [ $# -gt 0 ]; do
         --site) SITE=$2; shift 2 ;;
         --launches) LAUNCHES=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --out) OUTDIR=$2; shift 2 ;;
+        --skip-python) PYFRAMES=0; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 1 ;;
     esac
@@ -60,8 +72,14 @@ done
 die() { echo "gpu_check: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root: it starts the broker and switches to --user"
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this is not an NVIDIA host"
+# The driver's libcuda: from ldconfig, else the one PyTorch maps (container
+# hosts mount the driver's folder without telling ldconfig).
 LIBCUDA=$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')
-[ -n "$LIBCUDA" ] || die "ldconfig knows no libcuda.so.1: is the NVIDIA driver installed?"
+if [ -z "$LIBCUDA" ]; then
+    LIBCUDA=$("$PY" -c 'import torch; torch.zeros(1, device="cuda")
+print(next(l.split()[-1] for l in open("/proc/self/maps") if "/libcuda.so" in l))' 2>/dev/null || true)
+fi
+[ -n "$LIBCUDA" ] || die "no libcuda.so.1 (neither ldconfig nor $PY knows one): is the NVIDIA driver installed?"
 LIBCUDA=$(readlink -f "$LIBCUDA")
 
 if [ -n "$SITE" ]; then
@@ -84,13 +102,24 @@ chmod 0755 "$WORK"
 BROKER_PID=""
 cleanup() {
     [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null && wait "$BROKER_PID" 2>/dev/null
+    if [ -n "$OUTDIR" ]; then
+        mkdir -p "$OUTDIR"
+        tar czf "$OUTDIR/gpu_check.tgz" -C "$WORK" --exclude=./run . || true
+    fi
     if [ "$KEEP" = 1 ]; then echo "gpu_check: kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
 # ------------------------------------------------------------------ the broker
-python3 -m gfxbpf.broker.admin approve cuda --users "$USERNAME" --scope self \
-    --libraries "$LIBCUDA,$(dirname "$LIBCUDA")/libcuda.so*" > "$WORK/policy.toml"
+LIBS="$LIBCUDA,$(dirname "$LIBCUDA")/libcuda.so*"
+{
+    python3 -m gfxbpf.broker.admin approve cuda --users "$USERNAME" --scope self --libraries "$LIBS"
+    # step 5: launch stacks (ustackcopy), CPU samples (stackcopy), waits (offcpu)
+    python3 -m gfxbpf.broker.admin approve ustackcopy --users "$USERNAME" --scope self --libraries "$LIBS"
+    python3 -m gfxbpf.broker.admin approve stackcopy --users "$USERNAME" --scope self
+    python3 -m gfxbpf.broker.admin approve offcpu --users "$USERNAME" --scope self
+    printf '[limits]\nmap_bytes_per_user = %d\n' $((512 << 20))
+} > "$WORK/policy.toml"
 chmod 0644 "$WORK/policy.toml"
 mkdir -m 1777 "$WORK/run"
 python3 -m gfxbpf.broker.main --user gfxbpf --policy "$WORK/policy.toml" \
@@ -98,7 +127,8 @@ python3 -m gfxbpf.broker.main --user gfxbpf --policy "$WORK/policy.toml" \
 BROKER_PID=$!
 for _ in $(seq 100); do [ -S "$WORK/run/control.sock" ] && break; sleep 0.1; done
 [ -S "$WORK/run/control.sock" ] || { cat "$WORK/audit.log" >&2; die "the broker did not start"; }
-GFX=(env "PYTHONPATH=${PYTHONPATH:-}" python3 -m gfxbpf.client --socket "$WORK/run/control.sock")
+GFX=(env "PYTHONPATH=${PYTHONPATH:-}" python3 -m gfxbpf.client --socket "$WORK/run/control.sock"
+     --grpc "unix:$WORK/run/grpc.sock")
 
 # ------------------------------------------------------------------ the workload
 cat > "$WORK/workload.py" <<'EOF'
@@ -238,3 +268,224 @@ print(f"| broker attach, first / second (ms) | {attach_ms[0] if attach_ms else '
 print(f"| launch time untraced → traced (µs) | {truth['launch_us_untraced']} → "
       f"{truth['launch_us_traced']} | — |")
 EOF
+
+[ "$PYFRAMES" = 1 ] || exit 0
+
+# ------------------------------------------------------------------ 5. Python frames down to the launch
+# The workload's phases each end by writing a file and wait for the next `goK`:
+# (1) launch_a N times and launch_b 3N times, counted exactly by
+# `watch cuda --by-python`; (2) the same two functions in turns for PHASE
+# seconds, under `profile --stacks-at libcuda:FUNC`; (3) a Python loop that
+# computes and launches (spin), under a CPU profile; (4) matrix products and
+# synchronizations (wait_gpu), under `profile --off-cpu`.
+cat > "$WORK/pyframes.py" <<'PYEOF'
+"""Python functions that launch known CUDA work, for gpu_check.sh step 5."""
+import os, sys, time
+import torch
+
+work, n, phase = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+x = torch.zeros(1024, device="cuda")
+a = torch.randn(4096, 4096, device="cuda")
+
+
+def launch_a(k):
+    for _ in range(k):
+        x.add_(1)
+
+
+def launch_b(k):
+    for _ in range(k):
+        x.mul_(1.0)
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < end:
+        total += sum(i * i for i in range(200))
+        x.add_(1)
+    return total
+
+
+def wait_gpu(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a.mul_(0.5).add_(a @ a)
+        torch.cuda.synchronize()
+
+
+def step(done, go):
+    with open(f"{work}/{done}", "w"):
+        pass
+    while not os.path.exists(f"{work}/{go}"):
+        time.sleep(0.02)
+
+
+launch_a(100)
+launch_b(100)
+torch.cuda.synchronize()
+with open(f"{work}/pid", "w") as f:
+    f.write(str(os.getpid()))
+step("ready", "go1")
+launch_a(n)
+launch_b(3 * n)
+torch.cuda.synchronize()
+step("done1", "go2")
+end = time.perf_counter() + phase
+while time.perf_counter() < end:
+    launch_a(100)
+    launch_b(300)
+torch.cuda.synchronize()
+step("done2", "go3")
+spin(phase)
+step("done3", "go4")
+wait_gpu(phase)
+with open(f"{work}/done4", "w"):
+    pass
+PYEOF
+chmod 0644 "$WORK/pyframes.py"
+mkdir -m 0777 "$WORK/out2"
+O2=$WORK/out2
+PHASE=10
+N2=$((LAUNCHES / 4))
+"${AS[@]}" "$PY" "$WORK/pyframes.py" "$O2" "$N2" "$PHASE" > "$WORK/pyframes.log" 2>&1 &
+WL2=$!
+wait_for() {  # FILE SECONDS
+    for _ in $(seq $(($2 * 10))); do [ -e "$1" ] && return 0; sleep 0.1; done
+    cat "$WORK/pyframes.log" >&2
+    echo "gpu_check: step 5: no $1 after $2 s" >&2
+    return 1
+}
+profile_phase() {  # GO NAME ARGS...: start the phase, then profile it
+    local go=$1 name=$2
+    shift 2
+    touch "$O2/$go"
+    "${AS[@]}" "${GFX[@]}" --json profile --pid "$PID2" --duration $((PHASE - 4)) "$@" \
+        --format folded -o "$O2/$name.folded" > "$WORK/$name.json" 2> "$WORK/$name.err" \
+        || cat "$WORK/$name.err" >&2
+}
+step5() {
+    wait_for "$O2/ready" 120 || return 1
+    PID2=$(cat "$O2/pid")
+    "${AS[@]}" "${GFX[@]}" watch cuda --by-python --pid "$PID2" --interval 1 --duration 600 \
+        --json > "$WORK/bypy.json" 2> "$WORK/bypy.err" &
+    local w=$!
+    for _ in $(seq 600); do [ -s "$WORK/bypy.json" ] && break; sleep 0.1; done
+    touch "$O2/go1"
+    wait_for "$O2/done1" 120 || return 1
+    sleep 2.5  # two more views
+    kill "$w" 2>/dev/null
+    wait "$w" 2>/dev/null || true
+    # the launch function PyTorch's runtime calls most, from the counts above
+    local fn
+    fn=$(python3 -c 'import json, sys
+by = {}
+for g in json.loads(open(sys.argv[1]).read().splitlines()[-1]).get("python_functions", []):
+    for f, k in g.get("by_launch_function", {}).items():
+        by[f] = by.get(f, 0) + k
+print(max(by, key=by.get) if by else "cuLaunchKernel")' "$WORK/bypy.json" 2>/dev/null) \
+        || fn=cuLaunchKernel
+    echo "$fn" > "$WORK/launch_function"
+    profile_phase go2 launch --stacks-at "$LIBCUDA:$fn"
+    wait_for "$O2/done2" 60 || return 1
+    profile_phase go3 cpu --frequency 499
+    wait_for "$O2/done3" 60 || return 1
+    profile_phase go4 offcpu --off-cpu
+    wait "$WL2" || { cat "$WORK/pyframes.log" >&2; return 1; }
+}
+step5 || echo "gpu_check: step 5 did not finish; its report shows what it has" >&2
+
+python3 - "$WORK" "$N2" <<'PYEOF' | tee "$WORK/python_report.txt"
+import json, os, sys
+
+work, n = sys.argv[1], int(sys.argv[2])
+
+
+def text(name):
+    try:
+        return open(f"{work}/{name}").read()
+    except OSError:
+        return ""
+
+
+def records(name):  # one JSON document, or one per line (watch)
+    try:
+        return [json.loads(text(name))]
+    except ValueError:
+        return [json.loads(ln) for ln in text(name).splitlines() if ln.startswith("{")]
+
+
+def folded(name):
+    rows = []
+    for line in text(f"out2/{name}.folded").splitlines():
+        stack, _, count = line.rpartition(" ")
+        rows.append((stack.split(";"), int(count)))
+    return rows
+
+
+def share(rows, test):
+    total = sum(c for _, c in rows)
+    return (sum(c for s, c in rows if test(s)) * 100 / total if total else 0.0), total
+
+
+def has(prefix):
+    return lambda stack: any(f.startswith(prefix) for f in stack)
+
+
+print("\n## Python frames down to the launch (step 5)\n")
+views = records("bypy.json")
+if views:
+    last = views[-1]
+    funcs = last.get("python_functions", [])
+    # launches per calling function of the script, wherever it is in the chain
+    under = {"launch_a": 0, "launch_b": 0, "other": 0}
+    for g in funcs:
+        for c in g.get("chains", []):
+            names = [f.split(" (")[0] for f in c["chain"]]
+            key = next((k for k in ("launch_a", "launch_b") if k in names), "other")
+            under[key] += c["launches"]
+    print("| watch cuda --by-python | gfxclient | truth |\n|---|---|---|")
+    print(f"| launches under launch_a | {under['launch_a']} | {n} |")
+    print(f"| launches under launch_b | {under['launch_b']} | {3 * n} |")
+    print(f"| launches under other Python functions | {under['other']} | 0 |")
+    print(f"| all launches | {last.get('launches')} | {4 * n} |")
+    print(f"| lost | {last.get('lost')} | 0 |")
+    for g in funcs:
+        print(f"\n`{g['function']}`: {g['launches']} launches, {g.get('by_launch_function')}")
+        for c in g.get("chains", [])[:2]:
+            print(f"  {c['launches']}: {' -> '.join(c['chain'])}")
+else:
+    print("watch cuda --by-python printed nothing:\n" + text("bypy.err"))
+
+fn = text("launch_function").strip() or "?"
+print("\n| profile | measure | value |\n|---|---|---|")
+rows = folded("launch")
+s, t = share(rows, lambda st: has("launch_a (")(st) or has("launch_b (")(st))
+a, _ = share(rows, has("launch_a ("))
+b, _ = share(rows, has("launch_b ("))
+print(f"| --stacks-at libcuda:{fn} | calls | {t} |")
+print(f"| | share under launch_a or launch_b | {s:.1f}% |")
+print(f"| | launch_b : launch_a (truth 3) | {b / a if a else 0:.2f} |")
+print(f"| | share reaching Py_BytesMain | {share(rows, has('Py_BytesMain'))[0]:.1f}% |")
+rows = folded("cpu")
+s, t = share(rows, has("spin ("))
+print(f"| CPU at 499 Hz, a Python loop that launches | samples | {t} |")
+print(f"| | share under spin | {s:.1f}% |")
+print(f"| | share reaching Py_BytesMain | {share(rows, has('Py_BytesMain'))[0]:.1f}% |")
+print(f"| | share in libcuda | {share(rows, lambda st: any('libcuda' in f for f in st))[0]:.1f}% |")
+rows = folded("offcpu")
+s, t = share(rows, has("wait_gpu ("))
+leaves: dict[str, int] = {}
+for st, c in rows:
+    leaves[st[-1]] = leaves.get(st[-1], 0) + c
+top = ", ".join(f"{k} {v / 1e9:.2f} s" for k, v in sorted(leaves.items(), key=lambda kv: -kv[1])[:4])
+print(f"| off-CPU, matrix products and synchronize | blocked time | {t / 1e9:.2f} s |")
+print(f"| | share under wait_gpu | {s:.1f}% |")
+print(f"| | leaf frames | {top} |")
+for name in ("launch", "cpu", "offcpu"):
+    for rec in records(f"{name}.json")[-1:]:
+        print(f"\n{name}: {json.dumps(rec)[:1200]}")
+    if text(f"{name}.err").strip():
+        print(f"\n{name} stderr: {text(f'{name}.err')[-800:]}")
+PYEOF
