@@ -83,6 +83,7 @@ API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return p ? OK : ERR_INV
 API CUresult cuStreamSynchronize(CUstream s) { return wait_gpu(); }
 API CUresult cuCtxSynchronize(void) { return wait_gpu(); }
 API CUresult cuEventSynchronize(CUevent e) { return wait_gpu(); }
+API CUresult cuCtxSynchronize_v2(CUcontext c) { return wait_gpu(); }
 
 #ifndef GFX_OLD_DRIVER
 API CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **params, void **extra) { work++; return OK; }

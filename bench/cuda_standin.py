@@ -145,6 +145,7 @@ SCRIPT: tuple[Call, ...] = (
     Call("cuStreamSynchronize", 3),
     Call("cuCtxSynchronize", 2),
     Call("cuEventSynchronize", 1),
+    Call("cuCtxSynchronize_v2", 2),
 )
 
 

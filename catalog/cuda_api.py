@@ -70,6 +70,9 @@ FUNCTIONS: tuple[F, ...] = (
     F("cuStreamSynchronize_ptsz", "sync"),
     F("cuCtxSynchronize", "sync"),
     F("cuEventSynchronize", "sync"),
+    # CUDA 13's runtime synchronizes a device through this one (seen on driver
+    # 580 with PyTorch 2.11: cudaDeviceSynchronize never called cuCtxSynchronize)
+    F("cuCtxSynchronize_v2", "sync"),
 )
 
 
