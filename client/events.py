@@ -32,12 +32,22 @@ class RingMap(Protocol):
     def fd(self) -> int | None: ...
 
 
+# Records read off a ring and not yet taken by poll(): beyond this the pump
+# stops reading, the ring fills and the kernel counts what it drops.
+MAX_BACKLOG_BYTES = 128 << 20
+_PUMP_WAIT_S = 0.02  # the pump's longest wait on an empty ring (flush() waits for it)
+
+
 class EventStream:
     """Decoded records of one ring buffer: poll(timeout) -> list; close() ends it.
 
-    fd path: a RingBuffer over the passed fd. Otherwise the transport's
-    StreamEvents (gRPC): a thread consumes it into a queue, so poll() can
-    time out and Ctrl-C is never stuck inside the gRPC library.
+    Either way a thread moves the records into a queue as they come, so a
+    consumer that is slow for a while (a profile's first unwind through a
+    large library) loses nothing while its backlog fits MAX_BACKLOG_BYTES.
+    fd path: the thread polls a RingBuffer over the passed fd; flush() hands
+    over what the ring holds now. Otherwise the thread consumes the
+    transport's StreamEvents (gRPC), so poll() can time out and Ctrl-C is
+    never stuck inside the gRPC library.
     """
 
     def __init__(
@@ -53,11 +63,20 @@ class EventStream:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._decode = self._event_decoder()
+        self._stop = threading.Event()
+        # flush(): events the ring's thread sets once it queued what the ring held
+        self._flushes: queue.SimpleQueue[threading.Event] = queue.SimpleQueue()
+        self._backlog = 0  # bytes queued from the ring (fd path)
+        self._backlog_lock = threading.Lock()
         if cmap.fd is not None:
             try:
                 self._ring = RingBuffer(cmap.fd, cmap.desc.max_entries or None)
             except (RingBufferError, OSError, ValueError) as e:
                 raise ClientError(f"cannot map the ring buffer {cmap.name!r}: {e}") from e
+            self._thread = threading.Thread(
+                target=self._pump_ring, name=f"gfxbpf-ring-{cmap.name}", daemon=True
+            )
+            self._thread.start()
             return
         call = transport.stream_events(
             pb.StreamEventsRequest(
@@ -102,6 +121,48 @@ class EventStream:
             self._queue.put(e)
         self._queue.put(None)  # end of stream
 
+    def _pump_ring(self) -> None:
+        """The ring's only reader (a lock shared with flush() starved flush on a
+        busy host): polls it, and drains it at once when flush() asks."""
+        ring = self._ring
+        assert ring is not None
+        while not self._stop.is_set():
+            flushes = []
+            while not self._flushes.empty():
+                flushes.append(self._flushes.get())
+            try:
+                if flushes:
+                    records = ring.drain()
+                elif self._backlog > MAX_BACKLOG_BYTES:  # far behind: let the ring fill
+                    self._stop.wait(_PUMP_WAIT_S)
+                    continue
+                else:
+                    records = ring.poll(_PUMP_WAIT_S)
+            except InterruptedError:
+                continue
+            except Exception as e:  # noqa: BLE001 - handed to the consumer thread
+                self._queue.put(e)
+                return
+            finally:
+                for done in flushes:
+                    done.set()
+            self._put(records)
+
+    def _put(self, records: list[bytes]) -> None:
+        if records:
+            with self._backlog_lock:
+                self._backlog += sum(map(len, records))
+            self._queue.put(records)
+
+    def flush(self, timeout: float = 2.0) -> None:
+        """Have what the ring holds now queued, so the next poll() returns it
+        (fd path; over gRPC the broker sends records as it reads them)."""
+        if self._ring is None or self._thread is None or not self._thread.is_alive():
+            return
+        done = threading.Event()
+        self._flushes.put(done)
+        done.wait(timeout)
+
     def poll(self, timeout: float | None = None) -> list[Any]:
         """Records that arrived, waiting up to timeout seconds (None: until some arrive)."""
         return [self.decode(r) for r in self.poll_raw(timeout)]
@@ -109,12 +170,6 @@ class EventStream:
     def poll_raw(self, timeout: float | None = None) -> list[bytes]:
         if self.ended:
             return []
-        if self._ring is not None:
-            try:
-                records = self._ring.poll(timeout)
-            except InterruptedError:
-                records = []
-            return self._count(records)
         out: list[bytes] = []
         deadline = None if timeout is None else time.monotonic() + timeout
         block = True
@@ -135,6 +190,11 @@ class EventStream:
             if isinstance(item, Exception):
                 self.ended = True
                 raise item
+            if isinstance(item, list):  # a batch off the ring (fd path)
+                with self._backlog_lock:
+                    self._backlog -= sum(map(len, item))
+                out.extend(item)
+                continue
             self.lost = max(self.lost, item.lost)
             out.extend(e.data for e in item.events)
             if item.end:
@@ -155,7 +215,10 @@ class EventStream:
 
     def close(self) -> None:
         self.ended = True
+        self._stop.set()
         if self._ring is not None:
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join()
             self._ring.close()
             self._ring = None
         if self._call is not None:

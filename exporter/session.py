@@ -211,6 +211,7 @@ class Session:
 
 def _drain(stream: EventStream) -> int:
     """Records waiting in the ring now (never blocks)."""
+    stream.flush()
     total = 0
     while True:
         got = len(stream.poll_raw(0))

@@ -635,12 +635,14 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
 def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     from gfxbpf.client.profiles.copies import CopyReader
 
+    copies.stream.flush()  # what the ring holds now, past the reading thread
     while copies.drain():  # what came in since the last look
         pass
     lost = profile_read.lost_count(run.att.map("lost").raw_items())
     if "py_counts" in run.att.maps:
         run.py_counts = _py_counts(run.att.map("py_counts").raw_items())
     if run.waits is not None and run.waits_att is not None:
+        run.waits.stream.flush()
         while run.waits.drain():
             pass
         lost += profile_read.lost_count(run.waits_att.map("lost").raw_items())
@@ -1084,7 +1086,10 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
     req = r.req
     waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
     return {
-        "program": "ustacks" if req.probes else "profile",
+        # the catalog programs attached: stackcopy, ustackcopy, offcpu, or the
+        # frame-pointer profile and ustacks where the policy grants no copies
+        "program": r.att.program,
+        "programs": [a.program for a in (r.att, r.waits_att) if a is not None],
         "mode": req.mode,
         "unit": prof.unit,
         "time": prof.time_kind,
