@@ -140,7 +140,7 @@ def profile_of(broker: BrokerProcess, out: Path, *command: str, hz: int = 499) -
     summary = profile(
         broker, out, "--frequency", str(hz), "--", *command, env={"GFXBPF_DEBUG": "1"}
     )
-    assert summary["program"] == "profile" and summary["exit_status"] == 0, summary
+    assert summary["program"] == "stackcopy" and summary["exit_status"] == 0, summary
     return summary
 
 
