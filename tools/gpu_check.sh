@@ -40,6 +40,7 @@
 #   --keep        keep the work directory (policy, audit log, outputs)
 #   --out DIR     copy the reports, the audit log and the folded profiles here
 #   --skip-python skip step 5
+#   --cprofile    run step 5's CPU profile's gfxclient under cProfile (where its time goes)
 #
 # Needs: nvidia-smi, a libcuda.so.1 that ldconfig knows, PyTorch with CUDA for
 # --python, gfxbpf and its dependencies for root's python3, and a kernel with
@@ -55,6 +56,7 @@ LAUNCHES=20000
 KEEP=0
 OUTDIR=""
 PYFRAMES=1
+CPROFILE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --python) PY=$2; shift 2 ;;
@@ -64,6 +66,7 @@ while [ $# -gt 0 ]; do
         --keep) KEEP=1; shift ;;
         --out) OUTDIR=$2; shift 2 ;;
         --skip-python) PYFRAMES=0; shift ;;
+        --cprofile) CPROFILE=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 1 ;;
     esac
@@ -277,11 +280,20 @@ EOF
 # `watch cuda --by-python`; (2) the same two functions in turns for PHASE
 # seconds, under `profile --stacks-at libcuda:FUNC`; (3) a Python loop that
 # computes and launches (spin), under a CPU profile; (4) matrix products and
-# synchronizations (wait_gpu), under `profile --off-cpu`.
+# synchronizations (wait_gpu), under `profile --off-cpu`. The workload's
+# context blocks in synchronizations (CU_CTX_SCHED_BLOCKING_SYNC): with the
+# default on a host of many cores the CPU spins in them and no wait shows.
 cat > "$WORK/pyframes.py" <<'PYEOF'
 """Python functions that launch known CUDA work, for gpu_check.sh step 5."""
-import os, sys, time
-import torch
+import ctypes, os, sys, time
+
+cu = ctypes.CDLL("libcuda.so.1")  # before torch makes the primary context
+dev = ctypes.c_int()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+set_flags = getattr(cu, "cuDevicePrimaryCtxSetFlags_v2", None) or cu.cuDevicePrimaryCtxSetFlags
+assert set_flags(dev, 4) == 0  # CU_CTX_SCHED_BLOCKING_SYNC
+
+import torch  # noqa: E402
 
 work, n, phase = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 x = torch.zeros(1024, device="cuda")
@@ -358,12 +370,17 @@ wait_for() {  # FILE SECONDS
     return 1
 }
 profile_phase() {  # GO NAME ARGS...: start the phase, then profile it
-    local go=$1 name=$2
+    local go=$1 name=$2 t0 client=("${GFX[@]}")
     shift 2
+    if [ "$CPROFILE" = 1 ] && [ "$name" = cpu ]; then
+        client=("${GFX[@]:0:3}" -m cProfile -o "$O2/client.cprofile" "${GFX[@]:3}")
+    fi
     touch "$O2/$go"
-    "${AS[@]}" "${GFX[@]}" --json profile --pid "$PID2" --duration $((PHASE - 4)) "$@" \
+    t0=$(date +%s.%N)
+    "${AS[@]}" "${client[@]}" --json profile --pid "$PID2" --duration $((PHASE - 4)) "$@" \
         --format folded -o "$O2/$name.folded" > "$WORK/$name.json" 2> "$WORK/$name.err" \
         || cat "$WORK/$name.err" >&2
+    echo "$t0 $(date +%s.%N)" > "$WORK/$name.time"
 }
 step5() {
     wait_for "$O2/ready" 120 || return 1
@@ -396,7 +413,7 @@ print(max(by, key=by.get) if by else "cuLaunchKernel")' "$WORK/bypy.json" 2>/dev
 }
 step5 || echo "gpu_check: step 5 did not finish; its report shows what it has" >&2
 
-python3 - "$WORK" "$N2" <<'PYEOF' | tee "$WORK/python_report.txt"
+python3 - "$WORK" "$N2" $((PHASE - 4)) <<'PYEOF' | tee "$WORK/python_report.txt"
 import json, os, sys
 
 work, n = sys.argv[1], int(sys.argv[2])
@@ -484,6 +501,10 @@ print(f"| off-CPU, matrix products and synchronize | blocked time | {t / 1e9:.2f
 print(f"| | share under wait_gpu | {s:.1f}% |")
 print(f"| | leaf frames | {top} |")
 for name in ("launch", "cpu", "offcpu"):
+    t = text(f"{name}.time").split()
+    if len(t) == 2:
+        print(f"\n{name}: gfxclient ran {float(t[1]) - float(t[0]):.2f} s "
+              f"for a profile of {sys.argv[3]} s")
     for rec in records(f"{name}.json")[-1:]:
         print(f"\n{name}: {json.dumps(rec)[:1200]}")
     if text(f"{name}.err").strip():
