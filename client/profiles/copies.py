@@ -186,6 +186,7 @@ class CopyReader:
                     user_error=_error(lost) if lost else None,
                     unwind_stop=stop if frames else None,
                     unwind_scanned=scanned,
+                    unwound=True,
                     leaf=leaf,
                     thread=tid or None,
                     python=self.python.runs(tgid, pyframes),
@@ -333,6 +334,7 @@ class ProbeCopyReader:
                     leaf=leaf,
                     unwind_stop=stop if user else None,
                     unwind_scanned=bool(user) and row in self.scanned,
+                    unwound=True,
                     python=self.python.runs(tgid, self.pyframes.get(row, ())),
                 )
             )

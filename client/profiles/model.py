@@ -26,6 +26,10 @@ class RawStack:
     # Stop value ("no-cfi", "truncated", ...); the symbolizer ends the stack
     # with one marker frame saying why. None: complete, or a kernel-walked stack.
     unwind_stop: str | None = None
+    # Unwound from a stack copy by call-frame information: with no unwind_stop
+    # it reached the thread's first frame (its CFI marks the return address
+    # undefined), whether or not that frame has a name (a stripped libc's clone3).
+    unwound: bool = False
     # Unwound from a stack copy with at least one return address found by a
     # stack scan past code without CFI (unwind/scan.py): counted in the summary.
     unwind_scanned: bool = False

@@ -134,7 +134,7 @@ class Symbolizer:
             if maps is not None and r.unwind_stop is not None:
                 check.add_stopped(kind, r.unwind_stop, r.weight)
             elif maps is not None:  # else counted as unmapped, not as a cut stack
-                check.add_kind(kind, r.weight)
+                check.add_kind(("complete", *kind[1:]) if r.unwound else kind, r.weight)
             if r.unwind_stop is not None:  # one frame at the root end says why it stops
                 names += (marker_frame(r.unwind_stop),)
             names += mix(user_names, _python(r)) if r.python else user_names

@@ -34,6 +34,7 @@ def test_raw_stack_has_no_field_for_kernel_addresses() -> None:
         "leaf": "str | None",
         "unwind_stop": "str | None",  # a reason (unwind.Stop), never an address
         "unwind_scanned": "bool",  # whether a stack scan found a frame
+        "unwound": "bool",  # unwound from a stack copy by CFI
         "thread": "int | None",  # a thread id (--wall), never an address
         "python": "tuple[tuple[str, ...], ...]",  # Python frame names, never an address
     }
@@ -157,3 +158,18 @@ def test_notes_for_unmapped_processes_and_the_depth_limit(tmp_path) -> None:
     assert "37.5% of the weight is from processes whose memory maps were never read" in text
     assert "12% of the user stacks are 127 frames or deeper" in text
     assert "50% of the user stacks stop before reaching the thread's start, last in" in text
+
+
+def test_an_unwound_stack_that_ends_is_complete_even_unnamed(tmp_path) -> None:
+    """A CFI unwind that ends with no stop reason reached the thread's first
+    frame (its return address undefined), even where that frame has no name:
+    Ubuntu's libc has no symbol table, so clone3 shows as [libc.so.6+0x...].
+    Such stacks are not the frame-pointer walk's cut stacks; a kernel-walked
+    stack of the same frames still is."""
+    sym = Symbolizer(cache_dir=str(tmp_path))
+    sym.add_process(78, procmaps.ProcessMaps(pid=78, mappings=[], comm="worker"))
+    unwound = RawStack(78, (0x1000, 0x2000), False, 5, unwound=True)
+    assert not [n for n in sym.symbolize([unwound], "samples").notes if "thread's start" in n]
+    walked = dataclasses.replace(unwound, unwound=False)
+    notes = sym.symbolize([walked], "samples").notes
+    assert [n for n in notes if "100% of the user stacks stop before reaching" in n], notes
