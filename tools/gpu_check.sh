@@ -2,11 +2,10 @@
 # tools/gpu_check.sh: check the `cuda` program against the truth on your own NVIDIA host.
 #
 #   sudo tools/gpu_check.sh [--python PY] [--user NAME] [--site DIR] [--launches N] [--keep]
+#                           [--out DIR] [--skip-python] [--cprofile]
 #
-# NOT YET RUN ON A GPU HOST. It was written on 2026-11-23 on a machine without
-# a GPU (CI tests the cuda program on a stand-in libcuda); the first person to
-# run it on real hardware should expect to fix small things, and should add
-# the figures it prints to docs/gpu-hosts.md.
+# First run on 2026-11-26 on an NVIDIA H200 (driver 580, CUDA 13, PyTorch
+# 2.11): docs/gpu-hosts.md has its figures; add yours there.
 #
 # What it does, as root:
 #  1. starts a broker as deployed (--user gfxbpf: it drops to CAP_BPF +
