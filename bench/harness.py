@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -425,6 +426,33 @@ def prog_stats(pid: int) -> dict[int, tuple[int, int]]:
                 pid_id = int(info["prog_id"])
                 out[pid_id] = (int(info.get("run_cnt", 0)), int(info.get("run_time_ns", 0)))
     return out
+
+
+@contextlib.contextmanager
+def new_prog_stats(
+    pid: int, before: set[int] | None = None
+) -> Iterator[dict[int, tuple[int, int]]]:
+    """The last {prog_id: (run_cnt, run_time_ns)} of the BPF programs pid holds
+    that were not there at the start (or not in before), polled every 50 ms
+    while the block runs: a tool's programs and their stats are gone once it
+    detaches. Needs bpf_stats_enabled() for the times."""
+    known = set(prog_stats(pid)) if before is None else before
+    last: dict[int, tuple[int, int]] = {}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while True:
+            last.update((k, v) for k, v in prog_stats(pid).items() if k not in known)
+            if stop.wait(0.05):
+                return
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        yield last
+    finally:
+        stop.set()
+        t.join()
 
 
 @contextlib.contextmanager

@@ -22,7 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BenchError, Stage, log, sh, workload_timing
+from bench.harness import (
+    BenchError,
+    Stage,
+    bpf_stats_enabled,
+    log,
+    new_prog_stats,
+    sh,
+    workload_timing,
+)
 from bench.profile_bench import user_dir
 from bench.stats import median, ratio
 
@@ -77,18 +85,25 @@ def untraced(stage: Stage, prog: Path, n: int) -> float:
     return workload_timing(out)["elapsed"]
 
 
-def under_gfxclient(stage: Stage, prog: Path, n: int) -> tuple[float, dict[str, Any]]:
+def _bpf_ns(stats: dict[int, tuple[int, int]]) -> int:
+    """The run time of every program a tool loaded for the run (each one runs
+    at every context switch on the machine, the tool's filters inside)."""
+    return sum(ns for _, ns in stats.values())
+
+
+def under_gfxclient(stage: Stage, prog: Path, n: int) -> tuple[float, dict[str, Any], int]:
     out_file = str(user_dir(stage) / "offcpu.folded")
     args = ["--json", "profile", "--off-cpu", "--min-block", str(MIN_BLOCK_US / 1000)]
-    p = stage.gfxclient(
-        *args, "--format", "folded", "-o", out_file, "--", str(prog), str(n),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    out, err = p.communicate(timeout=600)
+    with new_prog_stats(stage.broker_pid) as stats:
+        p = stage.gfxclient(
+            *args, "--format", "folded", "-o", out_file, "--", str(prog), str(n),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = p.communicate(timeout=600)
     if p.returncode != 0:
         raise BenchError(f"gfxclient profile --off-cpu failed ({p.returncode}): {err[-1000:]}")
     summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
-    return workload_timing(out)["elapsed"], summary
+    return workload_timing(out)["elapsed"], summary, _bpf_ns(stats)
 
 
 def perf_off_cpu_support() -> str | None:
@@ -117,7 +132,7 @@ def under_perf(stage: Stage, prog: Path, n: int) -> float:
     return workload_timing(r.stdout)["elapsed"]
 
 
-def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> float:
+def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> tuple[float, int]:
     """offcputime -p on the workload, started stopped (SIGSTOP) so that it is traced
     from its first round, as gfxclient's -- COMMAND is."""
     w = stage.as_bench_user(
@@ -130,14 +145,15 @@ def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> float:
         text=True,
     )
     try:
-        time.sleep(2.0)  # no "attached" line to wait for: a libbpf tool attaches in ~1 s
-        if trace.poll() is not None:
-            raise BenchError(
-                f"offcputime exited: {trace.stderr.read()[-1000:] if trace.stderr else ''}"
-            )
-        w.send_signal(signal.SIGCONT)
-        out, _ = w.communicate(timeout=600)
-        return workload_timing(out)["elapsed"]
+        with new_prog_stats(trace.pid, before=set()) as stats:
+            time.sleep(2.0)  # no "attached" line to wait for: a libbpf tool attaches in ~1 s
+            if trace.poll() is not None:
+                raise BenchError(
+                    f"offcputime exited: {trace.stderr.read()[-1000:] if trace.stderr else ''}"
+                )
+            w.send_signal(signal.SIGCONT)
+            out, _ = w.communicate(timeout=600)
+        return workload_timing(out)["elapsed"], _bpf_ns(stats)
     finally:
         trace.send_signal(signal.SIGINT)
         try:
@@ -162,21 +178,39 @@ def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
     log(f"offcpu: ping-pong of {n} round trips (~{seconds} s untraced)")
     out: dict[str, Any] = {"workload": f"2 threads, {n} pipe round trips", "round_trips": n}
     out["min_block_us"] = MIN_BLOCK_US
-    base = median([untraced(stage, prog, n) for _ in range(rounds)])
-    out["untraced_s"] = round(base, 4)
-    runs = [under_gfxclient(stage, prog, n) for _ in range(rounds)]
-    gfx = median([t for t, _ in runs])
-    out["gfxbpf_s"], out["gfxbpf_slowdown"] = round(gfx, 4), ratio(gfx, base)
-    out["gfxbpf_waits_ns"] = runs[-1][1]["total"]
-    out["perf_unsupported"] = perf_off_cpu_support()
-    if out["perf_unsupported"] is None:
-        perf = median([under_perf(stage, prog, n) for _ in range(rounds)])
-        out["perf_s"], out["perf_slowdown"] = round(perf, 4), ratio(perf, base)
     tool = shutil.which("offcputime") or "/usr/sbin/offcputime"
-    if Path(tool).exists():
-        oc = median([under_offcputime(stage, prog, n, tool) for _ in range(rounds)])
-        out["offcputime_s"], out["offcputime_slowdown"] = round(oc, 4), ratio(oc, base)
-    else:
+    if not Path(tool).exists():
         out["offcputime_unsupported"] = "offcputime is not installed (apt-get install libbpf-tools)"
+    out["perf_unsupported"] = perf_off_cpu_support()
+    # Rounds interleave the tools (untraced, gfxclient, perf, offcputime, then
+    # again): this VM's speed drifts over a minute, and blocks of one tool's
+    # rounds would carry the drift into the ratios.
+    times: dict[str, list[float]] = {"untraced": [], "gfxbpf": [], "perf": [], "offcputime": []}
+    bpf: dict[str, list[int]] = {"gfxbpf": [], "offcputime": []}  # BPF ns per run
+    with bpf_stats_enabled():
+        for _ in range(rounds):
+            times["untraced"].append(untraced(stage, prog, n))
+            t, summary, ns = under_gfxclient(stage, prog, n)
+            times["gfxbpf"].append(t)
+            bpf["gfxbpf"].append(ns)
+            out["gfxbpf_waits_ns"] = summary["total"]
+            if out["perf_unsupported"] is None:
+                times["perf"].append(under_perf(stage, prog, n))
+            if "offcputime_unsupported" not in out:
+                t, ns = under_offcputime(stage, prog, n, tool)
+                times["offcputime"].append(t)
+                bpf["offcputime"].append(ns)
+    out["rounds_s"] = {k: [round(t, 4) for t in v] for k, v in times.items() if v}
+    # The programs' own time per round trip (about four switches): the kernel's
+    # clock of each run, steadier than the workload's time on a shared VM.
+    for name, runs in bpf.items():
+        if runs:
+            out[f"{name}_bpf_ns_per_round_trip"] = round(median(runs) / n, 1)
+    base = median(times["untraced"])
+    out["untraced_s"] = round(base, 4)
+    for name in ("gfxbpf", "perf", "offcputime"):
+        if times[name]:
+            t = median(times[name])
+            out[f"{name}_s"], out[f"{name}_slowdown"] = round(t, 4), ratio(t, base)
     out["switches_per_s_untraced"] = round(4 * n / base)
     return out

@@ -540,6 +540,22 @@ def _offcpu(r: dict[str, Any]) -> list[Row]:
                 _met(rel, lambda x: x <= 1.0) if key == "perf" else "—",
             )
         )
+    gfx_ns, peer_ns = (
+        r.get("gfxbpf_bpf_ns_per_round_trip"),
+        r.get("offcputime_bpf_ns_per_round_trip"),
+    )
+    if gfx_ns is not None and peer_ns is not None:
+        rows.append(
+            (
+                "13 BPF run time per round trip (about 4 switches; kernel.bpf_stats), "
+                "vs offcputime (libbpf-tools)",
+                f"{gfx_ns} ns",
+                f"{peer_ns} ns",
+                str(ratio(gfx_ns, peer_ns)),
+                "—",
+                "—",
+            )
+        )
     return rows
 
 
