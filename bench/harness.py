@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -430,19 +430,25 @@ def prog_stats(pid: int) -> dict[int, tuple[int, int]]:
 
 @contextlib.contextmanager
 def new_prog_stats(
-    pid: int, before: set[int] | None = None
+    pid: int, before: set[int] | None = None, on_new: Callable[[int], None] | None = None
 ) -> Iterator[dict[int, tuple[int, int]]]:
     """The last {prog_id: (run_cnt, run_time_ns)} of the BPF programs pid holds
     that were not there at the start (or not in before), polled every 50 ms
     while the block runs: a tool's programs and their stats are gone once it
-    detaches. Needs bpf_stats_enabled() for the times."""
+    detaches. on_new(prog_id) runs once per new program, while it is loaded.
+    Needs bpf_stats_enabled() for the times."""
     known = set(prog_stats(pid)) if before is None else before
     last: dict[int, tuple[int, int]] = {}
     stop = threading.Event()
 
     def poll() -> None:
         while True:
-            last.update((k, v) for k, v in prog_stats(pid).items() if k not in known)
+            for prog, stats in prog_stats(pid).items():
+                if prog in known:
+                    continue
+                if prog not in last and on_new is not None:
+                    on_new(prog)
+                last[prog] = stats
             if stop.wait(0.05):
                 return
 

@@ -35,14 +35,22 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BENCH_USER, BenchError, Stage, bpf_stats_enabled, log, prog_stats, sh
+from bench.harness import (
+    BENCH_USER,
+    BenchError,
+    Stage,
+    bpf_stats_enabled,
+    log,
+    new_prog_stats,
+    prog_stats,
+    sh,
+)
 from bench.stats import median, ratio
 from bench.unwind_tables import largest_eh_frame, table_costs
 
@@ -173,9 +181,7 @@ def elapsed_of(stderr: str) -> tuple[float, float]:
     raise BenchError(f"no timing from the workload: {stderr.strip()[-800:]!r}")
 
 
-def busiest_new(
-    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]
-) -> tuple[int, int]:
+def busiest_new(before: Collection[int], after: dict[int, tuple[int, int]]) -> tuple[int, int]:
     """(run_cnt, run_time_ns) of the most-run program in after that was not in before:
     the profile's sampling program (its fork hook runs once per fork)."""
     new = [v for pid, v in after.items() if pid not in before]
@@ -330,35 +336,21 @@ def _calibrate(stage: Stage, work: Path, wl: Workload, seconds: float) -> int:
 
 @dataclass
 class BrokerWatch:
-    """The broker's BPF programs while a profile runs: their last stats, and
-    the kernel memory of the maps of every program the profile added."""
+    """The broker's BPF programs while a profile runs: the stats of those the
+    profile added, and the kernel memory of their maps."""
 
-    before: dict[int, tuple[int, int]]
+    before: set[int]
     last: dict[int, tuple[int, int]]
     maps: dict[str, int]  # map name -> bytes_memlock
-    seen: set[int] = field(default_factory=set)  # programs whose maps are in
 
 
 @contextlib.contextmanager
 def watching(stage: Stage) -> Iterator[BrokerWatch]:
-    w = BrokerWatch(prog_stats(stage.broker_pid), {}, {})
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.wait(0.1):
-            now = prog_stats(stage.broker_pid)
-            w.last.update(now)
-            for prog in now.keys() - w.before.keys() - w.seen:
-                w.seen.add(prog)
-                w.maps.update(_maps_of(prog))  # programs of one object share maps
-
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    try:
-        yield w
-    finally:
-        stop.set()
-        t.join()
+    before = set(prog_stats(stage.broker_pid))
+    maps: dict[str, int] = {}
+    # programs of one object share maps: each new one adds what is not in yet
+    with new_prog_stats(stage.broker_pid, before, lambda p: maps.update(_maps_of(p))) as last:
+        yield BrokerWatch(before, last, maps)
 
 
 def _bpftool(*args: str) -> Any:
