@@ -13,7 +13,13 @@ from gfxbpf.bpf import symbols
 from gfxbpf.bpf.consts import SELF
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
-from gfxbpf.broker.policy.rules import MAX_FREQUENCY, Policy, ProgramEntry, is_plain_path
+from gfxbpf.broker.policy.rules import (
+    MAX_FREQUENCY,
+    MAX_STACK_BYTES,
+    Policy,
+    ProgramEntry,
+    is_plain_path,
+)
 from gfxbpf.broker.request import libraries
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.request.pyfiles import check_python
@@ -24,7 +30,10 @@ from gfxbpf.catalog.pyfiles import PythonFile
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
-DEFAULT_STACK_BYTES = 8192  # what stackcopy/ustackcopy copy unless the policy caps it
+# What stackcopy/ustackcopy copy unless the client asks for less or the policy
+# caps it lower. Up to MAX_STACK_BYTES (the objects' ceiling) only where the
+# policy entry's max_stack_bytes says so: twice the bytes a sample in the ring.
+DEFAULT_STACK_BYTES = 8192
 # offcpu: the shortest wait recorded when the request names none (1 ms: a
 # few scheduler ticks' worth of waits on a busy host, and lock hand-offs
 # below it are noise in a flame graph), and the least any request may ask
@@ -114,12 +123,21 @@ def _check_stack_bytes(res: Resolved, asked: int) -> int | None:
                 f"program {entry.name!r} copies no stack: it takes no stack_bytes",
             )
         return None
-    if asked > DEFAULT_STACK_BYTES:
+    if asked > MAX_STACK_BYTES:
         raise BrokerError(
             pb.ERROR_INVALID_ARGUMENT,
-            f"stack_bytes {asked} is above the {DEFAULT_STACK_BYTES} bytes {entry.name!r} can copy",
+            f"stack_bytes {asked} is above the {MAX_STACK_BYTES} bytes {entry.name!r} can copy",
         )
     cap = pe.max_stack_bytes
+    if asked > DEFAULT_STACK_BYTES and cap is None:
+        raise BrokerError(
+            pb.ERROR_PERMISSION_DENIED,
+            f"copying {asked} bytes of stack is above the {DEFAULT_STACK_BYTES}-byte default "
+            f"for {entry.name!r}, and the policy sets no max_stack_bytes that allows more: "
+            f"ask the administrator, or for --stack-bytes {DEFAULT_STACK_BYTES} or less",
+            rule=f"{pe.label}: max_stack_bytes",
+            audit_rule=f"{pe.where}: max_stack_bytes unset (default {DEFAULT_STACK_BYTES})",
+        )
     if cap is not None and asked > cap:
         raise BrokerError(
             pb.ERROR_PERMISSION_DENIED,

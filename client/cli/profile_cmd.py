@@ -145,8 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_stack_bytes,
         default=0,
         metavar="N",
-        help="user stack bytes copied per sample for unwinding (1-8192; default 8192, or "
-        "the policy's max_stack_bytes when lower): less costs less, more reaches deeper",
+        help="user stack bytes copied per sample for unwinding (1-16384; default 8192, or "
+        "the policy's max_stack_bytes when lower; above 8192 where the policy's "
+        "max_stack_bytes allows it): less costs less, more reaches deeper",
     )
     _add_time_arguments(p)
     p.add_argument(
@@ -196,8 +197,12 @@ def _pid(text: str) -> int:
 
 
 def _stack_bytes(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) <= 8192:
-        raise argparse.ArgumentTypeError(f"not a stack copy size (1-8192 bytes): {text!r}")
+    from gfxbpf.client.profiles.unwind.result import MAX_COPY_BYTES
+
+    if not text.isdigit() or not 0 < int(text) <= MAX_COPY_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"not a stack copy size (1-{MAX_COPY_BYTES} bytes): {text!r}"
+        )
     return int(text)
 
 

@@ -62,6 +62,38 @@ int main(int argc, char **argv)
 }
 """
 
+# Twelve frames of 1 KiB each between main and the spinning leaf: a sample's
+# stack is ~12.5 KiB deep, past an 8 KiB copy and within a 16 KiB one.
+DEEP_C = r"""
+#include <stdlib.h>
+#include <time.h>
+volatile unsigned long sink;
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void spin(double seconds)
+{
+    double end = now() + seconds;
+    while (now() < end)
+        for (int i = 0; i < 10000; i++) sink += i;
+}
+__attribute__((noinline)) void deep(int level, double seconds)
+{
+    volatile char pad[1024];
+    pad[0] = level;
+    pad[1023] = level;
+    if (level)
+        deep(level - 1, seconds);
+    else
+        spin(seconds);
+    sink += pad[0] + pad[1023];
+}
+int main(int argc, char **argv) { deep(11, atof(argv[1])); return 0; }
+"""
+
 PY_LOOP = (
     "import time\n"
     "def inner(n):\n"
@@ -279,3 +311,39 @@ def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
         over = run_as(ALICE, argv, timeout=120)
     assert sizes == {0: 1024, 512: 512}, sizes
     assert over.returncode != 0 and "max_stack_bytes" in over.stderr + over.stdout, over.stderr
+
+
+def test_a_deeper_copy_reaches_main_where_the_policy_allows_it(work: Path) -> None:
+    """max_stack_bytes = 16384: --stack-bytes 16384 copies a 12.5 KiB deep stack
+    whole, where the default 8 KiB copy ends short (and the summary says how
+    to copy more); without the policy's key the larger copy is refused."""
+    gcc = shutil.which("gcc") or "gcc"
+    (work / "deep.c").write_text(DEEP_C)
+    subprocess.run(
+        [gcc, "-O2", "-fomit-frame-pointer", str(work / "deep.c"), "-o", str(work / "deep")],
+        check=True,
+        capture_output=True,
+    )
+    (work / "deep").chmod(0o755)
+    entry = {"users": [ALICE], "scope": "self", "max_frequency": MAX_HZ}
+    limits = {"map_bytes_per_user": 1 << 30}
+    reached: dict[str, float] = {}
+    notes: dict[str, list[str]] = {}
+    with BrokerProcess.start(
+        policy_for({"stackcopy": {**entry, "max_stack_bytes": 16384}}, limits=limits)
+    ) as b:
+        for size in ("8192", "16384"):
+            out = work / f"deep-{size}.folded"
+            summary = profile(b, out, "--frequency", "499", "--stack-bytes", size,
+                              "--", str(work / "deep"), "1.5")  # fmt: skip
+            reached[size] = share(stacks_of(out), lambda s: "main" in s)
+            notes[size] = summary["notes"]
+    assert reached["8192"] < 0.05 and reached["16384"] >= 0.95, reached
+    assert any("--stack-bytes 16384" in n for n in notes["8192"]), notes
+    assert not any("stack copy too short" in n for n in notes["16384"]), notes
+    with BrokerProcess.start(policy_for({"stackcopy": entry}, limits=limits)) as b:
+        argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", b.socket, "profile"]
+        argv += ["--stack-bytes", "16384", "--", str(work / "deep"), "0.2"]
+        refused = run_as(ALICE, argv, timeout=120)
+    assert refused.returncode == 3, refused.stderr  # denied by the policy
+    assert "max_stack_bytes" in refused.stderr and "Traceback" not in refused.stderr

@@ -45,11 +45,21 @@ def test_the_client_chooses_a_size_within_the_cap() -> None:
     assert _target("stackcopy", "max_stack_bytes = 4096\n", asked=100) == 100
 
 
+def test_more_than_the_default_where_the_policy_allows_it() -> None:
+    """Up to the objects' 16 KiB (deep C++ stacks such as PyTorch's), only
+    where the entry's max_stack_bytes says so; the default stays 8 KiB."""
+    assert _target("stackcopy", "max_stack_bytes = 16384\n", asked=16384) == 16384
+    assert _target("stackcopy", "max_stack_bytes = 12288\n", asked=12288) == 12288
+    assert _target("stackcopy", "max_stack_bytes = 16384\n") == DEFAULT_STACK_BYTES
+
+
 @pytest.mark.parametrize(
     ("name", "extra", "asked", "code"),
     [
         ("stackcopy", "max_stack_bytes = 1024\n", 2048, pb.ERROR_PERMISSION_DENIED),
-        ("stackcopy", "", 8193, pb.ERROR_INVALID_ARGUMENT),  # more than the object copies
+        ("stackcopy", "", 8193, pb.ERROR_PERMISSION_DENIED),  # above the default: policy says
+        ("stackcopy", "max_stack_bytes = 12288\n", 16384, pb.ERROR_PERMISSION_DENIED),
+        ("stackcopy", "max_stack_bytes = 16384\n", 16385, pb.ERROR_INVALID_ARGUMENT),  # > object
         ("profile", "", 1024, pb.ERROR_INVALID_ARGUMENT),  # copies no stack
     ],
 )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "MAX_FRAMES",
-    "STACK_COPY_BYTES",
+    "MAX_COPY_BYTES",
     "Stop",
     "StopCounts",
     "UnwindResult",
@@ -25,8 +25,9 @@ __all__ = [
 
 # Frames one unwind returns at most (the kernel's perf_event_max_stack default).
 MAX_FRAMES = 127
-# The stack copy perf --call-graph dwarf takes by default; the BPF program's cap.
-STACK_COPY_BYTES = 8192
+# The most stack a copy holds: the BPF programs' ceiling (gfx_ucopy.h
+# GFX_COPY_MAX); they copy 8192 bytes by default, as perf --call-graph dwarf.
+MAX_COPY_BYTES = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,13 @@ _EXPLAIN = {
     Stop.BAD_CFA: "a frame whose call-frame rule could not be followed",
     Stop.DEPTH: "the frame limit",
     Stop.MERGED: "calls from several paths that share their innermost caller",
+}
+
+
+# What the user can do about a reason, where there is something.
+_ADVICE = {
+    Stop.TRUNCATED: f"; --stack-bytes {MAX_COPY_BYTES} copies more where the policy's "
+    "max_stack_bytes allows it",
 }
 
 
@@ -150,6 +158,6 @@ class StopCounts:
             if total and w / total >= min_share:
                 out.append(
                     f"{w * 100 / total:.1f}% of the user stacks stop early at {_EXPLAIN[stop]}: "
-                    f"they end in a {marker_frame(stop)} frame"
+                    f"they end in a {marker_frame(stop)} frame{_ADVICE.get(stop, '')}"
                 )
         return out
