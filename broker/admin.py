@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
+from gfxbpf.broker.policy.model import MAX_STACK_BYTES
 from gfxbpf.broker.review import checks
 from gfxbpf.catalog.entries import (
     Catalog,
@@ -112,6 +113,14 @@ def approve(args: argparse.Namespace) -> int:
         lines.append(f"functions = {_toml(functions)}")
     if args.max_frequency is not None:
         lines.append(f"max_frequency = {args.max_frequency}")
+    if args.max_stack_bytes is not None:
+        if not entry.stack_bytes_knob:
+            print(
+                f"{PROG}: program {args.name!r} copies no stack (--max-stack-bytes)",
+                file=sys.stderr,
+            )
+            return 2
+        lines.append(f"max_stack_bytes = {args.max_stack_bytes}")
     if args.allow_no_btf:
         lines.append("allow_no_btf = true")
     print("\n".join(lines))
@@ -126,6 +135,12 @@ def audit_cmd(args: argparse.Namespace) -> int:
     print(f"object {path}")
     print(report.text())
     return 0 if report.ok else 1
+
+
+def _stack_bytes(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= MAX_STACK_BYTES:
+        raise argparse.ArgumentTypeError(f"not a stack copy size (1-{MAX_STACK_BYTES}): {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="HZ",
         help="highest sampling rate of a perf_event program (profile)",
+    )
+    a.add_argument(
+        "--max-stack-bytes",
+        type=_stack_bytes,
+        metavar="N",
+        help=f"user stack bytes a stack copy may take (stackcopy, ustackcopy; 1-{MAX_STACK_BYTES}):"
+        " less caps it below the 8192 default, more lets clients copy deep C++ stacks whole",
     )
     a.add_argument(
         "--allow-no-btf",

@@ -82,3 +82,15 @@ def test_the_knob_lands_in_rodata(name: str) -> None:
     data = (entry.directory / entry.object).read_bytes()
     spec, _ = prepare(entry, data, Params(uid=1000, stack_bytes=2048))
     assert spec.get_variable("stack_bytes") == 2048
+
+
+def test_admin_approve_writes_max_stack_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    from gfxbpf.broker import admin
+
+    argv = ["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "16384"]
+    assert admin.main(argv) == 0
+    assert Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].max_stack_bytes == 16384
+    assert admin.main(["approve", "profile", "--users", "alice", "--max-stack-bytes", "4096"]) == 2
+    assert "copies no stack" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        admin.main(["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "16385"])
