@@ -24,6 +24,7 @@ from gfxbpf.catalog.entries import (
     Catalog,
     CatalogError,
     CatalogKeyError,
+    Program,
     check_object,
     load_catalog,
 )
@@ -92,6 +93,22 @@ def approve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.max_stack_bytes is not None and not entry.stack_bytes_knob:
+        print(f"{PROG}: program {args.name!r} copies no stack (--max-stack-bytes)", file=sys.stderr)
+        return 2
+    print("\n".join(_entry_lines(args, entry, report, users, groups, scopes)))
+    return 0
+
+
+def _entry_lines(
+    args: argparse.Namespace,
+    entry: Program,
+    report: checks.AuditReport,
+    users: list[str | int],
+    groups: list[str | int],
+    scopes: list[str],
+) -> list[str]:
+    """The policy entry, with what was reviewed as comments above it."""
     lines = [
         f"# {entry.name}: {entry.description}",
         f"# reviewed object {entry.object}; helpers: "
@@ -114,17 +131,10 @@ def approve(args: argparse.Namespace) -> int:
     if args.max_frequency is not None:
         lines.append(f"max_frequency = {args.max_frequency}")
     if args.max_stack_bytes is not None:
-        if not entry.stack_bytes_knob:
-            print(
-                f"{PROG}: program {args.name!r} copies no stack (--max-stack-bytes)",
-                file=sys.stderr,
-            )
-            return 2
         lines.append(f"max_stack_bytes = {args.max_stack_bytes}")
     if args.allow_no_btf:
         lines.append("allow_no_btf = true")
-    print("\n".join(lines))
-    return 0
+    return lines
 
 
 def audit_cmd(args: argparse.Namespace) -> int:
