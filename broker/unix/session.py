@@ -85,8 +85,11 @@ class Session:
                 self._refuse(e)
                 return
             self._loop()
-        except (framing.FramingError, OSError):
+        except (framing.FramingError, BrokenPipeError, ConnectionResetError):
             pass  # the peer went away mid-reply: the session is over
+        except OSError as e:  # not the peer's doing (EBADF, EMFILE...): say why it ended
+            if self.caller is not None:
+                self._audit("session", "error", detail=f"session ended: {type(e).__name__}: {e}")
         finally:
             if self.owner is not None:
                 self.service.close_owner(self.owner)
