@@ -126,27 +126,27 @@ class EventStream:
         busy host): polls it, and drains it at once when flush() asks."""
         ring = self._ring
         assert ring is not None
-        while not self._stop.is_set():
+        failed = False
+        while not failed and not self._stop.is_set():
             flushes = []
             while not self._flushes.empty():
                 flushes.append(self._flushes.get())
+            records: list[bytes] = []
             try:
                 if flushes:
                     records = ring.drain()
                 elif self._backlog > MAX_BACKLOG_BYTES:  # far behind: let the ring fill
                     self._stop.wait(_PUMP_WAIT_S)
-                    continue
                 else:
                     records = ring.poll(_PUMP_WAIT_S)
             except InterruptedError:
-                continue
+                pass
             except Exception as e:  # noqa: BLE001 - handed to the consumer thread
                 self._queue.put(e)
-                return
-            finally:
-                for done in flushes:
-                    done.set()
+                failed = True
             self._put(records)
+            for done in flushes:  # only once their records are in the queue
+                done.set()
 
     def _put(self, records: list[bytes]) -> None:
         if records:

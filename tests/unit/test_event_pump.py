@@ -101,6 +101,13 @@ def test_a_slow_consumer_loses_nothing(ring: Ring) -> None:
 def test_flush_hands_over_what_the_ring_holds(ring: Ring) -> None:
     ring.asleep = True  # the thread's polls see nothing: only flush() drains
     stream = events.EventStream(None, 1, RingMap())  # type: ignore[arg-type]
+    queued = stream._put
+
+    def slow_put(records: list[bytes]) -> None:  # flush() must wait for the queueing too
+        time.sleep(0.2 if records else 0.0)
+        queued(records)
+
+    stream._put = slow_put  # type: ignore[method-assign]
     for i in range(5):
         ring.write(i.to_bytes(4, "little"))
     assert stream.poll_raw(0.05) == []
