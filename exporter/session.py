@@ -210,8 +210,9 @@ class Session:
 
 
 def _drain(stream: EventStream) -> int:
-    """Records waiting in the ring now (never blocks)."""
-    stream.flush()
+    """Records the stream's thread took off the ring since the last scrape
+    (never blocks: a counter may lag the ring by that thread's 20 ms poll,
+    and the next scrape counts what it missed)."""
     total = 0
     while True:
         got = len(stream.poll_raw(0))

@@ -172,9 +172,6 @@ class FakeStream:
         out, self.pending = self.pending, []
         return out
 
-    def flush(self) -> None:
-        """Nothing is behind: poll_raw hands out every pending record."""
-
 
 class FakeMap:
     def __init__(self, name: str, show: str, unit: str, key_label: str, entries: Any) -> None:
