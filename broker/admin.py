@@ -18,7 +18,6 @@ from pathlib import Path
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
-from gfxbpf.broker.policy.model import MAX_STACK_BYTES
 from gfxbpf.broker.review import checks
 from gfxbpf.catalog.entries import (
     Catalog,
@@ -28,6 +27,7 @@ from gfxbpf.catalog.entries import (
     check_object,
     load_catalog,
 )
+from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 
 PROG = "gfxbpf-admin"
 

@@ -44,13 +44,13 @@ from gfxbpf.broker.policy.model import (
     MAX_FREQUENCY,
     MAX_MIN_BLOCK_US,
     MAX_PYTHON_FRAMES,
-    MAX_STACK_BYTES,
     WILDCARD,
     Limits,
     PolicyError,
     ProgramEntry,
     TlsClient,
 )
+from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.tomlcheck import checks
 from gfxbpf.tomlcheck.checks import Entry, Problems, is_integer, show, shown, toml_type
 

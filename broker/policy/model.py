@@ -17,8 +17,6 @@ WILDCARD = "*"
 # Highest sampling frequency anyone may ask for: the kernel's own default
 # ceiling (kernel.perf_event_max_sample_rate); a policy entry may set less.
 MAX_FREQUENCY = 100_000
-# Most user stack bytes a stack copy may take (the objects' own ceiling, GFX_COPY_MAX).
-MAX_STACK_BYTES = 16384
 # Longest minimum wait a policy may set for offcpu (10 s), in microseconds.
 MAX_MIN_BLOCK_US = 10_000_000
 MAX_PYTHON_FRAMES = 128  # gfx_python.h GFX_PY_MAX_FRAMES

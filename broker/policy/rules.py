@@ -25,7 +25,6 @@ from gfxbpf.broker.policy.model import (  # noqa: F401 - re-exported: callers im
     LIMIT_KEYS,
     MAX_FREQUENCY,
     MAX_MIN_BLOCK_US,
-    MAX_STACK_BYTES,
     WILDCARD,
     Decision,
     Limits,

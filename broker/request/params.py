@@ -15,7 +15,6 @@ from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import (
     MAX_FREQUENCY,
-    MAX_STACK_BYTES,
     Policy,
     ProgramEntry,
     is_plain_path,
@@ -27,13 +26,10 @@ from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
 from gfxbpf.catalog.pyfiles import PythonFile
+from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
-# What stackcopy/ustackcopy copy unless the client asks for less or the policy
-# caps it lower. Up to MAX_STACK_BYTES (the objects' ceiling) only where the
-# policy entry's max_stack_bytes says so: twice the bytes a sample in the ring.
-DEFAULT_STACK_BYTES = 8192
 # offcpu: the shortest wait recorded when the request names none (1 ms: a
 # few scheduler ticks' worth of waits on a busy host, and lock hand-offs
 # below it are noise in a flame graph), and the least any request may ask

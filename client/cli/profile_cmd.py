@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.client import proctree
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.broker import Broker
@@ -197,11 +198,9 @@ def _pid(text: str) -> int:
 
 
 def _stack_bytes(text: str) -> int:
-    from gfxbpf.client.profiles.unwind.result import MAX_COPY_BYTES
-
-    if not text.isdigit() or not 0 < int(text) <= MAX_COPY_BYTES:
+    if not text.isdigit() or not 0 < int(text) <= MAX_STACK_BYTES:
         raise argparse.ArgumentTypeError(
-            f"not a stack copy size (1-{MAX_COPY_BYTES} bytes): {text!r}"
+            f"not a stack copy size (1-{MAX_STACK_BYTES} bytes): {text!r}"
         )
     return int(text)
 

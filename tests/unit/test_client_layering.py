@@ -88,6 +88,7 @@ ALLOWED_BPF = {
     "gfxbpf.catalog.cuda_api",
     "gfxbpf.catalog.function_tables",
     "gfxbpf.catalog.python",  # data only: per-release CPython layouts the decoders follow
+    "gfxbpf.catalog.stack_copies",  # data only: the stack-copy programs' size bounds
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.

@@ -8,11 +8,12 @@ import pytest
 
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import Policy, PolicyError
-from gfxbpf.broker.request.params import DEFAULT_STACK_BYTES, check_params
+from gfxbpf.broker.request.params import check_params
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.broker.sessions import Caller
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.catalog.instance import Params, prepare
+from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 SHA = "a" * 64
@@ -94,3 +95,17 @@ def test_admin_approve_writes_max_stack_bytes(capsys: pytest.CaptureFixture[str]
     assert "copies no stack" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         admin.main(["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "16385"])
+
+
+def test_the_bounds_are_the_objects_own() -> None:
+    """catalog.stack_copies says what gfx_ucopy.h compiles in: its record size
+    (GFX_COPY_MAX) and its knob's default."""
+    import re
+    from pathlib import Path
+
+    import gfxbpf.catalog
+
+    header = (Path(gfxbpf.catalog.__file__).parent / "programs" / "gfx_ucopy.h").read_text()
+    assert re.search(r"#define GFX_COPY_MAX (\d+)", header)[1] == str(MAX_STACK_BYTES)  # type: ignore[index]
+    knob = re.search(r"const volatile __u32 stack_bytes = (\d+);", header)
+    assert knob is not None and int(knob[1]) == DEFAULT_STACK_BYTES

@@ -1,10 +1,10 @@
 """gfxbpf.client.profiles.unwind: complete user stacks without frame pointers.
 
 The BPF program copies the user registers and the top of the user stack (8 KiB
-by default, up to MAX_COPY_BYTES from sp upward); the client unwinds that copy offline by
-the call-frame information (.eh_frame, else .debug_frame, also from a
-separate debug file) of every file the process maps, as perf's
---call-graph dwarf does:
+by default, up to 16 KiB: gfxbpf.catalog.stack_copies) from sp upward; the
+client unwinds that copy offline by the call-frame information (.eh_frame,
+else .debug_frame, also from a separate debug file) of every file the
+process maps, as perf's --call-graph dwarf does:
 
     tables = UnwindTables()                     # one per client run; cached on disk
     maps = procmaps.capture(pid)                # while the process lives
@@ -20,7 +20,6 @@ Pure client code: it reads the caller's own files and never the broker.
 from __future__ import annotations
 
 from gfxbpf.client.profiles.unwind.result import (
-    MAX_COPY_BYTES,
     MAX_FRAMES,
     Stop,
     StopCounts,
@@ -33,7 +32,6 @@ from gfxbpf.client.profiles.unwind.walk import unwind
 
 __all__ = [
     "MAX_FRAMES",
-    "MAX_COPY_BYTES",
     "Stop",
     "StopCounts",
     "UnwindResult",

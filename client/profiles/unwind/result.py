@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+
 __all__ = [
     "MAX_FRAMES",
-    "MAX_COPY_BYTES",
     "Stop",
     "StopCounts",
     "UnwindResult",
@@ -25,9 +26,6 @@ __all__ = [
 
 # Frames one unwind returns at most (the kernel's perf_event_max_stack default).
 MAX_FRAMES = 127
-# The most stack a copy holds: the BPF programs' ceiling (gfx_ucopy.h
-# GFX_COPY_MAX); they copy 8192 bytes by default, as perf --call-graph dwarf.
-MAX_COPY_BYTES = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +85,7 @@ _EXPLAIN = {
 
 # What the user can do about a reason, where there is something.
 _ADVICE = {
-    Stop.TRUNCATED: f"; --stack-bytes {MAX_COPY_BYTES} copies more where the policy's "
+    Stop.TRUNCATED: f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "
     "max_stack_bytes allows it",
 }
 
