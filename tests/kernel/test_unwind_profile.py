@@ -115,6 +115,15 @@ def _need(path: str) -> str:
     return path
 
 
+def _o2(gcc: str, d: Path, out: str, source: str, *extra: str) -> None:
+    """Build d/out from source with -O2 and no frame pointers (the CFI's case)."""
+    src = d / f"{out.split('.')[0]}.c"
+    src.write_text(source)
+    cmd = [gcc, "-O2", "-fomit-frame-pointer", str(src), "-o", str(d / out), *extra]
+    subprocess.run(cmd, check=True, capture_output=True)
+    (d / out).chmod(0o755)
+
+
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     d = shared_dir(prefix="gfxbpf-unwind-")
@@ -123,29 +132,11 @@ def work() -> Iterator[Path]:
     if gcc is None:
         skip_or_fail("gcc is not installed (apt-get install gcc)")
         raise AssertionError  # unreachable
-    (d / "chain.c").write_text(CHAIN_C)
-    subprocess.run(
-        [gcc, "-O2", "-fomit-frame-pointer", str(d / "chain.c"), "-o", str(d / "chain")],
-        check=True,
-        capture_output=True,
-    )
-    (d / "chain").chmod(0o755)
-    (d / "lib.c").write_text(LIB_C)
-    (d / "caller.c").write_text(CALLER_C)
-    o2 = [gcc, "-O2", "-fomit-frame-pointer"]
-    subprocess.run(
-        [*o2, "-shared", "-fPIC", str(d / "lib.c"), "-o", str(d / "liblaunch.so")],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [*o2, str(d / "caller.c"), "-o", str(d / "caller"), f"-L{d}", "-llaunch"]
-        + ["-Wl,-rpath,$ORIGIN"],
-        check=True,
-        capture_output=True,
-    )
-    for name in ("liblaunch.so", "caller"):
-        (d / name).chmod(0o755)
+    _o2(gcc, d, "chain", CHAIN_C)
+    _o2(gcc, d, "signal", SIGNAL_C)
+    _o2(gcc, d, "deep", DEEP_C)
+    _o2(gcc, d, "liblaunch.so", LIB_C, "-shared", "-fPIC")
+    _o2(gcc, d, "caller", CALLER_C, f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
     (d / "random.bin").write_bytes(os.urandom(8 << 20))
     os.chown(d / "random.bin", *ensure_user(ALICE))  # xz gives its output the input's owner
     (d / "loop.py").write_text(PY_LOOP)
@@ -242,11 +233,6 @@ def test_stacks_at_a_library_function_from_two_paths_count_exactly(
 
 
 def test_samples_in_a_signal_handler_reach_main(broker: BrokerProcess, work: Path) -> None:
-    gcc = shutil.which("gcc") or "gcc"
-    (work / "signal.c").write_text(SIGNAL_C)
-    subprocess.run([gcc, "-O2", "-fomit-frame-pointer", str(work / "signal.c"), "-o",
-                    str(work / "signal")], check=True, capture_output=True)  # fmt: skip
-    (work / "signal").chmod(0o755)
     out = work / "signal.folded"
     profile_of(broker, out, str(work / "signal"), "1500000000")
     in_handler = [(s, n) for s, n in stacks_of(out) if "handler_spin" in s]
@@ -317,14 +303,6 @@ def test_a_deeper_copy_reaches_main_where_the_policy_allows_it(work: Path) -> No
     """max_stack_bytes = 16384: --stack-bytes 16384 copies a 12.5 KiB deep stack
     whole, where the default 8 KiB copy ends short (and the summary says how
     to copy more); without the policy's key the larger copy is refused."""
-    gcc = shutil.which("gcc") or "gcc"
-    (work / "deep.c").write_text(DEEP_C)
-    subprocess.run(
-        [gcc, "-O2", "-fomit-frame-pointer", str(work / "deep.c"), "-o", str(work / "deep")],
-        check=True,
-        capture_output=True,
-    )
-    (work / "deep").chmod(0o755)
     entry = {"users": [ALICE], "scope": "self", "max_frequency": MAX_HZ}
     limits = {"map_bytes_per_user": 1 << 30}
     reached: dict[str, float] = {}
