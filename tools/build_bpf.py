@@ -62,6 +62,19 @@ SIDE_SOURCES = (
     Path("tests/data/core/target_exec.bpf.c"),
     Path("tests/data/core/core_kinds.bpf.c"),
     Path("tests/data/core/core_kernel.bpf.c"),
+    # Loader inputs of the kernel tests (program kinds, externs, kfuncs, BTF
+    # kinds): committed as built here; the tests also compile each source with
+    # the machine's own clang, since clang 14 and 19 emit different BTF.
+    Path("tests/data/programs/btf_kinds.bpf.c"),
+    Path("tests/data/programs/externs.bpf.c"),
+    Path("tests/data/programs/fentry.bpf.c"),
+    Path("tests/data/programs/kinds.bpf.c"),
+    Path("tests/data/programs/mapinmap.bpf.c"),
+    Path("tests/data/programs/task_kfunc.bpf.c"),
+    Path("tests/data/programs/taskiter.bpf.c"),
+    Path("tests/data/programs/typed_ksym.bpf.c"),
+    Path("tests/data/programs/usdt.bpf.c"),
+    Path("tests/data/programs/weak_kfunc.bpf.c"),
 )
 CATALOG = ROOT / "catalog" / "catalog.toml"
 TOOLCHAINS = ROOT / "catalog" / "toolchains.toml"
