@@ -4,6 +4,8 @@ read-only → attach), mapping each step's failure to a protocol error."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +28,8 @@ from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import instance as bpfinstance
 from gfxbpf.catalog.entries import Attach, MapEntry, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
+
+LOAD_DELAY_ENV = "GFXBPF_TEST_LOAD_DELAY_S"
 
 
 @dataclass
@@ -63,6 +67,9 @@ class InstanceLoader:
         # Which maps the kernel still holds, so a charge ends when its maps do.
         self.live_maps = mapids.LiveMaps()
         self.map_budget = budget.MapBudget(clock, lambda: self.live_maps.ids())
+        # Tests only: a load this much slower, as the verifier is on a loaded
+        # machine, so no test depends on how fast an attach is.
+        self._load_delay = float(os.environ.get(LOAD_DELAY_ENV) or 0)
 
     def create(
         self, caller: Caller, res: Resolved, target: Target, key: InstanceKey
@@ -78,6 +85,7 @@ class InstanceLoader:
         try:
             owner = caller.uid if res.scope == C.SELF else None
             allow_no_btf = res.policy_entry.allow_no_btf
+            time.sleep(self._load_delay)
             inst = _load_and_attach(opened, read_only, target, owner, allow_no_btf)
         except BaseException:
             self.map_budget.refund(charge)  # its maps are gone with the failed load

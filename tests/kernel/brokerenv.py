@@ -326,6 +326,7 @@ class BrokerProcess:
         as_root_with_user: bool = False,
         socket_activated: bool = False,
         wrapper: Sequence[str] = (),
+        env_extra: Mapping[str, str] | None = None,
     ) -> BrokerProcess:
         """Write the policy, start the broker from the unit's ExecStart, wait for READY=1.
 
@@ -338,6 +339,7 @@ class BrokerProcess:
         overrides go to setpriv_argv on top of --policy/--socket/--grpc
         (e.g. {"--log-level": "debug"}). wrapper: a command (run as root) that
         execs the broker's argv given after it, e.g. to change its mounts.
+        env_extra: more environment for the broker (GFXBPF_TEST_LOAD_DELAY_S).
         Raises BrokerStartError with the
         broker's stderr if it exits or is not ready within timeout seconds.
         """
@@ -362,6 +364,7 @@ class BrokerProcess:
         env = dict(BASE_ENV)
         env.update(info.environment)
         env["NOTIFY_SOCKET"] = notify_path
+        env.update(env_extra or {})
         if socket_activated:
             argv = _socket_activated(argv, socket_path, env)
         argv = [*wrapper, *argv]

@@ -5,6 +5,7 @@ A module that uses the `broker` fixture says what its broker needs:
 through request.getfixturevalue), and optionally `BROKER_START` (keyword
 arguments for BrokerProcess.start, e.g. {"grpc": False}) and
 `BROKER_INSTALL` (files copied where the broker's users can run them).
+`slow_broker` is the same broker with every program load 1 s slower.
 The broker runs as the service user with only CAP_BPF+CAP_PERFMON
 (tests/kernel/brokerenv.py) and must stop cleanly when the module ends.
 
@@ -21,15 +22,18 @@ from pathlib import Path
 
 import pytest
 
+from gfxbpf.broker.instances import LOAD_DELAY_ENV
 from tests.kernel.brokerenv import BrokerProcess
 from tests.kernel.chroots import make_debian13_root, remove_root
 
 
-@pytest.fixture(scope="module")
-def broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+def _module_broker(
+    request: pytest.FixtureRequest, env_extra: dict[str, str] | None = None
+) -> Iterator[BrokerProcess]:
     module = request.module
     policy = module.broker_policy(request)
-    b = BrokerProcess.start(policy, **getattr(module, "BROKER_START", {}))
+    start = getattr(module, "BROKER_START", {})
+    b = BrokerProcess.start(policy, env_extra=env_extra, **start)
     try:
         for path in getattr(module, "BROKER_INSTALL", ()):
             b.install(path)
@@ -37,6 +41,19 @@ def broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
     finally:
         code = b.stop()
         assert code == 0, f"the broker exited {code}: {b.stderr()[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    yield from _module_broker(request)
+
+
+@pytest.fixture(scope="module")
+def slow_broker(request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    """The module's broker, but every program load takes 1 s longer, as the
+    verifier can on a loaded machine: a test that passes with it does not
+    race the attach."""
+    yield from _module_broker(request, {LOAD_DELAY_ENV: "1.0"})
 
 
 @pytest.fixture(scope="session")

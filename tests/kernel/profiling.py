@@ -5,14 +5,82 @@ holds for. One copy for every test module that profiles."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.kernel.brokerenv import ALICE, VENV_PYTHON, BrokerProcess, run_as
+from tests.kernel.brokerenv import (
+    ALICE,
+    VENV_PYTHON,
+    BrokerProcess,
+    run_as,
+    uid_of,
+    wait_until,
+)
 from tests.kernel.rawclient import kernel_looking_text
 
 Stacks = list[tuple[list[str], int]]
+
+# Waits for one line on stdin, then execs its arguments (same pid).
+_HOLD = 'read -r _ && exec "$@"'
+
+
+@contextmanager
+def held(user: str, argv: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """argv as user, held before its exec until a line arrives on its stdin
+    (release_on_attach): its pid exists, owned by user, but argv has not begun.
+    A test that must see argv from its start never relies on a head start:
+    an attach may take a second or more on a loaded machine. Killed at the end."""
+    proc = run_as(user, ["sh", "-c", _HOLD, "sh", *argv], background=True, stdin=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _attach_records(broker: BrokerProcess, program: str, user: str) -> list[dict[str, Any]]:
+    uid = uid_of(user)
+    return [
+        r
+        for r in broker.audit_records()
+        if r.get("op") == "attach"
+        and r.get("result") == "ok"
+        and r.get("program") == program
+        and r.get("uid") == uid
+    ]
+
+
+def attaches(broker: BrokerProcess, program: str, user: str = ALICE) -> int:
+    """How many attaches of program by user the broker has audited as done."""
+    return len(_attach_records(broker, program, user))
+
+
+def last_attach_ms(broker: BrokerProcess, program: str, user: str = ALICE) -> float:
+    """How long the broker took for user's last attach of program (audited)."""
+    return float(_attach_records(broker, program, user)[-1]["elapsed_ms"])
+
+
+def release_on_attach(
+    broker: BrokerProcess, program: str, proc: subprocess.Popen[bytes], user: str = ALICE
+) -> threading.Thread:
+    """Release a held() process once the broker has audited user's next attach
+    of program: the attachment is live then (the line is written after it).
+    Call before starting the profile; join() the thread after it."""
+    before = attaches(broker, program, user)
+
+    def go() -> None:
+        if wait_until(lambda: attaches(broker, program, user) > before, 120, step=0.01):
+            assert proc.stdin is not None
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
 
 
 def profile(

@@ -33,7 +33,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.profiling import profile, stacks_of
+from tests.kernel.profiling import held, last_attach_ms, profile, release_on_attach, stacks_of
 from tests.shared_python import build_shared_python
 
 pytestmark = pytest.mark.kernel
@@ -228,19 +228,29 @@ def test_wall_shows_a_b_c_one_to_two_to_one(broker: BrokerProcess, work: Path) -
     assert len(threads) == 2 and all(t.startswith("[thread ") for t in threads), threads
 
 
-def test_another_users_waits_never_appear(broker: BrokerProcess, work: Path) -> None:
+@pytest.mark.parametrize("which", ["broker", "slow_broker"])
+def test_another_users_waits_never_appear(
+    request: pytest.FixtureRequest, work: Path, which: str
+) -> None:
+    """All of alice's processes: abc, held until the attachment is live (its
+    waits begin after it), shows; bob's napping process never does. The slow
+    broker takes 1 s longer to load, as on a loaded machine."""
+    broker: BrokerProcess = request.getfixturevalue(which)
     bob = run_as(BOB, [str(work / "napexec"), "100000"], background=True)
-    alice = run_as(ALICE, [str(work / "abc")], background=True)
     try:
-        out = work / "all.folded"
-        summary = profile_of(broker, out, "--off-cpu", "--duration", "3")
+        with held(ALICE, [str(work / "abc")]) as alice:
+            out = work / "all.folded"
+            go = release_on_attach(broker, "offcpu", alice)
+            summary = profile_of(broker, out, "--off-cpu", "--duration", "4")
+            go.join()
+        if which == "slow_broker":
+            assert last_attach_ms(broker, "offcpu") >= 1000
         assert alice.pid in summary["processes"], summary
         assert bob.pid not in summary["processes"], summary
         assert "napexec" not in out.read_text(), out.read_text()
     finally:
-        for p in (alice, bob):
-            p.kill()
-            p.wait()
+        bob.kill()
+        bob.wait()
 
 
 def test_a_setuid_program_is_never_recorded(broker: BrokerProcess, work: Path) -> None:

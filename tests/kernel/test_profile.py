@@ -32,6 +32,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
+from tests.kernel.profiling import held, last_attach_ms, release_on_attach
 from tests.kernel.rawclient import KERNEL_MIN, kernel_looking, kernel_looking_text
 
 pytestmark = pytest.mark.kernel
@@ -384,26 +385,29 @@ def test_a_setuid_program_the_user_runs_is_never_sampled(
     assert "suidspin" not in text and "burn" not in text, text
 
 
+@pytest.mark.parametrize("which", ["broker", "slow_broker"])
 def test_a_process_that_execs_a_setuid_program_later_is_not_sampled_after(
-    broker: BrokerProcess, progs: dict[str, Path]
+    request: pytest.FixtureRequest, progs: dict[str, Path], which: str
 ) -> None:
     """--pid of the user's own process, checked once at attach, which execs the
     setuid program later under the same pid: the kernel check holds at every
-    sample, so its own half shows and nothing after the exec."""
+    sample, so its own half shows and nothing after the exec. The target is
+    held until the attachment is live; the slow broker loads 1 s slower."""
+    broker: BrokerProcess = request.getfixturevalue(which)
     d = progs["dir"]
-    target = run_as(ALICE, [str(progs["prespin"]), "700", str(progs["suidspin"])], background=True)
-    try:
+    with held(ALICE, [str(progs["prespin"]), "700", str(progs["suidspin"])]) as target:
         out = d / "suid-pid.folded"
+        go = release_on_attach(broker, "stackcopy", target)
         r = gfxclient(
             broker, "fd", "--json", "profile", "--pid", str(target.pid), "--duration", "30",
             "--frequency", "499", "--format", "folded", "-o", str(out),
         )  # fmt: skip
+        go.join()
         assert r.returncode == 0, r.stderr
         text = out.read_text()
         assert target.wait(timeout=30) == 0
-    finally:
-        target.kill()
-        target.wait()
+    if which == "slow_broker":
+        assert last_attach_ms(broker, "stackcopy") >= 1000
     assert "prespin;" in text and ";main;burn" in text, text  # the user's own half
     assert "suidspin" not in text, text  # nothing after the exec
     assert json.loads(r.stdout)["total"] == sum(folded(out).values())
@@ -415,21 +419,19 @@ def test_pid_that_exits_during_the_profile_still_resolves(
 ) -> None:
     """--pid of a running process; it exits before --duration: the profile ends
     with it, and its frames resolve from the maps captured while it lived."""
-    target = run_as(ALICE, [str(progs["hotcold"]), "150"], background=True)  # ~1.2 s
-    try:
+    with held(ALICE, [str(progs["hotcold"]), "150"]) as target:  # ~1.2 s once released
         out = progs["dir"] / f"pid-{via}.folded"
+        go = release_on_attach(broker, "stackcopy", target)
         r = gfxclient(
             broker, via, "--json", "profile", "--pid", str(target.pid), "--duration", "30",
             "--frequency", "499", "-o", str(out),
         )  # fmt: skip
+        go.join()
         assert r.returncode == 0, r.stderr
         summary = json.loads(r.stdout)
         assert summary["duration_s"] < 20 and summary["processes"] == [target.pid]
         text = out.read_text()
         assert ";main;hot;spin_until" in text and ";main;cold;spin_until" in text, text
-    finally:
-        target.kill()
-        target.wait()
 
 
 def test_frequency_above_the_policy_cap_is_refused(broker: BrokerProcess) -> None:
