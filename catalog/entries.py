@@ -121,6 +121,9 @@ class Program:
     # descendants, and the hidden map of their tgids that the broker seeds.
     children_knob: str | None = None
     tree_map: str | None = None
+    # A hidden one-entry u64 array the broker writes with bpf_ktime_get_ns()
+    # once attached (offcpu: a wait that began before it counts from then).
+    since_map: str | None = None
     fields: tuple[Field, ...] = ()
     maps: tuple[MapEntry, ...] = ()
     parameters: tuple[Parameter, ...] = ()
@@ -365,6 +368,7 @@ _PROGRAM_KEYS = (
     "pid_knob",
     "children_knob",
     "tree_map",
+    "since_map",
     "stack_bytes_knob",
     "min_block_knob",
     "python_frames_knob",
@@ -426,7 +430,9 @@ def _parse_program(
     _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
     maps = tuple(m for sub, t in _sub_entries(at, entry, "map") if (m := _parse_map(sub, t)))
     _refuse_duplicates(at, "map", [m.name for m in maps], "map {} is declared twice")
-    _check_tree_map(at, tree_map, maps)
+    since_map = _ident(at, entry, "since_map")
+    _check_hidden_map(at, "tree_map", tree_map, maps)
+    _check_hidden_map(at, "since_map", since_map, maps)
     params = tuple(
         p for sub, t in _sub_entries(at, entry, "parameter") if (p := _parse_parameter(sub, t))
     )
@@ -447,6 +453,7 @@ def _parse_program(
         pid_knob=pid_knob,
         children_knob=children_knob,
         tree_map=tree_map,
+        since_map=since_map,
         fields=fields,
         maps=maps,
         parameters=params,
@@ -484,13 +491,13 @@ def _parse_tree(
     return knob or None, tree or None
 
 
-def _check_tree_map(at: Entry, tree_map: str | None, maps: tuple[MapEntry, ...]) -> None:
-    """The tree is the broker's bookkeeping: declared, and never shown to a client."""
-    if tree_map is None:
+def _check_hidden_map(at: Entry, key: str, name: str | None, maps: tuple[MapEntry, ...]) -> None:
+    """The tree and since maps are the broker's bookkeeping: declared, never shown to a client."""
+    if name is None:
         return
-    m = next((m for m in maps if m.name == tree_map), None)
+    m = next((m for m in maps if m.name == name), None)
     if m is None or m.visible:
-        at.add("tree_map", f"map {show(tree_map)} must be a [[program.map]] with visible = false")
+        at.add(key, f"map {show(name)} must be a [[program.map]] with visible = false")
 
 
 def _parse_function_table(

@@ -8,6 +8,7 @@ into `.rodata`, load, and attach every program of that variant.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -319,6 +320,9 @@ class Instance:
                 if mapped is e:
                     raise
                 raise mapped from None
+        if self.entry.since_map:  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+            since = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            self.obj.map(self.entry.since_map).update(0, since.to_bytes(8, "little"))
 
     def track(self, tgids: Collection[int]) -> int:
         """Add processes to the entry's tree map (gfx_tree.h: descendants of the

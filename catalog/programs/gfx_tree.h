@@ -10,6 +10,9 @@
  *   passed to a client (catalog: visible = false).
  * - follow_children (the catalog's children_knob) turns it on; at 0 the
  *   filter is the plain target_pid test.
+ * - target_pid GFX_TREE_ONLY: the tree holds the targets themselves, which
+ *   the broker writes at each attach, so one loaded (verified) instance
+ *   serves one profile after another of different pids (broker/warm.py).
  * The uid filter stays with each program: a descendant outside the caller's
  * scope is dropped there, whatever the tree says.
  *
@@ -23,6 +26,7 @@
 #include "gfxbpf.h"
 
 #define GFX_TREE_MAX 8192  /* descendants tracked at once */
+#define GFX_TREE_ONLY ((__u32)-2)  /* target_pid: the targets are the tree's tgids */
 
 const volatile __u32 follow_children = 0;
 const volatile __u32 off_child_pid = 20;  /* sched_process_fork: pid_t child_pid */
@@ -40,15 +44,21 @@ static __always_inline int gfx_tree_has(__u32 tgid, __u32 target_pid)
 {
 	if (tgid == target_pid)
 		return 1;
-	return follow_children && bpf_map_lookup_elem(&tree, &tgid) != NULL;
+	if (target_pid != GFX_TREE_ONLY && !follow_children)
+		return 0;
+	return bpf_map_lookup_elem(&tree, &tgid) != NULL;
+}
+
+/* The scope filter on processes, for any task's tgid. */
+static __always_inline int gfx_tree_ok_tgid(__u32 tgid, __u32 target_pid)
+{
+	return target_pid == GFX_ANY || gfx_tree_has(tgid, target_pid);
 }
 
 /* The scope filter on processes: gfx_tgid_ok that follows the tree. */
 static __always_inline int gfx_tree_ok(__u32 target_pid)
 {
-	if (target_pid == GFX_ANY)
-		return 1;
-	return gfx_tree_has((__u32)(bpf_get_current_pid_tgid() >> 32), target_pid);
+	return gfx_tree_ok_tgid((__u32)(bpf_get_current_pid_tgid() >> 32), target_pid);
 }
 
 /* At a fork, in the parent: a new process whose parent is in the tree joins it. */

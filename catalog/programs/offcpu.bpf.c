@@ -24,6 +24,11 @@
  * frames as a record of their own just before its stack record, as
  * stackcopy does; a wait outside a system call has none (they can only be
  * walked while the thread is current, and its record is sent at switch-in).
+ * A thread already off the CPU in a system call when the profile began
+ * (a wait that began before the attach) has no header: at its first
+ * switch-in it gets one marked GFX_UREC_BEFORE whose time counts from
+ * `since` (when the broker attached), and its record goes out at the
+ * system call's exit like any other.
  * Kernel frames are never copied. Why it waited is named by the system call
  * number (a user register, orig_ax) and the state flags; the client turns
  * them into a leaf frame such as [wait: futex].
@@ -46,6 +51,8 @@
 #define GFX_NR_EXECVEAT 322
 /* In `blocked` only (cleared before a record is sent): no stack copy yet. */
 #define GFX_UREC_DEFER 2048
+/* The wait began before the profile: entry_ns is `since`, not its start. */
+#define GFX_UREC_BEFORE 4096
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -54,6 +61,15 @@ const volatile __u32 target_pid = GFX_ANY;
 const volatile __u32 min_block_us = 1000;
 
 GFX_TREE_PROGRAMS(target_pid)
+
+/* [0]: when the profile began (bpf_ktime_get_ns), written by the broker as
+ * it attaches; 0 until then. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} since SEC(".maps");
 
 /* A record's header (struct ustack_rec without the stack bytes). */
 struct offcpu_head {
@@ -202,13 +218,67 @@ static __always_inline void offcpu_out(unsigned int state)
 	}
 }
 
-/* tid runs again: keep its time if it waited long enough; send it if copied. */
-static __always_inline void offcpu_in(__u32 tid)
+struct task_struct___gfx_start {
+	__u64 start_time;  /* ktime_get_ns() at fork (CLOCK_MONOTONIC) */
+} __attribute__((preserve_access_index));
+
+/* next, a thread with no header, runs again: if it is the caller's, older
+ * than the profile and in a system call, it has waited since before the
+ * profile began. Its
+ * header takes the wait from `since` on (kept if that is long enough), to be
+ * sent at the system call's exit, where gfx_same_wait() checks it again. */
+static __always_inline void offcpu_first_in(struct task_struct *next)
 {
+	struct task_struct___gfx *t = (void *)next;
+	struct pt_regs___gfx_sys *regs;
+	struct offcpu_head blank = {};
+	struct ustack_rec *h;
+	__u32 zero = 0, tid = (__u32)next->pid;
+	__u64 *start, now;
+	long nr;
+
+	if (!gfx_tree_ok_tgid((__u32)next->tgid, target_pid) ||
+	    BPF_CORE_READ(t, cred, uid.val) != target_uid ||
+	    BPF_CORE_READ(t, cred, euid.val) != target_uid)
+		return;
+	start = bpf_map_lookup_elem(&since, &zero);
+	now = bpf_ktime_get_ns();
+	if (!start || !*start || now - *start < (__u64)min_block_us * 1000)
+		return;
+	/* A thread made since then has not waited since before: it is just new. */
+	if (BPF_CORE_READ((struct task_struct___gfx_start *)next, start_time) >= *start)
+		return;
+	regs = (struct pt_regs___gfx_sys *)bpf_task_pt_regs(next);
+	nr = gfx_regs_syscall(regs);
+	if (nr < 0 || bpf_map_update_elem(&blocked, &tid, &blank, BPF_NOEXIST) < 0)
+		return;
+	h = (struct ustack_rec *)bpf_map_lookup_elem(&blocked, &tid);
+	if (!h)
+		return;
+	h->tgid = (__u32)next->tgid;
+	h->tid = tid;
+	h->flags = GFX_UREC_SYSCALL | GFX_UREC_DEFER | GFX_UREC_BEFORE;
+	h->ip = regs->ip;
+	h->sp = regs->sp;
+	h->bp = regs->bp;
+	h->function = (__u32)nr;
+	h->entry_ns = *start;
+	h->elapsed = now - *start;
+}
+
+/* tid runs again: keep its time if it waited long enough; send it if copied. */
+static __always_inline void offcpu_in(struct task_struct *next)
+{
+	__u32 tid = (__u32)next->pid;
 	struct ustack_rec *h = (struct ustack_rec *)bpf_map_lookup_elem(&blocked, &tid);
 	__u64 waited;
 
-	if (!h || !h->pad)
+	if (!h) {
+		if (target_uid != GFX_ANY)
+			offcpu_first_in(next);
+		return;
+	}
+	if (!h->pad)
 		return;
 	h->pad = 0;
 	waited = bpf_ktime_get_ns() - h->entry_ns;
@@ -230,7 +300,7 @@ int offcpu_switch(unsigned long long *ctx)
 	unsigned int prev_state = (unsigned int)ctx[3];
 
 	offcpu_out(prev_state);
-	offcpu_in((__u32)next->pid);
+	offcpu_in(next);
 	return 0;
 }
 
@@ -271,6 +341,8 @@ int offcpu_sys_exit(unsigned long long *ctx)
 				gfx_count(&lost, &zero, 1);
 		}
 		__builtin_memcpy(r, h, GFX_UREC_HDR);
+		if (r->flags & GFX_UREC_BEFORE)  /* made at a switch-in: the name is current's */
+			bpf_get_current_comm(r->comm, sizeof(r->comm));
 		r->flags &= ~GFX_UREC_DEFER;
 		r->pad = 0;
 		gfx_urec_copy(r);

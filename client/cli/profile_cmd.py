@@ -996,6 +996,12 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     _python_notes(r, prof)
+    waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
+    if waits is not None and waits.before:
+        prof.notes.append(
+            f"{waits.before} waits were under way when the profile began: their time counts "
+            "from its start (leaf frames '[wait: ..., began before the profile]')"
+        )
     if lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
@@ -1103,6 +1109,8 @@ def _summary(r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
         else None,
         # ns off the CPU per state (sleeping, uninterruptible, preempted)
         "off_cpu_ns": dict(getattr(waits, "by_state", {})) if waits is not None else None,
+        # waits under way when the profile began, seen at their end
+        "waits_begun_before": getattr(waits, "before", 0) if waits is not None else None,
         "functions": [f"{req.library}:{f}" for f in req.functions] if req.probes else None,
         "pids": r.targets,
         "processes": r.processes,

@@ -34,6 +34,9 @@ FLAG_SHORT = 2  # the stack ended (an unreadable page) before the copy's size
 FLAG_RUNNABLE = 256  # preempted (or yielded) while runnable
 FLAG_IO = 512  # an uninterruptible sleep
 FLAG_SYSCALL = 1024  # (16 and 32 mark Python records: python/records.py)
+# The wait was under way when the profile began: its time counts from then.
+FLAG_BEFORE = 4096
+BEFORE_NOTE = "began before the profile"
 # Wait states, as the summary counts them.
 STATES = ("sleeping", "uninterruptible", "preempted")
 
@@ -93,7 +96,11 @@ def wait_frame(flags: int, syscall: int) -> str:
     if flags & FLAG_RUNNABLE:
         return "[preempted]"
     what = SYSCALLS.get(syscall, f"syscall {syscall}") if flags & FLAG_SYSCALL else "page fault"
-    return f"[wait: {what}, uninterruptible]" if flags & FLAG_IO else f"[wait: {what}]"
+    if flags & FLAG_IO:
+        what += ", uninterruptible"
+    if flags & FLAG_BEFORE:
+        what += f", {BEFORE_NOTE}"
+    return f"[wait: {what}]"
 
 
 class CopyReader:
@@ -127,6 +134,7 @@ class CopyReader:
         self.records = 0  # every record read, those of unwanted pids included
         self.samples = 0  # records kept
         self.short = 0  # records whose stack ended before the copy's size
+        self.before = 0  # offcpu: waits under way when the profile began (seen at their end)
         self._comms: dict[bytes, str] = {}
         self.python = PythonJoin(codes)
 
@@ -152,6 +160,7 @@ class CopyReader:
         if self.waits:
             weight, leaf = elapsed, wait_frame(flags, function)
             self.by_state[wait_state(flags)] += elapsed
+            self.before += bool(flags & FLAG_BEFORE)
         self.short += bool(flags & FLAG_SHORT)
         name = self._comms.get(comm)
         if name is None:

@@ -32,6 +32,7 @@ from tests.kernel.brokerenv import (
     policy_for,
     run_as,
     shared_dir,
+    wait_until,
 )
 from tests.kernel.profiling import held, last_attach_ms, profile, release_on_attach, stacks_of
 from tests.shared_python import build_shared_python
@@ -316,3 +317,37 @@ def test_a_python_program_blocked_in_time_sleep_shows_its_function(
         if 0 <= named(s, "caller") < named(s, "nap_here") and s[-1] == "[wait: clock_nanosleep]"
     )
     assert abs(napped / 1e9 - 1.0) <= TOLERANCE, (napped, stacks, summary)
+
+
+def _in_syscall(pid: int, nr: int) -> bool:
+    """Whether pid's thread is in system call nr now (/proc/PID/syscall, root)."""
+    try:
+        return Path(f"/proc/{pid}/syscall").read_text().split()[0] == str(nr)
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_wait_under_way_when_the_profile_begins_is_shown_at_its_end(
+    broker: BrokerProcess, work: Path
+) -> None:
+    """napexec sleeps 5 s, begun before the profile: the wait is recorded at its
+    end, from the attach on, marked as begun before, and counted in the summary."""
+    napper = run_as(ALICE, [str(work / "napexec"), "5000"], background=True)
+    try:
+        assert wait_until(lambda: _in_syscall(napper.pid, 230), 10)  # clock_nanosleep
+        out = work / "before.folded"
+        summary = profile_of(broker, out, "--off-cpu", "--pid", str(napper.pid), "--duration", "20")
+    finally:
+        napper.kill()
+        napper.wait()
+    assert summary["waits_begun_before"] == 1, summary
+    assert any("under way when the profile began" in n for n in summary["notes"]), summary
+    stacks = stacks_of(out)
+    marked = [
+        (s, n) for s, n in stacks if s[-1] == "[wait: clock_nanosleep, began before the profile]"
+    ]
+    assert len(marked) == 1, stacks
+    frames, ns = marked[0]
+    assert "nap" in frames and "main" in frames, frames
+    # From the attach to the wake-up: most of the 5 s, never more.
+    assert 2.0e9 <= ns <= 5.0e9, ns
