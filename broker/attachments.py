@@ -12,10 +12,10 @@ from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
 from gfxbpf.broker.policy.rules import Policy
-from gfxbpf.broker.registry import InstanceKey, Registry
 from gfxbpf.broker.request.params import Target
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.broker.sessions import Attachment, Owner
+from gfxbpf.broker.sharing.registry import InstanceKey, Registry
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # Makes a new shared instance (InstanceLoader.create, or a test's stand-in).

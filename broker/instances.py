@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import mapids
@@ -22,9 +22,10 @@ from gfxbpf.broker.access import budget
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.policy.rules import Policy
-from gfxbpf.broker.registry import InstanceKey
 from gfxbpf.broker.request.params import Target
 from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.broker.sharing import warm
+from gfxbpf.broker.sharing.registry import InstanceKey
 from gfxbpf.catalog import instance as bpfinstance
 from gfxbpf.catalog.entries import Attach, MapEntry, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -42,13 +43,19 @@ class SharedInstance:
     inst: bpfinstance.Instance
     visible: dict[str, Map]  # client-visible maps by catalog name
     map_bytes: int = 0  # charged to its creator's map budget
+    warm: bool = False  # taken from the warm pool: attached, not loaded
+    # Where close() parks it for the next profile (broker/sharing/warm.py), if anywhere.
+    park: Callable[[SharedInstance], None] | None = None
 
     @property
     def obj(self) -> LoadedObject:
         return self.inst.obj
 
     def close(self) -> None:
-        self.inst.close()
+        if self.park is not None:
+            self.park(self)
+        else:
+            self.inst.close()
 
 
 class InstanceLoader:
@@ -67,6 +74,7 @@ class InstanceLoader:
         # Which maps the kernel still holds, so a charge ends when its maps do.
         self.live_maps = mapids.LiveMaps()
         self.map_budget = budget.MapBudget(clock, lambda: self.live_maps.ids())
+        self.warm: warm.WarmPool[SharedInstance] = warm.WarmPool()
         # Tests only: a load this much slower, as the verifier is on a loaded
         # machine, so no test depends on how fast an attach is.
         self._load_delay = float(os.environ.get(LOAD_DELAY_ENV) or 0)
@@ -74,19 +82,48 @@ class InstanceLoader:
     def create(
         self, caller: Caller, res: Resolved, target: Target, key: InstanceKey
     ) -> SharedInstance:
+        """A warm instance for the same user and knobs if one is parked (only
+        attached: milliseconds), else a new one (loaded: the verifier's time)."""
+        params = self._params(caller, res, target)
+        pooled = warm.poolable(res.entry)
+        pool_key = (key.sha256, key.scope, key.uid, res.policy_entry.allow_no_btf, params)
+        shared = self.warm.take(pool_key) if pooled else None
+        if shared is not None:
+            shared = self._rearm(shared, caller, res, target, key)
+        else:
+            shared = self._create(caller, res, target, key, params)
+        if pooled:
+            shared.park = lambda s: self.warm.park(pool_key, s, key.uid)
+        return shared
+
+    def _create(
+        self,
+        caller: Caller,
+        res: Resolved,
+        target: Target,
+        key: InstanceKey,
+        params: bpfinstance.Params,
+    ) -> SharedInstance:
         entry = res.entry
-        opened = self._open(caller, res, target)
+        opened = self._open(res, params)
         visible_specs = _visible_specs(entry, opened.spec)
         # Frozen: no fd of a map a client may hold can write it, not even one
         # reopened from a bpffs pin (the program still writes). A ring buffer
         # cannot be frozen; each attachment gets its own (InstanceKey.unique).
         read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
-        charge = self.charge_maps(caller, entry, visible_specs + _charged_specs(entry, opened.spec))
+        specs = visible_specs + _charged_specs(entry, opened.spec)
+        try:
+            charge = self.charge_maps(caller, entry, specs)
+        except BrokerError:  # the user's parked instances may be what holds the budget
+            if not self.warm.evict_user(key.uid):
+                raise
+            charge = self.charge_maps(caller, entry, specs)
         try:
             owner = caller.uid if res.scope == C.SELF else None
             allow_no_btf = res.policy_entry.allow_no_btf
             time.sleep(self._load_delay)
-            inst = _load_and_attach(opened, read_only, target, owner, allow_no_btf)
+            inst = _load(opened, read_only, allow_no_btf)
+            _attach(inst, target, owner)
         except BaseException:
             self.map_budget.refund(charge)  # its maps are gone with the failed load
             raise
@@ -94,21 +131,40 @@ class InstanceLoader:
         self.map_budget.bind(charge, {mapids.map_id(m.fileno()) for m in visible.values()})
         return SharedInstance(key, entry, opened.spec, inst, visible, charge.nbytes)
 
-    def _open(self, caller: Caller, res: Resolved, target: Target) -> bpfinstance.Opened:
+    def _rearm(
+        self,
+        shared: SharedInstance,
+        caller: Caller,
+        res: Resolved,
+        target: Target,
+        key: InstanceKey,
+    ) -> SharedInstance:
+        """Attach a parked instance to this request's target (it was loaded
+        for the same user and knobs). Closed if that fails."""
+        owner = caller.uid if res.scope == C.SELF else None
+        _attach(shared.inst, target, owner)  # closes it on failure
+        shared.key, shared.warm = key, True
+        return shared
+
+    def _params(self, caller: Caller, res: Resolved, target: Target) -> bpfinstance.Params:
+        """The load-time settings: everything that goes into the verified program.
+        A poolable entry's pid is GFX_TREE_ONLY (the tree holds the target)."""
         entry = res.entry
-        params = bpfinstance.Params(
+        pid = target.pid if entry.pid_knob else None
+        if pid is not None and warm.poolable(entry):
+            pid = bpfinstance.TREE_ONLY
+        return bpfinstance.Params(
             uid=caller.uid if res.scope == C.SELF and entry.uid_knob else None,
-            pid=target.pid if entry.pid_knob else None,
-            library=target.library,
-            functions=target.functions,
-            cookies=target.cookies,
-            frequency=target.frequency,
+            pid=pid,
             children=target.children,
             stack_bytes=target.stack_bytes,
             min_block_us=target.min_block_us,
             python_files=target.python_files,
             python_frames=target.python_frames,
         )
+
+    def _open(self, res: Resolved, params: bpfinstance.Params) -> bpfinstance.Opened:
+        entry = res.entry
         try:
             return bpfinstance.open_program(
                 entry,
@@ -203,18 +259,30 @@ def _specs(entry: Program, spec: ObjectSpec, maps: Sequence[MapEntry]) -> list[M
     return out
 
 
-def _load_and_attach(
-    opened: bpfinstance.Opened,
-    read_only: list[str],
-    target: Target,
-    owner: int | None,
-    allow_no_btf: bool,
+def _load(
+    opened: bpfinstance.Opened, read_only: list[str], allow_no_btf: bool
 ) -> bpfinstance.Instance:
     try:
-        inst = opened.load(read_only=read_only, allow_no_btf=allow_no_btf)
+        return opened.load(read_only=read_only, allow_no_btf=allow_no_btf)
     except LoadError as e:
         raise BrokerError(pb.ERROR_KERNEL, str(e)) from None
+
+
+def _attach(inst: bpfinstance.Instance, target: Target, owner: int | None) -> None:
+    """Attach a loaded instance to the request's target; closed on failure."""
+    loaded = inst.params  # the knobs it was verified with; the target is per attach
+    inst.params = replace(
+        loaded,
+        pid=target.pid,
+        library=target.library,
+        functions=target.functions,
+        cookies=target.cookies,
+        frequency=target.frequency,
+    )
     try:
+        if loaded.pid == bpfinstance.TREE_ONLY:
+            assert target.pid is not None
+            inst.track([target.pid])
         # Uprobes go through the fd the policy check looked at: no path race.
         inst.attach(target.library_path, errors=_attach_error)
         if target.children and target.pid is not None:
@@ -224,7 +292,8 @@ def _load_and_attach(
     except BaseException:
         inst.close()
         raise
-    return inst
+    finally:
+        inst.params = replace(inst.params, pid=loaded.pid)
 
 
 def _seed_tree(inst: bpfinstance.Instance, pid: int, owner: int | None) -> None:

@@ -38,11 +38,11 @@ from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import InstanceLoader, SharedInstance
 from gfxbpf.broker.policy.rules import Policy, ProgramEntry
-from gfxbpf.broker.registry import Gone, InstanceKey, Pin
 from gfxbpf.broker.request.params import Target, check_params
 from gfxbpf.broker.request.resolve import Resolved, resolve
 from gfxbpf.broker.review.objects import Objects
 from gfxbpf.broker.sessions import Attachment, Owner, Owners
+from gfxbpf.broker.sharing.registry import Gone, InstanceKey, Pin
 from gfxbpf.catalog.entries import Catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -285,6 +285,7 @@ class Service:
         """Close every owner (shutdown)."""
         for o in self._owners.all():
             self.close_owner(o)
+        self.loader.warm.close()  # what those released was parked
 
     # ------------------------------------------------------------ Hello, ListPrograms
 
@@ -364,6 +365,7 @@ class Service:
             "ok",
             attachment_id=att.id,
             shared=joined,
+            warm=att.shared.warm,  # a parked instance, attached without a load
             map_bytes=0 if joined else att.shared.map_bytes,  # charged to the map budget
             fds=len(fds),
             **_unpriv_note(fds),

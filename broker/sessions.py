@@ -14,7 +14,7 @@ from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import over_limit
 from gfxbpf.broker.instances import SharedInstance
 from gfxbpf.broker.policy.rules import Policy
-from gfxbpf.broker.registry import InstanceKey
+from gfxbpf.broker.sharing.registry import InstanceKey
 
 # What closing an owner does (Service.close_owner): a callback, so that
 # sessions need not know the service that holds them.

@@ -400,6 +400,7 @@ def _sub_entries(
         yield at.problems.entry(f"{at.where} [[program.{key}]] #{i}"), sub
 
 
+# long: one line per catalog key, in the order the catalog documents them.
 def _parse_program(
     entry: dict[str, Any], index: int, directory: Path, problems: Problems
 ) -> Program | None:
@@ -430,9 +431,7 @@ def _parse_program(
     _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
     maps = tuple(m for sub, t in _sub_entries(at, entry, "map") if (m := _parse_map(sub, t)))
     _refuse_duplicates(at, "map", [m.name for m in maps], "map {} is declared twice")
-    since_map = _ident(at, entry, "since_map")
-    _check_hidden_map(at, "tree_map", tree_map, maps)
-    _check_hidden_map(at, "since_map", since_map, maps)
+    since_map = _hidden_maps(at, entry, tree_map, maps)
     params = tuple(
         p for sub, t in _sub_entries(at, entry, "parameter") if (p := _parse_parameter(sub, t))
     )
@@ -489,6 +488,16 @@ def _parse_tree(
     elif knob and not pid_knob:
         at.add("children_knob", "following children needs a pid_knob (whose children?)")
     return knob or None, tree or None
+
+
+def _hidden_maps(
+    at: Entry, entry: dict[str, Any], tree_map: str | None, maps: tuple[MapEntry, ...]
+) -> str | None:
+    """Check the tree map; the since_map, checked too."""
+    since_map = _ident(at, entry, "since_map")
+    _check_hidden_map(at, "tree_map", tree_map, maps)
+    _check_hidden_map(at, "since_map", since_map, maps)
+    return since_map
 
 
 def _check_hidden_map(at: Entry, key: str, name: str | None, maps: tuple[MapEntry, ...]) -> None:

@@ -86,6 +86,10 @@ class Params:
     python_frames: int | None = None
 
 
+# A pid knob's value that makes the tree map hold the targets (gfx_tree.h
+# GFX_TREE_ONLY): one loaded instance then serves target after target.
+TREE_ONLY = 0xFFFFFFFE
+
 # Sampling frequency of perf_event programs when the request names none.
 DEFAULT_FREQUENCY = 99
 

@@ -12,7 +12,7 @@
  *   filter is the plain target_pid test.
  * - target_pid GFX_TREE_ONLY: the tree holds the targets themselves, which
  *   the broker writes at each attach, so one loaded (verified) instance
- *   serves one profile after another of different pids (broker/warm.py).
+ *   serves one profile after another of different pids (broker/sharing/warm.py).
  * The uid filter stays with each program: a descendant outside the caller's
  * scope is dropped there, whatever the tree says.
  *

@@ -997,9 +997,10 @@ def _symbolize(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     _python_notes(r, prof)
     waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
-    if waits is not None and waits.before:
+    before = getattr(waits, "before", 0)
+    if before:
         prof.notes.append(
-            f"{waits.before} waits were under way when the profile began: their time counts "
+            f"{before} waits were under way when the profile began: their time counts "
             "from its start (leaf frames '[wait: ..., began before the profile]')"
         )
     if lost and r.copies is not None:

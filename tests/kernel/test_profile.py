@@ -511,3 +511,41 @@ def test_dump_and_watch_leave_the_stack_table_out_with_a_pointer(
     finally:
         busy.kill()
         busy.wait()
+
+
+def _stackcopy_attaches(broker: BrokerProcess) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in broker.audit_records()
+        if r.get("op") == "attach" and r.get("result") == "ok" and r.get("program") == "stackcopy"
+    ]
+
+
+def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
+    broker: BrokerProcess, progs: dict[str, Path]
+) -> None:
+    """Two --pid profiles in a row with the same knobs: the second attaches the
+    instance the first left parked (audited warm, no load), and sees only its
+    own target, though the first one still runs: the tree was emptied."""
+    d = progs["dir"]
+    first = run_as(ALICE, [str(progs["hotcold"]), "100000"], background=True)
+    second = run_as(ALICE, [str(progs["hotcold"]), "100000"], background=True)
+    try:
+        before = len(_stackcopy_attaches(broker))
+        for target in (first, second):
+            out = d / f"warm-{target.pid}.folded"
+            r = gfxclient(
+                broker, "fd", "--json", "profile", "--pid", str(target.pid), "--duration", "1",
+                "--frequency", "499", "--format", "folded", "-o", str(out),
+            )  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            summary = json.loads(r.stdout)
+            assert summary["processes"] == [target.pid], summary
+            assert summary["lost"] == 0, summary
+            assert ";main;hot;" in out.read_text()
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()
+    _, second_attach = _stackcopy_attaches(broker)[before:]
+    assert second_attach["warm"] is True, second_attach

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.broker.registry import Gone, InstanceKey, Registry
 from gfxbpf.broker.request.pidcheck import PidError, verify_owner
+from gfxbpf.broker.sharing.registry import Gone, InstanceKey, Registry
 
 
 class Thing:

@@ -9,7 +9,6 @@ import pytest
 from gfxbpf.bpf.loader import LoadError
 from gfxbpf.broker import instances
 from gfxbpf.broker.errors import BrokerError
-from gfxbpf.broker.request.params import Target
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
@@ -38,12 +37,12 @@ class _Opened:
 @pytest.mark.parametrize("allowed", [False, True])
 def test_allow_no_btf_is_passed_to_the_loader(allowed: bool) -> None:
     opened = _Opened()
-    instances._load_and_attach(opened, ["m"], Target(), None, allowed)  # type: ignore[arg-type]
+    instances._load(opened, ["m"], allowed)  # type: ignore[arg-type]
     assert opened.kwargs == {"read_only": ["m"], "allow_no_btf": allowed}
 
 
 def test_a_refused_btf_is_a_kernel_error_naming_it() -> None:
     with pytest.raises(BrokerError) as e:
-        instances._load_and_attach(_Opened(refuse=True), [], Target(), None, False)  # type: ignore[arg-type]
+        instances._load(_Opened(refuse=True), [], False)  # type: ignore[arg-type]
     assert e.value.code == pb.ERROR_KERNEL
     assert "refused the object's BTF" in str(e.value)

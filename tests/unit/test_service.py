@@ -157,6 +157,7 @@ class FakeShared:
         self.key = key
         self.entry = entry
         self.spec = spec
+        self.warm = False
         self.visible = {m.name: FakeMap(m.name) for m in entry.visible_maps}
         self.obj = FakeObj(
             {
