@@ -944,7 +944,7 @@ def _output(
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        out.write(printable(_report(r, prof, args.top)))
+        out.write(_report(r, prof, args.top))
 
 
 def _find_pythons(req: Request, args: argparse.Namespace) -> Interpreters | None:
@@ -1063,6 +1063,8 @@ def _processes_lines(r: Run, what: str) -> list[str]:
 
 
 def _report(r: Run, prof: Profile, n: int) -> str:
+    """The text report: one line per row, each field from others (a process,
+    function or file name) escaped on its own, so the newlines stay real."""
     lines = [profile.format_top(prof, n).rstrip("\n")]
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
     if r.req.timed:
@@ -1070,9 +1072,9 @@ def _report(r: Run, prof: Profile, n: int) -> str:
     lines.extend(_processes_lines(r, what))
     lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
     lines.extend(_python_lines(r.python_summary))
-    lines.extend(f"note: {note}" for note in prof.notes)
+    lines.extend(f"note: {printable(note)}" for note in prof.notes)
     if r.req.output:
-        lines.append(f"wrote {r.req.output} ({r.req.fmt})")
+        lines.append(f"wrote {printable(r.req.output)} ({r.req.fmt})")
     else:
         lines.append("write a flame graph with -o FILE.svg (or --format folded|pprof|speedscope)")
     return "\n".join(lines) + "\n"
@@ -1082,7 +1084,9 @@ def _python_lines(section: dict[str, Any] | None) -> list[str]:
     if not section or not section["processes_walked"]:
         return []
     walked = section["processes_walked"]
-    found = ", ".join(f"{i['path']} ({i['version']})" for i in section["interpreters"])
+    found = ", ".join(
+        f"{printable(i['path'])} ({printable(str(i['version']))})" for i in section["interpreters"]
+    )
     return [f"python: {len(walked)} process(es) walked; interpreters: {found}"]
 
 
