@@ -12,6 +12,9 @@ import pytest
 
 from gfxbpf.client.cli import profile_cmd
 from gfxbpf.client.cli.gfxclient import parse_args
+from gfxbpf.client.profiles.engine.run import Run
+from gfxbpf.client.profiles.engine.snapshots import Maps
+from gfxbpf.client.profiles.engine.take import Taken
 from gfxbpf.client.profiles.model import Profile
 
 TITLE = "\x1b]0;PWNED\x07"  # OSC 0: retitles the terminal
@@ -37,7 +40,7 @@ def _report(kind: str, output: Path | None) -> str:
     argv = ["profile", *flags, *(["-o", str(output)] if output else [])]
     args = parse_args(argv)
     req = profile_cmd.parse_request(args)
-    r = profile_cmd.Run(req, _NoAttachment(), profile_cmd.Maps(None), None)  # type: ignore[arg-type]
+    r = Run(req, _NoAttachment(), Maps(None), None)  # type: ignore[arg-type]
     r.ended = r.started + 2.0
     r.seen = [(10, "evil\nname" + TITLE, 3_000_000_000), (11, "sh", 5)]
     r.python_summary = {
@@ -50,7 +53,7 @@ def _report(kind: str, output: Path | None) -> str:
     }
     prof = Profile(stacks=stacks, unit=unit, time_kind=time_kind, notes=["one\nnote" + TITLE])
     out = io.StringIO()
-    profile_cmd._output(args, out, r, prof, (0, 0.0))
+    profile_cmd._output(args, out, req, Taken(prof, r, lost=0, read_s=0.0, empty=False))
     return out.getvalue()
 
 
