@@ -147,7 +147,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the process itself, not the processes it starts (default: its whole tree)",
     )
-    p.add_argument("--format", choices=FORMATS, help="file format (default: from -o, else svg)")
+    p.add_argument(
+        "--format", choices=FORMATS, help="file format (default: from the ending of -o's name)"
+    )
     p.add_argument("-o", "--output", metavar="FILE", help="write the profile here")
     p.add_argument("--top", type=_count, default=TOP_N, metavar="N", help=f"default {TOP_N}")
     p.add_argument(
@@ -230,24 +232,6 @@ class Request(ProfileRequest):
     output: str | None = None
 
 
-def _format_from(output: str | None) -> str | None:
-    if output is None:
-        return None
-    name = output.lower()
-    for suffix, fmt in (
-        (".svg", "svg"),
-        (".folded", "folded"),
-        (".txt", "folded"),
-        (".pb.gz", "pprof"),
-        (".pprof", "pprof"),
-        (".speedscope.json", "speedscope"),
-        (".json", "speedscope"),
-    ):
-        if name.endswith(suffix):
-            return fmt
-    return None
-
-
 def parse_request(args: argparse.Namespace) -> Request:
     """Check the flags' combinations (before connecting); UsageError says what to change."""
     command = list(args.argv or [])
@@ -262,7 +246,7 @@ def parse_request(args: argparse.Namespace) -> Request:
     req.weight = args.weight
     req.children = not args.no_children
     req.frequency = args.frequency or DEFAULT_FREQUENCY
-    req.fmt = args.format or _format_from(args.output) or ("svg" if args.output else None)
+    req.fmt = args.format or _format_of(args.output)
     if args.format and not args.output:
         req.output = DEFAULT_FILES[args.format]
     _parse_mode(req, args)
@@ -275,6 +259,13 @@ def parse_request(args: argparse.Namespace) -> Request:
     elif args.weight != "calls":
         raise UsageError("--weight is for --stacks-at (sampling weighs by samples)")
     return req
+
+
+def _format_of(output: str | None) -> str | None:
+    try:
+        return profile.format_of(output) if output else None
+    except ValueError as e:
+        raise UsageError(f"-o: {e}, or give --format {'|'.join(FORMATS)}") from None
 
 
 def _parse_mode(req: Request, args: argparse.Namespace) -> None:
@@ -373,16 +364,21 @@ def _say_empty(req: Request) -> None:
 _SEEN_SHOWN = 10  # processes listed under the top functions
 
 
-def _processes_lines(r: Run, what: str) -> list[str]:
+def _processes_lines(r: Run, what: str, show: Callable[[int], str]) -> list[str]:
     if not r.seen:
         return []
     lines = [f"processes ({len(r.seen)}):", f"  {'pid':>8}  {'command':<16} {what}"]
     for pid, comm, weight in r.seen[:_SEEN_SHOWN]:
-        lines.append(f"  {pid:>8}  {printable(comm):<16} {weight}")
+        lines.append(f"  {pid:>8}  {printable(comm):<16} {show(weight)}")
     if len(r.seen) > _SEEN_SHOWN:
-        rest = sum(w for _, _, w in r.seen[_SEEN_SHOWN:])
+        rest = show(sum(w for _, _, w in r.seen[_SEEN_SHOWN:]))
         lines.append(f"  … {len(r.seen) - _SEEN_SHOWN} more with {rest} {what} (--json lists all)")
     return lines
+
+
+def _time(ns: int) -> str:
+    """Nanoseconds as people read them: 311.712 s, 12.500 ms."""
+    return f"{ns / 1e9:.3f} s" if ns >= 1_000_000_000 else f"{ns / 1e6:.3f} ms"
 
 
 def _report(req: Request, r: Run, prof: Profile, n: int) -> str:
@@ -390,10 +386,14 @@ def _report(req: Request, r: Run, prof: Profile, n: int) -> str:
     function or file name) escaped on its own, so the newlines stay real."""
     lines = [profile.format_top(prof, n).rstrip("\n")]
     what = {"nanoseconds": "ns in calls"}.get(prof.unit, prof.unit)
-    if req.timed:
-        what = "ns off the CPU" if req.mode == OFF_CPU else "ns of wall-clock time"
-    lines.extend(_processes_lines(r, what))
-    lines.append(f"{prof.total()} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s")
+    show: Callable[[int], str] = str
+    if req.timed:  # as the table above: time, not a count of ns
+        what = "off the CPU" if req.mode == OFF_CPU else "of wall-clock time"
+        show = _time
+    lines.extend(_processes_lines(r, what, show))
+    lines.append(
+        f"{show(prof.total())} {what} in {len(prof.stacks)} stacks over {r.elapsed():.1f} s"
+    )
     lines.extend(_python_lines(r.python_summary))
     lines.extend(f"note: {printable(note)}" for note in prof.notes)
     if req.output:

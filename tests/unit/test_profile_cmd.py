@@ -183,3 +183,42 @@ def test_no_children_flag_and_its_default() -> None:
     assert profile_cmd.parse_request(args).children
     args = parse_args(["profile", "--no-children", "--pid", "7"])
     assert not profile_cmd.parse_request(args).children
+
+
+@pytest.mark.parametrize(
+    "name, fmt",
+    [
+        ("x.svg", "svg"),
+        ("x.collapsed", "folded"),
+        ("X.FOLDED", "folded"),
+        ("x.txt", "folded"),
+        ("x.pb.gz", "pprof"),
+        ("x.pprof", "pprof"),
+        ("x.speedscope.json", "speedscope"),
+        ("x.json", "speedscope"),
+    ],
+)
+def test_the_format_follows_the_file_name(name: str, fmt: str) -> None:
+    assert _req("-o", name).fmt == fmt
+
+
+@pytest.mark.parametrize("name", ["x.html", "x.foo", "profile", "x.svg.bak"])
+def test_a_name_that_names_no_format_is_refused_not_written_as_svg(name: str) -> None:
+    """Issue 33 item 5: -o x.html and -o x.collapsed silently wrote an SVG."""
+    with pytest.raises(UsageError) as e:
+        _req("-o", name)
+    text = str(e.value)
+    assert repr(name) in text and "--format folded|pprof|speedscope|svg" in text
+    for ending in (".svg", ".folded", ".collapsed", ".pb.gz", ".speedscope.json"):
+        assert ending in text
+    assert ("HTML" in text) == name.endswith(".html")
+    # An explicit --format writes any name.
+    assert _req("--format", "svg", "-o", name).fmt == "svg"
+
+
+def test_the_cli_refuses_an_unknown_ending_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--socket", "/nonexistent", "profile", "-o", "x.html", "--pid", "1"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "cannot tell the format of 'x.html'" in err and "Traceback" not in err

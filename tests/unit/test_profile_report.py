@@ -85,3 +85,32 @@ def test_without_a_file_the_report_says_how_to_write_one(kind: str) -> None:
     lines = _report(kind, None).splitlines()
     assert lines[-1].startswith("write a flame graph with -o FILE.svg")
     assert lines[-2] == "note: one\\x0anote\\x1b]0;PWNED\\x07"
+
+
+@pytest.mark.parametrize("kind", ["off-cpu", "wall"])
+def test_time_profiles_show_processes_and_total_in_seconds_or_ms(kind: str) -> None:
+    """Issue 33 item 5: the process table of a time profile was raw ns
+    (311711483795); it reads as the top table does, in time."""
+    flags, unit, time_kind = KINDS[kind]
+    args = parse_args(["profile", *flags])
+    req = profile_cmd.parse_request(args)
+    r = Run(req, _NoAttachment(), Maps(None), None)  # type: ignore[arg-type]
+    r.ended = r.started + 2.0
+    r.seen = [(10, "app", 311_711_483_795), (11, "sh", 2_500_000)]
+    stacks = {("app", "main", "[wait: futex]"): 311_711_483_795, ("sh", "[preempted]"): 2_500_000}
+    prof = Profile(stacks=stacks, unit=unit, time_kind=time_kind)
+    out = io.StringIO()
+    profile_cmd._output(args, out, req, Taken(prof, r, lost=0, read_s=0.0, empty=False))
+    text = out.getvalue()
+    what = "off the CPU" if kind == "off-cpu" else "of wall-clock time"
+    lines = text.splitlines()
+    assert f"  {'pid':>8}  {'command':<16} {what}" in lines
+    assert any(line.split() == ["10", "app", "311.711", "s"] for line in lines), text
+    assert any(line.split() == ["11", "sh", "2.500", "ms"] for line in lines), text
+    assert f"311.714 s {what} in 2 stacks over 2.0 s" in lines
+    assert "311711483795" not in text and "2500000" not in text
+
+
+def test_cpu_profiles_keep_counting_samples() -> None:
+    text = _report("cpu", None)
+    assert "3000000005 samples in 2 stacks" in text  # a count, not a time
