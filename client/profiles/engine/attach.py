@@ -5,6 +5,8 @@ walks."""
 
 from __future__ import annotations
 
+import os
+import pwd
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError
@@ -45,16 +47,51 @@ def attach(
             )
         return copies
     if req.probes:
-        where: dict[str, Any] = {
-            "library": req.library,
-            "functions": req.functions,
-            "children": children,
-        }
-        copies = _try_copies(broker, req, "ustackcopy", files, pid=pid, **where)
-        return copies or broker.attach("ustacks", scope=req.scope, pid=pid, **where)
+        return _attach_probes(broker, req, pid, children, files)
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
     copies = _try_copies(broker, req, "stackcopy", files, pid=pid, **sampling)
     return copies or broker.attach("profile", scope=req.scope, pid=pid, **sampling)
+
+
+def _attach_probes(
+    broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
+) -> Attachment:
+    """ustackcopy, else ustacks; refused both, the error says which grant is missing."""
+    where: dict[str, Any] = {"library": req.library, "functions": req.functions}
+    copies = _try_copies(broker, req, "ustackcopy", files, pid=pid, children=children, **where)
+    if copies is not None:
+        return copies
+    try:
+        return broker.attach("ustacks", scope=req.scope, pid=pid, children=children, **where)
+    except BrokerError as e:
+        if e.code != pb.ERROR_PERMISSION_DENIED or not e.rule:
+            raise  # not the policy's refusal (the process exited, or is not yours)
+        why = _probes_refused(req, e)
+        raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
+
+
+def _probes_refused(req: ProfileRequest, e: BrokerError) -> str:
+    """What --stacks-at lacks: a grant of ustackcopy (ustacks in scope system) on its library."""
+    functions = ",".join(req.functions)
+    if req.own_processes:
+        name, scope = "ustackcopy", "self"
+        what = "program ustackcopy (or ustacks, by frame pointers), and the policy grants neither"
+    else:
+        name, scope = "ustacks", req.scope or "system"
+        what = f"program ustacks in scope {scope}, which the policy does not grant"
+    return (
+        f"--stacks-at on {req.library} (functions {functions}) needs {what} for this library: "
+        f"the administrator can grant it with `gfxbpf-admin approve {name} --users {user_name()} "
+        f"--scope {scope} --libraries {req.library} --functions {functions}`\n  broker: {e.message}"
+    )
+
+
+def user_name() -> str:
+    """This user's name, for the grant an administrator would write."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def attach_waits(

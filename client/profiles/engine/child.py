@@ -7,6 +7,11 @@ import os
 
 from gfxbpf.client.errors import UsageError
 
+# The held child's command name until exec gives it COMMAND's: what it runs
+# before (gfxclient's own Python, forked) is the profiler, not the profile,
+# and its samples are told apart by this name.
+HELD_COMM = "gfxclient:held"
+
 
 class Child:
     """COMMAND forked and held before exec until the broker has attached."""
@@ -20,6 +25,8 @@ class Child:
             os.close(go_w)
             os.close(err_r)
             try:
+                with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+                    f.write(HELD_COMM)
                 if os.read(go_r, 1) == b"g":  # EOF: the parent gave up (attach failed)
                     os.execvp(argv[0], argv)
                 os._exit(127)

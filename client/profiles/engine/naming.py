@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gfxbpf.client.profiles.engine.attach import user_name
 from gfxbpf.client.profiles.engine.request import OFF_CPU
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     _python_notes(r, prof)
+    _copies_hint(r, prof)
     if lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
@@ -40,6 +42,28 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             "table was full (profile fewer processes, or for a shorter time)"
         )
     return prof
+
+
+# What the frame-pointer advice of stackcheck.py says (built without frame pointers).
+FRAME_POINTER_ADVICE = "-fno-omit-frame-pointer"
+
+
+def _copies_hint(r: Run, prof: Profile) -> None:
+    """Stacks cut by the frame-pointer walk of your own processes: the policy
+    did not grant stack copies, which need no frame pointers. Say so by the advice."""
+    req = r.req
+    if r.copies is not None or not req.own_processes:
+        return
+    name = "ustackcopy" if req.probes else "stackcopy"
+    on = f" --libraries {req.library}" if req.probes else ""
+    for i, note in enumerate(prof.notes):
+        if FRAME_POINTER_ADVICE in note:
+            prof.notes[i] = (
+                f"{note} Or ask the administrator to grant you program {name} (`gfxbpf-admin "
+                f"approve {name} --users {user_name()} --scope self{on}`): gfxclient then "
+                "unwinds your processes' stacks from copies by their call-frame information, "
+                "with no frame pointers needed."
+            )
 
 
 def _python_notes(r: Run, prof: Profile) -> None:

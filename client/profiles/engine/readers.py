@@ -45,8 +45,8 @@ def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
         waits=req.mode == OFF_CPU,
         threads=req.mode == WALL,
     )
-    if req.timed:  # this process waits for records most of the time: not a finding
-        reader.skip.add(os.getpid())
+    # This process unwinds (and waits for records): the profiler, not the profile.
+    reader.skip.add(os.getpid())
     return reader
 
 

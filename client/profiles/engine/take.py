@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from gfxbpf.client.profiles.engine.attach import attach, attach_waits, find_pythons
-from gfxbpf.client.profiles.engine.child import Child
+from gfxbpf.client.profiles.engine.child import HELD_COMM, Child
 from gfxbpf.client.profiles.engine.naming import name_stacks, processes_seen
 from gfxbpf.client.profiles.engine.readers import (
     STACK_COPIES,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
     from gfxbpf.client.handle import Attachment
     from gfxbpf.client.profiles.engine.request import ProfileRequest
-    from gfxbpf.client.profiles.model import Profile
+    from gfxbpf.client.profiles.model import Profile, RawStack
     from gfxbpf.client.profiles.unwind import UnwindTables
 
 
@@ -103,6 +104,7 @@ def _take(
             # of profile_stacks' time with 16,000 rows).
             gc.disable()
             raw, lost = collect(r)
+            raw = not_ours(raw, child)
             r.processes = sorted({s.pid for s in raw})
             r.seen = processes_seen(raw, r.maps.comms)
         finally:
@@ -111,6 +113,13 @@ def _take(
                 waits_att.detach()
     read_s = time.monotonic() - (r.ended or 0.0)
     return Taken(name_stacks(symbolizer, r, raw, lost), r, lost, read_s, not raw)
+
+
+def not_ours(raw: list[RawStack], child: Child | None) -> list[RawStack]:
+    """The stacks without this process's own (a profile of all the user's
+    processes holds the profiler) nor the held child's before its exec."""
+    me, held = os.getpid(), child.pid if child is not None else None
+    return [s for s in raw if s.pid != me and not (s.pid == held and s.comm == HELD_COMM)]
 
 
 def one_pid(req: ProfileRequest, child: Child | None) -> int | None:
