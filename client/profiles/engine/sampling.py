@@ -75,20 +75,32 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     copies.stream.flush()  # what the ring holds now, past the reading thread
     while copies.drain():  # what came in since the last look
         pass
-    lost = profile_read.lost_count(run.att.map("lost").raw_items())
-    if "py_counts" in run.att.maps:
-        run.py_counts = _py_counts(run.att.map("py_counts").raw_items())
-    if run.waits is not None and run.waits_att is not None:
+    if run.waits is not None:
         run.waits.stream.flush()
         while run.waits.drain():
             pass
-        lost += profile_read.lost_count(run.waits_att.map("lost").raw_items())
+    lost, py_counts = counters(run)
+    lost0, py0 = run.counters_at_attach
+    lost -= lost0
+    run.py_counts = {k: v - py0.get(k, 0) for k, v in py_counts.items()}
     if isinstance(copies, CopyReader):
         waited = run.waits.raw_stacks() if run.waits is not None else []
         return copies.raw_stacks() + waited, lost
     entries = run.att.map("calls").raw_items()
     req = run.req
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
+
+
+def counters(run: Run) -> tuple[int, dict[str, int]]:
+    """What the copy programs' frozen counters hold now: records lost (both
+    attachments) and the Python walker's counts. A warm instance (the broker
+    reuses one across profiles) holds its earlier profiles' counts too, so a
+    profile reports the difference from its attach (Run.counters_at_attach)."""
+    lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if run.waits_att is not None:
+        lost += profile_read.lost_count(run.waits_att.map("lost").raw_items())
+    py = run.att.map("py_counts").raw_items() if "py_counts" in run.att.maps else []
+    return lost, _py_counts(py)
 
 
 # py_counts indexes (gfx_python.h GFX_PYC_*) -> the summary's names

@@ -19,7 +19,7 @@ from gfxbpf.client.profiles.engine.readers import (
     waits_reader,
 )
 from gfxbpf.client.profiles.engine.run import Run, Stopper
-from gfxbpf.client.profiles.engine.sampling import collect, sample
+from gfxbpf.client.profiles.engine.sampling import collect, counters, sample
 from gfxbpf.client.profiles.engine.snapshots import Maps
 from gfxbpf.client.profiles.symbolize import Symbolizer
 
@@ -94,6 +94,8 @@ def _take(
         r.pythons = pythons
         if waits_att is not None:
             r.waits_att, r.waits = waits_att, waits_reader(r, waits_att, tables)
+        if r.copies is not None:
+            r.counters_at_attach = counters(r)
         try:
             if child is not None:
                 child.release()
