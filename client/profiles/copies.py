@@ -43,8 +43,7 @@ NO_MAPS = "process gone before its maps were read"
 
 # (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
 #  whether a stack scan found a frame,
-#  Python frames innermost first, wait leaf frame (offcpu), thread id (per-thread
-#  profiles) or 0)
+#  Python frames innermost first, wait leaf frame (offcpu), thread id)
 StackKey = tuple[
     int, bool, str, tuple[int, ...], str | None, bool, tuple[py.Frame, ...], str | None, int
 ]
@@ -100,7 +99,8 @@ class CopyReader:
     """Drains a stackcopy (or offcpu) attachment's ring buffer and unwinds every
     record. Weights: 1 a sample; sample_ns a sample (time at the sampling
     period, for wall-clock profiles); waits: an offcpu record's time off the
-    CPU in ns, with its wait frame as the leaf. threads: keep threads apart."""
+    CPU in ns, with its wait frame as the leaf. threads: a frame per thread
+    (every stack keeps its thread id, RawStack.tid, either way)."""
 
     def __init__(
         self,
@@ -159,14 +159,12 @@ class CopyReader:
         maps = self.process_maps(tgid, False)
         if maps is None:
             kernel = bool(flags & FLAG_KERNEL)
-            key: StackKey = (tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, 0)
+            key: StackKey = (tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
         else:
             frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
                 frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, scan, pyframes, leaf, 0)
-        if self.threads:
-            key = (*key[:8], tid)
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, scan, pyframes, leaf, tid)
         self.counts[key] = self.counts.get(key, 0) + weight
 
     def raw_stacks(self) -> list[RawStack]:
@@ -188,7 +186,8 @@ class CopyReader:
                     unwind_scanned=scanned,
                     unwound=True,
                     leaf=leaf,
-                    thread=tid or None,
+                    thread=(tid or None) if self.threads else None,  # a frame per thread
+                    tid=tid,
                     python=self.python.runs(tgid, pyframes),
                 )
             )

@@ -183,3 +183,15 @@ def _frame_name(info: CodeInfo | None, code: int, instr: int) -> str:
         return f"[python code {code:#x}]"
     line = info.line(instr)
     return f"{info.name} ({info.filename}:{line if line is not None else '?'})"
+
+
+def parse_frame_name(name: str) -> tuple[str, str, int] | None:
+    """(function, file, line) of a name _frame_name made (line 0: "?");
+    None for the names it makes up ([python code ...], the cut marker)."""
+    if not name.endswith(")") or " (" not in name:
+        return None
+    function, _, where = name[:-1].rpartition(" (")
+    file, _, line = where.rpartition(":")
+    if not function or not file or not (line.isdigit() or line == "?"):
+        return None
+    return function, file, int(line) if line.isdigit() else 0
