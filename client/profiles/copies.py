@@ -189,6 +189,7 @@ class CopyReader:
                     thread=(tid or None) if self.threads else None,  # a frame per thread
                     tid=tid,
                     python=self.python.runs(tgid, pyframes),
+                    python_starts=self.python.starts(tgid, pyframes),
                 )
             )
         return out
@@ -236,6 +237,13 @@ class PythonJoin:
             return ()
         codes = self.codes
         return split_runs((codes.name(tgid, f), f[2]) for f in frames)
+
+    def starts(self, tgid: int, frames: tuple[py.Frame, ...]) -> tuple[tuple[str, int], ...]:
+        """(frame name, the line its function starts at) of each frame named."""
+        if self.codes is None:
+            return ()
+        codes = self.codes
+        return tuple((codes.name(tgid, f), codes.first_line(tgid, f)) for f in frames if f[0])
 
 
 def _error(stop: str) -> str:
@@ -335,6 +343,7 @@ class ProbeCopyReader:
                     unwind_scanned=bool(user) and row in self.scanned,
                     unwound=True,
                     python=self.python.runs(tgid, self.pyframes.get(row, ())),
+                    python_starts=self.python.starts(tgid, self.pyframes.get(row, ())),
                 )
             )
         return out, uncopied

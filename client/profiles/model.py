@@ -42,6 +42,8 @@ class RawStack:
     # Python frames (client/profiles/python/mixed.py): runs innermost first,
     # each root first, put in place of the evaluation loop's native frames.
     python: tuple[tuple[str, ...], ...] = ()
+    # (Python frame name, the line its function starts at: co_firstlineno), pprof's start_line.
+    python_starts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class FrameInfo:
     system_name: str = ""  # the symbol as its file spells it (mangled C++); "" if not a symbol
     file: str = ""  # the source file (Python frames)
     line: int = 0  # the line in file (0: not known)
+    start_line: int = 0  # the line the function starts at (0: not known)
     obj: str = ""  # the ELF file the code lies in (native frames)
 
 

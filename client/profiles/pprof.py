@@ -67,7 +67,7 @@ class _Tables:
                 build_id=s(profile.objects.get(obj, "")),
                 has_functions=True,  # named already: pprof must not look addresses up
             )
-        self.functions: dict[tuple[str, str, str], int] = {}
+        self.functions: dict[tuple[str, str, str, int], int] = {}
         self.locations: dict[str, int] = {}
 
     def location(self, name: str) -> int:
@@ -80,13 +80,19 @@ class _Tables:
         return lid
 
     def _function(self, info: FrameInfo) -> int:
-        key = (info.function, info.system_name, info.file)
+        key = (info.function, info.system_name, info.file, info.start_line)
         fid = self.functions.get(key)
         if fid is None:
             fid = self.functions[key] = len(self.functions) + 1
             s = self.s
             name, system_name, filename = s(info.function), s(info.system_name), s(info.file)
-            self.msg.function.add(id=fid, name=name, system_name=system_name, filename=filename)
+            self.msg.function.add(
+                id=fid,
+                name=name,
+                system_name=system_name,
+                filename=filename,
+                start_line=info.start_line,
+            )
         return fid
 
 

@@ -107,11 +107,12 @@ class Symbolizer:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
         threads: dict[tuple[Thread, tuple[str, ...]], int] = {}
         check = StackCheck(max_depth=self.stack_depth)
-        python: set[str] = set()  # the Python frames' names
+        python: dict[str, int] = {}  # the Python frames' names -> their functions' first lines
         for r in raw:
             key = (self._thread(r), self._stack(r, check))
             threads[key] = threads.get(key, 0) + r.weight
-            python.update(n for run in r.python for n in run)
+            python.update((n, 0) for run in r.python for n in run if n not in python)
+            python.update((n, first) for n, first in r.python_starts if first)
         names = {name for _, frames in threads for name in frames}
         readable = demangle(names)
         if readable:
@@ -123,7 +124,7 @@ class Symbolizer:
         stacks: dict[tuple[str, ...], int] = {}
         for (_, frames), w in threads.items():
             stacks[frames] = stacks.get(frames, 0) + w
-        infos = self._frame_infos(names, readable, {_clean(n) for n in python})
+        infos = self._frame_infos(names, readable, {_clean(n): s for n, s in python.items()})
         return Profile(
             stacks=stacks,
             unit=unit,
@@ -142,16 +143,18 @@ class Symbolizer:
         return Thread(r.pid, r.tid, _clean(process), _clean(r.comm))
 
     def _frame_infos(
-        self, names: set[str], readable: dict[str, str], python: set[str]
+        self, names: set[str], readable: dict[str, str], python: dict[str, int]
     ) -> dict[str, FrameInfo]:
         """What each frame name (readable: its demangled form) stands for: a
-        Python frame's function, file and line; a native one's symbol and file."""
+        Python frame's function, file, line and first line (python: name ->
+        first line); a native one's symbol and file."""
         out: dict[str, FrameInfo] = {}
         for raw in names:
             name = _clean(readable.get(raw, raw))
             where = parse_frame_name(name) if name in python else None
             if where is not None:
-                out[name] = FrameInfo(where[0], file=where[1], line=where[2])
+                function, file, line = where
+                out[name] = FrameInfo(function, file=file, line=line, start_line=python[name])
             elif raw in self._objects:
                 obj, symbol = self._objects[raw]
                 out[name] = FrameInfo(name, system_name=raw if symbol else "", obj=obj)

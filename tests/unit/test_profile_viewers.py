@@ -41,6 +41,7 @@ SOURCE = textwrap.dedent(
     print(sum(x for x in range(3)))
     """
 )
+FIRST = {"<module>": 1, "train_step": 4, "<genexpr>": 11}  # co_firstlineno in SOURCE
 ME = os.getpid()
 WORKER_TID = ME + 100_000  # a second thread of this process (ids are labels only here)
 OTHER_PID, OTHER_TID = 4_000_000, 4_000_001  # a process with no maps: Python frames only
@@ -58,16 +59,18 @@ def made(tmp_path_factory) -> tuple[Path, Profile]:
     script = folder / "train.py"
     script.write_text(SOURCE)
 
-    def py(*frames: tuple[str, int]) -> tuple[tuple[str, ...], ...]:
-        return (tuple(f"{name} ({script}:{line})" for name, line in frames),)
+    def py(*frames: tuple[str, int]) -> dict:
+        """RawStack's Python fields: one run, root first, and each function's first line."""
+        names = [(f"{name} ({script}:{line})", FIRST[name]) for name, line in frames]
+        return {"python": (tuple(n for n, _ in names),), "python_starts": tuple(names)}
 
     raw = [
         RawStack(ME, (_getpid_address(),), False, 30, "main", tid=ME,
-                 python=py(("<module>", 11), ("train_step", 7))),
-        RawStack(ME, (), False, 10, "main", tid=ME, python=py(("<module>", 11), ("train_step", 6))),
+                 **py(("<module>", 11), ("train_step", 7))),
+        RawStack(ME, (), False, 10, "main", tid=ME, **py(("<module>", 11), ("train_step", 6))),
         RawStack(ME, (), False, 5, "worker", tid=WORKER_TID,
-                 python=py(("<module>", 11), ("<genexpr>", 11))),
-        RawStack(OTHER_PID, (), False, 7, "other", tid=OTHER_TID, python=py(("<module>", 1))),
+                 **py(("<module>", 11), ("<genexpr>", 11))),
+        RawStack(OTHER_PID, (), False, 7, "other", tid=OTHER_TID, **py(("<module>", 1))),
     ]  # fmt: skip
     sym = Symbolizer(cache_dir=str(folder / "cache"))
     maps = capture(ME)
@@ -139,6 +142,8 @@ def test_pprof_mapping_names_the_file_and_its_build_id(pb: Path) -> None:
     assert info is not None and info.build_id and files[libc] == info.build_id, files
     raw = pprof(pb, "-raw")
     assert f"{libc} {info.build_id}" in raw, raw  # pprof read it so
+    starts = {msg.string_table[f.name]: f.start_line for f in msg.function if f.filename}
+    assert starts == FIRST, starts
     assert msg.period == 10_000_000 and msg.duration_nanos == 2_000_000_000
     assert msg.time_nanos > 0
 

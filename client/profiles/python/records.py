@@ -177,6 +177,12 @@ class CodeBook:
             got = self._names[key] = _frame_name(info, code, instr)
         return got
 
+    def first_line(self, tgid: int, frame: Frame) -> int:
+        """The line its function starts at (co_firstlineno); 0 if not known."""
+        code, _, flags = frame
+        info = self.codes.get((tgid, flags >> TAG_SHIFT, code)) if code else None
+        return info.firstlineno if info is not None else 0
+
 
 def _frame_name(info: CodeInfo | None, code: int, instr: int) -> str:
     if info is None:
