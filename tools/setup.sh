@@ -20,6 +20,7 @@ DEB_PACKAGES=(
     binutils   # c++filt: readable C++ frames in profiles; objcopy: debug-file tests
     xz-utils gzip   # real stripped Debian programs the unwinder tests profile
     debootstrap   # the kernel tests' Debian 13 userland (tools/debian13_rootfs.sh)
+    golang-go golang-github-google-pprof-dev   # Google's pprof, built by tools/profile_viewers.sh
 )
 
 missing=()
@@ -33,6 +34,9 @@ if ((${#missing[@]})); then
     apt_get_waiting update -q
     apt_get_waiting install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# Google's pprof and speedscope: the profile-format tests read our files with them.
+tools/profile_viewers.sh
 
 # A venv built on Debian's python under /opt, readable by every user: the
 # tests run the broker and clients as non-root users, who cannot read /root.

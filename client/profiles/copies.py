@@ -46,8 +46,7 @@ NO_MAPS = "process gone before its maps were read"
 
 # (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
 #  whether a stack scan found a frame,
-#  Python frames innermost first, wait leaf frame (offcpu), thread id (per-thread
-#  profiles) or 0)
+#  Python frames innermost first, wait leaf frame (offcpu), thread id)
 StackKey = tuple[
     int, bool, str, tuple[int, ...], str | None, bool, tuple[py.Frame, ...], str | None, int
 ]
@@ -107,7 +106,8 @@ class CopyReader:
     """Drains a stackcopy (or offcpu) attachment's ring buffer and unwinds every
     record. Weights: 1 a sample; sample_ns a sample (time at the sampling
     period, for wall-clock profiles); waits: an offcpu record's time off the
-    CPU in ns, with its wait frame as the leaf. threads: keep threads apart."""
+    CPU in ns, with its wait frame as the leaf. threads: a frame per thread
+    (every stack keeps its thread id, RawStack.tid, either way)."""
 
     def __init__(
         self,
@@ -168,14 +168,12 @@ class CopyReader:
         maps = self.process_maps(tgid, False)
         if maps is None:
             kernel = bool(flags & FLAG_KERNEL)
-            key: StackKey = (tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, 0)
+            key: StackKey = (tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
         else:
             frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
                 frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, scan, pyframes, leaf, 0)
-        if self.threads:
-            key = (*key[:8], tid)
+            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, scan, pyframes, leaf, tid)
         self.counts[key] = self.counts.get(key, 0) + weight
 
     def raw_stacks(self) -> list[RawStack]:
@@ -197,8 +195,10 @@ class CopyReader:
                     unwind_scanned=scanned,
                     unwound=True,
                     leaf=leaf,
-                    thread=tid or None,
+                    thread=(tid or None) if self.threads else None,  # a frame per thread
+                    tid=tid,
                     python=self.python.runs(tgid, pyframes),
+                    python_starts=self.python.starts(tgid, pyframes),
                 )
             )
         return out
@@ -246,6 +246,13 @@ class PythonJoin:
             return ()
         codes = self.codes
         return split_runs((codes.name(tgid, f), f[2]) for f in frames)
+
+    def starts(self, tgid: int, frames: tuple[py.Frame, ...]) -> tuple[tuple[str, int], ...]:
+        """(frame name, the line its function starts at) of each frame named."""
+        if self.codes is None:
+            return ()
+        codes = self.codes
+        return tuple((codes.name(tgid, f), codes.first_line(tgid, f)) for f in frames if f[0])
 
 
 def _error(stop: str) -> str:
@@ -345,6 +352,7 @@ class ProbeCopyReader:
                     unwind_scanned=bool(user) and row in self.scanned,
                     unwound=True,
                     python=self.python.runs(tgid, self.pyframes.get(row, ())),
+                    python_starts=self.python.starts(tgid, self.pyframes.get(row, ())),
                 )
             )
         return out, uncopied

@@ -35,9 +35,38 @@ class RawStack:
     unwind_scanned: bool = False
     # Per-thread profiles (--wall): the thread id, shown as a frame under the root.
     thread: int | None = None
+    # The sampled thread's id whatever the profile shows (0: not known, as in
+    # the stack-table programs, which count per process): pprof's tid label,
+    # speedscope's profile per thread. comm above is that thread's name.
+    tid: int = 0
     # Python frames (client/profiles/python/mixed.py): runs innermost first,
     # each root first, put in place of the evaluation loop's native frames.
     python: tuple[tuple[str, ...], ...] = ()
+    # (Python frame name, the line its function starts at: co_firstlineno), pprof's start_line.
+    python_starts: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Thread:
+    """Who a stack was sampled in: pprof's sample labels, speedscope's profiles."""
+
+    pid: int
+    tid: int = 0  # 0: not known (RawStack.tid)
+    process: str = ""  # the process's name (/proc/PID/comm)
+    thread: str = ""  # the thread's name (its comm) when sampled
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """What a frame name stands for, for the formats that keep it apart
+    (pprof's Function and Line, speedscope's frame file and line)."""
+
+    function: str  # the function alone: "train_step", not "train_step (train.py:57)"
+    system_name: str = ""  # the symbol as its file spells it (mangled C++); "" if not a symbol
+    file: str = ""  # the source file (Python frames)
+    line: int = 0  # the line in file (0: not known)
+    start_line: int = 0  # the line the function starts at (0: not known)
+    obj: str = ""  # the ELF file the code lies in (native frames)
 
 
 @dataclass
@@ -50,6 +79,12 @@ class Profile:
     # For unit "nanoseconds": what the time is ("off_cpu", "wall"; None: time in calls),
     # pprof's sample type.
     time_kind: str | None = None
+    # The stacks again (the same frame names), apart per thread; empty where
+    # the profile was made without threads (folded input, older callers).
+    threads: dict[tuple[Thread, tuple[str, ...]], int] = field(default_factory=dict)
+    # Frame name -> what it stands for; a name not here is a function alone.
+    frames: dict[str, FrameInfo] = field(default_factory=dict)
+    objects: dict[str, str] = field(default_factory=dict)  # ELF file -> build id (hex; "")
 
     def total(self) -> int:
         return sum(self.stacks.values())

@@ -21,11 +21,14 @@ from gfxbpf.client.profiles.model import (
     LOST_FRAME,
     UNITS,
     UNKNOWN_FRAME,
+    FrameInfo,
     Profile,
     RawStack,
+    Thread,
 )
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.python.mixed import mix
+from gfxbpf.client.profiles.python.records import parse_frame_name
 from gfxbpf.client.profiles.stackcheck import MAX_DEPTH, Kind, StackCheck, classify
 from gfxbpf.client.profiles.unwind.result import marker_frame
 from gfxbpf.client.profiles.vdso import own_vdso_table
@@ -62,6 +65,12 @@ class Symbolizer:
         self._users: dict[tuple[int, bool, tuple[int, ...]], tuple[Kind, tuple[str, ...]]]
         self._users = {}
         self._problems: dict[str, str] = {}  # file -> why its symbols could not be read
+        # Native frame name -> the file it was found in (the first, if two hold
+        # the name) and whether the name is a symbol of that file; a file's
+        # build id by identity and by path: pprof's mappings.
+        self._objects: dict[str, tuple[str, bool]] = {}
+        self._file_ids: dict[fileid.FileId, str] = {}
+        self._build_ids: dict[str, str] = {}
         self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
         # Frames a stack table keeps (its value size / 8): a stack that long was cut.
         # Set it before the first stack: the kinds cached in _users depend on it.
@@ -96,25 +105,60 @@ class Symbolizer:
     ) -> Profile:
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
-        stacks: dict[tuple[str, ...], int] = {}
+        threads: dict[tuple[Thread, tuple[str, ...]], int] = {}
         check = StackCheck(max_depth=self.stack_depth)
+        python: dict[str, int] = {}  # the Python frames' names -> their functions' first lines
         for r in raw:
-            frames = self._stack(r, check)
-            stacks[frames] = stacks.get(frames, 0) + r.weight
-        readable = demangle({name for frames in stacks for name in frames})
+            key = (self._thread(r), self._stack(r, check))
+            threads[key] = threads.get(key, 0) + r.weight
+            python.update((n, 0) for run in r.python for n in run if n not in python)
+            python.update((n, first) for n, first in r.python_starts if first)
+        names = {name for _, frames in threads for name in frames}
+        readable = demangle(names)
         if readable:
-            named: dict[tuple[str, ...], int] = {}
-            for frames, w in stacks.items():
-                key = tuple(_clean(readable.get(n, n)) for n in frames)
+            named: dict[tuple[Thread, tuple[str, ...]], int] = {}
+            for (who, frames), w in threads.items():
+                key = (who, tuple(_clean(readable.get(n, n)) for n in frames))
                 named[key] = named.get(key, 0) + w
-            stacks = named
+            threads = named
+        stacks: dict[tuple[str, ...], int] = {}
+        for (_, frames), w in threads.items():
+            stacks[frames] = stacks.get(frames, 0) + w
+        infos = self._frame_infos(names, readable, {_clean(n): s for n, s in python.items()})
         return Profile(
             stacks=stacks,
             unit=unit,
             period_ns=period_ns,
             duration_s=duration_s,
             notes=check.notes() + self._problem_notes(check.objects),
+            threads=threads,
+            frames=infos,
+            objects={i.obj: self._build_ids.get(i.obj, "") for i in infos.values() if i.obj},
         )
+
+    def _thread(self, r: RawStack) -> Thread:
+        maps = self._procs.get(r.pid)
+        # The process's name is its main thread's: a sample of that thread names it too.
+        process = maps.comm if maps else r.comm if r.tid == r.pid else ""
+        return Thread(r.pid, r.tid, _clean(process), _clean(r.comm))
+
+    def _frame_infos(
+        self, names: set[str], readable: dict[str, str], python: dict[str, int]
+    ) -> dict[str, FrameInfo]:
+        """What each frame name (readable: its demangled form) stands for: a
+        Python frame's function, file, line and first line (python: name ->
+        first line); a native one's symbol and file."""
+        out: dict[str, FrameInfo] = {}
+        for raw in names:
+            name = _clean(readable.get(raw, raw))
+            where = parse_frame_name(name) if name in python else None
+            if where is not None:
+                function, file, line = where
+                out[name] = FrameInfo(function, file=file, line=line, start_line=python[name])
+            elif raw in self._objects:
+                obj, symbol = self._objects[raw]
+                out[name] = FrameInfo(name, system_name=raw if symbol else "", obj=obj)
+        return out
 
     def _stack(self, r: RawStack, check: StackCheck) -> tuple[str, ...]:
         maps = self._procs.get(r.pid)
@@ -162,7 +206,13 @@ class Symbolizer:
             frames.reverse()
             kind = classify(frames, self.stack_depth)
             got = self._users[key] = (kind, tuple(_clean(n) for n, _ in frames))
+            self._note_objects(frames, maps.perf_map_path if maps else None)
         return got
+
+    def _note_objects(self, frames: list[_Frame], perf_map: str | None) -> None:
+        for name, path in frames:
+            if path is not None and path != perf_map and not path.startswith("["):
+                self._objects.setdefault(_clean(name), (path, not name.startswith("[")))
 
     def _frame(self, pid: int, maps: ProcessMaps | None, addr: int) -> _Frame:
         key = (pid, addr)
@@ -237,6 +287,8 @@ class Symbolizer:
                 self._tables[local] = self._load_or_parse(path, fd, st)
                 if self._tables[local] is None:
                     self._problems.setdefault(m.file_path, "is not a readable ELF file")
+            if local in self._file_ids:
+                self._build_ids[m.file_path] = self._file_ids[local]
             return self._tables[local]
         finally:
             os.close(fd)
@@ -247,6 +299,8 @@ class Symbolizer:
         info = read_info(opened)
         if info is None:
             return None
+        if info.build_id:
+            self._file_ids[fileid.FileId.of(st)] = info.build_id
         # Another user's file is parsed for this profile only: it could be
         # rewritten in place, and its build-id is whatever it claims.
         cached = fileid.may_cache(st)

@@ -4,6 +4,7 @@ holds for. One copy for every test module that profiles."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import threading
@@ -20,7 +21,7 @@ from tests.kernel.brokerenv import (
     uid_of,
     wait_until,
 )
-from tests.kernel.rawclient import kernel_looking_text
+from tests.kernel.rawclient import kernel_looking, kernel_looking_text
 
 Stacks = list[tuple[list[str], int]]
 
@@ -89,19 +90,25 @@ def profile(
     *args: str,
     env: dict[str, str] | None = None,
     grpc: bool = False,
+    fmt: str = "folded",
 ) -> dict[str, Any]:
-    """gfxclient profile ARGS as alice, folded stacks into out; its JSON
-    summary. It must succeed without a traceback or a kernel address."""
+    """gfxclient profile ARGS as alice, stacks into out (--format fmt); its
+    JSON summary. It must succeed without a traceback or a kernel address."""
     argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
     if grpc:  # no map fds: maps are read through the broker
         argv += ["--grpc", broker.grpc or "", "--via", "grpc"]
     # ARGS' flags before the output ones: argparse hands what follows -o FILE to COMMAND.
     i = args.index("--") if "--" in args else len(args)
-    argv += ["profile", *args[:i], "--format", "folded", "-o", str(out), *args[i:]]
+    argv += ["profile", *args[:i], "--format", fmt, "-o", str(out), *args[i:]]
     r = run_as(ALICE, argv, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
-    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+    if fmt == "pprof":
+        assert kernel_looking(gzip.decompress(out.read_bytes())) == []
+        written = ""
+    else:
+        written = out.read_text()
+    assert kernel_looking_text(r.stdout + r.stderr + written) == []
     return json.loads(r.stdout)
 
 

@@ -9,6 +9,7 @@ them in place of the evaluation loop's native frames.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gfxbpf.proto import pprof_pb2
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
@@ -31,6 +33,7 @@ from tests.kernel.brokerenv import (
 )
 from tests.kernel.profiling import profile, share, stacks_of
 from tests.shared_python import build_shared_python
+from tests.viewers import Speedscope, need_pprof, need_speedscope, pprof, pprof_top
 
 pytestmark = pytest.mark.kernel
 
@@ -236,6 +239,46 @@ def test_two_threads_each_with_its_own_chain(broker: BrokerProcess, work: Path) 
     beta = share(stacks, _chain_at_leaf(["beta", "beta_leaf", "spin"]))
     print(f"threads: alpha {alpha:.3f}, beta {beta:.3f}")
     assert alpha >= 0.2 and beta >= 0.2, (alpha, beta, stacks[:10])
+
+
+def _tids_under(msg: pprof_pb2.Profile, function: str) -> dict[int, int]:
+    """tid label -> samples of the stacks that hold function."""
+    st = msg.string_table
+    fids = {f.id for f in msg.function if st[f.name] == function}
+    locs = {loc.id for loc in msg.location if any(ln.function_id in fids for ln in loc.line)}
+    out: dict[int, int] = {}
+    for s in msg.sample:
+        if locs & set(s.location_id):
+            tid = next(lb.num for lb in s.label if st[lb.key] == "tid")
+            out[tid] = out.get(tid, 0) + s.value[0]
+    return out
+
+
+def test_two_threads_in_pprof_and_speedscope_read_by_their_tools(
+    broker: BrokerProcess, work: Path
+) -> None:
+    """Issue 33: Google's pprof names the Python functions, lists threads.py's
+    lines and selects each thread by its tid; speedscope shows a profile per thread."""
+    need_pprof()
+    need_speedscope()
+    pb, ss = work / "threads.pb.gz", work / "threads.speedscope.json"
+    argv = ("--frequency", "499", "--", PYTHON, str(work / "threads.py"))
+    profile(broker, pb, *argv, fmt="pprof")
+    names = [name for _, name in pprof_top(pb, "-sample_index=samples")]
+    assert "" not in names and {"spin", "alpha_leaf", "beta_leaf"} <= set(names), names
+    listed = pprof(pb, "-list=^spin$", "-sample_index=samples")
+    assert f"spin in {work / 'threads.py'}" in listed and "x += 1" in listed, listed
+    msg = pprof_pb2.Profile.FromString(gzip.decompress(pb.read_bytes()))
+    alpha, beta = _tids_under(msg, "alpha_leaf"), _tids_under(msg, "beta_leaf")
+    assert len(alpha) == 1 and len(beta) == 1 and alpha.keys() != beta.keys(), (alpha, beta)
+    (tid,) = alpha
+    focused = [name for _, name in pprof_top(pb, f"-tagfocus=tid={tid}")]
+    assert "alpha_leaf" in focused and "beta_leaf" not in focused, focused
+    profile(broker, ss, *argv, fmt="speedscope")
+    with Speedscope(ss) as page:
+        shown = page.profile_names()
+    spinners = [n for n in shown if "thread python3 (tid " in n]
+    assert len(spinners) >= 2, shown  # the two spinning threads (the main one may show too)
 
 
 def _ctypes_rows(broker: BrokerProcess, work: Path, python: str = PYTHON) -> dict[str, int]:

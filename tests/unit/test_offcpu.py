@@ -144,6 +144,14 @@ def test_wall_samples_count_the_period_and_keep_threads_apart() -> None:
     assert got == [(7, 4_000_000, None), (9, 2_000_000, None)]
 
 
+def test_samples_keep_their_thread_id_without_a_thread_frame() -> None:
+    recs = [_rec(7, 0, 0), _rec(7, 0, 0), _rec(9, 0, 0)]
+    reader = copies.CopyReader(Records(recs), lambda pid, refresh: None, None)  # type: ignore[arg-type]
+    reader.drain()
+    got = sorted((s.tid, s.thread, s.weight) for s in reader.raw_stacks())
+    assert got == [(7, None, 2), (9, None, 1)]
+
+
 def _req(*argv: str) -> profile_cmd.Request:
     return profile_cmd.parse_request(parse_args(["profile", *argv]))
 

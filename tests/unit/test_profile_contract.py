@@ -37,6 +37,8 @@ def test_raw_stack_has_no_field_for_kernel_addresses() -> None:
         "unwound": "bool",  # unwound from a stack copy by CFI
         "thread": "int | None",  # a thread id (--wall), never an address
         "python": "tuple[tuple[str, ...], ...]",  # Python frame names, never an address
+        "tid": "int",  # the sampled thread's id (pprof's tid label), never an address
+        "python_starts": "tuple[tuple[str, int], ...]",  # (name, first line): no address
     }
 
 

@@ -163,8 +163,12 @@ def test_copy_reader_joins_a_python_record_to_its_threads_stack_record() -> None
     reader = CopyReader(Records(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
     reader.drain()
     assert reader.records == 4 and reader.python.records == 2
-    got = sorted((s.python, s.weight) for s in reader.raw_stacks())
-    assert got == [((), 3), ((("inner (s.py:7)",),), 1)]
+    got = sorted((s.tid, s.python, s.python_starts, s.weight) for s in reader.raw_stacks())
+    assert got == [
+        (8, (), (), 2),
+        (8, (("inner (s.py:7)",),), (("inner (s.py:7)", 6),), 1),  # starts at co_firstlineno
+        (9, (), (), 1),  # each thread's stacks apart (RawStack.tid: pprof's label)
+    ]
     assert reader.python.versions == {7: (3, 11)}
 
 

@@ -177,9 +177,27 @@ class CodeBook:
             got = self._names[key] = _frame_name(info, code, instr)
         return got
 
+    def first_line(self, tgid: int, frame: Frame) -> int:
+        """The line its function starts at (co_firstlineno); 0 if not known."""
+        code, _, flags = frame
+        info = self.codes.get((tgid, flags >> TAG_SHIFT, code)) if code else None
+        return info.firstlineno if info is not None else 0
+
 
 def _frame_name(info: CodeInfo | None, code: int, instr: int) -> str:
     if info is None:
         return f"[python code {code:#x}]"
     line = info.line(instr)
     return f"{info.name} ({info.filename}:{line if line is not None else '?'})"
+
+
+def parse_frame_name(name: str) -> tuple[str, str, int] | None:
+    """(function, file, line) of a name _frame_name made (line 0: "?");
+    None for the names it makes up ([python code ...], the cut marker)."""
+    if not name.endswith(")") or " (" not in name:
+        return None
+    function, _, where = name[:-1].rpartition(" (")
+    file, _, line = where.rpartition(":")
+    if not function or not file or not (line.isdigit() or line == "?"):
+        return None
+    return function, file, int(line) if line.isdigit() else 0
