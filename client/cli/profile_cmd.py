@@ -944,7 +944,7 @@ def _output(
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        out.write(printable(_report(r, prof, args.top)))
+        out.write("\n".join(printable(ln) for ln in _report(r, prof, args.top).split("\n")))
 
 
 def _find_pythons(req: Request, args: argparse.Namespace) -> Interpreters | None:
