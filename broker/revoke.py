@@ -51,7 +51,7 @@ def allows(policy: Policy, att: Attachment) -> bool:
     if not all(policy.function_allowed(d.entry, f) for f in key.functions):
         return False
     inst = att.shared.inst
-    copies = inst.entry.stack_bytes_knob
+    copies = inst.entry.stack_bytes_knob is not None
     return _knobs_fit(d.entry, inst.params, key.frequency, copies) and (
         d.entry.allow_no_btf or inst.obj.btf_error is None
     )
