@@ -14,7 +14,11 @@ audit_lines_per_second): a user must not be able to flood the log, nor hide
 their own security-relevant lines behind a flood (issue #26).
 - Never suppressed: the administrative ops in NEVER_SUPPRESSED (start,
   listen, reload, stop) and what ALWAYS_WRITTEN names: a successful attach,
-  detach or token issue (each bounded by the broker's other limits).
+  detach or token issue (each bounded by the broker's other limits); and
+  what the broker writes with record_always(): every detach a session's or lease's end
+  makes, failed or not, and the close of a session that held attachments
+  (issue 35 item 8: these were one rate-limited close_session line, which
+  a connect-and-close flood suppressed). Each is bounded by the attaches.
 - Everything else is limited as repeats: its key is (who, op, result,
   program) and each key has a token bucket of `rate` lines per second
   holding at most `rate` (one second of burst). So a flood of junk detaches
@@ -389,8 +393,16 @@ class AuditLog:
     def record(self, *, op: Any, result: Any, **fields: Any) -> str:
         """Write one line for a request; return it ("" when the rate limit
         suppressed it). Never raises."""
+        return self._emit(op, result, fields, False)
+
+    def record_always(self, *, op: Any, result: Any, **fields: Any) -> str:
+        """record(), never held back by the rate limit: the end of what an
+        attach began (implicit detaches), ALWAYS_WRITTEN's kin."""
+        return self._emit(op, result, fields, True)
+
+    def _emit(self, op: Any, result: Any, fields: dict[str, Any], always: bool) -> str:
         try:
-            if not self._admit(op, result, fields):
+            if not always and not self._admit(op, result, fields):
                 return ""
         except Exception:
             pass  # the limiter must not lose a line by failing

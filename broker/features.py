@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 # Before 5.19, with unprivileged_bpf_disabled set, a process without
 # capabilities cannot use bpf(2) even on a map fd it was handed.
@@ -53,3 +54,29 @@ def unprivileged_bpf_disabled() -> int | None:
 def unprivileged_bpf_allowed() -> bool:
     """Whether users without capabilities may load BPF programs now."""
     return unprivileged_bpf_disabled() == 0
+
+
+_MOUNTS = "/proc/self/mounts"
+BPFFS = "/sys/fs/bpf"
+
+
+def open_bpffs() -> list[tuple[str, int]]:
+    """(mount point, mode) of each bpffs any user may create files in (mode
+    1777, as some distributions mount /sys/fs/bpf and a plain `mount -t bpf`
+    does): there users pin the maps they are given, which then outlive their
+    sessions and the broker. Mounts hidden from the broker are not seen."""
+    points = {BPFFS}
+    try:
+        with open(_MOUNTS) as f:
+            points.update(line.split()[1] for line in f if line.split()[2:3] == ["bpf"])
+    except OSError:
+        pass
+    out = []
+    for point in sorted(points):
+        try:
+            st = os.stat(point)
+        except OSError:
+            continue
+        if os.path.ismount(point) and st.st_mode & stat.S_IWOTH:
+            out.append((point, stat.S_IMODE(st.st_mode)))
+    return out

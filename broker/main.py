@@ -264,6 +264,20 @@ def _check_unprivileged_bpf(audit: AuditLog) -> None:
         audit.error("host_check", detail="cannot read kernel.unprivileged_bpf_disabled")
 
 
+def _check_bpffs(audit: AuditLog) -> None:
+    """Say at start when any user may pin in a bpffs (mode 1777): a pinned map
+    outlives its session and the broker, its memory charged to the broker."""
+    from gfxbpf.broker import features
+
+    for point, mode in features.open_bpffs():
+        audit.error(
+            "host_check",
+            detail=f"{point} is a bpffs of mode {mode:o}: any user may pin the maps she is "
+            f"given, keeping them past her session and the broker; chmod 0700 {point} "
+            "(deploy/README.md, Security)",
+        )
+
+
 def _check_live_maps(service: Any, audit: AuditLog) -> None:
     """Say at start when the kernel cannot list map ids for the live map budget."""
     if service.loader.live_maps.ids() is None:
@@ -337,6 +351,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
 
     audit.ok("start", detail=privileges.summary(), uid=privileges.uid, pid=os.getpid())
     _check_unprivileged_bpf(audit)
+    _check_bpffs(audit)
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
     audit.set_programs(lambda name: known_program(service, name))

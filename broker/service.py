@@ -138,7 +138,14 @@ class Service:
     # ------------------------------------------------------------ helpers
 
     def _log(self, op: str, caller: Caller, result: str, **fields: object) -> None:
-        self.audit.record(
+        self._record(op, caller, result, False, fields)
+
+    def _record(
+        self, op: str, caller: Caller, result: str, always: bool, fields: dict[str, object]
+    ) -> None:
+        """One audit line; always: never held back by the rate limit (auditlog.py)."""
+        write = self.audit.record_always if always else self.audit.record
+        write(
             op=op,
             result=result,
             uid=caller.uid,
@@ -259,27 +266,29 @@ class Service:
         if atts is None:
             return
         unloaded = 0
-        for att in atts:
+        for att in atts:  # each detach is a line of its own, never rate-limited
+            fields: dict[str, object] = {"program": att.program, "sha256": att.sha256}
+            fields.update(scope=att.scope, attachment_id=att.id)
             try:
-                unloaded += self._attachments.release(att)
+                freed = self._attachments.release(att)
             except Exception as e:  # keep releasing the rest
-                self._log(
+                self._record(
                     "detach",
                     owner.caller,
                     "error",
-                    program=att.program,
-                    sha256=att.sha256,
-                    scope=att.scope,
-                    attachment_id=att.id,
-                    detail=f"release failed: {e}",
+                    True,
+                    fields | {"detail": f"release failed: {e}"},
                 )
+                continue
+            unloaded += freed
+            why = "implicit: its session or lease ended"
+            self._record(
+                "detach", owner.caller, "ok", True, fields | {"unloaded": freed, "detail": why}
+            )
         self._owners.forget(owner)
-        self._log(
-            "close_session",
-            owner.caller,
-            "ok",
-            detail=f"detached {len(atts)} attachments, unloaded {unloaded} instances",
-        )
+        # A session that held attachments: its end is never held back either.
+        detail = f"detached {len(atts)} attachments, unloaded {unloaded} instances"
+        self._record("close_session", owner.caller, "ok", bool(atts), {"detail": detail})
 
     def close_all(self) -> None:
         """Close every owner (shutdown)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import os
+import stat
 import struct
 import sys
 from dataclasses import dataclass
@@ -269,9 +270,13 @@ class ElfFile:
 
 
 def open_elf(path: str) -> tuple[int, ElfFile]:
-    """(fd, the file's headers); the caller closes fd. Raises OSError or ElfError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """(fd, the file's headers); the caller closes fd. Raises OSError or ElfError.
+    The open never blocks (a FIFO planted at path is refused, not waited on)
+    and only a regular file is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ElfError(f"{path} is not a regular file")
         return fd, ElfFile(fd, path)
     except BaseException:
         os.close(fd)

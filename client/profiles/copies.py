@@ -75,9 +75,11 @@ def _unwind(
 ) -> tuple[tuple[int, ...], str | None, bool]:
     """frames, why the walk stopped (None: complete), whether a stack scan found a frame."""
     from gfxbpf.client.profiles.unwind import UserRegs, unwind
+    from gfxbpf.client.profiles.unwind.result import stop_text
 
     result = unwind(UserRegs(ip, sp, bp), rec[HEADER.size : HEADER.size + size], maps, tables)
-    return result.frames, None if result.stop is None else str(result.stop), result.scanned > 0
+    stop = None if result.stop is None else stop_text(result.stop, result.where)
+    return result.frames, stop, result.scanned > 0
 
 
 def wait_state(flags: int) -> str:

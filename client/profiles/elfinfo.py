@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gfxbpf.client.profiles.fileid import open_regular
 from gfxbpf.elf.reader import SHT_NOBITS, open_elf
 
-__all__ = ["DEBUG_ROOT", "ElfInfo", "debug_file", "read_info"]
+__all__ = ["DEBUG_ROOT", "DebugFile", "ElfInfo", "open_debug_file", "read_info"]
 
 DEBUG_ROOT = "/usr/lib/debug"
 
@@ -50,28 +50,53 @@ def read_info(path: str) -> ElfInfo | None:
         os.close(fd)
 
 
-def _crc32(path: str) -> int | None:
-    crc = 0
+def _crc32(fd: int) -> int | None:
+    """The CRC-32 of the open file, read through fd (never reopened by path)."""
+    crc, at = 0, 0
     try:
-        fd, _ = open_regular(path)  # a FIFO planted as a debug file must not hang us
-        with open(fd, "rb") as f:
-            while chunk := f.read(1 << 20):
-                crc = zlib.crc32(chunk, crc)
+        while chunk := os.pread(fd, 1 << 20, at):
+            crc, at = zlib.crc32(chunk, crc), at + len(chunk)
     except OSError:
         return None
     return crc
 
 
-def debug_file(path: str, info: ElfInfo, debug_root: str = DEBUG_ROOT) -> str | None:
-    """The separate debug file for the ELF file at path, if one is installed:
-    by build-id first (/usr/lib/debug/.build-id/ab/cdef….debug), then by
-    .gnu_debuglink next to the file, in its .debug/ folder, and under
-    /usr/lib/debug/<its folder>/ (a debuglink match needs the right CRC)."""
+@dataclass(frozen=True)
+class DebugFile:
+    """A separate debug file, open: read it through fd (open_regular_path),
+    never by path again (another user could swap the path for a FIFO after
+    the check). The caller closes fd."""
+
+    fd: int
+    path: str
+
+
+def _open_checked(cand: str, crc: int | None) -> DebugFile | None:
+    """cand opened without blocking or following its last link (fileid.open_regular),
+    if it is a regular file (and its CRC-32 is crc, when given)."""
+    try:
+        fd, _ = open_regular(os.path.realpath(cand))
+    except OSError:
+        return None
+    if crc is None or _crc32(fd) == crc:
+        return DebugFile(fd, cand)
+    os.close(fd)
+    return None
+
+
+def open_debug_file(path: str, info: ElfInfo, debug_root: str = DEBUG_ROOT) -> DebugFile | None:
+    """The separate debug file for the ELF file at path, if one is installed,
+    opened: by build-id first (/usr/lib/debug/.build-id/ab/cdef….debug), then
+    by .gnu_debuglink next to the file, in its .debug/ folder, and under
+    /usr/lib/debug/<its folder>/ (a debuglink match needs the right CRC). The
+    file checked is the file returned: every open is non-blocking and
+    no-follow, and the CRC is read through the descriptor handed back."""
     if info.build_id and len(info.build_id) > 2:
         bid = info.build_id
         cand = os.path.join(debug_root, ".build-id", bid[:2], bid[2:] + ".debug")
-        if os.path.isfile(cand):
-            return cand
+        found = _open_checked(cand, None) if os.path.lexists(cand) else None
+        if found is not None:
+            return found
     if info.debuglink is None:
         return None
     name, crc = info.debuglink
@@ -81,8 +106,9 @@ def debug_file(path: str, info: ElfInfo, debug_root: str = DEBUG_ROOT) -> str | 
         os.path.join(folder, ".debug", name),
         os.path.join(debug_root, folder.lstrip("/"), name),
     ):
-        if os.path.realpath(cand) == os.path.realpath(path) or not os.path.isfile(cand):
+        if os.path.realpath(cand) == os.path.realpath(path):
             continue
-        if _crc32(cand) == crc:
-            return cand
+        found = _open_checked(cand, crc)
+        if found is not None:
+            return found
     return None

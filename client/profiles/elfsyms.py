@@ -15,24 +15,32 @@ import os
 import struct
 
 from gfxbpf.elf.reader import ElfError, ElfFile, open_elf
+from gfxbpf.elf.symbols import SymbolFormatError
 
-__all__ = ["function_ranges"]
+__all__ = ["MAX_NAME_BYTES", "function_ranges"]
 
 _TABLES = (".dynsym", ".symtab")
+# The names of one file's functions, decoded (libLLVM's: about 10 MB).
+MAX_NAME_BYTES = 64 << 20
 _EM_ARM = 40
 
 
-def function_ranges(path: str) -> list[tuple[int, int, str]]:
+def function_ranges(path: str, max_name_bytes: int = MAX_NAME_BYTES) -> list[tuple[int, int, str]]:
     """(address, size, name) of every defined function in the file's .dynsym and
-    .symtab, sorted by address; [] if the file cannot be read as ELF."""
+    .symtab, sorted by address; [] if the file cannot be read as ELF. A table
+    whose names would take more than what is left of max_name_bytes is left
+    out (the file may be another user's, crafted to fill our memory)."""
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
         return []
     out: set[tuple[int, int, str]] = set()
+    left = max_name_bytes
     try:
         for name in _TABLES:
-            out.update(_table(elf, name))
+            got = _table(elf, name, left)
+            left -= sum(len(n) for _, _, n in got)
+            out.update(got)
     except (OSError, ValueError, struct.error):
         pass  # keep what the readable tables gave
     finally:
@@ -40,11 +48,11 @@ def function_ranges(path: str) -> list[tuple[int, int, str]]:
     return sorted(out)
 
 
-def _table(elf: ElfFile, name: str) -> set[tuple[int, int, str]]:
+def _table(elf: ElfFile, name: str, max_name_bytes: int) -> set[tuple[int, int, str]]:
     try:
         table = elf.symbol_table(name)
-    except ElfError:
-        return set()  # a corrupt table: the other one may still serve
-    if table is None:
-        return set()
-    return table.function_ranges(thumb=elf.machine == _EM_ARM)
+        if table is None:
+            return set()
+        return table.function_ranges(elf.machine == _EM_ARM, max(max_name_bytes, 0))
+    except (ElfError, SymbolFormatError):
+        return set()  # a corrupt or oversized table: the other one may still serve

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from gfxbpf.client.profiles import fileid, symtab
 from gfxbpf.client.profiles.demangle import demangle
-from gfxbpf.client.profiles.elfinfo import DEBUG_ROOT, debug_file, read_info
-from gfxbpf.client.profiles.elfsyms import function_ranges
+from gfxbpf.client.profiles.elfinfo import DEBUG_ROOT, DebugFile, open_debug_file, read_info
+from gfxbpf.client.profiles.elfsyms import MAX_NAME_BYTES, function_ranges
 from gfxbpf.client.profiles.model import (
     KERNEL_FRAME,
     LOST_FRAME,
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.unwind.tables import UnwindTables
 
 __all__ = ["Symbolizer"]
+
+# Function names read per run from files neither the caller nor root owns
+# (fileid.may_cache); each file's are bounded by elfsyms.MAX_NAME_BYTES.
+FOREIGN_NAME_BYTES = 64 << 20
 
 # A named frame and the file it lies in (a path; None if unknown), for the notes.
 _Frame = tuple[str, str | None]
@@ -71,6 +75,7 @@ class Symbolizer:
         self._objects: dict[str, tuple[str, bool]] = {}
         self._file_ids: dict[fileid.FileId, str] = {}
         self._build_ids: dict[str, str] = {}
+        self.foreign_names = FOREIGN_NAME_BYTES  # left for names from others' files
         self._vdso: symtab.SymbolTable | None | Literal[False] = False  # False: not read yet
         # Frames a stack table keeps (its value size / 8): a stack that long was cut.
         # Set it before the first stack: the kinds cached in _users depend on it.
@@ -309,15 +314,24 @@ class Symbolizer:
         if not info.has_symtab:
             # Stripped: a debug file installed later must not be hidden by the
             # table cached without it, so the key says which one this is.
-            debug = debug_file(path, info, self.debug_root)
+            debug = open_debug_file(path, info, self.debug_root)
             key += ".debug" if debug else ".dynsym"
-        table = symtab.load(self.cache_dir, key) if cached else None
-        if table is not None:
-            self.cache_hits += 1
-            return table
-        # The debug file's .symtab, plus the exported names it may lack.
-        funcs, debug_ok = _debug_ranges(debug) if debug else ([], True)
-        funcs += function_ranges(opened)
+        # Names kept from another user's files are bounded per run, as the
+        # unwinder bounds their tables: her files may be built to fill memory.
+        limit = MAX_NAME_BYTES if cached else min(MAX_NAME_BYTES, self.foreign_names)
+        try:
+            table = symtab.load(self.cache_dir, key) if cached else None
+            if table is not None:
+                self.cache_hits += 1
+                return table
+            # The debug file's .symtab, plus the exported names it may lack.
+            funcs, debug_ok = _debug_ranges(debug, limit) if debug else ([], True)
+        finally:
+            if debug is not None:
+                os.close(debug.fd)
+        funcs += function_ranges(opened, limit - _name_bytes(funcs))
+        if not cached:
+            self.foreign_names -= _name_bytes(funcs)
         self.parsed += 1
         table = symtab.SymbolTable.build(info.segments, funcs)
         if cached and debug_ok:
@@ -332,16 +346,18 @@ class Symbolizer:
         ]
 
 
-def _debug_ranges(path: str) -> tuple[list[tuple[int, int, str]], bool]:
-    """A debug file's functions, and whether they may be cached (fileid.may_cache)."""
+def _debug_ranges(debug: DebugFile, limit: int) -> tuple[list[tuple[int, int, str]], bool]:
+    """A debug file's functions (names up to limit bytes), read through the
+    descriptor that was checked, and whether they may be cached (fileid.may_cache)."""
     try:
-        fd, st = fileid.open_regular(path)
+        st = os.fstat(debug.fd)
     except OSError:
         return [], False
-    try:
-        return function_ranges(fileid.open_regular_path(fd)), fileid.may_cache(st)
-    finally:
-        os.close(fd)
+    return function_ranges(fileid.open_regular_path(debug.fd), limit), fileid.may_cache(st)
+
+
+def _name_bytes(funcs: list[tuple[int, int, str]]) -> int:
+    return sum(len(name) for _, _, name in funcs)
 
 
 def _python(r: RawStack) -> tuple[tuple[str, ...], ...]:

@@ -3,7 +3,8 @@
 A table is keyed by the mapped file's build-id and its identity (fileid.py:
 device, inode, size, mtime, ctime; a build-id alone is a claim any file can
 make), so a 96 MB library is parsed by the first profile that meets it and
-only loaded by the next ones. Only files of the caller or root are cached. The cache file is a
+only loaded by the next ones. Only files of the caller or root are cached
+(diskcache.py: the one disk cache, used only where it is the caller's). The cache file is a
 flat binary: a header, the PT_LOAD segments, the sorted start addresses and
 sizes as 64-bit arrays, then the names, one per line.
 """
@@ -11,24 +12,21 @@ sizes as 64-bit arrays, then the names, one per line.
 from __future__ import annotations
 
 import bisect
-import os
 import struct
-import tempfile
 from array import array
 from dataclasses import dataclass
 
-__all__ = ["CACHE_LIMIT", "SymbolTable", "default_cache_dir", "load", "prune", "store"]
+from gfxbpf.client.profiles import diskcache
+
+__all__ = ["SymbolTable", "default_cache_dir", "load", "store"]
 
 _MAGIC = b"GFXSYM1\n"
 _HEADER = struct.Struct("<8sII")  # magic, number of segments, number of symbols
 _NESTED = 8  # how many symbols back lookup() looks for one that covers an address
-# The cache keeps the most recently used tables up to this size (libLLVM's is 3 MB).
-CACHE_LIMIT = 1 << 30
 
 
 def default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gfxbpf", "symbols")
+    return diskcache.default_dir("symbols")
 
 
 @dataclass
@@ -118,49 +116,11 @@ class SymbolTable:
 
 
 def load(cache_dir: str, key: str) -> SymbolTable | None:
-    path = os.path.join(cache_dir, key)
-    try:
-        with open(path, "rb") as f:
-            table = SymbolTable.decode(f.read())
-        if table is not None:
-            os.utime(path)  # recently used: pruned last
-        return table
-    except OSError:
-        return None
-
-
-def prune(cache_dir: str, limit: int = CACHE_LIMIT) -> None:
-    """Remove the least recently used tables until the folder holds at most limit bytes."""
-    try:
-        entries = []
-        with os.scandir(cache_dir) as it:
-            for e in it:
-                if e.is_file(follow_symlinks=False):
-                    st = e.stat(follow_symlinks=False)
-                    entries.append((st.st_mtime_ns, st.st_size, e.path))
-        total = sum(size for _, size, _ in entries)
-        for _, size, path in sorted(entries):
-            if total <= limit:
-                break
-            os.unlink(path)
-            total -= size
-    except OSError:
-        pass
+    """The table stored under key (diskcache.load: only the caller's own)."""
+    data = diskcache.load(cache_dir, key)
+    return SymbolTable.decode(data) if data is not None else None
 
 
 def store(cache_dir: str, key: str, table: SymbolTable) -> None:
-    """Write atomically (rename), so concurrent profiles never read half a file.
-    A cache that cannot be written only costs a re-parse next time."""
-    try:
-        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(table.encode())
-            os.replace(tmp, os.path.join(cache_dir, key))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        return
-    prune(cache_dir)
+    """Keep table under key (diskcache.store: atomic, never raises)."""
+    diskcache.store(cache_dir, key, table.encode())

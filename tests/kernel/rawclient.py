@@ -210,7 +210,8 @@ def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
                 kw["object"] = f.read()
         else:
             kw["name"] = cmd["name"]
-        params = {k: cmd[k] for k in ("pid", "library", "functions") if k in cmd}
+        knobs = ("pid", "library", "functions", "frequency", "stack_bytes", "min_block_us")
+        params = {k: cmd[k] for k in knobs if k in cmd}
         lib_fd = -1
         if "library" in cmd and cmd.get("library_fd", True):
             # As gfxbpf.client does: open the library as this user, pass the fd.

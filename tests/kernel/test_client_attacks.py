@@ -15,7 +15,15 @@ policy names: the attacks need no grant), each a separate non-root user:
   refused a token;
 - 10: mallory's library carries libz's build-id and other names: alice's
   profiles must name real libz frames with libz's own names afterwards, and
-  her symbol cache must hold nothing made from mallory's file.
+  her symbol cache must hold nothing made from mallory's file;
+- issue 35 items 2 and 4: mallory's process runs code from files she
+  crafted (tests/hostile_elf.py), one with a 4 GiB FDE, one with an
+  .eh_frame past the size cap and no .eh_frame_hdr; root's system profile
+  must finish, write its file, and end those stacks in
+  "[unwind stopped: bad table in FILE]";
+- issue 35 item 9: a process named U+202E + "hs.nigol" (it reads "login.sh")
+  shows escaped in stream, dump, watch and a system profile's table and
+  flame graph, as control characters do.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import unicodedata
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +46,7 @@ from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles import fileid
 from gfxbpf.client.profiles.elfinfo import read_info
 from gfxbpf.client.profiles.elfsyms import function_ranges
+from tests import hostile_elf
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
@@ -56,9 +66,13 @@ TOKENS_PER_USER = 2
 # title, with a C1 CSI after it (UTF-8); OSC 52 writes the clipboard.
 TITLE = "\x1b]0;PWNED\x07\u009b"
 CLIPBOARD = "\x1b]52;c;SGk=\x07"
-NAMES = (TITLE, CLIPBOARD)
+# Issue 35 item 9: a right-to-left override makes it read "login.sh".
+BIDI = "\u202ehs.nigol"
+NAMES = (TITLE, CLIPBOARD, BIDI)
 # Bytes a terminal acts on, but the newline: C0, DEL, and C1 in UTF-8.
 RAW_CONTROL = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
+# Characters that hide or reorder what is shown: format characters and separators.
+INVISIBLE = ("Cf", "Zl", "Zp")
 
 # Mallory: name this process, then fork and exec a file of that name, for a while.
 NAMED_FORKER = r"""
@@ -88,7 +102,11 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
             "clonecount": {"users": [ALICE], "scope": "system"},
             "execsnoop": {"users": [ALICE], "scope": "system"},
             "syscount": {"users": [ALICE], "scope": "self"},
-            "profile": {"users": [ALICE], "scope": "self", "max_frequency": 999},
+            "profile": [
+                {"users": [ALICE], "scope": ["self", "system"], "max_frequency": 999},
+                # The administrator (issue 35 items 2 and 4): root's system profile.
+                {"users": ["root"], "scope": "system", "max_frequency": 999},
+            ],
         },
         limits={"tokens_per_user": TOKENS_PER_USER, "map_bytes_per_user": 1 << 30},
     )
@@ -153,6 +171,8 @@ def assert_escaped(out: bytes, names: tuple[str, ...] = NAMES) -> None:
     m = RAW_CONTROL.search(out)
     assert m is None, f"raw control byte {m.group()!r} in: {out[max(0, m.start() - 80) :][:200]!r}"
     text = out.decode("utf-8")
+    raw = [ch for ch in text if unicodedata.category(ch) in INVISIBLE]
+    assert not raw, f"raw format characters {raw[:5]!r} in: {text[:2000]!r}"
     for name in names:
         assert printable(name) in text, (printable(name), text[:2000])
 
@@ -190,8 +210,34 @@ def test_stream_shows_them_escaped_and_json_exact(broker: BrokerProcess, named_p
     r = gfxclient(broker, "--via", "grpc", "--json", *args)
     assert r.returncode == 0, r.stderr
     assert RAW_CONTROL.search(r.stdout.replace(b"\n", b"")) is None
+    assert not [ch for ch in r.stdout.decode() if unicodedata.category(ch) in INVISIBLE]
     comms = {json.loads(line)["event"]["comm"] for line in r.stdout.splitlines()}
     assert set(NAMES) <= comms, sorted(comms)[:20]
+
+
+SPIN_NAMED = (
+    "import sys, time\nopen('/proc/self/comm', 'w').write(sys.argv[1])\n"
+    "end = time.time() + 60\nwhile time.time() < end:\n    pass\n"
+)
+
+
+def test_a_system_profile_shows_them_escaped(broker: BrokerProcess, work: Path) -> None:
+    """Issue 35 item 9: mallory's busy process named U+202E "hs.nigol" in
+    alice's system profile, on her terminal and in the flame graph."""
+    spin = run_as(MALLORY, [VENV_PYTHON, "-c", SPIN_NAMED, BIDI], background=True)
+    out = own_dir(work, ALICE, "alice-system-profile") / "system.svg"
+    try:
+        time.sleep(0.3)
+        args = ("profile", "--scope", "system", "--duration", "2", "-o", str(out))
+        r = gfxclient(broker, *args, timeout=120)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert r.returncode == 0, r.stderr
+    assert_escaped(r.stdout, ())
+    assert b"\\x0a" not in r.stdout and r.stdout.count(b"\n") > 3  # lines stay lines
+    svg = out.read_bytes()
+    assert_escaped(svg, (BIDI,))
 
 
 def test_watch_on_a_terminal_keeps_its_title_and_clipboard(
@@ -366,7 +412,8 @@ def test_a_library_claiming_libz_build_id_does_not_rename_libz(
     first = profile("evil", python, "-c", SPIN_PY, str(evil))
     assert "zz_spin" in first, sorted(first)[:40]
     mallorys = fileid.FileId.of(os.stat(evil)).text()
-    assert not any(mallorys in k for k in os.listdir(cache)), "mallory's file filled the cache"
+    cached = os.listdir(cache) if cache.is_dir() else []  # none when no root file was sampled
+    assert not any(mallorys in k for k in cached), "mallory's file filled the cache"
     # Real libz now: its frames keep libz's names (or offsets), never mallory's.
     frames = profile("zlib", python, "-c", ZLIB_PY)
     real = {name for _, _, name in function_ranges(LIBZ)}
@@ -374,3 +421,62 @@ def test_a_library_claiming_libz_build_id_does_not_rename_libz(
     assert frames & real or any(f.startswith("[libz.so") for f in frames), sorted(frames)[:40]
     # And the other way round: with libz cached, mallory's library keeps its own names.
     assert "zz_spin" in profile("evil-again", python, "-c", SPIN_PY, str(evil))
+
+
+# ------------------------------------------------------------------ issue 35: crafted CFI
+
+# Mallory: map a file executable (as the loader would) and spin in its code.
+RUN_MAPPED = r"""
+import ctypes, mmap, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+c = ctypes
+libc.mmap.argtypes = [c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_int, c.c_long]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+size = os.fstat(fd).st_size
+base = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_EXEC, mmap.MAP_PRIVATE, fd, 0)
+assert base not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+spin = ctypes.CFUNCTYPE(None, ctypes.c_long)(base + int(sys.argv[2]))
+end = time.time() + 60
+while time.time() < end:
+    spin(10**7)
+"""
+
+
+def test_crafted_cfi_files_do_not_break_a_system_profile(broker: BrokerProcess, work: Path) -> None:
+    d = own_dir(work, MALLORY, "mallory-cfi")
+    huge_fde = [(hostile_elf.CODE_OFFSET, 0xFFFF_FFF0, b""), (hostile_elf.CODE_OFFSET + 16, 4, b"")]
+    # Past build.MAX_CFI_BYTES (16 MiB): 24-byte FDEs, no .eh_frame_hdr.
+    too_big = hostile_elf.many_fdes((17 << 20) // 24)
+    files = {"libhuge.so": huge_fde, "libbig.so": too_big}
+    procs = []
+    for name, fdes in files.items():
+        (d / name).write_bytes(hostile_elf.shared_object(hostile_elf.eh_frame(fdes)))
+        os.chown(d / name, *ensure_user(MALLORY))
+        cmd = [VENV_PYTHON, "-c", RUN_MAPPED, str(d / name), str(hostile_elf.CODE_OFFSET)]
+        procs.append(run_as(MALLORY, cmd, background=True))
+    admin = Path(tempfile.mkdtemp(prefix="admin-", dir=work))  # root's, 0700
+    out = admin / "system.folded"
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "profile"]
+    argv += ["--scope", "system", "--duration", "3", "-o", str(out)]
+    env = {**os.environ, "XDG_CACHE_HOME": str(admin / "cache")}
+    try:
+        time.sleep(0.5)
+        assert all(p.poll() is None for p in procs), "mallory's processes did not start"
+        began = time.monotonic()
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        took = time.monotonic() - began
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    # Their frames were grouped by the FDEs (the files are stripped): the
+    # refused tables leave them named by file offset, and the profile whole.
+    frames = _frames(out)
+    for name in files:
+        assert any(f.startswith(f"[{name}+") for f in frames), (name, sorted(frames)[:40])
+    print(f"root's system profile with mallory's crafted files: {took:.1f} s")
+    print(r.stdout[-1500:])
+    assert took < 60, took

@@ -493,3 +493,83 @@ def _check_written_in_full(mine: list[dict[str, Any]], att: dict[str, Any]) -> N
     assert any(
         r["op"] == "attach" and r["result"] == "denied" and r["program"] == "syscount" for r in mine
     ), mine[-20:]
+
+
+# Mallory: sessions that open, say Hello and close, as fast as she can.
+FLOOD_SESSIONS = (
+    _COMMON
+    + """
+path, seconds = sys.argv[1], float(sys.argv[2])
+made = 0
+print(json.dumps({"flooding": True}), flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        s = connect(path)
+        hello(s, 1)
+        s.close()
+        made += 1
+    except OSError:
+        pass
+print(json.dumps({"sessions": made}), flush=True)
+"""
+)
+
+
+def test_a_session_flood_does_not_hide_an_implicit_detach() -> None:
+    """Issue 35 item 8: a session closed by its socket detached its attachments
+    with one rate-limited close_session line; mallory's flood of empty
+    sessions suppressed it, and no line said what was detached. Now each
+    implicit detach and the end of a session that held attachments are
+    written whatever the flood."""
+    rate, seconds = 5, 3.0
+    policy = policy_for(
+        {"clonecount": {"users": [MALLORY], "scope": ["self"]}},
+        limits={"audit_lines_per_second": rate, "sessions_per_user": 8},
+    )
+    with BrokerProcess.start(policy, grpc=False) as broker:
+        flood = run_as(
+            MALLORY,
+            [VENV_PYTHON, _script(broker, "flood_sessions.py", FLOOD_SESSIONS), broker.socket]
+            + [str(seconds)],
+            background=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        real = Client(broker, MALLORY)
+        try:
+            assert _json_line(flood) == {"flooding": True}
+            att = real.ok("attach", name="clonecount", scope="self")
+            time.sleep(seconds / 3)  # well into the flood: her close_session budget is spent
+            real.proc.kill()  # the socket closes: the broker detaches implicitly
+            real.proc.wait(10)
+            sent = _json_line(flood)
+        finally:
+            flood.wait(30)
+            real.opened = False
+            real.close()
+        me = uid_of(MALLORY)
+
+        def detach_lines() -> list[dict[str, Any]]:
+            return [
+                r
+                for r in broker.audit_records()
+                if r.get("uid") == me
+                and r["op"] == "detach"
+                and r.get("attachment_id") == att["id"]
+            ]
+
+        assert sent["sessions"] > 4 * rate * seconds, sent  # a flood: far over the rate
+        assert wait_until(lambda: bool(detach_lines()), 10), "the implicit detach left no line"
+        (line,) = detach_lines()
+        assert line["result"] == "ok" and line["detail"].startswith("implicit"), line
+        assert line["program"] == "clonecount", line
+        closes = [
+            r
+            for r in broker.audit_records()
+            if r["op"] == "close_session" and r.get("pid") == real.pid
+        ]
+        assert closes and closes[0]["detail"].startswith("detached 1 attachments"), closes
+        wait_until(lambda: any(r["op"] == "audit_suppressed" for r in broker.audit_records()), 10)
+        assert any(r["op"] == "audit_suppressed" for r in broker.audit_records())

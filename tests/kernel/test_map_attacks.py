@@ -113,6 +113,9 @@ def test_pinned_and_reopened_map_fds_cannot_write(bpffs: Path) -> None:
     broker = start_broker(policy)
     bob = None
     try:
+        # Issue 35 item 11: the broker says at start that users may pin here.
+        checks = [r for r in broker.audit_records() if r.get("op") == "host_check"]
+        assert any(f"{bpffs} is a bpffs of mode 1777" in r["detail"] for r in checks), checks
         bob = Client(broker, BOB)
         clone = bob.ok("attach", name="clonecount", scope="system")["id"]
         sysc = bob.ok("attach", name="syscount", scope="system")["id"]

@@ -176,3 +176,47 @@ def test_a_revoked_users_grpc_reads_and_tokens_end_at_the_reload() -> None:
         assert rec["revoked_token_uids"] == [ensure_user(ALICE)[0]], rec
         gone = _grpc(broker, str(script), "read", token, aid)
         assert gone["hello"][0] == gone["read"][0] == "UNAUTHENTICATED", gone
+
+
+def _knobs_policy(stack_cap: int, min_block: int | None, frequency_cap: int) -> str:
+    offcpu: dict[str, Any] = {"users": [ALICE], "scope": "self"}
+    if min_block is not None:
+        offcpu["min_block_us"] = min_block
+    return policy_for(
+        {
+            "stackcopy": {
+                "users": [ALICE],
+                "scope": "self",
+                "max_stack_bytes": stack_cap,
+                "max_frequency": frequency_cap,
+            },
+            "offcpu": offcpu,
+        },
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+
+
+def test_a_reload_that_narrows_a_knob_revokes() -> None:
+    """Issue 35 item 6: lowering max_stack_bytes or max_frequency, or raising
+    min_block_us, revokes the attachments that asked for more (on main only
+    program, scope, library, functions and frequency counted: 16 KiB copies
+    and sub-millisecond waits kept arriving)."""
+    with BrokerProcess.start(_knobs_policy(16384, None, 999), grpc=False) as broker:
+        alice = Client(broker, ALICE)
+        try:
+            big = alice.ok("attach", name="stackcopy", scope="self", stack_bytes=16384)
+            small = alice.ok("attach", name="stackcopy", scope="self", stack_bytes=1024)
+            short = alice.ok("attach", name="offcpu", scope="self", min_block_us=200)
+            rec = broker.reload(_knobs_policy(16384, None, 999))
+            assert rec["result"] == "ok" and rec["revoked_attachments"] == [], rec
+            rec = broker.reload(_knobs_policy(1024, 1000, 999))
+            assert rec["result"] == "ok", rec
+            assert sorted(rec["revoked_attachments"]) == sorted([big["id"], short["id"]]), rec
+            r = alice("stats", id=big["id"])
+            assert not r["ok"] and "no longer allows" in r["message"], r
+            assert alice("stats", id=small["id"])["ok"]  # within the new cap: kept
+            fast = alice.ok("attach", name="stackcopy", scope="self", frequency=99)
+            rec = broker.reload(_knobs_policy(1024, 1000, 49))
+            assert sorted(rec["revoked_attachments"]) == sorted([small["id"], fast["id"]]), rec
+        finally:
+            alice.close()

@@ -192,3 +192,20 @@ def test_set_rate_refuses_nonsense() -> None:
         except ValueError:
             continue
         raise AssertionError(f"set_rate({bad}) accepted")
+
+
+def test_record_always_is_never_held_back() -> None:
+    """Issue 35 item 8: a session's implicit detaches and its end, whatever
+    a flood of the same user's empty sessions spent."""
+    log, buf, _ = _log(2)
+    for _ in range(50):
+        log.ok("close_session", uid=7, transport="unix", detail="detached 0 attachments")
+    flood = len(_lines(buf))
+    assert flood == 2
+    log.record_always(op="detach", result="ok", uid=7, attachment_id=3, detail="implicit")
+    log.record_always(op="close_session", result="ok", uid=7, detail="detached 1 attachments")
+    last = _lines(buf)[flood:]
+    assert [(r["op"], r["detail"]) for r in last] == [
+        ("detach", "implicit"),
+        ("close_session", "detached 1 attachments"),
+    ]

@@ -120,6 +120,21 @@ def test_start_says_when_the_host_lets_any_user_load_bpf(monkeypatch: pytest.Mon
             assert lines[0]["op"] == "host_check" and expect in lines[0]["detail"], lines
 
 
+def test_start_says_when_users_may_pin_in_a_bpffs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gfxbpf.broker import features
+
+    for found in ([("/sys/fs/bpf", 0o1777)], []):
+        monkeypatch.setattr(features, "open_bpffs", lambda v=found: v)
+        buf = io.StringIO()
+        main._check_bpffs(AuditLog(buf, timer=False))
+        lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+        if found:
+            assert lines[0]["op"] == "host_check", lines
+            assert "/sys/fs/bpf is a bpffs of mode 1777" in lines[0]["detail"], lines
+        else:
+            assert lines == []
+
+
 def test_start_says_when_map_ids_cannot_be_listed() -> None:
     for ids, error in ((None, "no BTF"), ({1, 2}, None)):
         live = SimpleNamespace(ids=lambda v=ids: v, error=error)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import unicodedata
 
 from gfxbpf.client import mapdata as md
 from gfxbpf.client.cli import display as d
@@ -17,9 +18,14 @@ from gfxbpf.client.profiles.top import format_top
 
 TITLE = "\x1b]0;PWNED\x07"  # OSC 0: sets the terminal's title
 CLIP = "\x1b]52;c;SGk=\x07"  # OSC 52: writes the clipboard
+FORMAT = ("Cf", "Zl", "Zp")
 C1 = "\x9b31mX\x7f\x9d"  # CSI and OSC as C1 characters (UTF-8 terminals may act on them), DEL
-# Anything a terminal acts on: C0, DEL, C1.
-RAW = re.compile("[\x00-\x1f\x7f-\x9f]")
+BIDI = "\u202ehs.nigol"  # shows as "login.sh" (issue 35 item 9)
+# Anything a terminal acts on (C0, DEL, C1) or that hides or reorders text:
+# bidi controls, zero-width characters, soft hyphen, BOM, tags, separators.
+RAW = re.compile(
+    "[\x00-\x1f\x7f-\x9f\xad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\U000e0001-\U000e007f]"
+)
 
 
 def test_printable_escapes_every_control_and_keeps_the_rest() -> None:
@@ -30,8 +36,26 @@ def test_printable_escapes_every_control_and_keeps_the_rest() -> None:
     out = printable(every)
     assert not RAW.search(out)
     assert printable(out) == out  # idempotent: escaping twice changes nothing
-    for plain in ("bash", "my prog", "ünïcødé ✓", "a\\b", "\u00a0\u00ff", ""):
+    for plain in ("bash", "my prog", "ünïcødé ✓", "a\\b", "\u00a0\u00ff", "", "日本 עברית"):
         assert printable(plain) == plain
+
+
+def test_printable_escapes_bidi_and_other_format_characters() -> None:
+    assert printable(BIDI) == "\\u202ehs.nigol"
+    assert printable("a\u200bb\u2066c\ufeff\u00ad\U000e0041\u2028") == (
+        "a\\u200bb\\u2066c\\ufeff\\xad\\U000e0041\\u2028"
+    )
+    # Every format character (Cf) of this Python's Unicode database, and the separators.
+    every = "".join(chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) in FORMAT)
+    assert len(every) > 150
+    out = printable(every)
+    assert all(unicodedata.category(ch) not in FORMAT for ch in out)
+    assert not RAW.search(out)
+    assert printable(out) == out
+    doc = {"comm": every + BIDI}
+    text = json_printable(json.dumps(doc, ensure_ascii=False, indent=1))
+    assert all(unicodedata.category(ch) not in FORMAT for ch in text)
+    assert json.loads(text) == doc
 
 
 def test_json_printable_is_the_same_document() -> None:
@@ -79,7 +103,7 @@ def test_screen_writes_only_its_own_sequences() -> None:
 
 
 def test_profile_names_are_escaped_in_the_table_and_the_flame_graph() -> None:
-    p = Profile(stacks={(TITLE, "f" + C1): 3, ("prog", CLIP): 1}, unit="samples")
+    p = Profile(stacks={(TITLE, "f" + C1): 3, ("prog", CLIP): 1, (BIDI, "g"): 1}, unit="samples")
     top = format_top(p, 10)
     assert not RAW.search(top.replace("\n", "")), top
     assert "f\\x9b31mX\\x7f\\x9d" in top
@@ -88,6 +112,7 @@ def test_profile_names_are_escaped_in_the_table_and_the_flame_graph() -> None:
     body = svg.split("<script>")[0]  # the script's own text has newlines only
     assert not RAW.search(body.replace("\n", ""))
     assert "\\x1b]0;PWNED\\x07" in body and "\\x1b]52;c;SGk=\\x07" in body
+    assert "\\u202ehs.nigol" in body
 
 
 def test_non_string_member_names_do_not_break_formatting() -> None:

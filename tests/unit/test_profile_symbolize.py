@@ -20,7 +20,7 @@ import pytest
 
 from gfxbpf.client.profiles import fileid, procmaps
 from gfxbpf.client.profiles import vdso as vdso_module
-from gfxbpf.client.profiles.elfinfo import debug_file, read_info
+from gfxbpf.client.profiles.elfinfo import open_debug_file, read_info
 from gfxbpf.client.profiles.model import Profile, RawStack
 from gfxbpf.client.profiles.procmaps import capture
 from gfxbpf.client.profiles.symbolize import Symbolizer
@@ -138,7 +138,12 @@ def _libc_has_debug_file(pid: int) -> bool:
     only they name glibc's static functions, __libc_start_call_main among them."""
     with open(f"/proc/{pid}/maps") as f:
         paths = {line.split()[-1] for line in f if "/libc.so" in line}
-    return any(debug_file(p, read_info(p)) is not None for p in paths)
+    for p in paths:
+        found = open_debug_file(p, read_info(p))
+        if found is not None:
+            os.close(found.fd)
+            return True
+    return False
 
 
 def test_frame_pointer_stack_folds_to_main_hot(fp_build, run_prog, tmp_path) -> None:

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 from gfxbpf.bpf.symbols import list_functions
-from gfxbpf.client.profiles import symtab
+from gfxbpf.client.profiles import diskcache, symtab
 from gfxbpf.client.profiles.elfsyms import function_ranges
 from gfxbpf.client.profiles.symtab import SymbolTable
 from tests.conftest import skip_or_fail
@@ -84,5 +84,5 @@ def test_prune_drops_the_least_recently_used(tmp_path) -> None:
         os.utime(tmp_path / key, ns=(i * 10**9, i * 10**9))
     assert symtab.load(str(tmp_path), "old") is not None  # used now: newest
     size = (tmp_path / "old").stat().st_size
-    symtab.prune(str(tmp_path), limit=2 * size)
+    diskcache.prune(str(tmp_path), limit=2 * size)
     assert sorted(os.listdir(tmp_path)) == ["new", "old"]

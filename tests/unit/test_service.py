@@ -10,6 +10,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from gfxbpf.broker.policy.rules import NameResolver, Policy
 from gfxbpf.broker.service import BrokerError, Caller, Service
 from gfxbpf.catalog import instance as bpfinstance
 from gfxbpf.catalog.entries import Catalog, load_catalog
+from gfxbpf.catalog.instance import Params
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +169,10 @@ class FakeShared:
         )
         self.closed = False
         self.map_bytes = 0
+        # What a reload's revoke compares with the policy (broker/revoke.py).
+        self.inst = SimpleNamespace(
+            entry=entry, params=Params(), obj=SimpleNamespace(btf_error=None)
+        )
 
     def close(self) -> None:
         self.closed = True

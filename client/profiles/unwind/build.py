@@ -1,6 +1,13 @@
 """One ELF file -> its FileTable: the CFI section found (.eh_frame, else
 .debug_frame, else the separate debug file's .debug_frame), parsed by cfi.py
-and compiled into sorted rows with shared rules."""
+and compiled into sorted rows with shared rules.
+
+The file may be another user's, built to hurt (issue 35): a table larger
+than MAX_CFI_BYTES, or than what is left of the caller's Budget, or with more
+than MAX_FDES entries, or with an FDE reaching past what the file loads, is
+refused as a whole (BadTable), and the unwinder stops in that file with a
+marker frame; a separate debug file is read through the descriptor that was
+checked (elfinfo.open_debug_file), never reopened by path."""
 
 from __future__ import annotations
 
@@ -9,7 +16,8 @@ import os
 import struct
 from array import array
 
-from gfxbpf.client.profiles.elfinfo import ElfInfo, debug_file, read_info
+from gfxbpf.client.profiles.elfinfo import ElfInfo, open_debug_file, read_info
+from gfxbpf.client.profiles.fileid import open_regular_path
 from gfxbpf.client.profiles.unwind import cfi
 from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
@@ -23,9 +31,39 @@ from gfxbpf.client.profiles.unwind.table import (
 )
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
-__all__ = ["compile_fdes", "compile_file", "file_facts", "rule_of"]
+__all__ = [
+    "MAX_CFI_BYTES",
+    "MAX_FDES",
+    "BadTable",
+    "Budget",
+    "compile_fdes",
+    "compile_file",
+    "file_facts",
+    "rule_of",
+]
 
 _KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT, -3: CFA_SIGNAL}
+# libLLVM's .eh_frame is 5 MB with 98,000 FDEs (3.6 s, 200 MB to compile):
+# three times that is more than any real file needs.
+MAX_CFI_BYTES = 16 << 20
+MAX_FDES = 300_000
+_U64_MAX = (1 << 64) - 1
+
+
+class BadTable(Exception):
+    """The file's call-frame information is refused as a whole (the message says why)."""
+
+
+class Budget:
+    """Bytes of call-frame information one caller may still parse, across files."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def take(self, n: int, what: str) -> None:
+        if n > self.left:
+            raise BadTable(f"{what} holds {n} bytes, more than the {self.left} left to parse")
+        self.left -= n
 
 
 def file_facts(path: str) -> ElfInfo | None:
@@ -34,7 +72,11 @@ def file_facts(path: str) -> ElfInfo | None:
 
 
 def compile_file(
-    path: str, info: ElfInfo, debug_root: str, origin: str | None = None
+    path: str,
+    info: ElfInfo,
+    debug_root: str,
+    origin: str | None = None,
+    budget: Budget | None = None,
 ) -> FileTable | None:
     """The file's table; one with no rows if it has no CFI at all (frame
     pointers are then the only way through it). .eh_frame first; its gaps
@@ -42,17 +84,40 @@ def compile_file(
     .symtab) that of its separate debug file. A program built without unwind
     tables still links the C runtime's few .eh_frame FDEs (_start), and has
     the rest only in .debug_frame when built with -g. origin: the file's own
-    path when path is /proc/self/fd/N (its debug file is looked for there)."""
+    path when path is /proc/self/fd/N (its debug file is looked for there).
+    Raises BadTable for a table refused as a whole (budget: what the caller
+    may still parse; each section's bytes are taken from it)."""
     sources: list[str] = []
-    fdes = _parsed(_cfi_section(path, ".eh_frame"), sources, "")
-    found = _cfi_section(path, ".debug_frame")
+    fdes = _parsed(_cfi_section(path, ".eh_frame", budget), sources, "")
+    found = _cfi_section(path, ".debug_frame", budget)
     prefix = ""
     if found is None and not info.has_symtab:
-        debug = debug_file(origin or path, info, debug_root)
-        found = _cfi_section(debug, ".debug_frame") if debug else None
+        debug = open_debug_file(origin or path, info, debug_root)
+        if debug is not None:
+            try:
+                found = _cfi_section(open_regular_path(debug.fd), ".debug_frame", budget)
+            finally:
+                os.close(debug.fd)
         prefix = "debug file "
     extra = _parsed(found, sources, prefix)
-    return compile_fdes(info.segments, fdes + _gaps_only(fdes, extra), " + ".join(sources))
+    fdes = _in_range(fdes + _gaps_only(fdes, extra), info.segments)
+    return compile_fdes(info.segments, fdes, " + ".join(sources))
+
+
+def _in_range(fdes: list[cfi.Fde], segments: tuple[tuple[int, int, int], ...]) -> list[cfi.Fde]:
+    """The FDEs that start in what the file loads (others are of discarded
+    code: a linker's tombstones). One that starts there and runs past it (a
+    4 GiB range in a small file) makes the whole table a lie: BadTable."""
+    if len(fdes) > MAX_FDES:
+        raise BadTable(f"{len(fdes)} FDEs, more than {MAX_FDES}")
+    top = max((vaddr + filesz for _, vaddr, filesz in segments), default=_U64_MAX)
+    kept = [f for f in fdes if f.start < top]
+    for f in kept:
+        if f.end > top:
+            raise BadTable(
+                f"an FDE covers {f.start:#x}-{f.end:#x}, past the end of the file's code"
+            )
+    return kept
 
 
 def _parsed(found: tuple[str, bytes, int] | None, sources: list[str], prefix: str) -> list[cfi.Fde]:
@@ -60,7 +125,10 @@ def _parsed(found: tuple[str, bytes, int] | None, sources: list[str], prefix: st
     if found is None:
         return []
     name, data, addr = found
-    fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame")
+    try:
+        fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame", MAX_FDES)
+    except cfi.CfiTooLarge as e:
+        raise BadTable(f"{name}: {e}") from None
     if fdes:
         sources.append(prefix + name)
     return fdes
@@ -82,8 +150,11 @@ def _gaps_only(have: list[cfi.Fde], more: list[cfi.Fde]) -> list[cfi.Fde]:
     return out
 
 
-def _cfi_section(path: str, name: str) -> tuple[str, bytes, int] | None:
-    """(name, contents, address) of a CFI section with contents, or None."""
+def _cfi_section(
+    path: str, name: str, budget: Budget | None = None
+) -> tuple[str, bytes, int] | None:
+    """(name, contents, address) of a CFI section with contents, or None.
+    Raises BadTable for one larger than MAX_CFI_BYTES or than the budget."""
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
@@ -92,6 +163,10 @@ def _cfi_section(path: str, name: str) -> tuple[str, bytes, int] | None:
         sec = elf.section(name)
         if sec is None or sec.type == SHT_NOBITS or sec.size < 8:
             return None
+        if sec.size > MAX_CFI_BYTES:
+            raise BadTable(f"{name} holds {sec.size} bytes, more than {MAX_CFI_BYTES}")
+        if budget is not None:
+            budget.take(sec.size, name)
         return name, elf.data(sec), sec.addr
     except (OSError, ElfError):
         return None
@@ -164,7 +239,8 @@ def _table(
     fdes: list[cfi.Fde],
     source: str,
 ) -> FileTable:
-    wide = "Q" if starts and starts[-1] > 0xFFFF_FFFF else "I"
+    top = max(starts[-1] if starts else 0, max((f.end for f in fdes), default=0))
+    wide = "Q" if top > 0xFFFF_FFFF else "I"
     fstarts = array(wide, (f.start for f in fdes))
     fends = array(wide, (f.end for f in fdes))
     return FileTable(

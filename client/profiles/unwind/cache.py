@@ -4,19 +4,17 @@ named by fileid.cache_key (build-id and file identity):
 a header, the segments, the row arrays, the rules, the FDE ranges and the
 source's name. Loading is a few array.frombytes calls (libLLVM's 6 MB table
 loads in milliseconds); the folder is pruned to CACHE_LIMIT, least recently
-used first, like the symbol cache.
+used first, like the symbol cache (both are diskcache.py).
 """
 
 from __future__ import annotations
 
-import os
-import stat
 import struct
 import sys
-import tempfile
 from array import array
 
-from gfxbpf.client.profiles.symtab import prune
+from gfxbpf.client.profiles import diskcache
+from gfxbpf.client.profiles.diskcache import CACHE_LIMIT
 from gfxbpf.client.profiles.unwind.table import FileTable, Rule
 
 __all__ = ["CACHE_LIMIT", "decode", "default_cache_dir", "encode", "load", "store"]
@@ -24,13 +22,11 @@ __all__ = ["CACHE_LIMIT", "decode", "default_cache_dir", "encode", "load", "stor
 _MAGIC = b"GFXUNW2\n"  # 2: signal frames (tables of 1 hold them as unsupported)
 # magic, segments, rows, rules, FDEs, source length, row-address and index type codes
 _HEADER = struct.Struct("<8sIIIIIcc2x")
-CACHE_LIMIT = 1 << 30
 _SWAP = sys.byteorder != "little"
 
 
 def default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gfxbpf", "unwind")
+    return diskcache.default_dir("unwind")
 
 
 def encode(t: FileTable) -> bytes:
@@ -88,47 +84,12 @@ def decode(data: bytes) -> FileTable | None:
     )
 
 
-def _private_dir(cache_dir: str) -> bool:
-    """The folder is the caller's and nobody else may write in it: a table
-    planted by another user would steer the unwinder."""
-    try:
-        st = os.stat(cache_dir)
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
 def load(cache_dir: str, key: str) -> FileTable | None:
-    if not _private_dir(cache_dir):
-        return None
-    path = os.path.join(cache_dir, key)
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_uid != os.getuid():
-                return None
-            table = decode(f.read())
-        if table is not None:
-            os.utime(path)  # recently used: pruned last
-        return table
-    except OSError:
-        return None
+    """The table stored under key (diskcache.load: only the caller's own)."""
+    data = diskcache.load(cache_dir, key)
+    return decode(data) if data is not None else None
 
 
 def store(cache_dir: str, key: str, table: FileTable, limit: int = CACHE_LIMIT) -> None:
-    """Write atomically (rename), so concurrent profiles never read half a
-    file. A cache that cannot be written only costs a parse next time."""
-    try:
-        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        if not _private_dir(cache_dir):
-            return
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(encode(table))
-            os.replace(tmp, os.path.join(cache_dir, key))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        return
-    prune(cache_dir, limit)
+    """Keep table under key (diskcache.store: atomic, never raises)."""
+    diskcache.store(cache_dir, key, encode(table), limit)

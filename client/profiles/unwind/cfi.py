@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CfiError", "Fde", "Section", "parse_cfi"]
+__all__ = ["CfiError", "CfiTooLarge", "Fde", "Section", "parse_cfi"]
 
 RSP, RBP, RA = 7, 6, 16
 _S32 = struct.Struct("<i").unpack_from
@@ -39,15 +39,24 @@ State = tuple[int, int, int, int, int]
 _PLT_HEAD, _PLT_TAIL = b"\x80\x00\x3f\x1a", b"\x2a\x33\x24\x22"
 
 
+# Distinct instruction strings whose rows are remembered (libLLVM has a few thousand).
+_MEMO_MAX = 1 << 16
+
+
 class _Absolute(Exception):
     """An FDE uses DW_CFA_set_loc: its rows cannot be shared with other FDEs."""
+
+
+class CfiTooLarge(Exception):
+    """A section holds more FDEs than the caller's limit: refused as a whole
+    (not a corrupt tail, whose head is kept)."""
 
 
 class CfiError(ValueError):
     """A CIE or FDE that runs outside its section or uses an unknown encoding."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a large table holds 100,000s
 class Fde:
     start: int
     end: int
@@ -348,8 +357,8 @@ class Section:
     """One .eh_frame or .debug_frame: its CIEs (parsed when first named) and
     the memo of instruction strings already run."""
 
-    def __init__(self, data: bytes, addr: int, eh: bool) -> None:
-        self.data, self.addr, self.eh = data, addr, eh
+    def __init__(self, data: bytes, addr: int, eh: bool, max_fdes: int = 1 << 62) -> None:
+        self.data, self.addr, self.eh, self.max_fdes = data, addr, eh, max_fdes
         self.cies: dict[int, _Cie] = {}
         # (CIE offset, instructions) -> rows relative to the FDE's start
         self.memo: dict[tuple[int, bytes], list[tuple[int, State]]] = {}
@@ -371,6 +380,8 @@ class Section:
                 raise CfiError(f"an entry at {pos:#x} runs past its section")
             ident = _U64(data, start)[0] if wide else _U32(data, start)[0]
             body = start + (8 if wide else 4)
+            if len(self.fdes) >= self.max_fdes:
+                raise CfiTooLarge(f"more than {self.max_fdes} FDEs")
             if self.eh and ident != 0:
                 self._fde(body, end, self._cie(start - ident))
             elif not self.eh and ident not in (0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF):
@@ -420,7 +431,9 @@ class Section:
         rows = self.memo.get(key)
         if rows is None:
             try:
-                rows = self.memo[key] = execute(code, cie, 0)
+                rows = execute(code, cie, 0)
+                if len(self.memo) < _MEMO_MAX:  # a crafted table shares nothing
+                    self.memo[key] = rows
             except _Absolute:
                 absolute = execute(code, cie, begin, self.addr + pos)
                 rows = [(a - begin, s) for a, s in absolute]
@@ -484,11 +497,13 @@ def _augmentation(data: bytes, pos: int, aug: str, eh: bool) -> tuple[int, int]:
     return enc, after
 
 
-def parse_cfi(data: bytes, addr: int, eh: bool) -> tuple[list[Fde], str | None]:
+def parse_cfi(
+    data: bytes, addr: int, eh: bool, max_fdes: int = 1 << 62
+) -> tuple[list[Fde], str | None]:
     """The FDEs of one section whose first byte is at address addr (eh: an
     .eh_frame, else a .debug_frame), and why the walk stopped early if it did
-    (what came before is kept)."""
-    section = Section(data, addr, eh)
+    (what came before is kept). Raises CfiTooLarge past max_fdes FDEs."""
+    section = Section(data, addr, eh, max_fdes)
     try:
         section.walk()
     except (CfiError, IndexError, ValueError, struct.error) as e:

@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from gfxbpf.client.profiles.unwind import cfi
-from gfxbpf.client.profiles.unwind.build import rule_of
+from gfxbpf.client.profiles.unwind.build import MAX_CFI_BYTES, rule_of
 from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
@@ -110,8 +110,8 @@ def open_lazy(path: str, segments: tuple[tuple[int, int, int], ...]) -> LazyTabl
         eh, hdr = elf.section(".eh_frame"), elf.section(".eh_frame_hdr")
         if eh is None or hdr is None or SHT_NOBITS in (eh.type, hdr.type):
             return None
-        if eh.size < LAZY_MIN_BYTES or hdr.size < 12:
-            return None
+        if not LAZY_MIN_BYTES <= eh.size <= MAX_CFI_BYTES or not 12 <= hdr.size <= eh.size:
+            return None  # a larger one is refused whole (build.BadTable)
         head = elf.read(hdr.offset, hdr.size, ".eh_frame_hdr")
         if head[:4] != _HDR:
             return None

@@ -22,6 +22,7 @@ __all__ = [
     "UnwindResult",
     "UserRegs",
     "marker_frame",
+    "stop_text",
 ]
 
 # Frames one unwind returns at most (the kernel's perf_event_max_stack default).
@@ -49,6 +50,9 @@ class Stop(enum.StrEnum):
     JIT = "jit"  # anonymous executable memory (a JIT): no CFI to follow
     NOT_CODE = "not-code"  # a return address outside every executable mapping (a broken chain)
     NO_FILE = "no-file"  # the mapped file could not be read (gone, replaced, not the caller's)
+    # The mapped file's call-frame table was refused as a whole (crafted or
+    # corrupt: build.BadTable); its marker frame names the file.
+    BAD_TABLE = "bad-table"
     TRUNCATED = "truncated"  # the next frame lies beyond the copied stack bytes
     BAD_CFA = (
         "bad-cfa"  # the frame address does not move up the stack, or its rule is not one we follow
@@ -65,6 +69,7 @@ _MARKERS = {
     Stop.JIT: "[unwind stopped: JIT code]",
     Stop.NOT_CODE: "[unwind stopped: not code]",
     Stop.NO_FILE: "[unwind stopped: file unreadable]",
+    Stop.BAD_TABLE: "[unwind stopped: bad table in {}]",
     Stop.TRUNCATED: "[unwind stopped: stack copy too short]",
     Stop.BAD_CFA: "[unwind stopped: bad frame]",
     Stop.DEPTH: "[unwind stopped: too deep]",
@@ -76,6 +81,8 @@ _EXPLAIN = {
     Stop.JIT: "JIT-compiled code (anonymous memory has no unwind tables)",
     Stop.NOT_CODE: "a return address that is not in any executable mapping",
     Stop.NO_FILE: "a mapped file that could not be read or was replaced",
+    Stop.BAD_TABLE: "a mapped file whose call-frame table was refused (crafted, corrupt or "
+    "too large)",
     Stop.TRUNCATED: "a stack deeper than the copied stack bytes",
     Stop.BAD_CFA: "a frame whose call-frame rule could not be followed",
     Stop.DEPTH: "the frame limit",
@@ -92,8 +99,16 @@ _ADVICE = {
 
 def marker_frame(stop: Stop | str) -> str:
     """The frame name that ends (outermost) a stack unwound only partly;
-    square brackets, like every frame the symbolizer makes up."""
-    return _MARKERS[Stop(stop)]
+    square brackets, like every frame the symbolizer makes up. stop is a Stop,
+    or the text of one with its file ("bad-table:/path", stop_text())."""
+    reason, _, where = str(stop).partition(":")
+    return _MARKERS[Stop(reason)].format(where or "a file")
+
+
+def stop_text(stop: Stop, where: str = "") -> str:
+    """A stop reason as the profile's records carry it: the Stop's value, and
+    for BAD_TABLE the file it stopped in ("bad-table:/usr/lib/x.so")."""
+    return f"{stop.value}:{where}" if stop is Stop.BAD_TABLE and where else stop.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +124,8 @@ class UnwindResult:
     # Frames whose return address was found by a stack scan past code without
     # CFI (scan.py), not read where a rule or a frame pointer put it.
     scanned: int = 0
+    # Stop.BAD_TABLE: the file whose table was refused.
+    where: str = ""
 
     @property
     def complete(self) -> bool:
@@ -127,7 +144,7 @@ class StopCounts:
         if stop is None:
             self.complete += weight
         else:
-            self.stopped[Stop(stop)] += weight
+            self.stopped[Stop(str(stop).partition(":")[0])] += weight
 
     def update(self, results: Iterable[tuple[UnwindResult, int]]) -> None:
         for r, weight in results:

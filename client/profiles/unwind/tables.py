@@ -32,7 +32,7 @@ from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import build, cache
 from gfxbpf.client.profiles.unwind.lazy import open_lazy
 from gfxbpf.client.profiles.unwind.result import Stop
-from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, Table
+from gfxbpf.client.profiles.unwind.table import NO_RULE, FileTable, Rule, Table
 
 __all__ = ["Located", "UnwindTables"]
 
@@ -43,6 +43,11 @@ Located = tuple[Table | None, int, Stop | None]
 MEMORY_LIMIT = 512 << 20
 # Code reads kept for the stack scan before the cache starts over.
 _CODE_CACHE = 1 << 16
+
+# Call-frame information parsed per run from files neither the caller nor
+# root owns (fileid.may_cache): another user's files are built as she likes,
+# and each of her files may hold up to build.MAX_CFI_BYTES.
+FOREIGN_CFI_BYTES = 16 << 20
 
 _UNSET: Located = (None, 0, Stop.NO_FILE)
 STEP_LIMIT = 1 << 16  # remembered steps per process
@@ -106,6 +111,8 @@ class UnwindTables:
         self._procs: dict[int, _ProcIndex] = {}
         self._vdso: Table | None | Literal[False] = False  # False: not read yet
         self.problems: dict[str, str] = {}  # file -> why it has no table
+        self.bad: set[str] = set()  # files whose table was refused (build.BadTable)
+        self.foreign = build.Budget(FOREIGN_CFI_BYTES)
         self.parsed = 0  # files whose CFI was parsed by this object
         self.cache_hits = 0  # ... and tables loaded from the disk cache instead
         self.parse_seconds = 0.0
@@ -148,9 +155,10 @@ class UnwindTables:
             return vdso, m.offset - m.start + seg, None
         if not m.is_file:
             return None, 0, (Stop.NO_CFI if m.path.startswith("[") else Stop.JIT)
-        table = self.file_table(maps.local_path(m), m.inode)
+        local = maps.local_path(m)
+        table = self.file_table(local, m.inode)
         if table is None:
-            return None, 0, Stop.NO_FILE
+            return None, 0, (Stop.BAD_TABLE if local in self.bad else Stop.NO_FILE)
         seg = table.vaddr_delta(m.offset, m.offset + m.end - m.start)
         if seg is None:
             self.problems.setdefault(m.file_path, "maps code outside its load segments")
@@ -243,10 +251,7 @@ class UnwindTables:
             if lazy is not None:  # serve it now, compile the whole table aside
                 self._compile_aside(fd_path, path, st, info, key)
                 return lazy
-        began = time.perf_counter()
-        table = build.compile_file(fd_path, info, self.debug_root, origin=path)
-        self.parse_seconds += time.perf_counter() - began
-        self.parsed += 1
+        table = self._compile(fd_path, path, info, trusted)
         if table is None:
             self.problems.setdefault(path, "is not a readable ELF file")
             return None
@@ -255,6 +260,23 @@ class UnwindTables:
         if trusted:
             cache.store(self.cache_dir, key, table)
         return table
+
+    def _compile(self, fd_path: str, path: str, info: ElfInfo, trusted: bool) -> FileTable | None:
+        """The file's whole table; None (path in self.bad) if it is refused.
+        Another user's file draws on self.foreign. Never raises: the file
+        may be built to make a parser fail."""
+        began = time.perf_counter()
+        budget = None if trusted else self.foreign
+        try:
+            return build.compile_file(fd_path, info, self.debug_root, path, budget)
+        except Exception as e:  # BadTable, or whatever else a crafted file reaches
+            why = str(e) if isinstance(e, build.BadTable) else f"{type(e).__name__}: {e}"
+            self.problems.setdefault(path, f"has a call-frame table refused: {why}")
+            self.bad.add(path)
+            return None
+        finally:
+            self.parse_seconds += time.perf_counter() - began
+            self.parsed += 1
 
     def _compile_aside(
         self, fd_path: str, path: str, st: os.stat_result, info: ElfInfo, key: str
@@ -265,10 +287,7 @@ class UnwindTables:
 
         def work() -> None:
             try:
-                began = time.perf_counter()
-                table = build.compile_file(open_regular_path(fd), info, self.debug_root, path)
-                self.parse_seconds += time.perf_counter() - began
-                self.parsed += 1
+                table = self._compile(open_regular_path(fd), path, info, may_cache(st))
             finally:
                 os.close(fd)
             if table is not None:

@@ -52,11 +52,13 @@ def unwind(
         # function that never returns can be the last instruction of its FDE.
         where, rule = lookup(pc, exact)
         if where is None:  # not code: never a frame
-            return UnwindResult(tuple(frames), guessed or Stop.NOT_CODE, scanned)
+            return _ended(frames, guessed or Stop.NOT_CODE, scanned, maps)
         frames.append(pc)
         if len(frames) >= max_frames:
             return UnwindResult(tuple(frames), Stop.DEPTH, scanned)
         why = where[2]
+        if why is Stop.BAD_TABLE:  # nothing a crafted file says is followed, not even rbp
+            return _ended(frames, why, scanned, maps)
         exact = rule.cfa == CFA_SIGNAL
         step: Step | Stop | None
         if rule.cfa == CFA_NONE:
@@ -72,8 +74,18 @@ def unwind(
         if step is None:  # the outermost frame
             return UnwindResult(tuple(frames), None, scanned)
         if isinstance(step, Stop):
-            return UnwindResult(tuple(frames), step, scanned)
+            return _ended(frames, step, scanned, maps)
         pc, sp, bp = step
+
+
+def _ended(frames: list[int], stop: Stop, scanned: int, maps: ProcessMaps) -> UnwindResult:
+    """The result of a walk that stopped early; a refused table's stop names
+    the file of the last frame (the one whose table it is)."""
+    where = ""
+    if stop is Stop.BAD_TABLE and frames:
+        m = maps.find(frames[-1])
+        where = m.file_path if m is not None else ""
+    return UnwindResult(tuple(frames), stop, scanned, where)
 
 
 def _frame_pointer_step(sp: int, bp: int | None, mem: Stack, why: Stop) -> Step | Stop | None:
