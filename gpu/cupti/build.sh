@@ -7,10 +7,10 @@
 #   gpu/cupti/build.sh [--out DIR] [--python PY]
 #       DIR/cu12/, DIR/cu13/: the unpacked wheels (include/, lib/)
 #       DIR/libgfxcupti-cu12.so, DIR/libgfxcupti-cu13.so: the libraries
-#   gpu/cupti/build.sh --local MAJOR INCLUDE_DIR... --out DIR
+#   gpu/cupti/build.sh --major N --include DIR [--include DIR...] [--lib DIR] --out DIR
 #       one build against headers already on the host (a GPU host's CUDA
-#       toolkit, or the nvidia/cu13/include of PyTorch's own wheels); the
-#       library takes the process's libcupti.so.MAJOR when it loads
+#       toolkit, or the nvidia/cu13/include of PyTorch's own wheels) and the
+#       libcupti.so.N in --lib (without it: the process's own, when it loads)
 #
 # Run by tools/setup.sh (DIR: beside the venv). Idempotent: a library newer
 # than its sources is kept.
@@ -19,20 +19,18 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PROGRAMS=$HERE/../../catalog/programs
 OUT=/opt/gfxbpf/cupti
 PY=python3
-LOCAL=()
+MAJOR="" LIBDIR="" INCLUDES=()
 while (($#)); do
     case $1 in
         --out) OUT=$2; shift 2 ;;
         --python) PY=$2; shift 2 ;;
-        --local) shift; LOCAL=("$@"); break ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --major) MAJOR=$2; shift 2 ;;
+        --include) INCLUDES+=("$2"); shift 2 ;;
+        --lib) LIBDIR=$2; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-if ((${#LOCAL[@]})); then  # --local MAJOR INCLUDE... --out DIR
-    n=${#LOCAL[@]}
-    if ((n >= 4)) && [ "${LOCAL[n-2]}" = --out ]; then OUT=${LOCAL[n-1]}; LOCAL=("${LOCAL[@]:0:n-2}"); fi
-fi
 mkdir -p "$OUT"
 
 # build MAJOR LIBDIR INCLUDE...: the injection library for that CUDA major.
@@ -73,8 +71,9 @@ fetch() {
     touch "$dest/.complete"
 }
 
-if ((${#LOCAL[@]})); then
-    build "${LOCAL[0]}" "" "${LOCAL[@]:1}"
+if ((${#INCLUDES[@]})); then
+    [ -n "$MAJOR" ] || { echo "build.sh: --include needs --major" >&2; exit 2; }
+    build "$MAJOR" "$LIBDIR" "${INCLUDES[@]}"
     exit 0
 fi
 # cuda.h's crt/host_defines.h: from nvidia-cuda-crt (13) for both, macros only.
