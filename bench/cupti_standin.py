@@ -1,5 +1,5 @@
 """The CUPTI stand-in (gpu/cupti/standin.c), gfxbpf's injection library built
-against it, and a workload that launches known kernels (cupti_workload.c).
+against it, and a Python workload that launches known kernels (SCRIPT).
 
 CI has no GPU: the stand-in makes the activity records a GPU would (kernels
 "gemm" and "relu" with fixed device times, host-to-device copies), so the
@@ -21,11 +21,56 @@ from bench.cuda_standin import BuildError, _gcc
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "gpu" / "cupti"
-WORKLOAD_C = Path(__file__).resolve().parent / "cupti_workload.c"
 MAJOR = 13
-# Device times the workload's kernels take on the stand-in (cupti_workload.c).
+# Device times the workload's kernels take on the stand-in (SCRIPT).
 NS = {"gemm": 250_000, "relu": 40_000, "copy": 7_000}
 COPY_BYTES = 4096
+# The workload: what the CUDA driver does at cuInit (load CUDA_INJECTION64_PATH
+# through the stand-in's gfx_standin_init), then one command per stdin line,
+# each answered "ok" after the library's poll (records handed to the probes):
+#   a N     N launches of "gemm" from launch_a (line 11)
+#   b N     N of "gemm" and N of "relu" from launch_b (lines 14, 15)
+#   copy N  N host-to-device copies of COPY_BYTES
+#   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
+#   stats   "records R launches L collecting C": the injection library's counters
+SCRIPT = """\
+import ctypes, os, sys
+C = ctypes.c_ulonglong
+cupti = ctypes.CDLL(sys.argv[1])
+cupti.gfx_standin_launch.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
+cupti.gfx_standin_memcpy.argtypes = [C, ctypes.c_uint, C]
+GEMM, RELU = b"gemm", b"relu"  # the stand-in keeps the pointers: module constants
+assert cupti.gfx_standin_init() == 1
+lib = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"])
+def launch_a(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch(GEMM, 250000, 128, 256)
+def launch_b(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch(GEMM, 250000, 64, 128)
+        cupti.gfx_standin_launch(RELU, 40000, 32, 1024)
+for f in ("gfx_cupti_records", "gfx_cupti_launches"):
+    getattr(lib, f).restype = C
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "a":
+        launch_a(int(arg))
+    elif cmd == "b":
+        launch_b(int(arg))
+    elif cmd == "copy":
+        for _ in range(int(arg)):
+            cupti.gfx_standin_memcpy(4096, 1, 7000)
+    elif cmd == "hold":
+        cupti.gfx_standin_hold(1)
+    elif cmd == "stats":
+        print("records", lib.gfx_cupti_records(), "launches", lib.gfx_cupti_launches(),
+              "collecting", lib.gfx_cupti_collecting(), flush=True)
+    lib.gfx_cupti_poll()
+    print("ok", flush=True)
+"""
+A_LINE, B_GEMM_LINE, B_RELU_LINE = 11, 14, 15  # in SCRIPT, for the tests
+MODULE_A_LINE, MODULE_B_LINE = 22, 24
 
 
 def cupti_dir() -> Path:
@@ -45,7 +90,7 @@ def includes() -> list[str]:
 class Built:
     standin: Path  # libcupti.so.13, the stand-in
     inject: Path  # the injection library, linked to the stand-in
-    workload: Path
+    script: Path  # the workload (SCRIPT)
 
 
 def build(out: Path) -> Built:
@@ -59,27 +104,27 @@ def build(out: Path) -> Built:
     _gcc(["-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wno-deprecated-declarations",
           *includes(), "-o", str(inject), str(GPU / "inject.c"), "-L", str(out),
           f"-l:{soname}", f"-Wl,-rpath,{out}", "-lpthread"])  # fmt: skip
-    workload = out / "cupti_workload"
-    _gcc(["-O1", "-fno-omit-frame-pointer", "-o", str(workload), str(WORKLOAD_C), "-L", str(out),
-          f"-l:{soname}", f"-Wl,-rpath,{out}", "-ldl"])  # fmt: skip
-    for p in (standin, inject, workload):
+    script = out / "cupti_workload.py"
+    script.write_text(SCRIPT)
+    for p in (standin, inject, script):
         os.chmod(p, 0o755)
-    return Built(standin, inject, workload)
+    return Built(standin, inject, script)
 
 
 class Workload:
     """The workload as a child process (prefix: e.g. setpriv to run as a user)."""
 
-    def __init__(self, built: Built, prefix: list[str] | None = None, **popen: Any) -> None:
+    def __init__(
+        self, built: Built, python: str, prefix: list[str] | None = None, **popen: Any
+    ) -> None:
         env = dict(popen.pop("env", None) or os.environ)
         env["CUDA_INJECTION64_PATH"] = str(built.inject)
         env.setdefault("GFX_CUPTI_POLL_MS", "20")
         self.proc = subprocess.Popen(
-            [*(prefix or []), str(built.workload)],
+            [*(prefix or []), python, str(built.script), str(built.standin)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, **popen,
         )  # fmt: skip
         assert self._line() == "ready"
-
     @property
     def pid(self) -> int:
         return self.proc.pid
@@ -104,6 +149,7 @@ class Workload:
 
     def stats(self) -> dict[str, int]:
         words = self.command("stats")[0].split()
+        # "records R launches L collecting C"
         return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
 
     def close(self) -> None:

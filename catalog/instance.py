@@ -393,7 +393,8 @@ def _attach_usdt(
     inst: Instance, prog_fd: int, a: Attach, params: Params, library_path: str | None
 ) -> bpfattach.Attachment:
     """A catalog USDT probe ("provider:name") in the request's library: every
-    site, one uprobe_multi link, each site's semaphore raised while attached."""
+    site, one uprobe_multi link, each site's semaphore raised while attached in
+    each process probed (following children: every process that maps it)."""
     if not params.library:
         raise ParameterError(f"program {inst.entry.name!r} needs a library")
     assert a.target  # the catalog checks usdt targets
