@@ -131,6 +131,11 @@ LIBS="$LIBCUDA,$(dirname "$LIBCUDA")/libcuda.so*"
     python3 -m gfxbpf.broker.admin approve stackcopy --users "$USERNAME" --scope self \
         --max-stack-bytes 16384
     python3 -m gfxbpf.broker.admin approve offcpu --users "$USERNAME" --scope self
+    # step 6: GPU time per kernel (cudakernels on the injection library)
+    if [ -n "$INJECT" ]; then
+        python3 -m gfxbpf.broker.admin approve cudakernels --users "$USERNAME" --scope self \
+            --libraries "$INJECT"
+    fi
     printf '[limits]\nmap_bytes_per_user = %d\n' $((512 << 20))
 } > "$WORK/policy.toml"
 chmod 0644 "$WORK/policy.toml"
@@ -286,7 +291,7 @@ EOF
 if [ -n "$INJECT" ]; then
     echo; echo "## GPU time per kernel and the injection library's cost (step 6)"
     python3 "$(dirname "$0")/gpu_kernels_check.py" --inject "$INJECT" --python "$PY" \
-        --user "$USERNAME" --out "$WORK/kernels.json" \
+        --user "$USERNAME" --out "$WORK/kernels.json" --socket "$WORK/run/control.sock" \
         || echo "gpu_check: step 6 failed (its output above says where)" >&2
 fi
 

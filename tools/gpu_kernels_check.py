@@ -3,7 +3,7 @@
 tools/gpu_check.sh's step 6; also runs alone:
 
   python3 tools/gpu_kernels_check.py --inject LIB [--python PY] [--user NAME]
-      [--launches N] [--matmuls N] [--out FILE.json] [--gfxclient SOCKET]
+      [--launches N] [--matmuls N] [--out FILE.json] [--socket SOCKET]
 
 LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
 (tools/gpu_kernels_workload.py) runs as --user with PyTorch. Measured:
@@ -14,10 +14,10 @@ LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
   3. listened, N matrix products of a fixed size, each between CUDA events:
      kernels counted and device ns per kernel from the `cudakernels` maps
      against the events' total;
-  4. with --gfxclient SOCKET (a broker whose policy grants the user
-     `cudakernels`), the same through `gfxclient watch cuda --gpu --json`, as
-     the user, with the launching Python functions.
-Without --gfxclient the program is attached here, as root, straight from the
+  4. with --socket SOCKET (a broker whose policy grants the user
+     `cudakernels`), listened to through `gfxclient watch cuda --gpu --json`, as
+     the user: rows per kernel and launching Python function.
+Without --socket the program is attached here, as root, straight from the
 catalog (no broker): the figures are the program's own maps.
 """
 
@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -80,7 +82,9 @@ class Workload:
 
 
 def per_launch(w: Workload, n: int, cmd: str = "loop") -> dict[str, float]:
-    times = [w.ask(f"{cmd} {n}")["s_per_launch"] * 1e6 for _ in range(REPEATS)]
+    # torch.profiler's trace takes seconds to process: fewer, shorter runs of it
+    repeats, n = (3, min(n, 5000)) if cmd == "profile" else (REPEATS, n)
+    times = [w.ask(f"{cmd} {n}")["s_per_launch"] * 1e6 for _ in range(repeats)]
     return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times)}
 
 
@@ -93,28 +97,77 @@ def wait_collecting(w: Workload, want: int, timeout: float = 5.0) -> float:
     raise RuntimeError(f"the injection library never reached collecting={want}")
 
 
-def attach_direct(pid: int, uid: int, inject: str) -> Any:
-    from gfxbpf.catalog import entries, instance
+class Direct:
+    """cudakernels attached here, as root, straight from the catalog (no broker)."""
 
-    entry = entries.load_catalog().get("cudakernels")
-    params = instance.Params(uid=uid, pid=pid, library=inject)
-    return instance.start(entry, entries.read_object(entry), params)
+    def __init__(self, pid: int, uid: int, inject: str) -> None:
+        from gfxbpf.catalog import entries, instance
+
+        entry = entries.load_catalog().get("cudakernels")
+        params = instance.Params(uid=uid, pid=pid, library=inject)
+        self.inst = instance.start(entry, entries.read_object(entry), params)
+
+    def rows(self) -> dict[tuple[str, str], dict[str, int]]:
+        """(kernel name, launch seen) -> kernels, ns, summed over the rows."""
+        names = {
+            struct.unpack("<Q", k)[0]: v.split(b"\0", 1)[0].decode(errors="replace")
+            for k, v in self.inst.obj.map("names").items()
+        }
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        for k, v in self.inst.obj.map("kernels").items():
+            _tgid, _uid, _py, name_hash, flags, _ = KERNEL_KEY.unpack(k)
+            n, ns = KERNEL_STATS.unpack(v)
+            key = (names.get(name_hash, hex(name_hash)), "launch seen" if flags else "not seen")
+            row = out.setdefault(key, {"kernels": 0, "ns": 0})
+            row["kernels"] += n
+            row["ns"] += ns
+        return out
+
+    def close(self) -> None:
+        self.inst.close()
 
 
-def read_kernels(inst: Any) -> dict[tuple[str, int], dict[str, int]]:
-    """(kernel name, launched flag) -> kernels, device_ns, summed over the rows."""
-    names = {
-        struct.unpack("<Q", k)[0]: v.split(b"\0", 1)[0].decode(errors="replace")
-        for k, v in inst.obj.map("names").items()
-    }
-    out: dict[tuple[str, int], dict[str, int]] = {}
-    for k, v in inst.obj.map("kernels").items():
-        _tgid, _uid, _py, name_hash, flags, _ = KERNEL_KEY.unpack(k)
-        n, ns = KERNEL_STATS.unpack(v)
-        row = out.setdefault((names.get(name_hash, hex(name_hash)), flags), {"kernels": 0, "ns": 0})
-        row["kernels"] += n
-        row["ns"] += ns
-    return out
+class ClientWatch:
+    """`gfxclient watch cuda --gpu --json` as the user, through the broker at socket."""
+
+    def __init__(self, pid: int, user: str | None, socket: str) -> None:
+        prefix = ["runuser", "-u", user, "--"] if user else []
+        env = ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"]
+        client = [sys.executable, "-m", "gfxbpf.client", "--socket", socket]
+        view = ["watch", "cuda", "--gpu", "--pid", str(pid), "--json", "--interval", "0.25"]
+        self.proc = subprocess.Popen(
+            [*prefix, *env, *client, *view],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.last: dict[str, Any] | None = None
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.lock:
+                self.last = json.loads(line)
+
+    def rows(self) -> dict[tuple[str, str], dict[str, int]]:
+        time.sleep(0.6)  # two views after the last change
+        with self.lock:
+            if self.last is None:
+                err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+                raise RuntimeError(f"gfxclient showed nothing yet {err}")
+            rows = self.last["by_kernel"]
+        return {
+            (r["kernel"], r["function"]): {"kernels": r["kernels"], "ns": r["device_ns"]}
+            for r in rows
+        }
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def diff(after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]]) -> dict[Any, Any]:
@@ -126,16 +179,16 @@ def diff(after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]]) ->
     return out
 
 
-def matmul_check(w: Workload, inst: Any, n: int) -> dict[str, Any]:
+def matmul_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
     w.ask("prep")
     time.sleep(0.3)
-    before = read_kernels(inst)
+    before = listener.rows()
     truth = w.ask(f"matmul {n}")
     time.sleep(0.5)  # the library hands records over at its next poll (100 ms)
-    got = diff(read_kernels(inst), before)
+    got = diff(listener.rows(), before)
     rows = [
-        {"kernel": name, "launch_seen": bool(flags), "kernels": r["kernels"], "device_ns": r["ns"]}
-        for (name, flags), r in sorted(got.items(), key=lambda t: -t[1]["ns"])
+        {"kernel": name, "launched_from": where, "kernels": r["kernels"], "device_ns": r["ns"]}
+        for (name, where), r in sorted(got.items(), key=lambda t: -t[1]["ns"])
     ]
     total = sum(r["device_ns"] for r in rows)
     return {
@@ -145,6 +198,24 @@ def matmul_check(w: Workload, inst: Any, n: int) -> dict[str, Any]:
         "device_ns_total": total,
         "ratio_to_events": total / truth["event_ns_total"] if truth["event_ns_total"] else None,
     }
+
+
+def listen(w: Workload, args: argparse.Namespace, uid: int, res: dict[str, Any]) -> Any:
+    """gfxclient through the broker if given one, else (or if that fails) the catalog here."""
+    if args.socket:
+        client = ClientWatch(w.pid, args.user, args.socket)
+        try:
+            res["collecting_after_s"] = round(wait_collecting(w, 1, 30), 3)
+            res["listener"] = "gfxclient watch cuda --gpu"
+            return client
+        except RuntimeError as e:
+            client.close()
+            assert client.proc.stderr is not None
+            res["gfxclient_error"] = f"{e}: {client.proc.stderr.read()[-2000:]}"
+    direct = Direct(w.pid, uid, args.inject)
+    res["collecting_after_s"] = round(wait_collecting(w, 1, 10), 3)
+    res["listener"] = "cudakernels from the catalog, as root"
+    return direct
 
 
 def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
@@ -159,14 +230,13 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
     try:
         res["loaded_not_listened"] = per_launch(w, args.launches)
         res["records_while_not_listened"] = w.ask("stats")["records"]
-        inst = attach_direct(w.pid, uid, args.inject)
+        listener = listen(w, args, uid, res)
         try:
-            res["collecting_after_s"] = round(wait_collecting(w, 1), 3)
             res["listened"] = per_launch(w, args.launches)
-            res["matmul"] = matmul_check(w, inst, args.matmuls)
+            res["matmul"] = matmul_check(w, listener, args.matmuls)
             res["stats_listened"] = w.ask("stats")
         finally:
-            inst.close()
+            listener.close()
         res["stopped_after_s"] = round(wait_collecting(w, 0), 3)
         before = w.ask("stats")["records"]
         w.ask(f"loop {args.launches}")
@@ -185,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20000)
     ap.add_argument("--matmuls", type=int, default=200)
     ap.add_argument("--out", default=None, help="write the results here as JSON")
+    ap.add_argument("--socket", default=None, help="a broker's socket: listen with gfxclient")
     args = ap.parse_args(argv)
     uid = int(subprocess.run(["id", "-u", args.user], capture_output=True, text=True,
                              check=True).stdout) if args.user else 0  # fmt: skip
