@@ -125,6 +125,7 @@ class Workload:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, **popen,
         )  # fmt: skip
         assert self._line() == "ready"
+
     @property
     def pid(self) -> int:
         return self.proc.pid

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from gfxbpf.client.handle import Attachment
+from gfxbpf.client import Attachment
 from gfxbpf.client.profiles.demangle import demangle
 
 PROGRAM = "cudakernels"

@@ -29,7 +29,7 @@
 #     stack copies), and off-CPU and wall-clock profiles of one that waits
 #     for the GPU; it prints the shares found;
 #  6. with --inject LIB (gfxbpf's CUPTI injection library, gpu/cupti/build.sh):
-#     GPU time per kernel and the library's cost, by tools/gpu_kernels_check.py:
+#     GPU time per kernel and the library's cost, by bench/gpu_kernels_check.py:
 #     a launch-bound loop without the library, with it loaded and not listened
 #     to, listened to (program `cudakernels` attached) and under torch.profiler;
 #     the records collected while nothing listened (0); and the device time of
@@ -290,7 +290,7 @@ EOF
 # ------------------------------------------------------------------ 6. GPU time per kernel
 if [ -n "$INJECT" ]; then
     echo; echo "## GPU time per kernel and the injection library's cost (step 6)"
-    python3 "$(dirname "$0")/gpu_kernels_check.py" --inject "$INJECT" --python "$PY" \
+    python3 "$(dirname "$0")/../bench/gpu_kernels_check.py" --inject "$INJECT" --python "$PY" \
         --user "$USERNAME" --out "$WORK/kernels.json" --socket "$WORK/run/control.sock" \
         || echo "gpu_check: step 6 failed (its output above says where)" >&2
 fi

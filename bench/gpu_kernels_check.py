@@ -2,11 +2,11 @@
 
 tools/gpu_check.sh's step 6; also runs alone:
 
-  python3 tools/gpu_kernels_check.py --inject LIB [--python PY] [--user NAME]
+  python3 bench/gpu_kernels_check.py --inject LIB [--python PY] [--user NAME]
       [--launches N] [--matmuls N] [--out FILE.json] [--socket SOCKET]
 
 LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
-(tools/gpu_kernels_workload.py) runs as --user with PyTorch. Measured:
+(bench/gpu_kernels_workload.py) runs as --user with PyTorch. Measured:
   1. a launch-bound loop (N tiny kernels) in a process without the library,
      with it loaded but not listened to, and listened to (the `cudakernels`
      program attached to that process), and under torch.profiler: time per launch;
