@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
