@@ -24,7 +24,15 @@ from gfxbpf.catalog.function_tables import TableFunction
 from gfxbpf.tomlcheck import checks
 from gfxbpf.tomlcheck.checks import Entry, FileProblems, Problems, show, shown
 
-ATTACH_KINDS = ("tracepoint", "raw_tracepoint", "tp_btf", "uprobe", "uretprobe", "perf_event")
+ATTACH_KINDS = (
+    "tracepoint",
+    "raw_tracepoint",
+    "tp_btf",
+    "uprobe",
+    "uretprobe",
+    "usdt",
+    "perf_event",
+)
 SHOWS = ("counter", "log2_histogram", "events", "table")
 UNITS = ("count", "bytes", "ns")
 PARAMETER_TYPES = ("int", "str", "list[str]")
@@ -41,6 +49,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TRACEPOINT = re.compile(r"^[A-Za-z0-9_]+/[A-Za-z0-9_]+$")
+_USDT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[A-Za-z_][A-Za-z0-9_]*$")
 _OBJECT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\.bpf\.o$")
 
 
@@ -614,6 +623,9 @@ def _check_attach_target(at: Entry, kind: str, target: str | None) -> None:
     elif kind == "tp_btf":  # needs vmlinux BTF, not tracefs
         if target is None or not _IDENT.match(target):
             at.add("target", "missing or not a tracepoint name (tp_btf/<name>)")
+    elif kind == "usdt":  # the probe is fixed; the library comes with the request
+        if target is None or not _USDT.match(target):
+            at.add("target", "missing or not a USDT probe ('provider:name')")
     elif target is not None:
         at.add("target", f"a {kind} takes no target in the catalog (chosen at attach time)")
 
@@ -665,9 +677,11 @@ def _field_variant(
 def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
     at.unknown_keys(t, _MAP_KEYS)
     name = _ident(at, t, "name", True)
-    if name is not None and len(name) > MAP_NAME_MAX:
-        at.add("name", f"{show(name)} is longer than {MAP_NAME_MAX} characters")
     visible = at.boolean(t, "visible", None)
+    # A client names a visible map; a hidden one may keep a longer name that
+    # a library header fixes (libbpf's __bpf_usdt_specs), cut by the loader.
+    if name is not None and len(name) > MAP_NAME_MAX and visible is not False:
+        at.add("name", f"{show(name)} is longer than {MAP_NAME_MAX} characters")
     shows = at.choice(t, "show", SHOWS, bool(visible))
     unit = at.choice(t, "unit", UNITS, bool(visible) and shows in ("counter", "log2_histogram"))
     key_label = at.string(t, "key_label")

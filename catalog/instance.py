@@ -17,7 +17,7 @@ from gfxbpf.bpf.btf import kernel as kernel_btf
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
 from gfxbpf.bpf.link import attach as bpfattach
-from gfxbpf.bpf.link import kinds, tracefs
+from gfxbpf.bpf.link import kinds, tracefs, usdt
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.catalog import pyfiles
@@ -271,7 +271,7 @@ def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:
     """Uprobe programs attach through uprobe_multi links, which need the attach type
     at load time (the uprobe perf PMU would need CAP_SYS_ADMIN)."""
     for a in entry.attach:
-        if a.kind in ("uprobe", "uretprobe"):
+        if a.kind in ("uprobe", "uretprobe", "usdt"):
             with _must_match_catalog():
                 prog = spec.programs[a.program]
             prog.expected_attach_type = BPF_TRACE_UPROBE_MULTI
@@ -388,11 +388,31 @@ def attach_entry(
                 cookies=params.cookies or None,
             )
         )
+    elif a.kind == "usdt":
+        inst.attachments.append(_attach_usdt(inst, prog.fd, a, params, library_path))
     elif a.kind == "perf_event":
         freq = params.frequency or DEFAULT_FREQUENCY
         inst.attachments.append(bpfattach.attach_perf_event(prog.fd, freq))
     else:  # catalog validation keeps this unreachable
         raise ParameterError(f"unknown attach kind {a.kind!r}")
+
+
+def _attach_usdt(
+    inst: Instance, prog_fd: int, a: Attach, params: Params, library_path: str | None
+) -> bpfattach.Attachment:
+    """A catalog USDT probe ("provider:name") in the request's library: every
+    site, one uprobe_multi link, each site's semaphore raised while attached in
+    each process probed (following children: every process that maps it)."""
+    if not params.library:
+        raise ParameterError(f"program {inst.entry.name!r} needs a library")
+    assert a.target  # the catalog checks usdt targets
+    provider, name = a.target.split(":", 1)
+    pid = params.pid if params.pid is not None and not params.children else -1
+    with _must_match_catalog():
+        specs = inst.obj.map(usdt.SPECS_MAP)
+    return usdt.attach_usdt(
+        prog_fd, specs, library_path or params.library, provider, name, pid=pid, multi=True
+    )
 
 
 def open_program(

@@ -31,8 +31,8 @@ def is_libcuda(path: str) -> bool:
     return base == "libcuda.so" or base.startswith("libcuda.so.")
 
 
-def find_libcuda(pid: int, maps_path: str | None = None) -> str:
-    """The libcuda file process pid has mapped, from its /proc/PID/maps.
+def mapped_files(pid: int, maps_path: str | None = None) -> list[str]:
+    """The files process pid maps, from its /proc/PID/maps (" (deleted)" kept).
 
     Reading another user's maps fails (the kernel's ptrace check), which is
     also what the broker would say: only your own processes.
@@ -50,12 +50,14 @@ def find_libcuda(pid: int, maps_path: str | None = None) -> str:
         ) from None
     except OSError as e:
         raise UsageError(f"cannot read /proc/{pid}/maps: {e.strerror}") from None
+    parts = (line.split(None, 5) for line in lines)
+    return [p[5] for p in parts if len(p) == 6 and p[5].startswith("/")]
+
+
+def find_libcuda(pid: int, maps_path: str | None = None) -> str:
+    """The libcuda file process pid has mapped, from its /proc/PID/maps."""
     deleted = None
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/"):
-            continue
-        mapped = parts[5]
+    for mapped in mapped_files(pid, maps_path):
         if mapped.endswith(" (deleted)"):
             if is_libcuda(mapped[: -len(" (deleted)")]):
                 deleted = mapped

@@ -2,7 +2,7 @@
 # tools/gpu_check.sh: check the `cuda` program against the truth on your own NVIDIA host.
 #
 #   sudo tools/gpu_check.sh [--python PY] [--user NAME] [--site DIR] [--launches N] [--keep]
-#                           [--out DIR] [--skip-python] [--cprofile]
+#                           [--out DIR] [--skip-python] [--cprofile] [--inject LIB]
 #
 # First run on 2026-11-26 on an NVIDIA H200 (driver 580, CUDA 13, PyTorch
 # 2.11): docs/gpu-hosts.md has its figures; add yours there.
@@ -27,7 +27,13 @@
 #     `profile --stacks-at libcuda:<launch function>` (native and Python launch
 #     stacks), CPU profiles of a Python loop that launches (8 and 16 KiB
 #     stack copies), and off-CPU and wall-clock profiles of one that waits
-#     for the GPU; it prints the shares found.
+#     for the GPU; it prints the shares found;
+#  6. with --inject LIB (gfxbpf's CUPTI injection library, gpu/cupti/build.sh):
+#     GPU time per kernel and the library's cost, by bench/gpu_kernels_check.py:
+#     a launch-bound loop without the library, with it loaded and not listened
+#     to, listened to (program `cudakernels` attached) and under torch.profiler;
+#     the records collected while nothing listened (0); and the device time of
+#     N matrix products from `cudakernels` against CUDA events around each.
 #
 # Options:
 #   --python PY   the Python that has PyTorch (default: python3); run as --user
@@ -41,6 +47,7 @@
 #   --out DIR     copy the reports, the audit log and the folded profiles here
 #   --skip-python skip step 5
 #   --cprofile    run step 5's CPU profile's gfxclient under cProfile (where its time goes)
+#   --inject LIB  run step 6 with this injection library (libgfxcupti-cu13.so)
 #
 # Needs: nvidia-smi, a libcuda.so.1 that ldconfig knows, PyTorch with CUDA for
 # --python, gfxbpf and its dependencies for root's python3, and a kernel with
@@ -57,6 +64,7 @@ KEEP=0
 OUTDIR=""
 PYFRAMES=1
 CPROFILE=0
+INJECT=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --python) PY=$2; shift 2 ;;
@@ -67,6 +75,7 @@ while [ $# -gt 0 ]; do
         --out) OUTDIR=$2; shift 2 ;;
         --skip-python) PYFRAMES=0; shift ;;
         --cprofile) CPROFILE=1; shift ;;
+        --inject) INJECT=$(readlink -f "$2"); shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 1 ;;
     esac
@@ -122,6 +131,11 @@ LIBS="$LIBCUDA,$(dirname "$LIBCUDA")/libcuda.so*"
     python3 -m gfxbpf.broker.admin approve stackcopy --users "$USERNAME" --scope self \
         --max-stack-bytes 16384
     python3 -m gfxbpf.broker.admin approve offcpu --users "$USERNAME" --scope self
+    # step 6: GPU time per kernel (cudakernels on the injection library)
+    if [ -n "$INJECT" ]; then
+        python3 -m gfxbpf.broker.admin approve cudakernels --users "$USERNAME" --scope self \
+            --libraries "$INJECT"
+    fi
     printf '[limits]\nmap_bytes_per_user = %d\n' $((512 << 20))
 } > "$WORK/policy.toml"
 chmod 0644 "$WORK/policy.toml"
@@ -272,6 +286,14 @@ print(f"| broker attach, first / second (ms) | {attach_ms[0] if attach_ms else '
 print(f"| launch time untraced → traced (µs) | {truth['launch_us_untraced']} → "
       f"{truth['launch_us_traced']} | — |")
 EOF
+
+# ------------------------------------------------------------------ 6. GPU time per kernel
+if [ -n "$INJECT" ]; then
+    echo; echo "## GPU time per kernel and the injection library's cost (step 6)"
+    python3 "$(dirname "$0")/../bench/gpu_kernels_check.py" --inject "$INJECT" --python "$PY" \
+        --user "$USERNAME" --out "$WORK/kernels.json" --socket "$WORK/run/control.sock" \
+        || echo "gpu_check: step 6 failed (its output above says where)" >&2
+fi
 
 [ "$PYFRAMES" = 1 ] || exit 0
 

@@ -46,6 +46,9 @@ if [ ! -x "$VENV/bin/python" ]; then
     /usr/bin/python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
 fi
+# The CUPTI injection library, once per CUDA major (gpu/cupti/build.sh; wheels from PyPI).
+gpu/cupti/build.sh --out "$(dirname "$VENV")/cupti" --python "$VENV/bin/python"
+chmod -R a+rX "$(dirname "$VENV")/cupti"
 if [ "${GFXBPF_SKIP_INSTALL:-0}" = 1 ] && "$VENV/bin/python" -c "import gfxbpf.broker.main" 2>/dev/null; then
     exit 0  # already installed by the caller (tests/kernel/test_demo.py)
 fi

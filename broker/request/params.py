@@ -92,6 +92,9 @@ def check_params(
             t.functions = _check_functions(res, params)
             t.library_fd, t.library = _open_library(policy, caller, res.policy_entry, params, fds)
             _check_functions_allowed(policy, res.policy_entry, t.functions)
+        elif any(a.kind == "usdt" for a in res.entry.attach):
+            _check_usdt_request(res, params)
+            t.library_fd, t.library = _open_library(policy, caller, res.policy_entry, params, fds)
         elif params.library or params.HasField("library_fd_index") or params.functions:
             raise BrokerError(
                 pb.ERROR_INVALID_ARGUMENT,
@@ -251,6 +254,20 @@ def _check_functions(res: Resolved, params: pb.AttachParams) -> tuple[str, ...]:
         if not fn or len(fn) > MAX_SYMBOL_LEN or "\0" in fn:
             raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"bad function name {fn!r}")
     return funcs
+
+
+def _check_usdt_request(res: Resolved, params: pb.AttachParams) -> None:
+    """A USDT program's probes are the catalog's: the request names the library only."""
+    if params.functions:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"program {res.entry.name!r} attaches to the catalog's USDT probes: "
+            "send params.library only, no functions",
+        )
+    if not (params.library or params.HasField("library_fd_index")):
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT, f"program {res.entry.name!r} needs params.library"
+        )
 
 
 def _refuse_client_functions(res: Resolved, params: pb.AttachParams) -> None:

@@ -28,7 +28,7 @@
 #define GFX_PY_CODES 512
 #include "gfx_ucall.h"
 #include "gfx_tree.h"
-#include "gfx_python.h"
+#include "gfx_pychain.h"
 #include "gfx_ucopy.h"
 #include <linux/ptrace.h>
 
@@ -90,22 +90,6 @@ static __always_inline __u64 count_call(const struct call_key *key)
 	return st->calls;  /* racy read: it only picks which calls send a copy */
 }
 
-/* A hash of the record's frames (FNV-1a over code and instruction value). */
-static __always_inline __u64 python_hash(struct py_rec *py)
-{
-	__u64 h = 0xcbf29ce484222325ull;
-	__u32 i, idx;
-
-	for (i = 0; i < GFX_PY_MAX_FRAMES; i++) {
-		if (i >= py->nframes)
-			break;
-		idx = i & (GFX_PY_MAX_FRAMES - 1);
-		h = (h ^ py->frames[idx].code) * 0x100000001b3ull;
-		h = (h ^ py->frames[idx].instr) * 0x100000001b3ull;
-	}
-	return py->nframes ? h | 1 : 0;
-}
-
 SEC("uprobe")
 int ustackcopy_entry(struct pt_regs *ctx)
 {
@@ -127,7 +111,7 @@ int ustackcopy_entry(struct pt_regs *ctx)
 		ev.key.caller = 0;
 	py = gfx_py_record();
 	if (py && gfx_py_walk(py))
-		ev.key.python = python_hash(py);
+		ev.key.python = gfx_py_chain_hash(py);
 	n = count_call(&ev.key);
 	if (!n)
 		gfx_count(&lost, &one, 1);  /* the table is full: the call is not counted */

@@ -23,6 +23,7 @@ from gfxbpf.client.mapdata import MapData
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
+    from gfxbpf.client.cli.cuda_kernels import KernelTimes
     from gfxbpf.client.cli.cuda_python import PythonLaunches
     from gfxbpf.client.cli.cuda_view import CudaWatch
 
@@ -36,6 +37,8 @@ examples:
                                              train_step (train.py:41), and launches/s
   gfxclient watch cuda --pid 4242 --by-python --once --json
                                              the same once, with each function's chains
+  gfxclient watch cuda --pid 4242 --gpu      GPU time per kernel and launching Python
+                                             function (CUDA_INJECTION64_PATH, see --gpu)
 
 --by-python counts every launch (cuLaunchKernel, cuLaunchKernelEx, their
 _ptsz, cooperative and graph variants) exactly, per Python call chain, with
@@ -57,6 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cuda only: kernel launches per innermost Python function of --pid PID, "
         "e.g. `train_step (train.py:41)` (--json: each with its whole Python chain); "
         "needs program ustackcopy on the target's libcuda in the policy",
+    )
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="cuda only: the GPU's own time per kernel, per launching Python function of "
+        "--pid PID (scope self) or per process and user (--scope system --library LIB); "
+        "the process must run with gfxbpf's CUPTI injection library "
+        "(CUDA_INJECTION64_PATH) and the policy grant program cudakernels on it",
     )
 
 
@@ -146,7 +157,15 @@ def _row_limit(args: argparse.Namespace, nmaps: int, height: int | None) -> int 
     return max(3, (height - 2) // max(nmaps, 1) - 4)
 
 
-def _make_watch(broker: Broker, args: argparse.Namespace) -> Watch | CudaWatch | PythonLaunches:
+def _make_watch(
+    broker: Broker, args: argparse.Namespace
+) -> Watch | CudaWatch | PythonLaunches | KernelTimes:
+    if args.gpu:
+        if args.name != CUDA_PROGRAM or args.map or args.by_python:
+            raise UsageError("--gpu is for `gfxclient watch cuda` (no --map, no --by-python)")
+        from gfxbpf.client.cli import cuda_kernels
+
+        return cuda_kernels.attach(broker, args)
     if args.by_python:
         if args.name != CUDA_PROGRAM or args.map:
             raise UsageError("--by-python is for `gfxclient watch cuda --pid PID` (no --map)")
@@ -211,7 +230,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _emit(
-    w: Watch | CudaWatch | PythonLaunches,
+    w: Watch | CudaWatch | PythonLaunches | KernelTimes,
     args: argparse.Namespace,
     out: TextIO,
     screen: Screen | None,

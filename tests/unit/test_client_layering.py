@@ -269,6 +269,7 @@ EXPORTER_CLIENT_API = {
     "gfxbpf.client.mapdata",  # a map's decoded snapshot
     "gfxbpf.client.libcuda",  # where a process maps libcuda; cuda key names
     "gfxbpf.client.syscalls",  # the generated system-call name table
+    "gfxbpf.client.profiles.demangle",  # C++ names as people read them (CUDA kernels)
 }
 EXPORTER_FILES = _module_files("exporter")
 

@@ -1,0 +1,169 @@
+"""The CUPTI stand-in (gpu/cupti/standin.c), gfxbpf's injection library built
+against it, and a Python workload that launches known kernels (SCRIPT).
+
+CI has no GPU: the stand-in makes the activity records a GPU would (kernels
+"gemm" and "relu" with fixed device times, host-to-device copies), so the
+injection library, its USDT probes and the `cudakernels` program run for
+real. The CUPTI and CUDA headers come from the wheels gpu/cupti/build.sh
+unpacked beside the venv (tools/setup.sh); GFXBPF_CUPTI_DIR names another place.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from bench.cuda_standin import BuildError, _gcc
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "gpu" / "cupti"
+MAJOR = 13
+# Device times the workload's kernels take on the stand-in (SCRIPT).
+NS = {"gemm": 250_000, "relu": 40_000, "copy": 7_000}
+COPY_BYTES = 4096
+# The workload: what the CUDA driver does at cuInit (load CUDA_INJECTION64_PATH
+# through the stand-in's gfx_standin_init), then one command per stdin line,
+# each answered "ok" after the library's poll (records handed to the probes):
+#   a N     N launches of "gemm" from launch_a (line 11)
+#   b N     N of "gemm" and N of "relu" from launch_b (lines 14, 15)
+#   copy N  N host-to-device copies of COPY_BYTES
+#   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
+#   stats   "records R launches L collecting C": the injection library's counters
+SCRIPT = """\
+import ctypes, os, sys
+C = ctypes.c_ulonglong
+cupti = ctypes.CDLL(sys.argv[1])
+cupti.gfx_standin_launch.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
+cupti.gfx_standin_memcpy.argtypes = [C, ctypes.c_uint, C]
+GEMM, RELU = b"gemm", b"relu"  # the stand-in keeps the pointers: module constants
+assert cupti.gfx_standin_init() == 1
+lib = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"])
+def launch_a(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch(GEMM, 250000, 128, 256)
+def launch_b(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch(GEMM, 250000, 64, 128)
+        cupti.gfx_standin_launch(RELU, 40000, 32, 1024)
+for f in ("gfx_cupti_records", "gfx_cupti_launches"):
+    getattr(lib, f).restype = C
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "a":
+        launch_a(int(arg))
+    elif cmd == "b":
+        launch_b(int(arg))
+    elif cmd == "copy":
+        for _ in range(int(arg)):
+            cupti.gfx_standin_memcpy(4096, 1, 7000)
+    elif cmd == "hold":
+        cupti.gfx_standin_hold(1)
+    elif cmd == "stats":
+        print("records", lib.gfx_cupti_records(), "launches", lib.gfx_cupti_launches(),
+              "collecting", lib.gfx_cupti_collecting(), flush=True)
+    lib.gfx_cupti_poll()
+    print("ok", flush=True)
+"""
+A_LINE, B_GEMM_LINE, B_RELU_LINE = 11, 14, 15  # in SCRIPT, for the tests
+MODULE_A_LINE, MODULE_B_LINE = 22, 24
+
+
+def cupti_dir() -> Path:
+    """Where setup.sh unpacked the CUPTI wheels: beside the venv's folder."""
+    env = os.environ.get("GFXBPF_CUPTI_DIR")
+    return Path(env) if env else Path(sys.prefix).resolve().parent / "cupti"
+
+
+def includes() -> list[str]:
+    inc = cupti_dir() / f"cu{MAJOR}" / "include"
+    if not (inc / "cupti.h").exists():
+        raise BuildError(f"no CUPTI headers in {inc} (run tools/setup.sh, gpu/cupti/build.sh)")
+    return ["-I", str(inc), "-I", str(ROOT / "catalog" / "programs")]
+
+
+@dataclass(frozen=True)
+class Built:
+    standin: Path  # libcupti.so.13, the stand-in
+    inject: Path  # the injection library, linked to the stand-in
+    script: Path  # the workload (SCRIPT)
+
+
+def build(out: Path) -> Built:
+    out.mkdir(parents=True, exist_ok=True)
+    soname = f"libcupti.so.{MAJOR}"
+    standin = out / soname
+    _gcc(["-shared", "-fPIC", "-O1", "-Wno-deprecated-declarations", *includes(),
+          f"-Wl,-soname,{soname}", "-o", str(standin), str(GPU / "standin.c"), "-ldl",
+          "-lpthread"])  # fmt: skip
+    inject = out / f"libgfxcupti-cu{MAJOR}.so"
+    _gcc(["-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wno-deprecated-declarations",
+          *includes(), "-o", str(inject), str(GPU / "inject.c"), "-L", str(out),
+          f"-l:{soname}", f"-Wl,-rpath,{out}", "-lpthread"])  # fmt: skip
+    script = out / "cupti_workload.py"
+    script.write_text(SCRIPT)
+    for p in (standin, inject, script):
+        os.chmod(p, 0o755)
+    return Built(standin, inject, script)
+
+
+class Workload:
+    """The workload as a child process (prefix: e.g. setpriv to run as a user)."""
+
+    def __init__(
+        self, built: Built, python: str, prefix: list[str] | None = None, **popen: Any
+    ) -> None:
+        env = dict(popen.pop("env", None) or os.environ)
+        env["CUDA_INJECTION64_PATH"] = str(built.inject)
+        env.setdefault("GFX_CUPTI_POLL_MS", "20")
+        self.proc = subprocess.Popen(
+            [*(prefix or []), python, str(built.script), str(built.standin)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, **popen,
+        )  # fmt: skip
+        assert self._line() == "ready"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _line(self) -> str:
+        out: IO[str] | None = self.proc.stdout
+        assert out is not None
+        line = out.readline()
+        if not line:
+            raise RuntimeError(f"cupti_workload exited ({self.proc.wait()})")
+        return line.strip()
+
+    def command(self, text: str) -> list[str]:
+        """Send one command; the lines it printed before its "ok"."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        while (line := self._line()) != "ok":
+            lines.append(line)
+        return lines
+
+    def stats(self) -> dict[str, int]:
+        words = self.command("stats")[0].split()
+        # "records R launches L collecting C"
+        return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Workload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,272 @@
+"""GPU time per kernel against the truth, and the injection library's cost (run as root).
+
+tools/gpu_check.sh's step 6; also runs alone:
+
+  python3 bench/gpu_kernels_check.py --inject LIB [--python PY] [--user NAME]
+      [--launches N] [--matmuls N] [--out FILE.json] [--socket SOCKET]
+
+LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
+(bench/gpu_kernels_workload.py) runs as --user with PyTorch. Measured:
+  1. a launch-bound loop (N tiny kernels) in a process without the library,
+     with it loaded but not listened to, and listened to (the `cudakernels`
+     program attached to that process), and under torch.profiler: time per launch;
+  2. while nothing listens, the library's own counter of records collected (0);
+  3. listened, N matrix products of a fixed size, each between CUDA events:
+     kernels counted and device ns per kernel from the `cudakernels` maps
+     against the events' total;
+  4. with --socket SOCKET (a broker whose policy grants the user
+     `cudakernels`), listened to through `gfxclient watch cuda --gpu --json`, as
+     the user: rows per kernel and launching Python function.
+Without --socket the program is attached here, as root, straight from the
+catalog (no broker): the figures are the program's own maps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOAD = os.path.join(HERE, "gpu_kernels_workload.py")
+KERNEL_KEY = struct.Struct("<IIQQII")  # cudakernels.bpf.c struct kernel_key
+KERNEL_STATS = struct.Struct("<QQ")
+REPEATS = 5
+
+
+class Workload:
+    def __init__(self, py: str, user: str | None, inject: str | None) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_INJECTION64_PATH"}
+        if inject:
+            env["CUDA_INJECTION64_PATH"] = inject
+        prefix = ["runuser", "-u", user, "--"] if user else []
+        self.proc = subprocess.Popen(
+            [*prefix, py, WORKLOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=env, cwd="/",
+        )  # fmt: skip
+        hello = self._read()
+        self.pid: int = hello["ready"]  # its own pid (runuser may stay as its parent)
+        self.injected = hello["injected"]
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"workload exited with {self.proc.wait()}")
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def ask(self, cmd: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.ask("exit")
+        except (BrokenPipeError, RuntimeError, json.JSONDecodeError):
+            pass
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def per_launch(w: Workload, n: int, cmd: str = "loop") -> dict[str, float]:
+    # torch.profiler's trace takes seconds to process: fewer, shorter runs of it
+    repeats, n = (3, min(n, 5000)) if cmd == "profile" else (REPEATS, n)
+    times = [w.ask(f"{cmd} {n}")["s_per_launch"] * 1e6 for _ in range(repeats)]
+    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times)}
+
+
+def wait_collecting(w: Workload, want: int, timeout: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if w.ask("stats")["collecting"] == want:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise RuntimeError(f"the injection library never reached collecting={want}")
+
+
+class Direct:
+    """cudakernels attached here, as root, straight from the catalog (no broker)."""
+
+    def __init__(self, pid: int, uid: int, inject: str) -> None:
+        from gfxbpf.catalog import entries, instance
+
+        entry = entries.load_catalog().get("cudakernels")
+        params = instance.Params(uid=uid, pid=pid, library=inject)
+        self.inst = instance.start(entry, entries.read_object(entry), params)
+
+    def rows(self) -> dict[tuple[str, str], dict[str, int]]:
+        """(kernel name, launch seen) -> kernels, ns, summed over the rows."""
+        names = {
+            struct.unpack("<Q", k)[0]: v.split(b"\0", 1)[0].decode(errors="replace")
+            for k, v in self.inst.obj.map("names").items()
+        }
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        for k, v in self.inst.obj.map("kernels").items():
+            _tgid, _uid, _py, name_hash, flags, _ = KERNEL_KEY.unpack(k)
+            n, ns = KERNEL_STATS.unpack(v)
+            key = (names.get(name_hash, hex(name_hash)), "launch seen" if flags else "not seen")
+            row = out.setdefault(key, {"kernels": 0, "ns": 0})
+            row["kernels"] += n
+            row["ns"] += ns
+        return out
+
+    def close(self) -> None:
+        self.inst.close()
+
+
+class ClientWatch:
+    """`gfxclient watch cuda --gpu --json` as the user, through the broker at socket."""
+
+    def __init__(self, pid: int, user: str | None, socket: str) -> None:
+        prefix = ["runuser", "-u", user, "--"] if user else []
+        env = ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"]
+        client = [sys.executable, "-m", "gfxbpf.client", "--socket", socket]
+        view = ["watch", "cuda", "--gpu", "--pid", str(pid), "--json", "--interval", "0.25"]
+        self.proc = subprocess.Popen(
+            [*prefix, *env, *client, *view],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.last: dict[str, Any] | None = None
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.lock:
+                self.last = json.loads(line)
+
+    def rows(self) -> dict[tuple[str, str], dict[str, int]]:
+        time.sleep(0.6)  # two views after the last change
+        with self.lock:
+            if self.last is None:
+                err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+                raise RuntimeError(f"gfxclient showed nothing yet {err}")
+            rows = self.last["by_kernel"]
+        return {
+            (r["kernel"], r["function"]): {"kernels": r["kernels"], "ns": r["device_ns"]}
+            for r in rows
+        }
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def diff(after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]]) -> dict[Any, Any]:
+    out = {}
+    for key, row in after.items():
+        old = before.get(key, {"kernels": 0, "ns": 0})
+        if row["kernels"] != old["kernels"]:
+            out[key] = {"kernels": row["kernels"] - old["kernels"], "ns": row["ns"] - old["ns"]}
+    return out
+
+
+def matmul_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
+    w.ask("prep")
+    time.sleep(0.3)
+    before = listener.rows()
+    truth = w.ask(f"matmul {n}")
+    time.sleep(0.5)  # the library hands records over at its next poll (100 ms)
+    got = diff(listener.rows(), before)
+    rows = [
+        {"kernel": name, "launched_from": where, "kernels": r["kernels"], "device_ns": r["ns"]}
+        for (name, where), r in sorted(got.items(), key=lambda t: -t[1]["ns"])
+    ]
+    total = sum(r["device_ns"] for r in rows)
+    return {
+        "truth": truth,
+        "rows": rows,
+        "kernels_total": sum(r["kernels"] for r in rows),
+        "device_ns_total": total,
+        "ratio_to_events": total / truth["event_ns_total"] if truth["event_ns_total"] else None,
+    }
+
+
+def listen(w: Workload, args: argparse.Namespace, uid: int, res: dict[str, Any]) -> Any:
+    """gfxclient through the broker if given one, else (or if that fails) the catalog here."""
+    if args.socket:
+        client = ClientWatch(w.pid, args.user, args.socket)
+        try:
+            res["collecting_after_s"] = round(wait_collecting(w, 1, 30), 3)
+            res["listener"] = "gfxclient watch cuda --gpu"
+            return client
+        except RuntimeError as e:
+            client.close()
+            assert client.proc.stderr is not None
+            res["gfxclient_error"] = f"{e}: {client.proc.stderr.read()[-2000:]}"
+    direct = Direct(w.pid, uid, args.inject)
+    res["collecting_after_s"] = round(wait_collecting(w, 1, 10), 3)
+    res["listener"] = "cudakernels from the catalog, as root"
+    return direct
+
+
+def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    plain = Workload(args.python, args.user, None)
+    try:
+        res["no_library"] = per_launch(plain, args.launches)
+        res["torch_profiler"] = per_launch(plain, args.launches, "profile")
+    finally:
+        plain.close()
+    w = Workload(args.python, args.user, args.inject)
+    try:
+        res["loaded_not_listened"] = per_launch(w, args.launches)
+        res["records_while_not_listened"] = w.ask("stats")["records"]
+        listener = listen(w, args, uid, res)
+        try:
+            res["listened"] = per_launch(w, args.launches)
+            res["matmul"] = matmul_check(w, listener, args.matmuls)
+            res["stats_listened"] = w.ask("stats")
+        finally:
+            listener.close()
+        res["stopped_after_s"] = round(wait_collecting(w, 0), 3)
+        before = w.ask("stats")["records"]
+        w.ask(f"loop {args.launches}")
+        res["records_after_detach"] = w.ask("stats")["records"] - before
+        res["torch_profiler_with_library_loaded"] = per_launch(w, args.launches, "profile")
+    finally:
+        w.close()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--inject", required=True, help="the injection library (libgfxcupti-cuNN.so)")
+    ap.add_argument("--python", default="python3", help="a Python with PyTorch (CUDA)")
+    ap.add_argument("--user", default=None, help="run the workload as this user (default: root)")
+    ap.add_argument("--launches", type=int, default=20000)
+    ap.add_argument("--matmuls", type=int, default=200)
+    ap.add_argument("--out", default=None, help="write the results here as JSON")
+    ap.add_argument("--socket", default=None, help="a broker's socket: listen with gfxclient")
+    args = ap.parse_args(argv)
+    uid = int(subprocess.run(["id", "-u", args.user], capture_output=True, text=True,
+                             check=True).stdout) if args.user else 0  # fmt: skip
+    res = overhead(args, uid)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The PyTorch workload of tools/gpu_check.sh's GPU-time step (run as the ordinary user).
+
+One command per line on stdin, one JSON line back per command:
+
+  prep        allocates the matrices and runs one product (cuBLAS picks and loads its kernel)
+  matmul N    N matrix products of a fixed size, N/4 from `mm_a` and 3N/4 from
+              `mm_b`, each between two CUDA events: the truth of their device
+              time (torch.cuda.Event.elapsed_time), and how many kernels one
+              product launches (torch.profiler is not used: it would take CUPTI)
+  loop N      N launches of a tiny kernel back to back (launch-bound): seconds per launch
+  profile N   the same loop under torch.profiler (CUDA activities): seconds per launch
+  stats       the injection library's counters (records collected, launches seen)
+  exit
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+SIZE = int(os.environ.get("GFX_MATMUL_SIZE", "8192"))
+
+
+def _lib() -> Any:
+    path = os.environ.get("CUDA_INJECTION64_PATH")
+    if not path:
+        return None
+    lib = ctypes.CDLL(path)  # the copy the driver loaded: same handle
+    for name in ("gfx_cupti_records", "gfx_cupti_launches"):
+        getattr(lib, name).restype = ctypes.c_ulonglong
+    return lib
+
+
+def _timed(a: torch.Tensor, b: torch.Tensor, out: list[float]) -> None:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.mm(a, b)
+    end.record()
+    end.synchronize()
+    out.append(start.elapsed_time(end) * 1e6)  # ms -> ns
+
+
+def mm_a(a: torch.Tensor, b: torch.Tensor, n: int, out: list[float]) -> None:
+    for _ in range(n):
+        _timed(a, b, out)
+
+
+def mm_b(a: torch.Tensor, b: torch.Tensor, n: int, out: list[float]) -> None:
+    for _ in range(n):
+        _timed(a, b, out)
+
+
+MATS: list[torch.Tensor] = []
+
+
+def prep() -> dict[str, Any]:
+    MATS[:] = [torch.randn(SIZE, SIZE, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    torch.mm(MATS[0], MATS[1])  # cuBLAS picks its kernel (and loads it) before the window
+    torch.cuda.synchronize()
+    return {"size": SIZE}
+
+
+def matmul(n: int) -> dict[str, Any]:
+    a, b = MATS
+    ns: list[float] = []
+    mm_a(a, b, n // 4, ns)
+    mm_b(a, b, n - n // 4, ns)
+    return {"size": SIZE, "products": len(ns), "from_mm_a": n // 4, "from_mm_b": n - n // 4,
+            "event_ns_total": sum(ns), "event_ns_mean": sum(ns) / len(ns),
+            "event_ns_min": min(ns), "event_ns_max": max(ns)}  # fmt: skip
+
+
+def launch_loop(x: torch.Tensor, n: int) -> None:
+    for _ in range(n):
+        x.add_(1)
+
+
+def loop(n: int) -> dict[str, Any]:
+    x = torch.zeros(16, device="cuda")
+    launch_loop(x, 1000)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    launch_loop(x, n)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    return {"launches": n, "s_per_launch": dt / n, "check": float(x[0].item())}
+
+
+def profile(n: int) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        return loop(n)
+
+
+def main() -> int:
+    torch.zeros(1, device="cuda")  # cuInit: the driver loads CUDA_INJECTION64_PATH here
+    lib = _lib()
+    print(json.dumps({"ready": os.getpid(), "injected": lib is not None}), flush=True)
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "prep":
+            reply = prep()
+        elif cmd == "matmul":
+            reply = matmul(int(arg))
+        elif cmd == "loop":
+            reply = loop(int(arg))
+        elif cmd == "profile":
+            reply = profile(int(arg))
+        elif cmd == "stats":
+            reply = {"records": lib.gfx_cupti_records() if lib else None,
+                     "launches": lib.gfx_cupti_launches() if lib else None,
+                     "collecting": lib.gfx_cupti_collecting() if lib else None}  # fmt: skip
+        elif cmd == "exit":
+            return 0
+        else:
+            reply = {"error": f"unknown command {cmd!r}"}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

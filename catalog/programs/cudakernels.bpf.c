@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cudakernels: the GPU's own time per CUDA kernel, joined to the stack that
+ * launched it. The data come from gfxbpf's CUPTI injection library
+ * (gpu/cupti/inject.c, loaded with CUDA_INJECTION64_PATH) through its USDT
+ * probes (records in gfx_cupti.h); attaching raises their semaphores, which
+ * is what makes the library collect at all.
+ *
+ * gfxcupti:launch(correlation id) fires on the launching thread. In scope
+ * self it walks the Python frames there (gfx_python.h), remembers the
+ * chain's hash under (tgid, correlation id), counts the launch per (tgid,
+ * chain) and, when that count reaches a power of two, sends the Python record
+ * and a stack copy (gfx_ucopy.h) that the client unwinds into the native
+ * launch stack, as ustackcopy does for a uprobe. gfxcupti:kernel(record,
+ * name) fires later, from the library's thread, once per kernel the GPU ran:
+ * it takes the launch's chain by correlation id and adds one kernel and its
+ * device nanoseconds (end - start) to the row (tgid, uid, chain, name hash),
+ * and keeps the name once per hash. Copies (memcpy, memset) count per
+ * (tgid, uid, kind) with bytes and device time.
+ *
+ * Scope system (target_uid GFX_ANY): no Python walk and no stack copy (those
+ * read process memory); rows per process and user, chain 0.
+ */
+#define GFX_UREC_RING_BYTES (1 << 20)
+#define GFX_PY_CODES 512
+#include "gfx_tree.h"
+#include "gfx_pychain.h"
+#include "gfx_ucopy.h"
+#include "gfx_cupti.h"
+#include <linux/ptrace.h>
+#include <stdbool.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/usdt.bpf.h>
+
+#define MAX_ROWS 16384
+#define MAX_NAMES 4096
+#define MAX_PENDING 65536
+#define ROW_LAUNCHED 1  /* kernel_key.flags: the launch was seen (its chain is known) */
+
+const volatile __u32 target_uid = GFX_ANY;
+const volatile __u32 target_pid = GFX_ANY;
+
+GFX_TREE_PROGRAMS(target_pid)
+
+struct kernel_key {
+	__u32 tgid;
+	__u32 uid;
+	__u64 python;     /* hash of the launch's Python chain (0: none or system scope) */
+	__u64 name_hash;  /* FNV-1a 64 of the kernel's name (gfx_cupti.h) */
+	__u32 flags;      /* ROW_LAUNCHED */
+	__u32 pad;
+};
+
+struct kernel_stats {
+	__u64 kernels;
+	__u64 device_ns;
+};
+
+struct launch_key {
+	__u32 tgid;
+	__u32 correlation_id;
+};
+
+struct chain_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 python;
+};
+
+struct copy_key {
+	__u32 tgid;
+	__u32 uid;
+	__u32 kind;  /* memcpy: CUpti_ActivityMemcpyKind; memset: 0x100 */
+	__u32 pad;
+};
+
+struct copy_stats {
+	__u64 copies;
+	__u64 bytes;
+	__u64 device_ns;
+};
+
+struct kernel_name {
+	char name[GFX_CUPTI_NAME_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ROWS);
+	__type(key, struct kernel_key);
+	__type(value, struct kernel_stats);
+} kernels SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NAMES);
+	__type(key, __u64);
+	__type(value, struct kernel_name);
+} names SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct copy_key);
+	__type(value, struct copy_stats);
+} copies SEC(".maps");
+
+/* The name being copied (too large for the BPF stack): one per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kernel_name);
+} name_scratch SEC(".maps");
+
+/* (tgid, correlation id) -> the launch's chain hash, until its kernel record comes */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_PENDING);
+	__type(key, struct launch_key);
+	__type(value, __u64);
+} pending SEC(".maps");
+
+/* (tgid, chain) -> launches, which picks the launches that send a stack copy */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_ROWS);
+	__type(key, struct chain_key);
+	__type(value, __u64);
+} launches SEC(".maps");
+
+static __always_inline int in_scope(void)
+{
+	return gfx_tree_ok(target_pid) && gfx_task_ok(target_uid);
+}
+
+/* Count a launch under its chain; true when the count is a power of two. */
+static __always_inline int count_launch(struct chain_key *ck)
+{
+	__u64 one = 1, *n, v;
+
+	n = bpf_map_lookup_elem(&launches, ck);
+	if (!n) {
+		bpf_map_update_elem(&launches, ck, &one, BPF_NOEXIST);
+		return 1;
+	}
+	v = __sync_fetch_and_add(n, 1) + 1;
+	return (v & (v - 1)) == 0;
+}
+
+/* The launch's stack copy, as ustackcopy sends one (entry_ns joins the Python record). */
+static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __u64 python)
+{
+	__u32 zero = 0;
+	struct ustack_rec *r;
+	__u64 ts = bpf_ktime_get_ns();
+
+	if (py && python) {
+		py->ts = ts;
+		if (!gfx_py_send(&stack_copies, py))
+			gfx_count(&lost, &zero, 1);
+	}
+	r = gfx_urec_start(0);
+	if (!r)
+		return;
+	r->ip = ctx->rip;
+	r->sp = ctx->rsp;
+	r->bp = ctx->rbp;
+	r->entry_ns = ts;
+	gfx_urec_copy(r);
+	gfx_urec_send(r);
+}
+
+SEC("usdt")
+int BPF_USDT(cupti_launch, __u32 correlation_id)
+{
+	struct launch_key lk = {};
+	struct chain_key ck = {};
+	struct py_rec *py = 0;
+	__u64 python = 0;
+
+	if (!in_scope())
+		return 0;
+	lk.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+	lk.correlation_id = correlation_id;
+	if (target_uid != GFX_ANY) {  /* scope self: the caller's own process memory */
+		py = gfx_py_record();
+		if (py && gfx_py_walk(py))
+			python = gfx_py_chain_hash(py);
+	}
+	bpf_map_update_elem(&pending, &lk, &python, BPF_ANY);
+	if (target_uid == GFX_ANY)
+		return 0;
+	ck.tgid = lk.tgid;
+	ck.python = python;
+	if (count_launch(&ck))
+		send_copy(ctx, py, python);
+	return 0;
+}
+
+/* A new row's name, if its hash has none yet. */
+static __always_inline void keep_name(__u64 hash, const char *name)
+{
+	struct kernel_name *slot;
+	__u32 zero = 0;
+
+	if (bpf_map_lookup_elem(&names, &hash))
+		return;
+	slot = bpf_map_lookup_elem(&name_scratch, &zero);
+	if (!slot)
+		return;
+	if (bpf_probe_read_user_str(slot->name, sizeof(slot->name), name) < 0)
+		slot->name[0] = 0;
+	bpf_map_update_elem(&names, &hash, slot, BPF_NOEXIST);
+}
+
+SEC("usdt")
+int BPF_USDT(cupti_kernel, void *record, const char *name)
+{
+	struct kernel_stats first = {}, *st;
+	struct gfx_cupti_kernel rec;
+	struct kernel_key key = {};
+	struct launch_key lk = {};
+	__u32 one = 1;
+	__u64 *python, ns;
+
+	if (!in_scope() || bpf_probe_read_user(&rec, sizeof(rec), record))
+		return 0;
+	key.tgid = lk.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+	key.uid = (__u32)bpf_get_current_uid_gid();
+	key.name_hash = rec.name_hash;
+	lk.correlation_id = rec.correlation_id;
+	python = bpf_map_lookup_elem(&pending, &lk);
+	if (python) {
+		key.python = *python;
+		key.flags = ROW_LAUNCHED;
+		bpf_map_delete_elem(&pending, &lk);
+	}
+	ns = rec.end_ns > rec.start_ns ? rec.end_ns - rec.start_ns : 0;
+	st = bpf_map_lookup_elem(&kernels, &key);
+	if (!st) {
+		first.kernels = 1;
+		first.device_ns = ns;
+		if (bpf_map_update_elem(&kernels, &key, &first, BPF_NOEXIST) == 0) {
+			keep_name(key.name_hash, name);
+			return 0;
+		}
+		st = bpf_map_lookup_elem(&kernels, &key);  /* another CPU made it */
+		if (!st) {
+			gfx_count(&lost, &one, 1);  /* the table is full */
+			return 0;
+		}
+	}
+	__sync_fetch_and_add(&st->kernels, 1);
+	__sync_fetch_and_add(&st->device_ns, ns);
+	return 0;
+}
+
+static __always_inline int count_copy(void *record, __u32 set)
+{
+	struct copy_stats first = {}, *st;
+	struct gfx_cupti_copy rec;
+	struct copy_key key = {};
+	__u64 ns;
+
+	if (!in_scope() || bpf_probe_read_user(&rec, sizeof(rec), record))
+		return 0;
+	key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+	key.uid = (__u32)bpf_get_current_uid_gid();
+	key.kind = set ? 0x100 : (rec.kind & 0xff);
+	ns = rec.end_ns > rec.start_ns ? rec.end_ns - rec.start_ns : 0;
+	st = bpf_map_lookup_elem(&copies, &key);
+	if (!st) {
+		first.copies = 1;
+		first.bytes = rec.bytes;
+		first.device_ns = ns;
+		if (bpf_map_update_elem(&copies, &key, &first, BPF_NOEXIST) == 0)
+			return 0;
+		st = bpf_map_lookup_elem(&copies, &key);
+		if (!st)
+			return 0;
+	}
+	__sync_fetch_and_add(&st->copies, 1);
+	__sync_fetch_and_add(&st->bytes, rec.bytes);
+	__sync_fetch_and_add(&st->device_ns, ns);
+	return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(cupti_memcpy, void *record)
+{
+	return count_copy(record, 0);
+}
+
+SEC("usdt")
+int BPF_USDT(cupti_memset, void *record)
+{
+	return count_copy(record, 1);
+}
+
+char LICENSE[] SEC("license") = "GPL";

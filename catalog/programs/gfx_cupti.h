@@ -1,0 +1,47 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The records gfxbpf's CUPTI injection library (gpu/cupti/inject.c) hands to
+ * its USDT probes, provider `gfxcupti`; the `cudakernels` program reads them
+ * with bpf_probe_read_user. Shared by both sides: change one, rebuild both.
+ *
+ *   gfxcupti:kernel(struct gfx_cupti_kernel *rec, const char *name)
+ *   gfxcupti:memcpy(struct gfx_cupti_copy *rec)
+ *   gfxcupti:memset(struct gfx_cupti_copy *rec)
+ *   gfxcupti:launch(__u32 correlation_id)  -- on the launching thread, at the
+ *       outermost launch call (runtime cudaLaunchKernel*, else driver cuLaunchKernel*)
+ *
+ * Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns's clock): the
+ * library maps CUPTI's GPU timestamps onto it.
+ */
+#ifndef GFX_CUPTI_H
+#define GFX_CUPTI_H
+
+#include <linux/types.h>
+
+#define GFX_CUPTI_NAME_MAX 256  /* kernel name bytes a reader keeps, NUL included */
+
+struct gfx_cupti_kernel {
+	__u64 start_ns;
+	__u64 end_ns;
+	__u64 name_hash;  /* FNV-1a 64 of the whole (mangled) name */
+	__u32 correlation_id;
+	__u32 device;
+	__u32 context;
+	__u32 stream;
+	__s32 grid[3];
+	__s32 block[3];
+};
+
+struct gfx_cupti_copy {
+	__u64 start_ns;
+	__u64 end_ns;
+	__u64 bytes;
+	__u32 correlation_id;
+	__u32 device;
+	__u32 context;
+	__u32 stream;
+	__u32 kind;  /* memcpy: CUpti_ActivityMemcpyKind (1 HtoD, 2 DtoH, 8 DtoD, ...); memset: 0 */
+	__u32 pad;
+};
+
+#endif /* GFX_CUPTI_H */

@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * gfxbpf's CUPTI injection library: the GPU's own time of each kernel, copy
+ * and memset, handed to USDT probes (provider gfxcupti, records in
+ * catalog/programs/gfx_cupti.h) that the `cudakernels` catalog program reads.
+ *
+ * Loaded by the CUDA driver at cuInit from CUDA_INJECTION64_PATH, which calls
+ * InitializeInjection. Nothing is collected while no probe is attached: a
+ * thread looks at the probes' USDT semaphores (the kernel raises them while a
+ * uprobe holds them) every GFX_CUPTI_POLL_MS (default 100) ms, and only while
+ * one is raised does the library subscribe to CUPTI, enable the kernel
+ * (CONCURRENT_KERNEL), memcpy and memset activity kinds and the launch
+ * callbacks. When the last probe goes, it flushes, disables and unsubscribes,
+ * so a profiler started later (torch.profiler, Nsight) can subscribe. If
+ * another CUPTI client already holds the subscription, it says so once on
+ * stderr and collects nothing.
+ *
+ * CUPTI's timestamps are mapped onto CLOCK_MONOTONIC by an offset measured
+ * (cuptiGetTimestamp between two clock_gettime calls, the tightest of a few)
+ * when collection starts and at every poll while it runs.
+ *
+ * Built per CUDA major version by gpu/cupti/build.sh (headers and libcupti
+ * from PyPI's nvidia-cuda-cupti wheels); the record fields used here sit at
+ * the same offsets in CUPTI 12 and 13 (Kernel9, Memcpy6, Memset4).
+ */
+#define _GNU_SOURCE
+#define _SDT_HAS_SEMAPHORES 1
+#include <cupti.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sdt.h>
+#include <time.h>
+
+#include "gfx_cupti.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define BUFFER_BYTES (1 << 20)
+#define ALIGN 8
+
+/* The semaphores dtrace -G would make; the kernel counts attached uprobes here. */
+EXPORT unsigned short gfxcupti_kernel_semaphore __attribute__((section(".probes")));
+EXPORT unsigned short gfxcupti_memcpy_semaphore __attribute__((section(".probes")));
+EXPORT unsigned short gfxcupti_memset_semaphore __attribute__((section(".probes")));
+EXPORT unsigned short gfxcupti_launch_semaphore __attribute__((section(".probes")));
+
+static atomic_ullong records;   /* activity records CUPTI handed us */
+static atomic_ullong launches;  /* launch callbacks seen */
+static atomic_ullong dropped;   /* records CUPTI says it dropped */
+static atomic_llong clock_offset;  /* CLOCK_MONOTONIC minus CUPTI time, ns */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static CUpti_SubscriberHandle subscriber;
+static int collecting;
+static int warned;
+static __thread int in_runtime_launch;
+
+/* Counters for tests and tools (ctypes or dlsym in the traced process). */
+EXPORT unsigned long long gfx_cupti_records(void) { return atomic_load(&records); }
+EXPORT unsigned long long gfx_cupti_launches(void) { return atomic_load(&launches); }
+EXPORT unsigned long long gfx_cupti_dropped(void) { return atomic_load(&dropped); }
+EXPORT int gfx_cupti_collecting(void) { return __atomic_load_n(&collecting, __ATOMIC_RELAXED); }
+
+static volatile unsigned short *const semaphores[] = {
+	&gfxcupti_kernel_semaphore, &gfxcupti_memcpy_semaphore,
+	&gfxcupti_memset_semaphore, &gfxcupti_launch_semaphore,
+};
+
+static int listened(void)
+{
+	for (size_t i = 0; i < sizeof(semaphores) / sizeof(semaphores[0]); i++)
+		if (*semaphores[i])
+			return 1;
+	return 0;
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The offset from the tightest of a few (monotonic, CUPTI, monotonic) triples. */
+static void calibrate(void)
+{
+	uint64_t best = UINT64_MAX;
+	int64_t offset = 0;
+
+	for (int i = 0; i < 5; i++) {
+		uint64_t a = mono_ns(), c = 0, b;
+
+		if (cuptiGetTimestamp(&c) != CUPTI_SUCCESS)
+			return;
+		b = mono_ns();
+		if (b - a < best) {
+			best = b - a;
+			offset = (int64_t)(a + (b - a) / 2) - (int64_t)c;
+		}
+	}
+	atomic_store(&clock_offset, offset);
+}
+
+static uint64_t to_mono(uint64_t cupti_ns)
+{
+	return cupti_ns + (uint64_t)atomic_load(&clock_offset);
+}
+
+static uint64_t fnv1a(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (; s && *s; s++)
+		h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+	return h;
+}
+
+static void emit_kernel(const CUpti_ActivityKernel9 *k)
+{
+	struct gfx_cupti_kernel rec = {
+		.start_ns = to_mono(k->start), .end_ns = to_mono(k->end),
+		.name_hash = fnv1a(k->name), .correlation_id = k->correlationId,
+		.device = k->deviceId, .context = k->contextId, .stream = k->streamId,
+		.grid = {k->gridX, k->gridY, k->gridZ},
+		.block = {k->blockX, k->blockY, k->blockZ},
+	};
+	const char *name = k->name ? k->name : "";
+
+	if (gfxcupti_kernel_semaphore)
+		STAP_PROBE2(gfxcupti, kernel, &rec, name);
+}
+
+static void emit_copy(uint64_t start, uint64_t end, uint64_t bytes, uint32_t corr,
+		      uint32_t dev, uint32_t ctx, uint32_t stream, uint32_t kind, int is_set)
+{
+	struct gfx_cupti_copy rec = {
+		.start_ns = to_mono(start), .end_ns = to_mono(end), .bytes = bytes,
+		.correlation_id = corr, .device = dev, .context = ctx, .stream = stream,
+		.kind = kind,
+	};
+
+	if (is_set && gfxcupti_memset_semaphore)
+		STAP_PROBE1(gfxcupti, memset, &rec);
+	else if (!is_set && gfxcupti_memcpy_semaphore)
+		STAP_PROBE1(gfxcupti, memcpy, &rec);
+}
+
+static void emit(const CUpti_Activity *r)
+{
+	atomic_fetch_add(&records, 1);
+	if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+		emit_kernel((const CUpti_ActivityKernel9 *)r);
+	} else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+		const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
+
+		emit_copy(m->start, m->end, m->bytes, m->correlationId, m->deviceId,
+			  m->contextId, m->streamId, m->copyKind, 0);
+	} else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+		const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)r;
+
+		emit_copy(m->start, m->end, m->bytes, m->correlationId, m->deviceId,
+			  m->contextId, m->streamId, 0, 1);
+	}
+}
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+	*buffer = aligned_alloc(ALIGN, BUFFER_BYTES);
+	*size = *buffer ? BUFFER_BYTES : 0;
+	*max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer,
+				      size_t size, size_t valid)
+{
+	CUpti_Activity *r = NULL;
+	size_t lost = 0;
+
+	(void)size;
+	while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS)
+		emit(r);
+	if (cuptiActivityGetNumDroppedRecords(ctx, stream, &lost) == CUPTI_SUCCESS && lost)
+		atomic_fetch_add(&dropped, lost);
+	free(buffer);
+}
+
+/* The launch probe fires once per launch, at the outermost API: a runtime
+ * launch (whose correlation id the kernel record carries) hides the driver
+ * call it makes. */
+static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+			    const void *data)
+{
+	const CUpti_CallbackData *cb = data;
+	int enter = cb->callbackSite == CUPTI_API_ENTER;
+
+	(void)userdata;
+	(void)cbid;
+	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+		if (!enter) {
+			in_runtime_launch -= in_runtime_launch > 0;
+			return;
+		}
+		in_runtime_launch++;
+	} else if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !enter || in_runtime_launch) {
+		return;
+	}
+	atomic_fetch_add(&launches, 1);
+	if (gfxcupti_launch_semaphore)
+		STAP_PROBE1(gfxcupti, launch, cb->correlationId);
+}
+
+static const CUpti_CallbackId runtime_launches[] = {
+	CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+	CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+	CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+	CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+	CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+	CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+	CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
+};
+
+static const CUpti_CallbackId driver_launches[] = {
+	CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+	CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+	CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+	CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+	CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+	CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+	CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+	CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+};
+
+static const CUpti_ActivityKind kinds[] = {
+	CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static void start_collecting(void)
+{
+	const char *why = NULL;
+	CUptiResult r = cuptiSubscribe(&subscriber, (CUpti_CallbackFunc)on_api, NULL);
+
+	if (r != CUPTI_SUCCESS) {
+		if (!warned) {
+			cuptiGetResultString(r, &why);
+			fprintf(stderr, "gfxcupti: not collecting GPU activity: another CUPTI client "
+					"(a profiler) holds CUPTI (%s); retrying while probes are attached\n",
+				why ? why : "?");
+			warned = 1;
+		}
+		return;
+	}
+	calibrate();
+	cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+	for (size_t i = 0; i < COUNT(runtime_launches); i++)
+		cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
+	for (size_t i = 0; i < COUNT(driver_launches); i++)
+		cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
+	for (size_t i = 0; i < COUNT(kinds); i++)
+		cuptiActivityEnable(kinds[i]);
+	__atomic_store_n(&collecting, 1, __ATOMIC_RELAXED);
+}
+
+static void stop_collecting(void)
+{
+	for (size_t i = 0; i < COUNT(kinds); i++)
+		cuptiActivityDisable(kinds[i]);
+	cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+	cuptiUnsubscribe(subscriber);
+	__atomic_store_n(&collecting, 0, __ATOMIC_RELAXED);
+}
+
+/* One poll: follow the semaphores, and while collecting hand over what is done. */
+EXPORT void gfx_cupti_poll(void)
+{
+	int want = listened();
+
+	pthread_mutex_lock(&lock);
+	if (want && !collecting)
+		start_collecting();
+	else if (!want && collecting)
+		stop_collecting();
+	if (collecting) {
+		calibrate();
+		cuptiActivityFlushAll(0);
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+static void *poller(void *arg)
+{
+	long ms = (long)(intptr_t)arg;
+	struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L};
+
+	for (;;) {
+		gfx_cupti_poll();
+		nanosleep(&pause, NULL);
+	}
+	return NULL;
+}
+
+/* At exit, the records still in CUPTI's buffers reach the probes. */
+static void flush_at_exit(void)
+{
+	pthread_mutex_lock(&lock);
+	if (collecting)
+		cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+	pthread_mutex_unlock(&lock);
+}
+
+EXPORT int InitializeInjection(void)
+{
+	static int done;
+	const char *env = getenv("GFX_CUPTI_POLL_MS");
+	long ms = env ? strtol(env, NULL, 10) : 100;
+	pthread_t thread;
+	pthread_attr_t attr;
+
+	if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST))
+		return 1;
+	if (ms < 1 || ms > 10000)
+		ms = 100;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&thread, &attr, poller, (void *)(intptr_t)ms)) {
+		fprintf(stderr, "gfxcupti: cannot start its thread; collecting nothing\n");
+		return 1;  /* the program runs on untouched */
+	}
+	pthread_setname_np(thread, "gfxcupti");
+	atexit(flush_at_exit);
+	return 1;
+}

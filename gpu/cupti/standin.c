@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * A stand-in for NVIDIA's libcupti (as bench/cuda_standin.c stands in for
+ * libcuda): the CUPTI functions gpu/cupti/inject.c calls, with CUPTI's
+ * signatures (cupti.h), and a pretend GPU. Tests build it with gcc -shared
+ * as libcupti.so.13 (or .12) so the injection library loads it in place of
+ * the real one, then launch "kernels" through the hooks below:
+ *
+ *   gfx_standin_init()                    what the driver does at cuInit: loads
+ *                                         CUDA_INJECTION64_PATH, calls InitializeInjection
+ *   gfx_standin_launch(name, ns, grid, block)
+ *                                         a cuLaunchKernel: the driver-API callback
+ *                                         (enter, exit) with a new correlation id, and,
+ *                                         while CONCURRENT_KERNEL is enabled, a kernel
+ *                                         record that ran exactly `ns` nanoseconds
+ *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY)
+ *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
+ *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+ *   gfx_standin_records()                 records produced so far
+ *
+ * Timestamps are CLOCK_MONOTONIC plus GFX_STANDIN_OFFSET, so a reader sees
+ * whether the injection library maps them back. Kernels run one after the
+ * other on the pretend GPU, from the launch on.
+ */
+#define _GNU_SOURCE
+#include <cupti.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define API __attribute__((visibility("default")))
+#define GFX_STANDIN_OFFSET 1000000000000ull  /* 1000 s ahead of CLOCK_MONOTONIC */
+#define DEVICE 0
+#define CONTEXT 1
+#define STREAM 7
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static CUpti_CallbackFunc callback;
+static void *callback_data;
+static int subscribed, held;
+static unsigned char driver_enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
+static int kind_enabled[64];
+static CUpti_BuffersCallbackRequestFunc request_fn;
+static CUpti_BuffersCallbackCompleteFunc complete_fn;
+static uint8_t *buffer;
+static size_t buffer_size, buffer_used;
+static uint32_t next_correlation = 1;
+static uint64_t gpu_free_at;
+static unsigned long long produced;
+
+static uint64_t now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + GFX_STANDIN_OFFSET;
+}
+
+API CUptiResult cuptiGetTimestamp(uint64_t *timestamp)
+{
+	*timestamp = now();
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiGetResultString(CUptiResult result, const char **str)
+{
+	*str = result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+		       ? "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"
+		       : (result ? "CUPTI_ERROR_UNKNOWN" : "CUPTI_SUCCESS");
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc fn, void *data)
+{
+	pthread_mutex_lock(&lock);
+	if (subscribed || held) {
+		pthread_mutex_unlock(&lock);
+		return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+	}
+	subscribed = 1;
+	callback = fn;
+	callback_data = data;
+	*subscriber = (CUpti_SubscriberHandle)&subscribed;
+	pthread_mutex_unlock(&lock);
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
+{
+	(void)subscriber;
+	pthread_mutex_lock(&lock);
+	subscribed = 0;
+	callback = NULL;
+	memset(driver_enabled, 0, sizeof(driver_enabled));
+	pthread_mutex_unlock(&lock);
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+				    CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+	(void)subscriber;
+	/* Only driver-API launches are simulated; runtime ids are accepted and unused. */
+	if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE)
+		driver_enabled[cbid] = (unsigned char)enable;
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc req,
+					       CUpti_BuffersCallbackCompleteFunc done)
+{
+	request_fn = req;
+	complete_fn = done;
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
+{
+	if ((unsigned)kind >= 64)
+		return CUPTI_ERROR_INVALID_KIND;
+	__atomic_store_n(&kind_enabled[kind], 1, __ATOMIC_RELAXED);
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
+{
+	if ((unsigned)kind >= 64)
+		return CUPTI_ERROR_INVALID_KIND;
+	__atomic_store_n(&kind_enabled[kind], 0, __ATOMIC_RELAXED);
+	return CUPTI_SUCCESS;
+}
+
+/* Hand the current buffer to the client; called with the lock held, released around it. */
+static void complete_locked(void)
+{
+	uint8_t *b = buffer;
+	size_t size = buffer_size, used = buffer_used;
+
+	if (!b)
+		return;
+	buffer = NULL;
+	buffer_used = buffer_size = 0;
+	pthread_mutex_unlock(&lock);
+	complete_fn(NULL, 0, b, size, used);
+	pthread_mutex_lock(&lock);
+}
+
+API CUptiResult cuptiActivityFlushAll(uint32_t flag)
+{
+	(void)flag;  /* every record is complete as soon as it is made */
+	pthread_mutex_lock(&lock);
+	if (buffer && buffer_used)
+		complete_locked();
+	pthread_mutex_unlock(&lock);
+	return CUPTI_SUCCESS;
+}
+
+/* Records are laid end to end, each padded to 8 bytes, after a size word. */
+API CUptiResult cuptiActivityGetNextRecord(uint8_t *buf, size_t valid, CUpti_Activity **record)
+{
+	size_t off = *record ? (size_t)((uint8_t *)*record - buf) : 0;
+
+	if (*record)
+		off += *(uint32_t *)(buf + off - 8);
+	else
+		off = 8;
+	if (off >= valid)
+		return CUPTI_ERROR_MAX_LIMIT_REACHED;
+	*record = (CUpti_Activity *)(buf + off);
+	return CUPTI_SUCCESS;
+}
+
+API CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext ctx, uint32_t stream, size_t *dropped)
+{
+	(void)ctx;
+	(void)stream;
+	*dropped = 0;
+	return CUPTI_SUCCESS;
+}
+
+/* Room for one record of `size` bytes (and its size word) in the buffer. */
+static void *append_locked(size_t size)
+{
+	size_t need = 8 + ((size + 7) & ~(size_t)7);
+	uint8_t *at;
+
+	if (buffer && buffer_used + need > buffer_size)
+		complete_locked();
+	if (!buffer) {
+		size_t max_records = 0;
+
+		request_fn(&buffer, &buffer_size, &max_records);
+		buffer_used = 0;
+		if (!buffer)
+			return NULL;
+	}
+	at = buffer + buffer_used;
+	*(uint32_t *)at = (uint32_t)need;  /* read back by cuptiActivityGetNextRecord */
+	buffer_used += need;
+	produced++;
+	return memset(at + 8, 0, need - 8);
+}
+
+static uint64_t run_on_gpu(uint64_t ns)
+{
+	uint64_t start = now();
+
+	if (start < gpu_free_at)
+		start = gpu_free_at;
+	gpu_free_at = start + ns;
+	return start;
+}
+
+static void api_callback(CUpti_CallbackId cbid, const char *name, uint32_t corr, int site)
+{
+	CUpti_CallbackData cb = {0};
+	CUpti_CallbackFunc fn;
+
+	pthread_mutex_lock(&lock);
+	fn = subscribed && driver_enabled[cbid] ? callback : NULL;
+	pthread_mutex_unlock(&lock);
+	if (!fn)
+		return;
+	cb.callbackSite = site;
+	cb.functionName = name;
+	cb.correlationId = corr;
+	fn(callback_data, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &cb);
+}
+
+API unsigned gfx_standin_launch(const char *name, unsigned long long ns, int grid, int block)
+{
+	uint32_t corr = __atomic_fetch_add(&next_correlation, 1, __ATOMIC_RELAXED);
+	CUpti_ActivityKernel9 *k;
+
+	api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", corr, CUPTI_API_ENTER);
+	pthread_mutex_lock(&lock);
+	if (__atomic_load_n(&kind_enabled[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], __ATOMIC_RELAXED) &&
+	    (k = append_locked(sizeof(*k)))) {
+		k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+		k->start = run_on_gpu(ns);
+		k->end = k->start + ns;
+		k->deviceId = DEVICE;
+		k->contextId = CONTEXT;
+		k->streamId = STREAM;
+		k->correlationId = corr;
+		k->gridX = grid, k->gridY = 1, k->gridZ = 1;
+		k->blockX = block, k->blockY = 1, k->blockZ = 1;
+		k->name = name;  /* the caller's string: tests pass literals */
+	}
+	pthread_mutex_unlock(&lock);
+	api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", corr, CUPTI_API_EXIT);
+	return corr;
+}
+
+API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigned long long ns)
+{
+	uint32_t corr = __atomic_fetch_add(&next_correlation, 1, __ATOMIC_RELAXED);
+	CUpti_ActivityMemcpy6 *m;
+
+	pthread_mutex_lock(&lock);
+	if (__atomic_load_n(&kind_enabled[CUPTI_ACTIVITY_KIND_MEMCPY], __ATOMIC_RELAXED) &&
+	    (m = append_locked(sizeof(*m)))) {
+		m->kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+		m->copyKind = (uint8_t)kind;
+		m->bytes = bytes;
+		m->start = run_on_gpu(ns);
+		m->end = m->start + ns;
+		m->deviceId = DEVICE;
+		m->contextId = CONTEXT;
+		m->streamId = STREAM;
+		m->correlationId = corr;
+	}
+	pthread_mutex_unlock(&lock);
+	return corr;
+}
+
+API void gfx_standin_hold(int on)
+{
+	pthread_mutex_lock(&lock);
+	held = on;
+	pthread_mutex_unlock(&lock);
+}
+
+API unsigned long long gfx_standin_records(void)
+{
+	return __atomic_load_n(&produced, __ATOMIC_RELAXED);
+}
+
+/* What the CUDA driver does at cuInit with CUDA_INJECTION64_PATH. */
+API int gfx_standin_init(void)
+{
+	const char *path = getenv("CUDA_INJECTION64_PATH");
+	void *lib;
+	int (*init)(void);
+
+	if (!path)
+		return 0;
+	lib = dlopen(path, RTLD_NOW);
+	init = lib ? (int (*)(void))dlsym(lib, "InitializeInjection") : NULL;
+	if (!init) {
+		fprintf(stderr, "standin cupti: cannot load %s: %s\n", path, dlerror());
+		return -1;
+	}
+	return init();
+}

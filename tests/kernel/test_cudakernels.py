@@ -1,0 +1,203 @@
+"""GPU time per kernel end to end on the CUPTI stand-in (CI has no GPU).
+
+gfxbpf's injection library (gpu/cupti/inject.c) is built against the
+stand-in libcupti (gpu/cupti/standin.c), which makes the activity records a
+GPU would for the workload's kernels ("gemm" 250 µs, "relu" 40 µs, launched
+from two Python functions: bench/cupti_standin.py). The broker runs as
+gfxbpf with CAP_BPF + CAP_PERFMON; `gfxclient watch cuda --gpu` runs as an
+ordinary user, finds the library in the target's maps, and program
+`cudakernels` attaches to its USDT probes. Compared exactly: kernels and
+device nanoseconds per (kernel, launching Python function); another user's
+process on the same library; the library's own counter while nothing listens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bench import cupti_standin as cs
+from tests.conftest import skip_or_fail
+from tests.kernel.brokerenv import (
+    ALICE,
+    BASE_ENV,
+    BOB,
+    MALLORY,
+    VENV_PYTHON,
+    BrokerProcess,
+    policy_for,
+    run_as,
+    setpriv_user_argv,
+    shared_dir,
+)
+
+pytestmark = pytest.mark.kernel
+PYTHON = "/usr/bin/python3"
+N, M, COPIES = 40, 25, 6
+
+
+@pytest.fixture(scope="module")
+def built() -> Iterator[cs.Built]:
+    if not os.access(PYTHON, os.X_OK):
+        skip_or_fail(f"{PYTHON} is not installed")
+    d = shared_dir(prefix="gfxbpf-cupti-")
+    try:
+        b = cs.build(d)
+    except cs.BuildError as e:
+        skip_or_fail(str(e))
+    subprocess.run(["chmod", "-R", "a+rX", str(d)], check=True)
+    yield b
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    built: cs.Built = request.getfixturevalue("built")
+    lib = [str(built.inject)]
+    return policy_for(
+        {
+            "cudakernels": [
+                {"users": [ALICE, BOB], "scope": "self", "libraries": lib},
+                {"users": [MALLORY], "scope": "system", "libraries": lib},
+            ]
+        },
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+
+
+def _workload(built: cs.Built, user: str) -> cs.Workload:
+    return cs.Workload(built, PYTHON, prefix=setpriv_user_argv(user, []), env=BASE_ENV, cwd="/")
+
+
+def _watch(broker: BrokerProcess, user: str, *args: str) -> subprocess.Popen[str]:
+    assert broker.grpc is not None
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--grpc", broker.grpc]
+    return run_as(
+        user,
+        [*argv, "watch", "cuda", "--gpu", "--json", "--interval", "0.5", *args],
+        background=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _collecting(w: cs.Workload, want: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while w.stats()["collecting"] != want:
+        assert time.monotonic() < deadline, f"the library never reached collecting={want}"
+        time.sleep(0.02)
+
+
+def _first(watch: subprocess.Popen[str]) -> dict[str, Any]:
+    """The first view, right after attaching (or what gfxclient said instead)."""
+    assert watch.stdout is not None
+    line = watch.stdout.readline()
+    if not line:
+        watch.wait(30)
+        raise AssertionError(watch.stderr.read() if watch.stderr else "gfxclient said nothing")
+    out: dict[str, Any] = json.loads(line)
+    return out
+
+
+def _finish(watch: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    assert watch.stdout is not None
+    lines = [json.loads(ln) for ln in watch.stdout]
+    err = watch.stderr.read() if watch.stderr else ""
+    assert watch.wait(30) == 0, err
+    return lines
+
+
+def _work(w: cs.Workload) -> None:
+    w.command(f"a {N}")
+    w.command(f"b {M}")
+    w.command(f"copy {COPIES}")
+
+
+def test_device_time_per_kernel_and_python_function_exactly(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    with _workload(built, ALICE) as mine, _workload(built, BOB) as bobs:
+        _work(mine)  # before anyone listens: nothing collected
+        assert mine.stats()["records"] == 0
+        watch = _watch(broker, ALICE, "--pid", str(mine.pid), "--duration", "4")
+        try:
+            first = _first(watch)
+            _collecting(mine, 1)
+            _work(mine)
+            _work(bobs)  # same library file, another user: never seen, never collected
+            lines = _finish(watch)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+        _collecting(mine, 0)  # detached: the library stops collecting
+        after = mine.stats()["records"]
+        _work(mine)
+        assert mine.stats()["records"] == after
+        assert bobs.stats()["records"] == 0
+    assert first["kernels"] == 0 and first["library"] == str(built.inject)
+    last = lines[-1]
+    script = str(built.script)
+    got = {(k["kernel"], k["function"]): k for k in last["by_kernel"]}
+    a = ("gemm", f"launch_a ({script}:{cs.A_LINE})")
+    b_gemm = ("gemm", f"launch_b ({script}:{cs.B_GEMM_LINE})")
+    b_relu = ("relu", f"launch_b ({script}:{cs.B_RELU_LINE})")
+    assert set(got) == {a, b_gemm, b_relu}, got
+    assert (got[a]["kernels"], got[a]["device_ns"]) == (N, N * cs.NS["gemm"])
+    assert (got[b_gemm]["kernels"], got[b_gemm]["device_ns"]) == (M, M * cs.NS["gemm"])
+    assert (got[b_relu]["kernels"], got[b_relu]["device_ns"]) == (M, M * cs.NS["relu"])
+    assert {k["pid"] for k in last["by_kernel"]} == {mine.pid}
+    assert last["kernels"] == N + 2 * M and last["lost"] == 0
+    assert got[a]["chains"] == [
+        {"chain": [f"<module> ({script}:{cs.MODULE_A_LINE})", a[1]], "kernels": N,
+         "device_ns": N * cs.NS["gemm"]}
+    ]  # fmt: skip
+
+
+def test_system_scope_sees_every_user_per_process(broker: BrokerProcess, built: cs.Built) -> None:
+    with _workload(built, ALICE) as alices, _workload(built, BOB) as bobs:
+        watch = _watch(broker, MALLORY, "--scope", "system", "--library", str(built.inject),
+                       "--duration", "3")  # fmt: skip
+        try:
+            _first(watch)
+            _collecting(alices, 1)
+            _collecting(bobs, 1)
+            alices.command(f"a {N}")
+            bobs.command(f"b {M}")
+            lines = _finish(watch)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    rows = {(k["pid"], k["kernel"]): (k["kernels"], k["device_ns"]) for k in lines[-1]["by_kernel"]}
+    assert rows == {
+        (alices.pid, "gemm"): (N, N * cs.NS["gemm"]),
+        (bobs.pid, "gemm"): (M, M * cs.NS["gemm"]),
+        (bobs.pid, "relu"): (M, M * cs.NS["relu"]),
+    }
+    # No Python chain in scope system: the rows say only that the launch was seen.
+    assert {k["function"] for k in lines[-1]["by_kernel"]} == {"[no Python frame]"}
+
+
+def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Built) -> None:
+    prefix = setpriv_user_argv(ALICE, [])
+    with cs.Workload(built, PYTHON, prefix, env=BASE_ENV, cwd="/", stderr=subprocess.PIPE) as mine:
+        mine.command("hold")  # a profiler holds CUPTI before anyone attaches
+        watch = _watch(broker, ALICE, "--pid", str(mine.pid), "--duration", "2")
+        try:
+            _finish(watch)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+        stats = mine.stats()
+        mine.close()
+        assert mine.proc.stderr is not None
+        err = mine.proc.stderr.read()
+    assert stats["collecting"] == 0 and stats["records"] == 0
+    # Said once, however often the library tried while the probes were attached.
+    assert err.count("gfxcupti: not collecting GPU activity: another CUPTI client") == 1, err

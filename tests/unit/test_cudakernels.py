@@ -1,0 +1,122 @@
+"""Program cudakernels outside the kernel: its catalog entry (USDT attach kind),
+gfxclient's grouping of its rows (watch cuda --gpu), the injection library
+found in a process's maps, and the exporter's labels (pid, uid, kernel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gfxbpf.catalog import entries
+from gfxbpf.client.cli import cuda_kernels as ck
+from gfxbpf.client.errors import UsageError
+from gfxbpf.exporter import kernels, mapping
+from gfxbpf.exporter.mapping import MapShape
+
+GEMM, RELU = 0x1111, 0x2222
+A, B = 0xA1, 0xB1  # Python chain hashes
+
+
+def test_the_catalog_attaches_each_probe_of_the_injection_library() -> None:
+    entry = entries.load_catalog().get("cudakernels")
+    usdt = {a.program: a.target for a in entry.attach if a.kind == "usdt"}
+    assert usdt == {
+        "cupti_launch": "gfxcupti:launch",
+        "cupti_kernel": "gfxcupti:kernel",
+        "cupti_memcpy": "gfxcupti:memcpy",
+        "cupti_memset": "gfxcupti:memset",
+    }
+    assert entry.scopes == ("self", "system")
+    assert entries.check_object(entry) == []
+
+
+def test_a_usdt_attach_needs_a_provider_and_name() -> None:
+    text = (entries.DEFAULT_PATH).read_text()
+    bad = text.replace('target = "gfxcupti:launch"', 'target = "launch"')
+    with pytest.raises(entries.CatalogError, match="not a USDT probe"):
+        entries.parse_catalog(bad, directory=entries.DEFAULT_PATH.parent)
+
+
+def _rows() -> list[tuple[ck.Row, int, int]]:
+    return [
+        ((10, 1000, A, GEMM, ck.LAUNCH_SEEN), 4, 1000),
+        ((10, 1000, B, GEMM, ck.LAUNCH_SEEN), 3, 900),
+        ((10, 1000, B, RELU, ck.LAUNCH_SEEN), 3, 120),
+        ((10, 1000, 0, RELU, 0), 2, 80),  # launched before attaching
+        ((10, 1000, 0xC1, GEMM, ck.LAUNCH_SEEN), 1, 250),  # chain not copied yet
+    ]
+
+
+def test_rows_group_by_kernel_and_innermost_python_function() -> None:
+    chains = {
+        (10, A): ("<module> (t.py:9)", "a (t.py:2)"),
+        (10, B): ("<module> (t.py:9)", "b (t.py:5)"),
+    }
+    got = ck.group(_rows(), {GEMM: "gemm", RELU: "relu"}, chains)
+    table = {(k.name, k.function): (k.kernels, k.device_ns) for k in got}
+    assert table == {
+        ("gemm", "a (t.py:2)"): (4, 1000),
+        ("gemm", "b (t.py:5)"): (3, 900),
+        ("relu", "b (t.py:5)"): (3, 120),
+        ("relu", ck.NO_LAUNCH): (2, 80),
+        ("gemm", ck.NOT_COPIED): (1, 250),
+    }
+    assert [k.device_ns for k in got] == sorted((k.device_ns for k in got), reverse=True)
+    first = got[0].as_json()
+    assert first["mean_ns"] == 250 and first["chains"] == [
+        {"chain": ["<module> (t.py:9)", "a (t.py:2)"], "kernels": 4, "device_ns": 1000}
+    ]
+
+
+def test_an_unnamed_kernel_shows_its_hash() -> None:
+    got = ck.group(_rows()[:1], {}, {})
+    assert got[0].name == f"[kernel {GEMM:#x}]"
+
+
+def test_the_injection_library_is_found_in_the_maps(tmp_path: Path, monkeypatch: Any) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 0 08:01 5 /usr/lib/libc.so.6\n"
+        "7f02-7f03 r-xp 0 08:01 6 /opt/gfxbpf/cupti/libgfxcupti-cu13.so\n"
+    )
+    monkeypatch.setattr(ck, "mapped_files", lambda pid: [
+        ln.split(None, 5)[5] for ln in maps.read_text().splitlines()
+    ])  # fmt: skip
+    assert ck.find_injection(1) == "/opt/gfxbpf/cupti/libgfxcupti-cu13.so"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 5 /usr/lib/libc.so.6\n")
+    with pytest.raises(UsageError, match="CUDA_INJECTION64_PATH"):
+        ck.find_injection(1)
+
+
+def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:
+    shape = MapShape("cudakernels", "kernels", "table", "", "k", ("kernels", "device_ns"))
+    raw = [
+        ({"tgid": 10, "uid": 1000, "python": 0, "name_hash": GEMM, "flags": 1, "pad": 0},
+         {"kernels": 4, "device_ns": 2_000_000_000}),
+        ({"tgid": 11, "uid": 1001, "python": 0, "name_hash": RELU, "flags": 0, "pad": 0},
+         {"kernels": 1, "device_ns": 5_000_000}),
+    ]  # fmt: skip
+    cut = kernels.cut("k" * 300)
+    assert len(cut) == kernels.NAME_MAX and cut.endswith("…")
+    built = mapping.build(shape, kernels.relabel(raw, {GEMM: "gemm", RELU: cut}), 100)
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in built.families
+        for s in f.samples
+    }
+    gemm = (("kernel", "gemm"), ("pid", "10"), ("uid", "1000"))
+    other = (("kernel", cut), ("pid", "11"), ("uid", "1001"))
+    assert got == {
+        ("gfxbpf_cudakernels_kernels_kernels_total", gemm): 4.0,
+        ("gfxbpf_cudakernels_kernels_device_seconds_total", gemm): 2.0,
+        ("gfxbpf_cudakernels_kernels_kernels_total", other): 1.0,
+        ("gfxbpf_cudakernels_kernels_device_seconds_total", other): 0.005,
+    }
+    # The per-program limit keeps the largest series and counts the rest.
+    small = mapping.build(shape, kernels.relabel(raw, {}), 1)
+    assert small.dropped == {
+        "gfxbpf_cudakernels_kernels_kernels": 1,
+        "gfxbpf_cudakernels_kernels_device_seconds": 1,
+    }
