@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    attach_latency,
     broker_memory,
     cuda_cost,
     exporter_scrape,
@@ -68,6 +69,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 2.0}),
     "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
     "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
+    "attach": ({"rounds": 5}, {"rounds": 1}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -83,9 +85,16 @@ RUNNERS = {
     "python": python_profile.run,
     "unwind": unwind_profile.run,
     "offcpu": offcpu.run,
+    "attach": attach_latency.run,
 }
 
 NOTES = [
+    "Attach (14): the broker's audited elapsed_ms from request to attachment live. Cold: "
+    "a stack copy size no earlier attach used, so the program is loaded and verified; warm: "
+    "the same knobs for another process, which attaches the instance the first profile "
+    "left parked (broker/sharing/warm.py). bpftool prog loadall verifies the object with "
+    "its default knobs (target_uid GFX_ANY: these self-only programs return at once), so "
+    "its figure is the floor of a load, not the same verification.",
     "Each ratio compares figures measured in this run, on this machine; medians over the "
     "rounds given in the JSON file.",
     "The broker ran from deploy/gfxbpf.service's ExecStart as the service user with only "

@@ -559,6 +559,30 @@ def _offcpu(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _attach(r: dict[str, Any]) -> list[Row]:
+    goals = r["goals_ms"]
+    rows: list[Row] = []
+    for program, t in r.items():
+        if program == "goals_ms":
+            continue
+        peer = f"{t['bpftool_ms']:.0f} ms"
+        for kind in ("cold", "warm"):
+            ms = t[f"{kind}_ms"]
+            note = "" if kind == "cold" or t["warm_reused"] else " (not parked: loaded)"
+            rows.append(
+                (
+                    f"14 attach of {program}, {kind}{note}: broker's audited time "
+                    "vs bpftool prog loadall (default knobs)",
+                    f"{ms:.1f} ms",
+                    peer,
+                    str(ratio(ms, t["bpftool_ms"])),
+                    f"≤ {goals[kind]:.0f} ms",
+                    _met(ms, lambda x, g=goals[kind]: x <= g),
+                )
+            )
+    return rows
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -573,6 +597,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "python": _python,
     "unwind": _unwind,
     "offcpu": _offcpu,
+    "attach": _attach,
 }
 
 

@@ -132,6 +132,8 @@ def _attach_offcpu(
     broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
 ) -> Attachment:
     kw: dict[str, Any] = {"pid": pid, "children": children, "min_block_us": req.min_block_us}
+    if req.stack_bytes:  # --stack-bytes sizes the waits' copies too
+        kw["stack_bytes"] = req.stack_bytes
     try:
         try:
             return broker.attach("offcpu", scope="self", python_files=files, **kw)
