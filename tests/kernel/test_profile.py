@@ -549,3 +549,18 @@ def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
             p.wait()
     _, second_attach = _stackcopy_attaches(broker)[before:]
     assert second_attach["warm"] is True, second_attach
+    # Another user with the same knobs never gets alice's parked instance.
+    bobs = run_as(BOB, [str(progs["hotcold"]), "100000"], background=True)
+    try:
+        r = gfxclient(
+            broker, "fd", "--json", "profile", "--pid", str(bobs.pid), "--duration", "1",
+            "--frequency", "499", "--format", "folded", "-o", "/tmp/bob-warm.folded", user=BOB,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["processes"] == [bobs.pid]
+    finally:
+        bobs.kill()
+        bobs.wait()
+        Path("/tmp/bob-warm.folded").unlink(missing_ok=True)
+    bob_attach = _stackcopy_attaches(broker)[-1]
+    assert bob_attach["uid"] != second_attach["uid"] and bob_attach["warm"] is False, bob_attach
