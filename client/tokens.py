@@ -1,9 +1,10 @@
 """A per-user cache of gRPC tokens, so each gfxclient run does not issue a new one.
 
 The broker keeps a few unexpired tokens per user (policy tokens_per_user, 4
-by default; a new one replaces the oldest) and a token lives up to an hour,
-so issuing one per command would cut short the tokens of the user's other
-clients. A token is a credential: the cache is a 0600 file in a 0700
+by default; a new one replaces the oldest that no client is using, and is
+refused when all are in use) and a token lives up to an hour, so issuing
+one per command would use up the user's tokens. A token is a credential:
+the cache is a 0600 file in a 0700
 directory the user owns, the first usable of $XDG_RUNTIME_DIR/gfxbpf,
 $XDG_CACHE_HOME/gfxbpf/tokens (~/.cache/gfxbpf/tokens) and
 $TMPDIR/gfxbpf-<uid>. A directory that is anything else (another owner, a

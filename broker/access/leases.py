@@ -91,6 +91,13 @@ class LeaseManager:
 
     # ------------------------------------------------------------ holders and owners
 
+    def in_use(self, key: str) -> bool:
+        """Whether the identity key's client is using it: attachments on its
+        leases, or a call in flight (a token so used is not replaced)."""
+        with self._lock:
+            h = self._holders.get(key)
+            return h is not None and (bool(h.leases) or h.busy > 0)
+
     def holder(self, key: str, caller: Any, *, expires_unix: float | None = None) -> Holder:
         """The holder for an identity key (created on first use).
 

@@ -10,9 +10,13 @@ metadata "authorization: Bearer <token>". Decisions:
   client, or a tool started from a short-lived shell, keeps working after
   the issuing connection closed). Its life is capped instead: at most the
   policy's token_ttl_seconds, and at most tokens_per_user unexpired tokens
-  per uid at once: a new one replaces the uid's oldest (refusing would lock
-  out a user whose client cannot keep its tokens, e.g. when another user
-  squats its cache directory). revoke() ends one early.
+  per uid at once. A new one replaces the uid's oldest token that is not in
+  use (in_use: its lease holds attachments or a call is in flight), so a
+  user whose client cannot keep its tokens (another user squats its cache
+  directory) is never locked out, and the short runs that each issue one
+  never end the token of the same user's long-running client (issue 35
+  item 10: five short runs ended a running `watch`). Only when every token
+  of the uid is in use is a new one refused. revoke() ends one early.
 - authenticate() returns the identity captured at issue time (uid, gid and
   supplementary groups from SO_PEERGROUPS), with pid 0 and transport "grpc":
   the gRPC caller is not a process the broker can see.
@@ -71,6 +75,9 @@ class TokenStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._tokens: dict[str, _Record] = {}
+        # digest -> whether a client is using that token now (the gRPC
+        # listener sets it from its leases); never called under _lock.
+        self.in_use: Callable[[str], bool] = lambda digest: False
 
     @classmethod
     def from_policy(cls, policy: Any, **kwargs: Any) -> TokenStore:
@@ -87,7 +94,8 @@ class TokenStore:
 
         ttl_seconds 0 = the longest allowed; larger values are capped at
         max_ttl. When the caller's uid already holds per_user unexpired
-        tokens, the one issued first stops working.
+        tokens, the oldest one not in use stops working; BrokerError
+        (RESOURCE_EXHAUSTED) when all of them are in use.
         """
         if ttl_seconds < 0:
             raise BrokerError(
@@ -96,13 +104,22 @@ class TokenStore:
         life = self.max_ttl if ttl_seconds == 0 else min(ttl_seconds, self.max_ttl)
         token = secrets.token_urlsafe(TOKEN_BYTES)
         with self._lock:
-            now = self._clock()
-            self._purge_locked(now)
-            held = [h for h, r in self._tokens.items() if r.uid == caller.uid]
+            self._purge_locked(self._clock())
             # The dict keeps issue order: the first ones are the oldest.
-            for h in held[: max(0, len(held) - self.per_user + 1)]:
-                del self._tokens[h]
-            expires = now + life
+            held = [h for h, r in self._tokens.items() if r.uid == caller.uid]
+        idle = [h for h in held if not self.in_use(h)]  # outside _lock: leases lock
+        excess = len(held) - self.per_user + 1
+        if excess > len(idle):
+            raise BrokerError(
+                pb.ERROR_RESOURCE_EXHAUSTED,
+                f"you hold {len(held)} gRPC tokens and every one is in use by a client "
+                "(attachments on its lease, or a call in flight): end one of those clients",
+                rule=f"[limits] tokens_per_user = {self.per_user}",
+            )
+        with self._lock:
+            for h in idle[: max(0, excess)]:
+                self._tokens.pop(h, None)
+            expires = self._clock() + life
             self._tokens[token_digest(token)] = _Record(caller, caller.uid, expires)
         return token, int(expires)
 

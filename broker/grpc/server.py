@@ -329,6 +329,8 @@ def start_grpc_server(
         tokens = TokenStore.from_policy(service.policy)
     servicer = _servicer(service, tokens, tls is not None, max_workers, reap_interval)
     leases = servicer.leases
+    # A token whose client holds attachments is never replaced by a new one.
+    tokens.in_use = lambda digest: leases.in_use("token:" + digest)
     inner_dir = _private_dir(unix_path, address) if unix_path is not None else None
     bind = f"unix:{inner_dir}/grpc.sock" if inner_dir is not None else address
     loop, thread = _start_loop()

@@ -13,6 +13,8 @@ policy names: the attacks need no grant), each a separate non-root user:
 - 9: mallory squats $TMPDIR/gfxbpf-<alice's uid>: alice, without
   XDG_RUNTIME_DIR, must still keep her gRPC token (in her home) and never be
   refused a token;
+- issue 35 item 10: with no usable home and that directory squatted,
+  alice's short runs must not end her running `--via grpc watch`;
 - 10: mallory's library carries libz's build-id and other names: alice's
   profiles must name real libz frames with libz's own names afterwards, and
   her symbol cache must hold nothing made from mallory's file;
@@ -344,6 +346,45 @@ def test_a_squatted_tmp_token_dir_does_not_lock_alice_out(
     for _ in range(TOKENS_PER_USER + 2):
         r = gfxclient(broker, "--via", "grpc", "dump", "syscount", env={"GFXBPF_TOKEN_CACHE": "0"})
         assert r.returncode == 0, r.stderr
+
+
+def test_short_runs_without_a_token_cache_leave_a_running_watch_working(
+    broker: BrokerProcess, work: Path
+) -> None:
+    """Issue 35 item 10: alice has no usable home and mallory squats her
+    /tmp/gfxbpf-UID, so every run issues a token; five short runs replaced
+    the token of her running `--via grpc watch`, which died UNAUTHENTICATED.
+    A token whose client holds attachments is no longer replaced."""
+    tmp = Path(tempfile.mkdtemp(prefix="tmp-nohome-", dir=work))
+    os.chmod(tmp, 0o1777)
+    squat = tmp / f"gfxbpf-{uid_of(ALICE)}"
+    r = run_as(MALLORY, ["mkdir", "-m", "700", str(squat)])
+    assert r.returncode == 0, r.stderr
+    env = {"TMPDIR": str(tmp), "HOME": "/nonexistent"}  # no XDG_RUNTIME_DIR either
+    assert broker.grpc is not None
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--grpc", broker.grpc]
+    watch = run_as(
+        ALICE,
+        [*argv, "--via", "grpc", "watch", "syscount", "--interval", "1", "--duration", "25"],
+        env=env,
+        background=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3)  # attached and reading
+        assert watch.poll() is None, watch.stderr.read() if watch.stderr else ""
+        for _ in range(TOKENS_PER_USER + 3):
+            r = gfxclient(broker, "--via", "grpc", "dump", "syscount", env=env)
+            assert r.returncode == 0, r.stderr
+        _, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0, err
+    assert "UNAUTHENTICATED" not in err and "Traceback" not in err, err
 
 
 # ------------------------------------------------------------------ 10: symbol cache poisoning

@@ -211,6 +211,19 @@ def _script(broker: BrokerProcess, name: str, text: str) -> str:
     return str(path)
 
 
+def _flood(broker: BrokerProcess, user: str, text: str, seconds: float) -> subprocess.Popen[str]:
+    """A flood script (argv: the socket, how long) running as user, its stdout piped."""
+    script = _script(broker, f"flood-{abs(hash(text))}.py", text)
+    return run_as(  # type: ignore[no-any-return]
+        user,
+        [VENV_PYTHON, script, broker.socket, str(seconds)],
+        background=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _policy(**limits: int) -> str:
     return policy_for({"syscount": {"users": [ALICE, BOB], "scope": ["self"]}}, limits=limits)
 
@@ -436,15 +449,7 @@ def test_an_audit_flood_does_not_hide_an_attach() -> None:
         limits={"audit_lines_per_second": rate},
     )
     with BrokerProcess.start(policy, grpc=False) as broker:
-        script = _script(broker, "flood_detach.py", FLOOD_DETACH)
-        flood = run_as(
-            ALICE,
-            [VENV_PYTHON, script, broker.socket, str(seconds)],
-            background=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        flood = _flood(broker, ALICE, FLOOD_DETACH, seconds)
         alice = Client(broker, ALICE)
         try:
             assert _json_line(flood) == {"flooding": True}
@@ -528,15 +533,7 @@ def test_a_session_flood_does_not_hide_an_implicit_detach() -> None:
         limits={"audit_lines_per_second": rate, "sessions_per_user": 8},
     )
     with BrokerProcess.start(policy, grpc=False) as broker:
-        flood = run_as(
-            MALLORY,
-            [VENV_PYTHON, _script(broker, "flood_sessions.py", FLOOD_SESSIONS), broker.socket]
-            + [str(seconds)],
-            background=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        flood = _flood(broker, MALLORY, FLOOD_SESSIONS, seconds)
         real = Client(broker, MALLORY)
         try:
             assert _json_line(flood) == {"flooding": True}

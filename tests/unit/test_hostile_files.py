@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.client.profiles import elfinfo, elfsyms
+from gfxbpf.client.profiles import elfinfo, elfsyms, fileid, symbolize
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import UserRegs, build, marker_frame, unwind
 from gfxbpf.client.profiles.unwind import tables as tables_module
@@ -77,7 +77,7 @@ def test_fdes_of_discarded_code_are_dropped_not_refused(tmp_path: Path) -> None:
 
 SWAP_AND_BUILD = """
 import os, sys
-from gfxbpf.client.profiles import elfinfo, elfsyms
+from gfxbpf.client.profiles import elfinfo, elfsyms, fileid, symbolize
 from gfxbpf.client.profiles.unwind import build
 path, debug = sys.argv[1], sys.argv[2]
 checked = elfinfo._crc32
@@ -164,3 +164,24 @@ def test_a_symbol_table_built_to_fill_memory_is_left_out(tmp_path: Path) -> None
     assert elfsyms.function_ranges(str(bomb)) == []
     # The same file within a larger allowance: every function, each name decoded once.
     assert len(elfsyms.function_ranges(str(bomb), 256 << 20)) == 4000
+
+
+def test_other_users_function_names_share_one_budget_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fileid, "may_cache", lambda st: False)  # another user's files
+    monkeypatch.setattr(symbolize, "FOREIGN_NAME_BYTES", 1 << 20)
+    sym = symbolize.Symbolizer(cache_dir=str(tmp_path / "cache"))
+    names = []
+    for i in range(2):
+        lib = tmp_path / f"lib{i}.so"
+        lib.write_bytes(hostile_elf.symbol_bomb(100, 12_000))  # ~600 KB of names each
+        fd, st = fileid.open_regular(str(lib))
+        try:
+            table = sym._load_or_parse(str(lib), fd, st)
+        finally:
+            os.close(fd)
+        assert table is not None
+        names.append(len(table.names))
+    assert names == [100, 0], names  # the second would pass the run's 1 MiB
+    assert sym.foreign_names < 1 << 19

@@ -97,6 +97,27 @@ def test_a_token_over_the_per_user_limit_replaces_that_uids_oldest() -> None:
     assert store.authenticate(fifth) is not None and store.authenticate(sixth) is not None
 
 
+def test_a_token_in_use_is_never_replaced() -> None:
+    # Issue 35 item 10: short runs that each issue a token (their cache
+    # directory refused) replaced the token of the same user's running watch.
+    store = TokenStore(max_ttl=100, per_user=2, clock=Clock())
+    live: set[str] = set()
+    store.in_use = lambda digest: digest in live
+    watch, _ = store.issue(ALICE)
+    live.add(token_digest(watch))  # its lease holds attachments
+    runs = [store.issue(ALICE)[0] for _ in range(5)]
+    assert store.authenticate(watch) is not None, "a short run replaced the watch's token"
+    assert store.authenticate(runs[-1]) is not None and store.count(ALICE.uid) == 2
+    # Every token in use: a new one is refused, none replaced.
+    live.add(token_digest(runs[-1]))
+    with pytest.raises(BrokerError) as ei:
+        store.issue(ALICE)
+    assert ei.value.code == pb.ERROR_RESOURCE_EXHAUSTED
+    assert ei.value.rule == "[limits] tokens_per_user = 2"
+    assert store.authenticate(watch) is not None and store.authenticate(runs[-1]) is not None
+    assert store.issue(BOB)[0]  # another user is not affected
+
+
 def test_revoke() -> None:
     store = TokenStore(clock=Clock())
     a1, _ = store.issue(ALICE)
