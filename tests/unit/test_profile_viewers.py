@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.client.profiles.elfinfo import read_info
-from gfxbpf.client.profiles.model import Profile, RawStack, Thread
+from gfxbpf.client.profiles.model import FrameInfo, Profile, RawStack, Thread
 from gfxbpf.client.profiles.procmaps import capture
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.writers import write_profile
@@ -189,3 +189,19 @@ def test_speedscope_shows_the_heaviest_thread_first_and_lists_them_all(tmp_path:
         "app (pid 1) thread busy (tid 2) (samples)",
         "tool (pid 3) thread tool (tid 3) (samples)",
     ], names
+
+
+def test_pprof_keeps_demangled_cpp_and_jit_names_as_written(tmp_path: Path) -> None:
+    """A symbol keeps its mangled form as system_name (pprof leaves the
+    demangled name alone); a perf map's JIT name has none (pprof would strip
+    its <...> as C++ template arguments otherwise)."""
+    need_pprof()
+    cpp, jit = "std::vector<int>::push_back(int const&)", "py::<module>:/srv/app.py"
+    frames = {
+        cpp: FrameInfo(cpp, system_name="_ZNSt6vectorIiSaIiEE9push_backERKi", obj="/usr/lib/l.so"),
+        jit: FrameInfo(jit),
+    }
+    stacks = {("app", jit, cpp): 3}
+    path = tmp_path / "cpp.pb.gz"
+    write_profile(Profile(stacks, "samples", frames=frames), "pprof", str(path))
+    assert [name for _, name in pprof_top(path)] == [cpp, "app", jit]
