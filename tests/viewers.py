@@ -90,17 +90,40 @@ class Speedscope:
     def _lines(self) -> list[str]:
         return [line for line in self.browser.eval("document.body.innerText").splitlines() if line]
 
+    def shown(self) -> tuple[str, int, int] | None:
+        """The profile shown: (name, i, n) from the toolbar's "NAME (i/n)"."""
+        m = next(filter(None, map(_SHOWN.match, self._lines())), None)
+        return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+    def _step(self, key: str) -> tuple[str, int, int] | None:
+        """Press key ('n' next, 'p' previous profile); the profile shown after."""
+        before = self.shown()
+        self.browser.call("Input.dispatchKeyEvent", type="char", text=key, key=key)
+        deadline = time.monotonic() + 10
+        while (shown := self.shown()) == before:
+            assert time.monotonic() < deadline, f"{key!r} did not change the profile from {before}"
+            time.sleep(0.05)
+        return shown
+
     def profile_names(self) -> list[str]:
-        """Every profile's name, as the toolbar shows it ("NAME (i/n)"), by
-        stepping through them with the 'n' key from the first shown."""
+        """Every profile's name in the file's order, stepping through them with
+        the 'p' and 'n' keys; [] where there is one profile (no "i/n" shown).
+        Ends where it began: at the profile shown first."""
+        shown = self.shown()
+        if shown is None:
+            return []
+        first = shown[1]
+        for _ in range(first - 1):
+            shown = self._step("p")
         names: list[str] = []
-        for _ in range(64):
-            shown = next(filter(None, map(_SHOWN.match, self._lines())), None)
-            if shown is None or shown.group(1) in names:
-                break  # one profile (no "i/n"), or the last one again
-            names.append(shown.group(1))
-            self.browser.call("Input.dispatchKeyEvent", type="char", text="n", key="n")
-            time.sleep(0.3)
+        while shown is not None:
+            name, i, n = shown
+            names.append(name)
+            if i >= n:
+                break
+            shown = self._step("n")
+        for _ in range(len(names) - first):
+            self._step("p")
         return names
 
     def tooltips(self, x: float = 100.0) -> list[list[str]]:

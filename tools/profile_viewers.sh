@@ -34,8 +34,15 @@ if ! grep -q "\"version\": \"$SPEEDSCOPE_VERSION\"" "$package" 2>/dev/null; then
         . tools/apt_wait.sh
         DEBIAN_FRONTEND=noninteractive apt_get_waiting install -y -q --no-install-recommends npm
     fi
+    # npm trusts its own CA list; with no cafile configured, give it the system's
+    # (which may hold a proxy's CA, as pip's does: tools/debian13.sh copies it in).
+    trust=()
+    system_ca=/etc/ssl/certs/ca-certificates.crt
+    if [ -s "$system_ca" ] && [[ "$(npm config get cafile)" =~ ^(null|undefined|)$ ]]; then
+        trust=(--cafile "$system_ca")
+    fi
     echo "setup: installing speedscope $SPEEDSCOPE_VERSION into $DEST/speedscope"
-    npm install --prefix "$DEST/speedscope" --no-audit --no-fund --no-save -q \
+    npm install --prefix "$DEST/speedscope" --no-audit --no-fund --no-save -q "${trust[@]}" \
         "speedscope@$SPEEDSCOPE_VERSION"
 fi
 chmod -R a+rX "$DEST"

@@ -51,14 +51,22 @@ class _Frames:
 
 
 def _by_thread(profile: Profile) -> list[tuple[str, Stacks]]:
+    """(profile name, stacks) per thread: by tid where known (a thread renamed
+    while sampled, as at exec, is one profile named as most of its samples
+    were), else by process and thread name."""
     if not profile.threads:
         return [("all threads", profile.stacks)]
-    threads: dict[Thread, Stacks] = {}
+    threads: dict[tuple[int, int, str], Stacks] = {}
+    named: dict[tuple[int, int, str], dict[Thread, int]] = {}
     for (who, frames), w in profile.threads.items():
-        stacks = threads.setdefault(who, {})
+        key = (who.pid, who.tid, "" if who.tid else who.thread)
+        stacks = threads.setdefault(key, {})
         stacks[frames] = stacks.get(frames, 0) + w
-    order = sorted(threads, key=lambda t: (t.pid, t.tid, t.thread))
-    return [(profile_name(who), threads[who]) for who in order]
+        names = named.setdefault(key, {})
+        names[who] = names.get(who, 0) + w
+    return [
+        (profile_name(max(named[k], key=named[k].__getitem__)), threads[k]) for k in sorted(threads)
+    ]
 
 
 def _sampled(name: str, unit: str, stacks: Stacks, frames: _Frames) -> dict[str, Any]:

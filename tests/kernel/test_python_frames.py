@@ -264,7 +264,9 @@ def test_two_threads_in_pprof_and_speedscope_read_by_their_tools(
     pb, ss = work / "threads.pb.gz", work / "threads.speedscope.json"
     argv = ("--frequency", "499", "--", PYTHON, str(work / "threads.py"))
     profile(broker, pb, *argv, fmt="pprof")
-    names = [name for _, name in pprof_top(pb, "-sample_index=samples")]
+    rows = pprof_top(pb, "-sample_index=samples")
+    print("pprof -top, heaviest:", rows[:6])
+    names = [name for _, name in rows]
     assert "" not in names and {"spin", "alpha_leaf", "beta_leaf"} <= set(names), names
     listed = pprof(pb, "-list=^spin$", "-sample_index=samples")
     assert f"spin in {work / 'threads.py'}" in listed and "x += 1" in listed, listed
@@ -277,6 +279,7 @@ def test_two_threads_in_pprof_and_speedscope_read_by_their_tools(
     profile(broker, ss, *argv, fmt="speedscope")
     with Speedscope(ss) as page:
         shown = page.profile_names()
+    print("speedscope profiles:", shown)
     spinners = [n for n in shown if "thread python3 (tid " in n]
     assert len(spinners) >= 2, shown  # the two spinning threads (the main one may show too)
 

@@ -13,7 +13,8 @@ import pytest
 
 from gfxbpf.client.profiles.flamegraph import build_tree
 from gfxbpf.client.profiles.folded import FoldedError, parse_folded, read_folded
-from gfxbpf.client.profiles.model import Profile
+from gfxbpf.client.profiles.model import FrameInfo, Profile, Thread
+from gfxbpf.client.profiles.speedscope import speedscope_document
 from gfxbpf.client.profiles.writers import FORMATS, format_top, top_functions, write_profile
 from gfxbpf.proto import pprof_pb2
 
@@ -88,6 +89,28 @@ SHARED_REQUIRED = {"frames"}
 SAMPLED_REQUIRED = {"endValue", "name", "samples", "startValue", "type", "unit", "weights"}
 FRAME_REQUIRED = {"name"}
 VALUE_UNITS = {"bytes", "microseconds", "milliseconds", "nanoseconds", "none", "seconds"}
+
+
+def test_speedscope_has_one_profile_per_thread_and_frames_with_file_and_line() -> None:
+    """A thread renamed while sampled (its name at exec) stays one profile,
+    named as most of its samples were; frames keep the function alone."""
+    py = "step (/srv/t.py:9)"
+    threads = {
+        (Thread(5, 5, "t", "python"), ("t", "fork")): 1,
+        (Thread(5, 5, "t", "trainer"), ("t", py)): 6,
+        (Thread(5, 6, "t", "loader"), ("t", py)): 2,
+    }
+    frames = {py: FrameInfo("step", file="/srv/t.py", line=9), "fork": FrameInfo("fork", obj="/l")}
+    stacks = {("t", "fork"): 1, ("t", py): 8}
+    doc = speedscope_document(Profile(stacks, "samples", threads=threads, frames=frames))
+    names = [p["name"] for p in doc["profiles"]]
+    assert names == [
+        "t (pid 5) thread trainer (tid 5) (samples)",
+        "t (pid 5) thread loader (tid 6) (samples)",
+    ]
+    assert [p["endValue"] for p in doc["profiles"]] == [7, 2] and doc["activeProfileIndex"] == 0
+    assert {"name": "step", "file": "/srv/t.py", "line": 9} in doc["shared"]["frames"]
+    assert {"name": "fork", "file": "/l"} in doc["shared"]["frames"]
 
 
 @pytest.mark.parametrize("unit", ["samples", "calls", "nanoseconds"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.client.profiles.elfinfo import read_info
-from gfxbpf.client.profiles.model import Profile, RawStack
+from gfxbpf.client.profiles.model import FrameInfo, Profile, RawStack, Thread
 from gfxbpf.client.profiles.procmaps import capture
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.writers import write_profile
@@ -156,8 +156,8 @@ def test_speedscope_imports_one_profile_per_thread(made, tmp_path: Path) -> None
     with Speedscope(path) as page:
         # The profile shown first is the heaviest, this process's main thread: a
         # Python frame's file and line show in the hover tooltip, below its name.
+        names = page.profile_names()  # ends at the profile shown first
         tips = page.tooltips()
-        names = page.profile_names()
     python = ("<module>", "train_step")
     found = [tip[1] for tip in tips if len(tip) > 1 and tip[0].split()[-1] in python]
     assert found == [f"{script}:11", f"{script}:6"], tips  # the first samples: line 6
@@ -168,3 +168,40 @@ def test_speedscope_imports_one_profile_per_thread(made, tmp_path: Path) -> None
         f"{me} (pid {ME}) thread worker (tid {WORKER_TID}) (samples)",
         f"pid {OTHER_PID} thread other (tid {OTHER_TID}) (samples)",
     ], names
+
+
+def test_speedscope_shows_the_heaviest_thread_first_and_lists_them_all(tmp_path: Path) -> None:
+    need_speedscope()
+    threads = {
+        (Thread(1, 1, "app", "app"), ("app", "main", "idle")): 1,
+        (Thread(1, 2, "app", "busy"), ("app", "work", "spin")): 50,
+        (Thread(3, 3, "tool", "tool"), ("tool", "main")): 2,
+    }
+    stacks = {frames: w for (_, frames), w in threads.items()}
+    path = tmp_path / "heavy.json"
+    write_profile(Profile(stacks, "samples", threads=threads), "speedscope", str(path))
+    with Speedscope(path) as page:
+        first = page.shown()
+        names = page.profile_names()
+    assert first == ("app (pid 1) thread busy (tid 2) (samples)", 2, 3), first
+    assert names == [
+        "app (pid 1) thread app (tid 1) (samples)",
+        "app (pid 1) thread busy (tid 2) (samples)",
+        "tool (pid 3) thread tool (tid 3) (samples)",
+    ], names
+
+
+def test_pprof_keeps_demangled_cpp_and_jit_names_as_written(tmp_path: Path) -> None:
+    """A symbol keeps its mangled form as system_name (pprof leaves the
+    demangled name alone); a perf map's JIT name has none (pprof would strip
+    its <...> as C++ template arguments otherwise)."""
+    need_pprof()
+    cpp, jit = "std::vector<int>::push_back(int const&)", "py::<module>:/srv/app.py"
+    frames = {
+        cpp: FrameInfo(cpp, system_name="_ZNSt6vectorIiSaIiEE9push_backERKi", obj="/usr/lib/l.so"),
+        jit: FrameInfo(jit),
+    }
+    stacks = {("app", jit, cpp): 3}
+    path = tmp_path / "cpp.pb.gz"
+    write_profile(Profile(stacks, "samples", frames=frames), "pprof", str(path))
+    assert [name for _, name in pprof_top(path)] == [cpp, "app", jit]
