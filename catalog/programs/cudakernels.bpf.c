@@ -32,8 +32,10 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 
-#define MAX_ROWS 16384
-#define MAX_NAMES 4096
+/* Rows are (process, Python chain, kernel): a training loop has some hundreds.
+ * Sized so that many attachments fit a user's map budget (tests/unit/test_budget.py). */
+#define MAX_ROWS 4096
+#define MAX_NAMES 1024
 #define MAX_PENDING 65536
 #define ROW_LAUNCHED 1  /* kernel_key.flags: the launch was seen (its chain is known) */
 
