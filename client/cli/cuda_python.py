@@ -6,7 +6,7 @@ program of `profile --stacks-at`) on the launch entries of the cuda
 function table that the target's libcuda defines. ustackcopy counts every
 call exactly per (function, caller, Python chain hash) in its map `calls`
 and sends a few copies per row, each with the Python frames walked in the
-kernel; the copy reader and the Python code book of `profile` turn a chain
+kernel; the profiling engine's copy reader and Python code book turn a chain
 hash into `function (file:line)` names. No native unwinding is done here:
 the Python frames alone name the row.
 """
@@ -50,7 +50,8 @@ def launch_functions(library: str) -> list[str]:
 def attach(broker: Broker, args: argparse.Namespace) -> PythonLaunches:
     """ustackcopy on the target's libcuda launch functions, walking its Python."""
     from gfxbpf.client import libcuda
-    from gfxbpf.client.cli.profile_cmd import code_book, python_files
+    from gfxbpf.client.profiles.engine.attach import python_files
+    from gfxbpf.client.profiles.engine.readers import code_book
     from gfxbpf.client.profiles.python.targets import find
 
     if not args.pid:

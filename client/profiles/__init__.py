@@ -19,7 +19,13 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import Profile, RawStack
     from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps, capture, snapshot_state
     from gfxbpf.client.profiles.symbolize import Symbolizer
-    from gfxbpf.client.profiles.writers import FORMATS, format_top, top_functions, write_profile
+    from gfxbpf.client.profiles.writers import (
+        FORMATS,
+        format_of,
+        format_top,
+        top_functions,
+        write_profile,
+    )
 
 # Imported on first use: the symbolizer pulls in pyelftools (~17 ms), and every
 # gfxclient command imports profile_cmd to build its parser (issue #15).
@@ -32,6 +38,7 @@ _HOMES = {
     "snapshot_state": "procmaps",
     "Symbolizer": "symbolize",
     "FORMATS": "writers",
+    "format_of": "writers",
     "format_top": "writers",
     "top_functions": "writers",
     "write_profile": "writers",
@@ -55,6 +62,7 @@ __all__ = [
     "RawStack",
     "Symbolizer",
     "capture",
+    "format_of",
     "format_top",
     "snapshot_state",
     "top_functions",

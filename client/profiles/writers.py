@@ -11,9 +11,36 @@ from gfxbpf.client.profiles.top import format_top, top_functions
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import Profile
 
-__all__ = ["FORMATS", "format_top", "render", "top_functions", "write_profile"]
+__all__ = ["FORMATS", "format_of", "format_top", "render", "top_functions", "write_profile"]
 
 FORMATS = ("folded", "pprof", "speedscope", "svg")
+# A file name's ending -> the format written under it (longest endings first).
+SUFFIXES = (
+    (".speedscope.json", "speedscope"),
+    (".json", "speedscope"),
+    (".pb.gz", "pprof"),
+    (".pprof", "pprof"),
+    (".folded", "folded"),
+    (".collapsed", "folded"),
+    (".txt", "folded"),
+    (".svg", "svg"),
+)
+
+
+def format_of(path: str) -> str:
+    """The format a file's name asks for; ValueError names the endings known
+    (an .html or a name without one would otherwise get an SVG it does not expect)."""
+    name = path.lower()
+    for suffix, fmt in SUFFIXES:
+        if name.endswith(suffix):
+            return fmt
+    known = ", ".join(suffix for suffix, _ in SUFFIXES)
+    html = (
+        " (no HTML page is written: an .svg flame graph opens in any browser)"
+        if name.endswith(".html")
+        else ""
+    )
+    raise ValueError(f"cannot tell the format of {path!r} from its name{html}: end it in {known}")
 
 
 def render(profile: Profile, fmt: str, title: str = "gfxbpf profile") -> bytes:

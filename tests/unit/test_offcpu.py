@@ -21,6 +21,7 @@ from gfxbpf.client.cli import profile_cmd
 from gfxbpf.client.cli.gfxclient import parse_args
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.profiles import copies
+from gfxbpf.client.profiles.engine import request as engine_request
 from gfxbpf.client.profiles.flamegraph import flamegraph_svg
 from gfxbpf.client.profiles.model import Profile
 from gfxbpf.client.profiles.pprof import pprof_message
@@ -148,12 +149,12 @@ def _req(*argv: str) -> profile_cmd.Request:
 
 
 def test_modes_from_flags() -> None:
-    assert _req("--pid", "1").mode == profile_cmd.CPU and not _req("--pid", "1").timed
+    assert _req("--pid", "1").mode == engine_request.CPU and not _req("--pid", "1").timed
     off = _req("--off-cpu", "--min-block", "2.5", "--pid", "1")
-    assert off.mode == profile_cmd.OFF_CPU and off.min_block_us == 2500
+    assert off.mode == engine_request.OFF_CPU and off.min_block_us == 2500
     wall = _req("--wall", "--frequency", "499", "--", "./prog")
-    assert wall.mode == profile_cmd.WALL and wall.frequency == 499
-    assert wall.min_block_us == profile_cmd.WALL_MIN_BLOCK_US and not wall.min_block_asked
+    assert wall.mode == engine_request.WALL and wall.frequency == 499
+    assert wall.min_block_us == engine_request.WALL_MIN_BLOCK_US and not wall.min_block_asked
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.client import profiles as profile
-from gfxbpf.client.cli.profile_cmd import Maps
 from gfxbpf.client.profiles import procmaps
 from gfxbpf.client.profiles import read as profile_read
+from gfxbpf.client.profiles.engine import snapshots
 from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.procmaps import Mapping, PerfMapEntry, ProcessMaps
 from gfxbpf.client.profiles.stackcheck import StackCheck, classify
@@ -144,8 +143,8 @@ def test_polled_maps_are_parsed_only_when_they_changed(monkeypatch: pytest.Monke
         parsed.append(pid)
         return real(pid, perf_map_dir, text)
 
-    monkeypatch.setattr(profile, "capture", counting)
-    maps = Maps(Symbolizer(cache_dir="/nonexistent"))
+    monkeypatch.setattr(snapshots, "capture", counting)
+    maps = snapshots.Maps(Symbolizer(cache_dir="/nonexistent"))
     with _idle_child() as child:
         time.sleep(0.2)
         for _ in range(3):

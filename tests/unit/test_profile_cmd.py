@@ -14,6 +14,9 @@ from gfxbpf.client.cli import profile_cmd
 from gfxbpf.client.cli.gfxclient import main, parse_args
 from gfxbpf.client.errors import EXIT_USAGE, ProtocolError, UsageError
 from gfxbpf.client.profiles import read as profile_read
+from gfxbpf.client.profiles.engine.child import Child
+from gfxbpf.client.profiles.engine.naming import processes_seen
+from gfxbpf.client.profiles.engine.run import running
 
 
 def _stack(*addrs: int) -> bytes:
@@ -121,16 +124,16 @@ def test_frequency_must_be_a_positive_integer(capsys: pytest.CaptureFixture[str]
 
 def test_a_child_whose_attach_failed_never_runs_the_command(tmp_path: object) -> None:
     marker = f"/tmp/gfxbpf-unit-{os.getpid()}-ran"
-    child = profile_cmd.Child(["/bin/sh", "-c", f"touch {marker}"])
+    child = Child(["/bin/sh", "-c", f"touch {marker}"])
     child.abandon()
     assert child.status == 127 and not os.path.exists(marker)
 
 
 def test_a_released_child_runs_and_a_missing_command_is_a_usage_error() -> None:
-    child = profile_cmd.Child(["/bin/sh", "-c", "exit 3"])
+    child = Child(["/bin/sh", "-c", "exit 3"])
     child.release()
     assert child.wait() == 3
-    missing = profile_cmd.Child(["/nonexistent/prog"])
+    missing = Child(["/nonexistent/prog"])
     with pytest.raises(UsageError, match="cannot run '/nonexistent/prog'"):
         missing.release()
 
@@ -141,14 +144,14 @@ def test_a_zombie_is_not_running() -> None:
         os._exit(0)
     try:
         deadline = 200
-        while profile_cmd._running(pid) and deadline:  # exits at once, unreaped
+        while running(pid) and deadline:  # exits at once, unreaped
             deadline -= 1
             time.sleep(0.01)
-        assert not profile_cmd._running(pid)
+        assert not running(pid)
         assert os.path.exists(f"/proc/{pid}")  # still there, as a zombie
     finally:
         os.waitpid(pid, 0)
-    assert profile_cmd._running(os.getpid())
+    assert running(os.getpid())
 
 
 def test_stack_ids_of_both_layouts() -> None:
@@ -171,7 +174,7 @@ def test_processes_seen_sum_per_process_heaviest_first() -> None:
         RawStack(pid=11, user=(), kernel=True, weight=5, comm="prog"),
         RawStack(pid=12, user=(), kernel=False, weight=7),  # a probe's row: no comm
     ]
-    seen = profile_cmd.processes_seen(raw, {12: "worker"})
+    seen = processes_seen(raw, {12: "worker"})
     assert seen == [(11, "prog", 45), (12, "worker", 7), (10, "sh", 3)]
 
 
@@ -180,3 +183,42 @@ def test_no_children_flag_and_its_default() -> None:
     assert profile_cmd.parse_request(args).children
     args = parse_args(["profile", "--no-children", "--pid", "7"])
     assert not profile_cmd.parse_request(args).children
+
+
+@pytest.mark.parametrize(
+    "name, fmt",
+    [
+        ("x.svg", "svg"),
+        ("x.collapsed", "folded"),
+        ("X.FOLDED", "folded"),
+        ("x.txt", "folded"),
+        ("x.pb.gz", "pprof"),
+        ("x.pprof", "pprof"),
+        ("x.speedscope.json", "speedscope"),
+        ("x.json", "speedscope"),
+    ],
+)
+def test_the_format_follows_the_file_name(name: str, fmt: str) -> None:
+    assert _req("-o", name).fmt == fmt
+
+
+@pytest.mark.parametrize("name", ["x.html", "x.foo", "profile", "x.svg.bak"])
+def test_a_name_that_names_no_format_is_refused_not_written_as_svg(name: str) -> None:
+    """Issue 33 item 5: -o x.html and -o x.collapsed silently wrote an SVG."""
+    with pytest.raises(UsageError) as e:
+        _req("-o", name)
+    text = str(e.value)
+    assert repr(name) in text and "--format folded|pprof|speedscope|svg" in text
+    for ending in (".svg", ".folded", ".collapsed", ".pb.gz", ".speedscope.json"):
+        assert ending in text
+    assert ("HTML" in text) == name.endswith(".html")
+    # An explicit --format writes any name.
+    assert _req("--format", "svg", "-o", name).fmt == "svg"
+
+
+def test_the_cli_refuses_an_unknown_ending_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--socket", "/nonexistent", "profile", "-o", "x.html", "--pid", "1"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "cannot tell the format of 'x.html'" in err and "Traceback" not in err

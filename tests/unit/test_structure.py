@@ -5,9 +5,10 @@ package is named like a standard-library module (`sys`, `profile`, ...)."""
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
-from tests.imports import PRODUCT_FOLDERS, ROOT
+from tests.imports import PRODUCT_FOLDERS, ROOT, package_of
 
 MAX_MODULES = 20
 
@@ -40,3 +41,13 @@ def test_no_module_is_named_like_the_standard_library() -> None:
             str(f.relative_to(ROOT)) for f in d.glob("*.py") if f.stem in sys.stdlib_module_names
         )
     assert not clashes, f"rename these (they read like the standard library's): {clashes}"
+
+
+def test_every_product_package_is_installed() -> None:
+    """pyproject.toml lists the packages one by one: a new subpackage left out
+    works in an editable install and is missing from a real one."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {package_of(d / "__init__.py") for d in _folders() if (d / "__init__.py").exists()}
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"

@@ -1,0 +1,175 @@
+"""Attaching the program a profile needs: stack copies (stackcopy,
+ustackcopy, offcpu) where the policy grants them, frame-pointer stacks
+(profile, ustacks) where it does not, and the CPython files the kernel
+walks."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import TYPE_CHECKING, Any
+
+from gfxbpf.client.errors import BrokerError, ClientError
+from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL, ProfileRequest
+from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:
+    from gfxbpf.client.broker import Broker
+    from gfxbpf.client.handle import Attachment
+    from gfxbpf.client.profiles.python.targets import Interpreters
+
+
+def find_pythons(req: ProfileRequest) -> Interpreters | None:
+    """The CPython executables to walk (scope self only: the walk reads process memory)."""
+    if not req.own_processes:
+        return None
+    from gfxbpf.client.profiles.python.targets import find
+
+    return find(req.pids, req.command)
+
+
+def attach(
+    broker: Broker, req: ProfileRequest, pid: int | None, pythons: Interpreters | None = None
+) -> Attachment:
+    """The sampling (or probing, or off-CPU) attachment; pid: the one the kernel filters on."""
+    children = req.children and pid is not None  # several --pid: kept here, by /proc
+    files = python_files(pythons)
+    if req.mode == OFF_CPU:
+        return _attach_offcpu(broker, req, pid, children, files)
+    if req.mode == WALL:  # the samples here; attach_waits adds the offcpu attachment
+        copies = _try_copies(
+            broker, req, "stackcopy", files, pid=pid, frequency=req.frequency, children=children
+        )
+        if copies is None:
+            raise ClientError(
+                "--wall needs program stackcopy (stack copies), which the policy does not "
+                "grant you: ask the administrator, or use --off-cpu and a CPU profile apart"
+            )
+        return copies
+    if req.probes:
+        return _attach_probes(broker, req, pid, children, files)
+    sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
+    copies = _try_copies(broker, req, "stackcopy", files, pid=pid, **sampling)
+    return copies or broker.attach("profile", scope=req.scope, pid=pid, **sampling)
+
+
+def _attach_probes(
+    broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
+) -> Attachment:
+    """ustackcopy, else ustacks; refused both, the error says which grant is missing."""
+    where: dict[str, Any] = {"library": req.library, "functions": req.functions}
+    copies = _try_copies(broker, req, "ustackcopy", files, pid=pid, children=children, **where)
+    if copies is not None:
+        return copies
+    try:
+        return broker.attach("ustacks", scope=req.scope, pid=pid, children=children, **where)
+    except BrokerError as e:
+        if e.code != pb.ERROR_PERMISSION_DENIED or not e.rule:
+            raise  # not the policy's refusal (the process exited, or is not yours)
+        why = _probes_refused(req, e)
+        raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
+
+
+def _probes_refused(req: ProfileRequest, e: BrokerError) -> str:
+    """What --stacks-at lacks: a grant of ustackcopy (ustacks in scope system) on its library."""
+    functions = ",".join(req.functions)
+    if req.own_processes:
+        name, scope = "ustackcopy", "self"
+        what = "program ustackcopy (or ustacks, by frame pointers), and the policy grants neither"
+    else:
+        name, scope = "ustacks", req.scope or "system"
+        what = f"program ustacks in scope {scope}, which the policy does not grant"
+    return (
+        f"--stacks-at on {req.library} (functions {functions}) needs {what} for this library: "
+        f"the administrator can grant it with `gfxbpf-admin approve {name} --users {user_name()} "
+        f"--scope {scope} --libraries {req.library} --functions {functions}`\n  broker: {e.message}"
+    )
+
+
+def user_name() -> str:
+    """This user's name, for the grant an administrator would write."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def attach_waits(
+    broker: Broker,
+    req: ProfileRequest,
+    sampling: Attachment,
+    pid: int | None,
+    pythons: Interpreters | None = None,
+) -> Attachment | None:
+    """--wall: offcpu beside the sampling attachment (detached if it cannot attach)."""
+    if req.mode != WALL:
+        return None
+    try:
+        children = req.children and pid is not None
+        return _attach_offcpu(broker, req, pid, children, python_files(pythons))
+    except BaseException:
+        sampling.detach()
+        raise
+
+
+def python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
+    """The attach request's interpreters: the CPython executables and shared
+    libpythons to walk."""
+    return [
+        pb.PythonFile(
+            dev=f.dev,
+            ino=f.ino,
+            runtime_off=f.runtime_off or 0,
+            major=f.version[0],
+            minor=f.version[1],
+            library=f.is_library,
+        )
+        for f in (pythons.files.values() if pythons else ())
+    ]
+
+
+def _attach_offcpu(
+    broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
+) -> Attachment:
+    kw: dict[str, Any] = {"pid": pid, "children": children, "min_block_us": req.min_block_us}
+    try:
+        try:
+            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+        except BrokerError as e:
+            if files and e.code == pb.ERROR_INVALID_ARGUMENT and "Python" in str(e):
+                return broker.attach("offcpu", scope="self", **kw)  # walks no Python
+            if req.min_block_asked or e.code != pb.ERROR_PERMISSION_DENIED or "below" not in str(e):
+                raise
+            # --wall's 0.1 ms is under this policy's floor: the broker's default then.
+            req.min_block_us = kw["min_block_us"] = 0
+            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+    except BrokerError as e:
+        if e.code == pb.ERROR_NOT_FOUND:
+            raise ClientError(
+                f"--{req.mode} needs program offcpu, which this broker does not offer "
+                f"(or the policy does not grant you): {e}"
+            ) from None
+        raise
+
+
+def _try_copies(
+    broker: Broker, req: ProfileRequest, name: str, files: list[pb.PythonFile], **kw: Any
+) -> Attachment | None:
+    """The stack-copy program, for complete stacks; None where it is not granted
+    (or an older broker lacks it): then frame-pointer stacks, as before. An
+    older broker that walks no Python frames gets the request without files."""
+    if not req.own_processes:
+        return None  # copies are process memory: scope self only
+    stack_bytes = req.stack_bytes
+    try:
+        kw["stack_bytes"] = stack_bytes
+        try:
+            return broker.attach(name, scope="self", python_files=files, **kw)
+        except BrokerError as e:
+            if not files or e.code != pb.ERROR_INVALID_ARGUMENT or "Python" not in str(e):
+                raise
+            return broker.attach(name, scope="self", **kw)
+    except BrokerError as e:
+        if stack_bytes or e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
+            raise  # --stack-bytes asks for copies: no quiet fallback to frame pointers
+        return None

@@ -1,0 +1,103 @@
+"""Naming a profile's stacks: the symbolizer over the raw stacks, with the
+unit and the notes the run calls for, and the processes it holds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gfxbpf.client.profiles.engine.attach import user_name
+from gfxbpf.client.profiles.engine.request import OFF_CPU
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profiles.engine.run import Run
+    from gfxbpf.client.profiles.model import Profile, RawStack
+    from gfxbpf.client.profiles.symbolize import Symbolizer
+
+
+def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -> Profile:
+    """The profile of these raw stacks, named; lost: what the tables or the ring lost."""
+    req = r.req
+    if req.probes:
+        unit, period = ("calls" if req.weight == "calls" else "nanoseconds"), None
+    elif req.timed:
+        unit, period = "nanoseconds", None
+    else:
+        unit, period = "samples", 1_000_000_000 // req.frequency
+    # Processes sampled but never captured (everything in scope): try them now.
+    r.maps.capture({s.pid for s in raw} - r.maps.seen)
+    prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
+    if req.timed:
+        prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
+    _python_notes(r, prof)
+    _copies_hint(r, prof)
+    if lost and r.copies is not None:
+        prof.notes.append(
+            f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
+            "fell behind; sample at a lower --frequency"
+            + (", or raise --min-block)" if req.timed else ")")
+        )
+    elif lost:
+        prof.notes.append(
+            f"{lost} {'calls' if req.probes else 'samples'} could not be counted: the broker's "
+            "table was full (profile fewer processes, or for a shorter time)"
+        )
+    return prof
+
+
+# What the frame-pointer advice of stackcheck.py says (built without frame pointers).
+FRAME_POINTER_ADVICE = "-fno-omit-frame-pointer"
+
+
+def _copies_hint(r: Run, prof: Profile) -> None:
+    """Stacks cut by the frame-pointer walk of your own processes: the policy
+    did not grant stack copies, which need no frame pointers. Say so by the advice."""
+    req = r.req
+    if r.copies is not None or not req.own_processes:
+        return
+    name = "ustackcopy" if req.probes else "stackcopy"
+    on = f" --libraries {req.library}" if req.probes else ""
+    for i, note in enumerate(prof.notes):
+        if FRAME_POINTER_ADVICE in note:
+            prof.notes[i] = (
+                f"{note} Or ask the administrator to grant you program {name} (`gfxbpf-admin "
+                f"approve {name} --users {user_name()} --scope self{on}`): gfxclient then "
+                "unwinds your processes' stacks from copies by their call-frame information, "
+                "with no frame pointers needed."
+            )
+
+
+def _python_notes(r: Run, prof: Profile) -> None:
+    """The Python section of the summary (kept on the run) and its notes."""
+    if r.pythons is None or r.copies is None:
+        return
+    from gfxbpf.client.profiles.python.targets import report
+
+    py = r.copies.python
+    procs = r.maps.procs
+    profiled = {
+        pid: (comm, [m.file_path for m in procs[pid].mappings] if pid in procs else [])
+        for pid, comm, _ in r.seen
+    }
+    r.python_summary, notes = report(r.pythons, py.versions, profiled)
+    r.python_summary["truncated"] = py.truncated
+    r.python_summary["walker"] = r.py_counts
+    bad = r.py_counts.get("unreadable", 0)
+    if bad > r.py_counts.get("walked", 0) // 100:  # a thread starting or ending: a few
+        prof.notes.append(
+            f"{r.py_counts['unreadable']} Python walks stopped at unreadable interpreter memory "
+            "(a thread starting or ending, or an interpreter this layout does not describe)"
+        )
+    prof.notes.extend(notes)
+
+
+def processes_seen(
+    raw: list[RawStack], comms: dict[int, str] | None = None
+) -> list[tuple[int, str, int]]:
+    """(pid, command, weight) of each process in the profile, heaviest first;
+    comms names the processes whose rows carry no command (probes)."""
+    by_pid: dict[int, list[Any]] = {}
+    for s in raw:
+        row = by_pid.setdefault(s.pid, [(comms or {}).get(s.pid, ""), 0])
+        row[0] = s.comm or row[0]
+        row[1] += s.weight
+    return sorted(((p, c, w) for p, (c, w) in by_pid.items()), key=lambda t: (-t[2], t[0]))

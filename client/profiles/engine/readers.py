@@ -1,0 +1,72 @@
+"""The readers of the stack-copy programs' ring: records unwound as they are
+read (stackcopy, ustackcopy, offcpu), and the Python code objects they name."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL
+
+if TYPE_CHECKING:
+    from gfxbpf.client.handle import Attachment
+    from gfxbpf.client.profiles.copies import CopyReader
+    from gfxbpf.client.profiles.engine.run import Copies, Run
+    from gfxbpf.client.profiles.symbolize import Symbolizer
+    from gfxbpf.client.profiles.unwind import UnwindTables
+
+STACK_COPIES = "stack_copies"  # the stack-copy programs' ring buffer
+
+
+def unwind_tables() -> UnwindTables:
+    """One set of unwind tables per run, shared by the unwinder and the symbolizer."""
+    from gfxbpf.client.profiles.unwind import UnwindTables
+
+    return UnwindTables()
+
+
+def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
+    from gfxbpf.client.profiles.copies import CopyReader, ProbeCopyReader
+    from gfxbpf.client.profiles.unwind import MAX_FRAMES
+
+    symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
+    stream = r.att.open_events(STACK_COPIES)
+    codes = code_book(r.att)
+    if r.req.probes:
+        return ProbeCopyReader(stream, r.maps.process, tables, codes)
+    req = r.req
+    reader = CopyReader(
+        stream,
+        r.maps.process,
+        tables,
+        r.kept(),
+        codes,
+        sample_ns=1_000_000_000 // req.frequency if req.mode == WALL else 0,
+        waits=req.mode == OFF_CPU,
+        threads=req.mode == WALL,
+    )
+    # This process unwinds (and waits for records): the profiler, not the profile.
+    reader.skip.add(os.getpid())
+    return reader
+
+
+def waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
+    """--wall: the offcpu attachment's waits, per thread like the samples."""
+    from gfxbpf.client.profiles.copies import CopyReader
+
+    stream = att.open_events(STACK_COPIES)
+    reader = CopyReader(
+        stream, r.maps.process, tables, r.kept(), code_book(att), waits=True, threads=True
+    )
+    reader.skip.add(os.getpid())
+    return reader
+
+
+def code_book(att: Attachment) -> Any:
+    """The Python code objects the program copied (None: it walks no Python)."""
+    if "py_codes" not in att.maps:
+        return None
+    from gfxbpf.client.profiles.python.records import CodeBook
+
+    codes = att.map("py_codes")
+    return CodeBook(codes.lookup_many, codes.raw_items)

@@ -1,0 +1,45 @@
+"""What a profile asks for: its targets, its kind and its limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_FREQUENCY = 99
+DEFAULT_MIN_BLOCK_MS = 1.0  # the broker's default (broker/request/params.py)
+# --wall's default: a thread preempted for less than 1 ms, many times, would
+# lose that share of its wall-clock time (the broker's own floor is 0.1 ms).
+WALL_MIN_BLOCK_US = 100
+# ProfileRequest.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time.
+CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
+
+
+@dataclass
+class ProfileRequest:
+    """One profile: which processes (pids, or a command to run), and what of them."""
+
+    pids: list[int]
+    command: list[str]
+    library: str | None = None  # --stacks-at: count calls of functions in it
+    functions: list[str] = field(default_factory=list)
+    weight: str = "calls"  # --stacks-at: "calls" or "time"
+    frequency: int = DEFAULT_FREQUENCY
+    children: bool = True  # follow the targets' descendants (--no-children: False)
+    mode: str = CPU  # CPU, OFF_CPU (--off-cpu) or WALL (--wall)
+    min_block_us: int = 0  # --min-block; 0: the broker's default
+    min_block_asked: bool = False  # given by --min-block (else --wall may retry higher)
+    scope: str | None = None  # None: the policy's scope
+    stack_bytes: int = 0  # stack bytes per copy; 0: the broker's default
+
+    @property
+    def timed(self) -> bool:
+        """Weighed in nanoseconds of wall-clock time (off-CPU or wall)."""
+        return self.mode != CPU
+
+    @property
+    def probes(self) -> bool:
+        return self.library is not None
+
+    @property
+    def own_processes(self) -> bool:
+        """Scope self: stack copies and Python walks read process memory, so only there."""
+        return self.scope in (None, "self")

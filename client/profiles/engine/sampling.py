@@ -1,0 +1,104 @@
+"""Sampling until the targets exit, then collecting what the kernel counted
+or sent: the stacks a profile holds, as RawStacks."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from gfxbpf.client.profiles import read as profile_read
+from gfxbpf.client.profiles.engine.run import TGID, Run, Stopper
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profiles.engine.run import Copies
+    from gfxbpf.client.profiles.model import RawStack
+
+# Stack copies are read this often: a new process's maps are read at its first
+# record, so one that lives a few ms more than this is still caught.
+COPY_READ_S = 0.01
+COPY_TICK_S = 0.05  # ... and the targets' trees and maps polled this often
+
+
+def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | None) -> None:
+    """Until the targets exit, the duration ends or Ctrl-C; maps captured all along."""
+    last_count = 0.0
+    while not run.done(duration) and not stop.stopped:
+        now = time.monotonic()
+        count = now - last_count >= 1.0
+        if count:
+            last_count = now
+        if run.copies is None or run.elapsed() < 0.1 or now - run.ticked >= COPY_TICK_S:
+            run.ticked = now
+            run.tick(count, progress is not None)
+        if progress is not None and count:
+            what = "calls" if run.req.probes else "samples"
+            progress.write(f"\rprofiling: {run.elapsed():5.1f} s, {run.samples} {what}  ")
+            progress.flush()
+        if run.copies is not None:  # the ring holds ~250 ms of a CPU at 999 Hz
+            # The first 100 ms a snapshot a millisecond: a process that lives a few
+            # ms must be caught after its loader mapped the libraries, or its
+            # copies cannot be unwound (its maps are gone once it exits).
+            if run.elapsed() < 0.1:
+                run.copies.drain(0.001)
+            else:  # then in batches: a wake per record costs more than its unwind
+                stop.wait(max(0.0, COPY_READ_S - (time.monotonic() - now)))
+                run.copies.drain()
+            if run.waits is not None:
+                run.waits.drain()
+            continue
+        # Often at first: a short-lived process must be caught with its libraries.
+        stop.wait(0.05 if run.elapsed() < 1.0 else 0.25)
+    run.ended = time.monotonic()
+    if progress is not None:
+        progress.write("\n")
+        progress.flush()
+
+
+def collect(run: Run) -> tuple[list[RawStack], int]:
+    """Raw stacks from the maps (targets only), and the count the tables lost."""
+    att, req = run.att, run.req
+    if run.copies is not None:
+        return _collect_copies(run, run.copies)
+    entries = att.map(run.counts_map).raw_items()
+    run.read_stacks(entries)
+    stacks = run.stacks
+    if req.probes:
+        raw = profile_read.call_stacks(entries, stacks, req.functions, req.weight)
+    else:
+        raw = profile_read.profile_stacks(entries, stacks, run.kept())
+    return raw, profile_read.lost_count(att.map("lost").raw_items())
+
+
+def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
+    from gfxbpf.client.profiles.copies import CopyReader
+
+    copies.stream.flush()  # what the ring holds now, past the reading thread
+    while copies.drain():  # what came in since the last look
+        pass
+    lost = profile_read.lost_count(run.att.map("lost").raw_items())
+    if "py_counts" in run.att.maps:
+        run.py_counts = _py_counts(run.att.map("py_counts").raw_items())
+    if run.waits is not None and run.waits_att is not None:
+        run.waits.stream.flush()
+        while run.waits.drain():
+            pass
+        lost += profile_read.lost_count(run.waits_att.map("lost").raw_items())
+    if isinstance(copies, CopyReader):
+        waited = run.waits.raw_stacks() if run.waits is not None else []
+        return copies.raw_stacks() + waited, lost
+    entries = run.att.map("calls").raw_items()
+    req = run.req
+    return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
+
+
+# py_counts indexes (gfx_python.h GFX_PYC_*) -> the summary's names
+_PY_COUNTS = ("walked", "truncated", "no_thread_state", "unreadable", "codes_not_stored")
+
+
+def _py_counts(entries: list[tuple[bytes, Any]]) -> dict[str, int]:
+    out = {}
+    for key, value in entries:
+        i = TGID.unpack_from(key)[0]
+        if i < len(_PY_COUNTS) and isinstance(value, bytes) and len(value) == 8:
+            out[_PY_COUNTS[i]] = profile_read.U64.unpack(value)[0]
+    return out
