@@ -201,3 +201,42 @@ def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Bui
     assert stats["collecting"] == 0 and stats["records"] == 0
     # Said once, however often the library tried while the probes were attached.
     assert err.count("gfxcupti: not collecting GPU activity: another CUPTI client") == 1, err
+
+
+def test_profile_gpu_weighs_launch_stacks_by_device_ns(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    out = built.script.parent / "alice"
+    out.mkdir(exist_ok=True)
+    shutil.chown(out, ALICE)
+    folded = out / "gpu.folded"
+    assert broker.grpc is not None
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+    with _workload(built, ALICE) as mine:
+        prof = run_as(
+            ALICE,
+            [*argv, "profile", "--gpu", "--pid", str(mine.pid), "--duration", "3",
+             "-o", str(folded)],
+            background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            _collecting(mine, 1)
+            _work(mine)
+            got, err = prof.communicate(timeout=60)
+        finally:
+            if prof.poll() is None:
+                prof.kill()
+    assert prof.returncode == 0, err
+    summary = json.loads(got)
+    script = str(built.script)
+    a = [f"<module> ({script}:{cs.MODULE_A_LINE})", f"launch_a ({script}:{cs.A_LINE})"]
+    b = f"<module> ({script}:{cs.MODULE_B_LINE})"
+    stacks = {tuple(s["stack"][1:]): s["device_ns"] for s in summary["stacks"]}
+    assert stacks == {
+        (*a, "gemm"): N * cs.NS["gemm"],
+        (b, f"launch_b ({script}:{cs.B_GEMM_LINE})", "gemm"): M * cs.NS["gemm"],
+        (b, f"launch_b ({script}:{cs.B_RELU_LINE})", "relu"): M * cs.NS["relu"],
+    }
+    assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
+    lines = folded.read_text().splitlines()
+    assert f"{';'.join(a)};gemm {N * cs.NS['gemm']}" in {ln.split(";", 1)[1] for ln in lines}
