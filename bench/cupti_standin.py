@@ -11,12 +11,13 @@ unpacked beside the venv (tools/setup.sh); GFXBPF_CUPTI_DIR names another place.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from bench import cuda_standin
 from bench.cuda_standin import BuildError, _gcc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ COPY_BYTES = 4096
 SCRIPT = """\
 import ctypes, os, sys
 C = ctypes.c_ulonglong
-cupti = ctypes.CDLL(sys.argv[1])
+cupti = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libcupti.so.13"))
 cupti.gfx_standin_launch.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
 cupti.gfx_standin_memcpy.argtypes = [C, ctypes.c_uint, C]
 GEMM, RELU = b"gemm", b"relu"  # the stand-in keeps the pointers: module constants
@@ -111,59 +112,24 @@ def build(out: Path) -> Built:
     return Built(standin, inject, script)
 
 
-class Workload:
-    """The workload as a child process (prefix: e.g. setpriv to run as a user)."""
+class Workload(cuda_standin.Workload):
+    """The workload running with the injection library (prefix: e.g. setpriv)."""
 
-    def __init__(
-        self, built: Built, python: str, prefix: list[str] | None = None, **popen: Any
-    ) -> None:
+    def __init__(self, built: Built, python: str, prefix: Sequence[str] = (), **popen: Any) -> None:
         env = dict(popen.pop("env", None) or os.environ)
         env["CUDA_INJECTION64_PATH"] = str(built.inject)
         env.setdefault("GFX_CUPTI_POLL_MS", "20")
-        self.proc = subprocess.Popen(
-            [*(prefix or []), python, str(built.script), str(built.standin)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, **popen,
-        )  # fmt: skip
-        assert self._line() == "ready"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _line(self) -> str:
-        out: IO[str] | None = self.proc.stdout
-        assert out is not None
-        line = out.readline()
-        if not line:
-            raise RuntimeError(f"cupti_workload exited ({self.proc.wait()})")
-        return line.strip()
+        super().__init__(Path(python), built.script, prefix, env=env, **popen)
 
     def command(self, text: str) -> list[str]:
         """Send one command; the lines it printed before its "ok"."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text + "\n")
-        self.proc.stdin.flush()
-        lines = []
-        while (line := self._line()) != "ok":
-            lines.append(line)
-        return lines
+        lines = [self.send(text + "\n")]
+        while lines[-1] != "ok":
+            if not lines[-1]:
+                raise RuntimeError(f"the workload exited ({self.proc.wait()})")
+            lines.append(self._line())
+        return lines[:-1]
 
     def stats(self) -> dict[str, int]:
-        words = self.command("stats")[0].split()
-        # "records R launches L collecting C"
+        words = self.command("stats")[0].split()  # "records R launches L collecting C"
         return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> Workload:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
