@@ -29,8 +29,9 @@ COPY_BYTES = 4096
 # The workload: what the CUDA driver does at cuInit (load CUDA_INJECTION64_PATH
 # through the stand-in's gfx_standin_init), then one command per stdin line,
 # each answered "ok" after the library's poll (records handed to the probes):
-#   a N     N launches of "gemm" from launch_a (line 11)
-#   b N     N of "gemm" and N of "relu" from launch_b (lines 14, 15)
+#   a N     N launches of "gemm" from launch_a (line 12), straight to the driver
+#   b N     N of "gemm" and N of "relu" from launch_b (lines 15, 16), through the
+#           runtime (cudaLaunchKernel: two correlation ids, the record has the runtime's)
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   stats   "records R launches L collecting C": the injection library's counters
@@ -39,6 +40,7 @@ import ctypes, os, sys
 C = ctypes.c_ulonglong
 cupti = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libcupti.so.13"))
 cupti.gfx_standin_launch.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
+cupti.gfx_standin_launch_runtime.argtypes = cupti.gfx_standin_launch.argtypes
 cupti.gfx_standin_memcpy.argtypes = [C, ctypes.c_uint, C]
 GEMM, RELU = b"gemm", b"relu"  # the stand-in keeps the pointers: module constants
 assert cupti.gfx_standin_init() == 1
@@ -48,8 +50,8 @@ def launch_a(n):
         cupti.gfx_standin_launch(GEMM, 250000, 128, 256)
 def launch_b(n):
     for _ in range(n):
-        cupti.gfx_standin_launch(GEMM, 250000, 64, 128)
-        cupti.gfx_standin_launch(RELU, 40000, 32, 1024)
+        cupti.gfx_standin_launch_runtime(GEMM, 250000, 64, 128)
+        cupti.gfx_standin_launch_runtime(RELU, 40000, 32, 1024)
 for f in ("gfx_cupti_records", "gfx_cupti_launches"):
     getattr(lib, f).restype = C
 print("ready", flush=True)
@@ -70,8 +72,8 @@ for line in sys.stdin:
     lib.gfx_cupti_poll()
     print("ok", flush=True)
 """
-A_LINE, B_GEMM_LINE, B_RELU_LINE = 11, 14, 15  # in SCRIPT, for the tests
-MODULE_A_LINE, MODULE_B_LINE = 22, 24
+A_LINE, B_GEMM_LINE, B_RELU_LINE = 12, 15, 16  # in SCRIPT, for the tests
+MODULE_A_LINE, MODULE_B_LINE = 23, 25
 
 
 def cupti_dir() -> Path:
