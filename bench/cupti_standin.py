@@ -72,6 +72,50 @@ for line in sys.stdin:
     lib.gfx_cupti_poll()
     print("ok", flush=True)
 """
+# bench/gpu_kernels_workload.py's protocol on the stand-in, for tests of
+# bench/gpu_kernels_check.py (gpu_check.sh step 6): "matmul" launches 1 ms
+# products from mm_a (a quarter) and mm_b, whose "events" say exactly that.
+GPU_CHECK_SCRIPT = """\
+import ctypes, json, os, sys, time
+C = ctypes.c_ulonglong
+cupti = ctypes.CDLL(os.environ["GFX_STANDIN"])  # the checker runs a copy of this file
+cupti.gfx_standin_launch_runtime.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
+cupti.gfx_standin_init()
+path = os.environ.get("CUDA_INJECTION64_PATH")
+lib = ctypes.CDLL(path) if path else None
+GEMM, ADD, NS = b"gemm", b"add", 1000000
+def mm_a(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch_runtime(GEMM, NS, 64, 256)
+def mm_b(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch_runtime(GEMM, NS, 64, 256)
+def loop(n):
+    t = time.perf_counter()
+    for _ in range(n):
+        cupti.gfx_standin_launch_runtime(ADD, 1000, 1, 32)
+    return {"launches": n, "s_per_launch": (time.perf_counter() - t) / n}
+print(json.dumps({"ready": os.getpid(), "injected": lib is not None}), flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "exit":
+        break
+    reply = {"size": 1}
+    if cmd == "matmul":
+        n = int(arg)
+        mm_a(n // 4)
+        mm_b(n - n // 4)
+        reply = {"products": n, "event_ns_total": n * NS, "event_ns_mean": NS}
+    elif cmd in ("loop", "profile"):
+        reply = loop(int(arg))
+    elif cmd == "stats":
+        reply = {"records": lib.gfx_cupti_records(), "launches": lib.gfx_cupti_launches(),
+                 "collecting": lib.gfx_cupti_collecting()} if lib else {"records": None}
+    if lib:
+        lib.gfx_cupti_poll()
+    print(json.dumps(reply), flush=True)
+"""
+GPU_CHECK_NS = 1_000_000
 A_LINE, B_GEMM_LINE, B_RELU_LINE = 12, 15, 16  # in SCRIPT, for the tests
 MODULE_A_LINE, MODULE_B_LINE = 23, 25
 
@@ -109,6 +153,7 @@ def build(out: Path) -> Built:
           f"-l:{soname}", f"-Wl,-rpath,{out}", "-lpthread"])  # fmt: skip
     script = out / "cupti_workload.py"
     script.write_text(SCRIPT)
+    (out / "gpu_check_workload.py").write_text(GPU_CHECK_SCRIPT)
     for p in (standin, inject, script):
         os.chmod(p, 0o755)
     return Built(standin, inject, script)

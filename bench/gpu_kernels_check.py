@@ -24,6 +24,7 @@ catalog (no broker): the figures are the program's own maps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -57,13 +58,15 @@ def readable_copy(path: str) -> str:
 
 
 class Workload:
+    source = SOURCE  # the workload script (tests use one on the CUPTI stand-in)
+
     def __init__(self, py: str, user: str | None, inject: str | None) -> None:
         env = {k: v for k, v in os.environ.items() if k != "CUDA_INJECTION64_PATH"}
         if inject:
             env["CUDA_INJECTION64_PATH"] = inject
         prefix = ["runuser", "-u", user, "--"] if user else []
         self.proc = subprocess.Popen(
-            [*prefix, py, readable_copy(SOURCE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [*prefix, py, readable_copy(self.source)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, env=env, cwd="/",
         )  # fmt: skip
         hello = self._read()
@@ -151,7 +154,7 @@ class ClientWatch:
         view = ["watch", "cuda", "--gpu", "--pid", str(pid), "--json", "--interval", "0.25"]
         self.proc = subprocess.Popen(
             [*prefix, *env, *client, *view],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         self.last: dict[str, Any] | None = None
         self.lock = threading.Lock()
@@ -177,11 +180,14 @@ class ClientWatch:
         }
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+        # runuser passes no SIGINT on: the group (gfxclient with it) gets it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGINT)
         try:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def diff(after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]]) -> dict[Any, Any]:
@@ -251,7 +257,7 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
             res["stats_listened"] = w.ask("stats")
         finally:
             listener.close()
-        res["stopped_after_s"] = round(wait_collecting(w, 0), 3)
+        res["stopped_after_s"] = round(wait_collecting(w, 0, 15), 3)
         before = w.ask("stats")["records"]
         w.ask(f"loop {args.launches}")
         res["records_after_detach"] = w.ask("stats")["records"] - before
@@ -293,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matmuls", type=int, default=200)
     ap.add_argument("--out", default=None, help="write the results here as JSON")
     ap.add_argument("--socket", default=None, help="a broker's socket: listen with gfxclient")
+    ap.add_argument("--workload", default=SOURCE, help=argparse.SUPPRESS)  # tests: a stand-in
     args = ap.parse_args(argv)
+    Workload.source = args.workload
     uid = int(subprocess.run(["id", "-u", args.user], capture_output=True, text=True,
                              check=True).stdout) if args.user else 0  # fmt: skip
     res = overhead(args, uid)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ from tests.kernel.brokerenv import (
 
 pytestmark = pytest.mark.kernel
 PYTHON = "/usr/bin/python3"
+CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_kernels_check.py"
 N, M, COPIES = 40, 25, 6
 
 
@@ -240,3 +242,32 @@ def test_profile_gpu_weighs_launch_stacks_by_device_ns(
     assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
     lines = folded.read_text().splitlines()
     assert f"{';'.join(a)};gemm {N * cs.NS['gemm']}" in {ln.split(";", 1)[1] for ln in lines}
+
+
+@pytest.mark.parametrize("listener", ["catalog", "gfxclient"])
+def test_gpu_check_step6_measures_the_standin_exactly(
+    broker: BrokerProcess, built: cs.Built, listener: str, tmp_path: Path
+) -> None:
+    """bench/gpu_kernels_check.py (tools/gpu_check.sh step 6) on the stand-in: the
+    same steps as on a GPU, with a workload whose truth is known exactly."""
+    out = tmp_path / "kernels.json"
+    argv = [VENV_PYTHON, str(CHECK), "--inject", str(built.inject), "--python", PYTHON,
+            "--launches", "2000", "--matmuls", "40", "--out", str(out),
+            "--workload", str(built.script.parent / "gpu_check_workload.py")]  # fmt: skip
+    if listener == "gfxclient":
+        argv += ["--socket", broker.socket, "--user", ALICE]
+    env = {**os.environ, "GFX_STANDIN": str(built.standin), "GFX_CUPTI_POLL_MS": "20"}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    s = res["summary"]
+    assert s["records_while_not_listened"] == 0 and s["records_after_detach"] == 0
+    assert s["device_ns_over_events"] == 1.0 and s["kernels_per_product"] == 1.0
+    rows = {(r["kernel"], r["launched_from"]): r for r in res["matmul"]["rows"]}
+    if listener == "gfxclient":
+        where = {k[1].split(" (")[0] for k in rows}
+        assert where == {"mm_a", "mm_b"}, rows
+        assert sorted(r["kernels"] for r in rows.values()) == [10, 30]
+    else:
+        assert list(rows) == [("gemm", "launch seen")]
+    assert all(r["device_ns"] == r["kernels"] * cs.GPU_CHECK_NS for r in rows.values())
