@@ -66,8 +66,8 @@ class Workload:
             env["CUDA_INJECTION64_PATH"] = inject
         prefix = ["runuser", "-u", user, "--"] if user else []
         self.proc = subprocess.Popen(
-            [*prefix, py, readable_copy(self.source)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=env, cwd="/",
+            [*prefix, py, readable_copy(self.source)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/",
         )  # fmt: skip
         hello = self._read()
         self.pid: int = hello["ready"]  # its own pid (runuser may stay as its parent)
