@@ -11,12 +11,13 @@ unpacked beside the venv (tools/setup.sh); GFXBPF_CUPTI_DIR names another place.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from bench import cuda_standin
 from bench.cuda_standin import BuildError, _gcc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,16 +29,18 @@ COPY_BYTES = 4096
 # The workload: what the CUDA driver does at cuInit (load CUDA_INJECTION64_PATH
 # through the stand-in's gfx_standin_init), then one command per stdin line,
 # each answered "ok" after the library's poll (records handed to the probes):
-#   a N     N launches of "gemm" from launch_a (line 11)
-#   b N     N of "gemm" and N of "relu" from launch_b (lines 14, 15)
+#   a N     N launches of "gemm" from launch_a (line 12), straight to the driver
+#   b N     N of "gemm" and N of "relu" from launch_b (lines 15, 16), through the
+#           runtime (cudaLaunchKernel: two correlation ids, the record has the runtime's)
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   stats   "records R launches L collecting C": the injection library's counters
 SCRIPT = """\
 import ctypes, os, sys
 C = ctypes.c_ulonglong
-cupti = ctypes.CDLL(sys.argv[1])
+cupti = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libcupti.so.13"))
 cupti.gfx_standin_launch.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
+cupti.gfx_standin_launch_runtime.argtypes = cupti.gfx_standin_launch.argtypes
 cupti.gfx_standin_memcpy.argtypes = [C, ctypes.c_uint, C]
 GEMM, RELU = b"gemm", b"relu"  # the stand-in keeps the pointers: module constants
 assert cupti.gfx_standin_init() == 1
@@ -47,8 +50,8 @@ def launch_a(n):
         cupti.gfx_standin_launch(GEMM, 250000, 128, 256)
 def launch_b(n):
     for _ in range(n):
-        cupti.gfx_standin_launch(GEMM, 250000, 64, 128)
-        cupti.gfx_standin_launch(RELU, 40000, 32, 1024)
+        cupti.gfx_standin_launch_runtime(GEMM, 250000, 64, 128)
+        cupti.gfx_standin_launch_runtime(RELU, 40000, 32, 1024)
 for f in ("gfx_cupti_records", "gfx_cupti_launches"):
     getattr(lib, f).restype = C
 print("ready", flush=True)
@@ -69,8 +72,52 @@ for line in sys.stdin:
     lib.gfx_cupti_poll()
     print("ok", flush=True)
 """
-A_LINE, B_GEMM_LINE, B_RELU_LINE = 11, 14, 15  # in SCRIPT, for the tests
-MODULE_A_LINE, MODULE_B_LINE = 22, 24
+# bench/gpu_kernels_workload.py's protocol on the stand-in, for tests of
+# bench/gpu_kernels_check.py (gpu_check.sh step 6): "matmul" launches 1 ms
+# products from mm_a (a quarter) and mm_b, whose "events" say exactly that.
+GPU_CHECK_SCRIPT = """\
+import ctypes, json, os, sys, time
+C = ctypes.c_ulonglong
+cupti = ctypes.CDLL(os.environ["GFX_STANDIN"])  # the checker runs a copy of this file
+cupti.gfx_standin_launch_runtime.argtypes = [ctypes.c_char_p, C, ctypes.c_int, ctypes.c_int]
+cupti.gfx_standin_init()
+path = os.environ.get("CUDA_INJECTION64_PATH")
+lib = ctypes.CDLL(path) if path else None
+GEMM, ADD, NS = b"gemm", b"add", 1000000
+def mm_a(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch_runtime(GEMM, NS, 64, 256)
+def mm_b(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch_runtime(GEMM, NS, 64, 256)
+def loop(n):
+    t = time.perf_counter()
+    for _ in range(n):
+        cupti.gfx_standin_launch_runtime(ADD, 1000, 1, 32)
+    return {"launches": n, "s_per_launch": (time.perf_counter() - t) / n}
+print(json.dumps({"ready": os.getpid(), "injected": lib is not None}), flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "exit":
+        break
+    reply = {"size": 1}
+    if cmd == "matmul":
+        n = int(arg)
+        mm_a(n // 4)
+        mm_b(n - n // 4)
+        reply = {"products": n, "event_ns_total": n * NS, "event_ns_mean": NS}
+    elif cmd in ("loop", "profile"):
+        reply = loop(int(arg))
+    elif cmd == "stats":
+        reply = {"records": lib.gfx_cupti_records(), "launches": lib.gfx_cupti_launches(),
+                 "collecting": lib.gfx_cupti_collecting()} if lib else {"records": None}
+    if lib:
+        lib.gfx_cupti_poll()
+    print(json.dumps(reply), flush=True)
+"""
+GPU_CHECK_NS = 1_000_000
+A_LINE, B_GEMM_LINE, B_RELU_LINE = 12, 15, 16  # in SCRIPT, for the tests
+MODULE_A_LINE, MODULE_B_LINE = 23, 25
 
 
 def cupti_dir() -> Path:
@@ -106,64 +153,30 @@ def build(out: Path) -> Built:
           f"-l:{soname}", f"-Wl,-rpath,{out}", "-lpthread"])  # fmt: skip
     script = out / "cupti_workload.py"
     script.write_text(SCRIPT)
+    (out / "gpu_check_workload.py").write_text(GPU_CHECK_SCRIPT)
     for p in (standin, inject, script):
         os.chmod(p, 0o755)
     return Built(standin, inject, script)
 
 
-class Workload:
-    """The workload as a child process (prefix: e.g. setpriv to run as a user)."""
+class Workload(cuda_standin.Workload):
+    """The workload running with the injection library (prefix: e.g. setpriv)."""
 
-    def __init__(
-        self, built: Built, python: str, prefix: list[str] | None = None, **popen: Any
-    ) -> None:
+    def __init__(self, built: Built, python: str, prefix: Sequence[str] = (), **popen: Any) -> None:
         env = dict(popen.pop("env", None) or os.environ)
         env["CUDA_INJECTION64_PATH"] = str(built.inject)
         env.setdefault("GFX_CUPTI_POLL_MS", "20")
-        self.proc = subprocess.Popen(
-            [*(prefix or []), python, str(built.script), str(built.standin)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, **popen,
-        )  # fmt: skip
-        assert self._line() == "ready"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _line(self) -> str:
-        out: IO[str] | None = self.proc.stdout
-        assert out is not None
-        line = out.readline()
-        if not line:
-            raise RuntimeError(f"cupti_workload exited ({self.proc.wait()})")
-        return line.strip()
+        super().__init__(Path(python), built.script, prefix, env=env, **popen)
 
     def command(self, text: str) -> list[str]:
         """Send one command; the lines it printed before its "ok"."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text + "\n")
-        self.proc.stdin.flush()
-        lines = []
-        while (line := self._line()) != "ok":
-            lines.append(line)
-        return lines
+        lines = [self.send(text + "\n")]
+        while lines[-1] != "ok":
+            if not lines[-1]:
+                raise RuntimeError(f"the workload exited ({self.proc.wait()})")
+            lines.append(self._line())
+        return lines[:-1]
 
     def stats(self) -> dict[str, int]:
-        words = self.command("stats")[0].split()
-        # "records R launches L collecting C"
+        words = self.command("stats")[0].split()  # "records R launches L collecting C"
         return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> Workload:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -24,33 +24,50 @@ catalog (no broker): the figures are the program's own maps.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
+import shutil
 import signal
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOAD = os.path.join(HERE, "gpu_kernels_workload.py")
+SOURCE = os.path.join(HERE, "gpu_kernels_workload.py")
 KERNEL_KEY = struct.Struct("<IIQQII")  # cudakernels.bpf.c struct kernel_key
 KERNEL_STATS = struct.Struct("<QQ")
 REPEATS = 5
 
 
+@functools.cache
+def readable_copy(path: str) -> str:
+    """The workload in a folder every user can read (the checkout may be root's alone)."""
+    folder = tempfile.mkdtemp(prefix="gfxbpf-gpu-kernels-")
+    os.chmod(folder, 0o755)
+    dest = os.path.join(folder, os.path.basename(path))
+    shutil.copyfile(path, dest)
+    os.chmod(dest, 0o644)
+    return dest
+
+
 class Workload:
+    source = SOURCE  # the workload script (tests use one on the CUPTI stand-in)
+
     def __init__(self, py: str, user: str | None, inject: str | None) -> None:
         env = {k: v for k, v in os.environ.items() if k != "CUDA_INJECTION64_PATH"}
         if inject:
             env["CUDA_INJECTION64_PATH"] = inject
         prefix = ["runuser", "-u", user, "--"] if user else []
         self.proc = subprocess.Popen(
-            [*prefix, py, WORKLOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=env, cwd="/",
+            [*prefix, py, readable_copy(self.source)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/",
         )  # fmt: skip
         hello = self._read()
         self.pid: int = hello["ready"]  # its own pid (runuser may stay as its parent)
@@ -137,7 +154,7 @@ class ClientWatch:
         view = ["watch", "cuda", "--gpu", "--pid", str(pid), "--json", "--interval", "0.25"]
         self.proc = subprocess.Popen(
             [*prefix, *env, *client, *view],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
         self.last: dict[str, Any] | None = None
         self.lock = threading.Lock()
@@ -163,11 +180,14 @@ class ClientWatch:
         }
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+        # runuser passes no SIGINT on: the group (gfxclient with it) gets it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGINT)
         try:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def diff(after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]]) -> dict[Any, Any]:
@@ -237,7 +257,7 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
             res["stats_listened"] = w.ask("stats")
         finally:
             listener.close()
-        res["stopped_after_s"] = round(wait_collecting(w, 0), 3)
+        res["stopped_after_s"] = round(wait_collecting(w, 0, 15), 3)
         before = w.ask("stats")["records"]
         w.ask(f"loop {args.launches}")
         res["records_after_detach"] = w.ask("stats")["records"] - before
@@ -245,6 +265,29 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
     finally:
         w.close()
     return res
+
+
+def summary(res: dict[str, Any]) -> dict[str, Any]:
+    """The figures to compare with the acceptance: overheads in %, device time / events."""
+
+    def pct(key: str) -> float | None:
+        base, got = res.get("no_library"), res.get(key)
+        if not base or not got:
+            return None
+        return round(100.0 * (got["median_us"] - base["median_us"]) / base["median_us"], 2)
+
+    mm = res.get("matmul") or {}
+    products = (mm.get("truth") or {}).get("products")
+    return {
+        "launch_us_no_library": (res.get("no_library") or {}).get("median_us"),
+        "overhead_pct_loaded_not_listened": pct("loaded_not_listened"),
+        "overhead_pct_listened": pct("listened"),
+        "overhead_pct_torch_profiler": pct("torch_profiler"),
+        "device_ns_over_events": mm.get("ratio_to_events"),
+        "kernels_per_product": mm["kernels_total"] / products if products else None,
+        "records_while_not_listened": res.get("records_while_not_listened"),
+        "records_after_detach": res.get("records_after_detach"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,10 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matmuls", type=int, default=200)
     ap.add_argument("--out", default=None, help="write the results here as JSON")
     ap.add_argument("--socket", default=None, help="a broker's socket: listen with gfxclient")
+    ap.add_argument("--workload", default=SOURCE, help=argparse.SUPPRESS)  # tests: a stand-in
     args = ap.parse_args(argv)
+    Workload.source = args.workload
     uid = int(subprocess.run(["id", "-u", args.user], capture_output=True, text=True,
                              check=True).stdout) if args.user else 0  # fmt: skip
     res = overhead(args, uid)
+    res["summary"] = summary(res)
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:

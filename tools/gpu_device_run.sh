@@ -105,3 +105,4 @@ echo "gpu_check.sh exit $?"
 cp /tmp/gfxbpf-gpu-check.*/kernels.json "$OUT/" 2>/dev/null
 tail -60 "$OUT/gpu_check.log"
 say "done"
+sleep 1  # tee's last lines reach run.log

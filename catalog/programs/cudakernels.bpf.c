@@ -6,9 +6,9 @@
  * probes (records in gfx_cupti.h); attaching raises their semaphores, which
  * is what makes the library collect at all.
  *
- * gfxcupti:launch(correlation id) fires on the launching thread. In scope
- * self it walks the Python frames there (gfx_python.h), remembers the
- * chain's hash under (tgid, correlation id), counts the launch per (tgid,
+ * gfxcupti:launch(runtime id, driver id) fires on the launching thread. In
+ * scope self it walks the Python frames there (gfx_python.h), remembers the
+ * chain's hash under (tgid, correlation id) for each id, counts the launch per (tgid,
  * chain) and, when that count reaches a power of two, sends the Python record
  * and a stack copy (gfx_ucopy.h) that the client unwinds into the native
  * launch stack, as ustackcopy does for a uprobe. gfxcupti:kernel(record,
@@ -32,8 +32,10 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 
-#define MAX_ROWS 16384
-#define MAX_NAMES 4096
+/* Rows are (process, Python chain, kernel): a training loop has some hundreds.
+ * Sized so that many attachments fit a user's map budget (tests/unit/test_budget.py). */
+#define MAX_ROWS 4096
+#define MAX_NAMES 1024
 #define MAX_PENDING 65536
 #define ROW_LAUNCHED 1  /* kernel_key.flags: the launch was seen (its chain is known) */
 
@@ -171,8 +173,10 @@ static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __
 	gfx_urec_send(r);
 }
 
+/* Remember the launch's chain under both ids: the kernel's record names one
+ * (the other entry ages out of the LRU map). */
 SEC("usdt")
-int BPF_USDT(cupti_launch, __u32 correlation_id)
+int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id)
 {
 	struct launch_key lk = {};
 	struct chain_key ck = {};
@@ -182,13 +186,19 @@ int BPF_USDT(cupti_launch, __u32 correlation_id)
 	if (!in_scope())
 		return 0;
 	lk.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
-	lk.correlation_id = correlation_id;
 	if (target_uid != GFX_ANY) {  /* scope self: the caller's own process memory */
 		py = gfx_py_record();
 		if (py && gfx_py_walk(py))
 			python = gfx_py_chain_hash(py);
 	}
-	bpf_map_update_elem(&pending, &lk, &python, BPF_ANY);
+	if (runtime_id) {
+		lk.correlation_id = runtime_id;
+		bpf_map_update_elem(&pending, &lk, &python, BPF_ANY);
+	}
+	if (driver_id) {
+		lk.correlation_id = driver_id;
+		bpf_map_update_elem(&pending, &lk, &python, BPF_ANY);
+	}
 	if (target_uid == GFX_ANY)
 		return 0;
 	ck.tgid = lk.tgid;

@@ -7,8 +7,11 @@
  *   gfxcupti:kernel(struct gfx_cupti_kernel *rec, const char *name)
  *   gfxcupti:memcpy(struct gfx_cupti_copy *rec)
  *   gfxcupti:memset(struct gfx_cupti_copy *rec)
- *   gfxcupti:launch(__u32 correlation_id)  -- on the launching thread, at the
- *       outermost launch call (runtime cudaLaunchKernel*, else driver cuLaunchKernel*)
+ *   gfxcupti:launch(__u32 runtime_id, __u32 driver_id)  -- on the launching thread,
+ *       once per launch: at the exit of a runtime launch (cudaLaunchKernel*,
+ *       cudaGraphLaunch), with its id and that of the driver call it made (0 if
+ *       none was seen); at the entry of a driver launch called directly, runtime
+ *       id 0. A kernel's record carries one of the two.
  *
  * Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns's clock): the
  * library maps CUPTI's GPU timestamps onto it.

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfxbpf.client.broker import Broker
-from gfxbpf.client.cli.cuda_python import NO_PYTHON, NOT_COPIED, Chains, _no_unwind
+from gfxbpf.client.cli.cuda_python import (
+    NO_PYTHON,
+    NOT_COPIED,
+    Chains,
+    _no_unwind,
+    named_chains,
+)
 from gfxbpf.client.cli.display import clip, humanize_count, humanize_ns
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
@@ -104,8 +110,9 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
 
 def attach(broker: Broker, args: argparse.Namespace) -> KernelTimes:
     """cudakernels on the injection library; in scope self, walking the Python frames."""
-    from gfxbpf.client.cli.profile_cmd import code_book, python_files
     from gfxbpf.client.profiles.copies import ProbeCopyReader
+    from gfxbpf.client.profiles.engine.attach import python_files
+    from gfxbpf.client.profiles.engine.readers import code_book
     from gfxbpf.client.profiles.python.targets import find
 
     scope = args.scope or "self"
@@ -185,7 +192,7 @@ class KernelTimes:
         if self.reader is not None:
             while self.reader.drain():  # the copies name the rows' chains
                 pass
-            chains = self._chains()
+            chains = named_chains(self.reader)
         now = time.monotonic()
         kernels = group(_rows(self.att), _names(self.att), chains)
         cur = {(k.pid, k.name, k.function): k.device_ns for k in kernels}
@@ -195,14 +202,6 @@ class KernelTimes:
         self.kernels, self.prev, self.prev_t = kernels, cur, now
         counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] kernels
         self.lost = lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
-
-    def _chains(self) -> Chains:
-        codes = self.reader.python.codes
-        self.reader.python.resolve(final=True)
-        return {
-            key: tuple(codes.name(key[0], f) for f in reversed(frames))
-            for key, frames in self.reader.chains.items()
-        }
 
     def json_line(self) -> dict[str, Any]:
         return {

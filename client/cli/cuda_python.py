@@ -216,12 +216,7 @@ class PythonLaunches:
             self.lost = lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
 
     def _chains(self) -> Chains:
-        codes = self.reader.python.codes
-        self.reader.python.resolve(final=True)
-        return {
-            key: tuple(codes.name(key[0], f) for f in reversed(frames))
-            for key, frames in self.reader.chains.items()
-        }
+        return named_chains(self.reader)
 
     def json_line(self) -> dict[str, Any]:
         return {
@@ -254,6 +249,18 @@ class PythonLaunches:
 
 
 _UNCOUNTED = (1).to_bytes(4, "little")  # ustackcopy.bpf.c: lost[1], calls not counted
+
+
+def named_chains(reader: ProbeCopyReader) -> Chains:
+    """The Python chains the reader's copies brought, named root first."""
+    codes = reader.python.codes
+    reader.python.resolve(final=True)
+    if codes is None:  # the program walks no Python: no chain has a name
+        return {}
+    return {
+        key: tuple(codes.name(key[0], f) for f in reversed(frames))
+        for key, frames in reader.chains.items()
+    }
 
 
 def _row(key: bytes, value: Any) -> tuple[Row, int, int]:

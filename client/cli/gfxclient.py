@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from gfxbpf.client.broker import client_version
 from gfxbpf.client.cli import (
     dump_cmd,
+    gpu_profile,
     info_cmd,
     list_cmd,
     profile_cmd,
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         "\n\n" + profile_cmd.EXAMPLES,
     )
     profile_cmd.add_arguments(p)
+    gpu_profile.add_arguments(p)
     return parser
 
 
@@ -167,7 +169,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": stream_cmd.command,
     "dump": dump_cmd.command,
     "status": status_cmd.command,
-    "profile": profile_cmd.command,
+    "profile": gpu_profile.command,  # --gpu there, every other profile in profile_cmd
 }
 
 

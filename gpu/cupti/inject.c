@@ -56,7 +56,6 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static CUpti_SubscriberHandle subscriber;
 static int collecting;
 static int warned;
-static __thread int in_runtime_launch;
 
 /* Counters for tests and tools (ctypes or dlsym in the traced process). */
 EXPORT unsigned long long gfx_cupti_records(void) { return atomic_load(&records); }
@@ -188,9 +187,21 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 	free(buffer);
 }
 
-/* The launch probe fires once per launch, at the outermost API: a runtime
- * launch (whose correlation id the kernel record carries) hides the driver
- * call it makes. */
+/* The launch probe fires once per launch, on the launching thread, with both
+ * correlation ids a kernel record may carry: a runtime launch's (the probe
+ * fires at its exit, after the driver call it made, whose id is kept here)
+ * and the driver's; a driver launch called directly fires at its entry with
+ * runtime id 0. */
+static __thread uint32_t runtime_corr, driver_corr;
+static __thread int in_runtime_launch;
+
+static void fire_launch(uint32_t runtime, uint32_t driver)
+{
+	atomic_fetch_add(&launches, 1);
+	if (gfxcupti_launch_semaphore)
+		STAP_PROBE2(gfxcupti, launch, runtime, driver);
+}
+
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
 			    const void *data)
 {
@@ -200,17 +211,19 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 	(void)userdata;
 	(void)cbid;
 	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-		if (!enter) {
-			in_runtime_launch -= in_runtime_launch > 0;
-			return;
+		if (enter) {
+			in_runtime_launch++;
+			runtime_corr = cb->correlationId;
+			driver_corr = 0;
+		} else if (in_runtime_launch > 0 && --in_runtime_launch == 0) {
+			fire_launch(runtime_corr, driver_corr);
 		}
-		in_runtime_launch++;
-	} else if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !enter || in_runtime_launch) {
-		return;
+	} else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter) {
+		if (in_runtime_launch)
+			driver_corr = cb->correlationId;
+		else
+			fire_launch(0, cb->correlationId);
 	}
-	atomic_fetch_add(&launches, 1);
-	if (gfxcupti_launch_semaphore)
-		STAP_PROBE1(gfxcupti, launch, cb->correlationId);
 }
 
 static const CUpti_CallbackId runtime_launches[] = {

@@ -13,6 +13,9 @@
  *                                         (enter, exit) with a new correlation id, and,
  *                                         while CONCURRENT_KERNEL is enabled, a kernel
  *                                         record that ran exactly `ns` nanoseconds
+ *   gfx_standin_launch_runtime(...)       the same through a cudaLaunchKernel: runtime
+ *                                         callbacks around the driver's, two ids, the
+ *                                         record carrying the runtime's
  *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY)
  *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
  *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
@@ -42,6 +45,7 @@ static CUpti_CallbackFunc callback;
 static void *callback_data;
 static int subscribed, held;
 static unsigned char driver_enabled[CUPTI_DRIVER_TRACE_CBID_SIZE];
+static unsigned char runtime_enabled[CUPTI_RUNTIME_TRACE_CBID_SIZE];
 static int kind_enabled[64];
 static CUpti_BuffersCallbackRequestFunc request_fn;
 static CUpti_BuffersCallbackCompleteFunc complete_fn;
@@ -95,6 +99,7 @@ API CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
 	subscribed = 0;
 	callback = NULL;
 	memset(driver_enabled, 0, sizeof(driver_enabled));
+	memset(runtime_enabled, 0, sizeof(runtime_enabled));
 	pthread_mutex_unlock(&lock);
 	return CUPTI_SUCCESS;
 }
@@ -103,9 +108,10 @@ API CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subs
 				    CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
 {
 	(void)subscriber;
-	/* Only driver-API launches are simulated; runtime ids are accepted and unused. */
 	if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE)
 		driver_enabled[cbid] = (unsigned char)enable;
+	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE)
+		runtime_enabled[cbid] = (unsigned char)enable;
 	return CUPTI_SUCCESS;
 }
 
@@ -214,28 +220,65 @@ static uint64_t run_on_gpu(uint64_t ns)
 	return start;
 }
 
-static void api_callback(CUpti_CallbackId cbid, const char *name, uint32_t corr, int site)
+static void api_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const char *name,
+			 uint32_t corr, int site)
 {
 	CUpti_CallbackData cb = {0};
 	CUpti_CallbackFunc fn;
+	int on;
 
 	pthread_mutex_lock(&lock);
-	fn = subscribed && driver_enabled[cbid] ? callback : NULL;
+	on = domain == CUPTI_CB_DOMAIN_DRIVER_API ? driver_enabled[cbid] : runtime_enabled[cbid];
+	fn = subscribed && on ? callback : NULL;
 	pthread_mutex_unlock(&lock);
 	if (!fn)
 		return;
 	cb.callbackSite = site;
 	cb.functionName = name;
 	cb.correlationId = corr;
-	fn(callback_data, CUPTI_CB_DOMAIN_DRIVER_API, cbid, &cb);
+	fn(callback_data, domain, cbid, &cb);
 }
+
+static void driver_callback(uint32_t corr, int site)
+{
+	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+		     "cuLaunchKernel", corr, site);
+}
+
+static void kernel_record(const char *name, unsigned long long ns, int grid, int block,
+			  uint32_t corr);
 
 API unsigned gfx_standin_launch(const char *name, unsigned long long ns, int grid, int block)
 {
 	uint32_t corr = __atomic_fetch_add(&next_correlation, 1, __ATOMIC_RELAXED);
+
+	driver_callback(corr, CUPTI_API_ENTER);
+	kernel_record(name, ns, grid, block, corr);
+	driver_callback(corr, CUPTI_API_EXIT);
+	return corr;
+}
+
+/* A runtime cudaLaunchKernel: it calls the driver's cuLaunchKernel, each call
+ * with its own correlation id; the kernel's record carries the runtime's. */
+API unsigned gfx_standin_launch_runtime(const char *name, unsigned long long ns, int grid,
+					int block)
+{
+	uint32_t rt = __atomic_fetch_add(&next_correlation, 2, __ATOMIC_RELAXED), drv = rt + 1;
+	CUpti_CallbackId cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", rt, CUPTI_API_ENTER);
+	driver_callback(drv, CUPTI_API_ENTER);
+	kernel_record(name, ns, grid, block, rt);
+	driver_callback(drv, CUPTI_API_EXIT);
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", rt, CUPTI_API_EXIT);
+	return rt;
+}
+
+static void kernel_record(const char *name, unsigned long long ns, int grid, int block,
+			  uint32_t corr)
+{
 	CUpti_ActivityKernel9 *k;
 
-	api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", corr, CUPTI_API_ENTER);
 	pthread_mutex_lock(&lock);
 	if (__atomic_load_n(&kind_enabled[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL], __ATOMIC_RELAXED) &&
 	    (k = append_locked(sizeof(*k)))) {
@@ -251,8 +294,6 @@ API unsigned gfx_standin_launch(const char *name, unsigned long long ns, int gri
 		k->name = name;  /* the caller's string: tests pass literals */
 	}
 	pthread_mutex_unlock(&lock);
-	api_callback(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, "cuLaunchKernel", corr, CUPTI_API_EXIT);
-	return corr;
 }
 
 API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigned long long ns)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ from tests.kernel.brokerenv import (
 
 pytestmark = pytest.mark.kernel
 PYTHON = "/usr/bin/python3"
+CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_kernels_check.py"
 N, M, COPIES = 40, 25, 6
 
 
@@ -201,3 +203,71 @@ def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Bui
     assert stats["collecting"] == 0 and stats["records"] == 0
     # Said once, however often the library tried while the probes were attached.
     assert err.count("gfxcupti: not collecting GPU activity: another CUPTI client") == 1, err
+
+
+def test_profile_gpu_weighs_launch_stacks_by_device_ns(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    out = built.script.parent / "alice"
+    out.mkdir(exist_ok=True)
+    shutil.chown(out, ALICE)
+    folded = out / "gpu.folded"
+    assert broker.grpc is not None
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+    with _workload(built, ALICE) as mine:
+        prof = run_as(
+            ALICE,
+            [*argv, "profile", "--gpu", "--pid", str(mine.pid), "--duration", "3",
+             "-o", str(folded)],
+            background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            _collecting(mine, 1)
+            _work(mine)
+            got, err = prof.communicate(timeout=60)
+        finally:
+            if prof.poll() is None:
+                prof.kill()
+    assert prof.returncode == 0, err
+    summary = json.loads(got)
+    script = str(built.script)
+    a = [f"<module> ({script}:{cs.MODULE_A_LINE})", f"launch_a ({script}:{cs.A_LINE})"]
+    b = f"<module> ({script}:{cs.MODULE_B_LINE})"
+    stacks = {tuple(s["stack"][1:]): s["device_ns"] for s in summary["stacks"]}
+    assert stacks == {
+        (*a, "gemm"): N * cs.NS["gemm"],
+        (b, f"launch_b ({script}:{cs.B_GEMM_LINE})", "gemm"): M * cs.NS["gemm"],
+        (b, f"launch_b ({script}:{cs.B_RELU_LINE})", "relu"): M * cs.NS["relu"],
+    }
+    assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
+    lines = folded.read_text().splitlines()
+    assert f"{';'.join(a)};gemm {N * cs.NS['gemm']}" in {ln.split(";", 1)[1] for ln in lines}
+
+
+@pytest.mark.parametrize("listener", ["catalog", "gfxclient"])
+def test_gpu_check_step6_measures_the_standin_exactly(
+    broker: BrokerProcess, built: cs.Built, listener: str, tmp_path: Path
+) -> None:
+    """bench/gpu_kernels_check.py (tools/gpu_check.sh step 6) on the stand-in: the
+    same steps as on a GPU, with a workload whose truth is known exactly."""
+    out = tmp_path / "kernels.json"
+    argv = [VENV_PYTHON, str(CHECK), "--inject", str(built.inject), "--python", PYTHON,
+            "--launches", "2000", "--matmuls", "40", "--out", str(out),
+            "--workload", str(built.script.parent / "gpu_check_workload.py")]  # fmt: skip
+    if listener == "gfxclient":
+        argv += ["--socket", broker.socket, "--user", ALICE]
+    env = {**os.environ, "GFX_STANDIN": str(built.standin), "GFX_CUPTI_POLL_MS": "20"}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    s = res["summary"]
+    assert s["records_while_not_listened"] == 0 and s["records_after_detach"] == 0
+    assert s["device_ns_over_events"] == 1.0 and s["kernels_per_product"] == 1.0
+    rows = {(r["kernel"], r["launched_from"]): r for r in res["matmul"]["rows"]}
+    if listener == "gfxclient":
+        where = {k[1].split(" (")[0] for k in rows}
+        assert where == {"mm_a", "mm_b"}, rows
+        assert sorted(r["kernels"] for r in rows.values()) == [10, 30]
+    else:
+        assert list(rows) == [("gemm", "launch seen")]
+    assert all(r["device_ns"] == r["kernels"] * cs.GPU_CHECK_NS for r in rows.values())

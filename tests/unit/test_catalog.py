@@ -28,6 +28,7 @@ SIDE_OBJECTS = (
 BUILD = ROOT / "tools" / "build_bpf.py"
 
 EXPECTED = {
+    "cudakernels",
     "vmabind",
     "fence",
     "drmsched",
@@ -134,6 +135,7 @@ KNOB_DEFAULTS = {
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "cudakernels": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "offcpu": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},
 }
 
