@@ -275,6 +275,10 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     assert s["device_ns_over_events"] == 1.0 and s["kernels_per_product"] == 1.0
     rows = {(r["kernel"], r["launched_from"]): r for r in res["matmul"]["rows"]}
     if listener == "gfxclient":
+        prof = res["profile_gpu"]
+        assert prof["total_ns"] == 40 * cs.GPU_CHECK_NS, prof
+        assert {s["stack"][-1] for s in prof["stacks"]} == {"gemm"}
+        assert any(f.startswith("mm_b (") for f in prof["stacks"][0]["stack"]), prof
         where = {k[1].split(" (")[0] for k in rows}
         assert where == {"mm_a", "mm_b"}, rows
         assert sorted(r["kernels"] for r in rows.values()) == [10, 30]
