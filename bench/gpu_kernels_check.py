@@ -220,6 +220,28 @@ def matmul_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
     }
 
 
+def profile_check(w: Workload, args: argparse.Namespace, n: int) -> dict[str, Any]:
+    """`gfxclient profile --gpu` over n more products: the launch stacks, whole."""
+    prefix = ["runuser", "-u", args.user, "--"] if args.user else []
+    env = ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"]
+    argv = [sys.executable, "-m", "gfxbpf.client", "--socket", args.socket, "--json",
+            "profile", "--gpu", "--pid", str(w.pid), "--duration", "6"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*prefix, *env, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_collecting(w, 1, 30)  # attached: the library collects again
+        w.ask(f"matmul {n}")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode:
+        return {"error": err[-2000:]}
+    got = json.loads(out)
+    return {"total_ns": got["total_ns"], "stacks": got["stacks"][:4], "notes": got["notes"]}
+
+
 def listen(w: Workload, args: argparse.Namespace, uid: int, res: dict[str, Any]) -> Any:
     """gfxclient through the broker if given one, else (or if that fails) the catalog here."""
     if args.socket:
@@ -258,6 +280,9 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
         finally:
             listener.close()
         res["stopped_after_s"] = round(wait_collecting(w, 0, 15), 3)
+        if args.socket:
+            res["profile_gpu"] = profile_check(w, args, args.matmuls)
+            wait_collecting(w, 0, 15)
         before = w.ask("stats")["records"]
         w.ask(f"loop {args.launches}")
         res["records_after_detach"] = w.ask("stats")["records"] - before

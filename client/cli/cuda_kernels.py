@@ -111,8 +111,20 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
 def attach(broker: Broker, args: argparse.Namespace) -> KernelTimes:
     """cudakernels on the injection library; in scope self, walking the Python frames."""
     from gfxbpf.client.profiles.copies import ProbeCopyReader
-    from gfxbpf.client.profiles.engine.attach import python_files
     from gfxbpf.client.profiles.engine.readers import code_book
+
+    att, library = attach_program(broker, args)
+    reader = None
+    codes = code_book(att)
+    if att.scope == "self" and codes is not None:
+        stream = att.open_events("stack_copies")
+        reader = ProbeCopyReader(stream, lambda _pid, _refresh: None, _no_unwind(), codes)
+    return KernelTimes(att, reader, library, args.interval)
+
+
+def attach_program(broker: Broker, args: argparse.Namespace) -> tuple[Attachment, str]:
+    """The attachment (scope self: --pid's Python walked) and the library it probes."""
+    from gfxbpf.client.profiles.engine.attach import python_files
     from gfxbpf.client.profiles.python.targets import find
 
     scope = args.scope or "self"
@@ -129,13 +141,7 @@ def attach(broker: Broker, args: argparse.Namespace) -> KernelTimes:
         kw["python_files"] = python_files(find([args.pid], None))
     elif args.pid:
         kw["pid"] = args.pid
-    att = _attach(broker, library, kw)
-    reader = None
-    codes = code_book(att)
-    if scope == "self" and codes is not None:
-        stream = att.open_events("stack_copies")
-        reader = ProbeCopyReader(stream, lambda _pid, _refresh: None, _no_unwind(), codes)
-    return KernelTimes(att, reader, library, args.interval)
+    return _attach(broker, library, kw), library
 
 
 def _attach(broker: Broker, library: str, kw: dict[str, Any]) -> Attachment:
@@ -153,7 +159,7 @@ def _attach(broker: Broker, library: str, kw: dict[str, Any]) -> Attachment:
         raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
 
 
-def _rows(att: Attachment) -> list[tuple[Row, int, int]]:
+def read_rows(att: Attachment) -> list[tuple[Row, int, int]]:
     out = []
     for k, v in att.map("kernels").raw_items():
         if len(k) != KERNEL_KEY.size or not isinstance(v, bytes) or len(v) != KERNEL_STATS.size:
@@ -164,7 +170,7 @@ def _rows(att: Attachment) -> list[tuple[Row, int, int]]:
     return out
 
 
-def _names(att: Attachment) -> dict[int, str]:
+def read_names(att: Attachment) -> dict[int, str]:
     out = {}
     for k, v in att.map("names").raw_items():
         if len(k) == 8 and isinstance(v, bytes):
@@ -194,7 +200,7 @@ class KernelTimes:
                 pass
             chains = named_chains(self.reader)
         now = time.monotonic()
-        kernels = group(_rows(self.att), _names(self.att), chains)
+        kernels = group(read_rows(self.att), read_names(self.att), chains)
         cur = {(k.pid, k.name, k.function): k.device_ns for k in kernels}
         if self.prev_t:
             self.dt = now - self.prev_t

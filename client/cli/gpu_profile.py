@@ -1,12 +1,15 @@
 """`gfxclient profile --gpu --pid PID`: a flame graph of GPU time, weighted by the
-nanoseconds each kernel ran on the GPU, with the Python code that launched it
-below the kernel's name (the leaf).
+nanoseconds each kernel ran on the GPU, with the stack that launched it below
+the kernel's name (the leaf).
 
 Program `cudakernels` on the process's CUPTI injection library, as `watch
 cuda --gpu` attaches it (client/cli/cuda_kernels.py): rows of (Python chain,
-kernel) with device time, the chains named from the Python records of the
-launches' stack copies. The stack is the process, its Python frames (root
-first) and the kernel; native frames of the launch are not unwound here yet.
+kernel) with device time. The launch's stack copies (a few per chain, taken
+at the library's launch probe) are unwound as `profile --stacks-at` unwinds
+ustackcopy's (client/profiles/copies.py, by_chain), with their Python frames
+in place of the interpreter's; the symbolizer names them as in every profile.
+The stack runs from the process through Python and the CUDA libraries to the
+CUPTI callback that fired the probe, then the kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.model import Profile
 
 if TYPE_CHECKING:
-    from gfxbpf.client.cli.cuda_kernels import Kernel
+    from gfxbpf.client.broker import Broker
 
 # Flags of the other kinds of profile that --gpu does not take.
 _OTHER_KINDS = ("stacks_at", "off_cpu", "wall", "min_block", "frequency")
@@ -45,18 +48,52 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         return profile_cmd.command(args, out)
     _check(args)
     with StopSignal() as stop, connect(args) as broker:
-        from gfxbpf.client.cli import cuda_kernels
-
-        view = argparse.Namespace(
-            pid=args.pid[0], scope="self", library=None, interval=1.0, no_children=True
-        )
-        w = cuda_kernels.attach(broker, view)
-        start = time.monotonic()
-        sleep_renewing(stop, args.duration or 1e9, broker)
-        w.sample()
-        prof = gpu_profile(w.kernels, args.pid[0], time.monotonic() - start)
-        w.att.detach()
+        prof = take(broker, stop, args.pid[0], args.duration)
     return _report(prof, args, out)
+
+
+def take(broker: Broker, stop: StopSignal, pid: int, duration: float | None) -> Profile:
+    """Attach, read the launch stack copies as they come until duration or a
+    stop, then weigh each (launch stack, kernel) by its device ns."""
+    from gfxbpf.client.cli import cuda_kernels
+    from gfxbpf.client.profiles.copies import ProbeCopyReader
+    from gfxbpf.client.profiles.engine.readers import code_book, unwind_tables
+    from gfxbpf.client.profiles.engine.snapshots import Maps
+    from gfxbpf.client.profiles.symbolize import Symbolizer
+    from gfxbpf.client.profiles.unwind import MAX_FRAMES
+
+    tables = unwind_tables()
+    symbolizer = Symbolizer(unwind_tables=tables)
+    symbolizer.stack_depth = MAX_FRAMES  # the unwinder's limit, not a table's depth
+    maps = Maps(symbolizer)
+    maps.capture([pid])
+    view = argparse.Namespace(pid=pid, scope="self", library=None)
+    att, _ = cuda_kernels.attach_program(broker, view)
+    try:
+        stream = att.open_events("stack_copies")
+        reader = ProbeCopyReader(stream, maps.process, tables, code_book(att), by_chain=True)
+        start, end = time.monotonic(), time.monotonic() + (duration or 1e9)
+        while not stop.stopped and time.monotonic() < end:
+            if sleep_renewing(stop, min(0.5, end - time.monotonic()), broker):
+                break
+            reader.drain()
+        while reader.drain():
+            pass
+        names = cuda_kernels.read_names(att)
+        raw = [
+            reader.chain_stack(tgid, chain, names.get(nhash, f"[kernel {nhash:#x}]"), ns)
+            for (tgid, _uid, chain, nhash, _flags), _n, ns in cuda_kernels.read_rows(att)
+        ]
+    finally:
+        att.detach()
+    maps.capture([pid])
+    prof = symbolizer.symbolize(raw, "nanoseconds", duration_s=round(time.monotonic() - start, 3))
+    if not prof.stacks:
+        prof.notes.append(
+            "no kernel ran on the GPU while attached (is the process launching, and was it "
+            "started with CUDA_INJECTION64_PATH?)"
+        )
+    return prof
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -65,31 +102,6 @@ def _check(args: argparse.Namespace) -> None:
     given = [f"--{k.replace('_', '-')}" for k in _OTHER_KINDS if getattr(args, k, None)]
     if given:
         raise UsageError(f"profile --gpu does not go with {', '.join(given)}")
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or str(pid)
-    except OSError:
-        return str(pid)
-
-
-def gpu_profile(kernels: list[Kernel], pid: int, seconds: float) -> Profile:
-    """The rows as stacks: process, Python chain root first, kernel name; weight: device ns."""
-    root = _comm(pid)
-    stacks: dict[tuple[str, ...], int] = {}
-    for k in kernels:
-        for chain, (_n, ns) in k.chains.items():
-            stack = (root, *chain, k.name)
-            stacks[stack] = stacks.get(stack, 0) + ns
-    prof = Profile(stacks=stacks, unit="nanoseconds", duration_s=round(seconds, 3))
-    if not stacks:
-        prof.notes.append(
-            "no kernel ran on the GPU while attached (is the process launching, and was it "
-            "started with CUDA_INJECTION64_PATH?)"
-        )
-    return prof
 
 
 def _report(prof: Profile, args: argparse.Namespace, out: TextIO) -> int:

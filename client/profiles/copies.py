@@ -271,7 +271,11 @@ Row = tuple[int, int, int, int]
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
     caller, Python chain); the copies (a few per row) give each row its
-    calling stack, and a copy's Python record its Python frames."""
+    calling stack, and a copy's Python record its Python frames.
+
+    by_chain (cudakernels: copies taken at a USDT probe inside a callback, no
+    function entry, no caller on top of the stack): rows are (tgid, 0, 0,
+    chain hash) and a copy's whole unwound path, from the probe out, is kept."""
 
     def __init__(
         self,
@@ -279,7 +283,9 @@ class ProbeCopyReader:
         process_maps: MapsOf,
         tables: UnwindTables,
         codes: py.CodeBook | None = None,
+        by_chain: bool = False,
     ) -> None:
+        self.by_chain = by_chain
         self.python = PythonJoin(codes)
         self.stream = stream
         self.process_maps = process_maps
@@ -319,13 +325,48 @@ class ProbeCopyReader:
             # early may have met maps from before an exec; look once more.
             if len(frames) > 1 and stop is None:
                 break
+        if self.by_chain and frames:
+            self._keep((tgid, 0, 0, py.chain_hash(pyframes)), frames, stop, scanned, pyframes)
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
-        if len(frames) > 1 and frames[1] == caller:
+        elif len(frames) > 1 and frames[1] == caller:
             row = (tgid, function, caller, py.chain_hash(pyframes))
-            self.paths.setdefault(row, set()).add((frames[1:], stop))
-            self.pyframes[row] = pyframes
-            if scanned:
-                self.scanned.add(row)
+            self._keep(row, frames[1:], stop, scanned, pyframes)
+
+    def _keep(
+        self,
+        row: Row,
+        path: tuple[int, ...],
+        stop: str | None,
+        scanned: bool,
+        pyframes: tuple[py.Frame, ...],
+    ) -> None:
+        self.paths.setdefault(row, set()).add((path, stop))
+        self.pyframes[row] = pyframes
+        if scanned:
+            self.scanned.add(row)
+
+    def chain_stack(self, tgid: int, chain: int, leaf: str, weight: int) -> profile.RawStack:
+        """by_chain: the launch stack of a (process, Python chain) with this leaf."""
+        self.python.resolve(final=True)
+        return self._raw((tgid, 0, 0, chain), leaf, weight, "no launch stack copied yet")
+
+    def _raw(self, row: Row, leaf: str, weight: int, error: str) -> profile.RawStack:
+        """A row's RawStack: its path, Python frames and leaf."""
+        tgid = row[0]
+        user, stop = self._path(row)
+        return profile.RawStack(
+            pid=tgid,
+            user=user,
+            kernel=False,
+            weight=weight,
+            user_error=None if user else error,
+            leaf=leaf,
+            unwind_stop=stop if user else None,
+            unwind_scanned=bool(user) and row in self.scanned,
+            unwound=True,
+            python=self.python.runs(tgid, self.pyframes.get(row, ())),
+            python_starts=self.python.starts(tgid, self.pyframes.get(row, ())),
+        )
 
     def raw_stacks(
         self, calls: Iterable[tuple[bytes, Any]], functions: Sequence[str], weight: str
@@ -337,26 +378,12 @@ class ProbeCopyReader:
             if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
             row: Row = CALL_KEY.unpack(key)
-            tgid, function, caller, _ = row
+            function = row[1]
             ncalls, total_ns = CALL_STATS.unpack(value)
-            user, stop = self._path(row)
             uncopied += not self.paths.get(row)
             leaf = functions[function] if function < len(functions) else f"[function {function}]"
-            out.append(
-                profile.RawStack(
-                    pid=tgid,
-                    user=user,
-                    kernel=False,
-                    weight=ncalls if weight == "calls" else total_ns,
-                    user_error=None if user else "no user stack (unreadable return address)",
-                    leaf=leaf,
-                    unwind_stop=stop if user else None,
-                    unwind_scanned=bool(user) and row in self.scanned,
-                    unwound=True,
-                    python=self.python.runs(tgid, self.pyframes.get(row, ())),
-                    python_starts=self.python.starts(tgid, self.pyframes.get(row, ())),
-                )
-            )
+            w = ncalls if weight == "calls" else total_ns
+            out.append(self._raw(row, leaf, w, "no user stack (unreadable return address)"))
         return out, uncopied
 
     def _same_functions(

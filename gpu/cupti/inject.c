@@ -50,6 +50,7 @@ EXPORT unsigned short gfxcupti_launch_semaphore __attribute__((section(".probes"
 static atomic_ullong records;   /* activity records CUPTI handed us */
 static atomic_ullong launches;  /* launch callbacks seen */
 static atomic_ullong dropped;   /* records CUPTI says it dropped */
+static atomic_ullong incomplete;  /* kernel records without an end time (not counted) */
 static atomic_llong clock_offset;  /* CLOCK_MONOTONIC minus CUPTI time, ns */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -61,6 +62,7 @@ static int warned;
 EXPORT unsigned long long gfx_cupti_records(void) { return atomic_load(&records); }
 EXPORT unsigned long long gfx_cupti_launches(void) { return atomic_load(&launches); }
 EXPORT unsigned long long gfx_cupti_dropped(void) { return atomic_load(&dropped); }
+EXPORT unsigned long long gfx_cupti_incomplete(void) { return atomic_load(&incomplete); }
 EXPORT int gfx_cupti_collecting(void) { return __atomic_load_n(&collecting, __ATOMIC_RELAXED); }
 
 static volatile unsigned short *const semaphores[] = {
@@ -152,7 +154,14 @@ static void emit(const CUpti_Activity *r)
 {
 	atomic_fetch_add(&records, 1);
 	if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
-		emit_kernel((const CUpti_ActivityKernel9 *)r);
+		const CUpti_ActivityKernel9 *k = (const CUpti_ActivityKernel9 *)r;
+
+		/* A forced flush (stopping, exiting) may hand over a kernel still
+		 * running: no end time yet, nothing to count. */
+		if (!k->start || k->end <= k->start)
+			atomic_fetch_add(&incomplete, 1);
+		else
+			emit_kernel(k);
 	} else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
 		const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
 
@@ -194,6 +203,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
  * runtime id 0. */
 static __thread uint32_t runtime_corr, driver_corr;
 static __thread int in_runtime_launch;
+/* Collection sessions: a thread inside a launch when collection stopped never
+ * saw its exit; its nesting count is from an older session and starts over. */
+static atomic_uint session;
+static __thread unsigned thread_session;
 
 static void fire_launch(uint32_t runtime, uint32_t driver)
 {
@@ -210,6 +223,10 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 
 	(void)userdata;
 	(void)cbid;
+	if (thread_session != atomic_load(&session)) {
+		thread_session = atomic_load(&session);
+		in_runtime_launch = 0;
+	}
 	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
 		if (enter) {
 			in_runtime_launch++;
@@ -267,6 +284,7 @@ static void start_collecting(void)
 		}
 		return;
 	}
+	atomic_fetch_add(&session, 1);
 	calibrate();
 	cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
 	for (size_t i = 0; i < COUNT(runtime_launches); i++)

@@ -233,15 +233,25 @@ def test_profile_gpu_weighs_launch_stacks_by_device_ns(
     script = str(built.script)
     a = [f"<module> ({script}:{cs.MODULE_A_LINE})", f"launch_a ({script}:{cs.A_LINE})"]
     b = f"<module> ({script}:{cs.MODULE_B_LINE})"
-    stacks = {tuple(s["stack"][1:]): s["device_ns"] for s in summary["stacks"]}
-    assert stacks == {
+    # Each stack: the process's start, its Python frames in place of the
+    # interpreter's, the native launch path down to the probe, the kernel.
+    stacks = {tuple(s["stack"]): s["device_ns"] for s in summary["stacks"]}
+    python = {st: tuple(f for f in st if f.startswith(("<module> (", "launch_"))) for st in stacks}
+    by_python = {(*python[st], st[-1]): ns for st, ns in stacks.items()}
+    assert by_python == {
         (*a, "gemm"): N * cs.NS["gemm"],
         (b, f"launch_b ({script}:{cs.B_GEMM_LINE})", "gemm"): M * cs.NS["gemm"],
         (b, f"launch_b ({script}:{cs.B_RELU_LINE})", "relu"): M * cs.NS["relu"],
     }
+    for st in stacks:
+        assert "Py_BytesMain" in st, st  # whole: the process's first frames
+        launch = (
+            "gfx_standin_launch" if "launch_a" in python[st][-1] else "gfx_standin_launch_runtime"
+        )
+        assert st.index(python[st][-1]) < st.index(launch) < len(st) - 1, st
     assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
-    lines = folded.read_text().splitlines()
-    assert f"{';'.join(a)};gemm {N * cs.NS['gemm']}" in {ln.split(";", 1)[1] for ln in lines}
+    folded_a = [ln for ln in folded.read_text().splitlines() if ";".join(a) in ln]
+    assert len(folded_a) == 1 and folded_a[0].endswith(f";gemm {N * cs.NS['gemm']}"), folded_a
 
 
 @pytest.mark.parametrize("listener", ["catalog", "gfxclient"])
@@ -265,6 +275,10 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     assert s["device_ns_over_events"] == 1.0 and s["kernels_per_product"] == 1.0
     rows = {(r["kernel"], r["launched_from"]): r for r in res["matmul"]["rows"]}
     if listener == "gfxclient":
+        prof = res["profile_gpu"]
+        assert prof["total_ns"] == 40 * cs.GPU_CHECK_NS, prof
+        assert {s["stack"][-1] for s in prof["stacks"]} == {"gemm"}
+        assert any(f.startswith("mm_b (") for f in prof["stacks"][0]["stack"]), prof
         where = {k[1].split(" (")[0] for k in rows}
         assert where == {"mm_a", "mm_b"}, rows
         assert sorted(r["kernels"] for r in rows.values()) == [10, 30]
