@@ -42,6 +42,10 @@ prepare() {
         gpu/cupti/build.sh --out "$(dirname "$venv")/cupti" --python "$venv/bin/python"
     fi
     cp -r "$(dirname "$venv")/cupti/cu13/include" "$GPU/cupti13/"
+    # <sys/sdt.h> (the USDT probes): the GPU image has no systemtap-sdt-dev.
+    mkdir -p "$GPU/cupti13/include/sys"
+    cp /usr/include/x86_64-linux-gnu/sys/sdt.h /usr/include/x86_64-linux-gnu/sys/sdt-config.h \
+        "$GPU/cupti13/include/sys/"
     du -sh "$GPU"; ls "$GPU/whl"
 }
 
