@@ -41,6 +41,7 @@ __all__ = ["Symbolizer"]
 # Function names read per run from files neither the caller nor root owns
 # (fileid.may_cache); each file's are bounded by elfsyms.MAX_NAME_BYTES.
 FOREIGN_NAME_BYTES = 64 << 20
+_UNBOUNDED = 1 << 62
 
 # A named frame and the file it lies in (a path; None if unknown), for the notes.
 _Frame = tuple[str, str | None]
@@ -316,9 +317,11 @@ class Symbolizer:
             # table cached without it, so the key says which one this is.
             debug = open_debug_file(path, info, self.debug_root)
             key += ".debug" if debug else ".dynsym"
-        # Names kept from another user's files are bounded per run, as the
-        # unwinder bounds their tables: her files may be built to fill memory.
-        limit = MAX_NAME_BYTES if cached else min(MAX_NAME_BYTES, self.foreign_names)
+        # Names kept from another user's files are bounded per file and per
+        # run, as the unwinder bounds their tables: her files may be built to
+        # fill memory. The caller's own and root's are not: libtorch_cpu.so's
+        # .strtab alone is 76 MB.
+        limit = _UNBOUNDED if cached else min(MAX_NAME_BYTES, self.foreign_names)
         try:
             table = symtab.load(self.cache_dir, key) if cached else None
             if table is not None:

@@ -2,10 +2,13 @@
 .debug_frame, else the separate debug file's .debug_frame), parsed by cfi.py
 and compiled into sorted rows with shared rules.
 
-The file may be another user's, built to hurt (issue 35): a table larger
-than MAX_CFI_BYTES, or than what is left of the caller's Budget, or with more
-than MAX_FDES entries, or with an FDE reaching past what the file loads, is
-refused as a whole (BadTable), and the unwinder stops in that file with a
+The file may be another user's, built to hurt (issue 35): such a file's
+table (one compiled with a Budget) larger than MAX_CFI_BYTES, or than what is
+left of the Budget, or with more than MAX_FDES entries, is refused as a whole
+(BadTable), and so is any file's with an FDE reaching past what the file
+loads. The caller's own files and root's are not capped: libtorch_cpu.so's
+.eh_frame is 18 MB with about 335,000 FDEs, and refusing it cut every
+PyTorch stack in a real GPU host's profile, and the unwinder stops in that file with a
 marker frame; a separate debug file is read through the descriptor that was
 checked (elfinfo.open_debug_file), never reopened by path."""
 
@@ -88,7 +91,8 @@ def compile_file(
     Raises BadTable for a table refused as a whole (budget: what the caller
     may still parse; each section's bytes are taken from it)."""
     sources: list[str] = []
-    fdes = _parsed(_cfi_section(path, ".eh_frame", budget), sources, "")
+    cap = MAX_FDES if budget is not None else None
+    fdes = _parsed(_cfi_section(path, ".eh_frame", budget), sources, "", cap)
     found = _cfi_section(path, ".debug_frame", budget)
     prefix = ""
     if found is None and not info.has_symtab:
@@ -99,17 +103,20 @@ def compile_file(
             finally:
                 os.close(debug.fd)
         prefix = "debug file "
-    extra = _parsed(found, sources, prefix)
-    fdes = _in_range(fdes + _gaps_only(fdes, extra), info.segments)
+    extra = _parsed(found, sources, prefix, cap)
+    fdes = _in_range(fdes + _gaps_only(fdes, extra), info.segments, cap)
     return compile_fdes(info.segments, fdes, " + ".join(sources))
 
 
-def _in_range(fdes: list[cfi.Fde], segments: tuple[tuple[int, int, int], ...]) -> list[cfi.Fde]:
+def _in_range(
+    fdes: list[cfi.Fde], segments: tuple[tuple[int, int, int], ...], cap: int | None
+) -> list[cfi.Fde]:
     """The FDEs that start in what the file loads (others are of discarded
     code: a linker's tombstones). One that starts there and runs past it (a
-    4 GiB range in a small file) makes the whole table a lie: BadTable."""
-    if len(fdes) > MAX_FDES:
-        raise BadTable(f"{len(fdes)} FDEs, more than {MAX_FDES}")
+    4 GiB range in a small file) makes the whole table a lie: BadTable, as
+    more than cap FDEs do."""
+    if cap is not None and len(fdes) > cap:
+        raise BadTable(f"{len(fdes)} FDEs, more than {cap}")
     top = max((vaddr + filesz for _, vaddr, filesz in segments), default=_U64_MAX)
     kept = [f for f in fdes if f.start < top]
     for f in kept:
@@ -120,13 +127,16 @@ def _in_range(fdes: list[cfi.Fde], segments: tuple[tuple[int, int, int], ...]) -
     return kept
 
 
-def _parsed(found: tuple[str, bytes, int] | None, sources: list[str], prefix: str) -> list[cfi.Fde]:
-    """The FDEs of a section (a corrupt tail is dropped, the head kept)."""
+def _parsed(
+    found: tuple[str, bytes, int] | None, sources: list[str], prefix: str, cap: int | None
+) -> list[cfi.Fde]:
+    """The FDEs of a section (a corrupt tail is dropped, the head kept);
+    BadTable past cap FDEs."""
     if found is None:
         return []
     name, data, addr = found
     try:
-        fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame", MAX_FDES)
+        fdes, _ = cfi.parse_cfi(data, addr, name == ".eh_frame", cap or 1 << 62)
     except cfi.CfiTooLarge as e:
         raise BadTable(f"{name}: {e}") from None
     if fdes:
@@ -154,7 +164,8 @@ def _cfi_section(
     path: str, name: str, budget: Budget | None = None
 ) -> tuple[str, bytes, int] | None:
     """(name, contents, address) of a CFI section with contents, or None.
-    Raises BadTable for one larger than MAX_CFI_BYTES or than the budget."""
+    With a budget (another user's file), raises BadTable for one larger than
+    MAX_CFI_BYTES or than what the budget has left."""
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
@@ -163,9 +174,9 @@ def _cfi_section(
         sec = elf.section(name)
         if sec is None or sec.type == SHT_NOBITS or sec.size < 8:
             return None
-        if sec.size > MAX_CFI_BYTES:
-            raise BadTable(f"{name} holds {sec.size} bytes, more than {MAX_CFI_BYTES}")
-        if budget is not None:
+        if budget is not None:  # another user's file: capped
+            if sec.size > MAX_CFI_BYTES:
+                raise BadTable(f"{name} holds {sec.size} bytes, more than {MAX_CFI_BYTES}")
             budget.take(sec.size, name)
         return name, elf.data(sec), sec.addr
     except (OSError, ElfError):

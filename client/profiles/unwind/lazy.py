@@ -99,9 +99,12 @@ class LazyTable:
         return len(self.section.data) + 8 * len(self.locs) + 100 * len(self._parsed)
 
 
-def open_lazy(path: str, segments: tuple[tuple[int, int, int], ...]) -> LazyTable | None:
+def open_lazy(
+    path: str, segments: tuple[tuple[int, int, int], ...], capped: bool = True
+) -> LazyTable | None:
     """A LazyTable if the file has an .eh_frame of at least LAZY_MIN_BYTES and
-    a search table in the usual encoding; else None (compile it whole)."""
+    a search table in the usual encoding; else None (compile it whole).
+    capped (another user's file): none over MAX_CFI_BYTES either."""
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
@@ -110,8 +113,9 @@ def open_lazy(path: str, segments: tuple[tuple[int, int, int], ...]) -> LazyTabl
         eh, hdr = elf.section(".eh_frame"), elf.section(".eh_frame_hdr")
         if eh is None or hdr is None or SHT_NOBITS in (eh.type, hdr.type):
             return None
-        if not LAZY_MIN_BYTES <= eh.size <= MAX_CFI_BYTES or not 12 <= hdr.size <= eh.size:
-            return None  # a larger one is refused whole (build.BadTable)
+        top = MAX_CFI_BYTES if capped else eh.size
+        if not LAZY_MIN_BYTES <= eh.size <= top or not 12 <= hdr.size <= eh.size:
+            return None  # a larger one of another user's is refused whole (build.BadTable)
         head = elf.read(hdr.offset, hdr.size, ".eh_frame_hdr")
         if head[:4] != _HDR:
             return None

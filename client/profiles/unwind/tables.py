@@ -247,7 +247,7 @@ class UnwindTables:
                 self.cache_hits += 1
                 return table
         if self.lazy:
-            lazy = open_lazy(fd_path, info.segments)
+            lazy = open_lazy(fd_path, info.segments, capped=not trusted)
             if lazy is not None:  # serve it now, compile the whole table aside
                 self._compile_aside(fd_path, path, st, info, key)
                 return lazy
