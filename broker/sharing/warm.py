@@ -1,6 +1,6 @@
 """Verified profiling instances kept warm for the same user's next profile.
 
-Loading stackcopy, offcpu or ustackcopy is mostly the verifier's work on
+Loading stackcopy or offcpu is mostly the verifier's work on
 large programs: 0.3-0.4 s on a quiet machine, over a second on a loaded
 one, and a `--pid` profile misses that much of its target. These programs
 have a ring buffer each, so an instance is never shared, but once its
@@ -15,7 +15,8 @@ the same knobs:
 - the visible maps are frozen: their counters (lost, Python walker counts)
   go on counting, and gfxclient reads them as differences from the attach;
   py_codes is an LRU table keyed by process, whose old rows name nothing the
-  new profile asks for.
+  new profile asks for. A program with a visible counts table (ustackcopy,
+  cudakernels) is never parked: its rows would be counted again.
 
 A parked instance holds its maps, so it stays charged to its user's map
 budget. It is closed after IDLE_SECONDS, when the same user's attach would
@@ -50,15 +51,24 @@ class Parkable(Protocol):
 P = TypeVar("P", bound=Parkable)
 
 IDLE_SECONDS = 120.0
+PY_CODES = "py_codes"  # gfx_python.h: code objects met, keyed by (process, tag, address)
 PER_USER = 4
 _HASHES = (C.MapType.HASH, C.MapType.LRU_HASH)
 
 
 def poolable(entry: Program) -> bool:
     """Whether an entry's instances can be kept warm: a ring buffer per instance
-    (never shared) and a target given through its tree map."""
+    (never shared), a target given through its tree map, and no visible map
+    that would carry one profile's data into the next. The ring is drained,
+    counters are read as differences from the attach, and py_codes is an LRU
+    table keyed by process; a counts table (ustackcopy's calls, cudakernels'
+    kernels) cannot be emptied (frozen) and its rows would be counted again,
+    so those programs are loaded for each profile."""
     has_ring = any(m.show == "events" for m in entry.visible_maps)
-    return has_ring and bool(entry.tree_map and entry.pid_knob)
+    carries = any(
+        m.show not in ("events", "counter") and m.name != PY_CODES for m in entry.visible_maps
+    )
+    return has_ring and not carries and bool(entry.tree_map and entry.pid_knob)
 
 
 @dataclass
