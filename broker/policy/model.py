@@ -55,6 +55,10 @@ class Limits:
     map_bytes_per_user: int = 64 * 1024 * 1024
     map_churn_bytes_per_user: int = 1024 * 1024 * 1024
     map_bytes_window_seconds: int = 600
+    # The broker's CPU time loading programs for one user per window (the
+    # verifier's work, failed loads included: broker/access/loadcpu.py).
+    load_cpu_seconds_per_user: int = 20
+    load_cpu_window_seconds: int = 60
 
 
 LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(Limits))

@@ -56,13 +56,29 @@ def test_more_than_the_whole_limit_never_fits() -> None:
         assert ei.value.whole and ei.value.kind == kind and ei.value.used == 0
 
 
-def test_refund_gives_back_that_charge_only() -> None:
-    b = MapBudget(Clock())
+def test_refund_gives_back_the_live_part_of_that_charge_only() -> None:
+    clock = Clock()
+    b = MapBudget(clock)
     first = b.charge(1, 400, lim(churn=1000))
     b.charge(1, 400, lim(churn=1000))
     b.refund(first)
     b.refund(first)  # twice is harmless
-    assert b.used(1, window=60) == (400, 400)
+    # The failed load's maps were created all the same: its churn part stays.
+    assert b.used(1, window=60) == (400, 800)
+    with pytest.raises(OverBudget) as ei:
+        b.charge(1, 400, lim(churn=1000))
+    assert ei.value.kind == "churn" and ei.value.retry_after == 60.0
+    clock.now += 60
+    assert b.used(1, window=60) == (400, 0)  # the refunded one is gone, the other lives
+
+
+def test_a_loop_of_failed_loads_meets_the_churn_allowance() -> None:
+    b = MapBudget(Clock())
+    for _ in range(2):
+        b.refund(b.charge(1, 500, lim(live=600, churn=1000)))
+    with pytest.raises(OverBudget) as ei:
+        b.charge(1, 500, lim(live=600, churn=1000))
+    assert (ei.value.kind, ei.value.used) == ("churn", 1000)
 
 
 def test_live_bytes_end_when_the_kernel_frees_the_maps_not_before() -> None:
