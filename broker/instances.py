@@ -115,7 +115,9 @@ class InstanceLoader:
             # reopened from a bpffs pin (the program still writes). A ring buffer
             # cannot be frozen; each attachment gets its own (InstanceKey.unique).
             read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
-            specs = visible_specs + _charged_specs(entry, opened.spec)
+            # Every map the load creates is charged, the broker-only ones too:
+            # the caller's request makes the kernel allocate them all.
+            specs = list(opened.spec.maps.values())
             try:
                 charge = self.charge_maps(caller, entry, specs)
             except BrokerError:  # the user's parked instances may be what holds the budget
@@ -213,8 +215,9 @@ class InstanceLoader:
             ) from None
 
     def charge_maps(self, caller: Caller, entry: Program, specs: list[MapSpec]) -> budget.Charge:
-        """Charge a new instance's client-visible maps to the caller's map budget:
-        a client may keep them alive (fd, bpffs pin) long after detaching."""
+        """Charge a new instance's maps to the caller's map budget: a client may
+        keep the visible ones alive (fd, bpffs pin) long after detaching, and
+        the broker-only ones live as long as the instance (parked warm too)."""
         ncpus = bpfsys.possible_cpus()
         need = sum(
             budget.map_bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus)
@@ -263,12 +266,6 @@ def _over_budget(caller: Caller, entry: Program, e: budget.OverBudget, lim: budg
         f"allowance of {h(lim.churn)} per {lim.window:g} s. Retry in {wait} s, or ask the "
         "administrator to raise map_churn_bytes_per_user"
     )
-
-
-def _charged_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
-    """Broker-only maps the catalog charges to the caller (offcpu's per-thread
-    slots): they live no longer than the visible ones whose ids end the charge."""
-    return _specs(entry, spec, [m for m in entry.maps if m.charged])
 
 
 def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
