@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+from typing import Any
 
 from tests.kernel.brokerenv import (
     BOB,
@@ -107,23 +108,15 @@ def _kernel_bytes(prog_ids: list[int]) -> dict[int, int]:
     """memlock bytes by map id of every map the programs use (bpftool)."""
     out: dict[int, int] = {}
     for pid in prog_ids:
-        r = subprocess.run(
-            ["bpftool", "--json", "prog", "show", "id", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        for mid in json.loads(r.stdout).get("map_ids", []):
-            r = subprocess.run(
-                ["bpftool", "--json", "map", "show", "id", str(mid)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            )
-            out[mid] = int(json.loads(r.stdout)["bytes_memlock"])
+        for mid in _bpftool("prog", pid).get("map_ids", []):
+            out[mid] = int(_bpftool("map", mid)["bytes_memlock"])
     return out
+
+
+def _bpftool(kind: str, obj_id: int) -> dict[str, Any]:
+    argv = ["bpftool", "--json", kind, "show", "id", str(obj_id)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+    return dict(json.loads(r.stdout))
 
 
 def test_an_attach_is_charged_for_every_map_the_kernel_holds_for_it() -> None:
