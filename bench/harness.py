@@ -44,7 +44,7 @@ POLICY_PROGRAMS = (
 )  # fmt: skip
 # A measuring harness, not a security test: the flood bounds, the audit rate
 # and the map budget must not shape the figures (attach loops create far more
-# than a user's default 64 MiB of maps per 10 minutes).
+# than a user's default map budget allows).
 POLICY_LIMITS = """
 [limits]
 sessions_per_user = 256

@@ -4,9 +4,11 @@ read-only → attach), mapping each step's failure to a protocol error."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from gfxbpf.bpf import consts as C
@@ -18,7 +20,7 @@ from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
 from gfxbpf.broker import proctree
-from gfxbpf.broker.access import budget
+from gfxbpf.broker.access import budget, loadcpu
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.policy.rules import Policy
@@ -74,6 +76,7 @@ class InstanceLoader:
         # Which maps the kernel still holds, so a charge ends when its maps do.
         self.live_maps = mapids.LiveMaps()
         self.map_budget = budget.MapBudget(clock, lambda: self.live_maps.ids())
+        self.load_budget = loadcpu.LoadBudget(clock)
         self.warm: warm.WarmPool[SharedInstance] = warm.WarmPool()
         # Tests only: a load this much slower, as the verifier is on a loaded
         # machine, so no test depends on how fast an attach is.
@@ -105,31 +108,59 @@ class InstanceLoader:
         params: bpfinstance.Params,
     ) -> SharedInstance:
         entry = res.entry
-        opened = self._open(res, params)
-        visible_specs = _visible_specs(entry, opened.spec)
-        # Frozen: no fd of a map a client may hold can write it, not even one
-        # reopened from a bpffs pin (the program still writes). A ring buffer
-        # cannot be frozen; each attachment gets its own (InstanceKey.unique).
-        read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
-        specs = visible_specs + _charged_specs(entry, opened.spec)
-        try:
-            charge = self.charge_maps(caller, entry, specs)
-        except BrokerError:  # the user's parked instances may be what holds the budget
-            if not self.warm.evict_user(key.uid):
+        with self._load_paid(caller, entry):  # its CPU is charged, however it ends
+            opened = self._open(res, params)
+            visible_specs = _visible_specs(entry, opened.spec)
+            # Frozen: no fd of a map a client may hold can write it, not even one
+            # reopened from a bpffs pin (the program still writes). A ring buffer
+            # cannot be frozen; each attachment gets its own (InstanceKey.unique).
+            read_only = [ms.real_name for ms in visible_specs if ms.map_type != C.MapType.RINGBUF]
+            # Every map the load creates is charged, the broker-only ones too:
+            # the caller's request makes the kernel allocate them all.
+            specs = list(opened.spec.maps.values())
+            try:
+                charge = self.charge_maps(caller, entry, specs)
+            except BrokerError:  # the user's parked instances may be what holds the budget
+                if not self.warm.evict_user(key.uid):
+                    raise
+                charge = self.charge_maps(caller, entry, specs)
+            try:
+                owner = caller.uid if res.scope == C.SELF else None
+                time.sleep(self._load_delay)
+                inst = _load(opened, read_only, res.policy_entry.allow_no_btf)
+                _attach(inst, target, owner)
+            except BaseException:
+                # Its maps are gone with the failed load or attach; what it
+                # created still counts against the user's churn allowance.
+                self.map_budget.refund(charge)
                 raise
-            charge = self.charge_maps(caller, entry, specs)
-        try:
-            owner = caller.uid if res.scope == C.SELF else None
-            allow_no_btf = res.policy_entry.allow_no_btf
-            time.sleep(self._load_delay)
-            inst = _load(opened, read_only, allow_no_btf)
-            _attach(inst, target, owner)
-        except BaseException:
-            self.map_budget.refund(charge)  # its maps are gone with the failed load
-            raise
         visible = {m.name: inst.obj.maps[m.name] for m in entry.visible_maps}
         self.map_budget.bind(charge, {mapids.map_id(m.fileno()) for m in visible.values()})
         return SharedInstance(key, entry, opened.spec, inst, visible, charge.nbytes)
+
+    @contextmanager
+    def _load_paid(self, caller: Caller, entry: Program) -> Iterator[None]:
+        """Around one load: refused while the caller's recent loads used the
+        policy's CPU allowance (load_cpu_seconds_per_user), else charged to it."""
+        policy = self._policy()
+        lim = policy.limits
+        limits = loadcpu.LoadLimits(lim.load_cpu_seconds_per_user, lim.load_cpu_window_seconds)
+        try:
+            with self.load_budget.loading(caller.uid, limits):
+                yield
+        except loadcpu.OverLoadBudget as e:
+            msg = (
+                f"uid {caller.uid} had the broker spend {e.used:.1f} s of CPU loading "
+                f"programs (the kernel verifier's work, failed loads and attaches included) "
+                f"in the last {limits.window:g} s, which uses up the policy's allowance of "
+                f"{limits.seconds:g} s per {limits.window:g} s; program {entry.name!r} needs "
+                f"a new load. Retry in {max(1, math.ceil(e.retry_after))} s, reuse the same "
+                "knobs (a profile's instance is kept warm for the next one), or ask the "
+                "administrator to raise load_cpu_seconds_per_user"
+            )
+            raise over_limit(
+                msg, policy.path, "load_cpu_seconds_per_user", lim.load_cpu_seconds_per_user
+            ) from None
 
     def _rearm(
         self,
@@ -184,8 +215,9 @@ class InstanceLoader:
             ) from None
 
     def charge_maps(self, caller: Caller, entry: Program, specs: list[MapSpec]) -> budget.Charge:
-        """Charge a new instance's client-visible maps to the caller's map budget:
-        a client may keep them alive (fd, bpffs pin) long after detaching."""
+        """Charge a new instance's maps to the caller's map budget: a client may
+        keep the visible ones alive (fd, bpffs pin) long after detaching, and
+        the broker-only ones live as long as the instance (parked warm too)."""
         ncpus = bpfsys.possible_cpus()
         need = sum(
             budget.map_bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, ncpus)
@@ -234,12 +266,6 @@ def _over_budget(caller: Caller, entry: Program, e: budget.OverBudget, lim: budg
         f"allowance of {h(lim.churn)} per {lim.window:g} s. Retry in {wait} s, or ask the "
         "administrator to raise map_churn_bytes_per_user"
     )
-
-
-def _charged_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:
-    """Broker-only maps the catalog charges to the caller (offcpu's per-thread
-    slots): they live no longer than the visible ones whose ids end the charge."""
-    return _specs(entry, spec, [m for m in entry.maps if m.charged])
 
 
 def _visible_specs(entry: Program, spec: ObjectSpec) -> list[MapSpec]:

@@ -41,6 +41,7 @@ from typing import Any
 
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.config import BrokerConfig, check_policy, parse_args
+from gfxbpf.broker.listening import LISTEN_BACKLOG
 
 PROG = "gfxbpf-broker"
 SD_LISTEN_FDS_START = 3
@@ -109,7 +110,7 @@ def bind_socket(path: str) -> socket.socket:
         s.bind(path)
         # Connecting grants nothing: every request is checked against the policy.
         os.chmod(path, 0o666)
-        s.listen(128)
+        s.listen(LISTEN_BACKLOG)
     except OSError as e:
         s.close()
         raise StartError(f"--socket {path}: cannot listen: {e.strerror or e}") from None
@@ -346,6 +347,9 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
 
     fds = listen_fds()
     listener = _activated_socket(fds) if fds else bind_socket(config.socket)
+    if fds:  # systemd's default Backlog= is 4096: a short queue is shorter to wait in
+        with contextlib.suppress(OSError):
+            listener.listen(LISTEN_BACKLOG)
     for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(key, None)
 

@@ -102,9 +102,6 @@ class MapEntry:
     unit: str | None = None  # one of UNITS
     key_label: str | None = None
     event_type: str | None = None  # BTF struct of ring-buffer records (show = "events")
-    # A broker-only map charged to the caller's map budget all the same (visible
-    # maps always are): one whose size a client's request makes it allocate.
-    charged: bool = False
 
 
 @dataclass(frozen=True)
@@ -391,7 +388,7 @@ _PROGRAM_KEYS = (
 _ATTACH_KEYS = ("program", "kind", "target", "variant")
 _FIELD_KEYS = ("knob", "tracepoint", "field", "size_knob", "variant", "optional")
 _MAP_KEYS = (
-    "name", "visible", "show", "unit", "key_label", "description", "event_type", "charged",
+    "name", "visible", "show", "unit", "key_label", "description", "event_type",
 )  # fmt: skip
 _PARAMETER_KEYS = ("name", "type", "required", "description")
 _C_IDENT = "a C identifier"
@@ -689,9 +686,6 @@ def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
     event_type = _ident(at, t, "event_type", shows == "events")
     if event_type is not None and shows != "events":
         at.add("event_type", "only a map with show = 'events' has an event_type")
-    charged = bool(at.boolean(t, "charged", False))
-    if charged and visible:
-        at.add("charged", "a visible map is always charged: say it of hidden maps")
     if not at.ok:
         return None
     assert name is not None and visible is not None and description is not None
@@ -703,7 +697,6 @@ def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
         unit=unit,
         key_label=key_label,
         event_type=event_type,
-        charged=charged,
     )
 
 

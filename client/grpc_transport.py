@@ -10,7 +10,6 @@ turned into the same BrokerError the Unix transport raises.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -19,11 +18,13 @@ from google.protobuf.message import DecodeError
 
 from gfxbpf.client.errors import BrokerError, BrokerUnreachable, UsageError
 from gfxbpf.client.grpc_config import TlsFiles, default_grpc
+from gfxbpf.client.grpc_queued import QueuedConnector, connect_waiting
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 
 CONNECT_TIMEOUT = 10.0
 CALL_TIMEOUT = 120.0
+PROBE_SECONDS = 5.0  # the longest the first connect waits in a full listen backlog
 # Trailers the broker's gRPC server sets on errors (broker/grpc/errors.py):
 RULE_KEY = "gfxbpf-rule"  # the policy rule that decided
 CODE_KEY = "gfxbpf-error-code"  # the ErrorCode name: more precise than the gRPC status
@@ -101,10 +102,10 @@ def convert_error(err: grpc.RpcError, op: str, address: str = "") -> Exception:
 def _check_unix_listener(path: str) -> None:
     """Fail fast on a missing or stale socket (grpc itself would retry until the timeout)."""
     hint = "\n  use --via fd, or point --grpc / GFXBPF_GRPC at the broker's gRPC listener"
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        probe.settimeout(5)
-        probe.connect(path)
+        # Blocking: in a listen backlog another user's connects keep full, it
+        # waits its turn (a non-blocking connect fails EAGAIN at once).
+        probe = connect_waiting(path, PROBE_SECONDS)
     except FileNotFoundError:
         raise BrokerUnreachable(
             f"no gRPC socket at {path}: the broker is not running, or runs without --grpc" + hint
@@ -117,8 +118,7 @@ def _check_unix_listener(path: str) -> None:
         raise BrokerUnreachable(f"permission denied on the gRPC socket {path}" + hint) from None
     except OSError as e:
         raise BrokerUnreachable(f"cannot connect to the gRPC socket {path}: {e}" + hint) from None
-    finally:
-        probe.close()
+    probe.close()
 
 
 class GrpcEvents:
@@ -160,10 +160,14 @@ class GrpcTransport:
         self.call_timeout = call_timeout
         # Proxies from the environment must never see a local socket or token.
         options = [("grpc.enable_http_proxy", 0)]
+        self._connector: QueuedConnector | None = None
         if self.address.startswith("unix:"):
             path = self.address[len("unix:") :].removeprefix("//")
             _check_unix_listener(path)
-            channel = grpc.insecure_channel(self.address, options=options)
+            # grpc's own connect gives up on a full backlog: it connects to a
+            # private listener joined to the broker's by a waiting connect.
+            self._connector = QueuedConnector(path, connect_timeout)
+            channel = grpc.insecure_channel(self._connector.address, options=options)
         elif tls is not None:
             channel = grpc.secure_channel(self.address, tls.credentials(), options=options)
         else:
@@ -209,6 +213,9 @@ class GrpcTransport:
         ch, self._channel = self._channel, None
         if ch is not None:
             ch.close()
+        connector, self._connector = self._connector, None
+        if connector is not None:
+            connector.close()
 
     # --- operations ---
 

@@ -15,7 +15,8 @@ item 4: one model):
 - churn: the bytes of maps created for a uid in the last `window` seconds,
   freed or not (map_churn_bytes_per_user): an allowance that a user
   profiling once a minute, or re-running 10-second profiles back to back,
-  never meets, and that stops a tight create-and-drop loop.
+  never meets, and that stops a tight create-and-drop loop. A load that
+  fails keeps its churn part (refund() gives back only the live part).
 
 Joining a live instance costs nothing (the kernel allocates nothing new).
 
@@ -203,13 +204,13 @@ class MapBudget:
             charge.map_ids = frozenset(map_ids)
 
     def refund(self, charge: Charge) -> None:
-        """Take back a charge whose maps never reached a client."""
+        """Give back the live part of a charge whose maps never reached a client
+        (a failed load or attach). Its churn part stays for the window: the
+        broker created those maps, and verified the program, all the same, so a
+        loop of loads that fail (a target that exits while attaching) meets the
+        churn allowance as a loop that succeeds does (issue 35 item 5)."""
         with self._lock:
-            q = self._charges.get(charge.uid)
-            if q is not None and charge in q:
-                q.remove(charge)
-                if not q:
-                    del self._charges[charge.uid]
+            charge.freed = True
 
 
 def _live(q: list[Charge]) -> int:

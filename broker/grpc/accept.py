@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gfxbpf.broker.access.peruser import PerUser
+from gfxbpf.broker.listening import ACCEPT_BATCH, LISTEN_BACKLOG, hung_up
 from gfxbpf.proto import framing
 
 log = logging.getLogger("gfxbpf.broker.grpc")
@@ -47,7 +48,6 @@ log = logging.getLogger("gfxbpf.broker.grpc")
 FD_RESERVE = 1024  # fds no gRPC connection may take (Unix sessions, maps, the listeners)
 # ...or half the fd limit, when that is smaller (a limit of 1024 still serves gRPC).
 FDS_PER_CONNECTION = 3  # the caller's, the relay's inner one, grpc's end of it
-LISTEN_BACKLOG = 128
 RELAY_CHUNK = 64 * 1024  # bytes read at once: a connection holds at most this in the relay
 ACCEPT_RETRY_SECONDS = 0.1  # after accept() failed (EMFILE and friends)
 _PEER_NAME = re.compile(r"^unix-abstract:gfxbpf-grpc-[0-9a-f]+-uid(\d+)-pid(\d+)$")
@@ -111,15 +111,18 @@ class GrpcAcceptor:
         self.total = 0
         self._fd_limit = raise_fd_limit()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._accepting: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def start(self) -> None:
-        """Start the accept loop (call on the event loop)."""
-        self._accepting = asyncio.get_running_loop().create_task(self._accept_loop())
+        """Start accepting (call on the event loop)."""
+        asyncio.get_running_loop().add_reader(self.listener.fileno(), self._accept_ready)
 
     async def stop(self) -> None:
         """Stop accepting and end every relayed connection."""
-        tasks = [t for t in (self._accepting, *self._tasks) if t is not None]
+        self._stopped = True
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self.listener.fileno())
+        tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -136,23 +139,42 @@ class GrpcAcceptor:
 
     # ------------------------------------------------------------ accept
 
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+    def _accept_ready(self) -> None:
+        """Accept what waits in the backlog, up to ACCEPT_BATCH, each decided at
+        once (broker/listening.py): the queue drains faster than a flood fills it."""
+        for _ in range(ACCEPT_BATCH):
             try:
-                conn, _ = await loop.sock_accept(self.listener)
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as e:  # EMFILE and friends: report (rate-limited), back off
                 self._audit("accept", "error", detail=f"accept failed: {e}", transport="grpc")
-                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
-                continue
+                self._pause()
+                return
             try:
                 self._admit(conn)
             except Exception:  # never let one connection end the accept loop
                 log.exception("admitting a gRPC connection failed")
                 conn.close()
 
+    def _pause(self) -> None:
+        """Stop accepting for ACCEPT_RETRY_SECONDS (accept itself fails)."""
+        loop = asyncio.get_running_loop()
+        fd = self.listener.fileno()
+        loop.remove_reader(fd)
+
+        def resume() -> None:
+            if not self._stopped:
+                loop.add_reader(fd, self._accept_ready)
+
+        loop.call_later(ACCEPT_RETRY_SECONDS, resume)
+
     def _admit(self, conn: socket.socket) -> None:
-        """Relay conn to grpc, or refuse it (closed at once, audited)."""
+        """Relay conn to grpc, or refuse it (closed at once, audited); one
+        whose caller already hung up is only closed."""
+        if hung_up(conn):
+            conn.close()
+            return
         try:
             creds = framing.peer_credentials(conn)
         except OSError:

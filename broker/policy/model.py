@@ -49,12 +49,19 @@ class Limits:
     grpc_connections_total: int = 256
     grpc_connect_seconds: int = 10
     grpc_idle_seconds: int = 60
-    # Kernel bytes of client-visible maps (broker/access/budget.py): those one user's
-    # maps hold at once, attached or kept alive through fds after detaching,
-    # and those the broker creates for one user per window (churn).
-    map_bytes_per_user: int = 64 * 1024 * 1024
+    # Kernel bytes of the maps the broker creates for a user (broker/access/budget.py),
+    # broker-only ones included: those one user's maps hold at once, attached,
+    # parked warm or kept alive through fds after detaching, and those created
+    # per window (churn). 256 MiB: ten instances of any catalog program at once
+    # with 256 possible CPUs (per-CPU maps grow with them; the largest,
+    # cudakernels, 19.6 MiB there), attachments_per_user of any on 16 CPUs.
+    map_bytes_per_user: int = 256 * 1024 * 1024
     map_churn_bytes_per_user: int = 1024 * 1024 * 1024
     map_bytes_window_seconds: int = 600
+    # The broker's CPU time loading programs for one user per window (the
+    # verifier's work, failed loads included: broker/access/loadcpu.py).
+    load_cpu_seconds_per_user: int = 20
+    load_cpu_window_seconds: int = 60
 
 
 LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(Limits))

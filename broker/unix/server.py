@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 
 from gfxbpf.broker.access.peruser import PerUser
+from gfxbpf.broker.listening import ACCEPT_BATCH, hung_up
 from gfxbpf.broker.service import Service
 from gfxbpf.broker.unix.refusals import (
     REFUSE_PENDING_PER_USER,
@@ -96,8 +97,9 @@ class UnixServer:
         finally:
             self._refusals.end_all()
 
-    def _accept_some(self, batch: int = 64) -> None:
-        """Accept up to batch waiting connections (then poll again: refusals waiting too)."""
+    def _accept_some(self, batch: int = ACCEPT_BATCH) -> None:
+        """Accept up to batch waiting connections (then poll again: refusals waiting
+        too), each decided at once (broker/listening.py)."""
         for _ in range(batch):
             try:
                 conn, _ = self.listener.accept()
@@ -111,7 +113,12 @@ class UnixServer:
             self._admit(conn)
 
     def _admit(self, conn: socket.socket) -> None:
-        """Start a session for conn, or refuse it without spending a thread."""
+        """Start a session for conn, or refuse it without spending a thread; one
+        whose client already hung up is only closed."""
+        if hung_up(conn):
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
         try:
             creds = framing.peer_credentials(conn)
         except OSError:

@@ -186,6 +186,37 @@ def drain_events(fd: int, want_pids: set[int], timeout: float) -> list[dict[str,
     return events
 
 
+def attach_exiting(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:
+    """Issue 35 item 5's loop: attach cmd["name"] to a child that exits during the
+    load (a `sleep` of cmd["life"] s), each time with another stack_bytes so no
+    warm instance fits, for cmd["seconds"] s or until cmd["refusals"] refusals
+    RESOURCE_EXHAUSTED. Outcomes by error code ("OK": attached, then detached)."""
+    codes: dict[str, int] = {}
+    refusal: dict[str, Any] = {}
+    i, deadline = 0, time.monotonic() + cmd["seconds"]
+    while time.monotonic() < deadline and codes.get("ERROR_RESOURCE_EXHAUSTED", 0) < cmd.get(
+        "refusals", 1 << 30
+    ):
+        child = subprocess.Popen(["sleep", str(cmd["life"])])
+        i += 1
+        try:
+            a = c.attach(
+                name=cmd["name"],
+                scope=SCOPES["self"],
+                params=pb.AttachParams(pid=child.pid, stack_bytes=1024 + 8 * (i % 800)),
+            )
+            c.detach(a.attachment_id)
+            code = "OK"
+        except Failed as e:
+            code = pb.ErrorCode.Name(e.err.code)
+            if code == "ERROR_RESOURCE_EXHAUSTED" and not refusal:
+                refusal = err_reply(e)
+        finally:
+            child.wait()
+        codes[code] = codes.get(code, 0) + 1
+    return {"ok": True, "codes": codes, "refusal": refusal}
+
+
 # long: one branch per command of this test client, each a few lines; a table
 # of functions would only spread them apart.
 def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
@@ -236,6 +267,8 @@ def handle(c: RawClient, cmd: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
         }
     if op == "detach":
         return {"ok": True, "unloaded": c.detach(cmd["id"], cmd.get("keep_fds", False)).unloaded}
+    if op == "attach_exiting":
+        return attach_exiting(c, cmd)
     if op == "cycles":  # n attach/detach pairs in a row, without a round trip to the test
         unloaded = 0
         for _ in range(cmd["n"]):

@@ -187,7 +187,7 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
             "stackcopy": {"users": [ALICE, BOB], "scope": "self", "max_frequency": MAX_HZ},
             "ustacks": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
         },
-        # A profile's maps are ~6.3 MiB; this module takes more than 64 MiB of them in 600 s.
+        # A profile's maps are ~7 MiB; this module takes many of them in 600 s.
         limits={"map_bytes_per_user": 1 << 30},
     )
 

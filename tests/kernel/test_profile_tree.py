@@ -64,7 +64,7 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
             "ustackcopy": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
             "ucalls": {"users": [ALICE], "scope": "self", "libraries": [str(progs["lib"])]},
         },
-        limits={"map_bytes_per_user": 1 << 30},  # several profiles of ~6.3 MiB each
+        limits={"map_bytes_per_user": 1 << 30},  # several profiles of ~7 MiB each
     )
 
 

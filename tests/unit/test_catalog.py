@@ -578,11 +578,6 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
             'visible = "yes"',
             "[[program.map]] #1: field 'visible': expected true or false",
         ),
-        (
-            "visible = true",
-            "visible = true\ncharged = true",
-            "[[program.map]] #1: field 'charged': a visible map",
-        ),
         ('name = "counts"', 'name = "a_very_long_map_name"', "longer than 15"),
         (
             'kind = "tracepoint"',

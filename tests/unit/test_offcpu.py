@@ -210,26 +210,25 @@ def test_record_layout_matches_the_program() -> None:
     assert struct.calcsize("<4I3QQQII16s") == copies.HEADER.size == 80
 
 
-def test_the_per_thread_slots_are_charged_to_the_caller() -> None:
+def test_the_per_thread_slots_are_broker_only_and_sized_for_a_header_or_a_record() -> None:
     """`blocked` (a header per thread) and `copied` (whole records of waits
-    outside a system call) are broker-only, but a client's request makes the
-    broker allocate them: the catalog marks them charged, and the charge covers
-    them."""
+    outside a system call) are broker-only; the broker charges them to the
+    caller's map budget as every map of an instance (broker/instances.py,
+    tests/kernel/test_map_budget.py)."""
     from gfxbpf.broker.access import budget
-    from gfxbpf.broker.instances import _charged_specs, _visible_specs
+    from gfxbpf.broker.instances import _visible_specs
 
     entry = cat.load_catalog().get("offcpu")
     spec, _ = prepare(entry, (entry.directory / entry.object).read_bytes(), Params(uid=1000))
-    charged = {m.name: m for m in _charged_specs(entry, spec)}
-    assert sorted(charged) == ["blocked", "copied"]
-    assert charged["blocked"].value_size == copies.HEADER.size  # a header, no stack
-    assert charged["copied"].value_size >= copies.HEADER.size + 16384
+    slots = {name: spec.maps[name] for name in ("blocked", "copied")}
+    assert slots["blocked"].value_size == copies.HEADER.size  # a header, no stack
+    assert slots["copied"].value_size >= copies.HEADER.size + 16384
     nbytes = sum(
         budget.map_bytes(m.map_type, m.key_size, m.value_size, m.max_entries, m.flags, 2)
-        for m in charged.values()
+        for m in slots.values()
     )
     assert 64 * 20 * 1024 <= nbytes <= 2 << 20, nbytes
-    assert not {"blocked", "copied"} & {m.name for m in _visible_specs(entry, spec)}
+    assert not set(slots) & {m.name for m in _visible_specs(entry, spec)}
 
 
 def test_the_top_table_shows_time_in_seconds() -> None:
