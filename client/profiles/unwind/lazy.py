@@ -18,14 +18,18 @@ from array import array
 from dataclasses import dataclass, field
 
 from gfxbpf.client.profiles.unwind import cfi
-from gfxbpf.client.profiles.unwind.build import MAX_CFI_BYTES, rule_of
+from gfxbpf.client.profiles.unwind.build import MAX_CFI_BYTES, MAX_FDES, rule_of
 from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
-__all__ = ["LAZY_MIN_BYTES", "LazyTable", "open_lazy"]
+__all__ = ["LAZY_MAX_BYTES", "LAZY_MIN_BYTES", "LazyTable", "open_lazy"]
 
 # Files with less .eh_frame than this are compiled whole at once (libc: 40 ms).
 LAZY_MIN_BYTES = 1 << 20
+# The most .eh_frame a file served by its search table may hold: it is read
+# into memory whole (PyTorch 2.13's libtorch_cpu.so holds 18 MB, 335,000 FDEs:
+# past what build.py compiles whole, so it is only ever served this way).
+LAZY_MAX_BYTES = 96 << 20
 # version 1; eh_frame_ptr pcrel sdata4; fde_count udata4; table datarel sdata4
 _HDR = b"\x01\x1b\x03\x3b"
 _Parsed = tuple[int, int, list[int], list[Rule]]  # start, end, row offsets, rules
@@ -95,13 +99,19 @@ class LazyTable:
     def file_offset(self, vaddr: int) -> int | None:
         return segment_offset(self.segments, vaddr)
 
+    def whole(self) -> bool:
+        """Small enough for build.py to compile whole (and cache on disk)."""
+        return len(self.section.data) <= MAX_CFI_BYTES and len(self.locs) <= MAX_FDES
+
     def nbytes(self) -> int:
         return len(self.section.data) + 8 * len(self.locs) + 100 * len(self._parsed)
 
 
-def open_lazy(path: str, segments: tuple[tuple[int, int, int], ...]) -> LazyTable | None:
-    """A LazyTable if the file has an .eh_frame of at least LAZY_MIN_BYTES and
-    a search table in the usual encoding; else None (compile it whole)."""
+def open_lazy(
+    path: str, segments: tuple[tuple[int, int, int], ...], max_bytes: int = MAX_CFI_BYTES
+) -> LazyTable | None:
+    """A LazyTable if the file has an .eh_frame of LAZY_MIN_BYTES to max_bytes
+    and a search table in the usual encoding; else None (compile it whole)."""
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
@@ -110,7 +120,7 @@ def open_lazy(path: str, segments: tuple[tuple[int, int, int], ...]) -> LazyTabl
         eh, hdr = elf.section(".eh_frame"), elf.section(".eh_frame_hdr")
         if eh is None or hdr is None or SHT_NOBITS in (eh.type, hdr.type):
             return None
-        if not LAZY_MIN_BYTES <= eh.size <= MAX_CFI_BYTES or not 12 <= hdr.size <= eh.size:
+        if not LAZY_MIN_BYTES <= eh.size <= max_bytes or not 12 <= hdr.size <= eh.size:
             return None  # a larger one is refused whole (build.BadTable)
         head = elf.read(hdr.offset, hdr.size, ".eh_frame_hdr")
         if head[:4] != _HDR:

@@ -10,8 +10,10 @@ from gfxbpf.client.profiles.unwind.result import Stop
 from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
     CFA_RBP,
+    CFA_RBP_DEREF,
     CFA_RSP,
     CFA_SIGNAL,
+    REG_AT_RBP,
     REG_SAME,
     REG_UNDEFINED,
     REG_UNKNOWN,
@@ -57,6 +59,11 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
         cfa = bp + rule.off
     elif rule.cfa == CFA_PLT:
         cfa = sp + rule.off + (8 if (pc & 15) >= rule.arg else 0)
+    elif rule.cfa == CFA_RBP_DEREF:
+        found = _realigned_cfa(rule, sp, bp, mem)
+        if isinstance(found, Stop):
+            return found
+        cfa = found
     else:
         return Stop.BAD_CFA
     if cfa <= sp:  # the stack grows down: a caller's frame is above
@@ -70,6 +77,8 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
         return ra, cfa, bp
     if rule.rbp in (REG_UNKNOWN, REG_UNDEFINED):
         return ra, cfa, None
+    if rule.rbp == REG_AT_RBP:  # checked by _realigned_cfa: bp is in the copy
+        return ra, cfa, mem.u64(bp) if bp is not None else None
     if cfa + rule.rbp < sp:
         # A save slot below sp: an epilogue already popped rbp (gcc emits no
         # DW_CFA_restore there), so the register holds the caller's value.
@@ -78,6 +87,18 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
     if saved is None:
         return Stop.TRUNCATED
     return ra, cfa, saved
+
+
+def _realigned_cfa(rule: Rule, sp: int, bp: int | None, mem: Stack) -> int | Stop:
+    """The CFA of a frame GCC realigned: the word at rbp + off, where the
+    prologue saved the register (DRAP) that held the CFA. rbp must point into
+    the stack above sp (its frame), as must the CFA it yields."""
+    if bp is None or bp < sp or bp & 7:
+        return Stop.BAD_CFA
+    cfa = mem.u64(bp + rule.off)
+    if cfa is None:
+        return Stop.TRUNCATED if bp + rule.off + 8 <= mem.top else Stop.BAD_CFA
+    return cfa
 
 
 def _signal_step(rule: Rule, sp: int, mem: Stack) -> Step | Stop:
