@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from gfxbpf.client.profiles.unwind import cfi
-from gfxbpf.client.profiles.unwind.build import MAX_CFI_BYTES, MAX_FDES, rule_of
+from gfxbpf.client.profiles.unwind import build
 from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
@@ -74,7 +74,7 @@ class LazyTable:
         for rel, state in fde.rows:
             if rel >= fde.end - fde.start:
                 break
-            rule = self._rules.get(state) or self._rules.setdefault(state, rule_of(state))
+            rule = self._rules.get(state) or self._rules.setdefault(state, build.rule_of(state))
             if rels and rels[-1] == rel:
                 rules[-1] = rule  # a later row at the same address
             else:
@@ -101,17 +101,19 @@ class LazyTable:
 
     def whole(self) -> bool:
         """Small enough for build.py to compile whole (and cache on disk)."""
-        return len(self.section.data) <= MAX_CFI_BYTES and len(self.locs) <= MAX_FDES
+        return len(self.section.data) <= build.MAX_CFI_BYTES and len(self.locs) <= build.MAX_FDES
 
     def nbytes(self) -> int:
         return len(self.section.data) + 8 * len(self.locs) + 100 * len(self._parsed)
 
 
 def open_lazy(
-    path: str, segments: tuple[tuple[int, int, int], ...], max_bytes: int = MAX_CFI_BYTES
+    path: str, segments: tuple[tuple[int, int, int], ...], max_bytes: int | None = None
 ) -> LazyTable | None:
     """A LazyTable if the file has an .eh_frame of LAZY_MIN_BYTES to max_bytes
-    and a search table in the usual encoding; else None (compile it whole)."""
+    (build.MAX_CFI_BYTES by default) and a search table in the usual
+    encoding; else None (compile it whole)."""
+    max_bytes = build.MAX_CFI_BYTES if max_bytes is None else max_bytes
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
