@@ -5,7 +5,8 @@ RandomImages.__getitem__; train_step runs SmallCNN.forward, backward and SGD.
 
     python3 bench/torch_cnn.py [SECONDS]        (needs `pip install torch==2.13.0`)
 
-Prints the number of steps taken. One intra-op thread, so that every sample
+Prints the number of steps taken on stderr (stdout is the profiler's, when it
+runs the loop as `gfxclient --json profile -- ...`). One intra-op thread, so that every sample
 of the step is on the main thread and the step's share is the main thread's.
 """
 
@@ -73,4 +74,4 @@ def train(seconds: float) -> int:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    print(f"{train(float(sys.argv[1]) if len(sys.argv) > 1 else 10.0)} steps")
+    print(f"{train(float(sys.argv[1]) if len(sys.argv) > 1 else 10.0)} steps", file=sys.stderr)

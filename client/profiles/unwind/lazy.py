@@ -17,8 +17,7 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 
-from gfxbpf.client.profiles.unwind import cfi
-from gfxbpf.client.profiles.unwind import build
+from gfxbpf.client.profiles.unwind import build, cfi
 from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 

@@ -51,21 +51,9 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
         return Stop.BAD_CFA
     if rule.cfa == CFA_SIGNAL:
         return _signal_step(rule, sp, mem)
-    if rule.cfa == CFA_RSP:
-        cfa = sp + rule.off
-    elif rule.cfa == CFA_RBP:
-        if bp is None:
-            return Stop.BAD_CFA
-        cfa = bp + rule.off
-    elif rule.cfa == CFA_PLT:
-        cfa = sp + rule.off + (8 if (pc & 15) >= rule.arg else 0)
-    elif rule.cfa == CFA_RBP_DEREF:
-        found = _realigned_cfa(rule, sp, bp, mem)
-        if isinstance(found, Stop):
-            return found
-        cfa = found
-    else:
-        return Stop.BAD_CFA
+    cfa = _cfa(rule, pc, sp, bp, mem)
+    if isinstance(cfa, Stop):
+        return cfa
     if cfa <= sp:  # the stack grows down: a caller's frame is above
         return Stop.BAD_CFA
     ra = mem.u64(cfa + rule.ra)
@@ -87,6 +75,19 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
     if saved is None:
         return Stop.TRUNCATED
     return ra, cfa, saved
+
+
+def _cfa(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> int | Stop:
+    """The CFA (the caller's sp) by the rule's kind, or why it cannot be found."""
+    if rule.cfa == CFA_RSP:
+        return sp + rule.off
+    if rule.cfa == CFA_RBP:
+        return Stop.BAD_CFA if bp is None else bp + rule.off
+    if rule.cfa == CFA_PLT:
+        return sp + rule.off + (8 if (pc & 15) >= rule.arg else 0)
+    if rule.cfa == CFA_RBP_DEREF:
+        return _realigned_cfa(rule, sp, bp, mem)
+    return Stop.BAD_CFA
 
 
 def _realigned_cfa(rule: Rule, sp: int, bp: int | None, mem: Stack) -> int | Stop:
