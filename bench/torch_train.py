@@ -1,7 +1,8 @@
 """A small PyTorch CPU training loop for profiling by hand (docs/PROFILE-OUTPUT.md,
 "Python frames, a real workload"): train() calls step() per batch, step() runs the
-model's forward and backward passes and the optimizer, so a profile with Python
-frames shows train -> step -> forward/backward -> libtorch native frames.
+model's forward and backward passes and the optimizer (the step of
+bench/torch_cnn.py, whose frame is named train_step), so a profile with Python
+frames shows train -> train_step -> forward/backward -> libtorch native frames.
 
     python3 bench/torch_train.py [SECONDS]      (needs `pip install torch==2.13.0`)
 """
@@ -13,6 +14,9 @@ import time
 
 import torch
 from torch import nn
+from torch_cnn import (
+    train_step as step,  # the CNN loop's step (run as a script: bench/ is on the path)
+)
 
 
 class Model(nn.Module):
@@ -22,14 +26,6 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
-
-
-def step(model: Model, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    return float(loss.detach())
 
 
 def train(seconds: float) -> int:

@@ -27,7 +27,7 @@ from gfxbpf.catalog.entries import (
     check_object,
     load_catalog,
 )
-from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+from gfxbpf.catalog.stack_copies import APPROVED_STACK_BYTES, MAX_STACK_BYTES
 
 PROG = "gfxbpf-admin"
 
@@ -130,8 +130,9 @@ def _entry_lines(
         lines.append(f"functions = {_toml(functions)}")
     if args.max_frequency is not None:
         lines.append(f"max_frequency = {args.max_frequency}")
-    if args.max_stack_bytes is not None:
-        lines.append(f"max_stack_bytes = {args.max_stack_bytes}")
+    copy = args.max_stack_bytes or APPROVED_STACK_BYTES.get(entry.name)
+    if copy is not None:
+        lines.append(f"max_stack_bytes = {copy}")
     if args.allow_no_btf:
         lines.append("allow_no_btf = true")
     return lines
@@ -175,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-stack-bytes",
         type=_stack_bytes,
         metavar="N",
-        help=f"user stack bytes a stack copy may take (stackcopy, ustackcopy; 1-{MAX_STACK_BYTES}):"
-        " less caps it below the 8192 default, more lets clients copy deep C++ stacks whole",
+        help=f"user stack bytes a stack copy takes unless the client asks for less (stackcopy, "
+        f"ustackcopy, offcpu; 1-{MAX_STACK_BYTES}); default: {MAX_STACK_BYTES} for stackcopy and "
+        "ustackcopy (deep C++ stacks such as PyTorch's, whole), the object's 8192 for offcpu",
     )
     a.add_argument(
         "--allow-no-btf",

@@ -7,5 +7,11 @@ tests/unit/test_stack_bytes.py checks them against the header."""
 # asks for less or the policy caps it (perf --call-graph dwarf's default too).
 DEFAULT_STACK_BYTES = 8192
 # GFX_COPY_MAX: the most one record holds; above the default only where the
-# policy entry's max_stack_bytes says so (twice the bytes a sample in the ring).
-MAX_STACK_BYTES = 16384
+# policy entry's max_stack_bytes says so. 24 KiB: the record and its page of
+# slack fill a per-CPU scratch slot, whose values the kernel caps at 32 KiB.
+MAX_STACK_BYTES = 24576
+# What `gfxbpf-admin approve` writes as max_stack_bytes when the administrator
+# names none, per program: the whole copy for CPU samples and probes (a PyTorch
+# training step's stacks are 13-20 KiB deep: docs/ARCHITECTURE.md has the
+# figures), the object's default for offcpu, which copies at every wait.
+APPROVED_STACK_BYTES = {"stackcopy": MAX_STACK_BYTES, "ustackcopy": MAX_STACK_BYTES}

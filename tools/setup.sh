@@ -46,6 +46,13 @@ if [ ! -x "$VENV/bin/python" ]; then
     /usr/bin/python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
 fi
+# PyTorch's CPU build: tests/kernel/test_torch_profile.py profiles a real training
+# loop with it (a 190 MB wheel, about 850 MB in the venv with its dependencies).
+TORCH=2.13.0+cpu
+if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" != "$TORCH" ]; then
+    echo "setup: installing torch $TORCH into $VENV"
+    "$VENV/bin/pip" install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$TORCH"
+fi
 # The CUPTI injection library, once per CUDA major (gpu/cupti/build.sh; wheels from PyPI).
 gpu/cupti/build.sh --out "$(dirname "$VENV")/cupti" --python "$VENV/bin/python"
 chmod -R a+rX "$(dirname "$VENV")/cupti"

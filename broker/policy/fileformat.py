@@ -10,8 +10,8 @@
     functions = ["vk*"]               # uprobe symbols (globs; default: any)
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
     allow_no_btf = false              # load even if the kernel refuses the object's BTF
-    max_stack_bytes = 4096            # stack copies: user stack bytes a sample (default 8192;
-                                      # up to 16384 where set: deep C++ stacks, e.g. PyTorch)
+    max_stack_bytes = 4096            # stack copies: user stack bytes a sample, unless the
+                                      # client asks for less (unset: 8192; up to 24576)
     min_block_us = 1000               # offcpu: the shortest wait a client may ask for (default 100)
     max_python_frames = 32            # Python frames a stack (default 64, at most 128)
     description = "..."               # free text, shown by ListPrograms

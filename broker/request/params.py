@@ -112,8 +112,9 @@ def check_params(
 
 
 def _check_stack_bytes(res: Resolved, asked: int) -> int | None:
-    """The stack copy size: the caller's, else the object's 8 KiB, within the
-    policy's max_stack_bytes (None: the object's default stands)."""
+    """The stack copy size: the caller's, else the policy's max_stack_bytes
+    (the policy decides how deep a copy its users get by default), else the
+    object's 8 KiB (None: the object's default stands)."""
     entry, pe = res.entry, res.policy_entry
     if not entry.stack_bytes_knob:
         if asked:
@@ -145,9 +146,7 @@ def _check_stack_bytes(res: Resolved, asked: int) -> int | None:
             rule=f"{pe.label}: max_stack_bytes",
             audit_rule=f"{pe.where}: max_stack_bytes = {cap}",
         )
-    if asked:
-        return asked
-    return min(cap, DEFAULT_STACK_BYTES) if cap is not None else None
+    return asked or cap
 
 
 def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, PidHandle | None]:

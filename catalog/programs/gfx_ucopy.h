@@ -18,7 +18,7 @@
 #include <bpf/bpf_core_read.h>
 
 /* The most stack bytes one record holds. */
-#define GFX_COPY_MAX 16384
+#define GFX_COPY_MAX 24576
 #define GFX_PAGE 4096
 #define GFX_COMM_LEN 16
 

@@ -46,7 +46,7 @@
 #define GFX_TASK_RUNNING 0
 #define GFX_TASK_UNINTERRUPTIBLE 2
 #define GFX_OFFCPU_THREADS 4096  /* threads of the caller's off the CPU at once */
-#define GFX_OFFCPU_COPIES 64     /* ... of which preempted outside a system call */
+#define GFX_OFFCPU_COPIES 48     /* ... of which preempted outside a system call (~28 KiB each) */
 #define GFX_NR_EXECVE 59
 #define GFX_NR_EXECVEAT 322
 /* In `blocked` only (cleared before a record is sent): no stack copy yet. */
@@ -88,7 +88,7 @@ struct {
 } blocked SEC(".maps");
 
 /* tid -> the whole record of a wait outside a system call, whose stack can
- * only be copied at switch-out (~20 KiB each, the slack of struct ustack_slot
+ * only be copied at switch-out (~28 KiB each, the slack of struct ustack_slot
  * keeping the page-wise copy inside the value). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

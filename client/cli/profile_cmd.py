@@ -137,8 +137,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_stack_bytes,
         default=0,
         metavar="N",
-        help="user stack bytes copied per sample for unwinding (1-16384; default 8192, or "
-        "the policy's max_stack_bytes when lower; above 8192 where the policy's "
+        help=f"user stack bytes copied per sample for unwinding (1-{MAX_STACK_BYTES}; default: "
+        "the policy's max_stack_bytes, 8192 where it sets none; more only where "
         "max_stack_bytes allows it): less costs less, more reaches deeper",
     )
     _add_time_arguments(p)

@@ -207,11 +207,14 @@ def test_a_reload_that_narrows_a_knob_revokes() -> None:
             big = alice.ok("attach", name="stackcopy", scope="self", stack_bytes=16384)
             small = alice.ok("attach", name="stackcopy", scope="self", stack_bytes=1024)
             short = alice.ok("attach", name="offcpu", scope="self", min_block_us=200)
+            # No size named: the policy's max_stack_bytes, 16 KiB, is what it copies.
+            default = alice.ok("attach", name="stackcopy", scope="self", frequency=49)
             rec = broker.reload(_knobs_policy(16384, None, 999))
             assert rec["result"] == "ok" and rec["revoked_attachments"] == [], rec
             rec = broker.reload(_knobs_policy(1024, 1000, 999))
             assert rec["result"] == "ok", rec
-            assert sorted(rec["revoked_attachments"]) == sorted([big["id"], short["id"]]), rec
+            want = [big["id"], short["id"], default["id"]]
+            assert sorted(rec["revoked_attachments"]) == sorted(want), rec
             r = alice("stats", id=big["id"])
             assert not r["ok"] and "no longer allows" in r["message"], r
             assert alice("stats", id=small["id"])["ok"]  # within the new cap: kept

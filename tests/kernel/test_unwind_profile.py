@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.unwind_profile import CHAIN_C  # main -> chain_a -> ... -> chain_leaf, -O2
+from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from tests.c_programs import SIGNAL_C
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
@@ -317,7 +318,7 @@ def test_a_deeper_copy_reaches_main_where_the_policy_allows_it(work: Path) -> No
             reached[size] = share(stacks_of(out), lambda s: "main" in s)
             notes[size] = summary["notes"]
     assert reached["8192"] < 0.05 and reached["16384"] >= 0.95, reached
-    assert any("--stack-bytes 16384" in n for n in notes["8192"]), notes
+    assert any(f"--stack-bytes {MAX_STACK_BYTES}" in n for n in notes["8192"]), notes
     assert not any("stack copy too short" in n for n in notes["16384"]), notes
     with BrokerProcess.start(policy_for({"stackcopy": entry}, limits=limits)) as b:
         argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", b.socket, "profile"]

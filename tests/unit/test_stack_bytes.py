@@ -33,9 +33,11 @@ def _target(name: str, extra: str, asked: int = 0) -> int | None:
     return check_params(policy, CALLER, res, pb.AttachParams(stack_bytes=asked)).stack_bytes
 
 
-def test_the_policy_caps_the_copy_size() -> None:
+def test_the_policy_sets_the_default_copy_size() -> None:
+    """A request that names no size gets the entry's max_stack_bytes: the
+    policy decides how deep its users' copies go (docs/ARCHITECTURE.md)."""
     assert _target("stackcopy", "max_stack_bytes = 1024\n") == 1024
-    assert _target("stackcopy", "max_stack_bytes = 16384\n") == DEFAULT_STACK_BYTES
+    assert _target("stackcopy", "max_stack_bytes = 16384\n") == 16384
     assert _target("stackcopy", "") is None  # the object's own 8 KiB
     assert _target("profile", "max_stack_bytes = 1024\n") is None  # copies nothing
 
@@ -47,11 +49,12 @@ def test_the_client_chooses_a_size_within_the_cap() -> None:
 
 
 def test_more_than_the_default_where_the_policy_allows_it() -> None:
-    """Up to the objects' 16 KiB (deep C++ stacks such as PyTorch's), only
-    where the entry's max_stack_bytes says so; the default stays 8 KiB."""
+    """Up to the objects' 24 KiB (deep C++ stacks such as PyTorch's), only
+    where the entry's max_stack_bytes says so; without it the default stays 8 KiB."""
     assert _target("stackcopy", "max_stack_bytes = 16384\n", asked=16384) == 16384
     assert _target("stackcopy", "max_stack_bytes = 12288\n", asked=12288) == 12288
-    assert _target("stackcopy", "max_stack_bytes = 16384\n") == DEFAULT_STACK_BYTES
+    assert _target("stackcopy", f"max_stack_bytes = {MAX_STACK_BYTES}\n") == MAX_STACK_BYTES
+    assert _target("stackcopy", "max_stack_bytes = 16384\n", asked=4096) == 4096
 
 
 @pytest.mark.parametrize(
@@ -60,7 +63,8 @@ def test_more_than_the_default_where_the_policy_allows_it() -> None:
         ("stackcopy", "max_stack_bytes = 1024\n", 2048, pb.ERROR_PERMISSION_DENIED),
         ("stackcopy", "", 8193, pb.ERROR_PERMISSION_DENIED),  # above the default: policy says
         ("stackcopy", "max_stack_bytes = 12288\n", 16384, pb.ERROR_PERMISSION_DENIED),
-        ("stackcopy", "max_stack_bytes = 16384\n", 16385, pb.ERROR_INVALID_ARGUMENT),  # > object
+        ("stackcopy", "max_stack_bytes = 16384\n", 16385, pb.ERROR_PERMISSION_DENIED),
+        ("stackcopy", "", MAX_STACK_BYTES + 1, pb.ERROR_INVALID_ARGUMENT),  # > object
         ("profile", "", 1024, pb.ERROR_INVALID_ARGUMENT),  # copies no stack
     ],
 )
@@ -70,7 +74,7 @@ def test_sizes_the_broker_refuses(name: str, extra: str, asked: int, code: int) 
     assert e.value.code == code, e.value
 
 
-@pytest.mark.parametrize("bad", ["-1", '"8k"', "16385", "true"])
+@pytest.mark.parametrize("bad", ["-1", '"8k"', str(MAX_STACK_BYTES + 1), "true"])
 def test_policy_refuses_bad_max_stack_bytes(bad: str) -> None:
     with pytest.raises(PolicyError) as e:
         _policy("stackcopy", f"max_stack_bytes = {bad}\n")
@@ -94,7 +98,24 @@ def test_admin_approve_writes_max_stack_bytes(capsys: pytest.CaptureFixture[str]
     assert admin.main(["approve", "profile", "--users", "alice", "--max-stack-bytes", "4096"]) == 2
     assert "copies no stack" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        admin.main(["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "16385"])
+        admin.main(["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "24577"])
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [("stackcopy", MAX_STACK_BYTES), ("ustackcopy", MAX_STACK_BYTES), ("offcpu", None)],
+)
+def test_admin_approve_lets_cpu_samples_copy_whole_stacks_by_default(
+    capsys: pytest.CaptureFixture[str], name: str, want: int | None
+) -> None:
+    """Without --max-stack-bytes, approve writes the objects' whole copy for the
+    CPU-sample and probe programs (PyTorch's stacks need 13-20 KiB), and
+    leaves offcpu (a copy per wait) at the 8 KiB default."""
+    from gfxbpf.broker import admin
+
+    assert admin.main(["approve", name, "--users", "alice"]) == 0
+    entry = Policy.parse(capsys.readouterr().out, path="p.toml").programs[0]
+    assert entry.max_stack_bytes == want
 
 
 def test_the_bounds_are_the_objects_own() -> None:

@@ -221,6 +221,31 @@ def test_a_large_file_is_served_by_its_search_table_while_compiled_aside(
     assert isinstance(again.file_table(str(lib)), FileTable) and again.cache_hits == 1
 
 
+def test_a_file_past_the_whole_table_limits_is_served_by_its_search_table_only(
+    lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch 2.13's libtorch_cpu.so holds 18 MB of .eh_frame and 335,000 FDEs,
+    past what build.py compiles whole: a file of root's or the caller's is
+    served FDE by FDE (never compiled whole, never cached); another user's is
+    still refused whole."""
+    from gfxbpf.client.profiles.unwind import build, lazy
+    from gfxbpf.client.profiles.unwind import tables as tables_module
+
+    full = UnwindTables(cache_dir=str(tmp_path / "full"), lazy=False).file_table(str(lib))
+    assert isinstance(full, FileTable)
+    monkeypatch.setattr(lazy, "LAZY_MIN_BYTES", 0)
+    monkeypatch.setattr(build, "MAX_CFI_BYTES", 1024)  # libc stands in for libtorch
+    tables = UnwindTables(cache_dir=str(tmp_path / "c"))
+    quick = tables.file_table(str(lib))
+    assert isinstance(quick, lazy.LazyTable) and not quick.whole()
+    assert tables.compiling == [] and not (tmp_path / "c").exists()
+    for vaddr in full.starts[:: max(1, len(full.starts) // 500)]:
+        assert quick.rule(vaddr) == full.rule(vaddr), hex(vaddr)
+    monkeypatch.setattr(tables_module, "may_cache", lambda st: False)  # another user's file
+    other = UnwindTables(cache_dir=str(tmp_path / "o"))
+    assert other.file_table(str(lib)) is None and str(lib) in other.bad
+
+
 def test_remembered_steps_are_the_lookups_and_follow_the_mappings(
     lib: Path, tmp_path: Path
 ) -> None:

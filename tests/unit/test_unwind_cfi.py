@@ -15,9 +15,11 @@ from gfxbpf.client.profiles.unwind.table import (
     CFA_NONE,
     CFA_PLT,
     CFA_RBP,
+    CFA_RBP_DEREF,
     CFA_RSP,
     CFA_SIGNAL,
     CFA_UNSUPPORTED,
+    REG_AT_RBP,
     REG_SAME,
     REG_UNDEFINED,
     REG_UNKNOWN,
@@ -97,7 +99,8 @@ def rule_after(code: bytes, at: int = 0x40) -> Rule:
         (b"\x86\x02\x08\x06", Rule(CFA_RSP, 8, REG_SAME, -8)),  # same_value
         (b"\x07\x10", Rule(CFA_RSP, 8, REG_SAME, REG_UNDEFINED)),  # undefined ra
         (b"\x09\x06\x03", Rule(CFA_RSP, 8, REG_UNKNOWN, -8)),  # register
-        (b"\x10\x06\x02\x76\x00", Rule(CFA_RSP, 8, REG_UNKNOWN, -8)),  # expression
+        (b"\x10\x06\x02\x76\x00", Rule(CFA_RSP, 8, REG_AT_RBP, -8)),  # rbp at [rbp] (DRAP)
+        (b"\x10\x06\x02\x76\x08", Rule(CFA_RSP, 8, REG_UNKNOWN, -8)),  # another expression
         (b"\x14\x06\x02", Rule(CFA_RSP, 8, REG_UNKNOWN, -8)),  # val_offset
         (b"\x15\x06" + sleb(-2), Rule(CFA_RSP, 8, REG_UNKNOWN, -8)),  # val_offset_sf
         (b"\x16\x10\x01\x9c", Rule(CFA_RSP, 8, REG_SAME, REG_UNKNOWN)),  # val_expression
@@ -119,7 +122,8 @@ def test_the_plt_expression_is_recognised_and_others_are_not() -> None:
     )
     deref = bytes([0x77, 0x08, 0x06])  # breg7 8; deref: a signal frame's rule
     assert rule_after(b"\x0f\x03" + deref) == Rule(CFA_SIGNAL, 8, REG_SAME, -8)
-    assert rule_after(b"\x0f\x03" + bytes([0x76, 0x08, 0x06])).cfa == CFA_UNSUPPORTED  # rbp
+    # breg6 (rbp) 8; deref: a realigned frame's CFA (test_a_realigned_frame_is_followed).
+    assert rule_after(b"\x0f\x03" + bytes([0x76, 0x08, 0x06])).cfa == CFA_RBP_DEREF
     # A register rule after the expression: the offset stays the expression's.
     assert rule_after(b"\x0f" + uleb(len(PLT_EXPR)) + PLT_EXPR + b"\x86\x02").rbp == -16
 
@@ -248,6 +252,18 @@ SIGNAL_FDE = (
 )  # fmt: skip
 
 
+# GCC's realigned frame (DRAP, e.g. AVX-512 locals in libtorch_cpu): the CFA is
+# the word at rbp - 40 (DW_OP_breg6 -40; DW_OP_deref), rbp saved at [rbp].
+DRAP_FDE = b"\x10\x06\x02\x76\x00" + b"\x0f\x03\x76" + sleb(-40) + b"\x06"
+
+
+def test_a_realigned_frame_is_followed() -> None:
+    assert rule_after(DRAP_FDE) == Rule(CFA_RBP_DEREF, -40, REG_AT_RBP, -8)
+    # Other dereferenced expressions stay unsupported.
+    assert rule_after(b"\x0f\x04\x76" + sleb(-40) + b"\x06\x06").cfa == CFA_UNSUPPORTED
+    assert rule_after(b"\x0f\x03\x73" + sleb(-40) + b"\x06").cfa == CFA_UNSUPPORTED  # by rbx
+
+
 def test_a_signal_frame_keeps_the_interrupted_registers_slots() -> None:
     assert rule_after(SIGNAL_FDE) == Rule(CFA_SIGNAL, 160, 120, 168)
     # The same expressions outside a signal frame are not followed.
@@ -275,10 +291,11 @@ def _agrees(got: Rule, want: dict[str, str]) -> bool:
     if m:
         cfa_ok = (got.cfa, got.off) == ((CFA_RSP if m[1] == "rsp" else CFA_RBP), int(m[2]))
     else:
-        cfa_ok = got.cfa in (CFA_PLT, CFA_UNSUPPORTED)
+        cfa_ok = got.cfa in (CFA_PLT, CFA_UNSUPPORTED, CFA_RBP_DEREF)
     rbp = want.get("rbp", "u")
     rbp_ok = got.rbp in (REG_SAME, REG_UNDEFINED) if rbp in ("u", "s") else (
-        got.rbp == int(rbp[1:]) if re.fullmatch(r"c[+-]?\d+", rbp) else got.rbp == REG_UNKNOWN
+        got.rbp == int(rbp[1:]) if re.fullmatch(r"c[+-]?\d+", rbp)
+        else got.rbp in (REG_UNKNOWN, REG_AT_RBP)
     )  # fmt: skip
     ra = want.get("ra", "u")
     ra_ok = got.ra == (REG_UNDEFINED if ra == "u" else int(ra[1:]) if ra[0] == "c" else REG_UNKNOWN)

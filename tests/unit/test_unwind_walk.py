@@ -21,7 +21,7 @@ from gfxbpf.client.profiles.unwind import (
     unwind,
 )
 from gfxbpf.client.profiles.unwind.tables import Located
-from tests.unit.test_unwind_cfi import ADDR, PLT_EXPR, SIGNAL_FDE, eh_frame, uleb
+from tests.unit.test_unwind_cfi import ADDR, DRAP_FDE, PLT_EXPR, SIGNAL_FDE, eh_frame, uleb
 
 LIB = 0x40_0000  # the fake library's code mapping; vaddr = pc - LIB
 RODATA = 0x41_0000  # its read-only data (same file, not executable)
@@ -32,6 +32,7 @@ SP = STACK + 0x8000
 
 LEAF, MID, FP, ROOT, NOCFI, PLT, ODD, EPI = 0x100, 0x200, 0x300, 0x400, 0x500, 0x600, 0x700, 0x800
 SIG = 0x900  # a sigreturn trampoline (its FDE starts a byte before it, as glibc's)
+DRAP = 0xA00  # a realigned frame: CFA = [rbp - 40], rbp saved at [rbp]
 FDES = [
     (LEAF, 0x40, b""),  # no push: CFA = rsp + 8 throughout
     (MID, 0x80, b"\x41\x0e\x10\x83\x02\x44\x0e\x20"),  # push rbx; sub rsp, 16
@@ -41,6 +42,7 @@ FDES = [
     (ODD, 0x40, b"\x0c\x03\x08"),  # CFA by rbx: not followed
     (EPI, 0x40, b"\x41\x0e\x10\x86\x02\x44\x0e\x08"),  # push rbp; ...; pop rbp (no restore)
     (SIG, 0x10, SIGNAL_FDE),
+    (DRAP, 0x40, DRAP_FDE),
 ]
 # NOCFI (0x500..0x600) has code but no FDE.
 
@@ -159,6 +161,22 @@ def test_rules_that_are_not_followed() -> None:
     assert walk(LIB + ODD + 1, {0: LIB + ROOT}).stop is Stop.BAD_CFA  # CFA by rbx
     # fp after mov rbp, rsp with rbp below sp: the CFA would not be above sp.
     assert walk(LIB + FP + 8, {}, bp=SP - 0x100) == UnwindResult((LIB + FP + 8,), Stop.BAD_CFA)
+
+
+def test_a_realigned_frame_finds_its_caller_through_the_saved_cfa() -> None:
+    # rbp = SP + 0x40 (the realigned frame); [rbp - 40] holds the CFA, SP + 0x100,
+    # whose return address is at CFA - 8; [rbp] the caller's rbp.
+    rbp, cfa = SP + 0x40, SP + 0x100
+    words = {0x40 - 40: cfa, 0x100 - 8: LIB + FP + 0x20, 0x40: SP + 0x200}
+    words |= {0x200: 0, 0x208: LIB + ROOT + 0x10}  # FP's frame: saved rbp, return address
+    got = walk(LIB + DRAP + 4, words, bp=rbp)
+    assert got == UnwindResult((LIB + DRAP + 4, LIB + FP + 0x20, LIB + ROOT + 0x10), None)
+    # rbp below sp or unaligned: no frame is made of it; the saved CFA past the copy.
+    assert walk(LIB + DRAP + 4, words, bp=SP - 0x40).stop is Stop.BAD_CFA
+    assert walk(LIB + DRAP + 4, words, bp=rbp + 3).stop is Stop.BAD_CFA
+    assert walk(LIB + DRAP + 4, words, bp=SP + 0x440).stop is Stop.TRUNCATED
+    # A saved CFA that is not above sp ends the walk.
+    assert walk(LIB + DRAP + 4, {0x40 - 40: SP - 8}, bp=rbp).stop is Stop.BAD_CFA
 
 
 def test_depth_bound() -> None:

@@ -25,6 +25,7 @@ from gfxbpf.client.profiles.unwind import cfi
 from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
     CFA_RBP,
+    CFA_RBP_DEREF,
     CFA_RSP,
     CFA_SIGNAL,
     CFA_UNSUPPORTED,
@@ -45,7 +46,7 @@ __all__ = [
     "rule_of",
 ]
 
-_KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT, -3: CFA_SIGNAL}
+_KINDS = {cfi.RSP: CFA_RSP, cfi.RBP: CFA_RBP, -1: CFA_PLT, -3: CFA_SIGNAL, -4: CFA_RBP_DEREF}
 # libLLVM's .eh_frame is 5 MB with 98,000 FDEs (3.6 s, 200 MB to compile):
 # three times that is more than any real file needs.
 MAX_CFI_BYTES = 16 << 20

@@ -19,7 +19,8 @@ from gfxbpf.client.profiles.unwind.table import FileTable, Rule
 
 __all__ = ["CACHE_LIMIT", "decode", "default_cache_dir", "encode", "load", "store"]
 
-_MAGIC = b"GFXUNW2\n"  # 2: signal frames (tables of 1 hold them as unsupported)
+# 2: signal frames; 3: realigned frames (older tables hold them as unsupported)
+_MAGIC = b"GFXUNW3\n"
 # magic, segments, rows, rules, FDEs, source length, row-address and index type codes
 _HEADER = struct.Struct("<8sIIIIIcc2x")
 _SWAP = sys.byteorder != "little"

@@ -29,10 +29,12 @@ _U64 = struct.Struct("<Q").unpack_from
 # CFA register -1: the standard PLT expression (arg: its threshold); -2: an
 # expression not followed; -3: a signal frame (the CFA is the word at rsp +
 # offset; rbp and the return address are then saved at rsp + their rule, the
-# saved registers of the ucontext the kernel pushed). A rule: an offset from
-# the CFA (a multiple of 8), or one of the odd markers below (table.py REG_*).
-_SAME, _UNDEFINED, _UNKNOWN = 1, 3, 5
-_PLT, _EXPR, _SIGNAL = -1, -2, -3
+# saved registers of the ucontext the kernel pushed); -4: a frame realigned by
+# GCC's DRAP (the CFA is the word at rbp + offset: DW_OP_breg6 N; DW_OP_deref).
+# A rule: an offset from the CFA (a multiple of 8), or one of the odd markers
+# below (table.py REG_*); _AT_RBP: saved at rbp + 0 (the DRAP frame's rbp).
+_SAME, _UNDEFINED, _UNKNOWN, _AT_RBP = 1, 3, 5, 7
+_PLT, _EXPR, _SIGNAL, _RBP_DEREF = -1, -2, -3, -4
 State = tuple[int, int, int, int, int]
 # The PLT's CFA: rsp + N, + 8 once (rip & 15) >= K (DW_OP_breg7 N; DW_OP_breg16 0;
 # DW_OP_lit15; DW_OP_and; DW_OP_litK; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus).
@@ -132,6 +134,10 @@ def read_encoded(b: bytes, pos: int, enc: int, base: int) -> tuple[int, int]:
 
 def _expr_cfa(block: bytes) -> tuple[int, int, int]:
     """(CFA register, offset, arg) for a DW_CFA_def_cfa_expression block."""
+    if len(block) >= 2 and block[0] == 0x76:  # DW_OP_breg6 (rbp) N; DW_OP_deref
+        off, p = _sleb(block, 1)
+        if block[p:] == b"\x06":  # a realigned frame: the DRAP register saved at rbp + N
+            return _RBP_DEREF, off, 0
     if len(block) >= 2 and block[0] == 0x77:  # DW_OP_breg7 (rsp)
         off, p = _sleb(block, 1)
         rest = block[p:]
@@ -144,8 +150,9 @@ def _expr_cfa(block: bytes) -> tuple[int, int, int]:
 
 
 def _expression(code: bytes, pos: int, st: list[int], cie: _Cie) -> int:
-    """DW_CFA_expression: followed only in a signal frame, for a register saved
-    at rsp + n (DW_OP_breg7 n), as glibc describes the ucontext's slots."""
+    """DW_CFA_expression: followed in a signal frame, for a register saved at
+    rsp + n (DW_OP_breg7 n), as glibc describes the ucontext's slots, and for
+    rbp saved at rbp + 0 (DW_OP_breg6 0), as GCC describes a realigned frame."""
     reg, pos = _uleb(code, pos)
     size, pos = _uleb(code, pos)
     if pos + size > len(code):
@@ -155,6 +162,8 @@ def _expression(code: bytes, pos: int, st: list[int], cie: _Cie) -> int:
         off, end = _sleb(block, 1)
         if end == len(block) and off >= 0 and off % 8 == 0:
             rule = off
+    elif reg == RBP and block == b"\x76\x00":
+        rule = _AT_RBP
     _set(st, reg, rule, cie.ra_reg)
     return pos + size
 

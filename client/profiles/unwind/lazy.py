@@ -17,15 +17,18 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 
-from gfxbpf.client.profiles.unwind import cfi
-from gfxbpf.client.profiles.unwind.build import MAX_CFI_BYTES, rule_of
+from gfxbpf.client.profiles.unwind import build, cfi
 from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
-__all__ = ["LAZY_MIN_BYTES", "LazyTable", "open_lazy"]
+__all__ = ["LAZY_MAX_BYTES", "LAZY_MIN_BYTES", "LazyTable", "open_lazy"]
 
 # Files with less .eh_frame than this are compiled whole at once (libc: 40 ms).
 LAZY_MIN_BYTES = 1 << 20
+# The most .eh_frame a file served by its search table may hold: it is read
+# into memory whole (PyTorch 2.13's libtorch_cpu.so holds 18 MB, 335,000 FDEs:
+# past what build.py compiles whole, so it is only ever served this way).
+LAZY_MAX_BYTES = 96 << 20
 # version 1; eh_frame_ptr pcrel sdata4; fde_count udata4; table datarel sdata4
 _HDR = b"\x01\x1b\x03\x3b"
 _Parsed = tuple[int, int, list[int], list[Rule]]  # start, end, row offsets, rules
@@ -70,7 +73,7 @@ class LazyTable:
         for rel, state in fde.rows:
             if rel >= fde.end - fde.start:
                 break
-            rule = self._rules.get(state) or self._rules.setdefault(state, rule_of(state))
+            rule = self._rules.get(state) or self._rules.setdefault(state, build.rule_of(state))
             if rels and rels[-1] == rel:
                 rules[-1] = rule  # a later row at the same address
             else:
@@ -95,16 +98,21 @@ class LazyTable:
     def file_offset(self, vaddr: int) -> int | None:
         return segment_offset(self.segments, vaddr)
 
+    def whole(self) -> bool:
+        """Small enough for build.py to compile whole (and cache on disk)."""
+        return len(self.section.data) <= build.MAX_CFI_BYTES and len(self.locs) <= build.MAX_FDES
+
     def nbytes(self) -> int:
         return len(self.section.data) + 8 * len(self.locs) + 100 * len(self._parsed)
 
 
 def open_lazy(
-    path: str, segments: tuple[tuple[int, int, int], ...], capped: bool = True
+    path: str, segments: tuple[tuple[int, int, int], ...], max_bytes: int | None = None
 ) -> LazyTable | None:
-    """A LazyTable if the file has an .eh_frame of at least LAZY_MIN_BYTES and
-    a search table in the usual encoding; else None (compile it whole).
-    capped (another user's file): none over MAX_CFI_BYTES either."""
+    """A LazyTable if the file has an .eh_frame of LAZY_MIN_BYTES to max_bytes
+    (build.MAX_CFI_BYTES by default) and a search table in the usual
+    encoding; else None (compile it whole)."""
+    max_bytes = build.MAX_CFI_BYTES if max_bytes is None else max_bytes
     try:
         fd, elf = open_elf(path)
     except (OSError, ValueError, struct.error):
@@ -113,9 +121,8 @@ def open_lazy(
         eh, hdr = elf.section(".eh_frame"), elf.section(".eh_frame_hdr")
         if eh is None or hdr is None or SHT_NOBITS in (eh.type, hdr.type):
             return None
-        top = MAX_CFI_BYTES if capped else eh.size
-        if not LAZY_MIN_BYTES <= eh.size <= top or not 12 <= hdr.size <= eh.size:
-            return None  # a larger one of another user's is refused whole (build.BadTable)
+        if not LAZY_MIN_BYTES <= eh.size <= max_bytes or not 12 <= hdr.size <= eh.size:
+            return None  # a larger one is refused whole (build.BadTable)
         head = elf.read(hdr.offset, hdr.size, ".eh_frame_hdr")
         if head[:4] != _HDR:
             return None

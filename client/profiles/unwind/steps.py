@@ -10,8 +10,10 @@ from gfxbpf.client.profiles.unwind.result import Stop
 from gfxbpf.client.profiles.unwind.table import (
     CFA_PLT,
     CFA_RBP,
+    CFA_RBP_DEREF,
     CFA_RSP,
     CFA_SIGNAL,
+    REG_AT_RBP,
     REG_SAME,
     REG_UNDEFINED,
     REG_UNKNOWN,
@@ -49,16 +51,9 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
         return Stop.BAD_CFA
     if rule.cfa == CFA_SIGNAL:
         return _signal_step(rule, sp, mem)
-    if rule.cfa == CFA_RSP:
-        cfa = sp + rule.off
-    elif rule.cfa == CFA_RBP:
-        if bp is None:
-            return Stop.BAD_CFA
-        cfa = bp + rule.off
-    elif rule.cfa == CFA_PLT:
-        cfa = sp + rule.off + (8 if (pc & 15) >= rule.arg else 0)
-    else:
-        return Stop.BAD_CFA
+    cfa = _cfa(rule, pc, sp, bp, mem)
+    if isinstance(cfa, Stop):
+        return cfa
     if cfa <= sp:  # the stack grows down: a caller's frame is above
         return Stop.BAD_CFA
     ra = mem.u64(cfa + rule.ra)
@@ -70,6 +65,8 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
         return ra, cfa, bp
     if rule.rbp in (REG_UNKNOWN, REG_UNDEFINED):
         return ra, cfa, None
+    if rule.rbp == REG_AT_RBP:  # checked by _realigned_cfa: bp is in the copy
+        return ra, cfa, mem.u64(bp) if bp is not None else None
     if cfa + rule.rbp < sp:
         # A save slot below sp: an epilogue already popped rbp (gcc emits no
         # DW_CFA_restore there), so the register holds the caller's value.
@@ -78,6 +75,31 @@ def cfi_step(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> Step |
     if saved is None:
         return Stop.TRUNCATED
     return ra, cfa, saved
+
+
+def _cfa(rule: Rule, pc: int, sp: int, bp: int | None, mem: Stack) -> int | Stop:
+    """The CFA (the caller's sp) by the rule's kind, or why it cannot be found."""
+    if rule.cfa == CFA_RSP:
+        return sp + rule.off
+    if rule.cfa == CFA_RBP:
+        return Stop.BAD_CFA if bp is None else bp + rule.off
+    if rule.cfa == CFA_PLT:
+        return sp + rule.off + (8 if (pc & 15) >= rule.arg else 0)
+    if rule.cfa == CFA_RBP_DEREF:
+        return _realigned_cfa(rule, sp, bp, mem)
+    return Stop.BAD_CFA
+
+
+def _realigned_cfa(rule: Rule, sp: int, bp: int | None, mem: Stack) -> int | Stop:
+    """The CFA of a frame GCC realigned: the word at rbp + off, where the
+    prologue saved the register (DRAP) that held the CFA. rbp must point into
+    the stack above sp (its frame), as must the CFA it yields."""
+    if bp is None or bp < sp or bp & 7:
+        return Stop.BAD_CFA
+    cfa = mem.u64(bp + rule.off)
+    if cfa is None:
+        return Stop.TRUNCATED if bp + rule.off + 8 <= mem.top else Stop.BAD_CFA
+    return cfa
 
 
 def _signal_step(rule: Rule, sp: int, mem: Stack) -> Step | Stop:

@@ -19,9 +19,11 @@ __all__ = [
     "CFA_NONE",
     "CFA_PLT",
     "CFA_RBP",
+    "CFA_RBP_DEREF",
     "CFA_RSP",
     "CFA_SIGNAL",
     "CFA_UNSUPPORTED",
+    "REG_AT_RBP",
     "REG_SAME",
     "REG_UNDEFINED",
     "REG_UNKNOWN",
@@ -43,11 +45,14 @@ CFA_UNSUPPORTED = 4  # another register or an expression this unwinder does not 
 # interrupted rsp); rbp and ra are then where rsp + rbp and rsp + ra point (the
 # saved registers), and the caller's pc is the interrupted one, not a return address.
 CFA_SIGNAL = 5
+# A frame GCC realigned (DRAP: AVX-512 locals): the CFA is the word at rbp + off.
+CFA_RBP_DEREF = 6
 
 # Register rules besides "saved at CFA + n" (n is always a multiple of -8 on x86-64).
 REG_SAME = 1  # the caller's value is this frame's (not saved)
 REG_UNDEFINED = 3  # no caller value: for the return address, the outermost frame
 REG_UNKNOWN = 5  # saved in another register or by an expression: not followed
+REG_AT_RBP = 7  # saved at rbp + 0 (a realigned frame's rbp; CFA_RBP_DEREF)
 
 
 class Rule(NamedTuple):

@@ -30,7 +30,7 @@ from gfxbpf.client.profiles.fileid import (
 )
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import build, cache
-from gfxbpf.client.profiles.unwind.lazy import open_lazy
+from gfxbpf.client.profiles.unwind.lazy import LAZY_MAX_BYTES, open_lazy
 from gfxbpf.client.profiles.unwind.result import Stop
 from gfxbpf.client.profiles.unwind.table import NO_RULE, FileTable, Rule, Table
 
@@ -247,9 +247,13 @@ class UnwindTables:
                 self.cache_hits += 1
                 return table
         if self.lazy:
-            lazy = open_lazy(fd_path, info.segments, capped=not trusted)
+            # Past build's limits only files root or the caller owns: another
+            # user's draws on self.foreign, whole.
+            most = LAZY_MAX_BYTES if trusted else build.MAX_CFI_BYTES
+            lazy = open_lazy(fd_path, info.segments, most)
             if lazy is not None:  # serve it now, compile the whole table aside
-                self._compile_aside(fd_path, path, st, info, key)
+                if lazy.whole():
+                    self._compile_aside(fd_path, path, st, info, key)
                 return lazy
         table = self._compile(fd_path, path, info, trusted)
         if table is None:
