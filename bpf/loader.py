@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.asm import CODE_CALL, SLOT
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.kernel import KernelBtfError, find_type, module_btf_fd
 from gfxbpf.bpf.btf.sanitize import missing_features, needs_sanitizing, sanitize
 from gfxbpf.bpf.core.apply import has_core_relos

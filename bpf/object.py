@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import CODE_CALL, CODE_LD_IMM64, SLOT
-from gfxbpf.bpf.btf.blob import (
+from gfxbpf.bpf.btf.facade import (
     KIND_DATASEC,
     LINKAGE_STATIC,
     Btf,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.blob import KIND_STRUCT
+from gfxbpf.bpf.btf.facade import KIND_STRUCT
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.maps import CursorError, Map
 from gfxbpf.broker import features

@@ -17,7 +17,7 @@ from gfxbpf.bpf.btf import kernel as kernel_btf
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
 from gfxbpf.bpf.link import attach as bpfattach
-from gfxbpf.bpf.link import kinds, tracefs, usdt
+from gfxbpf.bpf.link import tracefs, tracing, usdt
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.catalog import pyfiles
@@ -370,7 +370,7 @@ def attach_entry(
         assert a.target
         inst.attachments.append(bpfattach.attach_raw_tracepoint(prog.fd, a.target))
     elif a.kind == "tp_btf":  # the target was named by BTF id at load
-        inst.attachments.append(kinds.attach_btf_traced(prog.fd, f"tp_btf {a.target}"))
+        inst.attachments.append(tracing.attach_btf_traced(prog.fd, f"tp_btf {a.target}"))
     elif a.kind in ("uprobe", "uretprobe"):
         if not params.library or not params.functions:
             raise ParameterError(f"program {inst.entry.name!r} needs a library and functions")

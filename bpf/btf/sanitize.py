@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.kinds import (
     INT_SIGNED,
     KIND_CONST,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.kernel import KernelBtfError, vmlinux_type_id
 from gfxbpf.bpf.btf.kinds import (
     INT_BOOL,

@@ -104,8 +104,9 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
 
 def attach(broker: Broker, args: argparse.Namespace) -> KernelTimes:
     """cudakernels on the injection library; in scope self, walking the Python frames."""
-    from gfxbpf.client.cli.profile_cmd import code_book, python_files
     from gfxbpf.client.profiles.copies import ProbeCopyReader
+    from gfxbpf.client.profiles.engine.attach import python_files
+    from gfxbpf.client.profiles.engine.readers import code_book
     from gfxbpf.client.profiles.python.targets import find
 
     scope = args.scope or "self"

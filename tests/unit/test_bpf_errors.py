@@ -7,7 +7,7 @@ import errno
 
 import pytest
 
-from gfxbpf.bpf.btf.blob import BtfError
+from gfxbpf.bpf.btf.facade import BtfError
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError, KernelError
 from gfxbpf.bpf.link.attach import AttachError
 from gfxbpf.bpf.link.tracefs import FormatError, TracefsError, TracepointNotFound

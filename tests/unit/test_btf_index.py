@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf.btf import index as btf_index
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.index import LazyTable
 from gfxbpf.bpf.btf.kinds import (
     INT_SIGNED,

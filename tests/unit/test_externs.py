@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.btf.blob import Datasec, Var
+from gfxbpf.bpf.btf.facade import Datasec, Var
 from gfxbpf.bpf.externs import kconfig
 from gfxbpf.bpf.externs.decls import ExternError, encode_kconfig
 from gfxbpf.bpf.object import ObjectSpec, UnsupportedError

@@ -9,7 +9,7 @@ Python values.
 The work is split by job: btf_types (kinds, BtfError, a dataclass per
 kind), btf_table (lookups), btf_parse, btf_encode, btf_decode, btf_maps
 (`.maps` definitions, parse_btf_maps) and btf_ext (`.BTF.ext`). This module
-re-exports their public names, so `from gfxbpf.bpf.btf.blob import X` finds them.
+re-exports their public names, so `from gfxbpf.bpf.btf.facade import X` finds them.
 
 Every corrupt input raises BtfError (a ValueError) saying what is wrong and
 where (byte offset or type id); nothing else escapes, and nothing recurses
