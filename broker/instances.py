@@ -17,7 +17,6 @@ from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
-from gfxbpf.broker import proctree
 from gfxbpf.broker.access import budget
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
@@ -27,6 +26,7 @@ from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.broker.sharing import warm
 from gfxbpf.broker.sharing.registry import InstanceKey
 from gfxbpf.catalog import instance as bpfinstance
+from gfxbpf.catalog import proctree
 from gfxbpf.catalog.entries import Attach, MapEntry, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

@@ -37,11 +37,11 @@ from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import InstanceLoader, SharedInstance
+from gfxbpf.broker.owners import Attachment, Owner, Owners
 from gfxbpf.broker.policy.rules import Policy, ProgramEntry
 from gfxbpf.broker.request.params import Target, check_params
 from gfxbpf.broker.request.resolve import Resolved, resolve
 from gfxbpf.broker.review.objects import Objects
-from gfxbpf.broker.sessions import Attachment, Owner, Owners
 from gfxbpf.broker.sharing.registry import Gone, InstanceKey, Pin
 from gfxbpf.catalog.entries import Catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb

@@ -25,7 +25,7 @@ from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
-from gfxbpf.catalog.pyfiles import PythonFile
+from gfxbpf.catalog.pymaps import PythonFile
 from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

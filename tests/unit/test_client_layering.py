@@ -89,6 +89,7 @@ ALLOWED_BPF = {
     "gfxbpf.catalog.function_tables",
     "gfxbpf.catalog.python",  # data only: per-release CPython layouts the decoders follow
     "gfxbpf.catalog.stack_copies",  # data only: the stack-copy programs' size bounds
+    "gfxbpf.catalog.proctree",  # world-readable /proc files only: the tree gfx_tree.h follows
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}
 # Strings that mean tracefs/debugfs access or capability games.
