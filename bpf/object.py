@@ -329,11 +329,11 @@ class ObjectSpec:
         self.btf = btf
         ext = by_name.get(".BTF.ext")
         if ext is not None:
-            # CO-RE relocations are applied at load time (core_apply.py).
+            # CO-RE relocations are applied at load time (core/apply.py).
             self.btf_ext = BtfExt.parse(ext.data, btf)
 
     def _parse_externs(self, symbols: list[Symbol]) -> None:
-        """Extern symbols (externs.py); the BTF is fixed so the kernel accepts it."""
+        """Extern symbols (externs/decls.py); the BTF is fixed so the kernel accepts it."""
         undefined = [(s.name, s.bind) for s in symbols if s.shndx == SHN_UNDEF and s.index]
         try:
             self.externs = collect(self.btf, undefined)
@@ -575,7 +575,7 @@ class _Linker:
                 self.map_refs.append((start + i, r.map_name, r.kind, r.offset))
                 continue
             if r is not None and r.kind in ("ksym", "kfunc"):
-                # Resolved by the loader against the running kernel (externs.py).
+                # Resolved by the loader against the running kernel (externs/decls.py).
                 self.map_refs.append((start + i, r.symbol, r.kind, 0))
                 continue
             if r is not None and r.kind == "func":

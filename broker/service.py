@@ -1,6 +1,6 @@
 """The broker's operations, independent of the transport.
 
-The Unix-socket server (unix_server.py) and the gRPC server (grpc_server.py)
+The Unix-socket server (unix/server.py) and the gRPC server (grpc/server.py)
 are thin adapters: they identify the caller, hold an Owner per session (or
 per gRPC token), and call these methods. Every operation writes one audit
 line (uid, pid, op, program, sha256, scope, result). Errors are BrokerError

@@ -4,7 +4,7 @@ BTF-typed programs (tp_btf, fentry, fexit, iter) name their target by type
 id (PROG_LOAD's attach_btf_id) in vmlinux or in a module's split BTF; a
 module's target also needs an fd of that module's kernel BTF object
 (attach_btf_obj_fd), found by walking BTF object ids as libbpf does. The
-BTF itself is read through core_target.py (vmlinux read and indexed once per
+BTF itself is read through core/target.py (vmlinux read and indexed once per
 process, decoded type by type; modules when vmlinux lacks the name). Typed
 __ksym and kfunc externs are looked up in vmlinux only (module ones would
 need the fd_array).

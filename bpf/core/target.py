@@ -3,7 +3,7 @@
 Candidates are looked for in vmlinux first; only when vmlinux has none for
 a type are the modules' BTFs (split BTF on top of vmlinux, under
 /sys/kernel/btf/<module>) searched, all of them, as libbpf does. Each is a
-LazyTable (btf_index.py): the raw blob, indexed, decoded type by type, so
+LazyTable (btf/index.py): the raw blob, indexed, decoded type by type, so
 the broker never holds vmlinux as Python objects. A Target can also be
 built from stored blobs, which makes resolution testable offline.
 """
