@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        rc: int = args.func(args)
+        return rc
     except (CatalogError, CatalogKeyError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
