@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.stats import median
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import attach, tracing
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec

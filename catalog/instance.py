@@ -13,9 +13,9 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gfxbpf.bpf.btf import kernel as kernel_btf
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import attach as bpfattach
 from gfxbpf.bpf.link import tracefs, tracing, usdt
 from gfxbpf.bpf.loader import LoadedObject, load

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.catalog import instance
 from gfxbpf.catalog.entries import load_catalog, read_object

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.kernel import KernelBtfError, module_btf_fd
+from gfxbpf.bpf.kernel.vmlinux import KernelBtfError, module_btf_fd
 from gfxbpf.bpf.link import tracing
 from gfxbpf.bpf.link.attach import AttachError
 from gfxbpf.bpf.loader import LoadError, load

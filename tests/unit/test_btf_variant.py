@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf.asm import SLOT
-from gfxbpf.bpf.core.apply import CoreRecord, has_core_relos, relocate
+from gfxbpf.bpf.core.apply import CoreRecord
 from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.relocations import has_core_relos, relocate
 from gfxbpf.catalog import instance
 from gfxbpf.catalog.entries import load_catalog, object_path
 

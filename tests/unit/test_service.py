@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import features, replies
