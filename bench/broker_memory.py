@@ -38,7 +38,8 @@ from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.kernel.vmlinux import kernel_target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 
 CORE_PROGRAM = "execsnoop"  # its tp_btf build: CO-RE and a BTF attach target
 CORE_BUILD = "process_exec_btf"  # the program of that build

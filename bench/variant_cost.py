@@ -35,7 +35,8 @@ from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import load_catalog, read_object
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import read_object
 
 READCOST = Path(__file__).with_name("readcost.bpf.o")
 

@@ -20,15 +20,16 @@ from gfxbpf.bpf.asm import CODE_CALL, SLOT
 from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.sanitize import needs_sanitizing, sanitize
 from gfxbpf.bpf.core.relo import CoreError
+from gfxbpf.bpf.corerelo import has_core_relos
+from gfxbpf.bpf.corerelo import relocate as core_relocate
 from gfxbpf.bpf.errors import KernelError
 from gfxbpf.bpf.externs.decls import Extern, ExternError, kconfig_data, resolve_ksym
 from gfxbpf.bpf.externs.kconfig import KconfigError
 from gfxbpf.bpf.kernel.btfprobe import missing_features
 from gfxbpf.bpf.kernel.vmlinux import KernelBtfError, find_type, kernel_target, module_btf_fd
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
-from gfxbpf.bpf.relocations import has_core_relos
-from gfxbpf.bpf.relocations import relocate as core_relocate
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import LinkedProgram, MapSpec, ProgramSpec
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,8 @@ from pathlib import Path
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
 from gfxbpf.broker.review import checks
-from gfxbpf.catalog.entries import (
-    Catalog,
-    CatalogError,
-    CatalogKeyError,
-    Program,
-    check_object,
-    load_catalog,
-)
+from gfxbpf.catalog.entries import Catalog, CatalogError, CatalogKeyError, Program, load_catalog
+from gfxbpf.catalog.objects import check_object
 from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 
 PROG = "gfxbpf-admin"

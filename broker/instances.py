@@ -16,7 +16,8 @@ from gfxbpf.bpf.errors import HostError, InputError, KernelError
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import MapSpec, ObjectError
 from gfxbpf.broker.access import budget
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit

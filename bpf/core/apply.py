@@ -1,6 +1,6 @@
 """Apply CO-RE relocations: the local BTF, the .BTF.ext records and the
 programs' instructions in; patched instructions per program out. No object
-and no kernel: bpf/relocations.py hands an ObjectSpec's parts in, and
+and no kernel: bpf/corerelo.py hands an ObjectSpec's parts in, and
 bpf/kernel/vmlinux.py reads the running kernel's BTF into a Target.
 
 libbpf's order, which matters because candidates are pruned as they go:

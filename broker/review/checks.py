@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import asm
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import ObjectError, ProgramSpec
 from gfxbpf.broker.access import budget
 from gfxbpf.broker.review.table import extern_problem, map_type_problem, program_kind_problem
 

@@ -22,10 +22,10 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from gfxbpf.bpf.core.relo import CoreKind
+from gfxbpf.bpf.corerelo import relocate
 from gfxbpf.bpf.kernel.vmlinux import kernel_target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.bpf.relocations import relocate
 from tests.conftest import skip_or_fail
 from tests.kernel.bpftool_compare import libbpf_load, xlated
 from tests.kernel.core_libbpf_log import gfxbpf_decisions, libbpf_decisions

@@ -24,9 +24,9 @@ from gfxbpf.bpf.core.patch import POISON_IMM, patch
 from gfxbpf.bpf.core.relo import CoreError, CoreKind, essential_name, parse_spec
 from gfxbpf.bpf.core.resolve import Resolution
 from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.corerelo import relocate
 from gfxbpf.bpf.kernel.vmlinux import kernel_target, module_order
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.bpf.relocations import relocate
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
 

@@ -22,7 +22,7 @@ FORBIDDEN = (
     "gfxbpf.bpf.kernel",
     "gfxbpf.bpf.link",
     "gfxbpf.bpf.externs",
-    "gfxbpf.bpf.relocations",
+    "gfxbpf.bpf.corerelo",
     "os",
     "ctypes",
     "socket",

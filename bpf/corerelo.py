@@ -18,7 +18,8 @@ from gfxbpf.bpf.core.apply import CoreRecord, CoreResult
 from gfxbpf.bpf.core.relo import CoreError
 from gfxbpf.bpf.core.target import Target
 from gfxbpf.bpf.kernel.vmlinux import SYSFS_BTF, kernel_target
-from gfxbpf.bpf.object import ObjectError, ObjectSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import ObjectError
 
 
 def has_core_relos(spec: ObjectSpec, only: Collection[str] | None = None) -> bool:
