@@ -84,6 +84,7 @@ ALLOWED_BPF = {
     "gfxbpf.bpf.maps",
     "gfxbpf.bpf.ringbuf",
     "gfxbpf.bpf.btf.facade",  # the package: parsing and decoding, no syscalls
+    "gfxbpf.bpf.lazy",  # stdlib only: names re-exported on first use
     "gfxbpf.bpf.consts",
     "gfxbpf.catalog.cuda_api",
     "gfxbpf.catalog.function_tables",
