@@ -35,10 +35,11 @@ from bench.harness import REPO, BenchError, Stage, log, read_json_line, rss_kib
 from bench.procs import stop as stop_process
 from bench.stats import median
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.kernel.vmlinux import kernel_target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 
 CORE_PROGRAM = "execsnoop"  # its tp_btf build: CO-RE and a BTF attach target
 CORE_BUILD = "process_exec_btf"  # the program of that build
@@ -183,7 +184,7 @@ def cold_load(obj: str, program: str) -> dict[str, float]:
     bpfsys.btf_load = timed(bpfsys.btf_load)  # type: ignore[assignment]
     bpfsys.prog_load = timed(bpfsys.prog_load)  # type: ignore[assignment]
     w0, c0 = time.perf_counter(), time.process_time()
-    Target.kernel()
+    kernel_target()
     w1, c1 = time.perf_counter(), time.process_time()
     with load(ObjectSpec.from_file(obj), [program]):
         w2, c2 = time.perf_counter(), time.process_time()

@@ -118,11 +118,11 @@ class Direct:
     """cudakernels attached here, as root, straight from the catalog (no broker)."""
 
     def __init__(self, pid: int, uid: int, inject: str) -> None:
-        from gfxbpf.catalog import entries, instance
+        from gfxbpf.catalog import entries, instance, objects
 
         entry = entries.load_catalog().get("cudakernels")
         params = instance.Params(uid=uid, pid=pid, library=inject)
-        self.inst = instance.start(entry, entries.read_object(entry), params)
+        self.inst = instance.start(entry, objects.read_object(entry), params)
 
     def rows(self) -> dict[tuple[str, str], dict[str, int]]:
         """(kernel name, launch seen) -> kernels, ns, summed over the rows."""

@@ -29,13 +29,14 @@ from typing import Any
 
 from bench.stats import median
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf import kernel as kernel_btf
-from gfxbpf.bpf.link import attach, kinds
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
+from gfxbpf.bpf.link import attach, tracing
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import load_catalog, read_object
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import read_object
 
 READCOST = Path(__file__).with_name("readcost.bpf.o")
 
@@ -109,7 +110,7 @@ def readcost_round(program: str | None, calls: int) -> tuple[float | None, float
         if program == "knob_reads":
             att: attach.Attachment = attach.attach_tracepoint(fd, "raw_syscalls", "sys_enter")
         else:
-            att = kinds.attach_btf_traced(fd, "tp_btf sys_enter")
+            att = tracing.attach_btf_traced(fd, "tp_btf sys_enter")
         with att:
             ns, wall = _per_event(fd, lambda: _getppid(calls))
         if sum(v for _, v in obj.map("sums").read()) < calls:

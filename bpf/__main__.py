@@ -20,9 +20,10 @@ from typing import Any
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import analyze, disasm
-from gfxbpf.bpf.core.describe import describe_core, print_core
+from gfxbpf.bpf.corerelo import describe_core, print_core
 from gfxbpf.bpf.externs.report import describe_externs, print_externs
-from gfxbpf.bpf.object import ObjectError, ObjectSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import ObjectError
 
 EXIT_OK, EXIT_BAD_OBJECT, EXIT_LOAD_FAILED, EXIT_USAGE = 0, 1, 2, 64
 

@@ -17,18 +17,19 @@ from dataclasses import dataclass, field
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.asm import CODE_CALL, SLOT
-from gfxbpf.bpf.btf.blob import Btf
-from gfxbpf.bpf.btf.kernel import KernelBtfError, find_type, module_btf_fd
-from gfxbpf.bpf.btf.sanitize import missing_features, needs_sanitizing, sanitize
-from gfxbpf.bpf.core.apply import has_core_relos
-from gfxbpf.bpf.core.apply import relocate as core_relocate
+from gfxbpf.bpf.btf.facade import Btf
+from gfxbpf.bpf.btf.sanitize import needs_sanitizing, sanitize
 from gfxbpf.bpf.core.relo import CoreError
-from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.corerelo import has_core_relos
+from gfxbpf.bpf.corerelo import relocate as core_relocate
 from gfxbpf.bpf.errors import KernelError
 from gfxbpf.bpf.externs.decls import Extern, ExternError, kconfig_data, resolve_ksym
 from gfxbpf.bpf.externs.kconfig import KconfigError
+from gfxbpf.bpf.kernel.btfprobe import missing_features
+from gfxbpf.bpf.kernel.vmlinux import KernelBtfError, find_type, kernel_target, module_btf_fd
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.object import LinkedProgram, MapSpec, ObjectSpec, ProgramSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import LinkedProgram, MapSpec, ProgramSpec
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ def _relocate_core(spec: ObjectSpec, named: Collection[str] | None) -> dict[str,
     if not has_core_relos(spec, named):
         return {}
     try:
-        return core_relocate(spec, Target.kernel(), also=named or (), only=named).insns
+        return core_relocate(spec, kernel_target(), also=named or (), only=named).insns
     except CoreError as e:
         raise LoadError(f"object {spec.name!r}: {e}") from e
 

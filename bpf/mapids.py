@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.link.attach import LinkAttachment
-from gfxbpf.bpf.link.kinds import attach_iter, read_iter
+from gfxbpf.bpf.link.tracing import attach_iter, read_iter
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 

@@ -17,7 +17,7 @@ from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import PERCPU_MAP_TYPES, MapType
 
 if TYPE_CHECKING:
-    from gfxbpf.bpf.btf.blob import Btf
+    from gfxbpf.bpf.btf.facade import Btf
 
 # Upper bound for one batch's key+value buffers.
 BATCH_BYTES = 4 << 20

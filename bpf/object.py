@@ -14,24 +14,35 @@ import hashlib
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import CODE_CALL, CODE_LD_IMM64, SLOT
-from gfxbpf.bpf.btf.blob import (
+from gfxbpf.bpf.btf.facade import (
     KIND_DATASEC,
     LINKAGE_STATIC,
     Btf,
     BtfError,
     BtfExt,
-    BtfMapDef,
     Datasec,
     Var,
     parse_btf_maps,
 )
-from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.externs.decls import Extern, ExternError, collect, fix_ksyms_btf, layout_kconfig
+from gfxbpf.bpf.linker import Linker
 from gfxbpf.bpf.sections import SectionError, SectionProgram, SectionUnsupported, parse_section
+from gfxbpf.bpf.specs import (
+    LinkedProgram,
+    MapSpec,
+    ObjectError,
+    ProgramSpec,
+    Relocation,
+    Symbol,
+    UnsupportedError,
+    Variable,
+    is_rodata,
+    map_spec,
+)
 from gfxbpf.elf.reader import ElfFile
 from gfxbpf.elf.symbols import SymbolFormatError
 
@@ -53,131 +64,6 @@ SHN_LORESERVE = 0xFF00
 _REL = struct.Struct("<QQ")
 
 MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hostile input
-MAX_INSNS = 1_000_000  # the kernel's own limit for a privileged program
-
-
-class ObjectError(ValueError, InputError):
-    """The object is malformed: says what is wrong and where."""
-
-
-class UnsupportedError(ObjectError):
-    """The object is well formed but uses something gfxbpf does not support."""
-
-
-@dataclass
-class Symbol:
-    index: int
-    name: str
-    value: int
-    size: int
-    type: int
-    bind: int
-    visibility: int
-    shndx: int
-
-
-@dataclass
-class Relocation:
-    """One relocation of a program, by instruction index within that program."""
-
-    insn_index: int
-    # "map" (ld_imm64 of a map), "data" (ld_imm64 into global data or .kconfig),
-    # "call" (into .text), "ksym" (ld_imm64 of a __ksym), "kfunc" (call of a kfunc),
-    # "func" (ld_imm64 of a .text function: a helper's callback, e.g. bpf_find_vma)
-    kind: str
-    symbol: str
-    map_name: str | None = None  # for "map" and "data"
-    # "data": symbol offset in the section; "call"/"func": the symbol's byte offset in .text
-    offset: int = 0
-
-
-@dataclass
-class ProgramSpec:
-    name: str
-    section: str
-    prog_type: int
-    expected_attach_type: int
-    attach_kind: str  # sections.py: tracepoint, tp_btf, kprobe, usdt, ... or subprog
-    attach_target: str | None  # "sys/event", raw tracepoint name, "path:func", or None
-    insns: bytes
-    section_index: int
-    insn_offset: int  # index of the first instruction within its section
-    relocations: list[Relocation] = field(default_factory=list)
-    autoload: bool = True
-    btf_static: bool = False  # hidden global subprogram: its BTF FUNC is made static
-    # BTF-typed kinds (tp_btf, fentry, iter...): the vmlinux type naming the
-    # target, resolved to PROG_LOAD's attach_btf_id at load time.
-    attach_btf_name: str | None = None
-    attach_btf_kind: int = 0
-
-    @property
-    def is_subprog(self) -> bool:
-        return self.attach_kind == "subprog"
-
-    @property
-    def insn_count(self) -> int:
-        return len(self.insns) // C.INSN_SIZE
-
-
-@dataclass
-class Variable:
-    name: str
-    offset: int
-    size: int
-    type_id: int = 0
-
-
-@dataclass
-class MapSpec:
-    name: str  # the name the kernel sees (libbpf's naming)
-    real_name: str  # the C variable, or the ELF section for global data
-    map_type: int
-    key_size: int
-    value_size: int
-    max_entries: int
-    flags: int = 0
-    key_type_id: int = 0
-    value_type_id: int = 0
-    numa_node: int = 0
-    map_extra: int = 0
-    section: str | None = None  # ELF section for global data maps
-    offset: int = 0  # offset in .maps (BTF-defined maps)
-    data: bytearray | None = None  # initial value for global data maps
-    variables: dict[str, Variable] = field(default_factory=dict)
-    # Map-in-map: the inner maps' definition (a template the kernel checks
-    # values against); with values_kind "maps" or "progs", `init` gives the
-    # initial value of each slot: a map's real name or a program's name.
-    inner: MapSpec | None = None
-    values_kind: str = ""
-    values_offset: int = 0
-    init: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def is_data(self) -> bool:
-        return self.section is not None
-
-    @property
-    def freeze(self) -> bool:
-        # libbpf freezes .rodata and .kconfig maps after filling them.
-        return self.section is not None and (_is_rodata(self.section) or self.section == ".kconfig")
-
-
-@dataclass
-class LinkedProgram:
-    """A program's final instructions, subprograms appended, ready for fds."""
-
-    name: str
-    insns: bytearray
-    # (insn index, map name, kind "map" | "data", data offset); kinds "ksym" and
-    # "kfunc" name an extern instead of a map
-    map_refs: list[tuple[int, str, str, int]]
-    func_info: list[tuple[int, int]]  # (insn index, btf type id)
-    line_info: list[tuple[int, int, int, int]]  # (insn index, file off, line off, col)
-    subprogs: list[str]
-
-
-def _is_rodata(name: str) -> bool:
-    return name == ".rodata" or name.startswith(".rodata.")
 
 
 def _is_data(name: str) -> bool:
@@ -329,11 +215,11 @@ class ObjectSpec:
         self.btf = btf
         ext = by_name.get(".BTF.ext")
         if ext is not None:
-            # CO-RE relocations are applied at load time (core_apply.py).
+            # CO-RE relocations are applied at load time (core/apply.py).
             self.btf_ext = BtfExt.parse(ext.data, btf)
 
     def _parse_externs(self, symbols: list[Symbol]) -> None:
-        """Extern symbols (externs.py); the BTF is fixed so the kernel accepts it."""
+        """Extern symbols (externs/decls.py); the BTF is fixed so the kernel accepts it."""
         undefined = [(s.name, s.bind) for s in symbols if s.shndx == SHN_UNDEF and s.index]
         try:
             self.externs = collect(self.btf, undefined)
@@ -435,7 +321,7 @@ class ObjectSpec:
         for d in parse_btf_maps(self.btf):
             if d.name not in offsets:
                 raise ObjectError(f"map {d.name!r} is in BTF but has no symbol in .maps")
-            maps[d.name] = _map_spec(d, offsets[d.name])
+            maps[d.name] = map_spec(d, offsets[d.name])
         return maps
 
     def _data_map(self, sec: _Section, kind: str, symbols: list[Symbol]) -> MapSpec:
@@ -534,118 +420,13 @@ class ObjectSpec:
         main = self.programs[name]
         if main.is_subprog:
             raise ValueError(f"{name!r} is a subprogram in .text, not a loadable program")
-        linker = _Linker(self, main, patched or {})
+        linker = Linker(self.programs.values(), self.btf_ext, main, patched or {})
         linker.place(main, 0)
         linker.func_info.sort()
         linker.line_info.sort()
         return LinkedProgram(
             name, linker.insns, linker.map_refs, linker.func_info, linker.line_info, linker.order
         )
-
-
-class _Linker:
-    """One program's instructions being linked: subprograms appended, calls resolved."""
-
-    def __init__(
-        self, spec: ObjectSpec, main: ProgramSpec, patched: Mapping[str, bytes | bytearray]
-    ) -> None:
-        self.name = main.name
-        self.btf_ext = spec.btf_ext
-        self.subprogs = {p.insn_offset: p for p in spec.programs.values() if p.is_subprog}
-        self.patched = patched
-        self.insns = bytearray(patched.get(main.name, main.insns))
-        self.placed: dict[str, int] = {}  # subprogram name -> start index in `insns`
-        self.order: list[str] = []
-        self.map_refs: list[tuple[int, str, str, int]] = []
-        self.func_info: list[tuple[int, int]] = []
-        self.line_info: list[tuple[int, int, int, int]] = []
-
-    def place(self, prog: ProgramSpec, start: int) -> None:
-        """Resolve the instructions of prog, which sit at `start` in the linked stream."""
-        # Depth first, like libbpf: a subprogram is appended the first time
-        # a call into it is seen, and processed before the caller goes on.
-        self.ext_info(prog, start)
-        relos = {r.insn_index: r for r in prog.relocations}
-        for i in range(prog.insn_count):
-            at = (start + i) * C.INSN_SIZE
-            code, regs, off, imm = SLOT.unpack_from(self.insns, at)
-            r = relos.get(i)
-            if r is not None and r.kind in ("map", "data"):
-                assert r.map_name is not None
-                self.map_refs.append((start + i, r.map_name, r.kind, r.offset))
-                continue
-            if r is not None and r.kind in ("ksym", "kfunc"):
-                # Resolved by the loader against the running kernel (externs.py).
-                self.map_refs.append((start + i, r.symbol, r.kind, 0))
-                continue
-            if r is not None and r.kind == "func":
-                self.place_callback(prog, start + i, at, r, regs, imm)
-                continue
-            if code != CODE_CALL or regs >> 4 != C.BPF_PSEUDO_CALL:
-                continue
-            target = self.call_target(prog, i, imm, r)
-            SLOT.pack_into(self.insns, at, code, regs, off, self.reach(target, start + i))
-
-    def place_callback(
-        self, prog: ProgramSpec, pos: int, at: int, r: Relocation, regs: int, imm: int
-    ) -> None:
-        """An ld_imm64 of a subprogram's address: BPF_PSEUDO_FUNC, imm relative
-        to the next instruction, as for a call (the verifier's convention)."""
-        if (r.offset + imm) % C.INSN_SIZE:
-            raise ObjectError(f"program {prog.name!r}: misaligned callback at insn {pos}")
-        target = self.subprog_at(prog, (r.offset + imm) // C.INSN_SIZE, f"callback at insn {pos}")
-        regs = (regs & 0x0F) | (C.BPF_PSEUDO_FUNC << 4)
-        SLOT.pack_into(self.insns, at, CODE_LD_IMM64, regs, 0, self.reach(target, pos))
-
-    def call_target(self, prog: ProgramSpec, i: int, imm: int, r: Relocation | None) -> ProgramSpec:
-        """The subprogram that the call at insn i of prog enters."""
-        if r is not None:
-            target_idx = r.offset // C.INSN_SIZE + imm + 1
-        elif prog.is_subprog:
-            target_idx = prog.insn_offset + i + imm + 1
-        else:
-            raise ObjectError(f"program {prog.name!r}: call at insn {i} has no relocation")
-        return self.subprog_at(prog, target_idx, f"call at insn {i}")
-
-    def subprog_at(self, prog: ProgramSpec, target_idx: int, what: str) -> ProgramSpec:
-        """The subprogram starting at .text insn target_idx, which `what` of prog names."""
-        target = self.subprogs.get(target_idx)
-        if target is None:
-            raise ObjectError(
-                f"program {prog.name!r}: {what} into .text insn {target_idx}, "
-                "which starts no function"
-            )
-        return target
-
-    def reach(self, target: ProgramSpec, pos: int) -> int:
-        """The imm with which the insn at pos of the linked stream reaches
-        target (relative to the next insn; target appended on first use)."""
-        if target.name not in self.placed:
-            self.append(target)
-        return self.placed[target.name] - pos - 1
-
-    def append(self, sub: ProgramSpec) -> None:
-        """Append a subprogram at the end of the stream and link it in turn."""
-        self.placed[sub.name] = len(self.insns) // C.INSN_SIZE
-        self.order.append(sub.name)
-        self.insns.extend(self.patched.get(sub.name, sub.insns))
-        if len(self.insns) // C.INSN_SIZE > MAX_INSNS:
-            raise ObjectError(f"program {self.name!r} is too large once linked")
-        self.place(sub, self.placed[sub.name])
-
-    def ext_info(self, prog: ProgramSpec, start: int) -> None:
-        """Carry prog's func_info and line_info records over to their linked positions."""
-        if self.btf_ext is None:
-            return
-        lo = prog.insn_offset * C.INSN_SIZE
-        hi = lo + len(prog.insns)
-        sec = prog.section
-        for off, tid in self.btf_ext.func_info.get(sec, ()):
-            if lo <= off < hi:
-                self.func_info.append((start + (off - lo) // C.INSN_SIZE, tid))
-        for off, f, ln, col in self.btf_ext.line_info.get(sec, ()):
-            if lo <= off < hi:
-                self.line_info.append((start + (off - lo) // C.INSN_SIZE, f, ln, col))
 
 
 _EMPTY_SEC = _Section(0, "", 0, 0, 0, 0, 0, 0, 0, b"")
@@ -867,61 +648,6 @@ def _check_function(sym: Symbol, sec: _Section, is_text: bool) -> None:
         raise UnsupportedError(f"program {sym.name!r} in {sec.name!r} is static: make it global")
 
 
-def _map_spec(d: BtfMapDef, offset: int) -> MapSpec:
-    """A BTF-defined map's spec (an inner map definition's too, at offset 0)."""
-    _check_map_type(d.name, d.map_type)
-    key_size, value_size, max_entries = d.key_size, d.value_size, d.max_entries
-    if d.map_type in _FD_VALUE_MAP_TYPES:
-        # Values are fds (programs, perf events, maps): 4 bytes; keys u32 indices.
-        key_size = key_size or 4
-        value_size = value_size or 4
-    if d.map_type == C.MapType.RINGBUF and (
-        max_entries <= 0 or max_entries & (max_entries - 1) or max_entries % 4096
-    ):
-        raise ObjectError(
-            f"map {d.name!r}: ring buffer max_entries {max_entries} must be a "
-            "power of two and a multiple of the page size"
-        )
-    if d.values_kind == "maps" and d.map_type not in C.MAP_IN_MAP_TYPES:
-        raise ObjectError(f"map {d.name!r}: __array(values, struct ...) on a non map-in-map")
-    if d.values_kind == "progs" and d.map_type != C.MapType.PROG_ARRAY:
-        raise ObjectError(f"map {d.name!r}: __array(values, int (void *)) on a non prog array")
-    return MapSpec(
-        name=d.name[: C.BPF_OBJ_NAME_LEN - 1],
-        real_name=d.name,
-        map_type=d.map_type,
-        key_size=key_size,
-        value_size=value_size,
-        max_entries=max_entries,
-        flags=d.map_flags,
-        key_type_id=d.key_type_id,
-        value_type_id=d.value_type_id,
-        numa_node=d.numa_node,
-        map_extra=d.map_extra,
-        offset=offset,
-        inner=_map_spec(d.inner, 0) if d.inner is not None else None,
-        values_kind=d.values_kind,
-        values_offset=d.values_offset,
-    )
-
-
-_FD_VALUE_MAP_TYPES = frozenset(
-    {C.MapType.PERF_EVENT_ARRAY, C.MapType.PROG_ARRAY, *C.MAP_IN_MAP_TYPES}
-)
-
-
-def _check_map_type(name: str, map_type: int) -> None:
-    if map_type not in C.SUPPORTED_MAP_TYPES:
-        try:
-            tname = C.MapType(map_type).name.lower()
-        except ValueError:
-            tname = f"type {map_type}"
-        raise UnsupportedError(
-            f"map {name!r}: map type {tname} is not supported; supported are "
-            + ", ".join(sorted(t.name.lower() for t in C.SUPPORTED_MAP_TYPES))
-        )
-
-
 def _data_section_kind(sec: _Section) -> str | None:
     """ "data", "rodata" or "bss" for a non-empty global-data section, else None."""
     if not sec.index or not sec.size:
@@ -929,7 +655,7 @@ def _data_section_kind(sec: _Section) -> str | None:
     if sec.type == SHT_PROGBITS and not sec.flags & SHF_EXECINSTR:
         if _is_data(sec.name):
             return "data"
-        if _is_rodata(sec.name):
+        if is_rodata(sec.name):
             return "rodata"
     elif sec.type == SHT_NOBITS and _is_bss(sec.name):
         return "bss"

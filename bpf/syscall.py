@@ -22,7 +22,6 @@ from gfxbpf.bpf.consts import (
     BPF_BTF_GET_NEXT_ID,
     BPF_BTF_LOAD,
     BPF_ENABLE_STATS,
-    BPF_F_UPROBE_MULTI_RETURN,
     BPF_ITER_CREATE,
     BPF_LINK_CREATE,
     BPF_MAP_CREATE,
@@ -38,12 +37,17 @@ from gfxbpf.bpf.consts import (
     BPF_PROG_LOAD,
     BPF_RAW_TRACEPOINT_OPEN,
     BPF_STATS_RUN_TIME,
-    BPF_TRACE_UPROBE_MULTI,
 )
 from gfxbpf.bpf.errors import KernelError
+from gfxbpf.bpf.sysattr import (
+    BpfAttr,
+    BpfBtfInfo,
+    BpfMapInfo,
+    BpfProgInfo,
+    u32,
+)
 
 SYS_BPF = 321  # x86-64
-ATTR_SIZE = 168  # sizeof(union bpf_attr) on current kernels
 
 COMMAND_NAMES = {
     BPF_MAP_CREATE: "BPF_MAP_CREATE",
@@ -77,252 +81,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
-
-u32 = ctypes.c_uint32
-u64 = ctypes.c_uint64
-
-
-# --- attr layouts (one Structure per command, members of the BpfAttr union) ---
-
-
-class MapCreateAttr(ctypes.Structure):
-    _fields_ = [
-        ("map_type", u32),
-        ("key_size", u32),
-        ("value_size", u32),
-        ("max_entries", u32),
-        ("map_flags", u32),
-        ("inner_map_fd", u32),
-        ("numa_node", u32),
-        ("map_name", ctypes.c_char * BPF_OBJ_NAME_LEN),
-        ("map_ifindex", u32),
-        ("btf_fd", u32),
-        ("btf_key_type_id", u32),
-        ("btf_value_type_id", u32),
-        ("btf_vmlinux_value_type_id", u32),
-        ("map_extra", u64),
-    ]
-
-
-class MapElemAttr(ctypes.Structure):
-    """LOOKUP/UPDATE/DELETE_ELEM and GET_NEXT_KEY (value doubles as next_key)."""
-
-    _fields_ = [
-        ("map_fd", u32),
-        ("_pad", u32),
-        ("key", u64),
-        ("value", u64),
-        ("flags", u64),
-    ]
-
-
-class MapBatchAttr(ctypes.Structure):
-    _fields_ = [
-        ("in_batch", u64),
-        ("out_batch", u64),
-        ("keys", u64),
-        ("values", u64),
-        ("count", u32),
-        ("map_fd", u32),
-        ("elem_flags", u64),
-        ("flags", u64),
-    ]
-
-
-class ProgLoadAttr(ctypes.Structure):
-    _fields_ = [
-        ("prog_type", u32),
-        ("insn_cnt", u32),
-        ("insns", u64),
-        ("license", u64),
-        ("log_level", u32),
-        ("log_size", u32),
-        ("log_buf", u64),
-        ("kern_version", u32),
-        ("prog_flags", u32),
-        ("prog_name", ctypes.c_char * BPF_OBJ_NAME_LEN),
-        ("prog_ifindex", u32),
-        ("expected_attach_type", u32),
-        ("prog_btf_fd", u32),
-        ("func_info_rec_size", u32),
-        ("func_info", u64),
-        ("func_info_cnt", u32),
-        ("line_info_rec_size", u32),
-        ("line_info", u64),
-        ("line_info_cnt", u32),
-        ("attach_btf_id", u32),
-        ("attach_btf_obj_fd", u32),  # also attach_prog_fd
-        ("core_relo_cnt", u32),
-        ("fd_array", u64),
-        ("core_relos", u64),
-        ("core_relo_rec_size", u32),
-        ("log_true_size", u32),  # written back by the kernel (>= 6.4)
-    ]
-
-
-class BtfLoadAttr(ctypes.Structure):
-    _fields_ = [
-        ("btf", u64),
-        ("btf_log_buf", u64),
-        ("btf_size", u32),
-        ("btf_log_size", u32),
-        ("btf_log_level", u32),
-        ("btf_log_true_size", u32),  # written back by the kernel (>= 6.4)
-    ]
-
-
-class InfoByFdAttr(ctypes.Structure):
-    _fields_ = [("bpf_fd", u32), ("info_len", u32), ("info", u64)]
-
-
-class RawTracepointAttr(ctypes.Structure):
-    _fields_ = [("name", u64), ("prog_fd", u32)]
-
-
-class LinkCreateAttr(ctypes.Structure):
-    _fields_ = [
-        ("prog_fd", u32),
-        ("target_fd", u32),
-        ("attach_type", u32),
-        ("flags", u32),
-        ("bpf_cookie", u64),  # link_create.perf_event.bpf_cookie
-    ]
-
-
-class LinkCreateUprobeMultiAttr(ctypes.Structure):
-    """link_create with the uprobe_multi member of its union (offset 16)."""
-
-    _fields_ = [
-        ("prog_fd", u32),
-        ("target_fd", u32),
-        ("attach_type", u32),
-        ("flags", u32),
-        ("path", u64),
-        ("offsets", u64),
-        ("ref_ctr_offsets", u64),
-        ("cookies", u64),
-        ("cnt", u32),
-        ("um_flags", u32),
-        ("pid", u32),
-    ]
-
-
-class MapFreezeAttr(ctypes.Structure):
-    _fields_ = [("map_fd", u32)]
-
-
-class EnableStatsAttr(ctypes.Structure):
-    _fields_ = [("type", u32)]
-
-
-class ObjIdAttr(ctypes.Structure):
-    """GET_NEXT_ID (start_id, next_id) and GET_FD_BY_ID (the id, open_flags) views."""
-
-    _fields_ = [("id", u32), ("next_id", u32), ("open_flags", u32)]
-
-
-class BpfBtfInfo(ctypes.Structure):
-    _fields_ = [
-        ("btf", u64),
-        ("btf_size", u32),
-        ("id", u32),
-        ("name", u64),
-        ("name_len", u32),
-        ("kernel_btf", u32),
-    ]
-
-
-class IterCreateAttr(ctypes.Structure):
-    _fields_ = [("link_fd", u32), ("flags", u32)]
-
-
-class ProgBindMapAttr(ctypes.Structure):
-    _fields_ = [("prog_fd", u32), ("map_fd", u32), ("flags", u32)]
-
-
-class BpfAttr(ctypes.Union):
-    _fields_ = [
-        ("map_create", MapCreateAttr),
-        ("elem", MapElemAttr),
-        ("batch", MapBatchAttr),
-        ("prog_load", ProgLoadAttr),
-        ("link_create_uprobe_multi", LinkCreateUprobeMultiAttr),
-        ("btf_load", BtfLoadAttr),
-        ("info", InfoByFdAttr),
-        ("raw_tracepoint", RawTracepointAttr),
-        ("link_create", LinkCreateAttr),
-        ("map_freeze", MapFreezeAttr),
-        ("enable_stats", EnableStatsAttr),
-        ("iter_create", IterCreateAttr),
-        ("obj_id", ObjIdAttr),
-        ("prog_bind_map", ProgBindMapAttr),
-        ("raw", ctypes.c_ubyte * ATTR_SIZE),
-    ]
-
-
-class BpfProgInfo(ctypes.Structure):
-    _fields_ = [
-        ("type", u32),
-        ("id", u32),
-        ("tag", ctypes.c_ubyte * 8),
-        ("jited_prog_len", u32),
-        ("xlated_prog_len", u32),
-        ("jited_prog_insns", u64),
-        ("xlated_prog_insns", u64),
-        ("load_time", u64),
-        ("created_by_uid", u32),
-        ("nr_map_ids", u32),
-        ("map_ids", u64),
-        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
-        ("ifindex", u32),
-        ("gpl_compatible", u32),  # bit 0
-        ("netns_dev", u64),
-        ("netns_ino", u64),
-        ("nr_jited_ksyms", u32),
-        ("nr_jited_func_lens", u32),
-        ("jited_ksyms", u64),
-        ("jited_func_lens", u64),
-        ("btf_id", u32),
-        ("func_info_rec_size", u32),
-        ("func_info", u64),
-        ("nr_func_info", u32),
-        ("nr_line_info", u32),
-        ("line_info", u64),
-        ("jited_line_info", u64),
-        ("nr_jited_line_info", u32),
-        ("line_info_rec_size", u32),
-        ("jited_line_info_rec_size", u32),
-        ("nr_prog_tags", u32),
-        ("prog_tags", u64),
-        ("run_time_ns", u64),
-        ("run_cnt", u64),
-        ("recursion_misses", u64),
-        ("verified_insns", u32),
-        ("attach_btf_obj_id", u32),
-        ("attach_btf_id", u32),
-    ]
-
-
-class BpfMapInfo(ctypes.Structure):
-    _fields_ = [
-        ("type", u32),
-        ("id", u32),
-        ("key_size", u32),
-        ("value_size", u32),
-        ("max_entries", u32),
-        ("map_flags", u32),
-        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
-        ("ifindex", u32),
-        ("btf_vmlinux_value_type_id", u32),
-        ("netns_dev", u64),
-        ("netns_ino", u64),
-        ("btf_id", u32),
-        ("btf_key_type_id", u32),
-        ("btf_value_type_id", u32),
-        ("_pad", u32),
-        ("map_extra", u64),
-    ]
-
 
 # --- errors and the raw call ---
 
@@ -372,7 +130,7 @@ def _call(cmd: int, attr: BpfAttr) -> int:
     return ret
 
 
-def _check(cmd: int, attr: BpfAttr, log: str | None = None) -> int:
+def check(cmd: int, attr: BpfAttr, log: str | None = None) -> int:
     ret = _call(cmd, attr)
     if ret < 0:
         raise BpfError(-ret, COMMAND_NAMES.get(cmd, f"bpf cmd {cmd}"), log, _hint(-ret))
@@ -429,7 +187,7 @@ def map_create(
     a.btf_value_type_id = btf_value_type_id
     a.map_extra = map_extra
     a.inner_map_fd = inner_map_fd
-    return _check(BPF_MAP_CREATE, attr)
+    return check(BPF_MAP_CREATE, attr)
 
 
 def map_lookup_elem(fd: int, key: bytes, value_size: int) -> bytes | None:
@@ -488,7 +246,7 @@ def map_update_elem(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> 
     attr.elem.key = ctypes.addressof(kbuf)
     attr.elem.value = ctypes.addressof(vbuf)
     attr.elem.flags = flags
-    _check(BPF_MAP_UPDATE_ELEM, attr)
+    check(BPF_MAP_UPDATE_ELEM, attr)
 
 
 def map_delete_elem(fd: int, key: bytes) -> bool:
@@ -563,7 +321,7 @@ def map_lookup_batch(
 def map_freeze(fd: int) -> None:
     attr = BpfAttr()
     attr.map_freeze.map_fd = fd
-    _check(BPF_MAP_FREEZE, attr)
+    check(BPF_MAP_FREEZE, attr)
 
 
 # --- programs and BTF ---
@@ -635,7 +393,7 @@ def prog_bind_map(prog_fd: int, map_fd: int) -> None:
     attr = BpfAttr()
     attr.prog_bind_map.prog_fd = prog_fd
     attr.prog_bind_map.map_fd = map_fd
-    _check(BPF_PROG_BIND_MAP, attr)
+    check(BPF_PROG_BIND_MAP, attr)
 
 
 def btf_load(data: bytes) -> int:
@@ -731,7 +489,7 @@ def _get_info(fd: int, info: ctypes.Structure) -> None:
     attr.info.bpf_fd = fd
     attr.info.info_len = ctypes.sizeof(info)
     attr.info.info = ctypes.addressof(info)
-    _check(BPF_OBJ_GET_INFO_BY_FD, attr)
+    check(BPF_OBJ_GET_INFO_BY_FD, attr)
 
 
 def btf_next_id(start_id: int) -> int | None:
@@ -739,7 +497,7 @@ def btf_next_id(start_id: int) -> int | None:
     attr = BpfAttr()
     attr.obj_id.id = start_id
     try:
-        _check(BPF_BTF_GET_NEXT_ID, attr)
+        check(BPF_BTF_GET_NEXT_ID, attr)
     except BpfError as e:
         if e.errno == _errno.ENOENT:
             return None
@@ -750,7 +508,7 @@ def btf_next_id(start_id: int) -> int | None:
 def btf_fd_by_id(btf_id: int) -> int:
     attr = BpfAttr()
     attr.obj_id.id = btf_id
-    return _check(BPF_BTF_GET_FD_BY_ID, attr)
+    return check(BPF_BTF_GET_FD_BY_ID, attr)
 
 
 def btf_name(fd: int) -> tuple[str, bool]:
@@ -822,83 +580,14 @@ def map_info(fd: int) -> MapInfo:
     )
 
 
-# --- attaching and stats ---
-
-
-def raw_tracepoint_open(name: str | None, prog_fd: int) -> int:
-    """Attach a RAW_TRACEPOINT program to tracepoint name; returns the link fd.
-
-    name None: a BTF-typed program (tp_btf, fentry, fexit) attaches to the
-    target its attach_btf_id named at load."""
-    name_buf = ctypes.create_string_buffer(name.encode()) if name is not None else None
-    attr = BpfAttr()
-    attr.raw_tracepoint.name = ctypes.addressof(name_buf) if name_buf is not None else 0
-    attr.raw_tracepoint.prog_fd = prog_fd
-    return _check(BPF_RAW_TRACEPOINT_OPEN, attr)
-
-
-def link_create(
-    prog_fd: int, target_fd: int, attach_type: int, flags: int = 0, cookie: int = 0
-) -> int:
-    """BPF_LINK_CREATE; cookie is perf_event.bpf_cookie (BPF_PERF_EVENT links)."""
-    attr = BpfAttr()
-    a = attr.link_create
-    a.prog_fd = prog_fd
-    a.target_fd = target_fd
-    a.attach_type = attach_type
-    a.flags = flags
-    a.bpf_cookie = cookie
-    return _check(BPF_LINK_CREATE, attr)
-
-
-def iter_create(link_fd: int) -> int:
-    """BPF_ITER_CREATE: an fd whose read() runs an iterator link's program."""
-    attr = BpfAttr()
-    attr.iter_create.link_fd = link_fd
-    return _check(BPF_ITER_CREATE, attr)
-
-
-def link_create_uprobe_multi(
-    prog_fd: int,
-    path: str,
-    offsets: list[int],
-    cookies: list[int] | None = None,
-    pid: int = 0,
-    retprobe: bool = False,
-    ref_ctr_offsets: list[int] | None = None,
-) -> int:
-    """BPF_LINK_CREATE of a uprobe_multi link (Linux >= 6.6): one link, many probes.
-
-    Unlike the uprobe perf PMU (CAP_SYS_ADMIN on 6.18), this needs only
-    CAP_BPF + CAP_PERFMON. The program must be loaded with
-    expected_attach_type BPF_TRACE_UPROBE_MULTI. pid 0 probes every process.
-    """
-    n = len(offsets)
-    if not n or any(x is not None and len(x) != n for x in (cookies, ref_ctr_offsets)):
-        raise ValueError("uprobe_multi needs offsets, and one cookie (ref_ctr) per offset if any")
-    path_buf = ctypes.create_string_buffer(os.fsencode(path))
-    offs = (u64 * n)(*offsets)
-    cks = (u64 * n)(*cookies) if cookies is not None else None
-    refs = (u64 * n)(*ref_ctr_offsets) if ref_ctr_offsets is not None else None  # semaphores
-    attr = BpfAttr()
-    a = attr.link_create_uprobe_multi
-    a.prog_fd = prog_fd
-    a.attach_type = BPF_TRACE_UPROBE_MULTI
-    a.path = ctypes.addressof(path_buf)
-    a.offsets = ctypes.addressof(offs)
-    a.cookies = ctypes.addressof(cks) if cks is not None else 0
-    a.ref_ctr_offsets = ctypes.addressof(refs) if refs is not None else 0
-    a.cnt = n
-    a.um_flags = BPF_F_UPROBE_MULTI_RETURN if retprobe else 0
-    a.pid = max(pid, 0)
-    return _check(BPF_LINK_CREATE, attr)
+# --- stats and CPUs (the commands that make links: link/bpflink.py) ---
 
 
 def enable_stats(stats_type: int = BPF_STATS_RUN_TIME) -> int:
     """Run-time statistics count while the returned fd stays open."""
     attr = BpfAttr()
     attr.enable_stats.type = stats_type
-    return _check(BPF_ENABLE_STATS, attr)
+    return check(BPF_ENABLE_STATS, attr)
 
 
 @cache

@@ -19,14 +19,8 @@ from pathlib import Path
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
 from gfxbpf.broker.review import checks
-from gfxbpf.catalog.entries import (
-    Catalog,
-    CatalogError,
-    CatalogKeyError,
-    Program,
-    check_object,
-    load_catalog,
-)
+from gfxbpf.catalog.entries import Catalog, CatalogError, CatalogKeyError, Program, load_catalog
+from gfxbpf.catalog.objects import check_object
 from gfxbpf.catalog.stack_copies import APPROVED_STACK_BYTES, MAX_STACK_BYTES
 
 PROG = "gfxbpf-admin"
@@ -197,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        rc: int = args.func(args)
+        return rc
     except (CatalogError, CatalogKeyError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1

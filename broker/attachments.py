@@ -11,10 +11,10 @@ from gfxbpf.broker.access.peruser import PerUser
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
 from gfxbpf.broker.instances import SharedInstance
+from gfxbpf.broker.owners import Attachment, Owner
 from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.request.params import Target
 from gfxbpf.broker.request.resolve import Resolved
-from gfxbpf.broker.sessions import Attachment, Owner
 from gfxbpf.broker.sharing.registry import InstanceKey, Registry
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

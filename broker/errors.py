@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from gfxbpf.broker.policy.rules import Refusal
+from gfxbpf.broker.policy.model import Refusal
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # A refused Decision's kind -> the ErrorCode the caller gets.

@@ -18,8 +18,8 @@ from gfxbpf.bpf.errors import HostError, InputError, KernelError
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.loader import LoadedObject, LoadError
 from gfxbpf.bpf.maps import Map
-from gfxbpf.bpf.object import MapSpec, ObjectError, ObjectSpec
-from gfxbpf.broker import proctree
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import MapSpec, ObjectError
 from gfxbpf.broker.access import budget, loadcpu
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
@@ -29,6 +29,7 @@ from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.broker.sharing import warm
 from gfxbpf.broker.sharing.registry import InstanceKey
 from gfxbpf.catalog import instance as bpfinstance
+from gfxbpf.catalog import proctree
 from gfxbpf.catalog.entries import Attach, MapEntry, Program
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

@@ -37,11 +37,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.config import BrokerConfig, check_policy, parse_args
 from gfxbpf.broker.listening import LISTEN_BACKLOG
+
+if TYPE_CHECKING:  # imported where they are used (gRPC only with --grpc)
+    from gfxbpf.broker.grpc.server import GrpcServer
+    from gfxbpf.broker.policy.rules import Policy
+    from gfxbpf.broker.service import Service
 
 PROG = "gfxbpf-broker"
 SD_LISTEN_FDS_START = 3
@@ -159,12 +164,14 @@ def _load(config: BrokerConfig) -> tuple[Any, Any]:
     return policy, catalog
 
 
-def known_program(service: Any, name: str) -> bool:
+def known_program(service: Service, name: str) -> bool:
     """Whether name is a program of the catalog or of the policy in force (audit keys)."""
     return name in service.catalog or any(e.name == name for e in service.policy.programs)
 
 
-def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_server: Any) -> bool:
+def reload_policy(
+    config: BrokerConfig, service: Service, audit: AuditLog, grpc_server: GrpcServer | None
+) -> bool:
     """Re-read the policy (SIGHUP); apply it when valid, else keep the old one. Audited."""
     from gfxbpf.broker.policy import report
     from gfxbpf.broker.policy.rules import Policy, PolicyError
@@ -216,7 +223,9 @@ def reload_policy(config: BrokerConfig, service: Any, audit: AuditLog, grpc_serv
     return True
 
 
-def _revoke(service: Any, new: Any, grpc_server: Any, audit: AuditLog) -> dict[str, list[int]]:
+def _revoke(
+    service: Service, new: Policy, grpc_server: GrpcServer | None, audit: AuditLog
+) -> dict[str, list[int]]:
     """Re-decide what lives under the new policy: detach the attachments it no
     longer allows (and forget their gRPC leases), and drop the tokens of users
     it lets run nothing at all."""
@@ -234,7 +243,9 @@ def _revoke(service: Any, new: Any, grpc_server: Any, audit: AuditLog) -> dict[s
     return out
 
 
-def _start_grpc(config: BrokerConfig, service: Any, listener: socket.socket) -> Any:
+def _start_grpc(
+    config: BrokerConfig, service: Service, listener: socket.socket
+) -> GrpcServer | None:
     """The gRPC listener if --grpc was given (None otherwise); StartError if it cannot."""
     if not config.grpc:
         return None
@@ -279,7 +290,7 @@ def _check_bpffs(audit: AuditLog) -> None:
         )
 
 
-def _check_live_maps(service: Any, audit: AuditLog) -> None:
+def _check_live_maps(service: Service, audit: AuditLog) -> None:
     """Say at start when the kernel cannot list map ids for the live map budget."""
     if service.loader.live_maps.ids() is None:
         audit.error(

@@ -25,6 +25,7 @@ import ctypes
 import os
 import pwd
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 CAP_PERFMON = 38
@@ -212,7 +213,7 @@ def _libc_prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: 
     if rc < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}, {arg2}): {os.strerror(err)}")
-    return rc
+    return int(rc)
 
 
 def _cap_last_cap() -> int:
@@ -223,7 +224,7 @@ def _cap_last_cap() -> int:
         return 40
 
 
-def _set_caps(prctl_mod, eff: int, prm: int, inh: int) -> None:
+def _set_caps(prctl_mod: ModuleType, eff: int, prm: int, inh: int) -> None:
     """Set the three capability sets of this thread to exactly these masks."""
     known = [c for c in prctl_mod.ALL_CAPS if c < 64]
     on = {

@@ -8,13 +8,13 @@ from collections.abc import Callable, Iterable
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.blob import KIND_STRUCT
+from gfxbpf.bpf.btf.facade import KIND_STRUCT
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.maps import CursorError, Map
 from gfxbpf.broker import features
 from gfxbpf.broker.errors import BrokerError
+from gfxbpf.broker.owners import Attachment
 from gfxbpf.broker.policy.rules import ProgramEntry
-from gfxbpf.broker.sessions import Attachment
 from gfxbpf.catalog import instance as bpfinstance
 from gfxbpf.catalog.entries import Catalog, MapEntry
 from gfxbpf.proto import gfxbpf_pb2 as pb

@@ -16,11 +16,11 @@ test fails when a field is added to ProgramEntry in neither.
 
 from __future__ import annotations
 
+from gfxbpf.broker.owners import Attachment
 from gfxbpf.broker.policy.model import ProgramEntry
 from gfxbpf.broker.policy.rules import Policy
 from gfxbpf.broker.request.params import MIN_BLOCK_FLOOR_US
-from gfxbpf.broker.sessions import Attachment
-from gfxbpf.catalog import pyfiles
+from gfxbpf.catalog import pymaps
 from gfxbpf.catalog.instance import Params
 from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES
 
@@ -71,6 +71,6 @@ def _knobs_fit(entry: ProgramEntry, params: Params, frequency: int | None, copie
     floor = entry.min_block_us or MIN_BLOCK_FLOOR_US
     if params.min_block_us is not None and params.min_block_us < floor:
         return False
-    frames = params.python_frames or pyfiles.DEFAULT_FRAMES
+    frames = params.python_frames or pymaps.DEFAULT_FRAMES
     cap = entry.max_python_frames
     return not (params.python_files and cap is not None and frames > cap)

@@ -1,6 +1,6 @@
 """The broker's operations, independent of the transport.
 
-The Unix-socket server (unix_server.py) and the gRPC server (grpc_server.py)
+The Unix-socket server (unix/server.py) and the gRPC server (grpc/server.py)
 are thin adapters: they identify the caller, hold an Owner per session (or
 per gRPC token), and call these methods. Every operation writes one audit
 line (uid, pid, op, program, sha256, scope, result). Errors are BrokerError
@@ -31,32 +31,21 @@ from typing import Protocol
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.link import tracefs
-from gfxbpf.broker import features, replies, revoke, streaming
+from gfxbpf.broker import features, replies, streaming
 from gfxbpf.broker.attachments import Attachments
 from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.bookkeeping import Bookkeeping, revoked_error
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import InstanceLoader, SharedInstance
+from gfxbpf.broker.owners import Attachment, Owner, Owners
 from gfxbpf.broker.policy.rules import Policy, ProgramEntry
 from gfxbpf.broker.request.params import Target, check_params
 from gfxbpf.broker.request.resolve import Resolved, resolve
 from gfxbpf.broker.review.objects import Objects
-from gfxbpf.broker.sessions import Attachment, Owner, Owners
-from gfxbpf.broker.sharing.registry import Gone, InstanceKey, Pin
+from gfxbpf.broker.sharing.registry import InstanceKey
 from gfxbpf.catalog.entries import Catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
-
-__all__ = [
-    "BROKER_VERSION",
-    "PROTOCOL_VERSION",
-    "Attachment",
-    "BrokerError",
-    "Caller",
-    "Owner",
-    "Service",
-    "SharedInstance",
-    "TokenIssuer",
-]
 
 PROTOCOL_VERSION = 1
 
@@ -81,14 +70,6 @@ def _broker_version() -> str:
 BROKER_VERSION = _broker_version()
 
 
-def _revoked_error(attachment_id: int, program: str = "") -> BrokerError:
-    what = f"attachment {attachment_id}" + (f" ({program})" if program else "")
-    return BrokerError(
-        pb.ERROR_PERMISSION_DENIED,
-        f"{what} was detached: the policy in force no longer allows it (ask the administrator)",
-    )
-
-
 def _unpriv_note(fds: Sequence[int]) -> dict[str, str]:
     """For an attach line that passed fds: whether the host lets their holder
     load BPF (its programs could write those maps; they are the user's own)."""
@@ -106,9 +87,10 @@ class TokenIssuer(Protocol):
     def issue(self, caller: Caller, ttl_seconds: int) -> tuple[str, int]: ...
 
 
-class Service:
-    """The operations. The gRPC server sets `service.tokens` to its token store;
-    without one (no --grpc), IssueToken answers UNAVAILABLE."""
+class Service(Bookkeeping):
+    """The operations (audit lines, owners and lookups: bookkeeping.py). The
+    gRPC server sets `service.tokens` to its token store; without one (no
+    --grpc), IssueToken answers UNAVAILABLE."""
 
     def __init__(
         self,
@@ -134,161 +116,6 @@ class Service:
         self._attachments = Attachments(
             lambda: self.policy, lambda c, r, t, k: self._create(c, r, t, k)
         )
-
-    # ------------------------------------------------------------ helpers
-
-    def _log(self, op: str, caller: Caller, result: str, **fields: object) -> None:
-        self._record(op, caller, result, False, fields)
-
-    def _record(
-        self, op: str, caller: Caller, result: str, always: bool, fields: dict[str, object]
-    ) -> None:
-        """One audit line; always: never held back by the rate limit (auditlog.py)."""
-        write = self.audit.record_always if always else self.audit.record
-        write(
-            op=op,
-            result=result,
-            uid=caller.uid,
-            pid=caller.pid,
-            transport=caller.transport,
-            **fields,
-        )
-
-    def _fail(self, op: str, caller: Caller, err: BrokerError, **fields: object) -> BrokerError:
-        fields.setdefault("detail", err.message)
-        if err.audit_rule:
-            fields.setdefault("rule", err.audit_rule)
-        self._log(op, caller, err.result, code=pb.ErrorCode.Name(err.code), **fields)
-        return err
-
-    def _check_owner(self, caller: Caller, owner: Owner) -> None:
-        if owner.closed:
-            raise BrokerError(pb.ERROR_NOT_FOUND, "this session is closed")
-        if owner.caller.uid != caller.uid:
-            raise BrokerError(pb.ERROR_PERMISSION_DENIED, "the session belongs to another user")
-
-    def _attachment(self, owner: Owner, attachment_id: int) -> Attachment:
-        with owner.lock:
-            att = owner.attachments.get(attachment_id)
-        if attachment_id in owner.revoked:
-            raise _revoked_error(attachment_id)
-        if att is None or att.closed:
-            raise BrokerError(
-                pb.ERROR_NOT_FOUND,
-                f"no attachment {attachment_id} in this session (attachments: "
-                f"{', '.join(map(str, owner.attachment_ids())) or 'none'})",
-            )
-        self._recheck(owner, att)
-        return att
-
-    def _recheck(self, owner: Owner, att: Attachment) -> None:
-        """Decide att again if the policy changed since it was last allowed;
-        detach it and refuse when the policy in force no longer allows it."""
-        policy = self.policy
-        if att.policy is not policy:
-            if not revoke.allows(policy, att):
-                self._revoke(owner, att, "a call after a policy reload")
-            else:
-                att.policy = policy
-        if att.closed:
-            raise _revoked_error(att.id, att.program)
-
-    def _pin(self, owner: Owner, att: Attachment) -> Pin[SharedInstance]:
-        """Hold att's instance open for one request: a detach or revoke meanwhile
-        closes it when the request is done, never under it (a closed fd's
-        number may already name another user's map)."""
-        try:
-            return self._attachments.registry.pin(att.key, att.shared)
-        except Gone:
-            if att.id in owner.revoked:
-                raise _revoked_error(att.id, att.program) from None
-            raise BrokerError(
-                pb.ERROR_NOT_FOUND, f"attachment {att.id} was detached meanwhile"
-            ) from None
-
-    def _revoke(self, owner: Owner, att: Attachment, why: str) -> bool:
-        """Detach att from owner as revoked; False if it was gone already."""
-        with owner.lock:
-            if owner.attachments.get(att.id) is not att:
-                return False
-            del owner.attachments[att.id]
-            owner.revoked.add(att.id)
-        unloaded = self._attachments.release(att)
-        self._log(
-            "revoke",
-            owner.caller,
-            "ok",
-            program=att.program,
-            sha256=att.sha256,
-            scope=att.scope,
-            attachment_id=att.id,
-            unloaded=unloaded,
-            detail=f"detached: the policy in force no longer allows it ({why})",
-        )
-        return True
-
-    def revoke_disallowed(self) -> list[int]:
-        """After a reload: detach every live attachment the policy in force no
-        longer allows (an fd client's instance is its uid's own, so its kept
-        fds stop receiving data). The ids of those detached."""
-        policy = self.policy
-        revoked: list[int] = []
-        for owner in self._owners.all():
-            with owner.lock:
-                atts = list(owner.attachments.values())
-            for att in atts:
-                if revoke.allows(policy, att):
-                    att.policy = policy
-                elif self._revoke(owner, att, "policy reload"):
-                    revoked.append(att.id)
-        return revoked
-
-    @property
-    def open_owners(self) -> int:
-        return len(self._owners)
-
-    @property
-    def live_instances(self) -> int:
-        return len(self._attachments.registry)
-
-    # ------------------------------------------------------------ owners
-
-    def open_owner(self, caller: Caller) -> Owner:
-        """A new holder of attachments. Unix sessions count against sessions_per_user."""
-        try:
-            return self._owners.open(self.close_owner, caller, self.policy)
-        except BrokerError as e:
-            raise self._fail("open_session", caller, e) from None
-
-    def close_owner(self, owner: Owner) -> None:
-        """Detach everything the owner holds; idempotent."""
-        atts = owner.take_all()
-        if atts is None:
-            return
-        unloaded = 0
-        for att in atts:  # each detach is a line of its own, never rate-limited
-            fields: dict[str, object] = {"program": att.program, "sha256": att.sha256}
-            fields.update(scope=att.scope, attachment_id=att.id)
-            try:
-                freed = self._attachments.release(att)
-            except Exception as e:  # keep releasing the rest
-                self._record(
-                    "detach",
-                    owner.caller,
-                    "error",
-                    True,
-                    fields | {"detail": f"release failed: {e}"},
-                )
-                continue
-            unloaded += freed
-            why = "implicit: its session or lease ended"
-            self._record(
-                "detach", owner.caller, "ok", True, fields | {"unloaded": freed, "detail": why}
-            )
-        self._owners.forget(owner)
-        # A session that held attachments: its end is never held back either.
-        detail = f"detached {len(atts)} attachments, unloaded {unloaded} instances"
-        self._record("close_session", owner.caller, "ok", bool(atts), {"detail": detail})
 
     def close_all(self) -> None:
         """Close every owner (shutdown)."""
@@ -417,7 +244,7 @@ class Service:
             with owner.lock:
                 att = owner.attachments.pop(req.attachment_id, None)
             if att is None and req.attachment_id in owner.revoked:
-                raise _revoked_error(req.attachment_id)
+                raise revoked_error(req.attachment_id)
             if att is None:
                 raise BrokerError(
                     pb.ERROR_NOT_FOUND, f"no attachment {req.attachment_id} in this session"

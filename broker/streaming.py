@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.broker.errors import BrokerError
-from gfxbpf.broker.sessions import Attachment
+from gfxbpf.broker.owners import Attachment
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # One batch holds at most this many records / bytes.

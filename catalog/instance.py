@@ -13,14 +13,14 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gfxbpf.bpf.btf import kernel as kernel_btf
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import attach as bpfattach
-from gfxbpf.bpf.link import kinds, tracefs, usdt
+from gfxbpf.bpf.link import tracefs, tracing, usdt
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.catalog import pyfiles
+from gfxbpf.catalog import pymaps
 from gfxbpf.catalog.entries import FIELD_ABSENT, Attach, Program
 
 # What a user must do to make a tracepoint system appear (for error messages).
@@ -82,7 +82,7 @@ class Params:
     stack_bytes: int | None = None  # stack copy size (None: the object's default)
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: the object's 1 ms)
     # Programs that walk Python frames: the interpreter files, and frames per stack.
-    python_files: tuple[pyfiles.PythonFile, ...] = ()
+    python_files: tuple[pymaps.PythonFile, ...] = ()
     python_frames: int | None = None
 
 
@@ -260,10 +260,10 @@ def _python_knobs(spec: ObjectSpec, entry: Program, params: Params) -> None:
         if params.python_files or params.python_frames is not None:
             raise ParameterError(f"program {entry.name!r} walks no Python frames")
         return
-    pyfiles.check(params.python_files)
+    pymaps.check(params.python_files)
     if params.python_frames is not None:
-        if not 0 < params.python_frames <= pyfiles.MAX_FRAMES:
-            raise ParameterError(f"python_frames must be 1 to {pyfiles.MAX_FRAMES}")
+        if not 0 < params.python_frames <= pymaps.MAX_FRAMES:
+            raise ParameterError(f"python_frames must be 1 to {pymaps.MAX_FRAMES}")
         _set_knob(spec, entry.python_frames_knob, params.python_frames)
 
 
@@ -315,7 +315,7 @@ class Instance:
         was attached; errors, if given, chooses the exception to raise instead.
         A program that walks Python frames gets its layouts and files first."""
         if self.entry.python_frames_knob:
-            pyfiles.fill(self.obj, self.params.python_files)
+            pymaps.fill(self.obj, self.params.python_files)
         for a in self.entry.attach_for(self.variant):
             try:
                 attach_entry(self, a, self.params, library_path)
@@ -370,7 +370,7 @@ def attach_entry(
         assert a.target
         inst.attachments.append(bpfattach.attach_raw_tracepoint(prog.fd, a.target))
     elif a.kind == "tp_btf":  # the target was named by BTF id at load
-        inst.attachments.append(kinds.attach_btf_traced(prog.fd, f"tp_btf {a.target}"))
+        inst.attachments.append(tracing.attach_btf_traced(prog.fd, f"tp_btf {a.target}"))
     elif a.kind in ("uprobe", "uretprobe"):
         if not params.library or not params.functions:
             raise ParameterError(f"program {inst.entry.name!r} needs a library and functions")

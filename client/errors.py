@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
-# Exit codes of gfxclient (cli.py documents them in --help).
+# Exit codes of gfxclient (cli/gfxclient.py documents them in --help).
 EXIT_OK = 0
 EXIT_USAGE = 1  # bad arguments or input
 EXIT_UNREACHABLE = 2  # the broker is not running or cannot be reached

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from gfxbpf.bpf.btf.blob import Btf, BtfError
+from gfxbpf.bpf.btf.facade import Btf, BtfError
 from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
 from gfxbpf.client.errors import ClientError
 from gfxbpf.client.transport import EventCall, Transport

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from gfxbpf.bpf.btf.blob import Btf, BtfError
+from gfxbpf.bpf.btf.facade import Btf, BtfError
 from gfxbpf.bpf.consts import MapType
 from gfxbpf.bpf.maps import Map, RawPage
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError

@@ -14,7 +14,7 @@ from typing import Any
 
 from gfxbpf.catalog import cuda_api
 from gfxbpf.catalog.function_tables import TableFunction
-from gfxbpf.client import proctree
+from gfxbpf.client import family
 from gfxbpf.client.errors import UsageError
 
 PROGRAM = "cuda"
@@ -84,7 +84,7 @@ def find_libcuda_in_tree(pid: int, children: bool) -> str:
     except NoLibcudaYet:
         if not children:
             raise
-        for child in sorted(proctree.descendants([pid])):
+        for child in sorted(family.descendants([pid])):
             with contextlib.suppress(UsageError):
                 return find_libcuda(child)
         raise

@@ -14,7 +14,7 @@ split BTF on top of vmlinux: ids below its start id and string offsets
 below the base's string length belong to the base table.
 
 Read-only: what the loader rewrites before BPF_BTF_LOAD is the object's own
-BTF (btf.py), never the kernel's.
+BTF (facade.py), never the kernel's.
 """
 
 from __future__ import annotations

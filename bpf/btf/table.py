@@ -1,7 +1,7 @@
 """TypeTable: BTF types and strings, and the lookups on them (by id, by name, resolve, sizes).
 
 The read-only half of Btf, which decoding and `.maps` parsing need; Btf
-(btf.py) adds parsing, encoding, fixups and decoding on top.
+(facade.py) adds parsing, encoding, fixups and decoding on top.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Apply an object's CO-RE relocations: patched instructions per program.
+"""Apply CO-RE relocations: the local BTF, the .BTF.ext records and the
+programs' instructions in; patched instructions per program out. No object
+and no kernel: bpf/corerelo.py hands an ObjectSpec's parts in, and
+bpf/kernel/vmlinux.py reads the running kernel's BTF into a Target.
 
 libbpf's order, which matters because candidates are pruned as they go:
 records in .BTF.ext order, section by section; a record whose instruction
@@ -11,18 +14,41 @@ appends one gets the same patched code.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from gfxbpf.bpf.btf.ext import CoreRelo
 from gfxbpf.bpf.btf.kinds import BtfError
 from gfxbpf.bpf.btf.table import TypeTable
 from gfxbpf.bpf.core.patch import patch
 from gfxbpf.bpf.core.relo import CoreError, CoreKind, Spec, kind_name, parse_spec
 from gfxbpf.bpf.core.resolve import Candidate, Resolution, resolve
 from gfxbpf.bpf.core.target import Target
-from gfxbpf.bpf.object import ObjectSpec, ProgramSpec
 
 INSN_SIZE = 8
+
+# A section's CO-RE records, as .BTF.ext lists them (BtfExt.core_relos).
+Relos = Mapping[str, Sequence[CoreRelo]]
+
+
+class Code(Protocol):
+    """A program or subprogram: its instructions and where they sit in their section."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def section(self) -> str: ...
+    @property
+    def insns(self) -> bytes: ...
+    @property
+    def insn_offset(self) -> int: ...
+    @property
+    def insn_count(self) -> int: ...
+    @property
+    def autoload(self) -> bool: ...
+    @property
+    def is_subprog(self) -> bool: ...
 
 
 @dataclass
@@ -51,14 +77,14 @@ class CoreResult:
     records: list[CoreRecord] = field(default_factory=list)
 
 
-def has_core_relos(spec: ObjectSpec, only: Collection[str] | None = None) -> bool:
-    """Whether the object (or the programs in only, and any subprogram) has CO-RE relocations."""
-    if spec.btf_ext is None:
-        return False
+def has_core_relos(
+    core_relos: Relos, programs: Sequence[Code], only: Collection[str] | None = None
+) -> bool:
+    """Whether the programs (those in only, and any subprogram) have CO-RE relocations."""
     if only is None:
-        return any(spec.btf_ext.core_relos.values())
-    for sec, relos in spec.btf_ext.core_relos.items():
-        progs = [p for p in spec.programs.values() if p.section == sec]
+        return any(core_relos.values())
+    for sec, relos in core_relos.items():
+        progs = [p for p in programs if p.section == sec]
         for r in relos:
             prog = _program_at(progs, r.insn_off // INSN_SIZE)
             if prog is not None and (prog.is_subprog or prog.name in only):
@@ -67,13 +93,17 @@ def has_core_relos(spec: ObjectSpec, only: Collection[str] | None = None) -> boo
 
 
 def relocate(
-    spec: ObjectSpec,
+    btf: TypeTable,
+    core_relos: Relos,
+    programs: Sequence[Code],
     target: Target,
     strict: bool = True,
     also: Collection[str] = (),
     only: Collection[str] | None = None,
 ) -> CoreResult:
-    """Resolve and patch every CO-RE relocation of `spec` against `target`.
+    """Resolve and patch every CO-RE relocation of `programs` against `target`.
+
+    btf: the local BTF the records name types and strings in.
 
     strict: raise CoreError at the first relocation that fails (loading);
     otherwise record the error and go on (inspection). also: programs to
@@ -82,12 +112,9 @@ def relocate(
     only: relocate just these programs (a loader that loads a subset).
     """
     out = CoreResult()
-    if spec.btf is None or spec.btf_ext is None:
-        return out
-    btf = spec.btf
     cache: dict[int, list[Candidate]] = {}
-    for sec, relos in spec.btf_ext.core_relos.items():
-        progs = [p for p in spec.programs.values() if p.section == sec]
+    for sec, relos in core_relos.items():
+        progs = [p for p in programs if p.section == sec]
         for n, r in enumerate(relos):
             if r.insn_off % INSN_SIZE:
                 raise CoreError(f"section {sec!r}: CO-RE record #{n} is not on an instruction")
@@ -116,7 +143,7 @@ def relocate(
     return out
 
 
-def _program_at(progs: list[ProgramSpec], insn: int) -> ProgramSpec | None:
+def _program_at(progs: list[Code], insn: int) -> Code | None:
     for p in progs:
         if p.insn_offset <= insn < p.insn_offset + p.insn_count:
             return p

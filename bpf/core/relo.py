@@ -1,11 +1,11 @@
 """CO-RE relocation records: their kinds, access strings and parsed specs.
 
 clang writes one `bpf_core_relo` record per relocatable instruction into
-.BTF.ext (btf_ext.py reads them: insn_off, type_id, access_str_off, kind).
+.BTF.ext (btf/ext.py reads them: insn_off, type_id, access_str_off, kind).
 This module turns a record into a Spec: the chain of accessors that the
 access string "0:1:2" walks through the object's own (local) BTF, and the
-bit offset it reaches. core_match.py finds the same chain in a target BTF;
-core_resolve.py computes the values; core_patch.py writes them into code.
+bit offset it reaches. match.py finds the same chain in a target BTF;
+resolve.py computes the values; patch.py writes them into code.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Resolve one CO-RE relocation: the value the instruction had, and the one it gets.
 
 A pure function of the object's BTF, the record and the target's candidate
-types (core_target.py finds them). Every matching candidate must agree on
+types (target.py finds them). Every matching candidate must agree on
 the bit offset and the new value, or the relocation is ambiguous and fails.
 When no candidate matches, existence kinds resolve to 0 and the others are
-poisoned (core_patch.py turns the instruction into a call of an invalid
+poisoned (patch.py turns the instruction into a call of an invalid
 helper, which the verifier accepts only in dead code).
 """
 

@@ -3,26 +3,21 @@
 Candidates are looked for in vmlinux first; only when vmlinux has none for
 a type are the modules' BTFs (split BTF on top of vmlinux, under
 /sys/kernel/btf/<module>) searched, all of them, as libbpf does. Each is a
-LazyTable (btf_index.py): the raw blob, indexed, decoded type by type, so
-the broker never holds vmlinux as Python objects. A Target can also be
-built from stored blobs, which makes resolution testable offline.
+LazyTable (btf/index.py): the raw blob, indexed, decoded type by type, so
+the broker never holds vmlinux as Python objects. A Target is built from
+blobs: stored ones offline, the running kernel's by kernel/vmlinux.py.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gfxbpf.bpf.btf.index import BtfBytes, LazyTable
+from gfxbpf.bpf.btf.index import LazyTable
 from gfxbpf.bpf.btf.kinds import KIND_ENUM, KIND_ENUM64, BtfError, BtfType
+from gfxbpf.bpf.btf.parse import BtfBytes
 from gfxbpf.bpf.core.relo import CoreError, essential_name
 from gfxbpf.bpf.core.resolve import Candidate
-
-SYSFS_BTF = "/sys/kernel/btf"
-MAX_BTF_BYTES = 256 << 20  # vmlinux BTF is a few MiB; bounds a hostile file
-
 
 _ENUMS = frozenset({KIND_ENUM, KIND_ENUM64})
 
@@ -61,13 +56,7 @@ class Target:
         except BtfError as e:
             raise CoreError(f"bad target BTF: {e}") from None
         mods = [(name, blob) for name, blob in (modules or {}).items()]
-        return cls(base, lambda: [_split(n, b, base.table) for n, b in mods])
-
-    @classmethod
-    def kernel(cls, root: str = SYSFS_BTF) -> Target:
-        """The running kernel's BTF (vmlinux parsed once per process)."""
-        vmlinux = _vmlinux(os.path.join(root, "vmlinux"))
-        return cls(vmlinux, lambda: _kernel_modules(root, vmlinux.table))
+        return cls(base, lambda: [split(n, b, base.table) for n, b in mods])
 
     def modules(self) -> list[TargetBtf]:
         if self._modules is None:
@@ -86,86 +75,10 @@ class Target:
         return found
 
 
-def _split(name: str, data: BtfBytes, base: LazyTable) -> TargetBtf:
+def split(name: str, data: BtfBytes, base: LazyTable) -> TargetBtf:
+    """A module's split BTF on top of base (vmlinux's table)."""
     try:
         table = LazyTable(data, base)
     except BtfError as e:
         raise CoreError(f"module {name!r}: bad BTF: {e}") from None
     return TargetBtf(name, table, table.start_id)
-
-
-# vmlinux does not change while the kernel runs: mapped (or read) and indexed
-# once (the index is ~1 MiB; decoded types are bounded by the table).
-_VMLINUX_CACHE: dict[tuple[str, int, int], TargetBtf] = {}
-
-
-def _read(path: str, mapped: bool = False) -> BtfBytes:
-    """The file's bytes; with `mapped`, a read-only private mapping where the
-    kernel allows one (/sys/kernel/btf/vmlinux, kernel 6.16+, as libbpf does):
-    the kernel's own pages, neither copied nor counted in this process's RSS
-    (the mapping keeps a duplicate of the fd open while it lives)."""
-    try:
-        with open(path, "rb") as f:
-            # The size first: read(MAX) would allocate MAX bytes up front.
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_BTF_BYTES:
-                raise CoreError(f"kernel BTF {path} is larger than {MAX_BTF_BYTES} bytes")
-            if mapped and size:
-                try:
-                    return mmap.mmap(f.fileno(), size, mmap.MAP_PRIVATE, mmap.PROT_READ)
-                except (OSError, ValueError):
-                    pass  # an older kernel: sysfs cannot map it
-            return f.read()
-    except OSError as e:
-        raise CoreError(
-            f"cannot read kernel BTF {path}: {e.strerror}; CO-RE needs a kernel built with "
-            "CONFIG_DEBUG_INFO_BTF"
-        ) from None
-
-
-def _vmlinux(path: str) -> TargetBtf:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise CoreError(
-            f"cannot read kernel BTF {path}: {e.strerror}; CO-RE needs a kernel built with "
-            "CONFIG_DEBUG_INFO_BTF"
-        ) from None
-    key = (path, st.st_size, st.st_mtime_ns)
-    cached = _VMLINUX_CACHE.get(key)
-    if cached is None:
-        try:
-            # Mapped only from sysfs: a regular file could shrink under the mapping.
-            blob = _read(path, mapped=path.startswith("/sys/"))
-            cached = TargetBtf("vmlinux", LazyTable(blob), 1)
-        except BtfError as e:
-            raise CoreError(f"kernel BTF {path} is unreadable: {e}") from None
-        _VMLINUX_CACHE.clear()
-        _VMLINUX_CACHE[key] = cached
-    return cached
-
-
-def module_order(root: str = SYSFS_BTF, proc_modules: str = "/proc/modules") -> list[str]:
-    """Modules with BTF, oldest loaded first (libbpf walks BTF object ids, which grow)."""
-    try:
-        names = [n for n in os.listdir(root) if n != "vmlinux"]
-    except OSError:
-        return []
-    try:
-        with open(proc_modules) as f:
-            newest_first = [line.split(" ", 1)[0] for line in f]
-    except OSError:
-        newest_first = []
-    rank = {n: i for i, n in enumerate(reversed(newest_first))}
-    return sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
-
-
-def _kernel_modules(root: str, base: LazyTable) -> list[TargetBtf]:
-    out = []
-    for name in module_order(root):
-        try:
-            data = _read(os.path.join(root, name))
-        except CoreError:
-            continue  # unloaded meanwhile
-        out.append(_split(name, data, base))
-    return out

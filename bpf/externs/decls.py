@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gfxbpf.bpf.btf.blob import Btf
-from gfxbpf.bpf.btf.kernel import KernelBtfError, vmlinux_type_id
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.kinds import (
     INT_BOOL,
     INT_CHAR,
@@ -41,6 +40,7 @@ from gfxbpf.bpf.btf.kinds import (
 )
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.externs import kconfig
+from gfxbpf.bpf.kernel.vmlinux import KernelBtfError, vmlinux_type_id
 
 KCONFIG_SEC = ".kconfig"
 KSYMS_SEC = ".ksyms"

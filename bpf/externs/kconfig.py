@@ -4,7 +4,7 @@ An object may declare `extern int LINUX_KERNEL_VERSION __kconfig;` or
 `extern bool CONFIG_X __kconfig __weak;`; libbpf fills them from the kernel's
 build config and uname, and so does gfxbpf. The config is read from
 /boot/config-$(uname -r) or /proc/config.gz; the virtual LINUX_* values are
-computed here. Encoding a value into the extern's C type is in externs.py.
+computed here. Encoding a value into the extern's C type is in decls.py.
 """
 
 from __future__ import annotations

@@ -13,10 +13,9 @@ import errno
 import os
 from collections.abc import Iterable
 
-from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_PERF_EVENT
 from gfxbpf.bpf.errors import KernelError
-from gfxbpf.bpf.link import perf, tracefs
+from gfxbpf.bpf.link import bpflink, perf, tracefs
 from gfxbpf.bpf.symbols import resolve_symbol, resolve_symbols
 
 __all__ = [
@@ -147,7 +146,7 @@ def _attach_prog(att: PerfEventAttachment, prog_fd: int, perf_fd: int, cookie: i
     link_fd: int | None = None
     try:
         try:
-            link_fd = bpfsys.link_create(prog_fd, perf_fd, BPF_PERF_EVENT, cookie=cookie)
+            link_fd = bpflink.link_create(prog_fd, perf_fd, BPF_PERF_EVENT, cookie=cookie)
         except OSError as e:
             # Kernels before 5.15 have no perf-event links: use the ioctl.
             if e.errno != errno.EINVAL:
@@ -214,7 +213,7 @@ def attach_raw_tracepoint(prog_fd: int, name: str) -> RawTracepointAttachment:
     tracefs.validate_name("name", name)
     description = f"raw tracepoint {name}"
     try:
-        fd = bpfsys.raw_tracepoint_open(name, prog_fd)
+        fd = bpflink.raw_tracepoint_open(name, prog_fd)
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise AttachError(
@@ -316,7 +315,7 @@ def attach_uprobe_multi(
     kind = "uretprobe" if retprobe else "uprobe"
     description = f"{kind} {spath}:{','.join(names)}" + (f" pid {pid}" if pid != -1 else "")
     try:
-        fd = bpfsys.link_create_uprobe_multi(prog_fd, spath, offsets, cks, pid, retprobe)
+        fd = bpflink.link_create_uprobe_multi(prog_fd, spath, offsets, cks, pid, retprobe)
     except OSError as e:
         raise AttachError(e.errno or errno.EINVAL, f"attaching {description}: {e}") from None
     return LinkAttachment(description, fd)

@@ -18,9 +18,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.errors import InputError
-from gfxbpf.bpf.link import attach
+from gfxbpf.bpf.link import attach, bpflink
 from gfxbpf.bpf.maps import Map
 from gfxbpf.elf.notes import NT_STAPSDT, Note
 from gfxbpf.elf.reader import ElfError, open_elf
@@ -275,7 +274,7 @@ def _attach_multi(
     prog_fd: int, path: str, sites: list[Probe], ids: list[int], pid: int, what: str
 ) -> attach.Attachment:
     try:
-        fd = bpfsys.link_create_uprobe_multi(
+        fd = bpflink.link_create_uprobe_multi(
             prog_fd,
             path,
             [s.file_offset for s in sites],

@@ -26,11 +26,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+from gfxbpf.broker.callers import Caller
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.owners import Owner
+    from gfxbpf.proto import gfxbpf_pb2 as pb
 
 log = logging.getLogger("gfxbpf.broker.access.leases")
 
 REAP_INTERVAL = 0.25  # seconds between reaper passes: bounds how late a lease ends
+
+
+class OwnerService(Protocol):
+    """What leases need of the broker's Service: its owners and detach."""
+
+    def open_owner(self, caller: Caller) -> Owner: ...
+
+    def close_owner(self, owner: Owner) -> None: ...
+
+    def detach(self, caller: Caller, owner: Owner, req: pb.DetachRequest) -> pb.DetachReply: ...
 
 
 @dataclass
@@ -46,9 +62,9 @@ class Holder:
     """One gRPC identity (a token or a certificate) and what it attached."""
 
     key: str
-    caller: Any  # broker.service.Caller
+    caller: Caller
     expires: float | None = None  # monotonic time its token runs out; None = never (mTLS)
-    owner: Any = None  # broker.service.Owner, opened on demand
+    owner: Owner | None = None  # opened on demand
     leases: dict[int, Lease] = field(default_factory=dict)
     busy: int = 0  # calls in flight that use the owner
     last_used: float = 0.0
@@ -65,14 +81,14 @@ class LeaseManager:
 
     def __init__(
         self,
-        service: Any,
+        service: OwnerService,
         *,
         default_seconds: float,
         max_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         interval: float = REAP_INTERVAL,
-        detach_request: Callable[[int], Any] | None = None,
+        detach_request: Callable[[int], pb.DetachRequest] | None = None,
     ) -> None:
         if default_seconds <= 0:
             raise ValueError("default_seconds must be positive")
@@ -98,7 +114,7 @@ class LeaseManager:
             h = self._holders.get(key)
             return h is not None and (bool(h.leases) or h.busy > 0)
 
-    def holder(self, key: str, caller: Any, *, expires_unix: float | None = None) -> Holder:
+    def holder(self, key: str, caller: Caller, *, expires_unix: float | None = None) -> Holder:
         """The holder for an identity key (created on first use).
 
         expires_unix: when its token runs out (unix seconds); None for certificates.
@@ -113,7 +129,7 @@ class LeaseManager:
             return h
 
     @contextlib.contextmanager
-    def using(self, holder: Holder) -> Iterator[Any]:
+    def using(self, holder: Holder) -> Iterator[Owner]:
         """The holder's Owner (opened if needed), kept open for the with-block."""
         with self._lock:
             if self._stopped:
@@ -223,8 +239,8 @@ class LeaseManager:
 
     def reap(self) -> list[int]:
         """Detach expired attachments; close idle owners. Return the detached ids."""
-        expired: list[tuple[Holder, Any, int]] = []
-        idle: list[Any] = []
+        expired: list[tuple[Holder, Owner | None, int]] = []
+        idle: list[Owner] = []
         with self._lock:
             now = self._clock()
             for key, h in list(self._holders.items()):
@@ -264,7 +280,7 @@ class LeaseManager:
             self._close_owner(owner)
         return detached
 
-    def _close_owner(self, owner: Any) -> None:
+    def _close_owner(self, owner: Owner) -> None:
         try:
             self.service.close_owner(owner)
         except Exception as e:  # closing must go on for the others
@@ -300,7 +316,7 @@ class LeaseManager:
             self._close_owner(owner)
 
 
-def _pb_detach_request(attachment_id: int) -> Any:
+def _pb_detach_request(attachment_id: int) -> pb.DetachRequest:
     from gfxbpf.proto import gfxbpf_pb2 as pb
 
     return pb.DetachRequest(attachment_id=attachment_id)

@@ -31,10 +31,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gfxbpf.broker.service import BrokerError
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.policy.rules import Policy
 
 TOKEN_BYTES = 32
 # Accept nothing much longer than what issue() produces (43 chars): a
@@ -44,7 +48,7 @@ MAX_TOKEN_CHARS = 256
 
 @dataclass
 class _Record:
-    caller: Any  # the issuing Caller (a frozen dataclass from broker.service)
+    caller: Caller  # the issuing one
     uid: int
     expires: float  # on the store's clock (wall clock: replies carry unix times)
 
@@ -80,7 +84,7 @@ class TokenStore:
         self.in_use: Callable[[str], bool] = lambda digest: False
 
     @classmethod
-    def from_policy(cls, policy: Any, **kwargs: Any) -> TokenStore:
+    def from_policy(cls, policy: Policy, **kwargs: Any) -> TokenStore:
         lim = policy.limits
         return cls(max_ttl=lim.token_ttl_seconds, per_user=lim.tokens_per_user, **kwargs)
 
@@ -89,7 +93,7 @@ class TokenStore:
         for h in dead:
             del self._tokens[h]
 
-    def issue(self, caller: Any, ttl_seconds: int = 0) -> tuple[str, int]:
+    def issue(self, caller: Caller, ttl_seconds: int = 0) -> tuple[str, int]:
         """A new token for caller: (token, expiry in unix seconds).
 
         ttl_seconds 0 = the longest allowed; larger values are capped at
@@ -123,7 +127,7 @@ class TokenStore:
             self._tokens[token_digest(token)] = _Record(caller, caller.uid, expires)
         return token, int(expires)
 
-    def authenticate(self, token: str) -> Any | None:
+    def authenticate(self, token: str) -> Caller | None:
         """The Caller a valid, unexpired token stands for (pid 0, transport "grpc"), else None."""
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
             return None
@@ -163,7 +167,7 @@ class TokenStore:
                 del self._tokens[h]
             return len(dead)
 
-    def revoke_unless(self, keep: Callable[[Any], bool]) -> list[int]:
+    def revoke_unless(self, keep: Callable[[Caller], bool]) -> list[int]:
         """Forget every token whose issuing Caller keep() rejects (a reload that
         removed its user); the uids whose tokens went."""
         with self._lock:

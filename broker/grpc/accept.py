@@ -37,11 +37,15 @@ import resource
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.broker.access.peruser import PerUser
 from gfxbpf.broker.listening import ACCEPT_BATCH, LISTEN_BACKLOG, hung_up
 from gfxbpf.proto import framing
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.policy.model import Limits
+    from gfxbpf.broker.service import Service
 
 log = logging.getLogger("gfxbpf.broker.grpc")
 
@@ -103,7 +107,7 @@ def open_listener(path: str, mode: int) -> socket.socket:
 class GrpcAcceptor:
     """Accepts on the public socket, relays admitted connections to grpc's (on its loop)."""
 
-    def __init__(self, service: Any, listener: socket.socket, inner_path: str) -> None:
+    def __init__(self, service: Service, listener: socket.socket, inner_path: str) -> None:
         self.service = service
         self.listener = listener
         self.inner_path = inner_path
@@ -128,7 +132,7 @@ class GrpcAcceptor:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.listener.close()
 
-    def total_cap(self, limits: Any) -> int:
+    def total_cap(self, limits: Limits) -> int:
         """grpc_connections_total, lowered so the reserve of fds stays free."""
         room = (self._fd_limit - self.fd_reserve) // FDS_PER_CONNECTION
         return min(limits.grpc_connections_total, room)
@@ -203,7 +207,7 @@ class GrpcAcceptor:
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._done(t, peer.uid))
 
-    def _over_limit(self, limits: Any, uid: int) -> tuple[str, str] | None:
+    def _over_limit(self, limits: Limits, uid: int) -> tuple[str, str] | None:
         per_user = limits.grpc_connections_per_user
         if self.per_uid.count(uid) >= per_user:
             return (

@@ -22,11 +22,14 @@ import pwd
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.broker.access.leases import Holder, LeaseManager
 from gfxbpf.broker.access.tokens import MAX_TOKEN_CHARS, TokenStore, token_digest
-from gfxbpf.broker.service import Caller
+from gfxbpf.broker.callers import Caller
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.service import Service
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ def caller_for_uid(uid: int) -> Caller:
 class Authenticator:
     """Credentials -> lease Holder, over a TokenStore, a LeaseManager and the policy."""
 
-    def __init__(self, service: Any, tokens: TokenStore, leases: LeaseManager, *, tls: bool):
+    def __init__(self, service: Service, tokens: TokenStore, leases: LeaseManager, *, tls: bool):
         self.service = service
         self.tokens = tokens
         self.leases = leases

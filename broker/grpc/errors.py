@@ -10,11 +10,11 @@ STATUS_OF[code]; three trailing metadata keys carry the rest:
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
-from gfxbpf.broker.service import BrokerError
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 log = logging.getLogger("gfxbpf.broker.grpc")
@@ -80,7 +80,7 @@ def trailers(err: BrokerError) -> tuple[tuple[str, str | bytes], ...]:
     return tuple(md)
 
 
-async def abort(context: grpc.aio.ServicerContext, err: BrokerError) -> NoReturn:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], err: BrokerError) -> NoReturn:
     """End the call with err's status, details and trailers."""
     code = STATUS_OF.get(err.code, grpc.StatusCode.UNKNOWN)
     await context.abort(code, err.message, trailing_metadata=trailers(err))

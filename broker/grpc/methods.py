@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.broker.access.leases import Holder, LeaseManager
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.grpc.errors import internal_error
-from gfxbpf.broker.service import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.service import Service
 
 # What each method of service Broker carries: (request, reply, server-streaming).
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Broker"].full_name
@@ -31,7 +34,7 @@ METHODS: dict[str, tuple[type[Any], type[Any], bool]] = {
 class ServiceMethods:
     """Service Broker's methods over a Service and a LeaseManager (thread side)."""
 
-    def __init__(self, service: Any, leases: LeaseManager) -> None:
+    def __init__(self, service: Service, leases: LeaseManager) -> None:
         self.service = service
         self.leases = leases
         self.unary: dict[str, Callable[[Holder, Any], Any]] = {

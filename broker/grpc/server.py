@@ -48,7 +48,7 @@ import stat
 import threading
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -65,6 +65,9 @@ from gfxbpf.broker.grpc.errors import (
 from gfxbpf.broker.grpc.methods import METHODS
 from gfxbpf.broker.grpc.servicer import BrokerServicer, Gate
 from gfxbpf.broker.threadnames import name_this_thread
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.service import Service
 
 log = logging.getLogger("gfxbpf.broker.grpc")
 
@@ -133,7 +136,7 @@ class GrpcServer:
         unix_path: str | None,
         tokens: TokenStore,
         leases: LeaseManager,
-        service: Any,
+        service: Service,
         servicer: BrokerServicer,
         loop: asyncio.AbstractEventLoop,
         thread: threading.Thread,
@@ -284,7 +287,7 @@ def _pool(size: int, name: str) -> futures.ThreadPoolExecutor:
 
 
 def _servicer(
-    service: Any, tokens: TokenStore, tls: bool, max_workers: int, reap_interval: float
+    service: Service, tokens: TokenStore, tls: bool, max_workers: int, reap_interval: float
 ) -> BrokerServicer:
     """The servicer, its lease manager (not started yet) and its thread pools."""
     limits = service.policy.limits
@@ -305,7 +308,7 @@ def _servicer(
 
 
 def start_grpc_server(
-    service: Any,
+    service: Service,
     address: str,
     tls: TlsConfig | None = None,
     *,
@@ -399,7 +402,7 @@ def _private_dir(unix_path: str, address: str) -> str:
 
 
 def _accept_on(
-    service: Any, unix_path: str, socket_mode: int, inner: str, loop: asyncio.AbstractEventLoop
+    service: Service, unix_path: str, socket_mode: int, inner: str, loop: asyncio.AbstractEventLoop
 ) -> GrpcAcceptor:
     """Listen on the public socket (mode socket_mode: callers authenticate per call)
     and start accepting there, on the gRPC loop."""

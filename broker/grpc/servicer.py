@@ -17,20 +17,23 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from concurrent import futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from gfxbpf.broker.access.leases import Holder, LeaseManager
 from gfxbpf.broker.access.tokens import TokenStore
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.grpc.accept import peer_fields
 from gfxbpf.broker.grpc.auth import Authenticator, AuthFailure
 from gfxbpf.broker.grpc.errors import HOW_TO_AUTHENTICATE, Abort, abort
 from gfxbpf.broker.grpc.methods import METHODS, SERVICE_NAME, ServiceMethods
 from gfxbpf.broker.grpc.slots import CallSlot, CallSlots
-from gfxbpf.broker.service import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
+
+if TYPE_CHECKING:
+    from gfxbpf.broker.service import Service
 
 log = logging.getLogger("gfxbpf.broker.grpc")
 
@@ -63,7 +66,7 @@ class BrokerServicer:
 
     def __init__(
         self,
-        service: Any,
+        service: Service,
         tokens: TokenStore,
         leases: LeaseManager,
         *,
@@ -240,7 +243,7 @@ class Gate(grpc.GenericRpcHandler):
         self.servicer = servicer
         self.prefix = f"/{SERVICE_NAME}/"
 
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = details.method or ""
         if not method.startswith(self.prefix):
             return None

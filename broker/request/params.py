@@ -13,19 +13,16 @@ from gfxbpf.bpf import symbols
 from gfxbpf.bpf.consts import SELF
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
-from gfxbpf.broker.policy.rules import (
-    MAX_FREQUENCY,
-    Policy,
-    ProgramEntry,
-    is_plain_path,
-)
+from gfxbpf.broker.policy.model import MAX_FREQUENCY
+from gfxbpf.broker.policy.pathglob import is_plain_path
+from gfxbpf.broker.policy.rules import Policy, ProgramEntry
 from gfxbpf.broker.request import libraries
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
-from gfxbpf.catalog.pyfiles import PythonFile
+from gfxbpf.catalog.pymaps import PythonFile
 from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

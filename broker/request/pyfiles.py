@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.request.resolve import Resolved
-from gfxbpf.catalog import pyfiles
+from gfxbpf.catalog import pymaps
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
 def check_python(
     res: Resolved, params: pb.AttachParams
-) -> tuple[tuple[pyfiles.PythonFile, ...], int | None]:
+) -> tuple[tuple[pymaps.PythonFile, ...], int | None]:
     """(files, frames per stack or None for the object's default)."""
     entry, pe = res.entry, res.policy_entry
     if not entry.python_frames_knob:
@@ -24,23 +24,23 @@ def check_python(
             )
         return (), None
     files = tuple(
-        pyfiles.PythonFile(f.dev, f.ino, f.runtime_off, (f.major, f.minor), f.library)
+        pymaps.PythonFile(f.dev, f.ino, f.runtime_off, (f.major, f.minor), f.library)
         for f in params.python_files
     )
     try:
-        pyfiles.check(files)
-    except pyfiles.PythonFileError as e:
+        pymaps.check(files)
+    except pymaps.PythonFileError as e:
         raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"params.python_files: {e}") from None
     return files, _frames(res, params.python_frames, pe.max_python_frames)
 
 
 def _frames(res: Resolved, asked: int, cap: int | None) -> int | None:
-    if asked > pyfiles.MAX_FRAMES:
+    if asked > pymaps.MAX_FRAMES:
         raise BrokerError(
             pb.ERROR_INVALID_ARGUMENT,
-            f"python_frames {asked}: at most {pyfiles.MAX_FRAMES}",
+            f"python_frames {asked}: at most {pymaps.MAX_FRAMES}",
         )
-    want = asked or pyfiles.DEFAULT_FRAMES
+    want = asked or pymaps.DEFAULT_FRAMES
     if cap is not None and want > cap:
         if asked:  # an explicit ask over the cap is refused, the default is lowered
             pe = res.policy_entry

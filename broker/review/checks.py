@@ -8,7 +8,7 @@ program (subprograms appended, as they will be loaded), so a forbidden call
 hidden in a .text subprogram is seen too.
 
 Checked: program kinds, kfuncs and __ksym externs (one table,
-audit_table.py), helper calls (an allowlist), map types, sizes
+table.py), helper calls (an allowlist), map types, sizes
 (instructions per program, programs and maps per object, total map memory).
 """
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf import asm
 from gfxbpf.bpf import consts as C
-from gfxbpf.bpf.object import ObjectError, ObjectSpec, ProgramSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import ObjectError, ProgramSpec
 from gfxbpf.broker.access import budget
 from gfxbpf.broker.review.table import extern_problem, map_type_problem, program_kind_problem
 
@@ -249,7 +250,7 @@ def _audit_program(spec: ObjectSpec, p: ProgramSpec, report: AuditReport) -> Non
 def _extern_problems(
     spec: ObjectSpec, name: str, refs: list[tuple[int, str, str, int]]
 ) -> list[str]:
-    """kfunc calls and __ksym loads, by the table in audit_table.py (each named once)."""
+    """kfunc calls and __ksym loads, by the table in review/table.py (each named once)."""
     problems: list[str] = []
     seen: set[str] = set()
     for idx, ext_name, kind, _ in refs:

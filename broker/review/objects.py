@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.object import ObjectError, ObjectSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import ObjectError
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.review import checks
-from gfxbpf.catalog.entries import ObjectChanged, ObjectUnreadable, Program, read_object
+from gfxbpf.catalog.entries import Program
+from gfxbpf.catalog.objects import ObjectChanged, ObjectUnreadable, read_object
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 

@@ -129,7 +129,7 @@ class Registry(Generic[T]):
                 value.close()
             return True
 
-    def pin(self, key: Hashable, value: T) -> Pin:
+    def pin(self, key: Hashable, value: T) -> Pin[T]:
         """Keep value open while the returned Pin is held (with-block): its fds
         stay valid. Gone now if value was released already; a release
         meanwhile closes it when the last pin is let go."""

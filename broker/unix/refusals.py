@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gfxbpf.broker.access.peruser import PerUser
-from gfxbpf.broker.sessions import too_many_sessions
+from gfxbpf.broker.owners import too_many_sessions
 from gfxbpf.broker.unix.session import REFUSE_WAIT_SECONDS
 from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb

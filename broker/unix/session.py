@@ -25,7 +25,10 @@ from typing import Any, cast
 
 from google.protobuf.message import Message
 
-from gfxbpf.broker.service import BrokerError, Caller, Owner, Service
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
+from gfxbpf.broker.owners import Owner
+from gfxbpf.broker.service import Service
 from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

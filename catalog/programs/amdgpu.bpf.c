@@ -16,7 +16,7 @@
  * the kernel; their jobs are never started, so their run/done events find
  * nothing.
  */
-#include "gfx_ring.h"
+#include "gfx_ringlat.h"
 #include "gfx_rows.h"
 
 #define RING_LEN GFX_RING_LEN

@@ -10,7 +10,7 @@
  *   identified by the finished-fence pointer (so sched_jobs, which holds it,
  *   stays broker-only).
  */
-#include "gfx_ring.h"
+#include "gfx_ringlat.h"
 
 #define NAME_LEN GFX_RING_LEN
 

@@ -26,7 +26,6 @@
  * objects are plenty, and leave the budget room for the Python key. */
 #define GFX_UREC_RING_BYTES (1 << 20)
 #define GFX_PY_CODES 512
-#include "gfx_ucall.h"
 #include "gfx_tree.h"
 #include "gfx_pychain.h"
 #include "gfx_ucopy.h"
@@ -47,30 +46,8 @@ struct call_key {
 	__u64 python;    /* hash of the Python chain at entry (0: none) */
 };
 
-struct call_stats {
-	__u64 calls;     /* counted at entry */
-	__u64 total_ns;  /* entry to return, added at return */
-};
-
-struct entry_val {
-	__u64 ts;  /* first: gfx_entry_elapsed() reads it */
-	struct call_key key;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ROWS);
-	__type(key, struct call_key);
-	__type(value, struct call_stats);
-} calls SEC(".maps");
-
-/* (thread, function) -> entry time and row; LRU so lost returns cannot fill it */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 10240);
-	__type(key, struct entry_key);
-	__type(value, struct entry_val);
-} entry_ts SEC(".maps");
+#define GFX_CALL_ROWS MAX_ROWS
+#include "gfx_callrows.h"
 
 /* Count the call in its row; the row's count after it (0: the table is full). */
 static __always_inline __u64 count_call(const struct call_key *key)
@@ -141,22 +118,11 @@ SEC("uretprobe")
 int ustackcopy_return(struct pt_regs *ctx)
 {
 	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
-	struct call_stats *st;
-	struct entry_val *ev;
-	struct entry_key ek;
-	__u64 delta;
 
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) ||
 	    function >= MAX_FUNCTIONS)
 		return 0;
-	gfx_entry_key(&ek, function);
-	ev = gfx_entry_elapsed(&entry_ts, &ek, &delta);
-	if (!ev)
-		return 0;  /* entered before we attached */
-	st = bpf_map_lookup_elem(&calls, &ev->key);
-	if (st)
-		__sync_fetch_and_add(&st->total_ns, delta);
-	bpf_map_delete_elem(&entry_ts, &ek);
+	gfx_call_return(function);
 	return 0;
 }
 

@@ -13,7 +13,6 @@
  */
 #include "gfx_tree.h"
 #include "gfx_task.h"
-#include "gfx_ucall.h"
 #include "gfx_ustack.h"
 #include <linux/ptrace.h>
 
@@ -31,30 +30,8 @@ struct call_key {
 	__u64 caller;      /* return address into the caller (0: unreadable) */
 };
 
-struct call_stats {
-	__u64 calls;     /* counted at entry */
-	__u64 total_ns;  /* entry to return, added at return */
-};
-
-struct entry_val {
-	__u64 ts;  /* first: gfx_entry_elapsed() reads it */
-	struct call_key key;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_STACKS);
-	__type(key, struct call_key);
-	__type(value, struct call_stats);
-} calls SEC(".maps");
-
-/* (thread, function) -> entry time and key; LRU so lost returns cannot fill it */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 10240);
-	__type(key, struct entry_key);
-	__type(value, struct entry_val);
-} entry_ts SEC(".maps");
+#define GFX_CALL_ROWS MAX_STACKS
+#include "gfx_callrows.h"
 
 SEC("uprobe")
 int ustack_entry(struct pt_regs *ctx)
@@ -85,21 +62,10 @@ SEC("uretprobe")
 int ustack_return(struct pt_regs *ctx)
 {
 	__u32 function = (__u32)bpf_get_attach_cookie(ctx);
-	struct call_stats *st;
-	struct entry_val *ev;
-	struct entry_key ek;
-	__u64 delta;
 
 	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) || function >= MAX_FUNCTIONS)
 		return 0;
-	gfx_entry_key(&ek, function);
-	ev = gfx_entry_elapsed(&entry_ts, &ek, &delta);
-	if (!ev)
-		return 0;  /* entered before we attached */
-	st = bpf_map_lookup_elem(&calls, &ev->key);
-	if (st)
-		__sync_fetch_and_add(&st->total_ns, delta);
-	bpf_map_delete_elem(&entry_ts, &ek);
+	gfx_call_return(function);
 	return 0;
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.errors import ProtocolError
@@ -44,12 +44,21 @@ STATES = ("sleeping", "uninterruptible", "preempted")
 # first snapshot, or is not the caller's): the reason shown as its one frame.
 NO_MAPS = "process gone before its maps were read"
 
-# (tgid, kernel mode, comm, frames innermost first, why the unwind stopped,
-#  whether a stack scan found a frame,
-#  Python frames innermost first, wait leaf frame (offcpu), thread id)
-StackKey = tuple[
-    int, bool, str, tuple[int, ...], str | None, bool, tuple[py.Frame, ...], str | None, int
-]
+
+class StackKey(NamedTuple):
+    """What tells one counted stack from another."""
+
+    tgid: int
+    kernel: bool  # sampled in kernel mode
+    comm: str
+    frames: tuple[int, ...]  # innermost first
+    stop: str | None  # why the unwind stopped
+    scanned: bool  # a stack scan found a frame
+    pyframes: tuple[py.Frame, ...]  # innermost first
+    leaf: str | None  # the wait's leaf frame (offcpu)
+    tid: int
+
+
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
@@ -170,37 +179,37 @@ class CopyReader:
         maps = self.process_maps(tgid, False)
         if maps is None:
             kernel = bool(flags & FLAG_KERNEL)
-            key: StackKey = (tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
+            key = StackKey(tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
         else:
             frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
                 frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
-            key = (tgid, bool(flags & FLAG_KERNEL), name, frames, stop, scan, pyframes, leaf, tid)
+            kernel = bool(flags & FLAG_KERNEL)
+            key = StackKey(tgid, kernel, name, frames, stop, scan, pyframes, leaf, tid)
         self.counts[key] = self.counts.get(key, 0) + weight
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
         out = []
         self.python.resolve(final=True)
-        for key, weight in self.counts.items():
-            tgid, kernel, comm, frames, stop, scanned, pyframes, leaf, tid = key
-            lost = stop if not frames else None  # nothing unwound: say why, as one frame
+        for k, weight in self.counts.items():
+            lost = k.stop if not k.frames else None  # nothing unwound: say why, as one frame
             out.append(
                 profile.RawStack(
-                    pid=tgid,
-                    user=frames,
-                    kernel=kernel,
+                    pid=k.tgid,
+                    user=k.frames,
+                    kernel=k.kernel,
                     weight=weight,
-                    comm=comm,
+                    comm=k.comm,
                     user_error=_error(lost) if lost else None,
-                    unwind_stop=stop if frames else None,
-                    unwind_scanned=scanned,
+                    unwind_stop=k.stop if k.frames else None,
+                    unwind_scanned=k.scanned,
                     unwound=True,
-                    leaf=leaf,
-                    thread=(tid or None) if self.threads else None,  # a frame per thread
-                    tid=tid,
-                    python=self.python.runs(tgid, pyframes),
-                    python_starts=self.python.starts(tgid, pyframes),
+                    leaf=k.leaf,
+                    thread=(k.tid or None) if self.threads else None,  # a frame per thread
+                    tid=k.tid,
+                    python=self.python.runs(k.tgid, k.pyframes),
+                    python_starts=self.python.starts(k.tgid, k.pyframes),
                 )
             )
         return out

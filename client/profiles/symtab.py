@@ -32,8 +32,8 @@ def default_cache_dir() -> str:
 @dataclass
 class SymbolTable:
     segments: tuple[tuple[int, int, int], ...]  # (p_offset, p_vaddr, p_filesz)
-    starts: array  # "Q", sorted
-    sizes: array  # "Q"
+    starts: array[int]  # "Q", sorted
+    sizes: array[int]  # "Q"
     names: list[str]
 
     @classmethod

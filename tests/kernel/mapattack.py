@@ -30,6 +30,7 @@ import struct
 import sys
 from typing import Any
 
+from gfxbpf.bpf import sysattr
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -55,7 +56,7 @@ def _bpf(cmd: int, attr: bytearray) -> int:
 
 def obj_pin(fd: int, path: str) -> None:
     p = ctypes.create_string_buffer(path.encode())
-    attr = bytearray(bpfsys.ATTR_SIZE)
+    attr = bytearray(sysattr.ATTR_SIZE)
     struct.pack_into("<QI", attr, 0, ctypes.addressof(p), fd)
     _bpf(BPF_OBJ_PIN, attr)
 
@@ -63,14 +64,14 @@ def obj_pin(fd: int, path: str) -> None:
 def obj_get(path: str, flags: int = 0) -> int:
     """A new fd for the pinned object; flags 0 asks for read-write."""
     p = ctypes.create_string_buffer(path.encode())
-    attr = bytearray(bpfsys.ATTR_SIZE)
+    attr = bytearray(sysattr.ATTR_SIZE)
     struct.pack_into("<QII", attr, 0, ctypes.addressof(p), 0, flags)
     return _bpf(BPF_OBJ_GET, attr)
 
 
 def delete_batch(fd: int, keys: bytes, count: int) -> None:
     kbuf = ctypes.create_string_buffer(keys, max(len(keys), 1))
-    attr = bytearray(bpfsys.ATTR_SIZE)
+    attr = bytearray(sysattr.ATTR_SIZE)
     struct.pack_into("<QQQQII", attr, 0, 0, 0, ctypes.addressof(kbuf), 0, count, fd)
     _bpf(BPF_MAP_DELETE_BATCH, attr)
 

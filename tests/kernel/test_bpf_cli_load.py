@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 
 CATALOG = load_catalog()
 

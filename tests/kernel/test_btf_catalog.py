@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import load_catalog, read_object
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import read_object
 from tests.kernel.brokerenv import ALICE, BrokerProcess, Client, ensure_user, policy_for
 from tests.kernel.rawclient import kernel_looking
 from tests.kernel.sysmaps_util import run_unprivileged

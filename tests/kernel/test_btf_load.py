@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.blob import Btf, BtfExt, parse_btf_maps
+from gfxbpf.bpf.btf.facade import Btf, BtfExt, parse_btf_maps
 from tests.conftest import compile_bpf
 from tests.unit.test_btf import OBJ_SOURCE
 

@@ -16,7 +16,8 @@ import pytest
 from gfxbpf.bpf import loader
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 
 CATALOG = load_catalog()
 OBJECT = str(object_path(CATALOG.get("syscount")))

@@ -18,6 +18,7 @@ from gfxbpf.bpf import loader
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.btf import sanitize as btf_sanitize
 from gfxbpf.bpf.btf.kinds import KIND_DECL_TAG, KIND_ENUM64, KIND_FLOAT, KIND_TYPE_TAG
+from gfxbpf.bpf.kernel.btfprobe import missing_features
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import compile_bpf
 from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
@@ -36,7 +37,7 @@ def obj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_this_kernel_accepts_every_probed_kind() -> None:
-    assert btf_sanitize.missing_features() == frozenset()
+    assert missing_features() == frozenset()
 
 
 def test_sanitized_btf_is_accepted_by_the_kernel(obj_path: Path) -> None:

@@ -17,7 +17,8 @@ from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import load_catalog, read_object
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import read_object
 from tests.conftest import skip_or_fail
 from tests.kernel.sysmaps_util import run_unprivileged
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 from tests.kernel.bpftool_compare import assert_loads_like_libbpf, ensure_bpffs
 
 CATALOG = load_catalog()

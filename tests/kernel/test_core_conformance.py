@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from gfxbpf.bpf.core.apply import relocate
 from gfxbpf.bpf.core.relo import CoreKind
-from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.corerelo import relocate
+from gfxbpf.bpf.kernel.vmlinux import kernel_target
 from gfxbpf.bpf.loader import load
 from gfxbpf.bpf.object import ObjectSpec
 from tests.conftest import skip_or_fail
@@ -37,7 +37,7 @@ OBJECT = Path(__file__).resolve().parent.parent / "data" / "core" / "core_kernel
 
 def test_core_object_loads_with_libbpf_code() -> None:
     spec = ObjectSpec.from_file(str(OBJECT))
-    core = relocate(spec, Target.kernel())
+    core = relocate(spec, kernel_target())
     kinds = {r.kind_name for r in core.records}
     # The object really exercises CO-RE here: resolved, poisoned and existence kinds.
     assert {"byte_off", "field_exists", "lshift_u64", "target_type_id"} <= kinds
@@ -95,7 +95,7 @@ def test_every_relocation_decided_as_libbpf_decides(name: str) -> None:
         skip_or_fail("bpftool is not installed (apt-get install bpftool)")
     path = OBJECT.with_name(f"{name}.bpf.o")
     spec = ObjectSpec.from_file(str(path))
-    mine = gfxbpf_decisions(relocate(spec, Target.kernel()))
+    mine = gfxbpf_decisions(relocate(spec, kernel_target()))
     theirs = libbpf_decisions(str(path))
     assert theirs is not None, "libbpf stopped before CO-RE"
     assert len(mine) >= 30
@@ -128,7 +128,7 @@ def test_type_matches_decided_as_libbpf_decides(tmp_path: Path) -> None:
         _as_type_matches(data, ObjectSpec.parse(data), ("list_head", "task_struct"))
     )
     spec = ObjectSpec.from_file(str(patched))
-    core = relocate(spec, Target.kernel())
+    core = relocate(spec, kernel_target())
     got = {r.local: r.result.new_val for r in core.records if r.kind_name == "type_matches"}  # type: ignore[union-attr]
     assert got == {"struct list_head": 1, "struct task_struct": 0}
     assert gfxbpf_decisions(core) == libbpf_decisions(str(patched))

@@ -17,7 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gfxbpf.bpf.object import ObjectSpec, UnsupportedError
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import UnsupportedError
 from tests.conftest import skip_or_fail
 from tests.corpus import EmbeddedObject, corpus
 from tests.kernel.bpftool_compare import (

@@ -278,7 +278,7 @@ def test_watch_cuda_of_a_launcher_counts_its_child_exactly(
 ) -> None:
     """--pid of a launcher (a shell) whose child maps libcuda: gfxclient finds
     the library in the child and the kernel follows the launcher's tree."""
-    from gfxbpf.client.proctree import descendants
+    from gfxbpf.client.family import descendants
 
     launcher = setpriv_user_argv(ALICE, ["sh", "-c", '"$0" "$@"; true'])  # forks the workload
     with cs.Workload(built["exe"], built["new"], prefix=launcher, env=BASE_ENV, cwd="/") as sh:

@@ -16,7 +16,7 @@ import pytest
 
 from gfxbpf.bpf.externs import decls as externs
 from gfxbpf.bpf.externs import kconfig
-from gfxbpf.bpf.link import kinds
+from gfxbpf.bpf.link import tracing
 from gfxbpf.bpf.link.attach import attach_raw_tracepoint
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import ObjectSpec
@@ -44,7 +44,7 @@ def test_programs_read_this_kernels_values(tmp_path: Path) -> None:
     with load(spec) as obj:
         with (
             attach_raw_tracepoint(obj.programs["kconfig_values"].fd, "sys_enter"),
-            kinds.attach_btf_traced(obj.programs["ksyms"].fd, "tp_btf sys_enter"),
+            tracing.attach_btf_traced(obj.programs["ksyms"].fd, "tp_btf sys_enter"),
         ):
             os.getppid()
         out = obj.map("out")
@@ -87,7 +87,7 @@ def test_weak_kfuncs_resolve_or_drop_out_like_libbpf(tmp_path: Path) -> None:
     assert missing.weak and externs.resolve_ksym(missing) == ("btf_id", 0)
     assert assert_loads_like_libbpf(str(path), spec, ensure_bpffs()) == 1
     with load(spec) as obj:
-        with kinds.attach_btf_traced(obj.programs["weak_kfuncs"].fd, "tp_btf"):
+        with tracing.attach_btf_traced(obj.programs["weak_kfuncs"].fd, "tp_btf"):
             os.getppid()
         seen = int.from_bytes(obj.map(".bss").lookup(0)[:8], "little")
     assert seen == 2

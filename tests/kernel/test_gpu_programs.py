@@ -23,7 +23,8 @@ from gfxbpf.bpf.maps import Map
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.bpf.ringbuf import RingBuffer
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import FIELD_ABSENT, load_catalog, read_object
+from gfxbpf.catalog.entries import FIELD_ABSENT, load_catalog
+from gfxbpf.catalog.objects import read_object
 from tests.kernel.rawclient import kernel_looking
 from tests.kernel.sysmaps_util import run_unprivileged
 from tests.release_formats import RUNS, exists_in, reader_for

@@ -29,7 +29,8 @@ import pytest
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
 from gfxbpf.bpf.loader import LoadError, load
-from gfxbpf.bpf.object import MapSpec, ObjectSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import MapSpec
 from gfxbpf.broker.access.budget import PAGE, map_bytes
 from gfxbpf.catalog.entries import load_catalog
 from tests.kernel.brokerenv import (

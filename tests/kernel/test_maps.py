@@ -12,7 +12,7 @@ import pytest
 
 from gfxbpf.bpf import maps as mapsmod
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.consts import BPF_EXIST, BPF_F_NO_PREALLOC, BPF_F_RDONLY, BPF_NOEXIST, MapType
 from gfxbpf.bpf.maps import Map, sum_percpu, sum_percpu_u64s
 from tests.kernel.sysmaps_util import ChildError, map_fd_by_id, run_unprivileged

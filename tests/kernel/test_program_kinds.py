@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf import syscall as bpfsys
-from gfxbpf.bpf.btf.kernel import KernelBtfError, module_btf_fd
-from gfxbpf.bpf.link import kinds
+from gfxbpf.bpf.kernel.vmlinux import KernelBtfError, module_btf_fd
+from gfxbpf.bpf.link import tracing
 from gfxbpf.bpf.link.attach import AttachError
 from gfxbpf.bpf.loader import LoadError, load
 from gfxbpf.bpf.object import ObjectSpec
@@ -41,7 +41,7 @@ def test_tp_btf_counts_exact_getppid_calls(tmp_path: Path) -> None:
     assert (prog.attach_kind, prog.attach_btf_name) == ("tp_btf", "btf_trace_sys_enter")
     spec.set_variable("target_tgid", os.getpid())
     with load(spec) as obj:
-        with kinds.attach_btf_traced(obj.programs["getppid_enter"].fd, "tp_btf sys_enter"):
+        with tracing.attach_btf_traced(obj.programs["getppid_enter"].fd, "tp_btf sys_enter"):
             for _ in range(1000):
                 os.getppid()
             assert _hits(obj) == 1000
@@ -54,24 +54,24 @@ def test_kprobe_kinds_load_and_attach_says_why(tmp_path: Path) -> None:
     with load(spec, programs=["kprobe_prog", "ksyscall_prog"]) as obj:
         kp = obj.programs["kprobe_prog"].fd
         ks = obj.programs["ksyscall_prog"].fd
-        if os.path.exists(kinds.KPROBE_PMU_DIR):
-            with kinds.attach_ksyscall(ks, "getppid"):
+        if os.path.exists(tracing.KPROBE_PMU_DIR):
+            with tracing.attach_ksyscall(ks, "getppid"):
                 os.getppid()
                 assert _hits(obj) >= 1
             return
         with pytest.raises(AttachError, match="CONFIG_KPROBES") as e:
-            kinds.attach_kprobe(kp, "vfs_read")
+            tracing.attach_kprobe(kp, "vfs_read")
         assert "unavailable" in str(e.value)
         with pytest.raises(AttachError, match="no kprobe PMU"):
-            kinds.attach_ksyscall(ks, "getppid", retprobe=True)
+            tracing.attach_ksyscall(ks, "getppid", retprobe=True)
 
 
 def test_task_iterator_runs_once_per_line(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "taskiter")
     assert spec.programs["tasks"].attach_btf_name == "bpf_iter_task"
     with load(spec) as obj:
-        with kinds.attach_iter(obj.programs["tasks"].fd, "iter/task") as link:
-            out = kinds.read_iter(link)
+        with tracing.attach_iter(obj.programs["tasks"].fd, "iter/task") as link:
+            out = tracing.read_iter(link)
         lines = out.decode().splitlines()
         runs = int.from_bytes(obj.map(".bss").lookup(0)[:8], "little")
     assert set(lines) == {"task"}
@@ -143,7 +143,7 @@ def test_fentry_loads_like_libbpf_or_is_refused_like_it(tmp_path: Path) -> None:
             assert_loads_like_libbpf(str(path), spec, ensure_bpffs())
         return
     with obj:
-        with kinds.attach_btf_traced(obj.programs["on_vfs_read"].fd, "fentry vfs_read"):
+        with tracing.attach_btf_traced(obj.programs["on_vfs_read"].fd, "fentry vfs_read"):
             fd = os.open("/proc/self/stat", os.O_RDONLY)
             try:
                 for _ in range(10):

@@ -18,6 +18,7 @@ import pytest
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_F_RDONLY, MapType
+from gfxbpf.bpf.link import bpflink
 from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
 from tests.kernel.sysmaps_util import (
     PROG_RAW_TRACEPOINT,
@@ -140,7 +141,7 @@ def test_raw_tracepoint_counts_own_syscalls() -> None:
     )
     try:
         with RingBuffer(ring_fd, owns_fd=True) as rb:
-            link_fd = bpfsys.raw_tracepoint_open("sys_enter", prog_fd)
+            link_fd = bpflink.raw_tracepoint_open("sys_enter", prog_fd)
             try:
                 for _ in range(37):
                     os.getppid()

@@ -13,6 +13,7 @@ import pytest
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_PERF_EVENT, MapType
+from gfxbpf.bpf.link import bpflink
 from tests.kernel.sysmaps_util import (
     ADD64_IMM,
     CALL,
@@ -153,7 +154,7 @@ def test_link_create_passes_bpf_cookie() -> None:
     prog = bpfsys.prog_load(PROG_PERF_EVENT, a.bytes(), "GPL", name="t_cookie")
     pfd = _perf_cpu_clock_self()
     try:
-        link = bpfsys.link_create(prog, pfd, BPF_PERF_EVENT, cookie=cookie)
+        link = bpflink.link_create(prog, pfd, BPF_PERF_EVENT, cookie=cookie)
         assert not os.get_inheritable(link)
         try:
             deadline = time.monotonic() + 5

@@ -7,13 +7,13 @@ import errno
 
 import pytest
 
-from gfxbpf.bpf.btf.blob import BtfError
+from gfxbpf.bpf.btf.facade import BtfError
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError, KernelError
 from gfxbpf.bpf.link.attach import AttachError
 from gfxbpf.bpf.link.tracefs import FormatError, TracefsError, TracepointNotFound
 from gfxbpf.bpf.loader import LoadError
-from gfxbpf.bpf.object import ObjectError, UnsupportedError
 from gfxbpf.bpf.ringbuf import RingBufferError
+from gfxbpf.bpf.specs import ObjectError, UnsupportedError
 from gfxbpf.bpf.symbols import SymbolError
 from gfxbpf.bpf.syscall import BpfError
 from gfxbpf.catalog.entries import CatalogError, CatalogKeyError

@@ -14,8 +14,8 @@ from gfxbpf.broker.access.leases import LeaseManager
 from gfxbpf.broker.access.tokens import TokenStore
 from gfxbpf.broker.auditlog import AuditLog
 from gfxbpf.broker.config import parse_args
+from gfxbpf.broker.owners import Caller
 from gfxbpf.broker.policy.rules import Policy
-from gfxbpf.broker.sessions import Caller
 from gfxbpf.catalog.entries import load_catalog
 
 CATALOG = load_catalog()

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from gfxbpf.bpf.btf import blob as B
-from gfxbpf.bpf.btf.blob import Btf, BtfError, BtfExt, parse_btf_maps
+from gfxbpf.bpf.btf import facade as B
+from gfxbpf.bpf.btf.facade import Btf, BtfError, BtfExt, parse_btf_maps
 from tests.conftest import compile_bpf
 
 VMLINUX = "/sys/kernel/btf/vmlinux"

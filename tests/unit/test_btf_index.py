@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf.btf import index as btf_index
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.index import LazyTable
 from gfxbpf.bpf.btf.kinds import (
     INT_SIGNED,
@@ -28,8 +28,8 @@ from gfxbpf.bpf.btf.kinds import (
     Void,
 )
 from gfxbpf.bpf.btf.parse import parse_blob
-from gfxbpf.bpf.core import target as core_target
 from gfxbpf.bpf.core.relo import essential_name
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.object import ObjectSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -153,9 +153,9 @@ def test_a_mapped_blob_reads_as_its_bytes_do(tmp_path: Path) -> None:
     blob = _table(["task", "task___old", "mm"])
     path = tmp_path / "btf"
     path.write_bytes(blob)
-    mapped = core_target._read(str(path), mapped=True)
+    mapped = kernel_btf._read(str(path), mapped=True)
     assert isinstance(mapped, mmap.mmap) and mapped[:] == blob
-    assert core_target._read(str(path)) == blob  # not asked to map: read
+    assert kernel_btf._read(str(path)) == blob  # not asked to map: read
     lazy, plain = LazyTable(mapped), LazyTable(blob)
     assert list(lazy.types) == list(plain.types)
     assert lazy.ids_named("task", essential_name) == plain.ids_named("task", essential_name)
@@ -166,7 +166,7 @@ def test_a_mapped_blob_reads_as_its_bytes_do(tmp_path: Path) -> None:
 def test_vmlinux_is_mapped_where_the_kernel_allows_it() -> None:
     """Kernels 6.16+ let /sys/kernel/btf/vmlinux be mapped (not copied); older
     ones refuse and it is read. Either way the table holds the same bytes."""
-    table = core_target.Target.kernel().vmlinux.table
+    table = kernel_btf.kernel_target().vmlinux.table
     try:
         with open(VMLINUX, "rb") as f:
             mmap.mmap(f.fileno(), 0, mmap.MAP_PRIVATE, mmap.PROT_READ).close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.bpf.btf.kinds import (
     INT_SIGNED,
     KIND_CONST,

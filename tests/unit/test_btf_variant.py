@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf.asm import SLOT
-from gfxbpf.bpf.core.apply import CoreRecord, has_core_relos, relocate
+from gfxbpf.bpf.core.apply import CoreRecord
 from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.corerelo import has_core_relos, relocate
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
 ENTRY = load_catalog().get("execsnoop")

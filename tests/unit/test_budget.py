@@ -7,12 +7,15 @@ import io
 import pytest
 
 from gfxbpf.bpf.consts import BPF_F_NO_PREALLOC, MapType
-from gfxbpf.bpf.object import MapSpec, ObjectSpec
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import MapSpec
 from gfxbpf.broker.access.budget import PAGE, Limits, MapBudget, OverBudget, human, map_bytes
 from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import Limits as PolicyLimits
 from gfxbpf.broker.policy.rules import Policy, PolicyError
-from gfxbpf.broker.service import BrokerError, Caller, Service
+from gfxbpf.broker.service import Service
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.proto import gfxbpf_pb2 as pb
 

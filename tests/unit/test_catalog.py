@@ -17,6 +17,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from gfxbpf.bpf.asm import SLOT
 from gfxbpf.catalog import entries as cat
+from gfxbpf.catalog import objects as catobj
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = ROOT / "catalog" / "programs"
@@ -259,19 +260,19 @@ def test_get_unknown_lists_known_names(catalog: cat.Catalog) -> None:
 
 def test_objects_exist_and_hashes_match(catalog: cat.Catalog) -> None:
     for entry in catalog:
-        path = cat.object_path(entry)
+        path = catobj.object_path(entry)
         assert path.is_file(), path
         # The installed object (package data) is the committed one.
         assert path.read_bytes() == (PROGRAMS / entry.object).read_bytes(), entry.name
         assert hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256, entry.name
-        assert cat.read_object(entry) == path.read_bytes()
+        assert catobj.read_object(entry) == path.read_bytes()
 
 
 def test_read_object_refuses_wrong_hash(catalog: cat.Catalog) -> None:
     entry = catalog.get("syscount")
     wrong = cat.Program(**{**entry.__dict__, "sha256": "0" * 64})
     with pytest.raises(cat.CatalogError, match="syscount.*sha256"):
-        cat.read_object(wrong)
+        catobj.read_object(wrong)
 
 
 def test_every_object_map_is_declared(catalog: cat.Catalog) -> None:
@@ -279,10 +280,10 @@ def test_every_object_map_is_declared(catalog: cat.Catalog) -> None:
     # Every built object belongs to a catalog entry.
     assert {p.name for p in PROGRAMS.glob("*.bpf.o")} == declared_anywhere
     for entry in catalog:
-        maps = set(_symbols_in(_elf(cat.object_path(entry)), ".maps"))
+        maps = set(_symbols_in(_elf(catobj.object_path(entry)), ".maps"))
         assert maps, entry.name
         assert maps == {m.name for m in entry.maps}, entry.name
-        assert cat.check_object(entry) == []
+        assert catobj.check_object(entry) == []
 
 
 def test_check_object_reports_mismatches(catalog: cat.Catalog) -> None:
@@ -295,7 +296,7 @@ def test_check_object_reports_mismatches(catalog: cat.Catalog) -> None:
             "attach": (cat.Attach("enter_clone", "raw_tracepoint", "sys_enter"),),
         }
     )
-    problems = "\n".join(cat.check_object(broken))
+    problems = "\n".join(catobj.check_object(broken))
     assert "map 'counts' is in the object but not in the catalog" in problems
     assert "knob 'no_such_knob'" in problems
     assert "not a raw_tracepoint" in problems
@@ -303,16 +304,16 @@ def test_check_object_reports_mismatches(catalog: cat.Catalog) -> None:
 
 def test_check_object_survives_corrupt_objects(catalog: cat.Catalog) -> None:
     entry = catalog.get("syscount")
-    good = cat.object_path(entry).read_bytes()
+    good = catobj.object_path(entry).read_bytes()
     bad_shoff = good[:40] + b"\xff" * 8 + good[48:]  # section headers far past EOF
     for data in (b"", b"\x7fELF", good[:200], good[: len(good) // 2], bad_shoff):
-        problems = cat.check_object(entry, data)
+        problems = catobj.check_object(entry, data)
         assert problems and "not a readable ELF object" in problems[0]
 
 
 def test_knob_defaults(catalog: cat.Catalog) -> None:
     for entry in catalog:
-        elf = _elf(cat.object_path(entry))
+        elf = _elf(catobj.object_path(entry))
         rodata = elf.get_section_by_name(".rodata").data()
         syms = _symbols_in(elf, ".rodata")
         values = {k: struct.unpack_from("<I", rodata, off)[0] for k, off in syms.items()}
@@ -328,7 +329,7 @@ def test_event_type_is_in_btf(catalog: cat.Catalog) -> None:
     entry = catalog.get("execsnoop")
     m = entry.map("events")
     assert m.show == "events" and m.event_type == "exec_event"
-    btf = _elf(cat.object_path(entry)).get_section_by_name(".BTF").data()
+    btf = _elf(catobj.object_path(entry)).get_section_by_name(".BTF").data()
     assert "exec_event" in _btf_struct_names(btf)
 
 
@@ -351,7 +352,7 @@ def _helper_calls(path: Path) -> list[tuple[str, int, int]]:
 
 def test_no_forbidden_helper_calls(catalog: cat.Catalog) -> None:
     for entry in catalog:
-        calls = _helper_calls(cat.object_path(entry))
+        calls = _helper_calls(catobj.object_path(entry))
         assert calls, entry.name  # the scan does see the helper calls
         bad = [c for c in calls if c[2] in (BPF_FUNC_TRACE_PRINTK, BPF_FUNC_PROBE_WRITE_USER)]
         assert bad == [], entry.name
@@ -538,7 +539,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_minimal_catalog_loads(tmp_path: Path) -> None:
     c = cat.load_catalog(_write(tmp_path, GOOD))
     p = c.get("demo")
-    assert cat.object_path(p) == tmp_path / "programs" / "demo.bpf.o"
+    assert catobj.object_path(p) == tmp_path / "programs" / "demo.bpf.o"
     assert p.fields[0].variant is None
     assert p.fields[0].optional is False
     assert p.knobs == ("target_uid", "off_pid")

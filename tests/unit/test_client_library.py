@@ -27,7 +27,7 @@ import grpc
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.client import Broker, BrokerError, BrokerUnreachable, ClientError, UsageError
 from gfxbpf.client.cli import gfxclient as cli
 from gfxbpf.client.errors import EXIT_DENIED, EXIT_UNAVAILABLE, EXIT_UNREACHABLE

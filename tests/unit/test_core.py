@@ -18,12 +18,14 @@ import pytest
 from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.btf.encode import encode_types
 from gfxbpf.bpf.btf.kinds import KIND_STRUCT, Int, Member, Struct, Void
-from gfxbpf.bpf.core.apply import CoreRecord, CoreResult, relocate
+from gfxbpf.bpf.core.apply import CoreRecord, CoreResult
 from gfxbpf.bpf.core.match import types_match
 from gfxbpf.bpf.core.patch import POISON_IMM, patch
 from gfxbpf.bpf.core.relo import CoreError, CoreKind, essential_name, parse_spec
 from gfxbpf.bpf.core.resolve import Resolution
 from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.corerelo import relocate
+from gfxbpf.bpf.kernel.vmlinux import kernel_target, module_order
 from gfxbpf.bpf.object import ObjectSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"
@@ -305,8 +307,6 @@ def test_corrupt_records_give_core_errors_only() -> None:
 
 
 def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) -> None:
-    from gfxbpf.bpf.core.target import module_order
-
     base = target_btf("target_old")
     table = Target.from_blobs(base).vmlinux.table
     root = tmp_path / "btf"
@@ -319,7 +319,7 @@ def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) ->
     # /proc/modules lists the newest module first.
     proc.write_text("nvidia 1 0 - Live 0x0\nzeta 1 0 - Live 0x0\n")
     assert module_order(str(root), str(proc)) == ["zeta", "nvidia", "alpha"]
-    t = Target.kernel(str(root))
+    t = kernel_target(str(root))
     local = spec().btf.types[spec().btf.find("only_new", KIND_STRUCT)]  # type: ignore[union-attr,index]
     found = t.candidates(local)
     assert [c.btf_name for c in found] == [m.name for m in t.modules()]
@@ -328,4 +328,4 @@ def test_kernel_target_reads_modules_from_sysfs_in_load_order(tmp_path: Path) ->
 
 def test_kernel_without_btf_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CoreError, match="CONFIG_DEBUG_INFO_BTF"):
-        Target.kernel(str(tmp_path))
+        kernel_target(str(tmp_path))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.catalog import entries
+from gfxbpf.catalog import entries, objects
 from gfxbpf.client.cli import cuda_kernels as ck
 from gfxbpf.client.errors import UsageError
 from gfxbpf.exporter import kernels, mapping
@@ -29,7 +29,7 @@ def test_the_catalog_attaches_each_probe_of_the_injection_library() -> None:
         "cupti_memset": "gfxcupti:memset",
     }
     assert entry.scopes == ("self", "system")
-    assert entries.check_object(entry) == []
+    assert objects.check_object(entry) == []
 
 
 def test_a_usdt_attach_needs_a_provider_and_name() -> None:

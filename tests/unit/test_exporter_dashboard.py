@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gfxbpf.bpf.object import ObjectSpec
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 from gfxbpf.exporter import mapping, tables
 from gfxbpf.exporter.collector import STATUS_SAMPLES
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.bpf.btf.blob import Datasec, Var
+from gfxbpf.bpf.btf.facade import Datasec, Var
 from gfxbpf.bpf.externs import kconfig
 from gfxbpf.bpf.externs.decls import ExternError, encode_kconfig
-from gfxbpf.bpf.object import ObjectSpec, UnsupportedError
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import UnsupportedError
 from tests.conftest import compile_bpf
 
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "programs"

@@ -14,6 +14,8 @@ import grpc
 import pytest
 
 from gfxbpf.broker.access.tokens import TokenStore
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.grpc.server import (
     META_CODE,
     META_ERROR,
@@ -22,7 +24,6 @@ from gfxbpf.broker.grpc.server import (
     start_grpc_server,
 )
 from gfxbpf.broker.policy.rules import Policy
-from gfxbpf.broker.service import BrokerError, Caller
 from gfxbpf.proto import gfxbpf_pb2 as pb
 from gfxbpf.proto import gfxbpf_pb2_grpc as pb_grpc
 

@@ -9,7 +9,8 @@ import pytest
 
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import load_catalog, read_object
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import read_object
 
 FORMATS = Path(__file__).resolve().parent.parent / "data" / "formats"
 CATALOG = load_catalog()

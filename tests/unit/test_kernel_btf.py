@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.bpf.btf.encode import encode_types
-from gfxbpf.bpf.btf.kernel import KernelBtfError, KernelType, find_type
 from gfxbpf.bpf.btf.kinds import KIND_TYPEDEF, Int, Typedef, Void
 from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.kernel.vmlinux import KernelBtfError, KernelType, find_type
 from gfxbpf.bpf.object import ObjectSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "core"

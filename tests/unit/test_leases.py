@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from gfxbpf.broker.access.leases import LeaseManager
-from gfxbpf.broker.service import BrokerError, Caller
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ALICE = Caller(uid=1001, gid=1001, gids=(1001,), pid=0, transport="grpc")

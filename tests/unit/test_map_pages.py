@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from gfxbpf.bpf.btf.blob import Btf
+from gfxbpf.bpf.btf.facade import Btf
 from gfxbpf.client.errors import ProtocolError
 from gfxbpf.client.handle import ClientMap, fold_counters
 from gfxbpf.proto import gfxbpf_pb2 as pb

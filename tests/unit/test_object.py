@@ -11,8 +11,10 @@ import pytest
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import SLOT
-from gfxbpf.bpf.object import ObjectError, ObjectSpec, UnsupportedError, internal_map_name
-from gfxbpf.catalog.entries import load_catalog, object_path
+from gfxbpf.bpf.object import ObjectSpec, internal_map_name
+from gfxbpf.bpf.specs import ObjectError, UnsupportedError
+from gfxbpf.catalog.entries import load_catalog
+from gfxbpf.catalog.objects import object_path
 from tests.conftest import compile_bpf
 
 CATALOG = load_catalog()

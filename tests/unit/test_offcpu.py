@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gfxbpf.broker.errors import BrokerError
+from gfxbpf.broker.owners import Caller
 from gfxbpf.broker.policy.rules import Policy, PolicyError
 from gfxbpf.broker.request.params import check_params
 from gfxbpf.broker.request.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
 from gfxbpf.catalog import entries as cat
 from gfxbpf.catalog.instance import Params, prepare
 from gfxbpf.client.cli import profile_cmd

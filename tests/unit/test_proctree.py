@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from gfxbpf.broker import proctree as broker_tree
-from gfxbpf.client import proctree as client_tree
+from gfxbpf.catalog import proctree as broker_tree
+from gfxbpf.client import family as client_tree
 
 ALICE, ROOT_UID = 1000, 0
 

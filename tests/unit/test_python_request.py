@@ -1,6 +1,6 @@
 """Python files and frame depth in attach requests (stackcopy, ustackcopy):
 the broker's checks (broker/request/pyfiles.py), the policy's
-max_python_frames, and what lands in the object (catalog/pyfiles.py)."""
+max_python_frames, and what lands in the object (catalog/pymaps.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import struct
 import pytest
 
 from gfxbpf.broker.errors import BrokerError
+from gfxbpf.broker.owners import Caller
 from gfxbpf.broker.policy.rules import Policy, PolicyError
 from gfxbpf.broker.request.params import check_params
 from gfxbpf.broker.request.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
-from gfxbpf.catalog import pyfiles
+from gfxbpf.catalog import pymaps
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.catalog.instance import ParameterError, Params, prepare
 from gfxbpf.catalog.python.layouts import LAYOUTS
@@ -39,7 +39,7 @@ def _file(ino: int = 5, major: int = 3, minor: int = 11) -> pb.PythonFile:
 
 def test_files_pass_to_the_target() -> None:
     files, frames = _check("stackcopy", pb.AttachParams(python_files=[_file()]))
-    assert files == (pyfiles.PythonFile(0x800001, 5, 0x63C740, (3, 11)),)
+    assert files == (pymaps.PythonFile(0x800001, 5, 0x63C740, (3, 11)),)
     assert frames is None  # the object's 64
 
 
@@ -96,9 +96,9 @@ def test_the_depth_knob_lands_in_rodata(name: str) -> None:
 def test_layout_slots_and_the_packed_struct() -> None:
     # struct py_layout in gfx_python.h: 28 u32, the version first.
     for i, version in enumerate(sorted(LAYOUTS)):
-        assert pyfiles.layout_index(version) == i
+        assert pymaps.layout_index(version) == i
         packed = LAYOUTS[version].pack()
         assert len(packed) == 28 * 4
         assert struct.unpack_from("<I", packed)[0] == version[0] << 8 | version[1]
     assert len(LAYOUTS) <= 16  # GFX_PY_LAYOUTS
-    assert pyfiles.layout_index((2, 7)) is None
+    assert pymaps.layout_index((2, 7)) is None

@@ -11,7 +11,8 @@ import pytest
 
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.catalog import instance
-from gfxbpf.catalog.entries import FIELD_ABSENT, load_catalog, read_object
+from gfxbpf.catalog.entries import FIELD_ABSENT, load_catalog
+from gfxbpf.catalog.objects import read_object
 from tests.release_formats import LACKS, RELEASES_DIR, RUNS, exists_in, reader_for, releases
 
 CATALOG = load_catalog()

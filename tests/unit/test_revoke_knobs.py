@@ -11,7 +11,7 @@ import dataclasses
 from gfxbpf.broker import revoke
 from gfxbpf.broker.policy.model import ProgramEntry
 from gfxbpf.catalog.instance import Params
-from gfxbpf.catalog.pyfiles import PythonFile
+from gfxbpf.catalog.pymaps import PythonFile
 
 ENTRY = ProgramEntry(index=1, name="stackcopy", sha256="0" * 64)
 

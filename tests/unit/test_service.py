@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 
-from gfxbpf.bpf.btf import kernel as kernel_btf
+from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import tracefs
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.broker import features, replies
 from gfxbpf.broker.auditlog import AuditLog
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.rules import NameResolver, Policy
-from gfxbpf.broker.service import BrokerError, Caller, Service
+from gfxbpf.broker.service import Service
 from gfxbpf.catalog import instance as bpfinstance
 from gfxbpf.catalog.entries import Catalog, load_catalog
 from gfxbpf.catalog.instance import Params

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from gfxbpf.broker.errors import BrokerError
+from gfxbpf.broker.owners import Caller
 from gfxbpf.broker.policy.rules import Policy, PolicyError
 from gfxbpf.broker.request.params import check_params
 from gfxbpf.broker.request.resolve import Resolved
-from gfxbpf.broker.sessions import Caller
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.catalog.instance import Params, prepare
 from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES

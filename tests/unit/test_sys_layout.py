@@ -8,6 +8,7 @@ import errno
 
 import pytest
 
+from gfxbpf.bpf import sysattr
 from gfxbpf.bpf import syscall as bpfsys
 
 
@@ -16,37 +17,37 @@ def offsets(struct_type: type[ctypes.Structure]) -> dict[str, int]:
 
 
 def test_union_size() -> None:
-    assert ctypes.sizeof(bpfsys.BpfAttr) == 168 == bpfsys.ATTR_SIZE
+    assert ctypes.sizeof(sysattr.BpfAttr) == 168 == sysattr.ATTR_SIZE
     # Every command's view starts at offset 0 of the union.
-    for name, *_ in bpfsys.BpfAttr._fields_:
-        assert getattr(bpfsys.BpfAttr, name).offset == 0
-        assert getattr(bpfsys.BpfAttr, name).size <= 168
+    for name, *_ in sysattr.BpfAttr._fields_:
+        assert getattr(sysattr.BpfAttr, name).offset == 0
+        assert getattr(sysattr.BpfAttr, name).size <= 168
 
 
 def test_map_create() -> None:
-    o = offsets(bpfsys.MapCreateAttr)
+    o = offsets(sysattr.MapCreateAttr)
     assert o["map_type"] == 0 and o["key_size"] == 4 and o["value_size"] == 8
     assert o["max_entries"] == 12 and o["map_flags"] == 16 and o["inner_map_fd"] == 20
     assert o["numa_node"] == 24 and o["map_name"] == 28 and o["map_ifindex"] == 44
     assert o["btf_fd"] == 48 and o["btf_key_type_id"] == 52 and o["btf_value_type_id"] == 56
     assert o["map_extra"] == 64
-    assert bpfsys.MapCreateAttr.map_name.size == 16
+    assert sysattr.MapCreateAttr.map_name.size == 16
 
 
 def test_elem_ops() -> None:
-    o = offsets(bpfsys.MapElemAttr)
+    o = offsets(sysattr.MapElemAttr)
     assert (o["map_fd"], o["key"], o["value"], o["flags"]) == (0, 8, 16, 24)
-    assert ctypes.sizeof(bpfsys.MapElemAttr) == 32
+    assert ctypes.sizeof(sysattr.MapElemAttr) == 32
 
 
 def test_lookup_batch() -> None:
-    o = offsets(bpfsys.MapBatchAttr)
+    o = offsets(sysattr.MapBatchAttr)
     assert (o["in_batch"], o["out_batch"], o["keys"], o["values"]) == (0, 8, 16, 24)
     assert (o["count"], o["map_fd"], o["elem_flags"], o["flags"]) == (32, 36, 40, 48)
 
 
 def test_prog_load() -> None:
-    o = offsets(bpfsys.ProgLoadAttr)
+    o = offsets(sysattr.ProgLoadAttr)
     want = {
         "prog_type": 0,
         "insn_cnt": 4,
@@ -80,15 +81,15 @@ def test_prog_load() -> None:
 
 
 def test_btf_load() -> None:
-    o = offsets(bpfsys.BtfLoadAttr)
+    o = offsets(sysattr.BtfLoadAttr)
     assert o["btf"] == 0 and o["btf_log_buf"] == 8 and o["btf_size"] == 16
     assert o["btf_log_size"] == 20 and o["btf_log_level"] == 24 and o["btf_log_true_size"] == 28
 
 
 def test_info_by_fd_and_infos() -> None:
-    o = offsets(bpfsys.InfoByFdAttr)
+    o = offsets(sysattr.InfoByFdAttr)
     assert (o["bpf_fd"], o["info_len"], o["info"]) == (0, 4, 8)
-    p = offsets(bpfsys.BpfProgInfo)
+    p = offsets(sysattr.BpfProgInfo)
     want = {
         "type": 0,
         "id": 4,
@@ -104,8 +105,8 @@ def test_info_by_fd_and_infos() -> None:
         "recursion_misses": 208,
     }
     assert {k: p[k] for k in want} == want
-    assert ctypes.sizeof(bpfsys.BpfProgInfo) == 232  # as of uapi 6.1
-    m = offsets(bpfsys.BpfMapInfo)
+    assert ctypes.sizeof(sysattr.BpfProgInfo) == 232  # as of uapi 6.1
+    m = offsets(sysattr.BpfMapInfo)
     want = {
         "type": 0,
         "id": 4,
@@ -120,20 +121,20 @@ def test_info_by_fd_and_infos() -> None:
         "map_extra": 80,
     }
     assert {k: m[k] for k in want} == want
-    assert ctypes.sizeof(bpfsys.BpfMapInfo) == 88
+    assert ctypes.sizeof(sysattr.BpfMapInfo) == 88
 
 
 def test_attach_and_misc() -> None:
-    o = offsets(bpfsys.RawTracepointAttr)
+    o = offsets(sysattr.RawTracepointAttr)
     assert (o["name"], o["prog_fd"]) == (0, 8)
-    o = offsets(bpfsys.LinkCreateAttr)
+    o = offsets(sysattr.LinkCreateAttr)
     assert (o["prog_fd"], o["target_fd"], o["attach_type"], o["flags"]) == (0, 4, 8, 12)
     assert o["bpf_cookie"] == 16  # link_create.perf_event.bpf_cookie
-    assert offsets(bpfsys.MapFreezeAttr)["map_fd"] == 0
-    assert offsets(bpfsys.EnableStatsAttr)["type"] == 0
-    o = offsets(bpfsys.ProgBindMapAttr)
+    assert offsets(sysattr.MapFreezeAttr)["map_fd"] == 0
+    assert offsets(sysattr.EnableStatsAttr)["type"] == 0
+    o = offsets(sysattr.ProgBindMapAttr)
     assert (o["prog_fd"], o["map_fd"], o["flags"]) == (0, 4, 8)
-    o = offsets(bpfsys.IterCreateAttr)
+    o = offsets(sysattr.IterCreateAttr)
     assert (o["link_fd"], o["flags"]) == (0, 4)
 
 

@@ -7,7 +7,8 @@ import hashlib
 import pytest
 
 from gfxbpf.broker.access.tokens import MAX_TOKEN_CHARS, TokenStore, token_digest
-from gfxbpf.broker.service import BrokerError, Caller
+from gfxbpf.broker.callers import Caller
+from gfxbpf.broker.errors import BrokerError
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ALICE = Caller(uid=1001, gid=1001, gids=(1001, 44), pid=4242, transport="unix")

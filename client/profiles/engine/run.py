@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gfxbpf.client import proctree
+from gfxbpf.client import family
 from gfxbpf.client.profiles import read as profile_read
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Run:
         (through the broker, as over gRPC, only to show progress or find pids)."""
         if self.targets:
             if self.req.children:
-                self.family |= proctree.descendants(self.targets)
+                self.family |= family.descendants(self.targets)
             self.maps.capture(self.targets + sorted(self.family))
         if self.copies is not None:
             from gfxbpf.client.profiles.copies import CopyReader  # imported by copy_reader

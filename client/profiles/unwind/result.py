@@ -2,7 +2,7 @@
 and why the walk stopped early (if it did), with the marker frame and the
 summary lines a profile shows for each reason.
 
-Kept free of ELF and parsing code so the BPF side's reader (profile_read.py)
+Kept free of ELF and parsing code so the BPF side's reader (profiles/copies.py)
 and the writers can import it without paying for the table builder.
 """
 

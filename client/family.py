@@ -1,21 +1,15 @@
-"""A process's live descendants, from /proc (world-readable `stat` files):
+"""A process's live family, its descendants, from /proc (world-readable files):
 which processes of a tree to name symbols for (their /proc/PID/maps) and,
 with several --pid, which samples to keep. The kernel follows the tree for
-the broker's programs (catalog/programs/gfx_tree.h); this only looks."""
+the broker's programs (catalog/programs/gfx_tree.h); this only looks, with
+catalog/proctree.py's scan where /proc has no `children` files."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-
-def _parent(pid: int, proc: str) -> int | None:
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-            return int(f.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+from gfxbpf.catalog import proctree
 
 
 def descendants(pids: Iterable[int], proc: str = "/proc") -> set[int]:
@@ -44,33 +38,21 @@ def _children(pid: int, proc: str) -> list[int]:
     return out
 
 
-def _down_from(pids: Iterable[int], proc: str) -> set[int]:
+def _walk(pids: Iterable[int], kids: Callable[[int], Iterable[int]]) -> set[int]:
     out: set[int] = set()
-    todo = [c for p in pids for c in _children(p, proc)]
+    todo = [c for p in pids for c in kids(p)]
     while todo:
         p = todo.pop()
         if p not in out:
             out.add(p)
-            todo.extend(_children(p, proc))
+            todo.extend(kids(p))
     return out
+
+
+def _down_from(pids: Iterable[int], proc: str) -> set[int]:
+    return _walk(pids, lambda p: _children(p, proc))
 
 
 def _by_scan(pids: Iterable[int], proc: str) -> set[int]:
-    children: dict[int, list[int]] = {}
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return set()
-    for name in names:
-        if name.isdigit():
-            ppid = _parent(int(name), proc)
-            if ppid:
-                children.setdefault(ppid, []).append(int(name))
-    out: set[int] = set()
-    todo = [c for p in pids for c in children.get(p, ())]
-    while todo:
-        p = todo.pop()
-        if p not in out:
-            out.add(p)
-            todo.extend(children.get(p, ()))
-    return out
+    tree = proctree.children(proc)  # one scan of every process's parent
+    return _walk(pids, lambda p: tree.get(p, ()))

@@ -9,7 +9,7 @@ Python values.
 The work is split by job: btf_types (kinds, BtfError, a dataclass per
 kind), btf_table (lookups), btf_parse, btf_encode, btf_decode, btf_maps
 (`.maps` definitions, parse_btf_maps) and btf_ext (`.BTF.ext`). This module
-re-exports their public names, so `from gfxbpf.bpf.btf.blob import X` finds them.
+re-exports their public names, so `from gfxbpf.bpf.btf.facade import X` finds them.
 
 Every corrupt input raises BtfError (a ValueError) saying what is wrong and
 where (byte offset or type id); nothing else escapes, and nothing recurses
@@ -18,7 +18,6 @@ without bound.
 
 from __future__ import annotations
 
-import importlib
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -85,6 +84,7 @@ from gfxbpf.bpf.btf.kinds import (
 )
 from gfxbpf.bpf.btf.parse import HEADER, parse_blob
 from gfxbpf.bpf.btf.table import TypeTable
+from gfxbpf.bpf.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from gfxbpf.bpf.btf.ext import (
@@ -113,13 +113,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"gfxbpf.bpf.btf.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports("gfxbpf.bpf.btf", _LAZY, globals())
 
 
 __all__ = [

@@ -13,9 +13,8 @@ import ctypes
 import errno
 import os
 
-from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import BPF_TRACE_ITER
-from gfxbpf.bpf.link import perf
+from gfxbpf.bpf.link import bpflink, perf
 from gfxbpf.bpf.link.attach import (
     AttachError,
     LinkAttachment,
@@ -32,7 +31,7 @@ MAX_ITER_OUTPUT = 64 << 20  # bounds what read_iter() collects from one run
 def attach_btf_traced(prog_fd: int, description: str) -> LinkAttachment:
     """Attach a tp_btf, fentry or fexit program to the target named at load time."""
     try:
-        fd = bpfsys.raw_tracepoint_open(None, prog_fd)
+        fd = bpflink.raw_tracepoint_open(None, prog_fd)
     except OSError as e:
         raise AttachError(e.errno or errno.EINVAL, f"attaching {description}: {e}") from None
     return LinkAttachment(description, fd)
@@ -41,7 +40,7 @@ def attach_btf_traced(prog_fd: int, description: str) -> LinkAttachment:
 def attach_iter(prog_fd: int, description: str) -> LinkAttachment:
     """Create an iterator link for an iter/ program; read it with read_iter()."""
     try:
-        fd = bpfsys.link_create(prog_fd, 0, BPF_TRACE_ITER)
+        fd = bpflink.link_create(prog_fd, 0, BPF_TRACE_ITER)
     except OSError as e:
         raise AttachError(e.errno or errno.EINVAL, f"attaching {description}: {e}") from None
     return LinkAttachment(description, fd)
@@ -50,7 +49,7 @@ def attach_iter(prog_fd: int, description: str) -> LinkAttachment:
 def read_iter(link: LinkAttachment, limit: int = MAX_ITER_OUTPUT) -> bytes:
     """Run the iterator once: everything its program wrote with seq_printf/seq_write."""
     try:
-        fd = bpfsys.iter_create(link.fd)
+        fd = bpflink.iter_create(link.fd)
     except OSError as e:
         raise AttachError(e.errno or errno.EINVAL, f"reading {link.description}: {e}") from None
     chunks: list[bytes] = []

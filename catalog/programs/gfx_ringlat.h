@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Job latency histograms per GPU ring (amdgpu, drmsched): a map keyed by
- * (ring name, log2(ns)) counting jobs.
+ * (ring name, log2(ns)) counting jobs. Not gfxbpf_ring.h, the BPF ring buffer.
  */
-#ifndef GFX_RING_H
-#define GFX_RING_H
+#ifndef GFX_RINGLAT_H
+#define GFX_RINGLAT_H
 
 #include "gfxbpf.h"
 
@@ -26,4 +26,4 @@ static __always_inline void gfx_ring_latency(void *map, const char *ring, __u64 
 	gfx_count(map, &key, 1);
 }
 
-#endif /* GFX_RING_H */
+#endif /* GFX_RINGLAT_H */

@@ -1,4 +1,6 @@
-"""CO-RE relocations of an object as plain data and text, for `python -m gfxbpf.bpf inspect`.
+"""CO-RE on an object: core/apply.py given an ObjectSpec's BTF, records and
+programs (what the loader relocates), and the relocations as plain data and
+text, for `python -m gfxbpf.bpf inspect`.
 
 Each relocation shows its kind, the local type and access, and how it
 resolves against a target: the running kernel's BTF by default, or a BTF
@@ -8,18 +10,44 @@ stands in for a kernel).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-from gfxbpf.bpf.core.apply import CoreRecord, has_core_relos, relocate
+from gfxbpf.bpf.core import apply
+from gfxbpf.bpf.core.apply import CoreRecord, CoreResult
 from gfxbpf.bpf.core.relo import CoreError
-from gfxbpf.bpf.core.target import SYSFS_BTF, Target
-from gfxbpf.bpf.object import ObjectError, ObjectSpec
+from gfxbpf.bpf.core.target import Target
+from gfxbpf.bpf.kernel.vmlinux import SYSFS_BTF, kernel_target
+from gfxbpf.bpf.object import ObjectSpec
+from gfxbpf.bpf.specs import ObjectError
+
+
+def has_core_relos(spec: ObjectSpec, only: Collection[str] | None = None) -> bool:
+    """Whether the object (or the programs in only, and any subprogram) has CO-RE relocations."""
+    if spec.btf_ext is None:
+        return False
+    return apply.has_core_relos(spec.btf_ext.core_relos, list(spec.programs.values()), only)
+
+
+def relocate(
+    spec: ObjectSpec,
+    target: Target,
+    strict: bool = True,
+    also: Collection[str] = (),
+    only: Collection[str] | None = None,
+) -> CoreResult:
+    """Every CO-RE relocation of spec's programs resolved against target and
+    patched (core/apply.py's relocate, which says what strict, also and only mean)."""
+    if spec.btf is None or spec.btf_ext is None:
+        return CoreResult()
+    progs = list(spec.programs.values())
+    return apply.relocate(spec.btf, spec.btf_ext.core_relos, progs, target, strict, also, only)
 
 
 def load_target(path: str | None) -> tuple[Target, str]:
     """The target to resolve against, and how to name it. CoreError if unreadable."""
     if path is None:
-        return Target.kernel(), f"running kernel ({SYSFS_BTF})"
+        return kernel_target(), f"running kernel ({SYSFS_BTF})"
     try:
         with open(path, "rb") as f:
             data = f.read()
