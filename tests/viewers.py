@@ -22,7 +22,7 @@ PPROF = TOOLS / "pprof"
 SPEEDSCOPE_PAGE = TOOLS / "speedscope/node_modules/speedscope/dist/release/index.html"
 # The toolbar's line for the profile shown, where there are several: "NAME (i/n)".
 _SHOWN = re.compile(r"^(.*) \((\d+)/(\d+)\)$")
-_MISSING = "is missing (tools/setup.sh installs it: tools/profile_viewers.sh)"
+_MISSING = "is missing (tools/test_deps.sh installs it: tools/profile_viewers.sh)"
 
 
 def need_pprof() -> None:

@@ -7,7 +7,7 @@
 #               GOPATH mode over /usr/share/gocode, where Debian's Go
 #               source packages put their code and dependencies.
 #   speedscope/ the npm package `speedscope` (its page and importer), a pinned version.
-# Run by tools/setup.sh after the Debian packages; idempotent: a second run
+# Run by tools/test_deps.sh after the Debian packages; idempotent: a second run
 # only checks the versions it recorded.
 set -euo pipefail
 cd "$(dirname "$0")/.."

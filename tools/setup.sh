@@ -20,7 +20,6 @@ DEB_PACKAGES=(
     binutils   # c++filt: readable C++ frames in profiles; objcopy: debug-file tests
     xz-utils gzip   # real stripped Debian programs the unwinder tests profile
     debootstrap   # the kernel tests' Debian 13 userland (tools/debian13_rootfs.sh)
-    golang-go golang-github-google-pprof-dev   # Google's pprof, built by tools/profile_viewers.sh
 )
 
 missing=()
@@ -35,9 +34,6 @@ if ((${#missing[@]})); then
     apt_get_waiting install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Google's pprof and speedscope: the profile-format tests read our files with them.
-tools/profile_viewers.sh
-
 # A venv built on Debian's python under /opt, readable by every user: the
 # tests run the broker and clients as non-root users, who cannot read /root.
 if [ ! -x "$VENV/bin/python" ]; then
@@ -45,13 +41,6 @@ if [ ! -x "$VENV/bin/python" ]; then
     mkdir -p "$(dirname "$VENV")"
     /usr/bin/python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
-fi
-# PyTorch's CPU build: tests/kernel/test_torch_profile.py profiles a real training
-# loop with it (a 190 MB wheel, about 850 MB in the venv with its dependencies).
-TORCH=2.13.0+cpu
-if [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" != "$TORCH" ]; then
-    echo "setup: installing torch $TORCH into $VENV"
-    "$VENV/bin/pip" install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$TORCH"
 fi
 # The CUPTI injection library, once per CUDA major (gpu/cupti/build.sh; wheels from PyPI).
 gpu/cupti/build.sh --out "$(dirname "$VENV")/cupti" --python "$VENV/bin/python"

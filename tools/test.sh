@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 export GFXBPF_VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
+tools/test_deps.sh   # pprof, speedscope and torch: only the tests use them
 VENV=$GFXBPF_VENV
 tools/lint.sh   # ruff and mypy first: CI fails when either regresses
 exec "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider tests "$@"

@@ -48,7 +48,7 @@ def _function(frame: str) -> str:
 def work() -> Iterator[Path]:
     r = subprocess.run([VENV_PYTHON, "-c", "import torch"], capture_output=True, text=True)
     if r.returncode != 0:
-        skip_or_fail(f"torch is not installed in {VENV} (tools/setup.sh): {r.stderr[-300:]}")
+        skip_or_fail(f"torch is not installed in {VENV} (tools/test_deps.sh): {r.stderr[-300:]}")
     d = shared_dir(prefix="gfxbpf-torch-")
     os.chown(d, *ensure_user(ALICE))  # alice writes the profile here
     shutil.copy(REPO / "bench" / "torch_cnn.py", d / "train.py")
