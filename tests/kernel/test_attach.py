@@ -23,7 +23,7 @@ import pytest
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.asm import SLOT
 from gfxbpf.bpf.link import attach as attachmod
-from gfxbpf.bpf.link import perf
+from gfxbpf.bpf.link import bpflink, perf
 from gfxbpf.bpf.link.attach import (
     AttachError,
     attach_perf_event,
@@ -378,7 +378,7 @@ def test_fallback_to_ioctl_when_links_are_refused(
     def no_links(*a: object, **kw: object) -> int:
         raise bpfsys.BpfError(errno.EINVAL, "BPF_LINK_CREATE")
 
-    monkeypatch.setattr(bpfsys, "link_create", no_links)
+    monkeypatch.setattr(bpflink, "link_create", no_links)
     c = make_counter(PROG_TRACEPOINT, tgid=os.getpid())
     att = attach_tracepoint(c.prog_fd, "syscalls", "sys_enter_getppid")
     assert att.link_fds == [] and len(att.perf_fds) == 1
