@@ -23,6 +23,14 @@ from tests.conftest import skip_or_fail
 
 BPFFS = "/sys/fs/bpf"
 _MAP_ID = re.compile(r"map\[id:\d+\]")
+# libbpf 1.3 and later (Debian 13's) load usdt programs as uprobe_multi ones
+# where the kernel has those, libbpf 1.1 (Debian 12's) and gfxbpf's plain
+# load() as kprobes: the kernel then serves bpf_get_attach_cookie by another
+# function (..._uprobe_multi, ..._trace), which also changes the tag of the
+# subprogram that calls it (bpf_usdt_arg). The instructions are the same:
+# both names are masked, the subprograms' own code is compared in the dump.
+_COOKIE = re.compile(r"bpf_get_attach_cookie_\w+#-?\d+")
+_SUBPROG_TAG = re.compile(r"#bpf_prog_[0-9a-f]+_")
 
 
 class LibbpfRefused(Exception):
@@ -46,7 +54,12 @@ def xlated(prog_id: int) -> list[str]:
     """bpftool's dump of the kernel's translated code, map ids masked."""
     insns = bpftool_json("prog", "dump", "xlated", "id", str(prog_id))
     assert isinstance(insns, list) and insns, f"empty xlated dump for prog {prog_id}"
-    return [_MAP_ID.sub("map[id:*]", i["disasm"]) for i in insns]
+    out = []
+    for i in insns:
+        line = _MAP_ID.sub("map[id:*]", i["disasm"])
+        line = _SUBPROG_TAG.sub("#bpf_prog_*_", _COOKIE.sub("bpf_get_attach_cookie", line))
+        out.append(line)
+    return out
 
 
 def map_names(prog_id: int) -> set[str]:

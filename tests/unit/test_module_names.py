@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
 import subprocess
 import tokenize
@@ -29,15 +30,27 @@ OTHER_PREFIXES = ("linux/", "asm/", "sys/", "bpf/bpf_", "include/", "drivers/")
 OTHER_PROJECTS = {"bpf_helper_defs.h", "cuda.h", "vmlinux.h", "train.py", "s.py", "pyframes.py"}
 
 
+# Outside a git checkout (CI's Debian 13 userland gets the files without .git
+# and has no git), every file below ROOT but these folders counts.
+_NOT_SOURCES = {".git", "build", "dist", "__pycache__", "node_modules", ".gpu", ".whl"}
+
+
 def _repository_files() -> list[str]:
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return out.split()
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for folder, dirs, names in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if d not in _NOT_SOURCES and not d.endswith(".egg-info")]
+            files += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names]
+        return files
 
 
 def _is_placeholder(ref: str) -> bool:
