@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,8 +21,8 @@ from tests.conftest import compile_bpf, skip_or_fail
 from tests.kernel import brokerenv
 from tests.kernel.bpftool_compare import (
     assert_loads_like_libbpf,
-    bpftool_json,
     ensure_bpffs,
+    libbpf_loads_usdt_for_uprobe_multi,
     xlated,
 )
 
@@ -77,27 +76,11 @@ def _run_attached(target: Path, obj: LoadedObject, probe: str, done: str, **atta
         proc.wait()
 
 
-def _libbpf_loads_usdt_for_uprobe_multi() -> bool:
-    """Whether bpftool's libbpf loads SEC("usdt") programs for uprobe_multi links.
-
-    libbpf 1.3 and later do (expected_attach_type BPF_TRACE_UPROBE_MULTI)
-    where the kernel has uprobe_multi links (Linux 6.6): Debian 13's bpftool
-    (libbpf 1.5). libbpf 1.1 (Debian 12's) loads them with attach type 0. The
-    kernel then resolves bpf_get_attach_cookie to a different helper, so the
-    translated code differs with the attach type.
-    """
-    info = bpftool_json("version")
-    assert isinstance(info, dict)
-    libbpf = tuple(int(x) for x in str(info["libbpf_version"]).split(".")[:2])
-    kernel = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
-    return libbpf >= (1, 3) and kernel >= (6, 6)
-
-
 def test_usdt_object_loads_like_libbpf(tmp_path: Path) -> None:
     obj, spec = _spec(tmp_path)
     assert spec.programs["tick"].attach_kind == "usdt"
     bpffs = ensure_bpffs()
-    if _libbpf_loads_usdt_for_uprobe_multi():
+    if libbpf_loads_usdt_for_uprobe_multi():
         # As the broker loads them too (catalog/instance.py: use_uprobe_multi).
         for prog in spec.programs.values():
             prog.expected_attach_type = BPF_TRACE_UPROBE_MULTI
