@@ -414,7 +414,7 @@ def _python_lines(section: dict[str, Any] | None) -> list[str]:
 
 
 def _summary(req: Request, r: Run, prof: Profile, lost: int, n: int) -> dict[str, Any]:
-    waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
+    waits = r.wait_reader
     return {
         # the catalog programs attached: stackcopy, ustackcopy, offcpu, or the
         # frame-pointer profile and ustacks where the policy grants no copies

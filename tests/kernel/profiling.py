@@ -43,7 +43,8 @@ def held(user: str, argv: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait()
 
 
-def _attach_records(broker: BrokerProcess, program: str, user: str) -> list[dict[str, Any]]:
+def attach_records(broker: BrokerProcess, program: str, user: str = ALICE) -> list[dict[str, Any]]:
+    """The broker's audit lines of user's attaches of program that succeeded."""
     uid = uid_of(user)
     return [
         r
@@ -57,12 +58,12 @@ def _attach_records(broker: BrokerProcess, program: str, user: str) -> list[dict
 
 def attaches(broker: BrokerProcess, program: str, user: str = ALICE) -> int:
     """How many attaches of program by user the broker has audited as done."""
-    return len(_attach_records(broker, program, user))
+    return len(attach_records(broker, program, user))
 
 
 def last_attach_ms(broker: BrokerProcess, program: str, user: str = ALICE) -> float:
     """How long the broker took for user's last attach of program (audited)."""
-    return float(_attach_records(broker, program, user)[-1]["elapsed_ms"])
+    return float(attach_records(broker, program, user)[-1]["elapsed_ms"])
 
 
 def release_on_attach(

@@ -32,7 +32,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.profiling import held, last_attach_ms, release_on_attach
+from tests.kernel.profiling import attach_records, held, last_attach_ms, release_on_attach
 from tests.kernel.rawclient import KERNEL_MIN, kernel_looking, kernel_looking_text
 
 pytestmark = pytest.mark.kernel
@@ -513,14 +513,6 @@ def test_dump_and_watch_leave_the_stack_table_out_with_a_pointer(
         busy.wait()
 
 
-def _stackcopy_attaches(broker: BrokerProcess) -> list[dict[str, Any]]:
-    return [
-        r
-        for r in broker.audit_records()
-        if r.get("op") == "attach" and r.get("result") == "ok" and r.get("program") == "stackcopy"
-    ]
-
-
 def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
     broker: BrokerProcess, progs: dict[str, Path]
 ) -> None:
@@ -531,7 +523,7 @@ def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
     first = run_as(ALICE, [str(progs["hotcold"]), "100000"], background=True)
     second = run_as(ALICE, [str(progs["hotcold"]), "100000"], background=True)
     try:
-        before = len(_stackcopy_attaches(broker))
+        before = len(attach_records(broker, "stackcopy"))
         for target in (first, second):
             out = d / f"warm-{target.pid}.folded"
             r = gfxclient(
@@ -547,7 +539,7 @@ def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
         for p in (first, second):
             p.kill()
             p.wait()
-    _, second_attach = _stackcopy_attaches(broker)[before:]
+    _, second_attach = attach_records(broker, "stackcopy")[before:]
     assert second_attach["warm"] is True, second_attach
     # Another user with the same knobs never gets alice's parked instance.
     bobs = run_as(BOB, [str(progs["hotcold"]), "100000"], background=True)
@@ -562,5 +554,5 @@ def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
         bobs.kill()
         bobs.wait()
         Path("/tmp/bob-warm.folded").unlink(missing_ok=True)
-    bob_attach = _stackcopy_attaches(broker)[-1]
+    bob_attach = attach_records(broker, "stackcopy", BOB)[-1]
     assert bob_attach["uid"] != second_attach["uid"] and bob_attach["warm"] is False, bob_attach

@@ -30,7 +30,7 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     _python_notes(r, prof)
     _copies_hint(r, prof)
-    waits = r.waits if r.waits is not None else r.copies if req.mode == OFF_CPU else None
+    waits = r.wait_reader
     if before := getattr(waits, "before", 0):
         prof.notes.append(
             f"{before} waits were under way when the profile began: their time counts "

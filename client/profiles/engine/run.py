@@ -61,6 +61,15 @@ class Run:
     counters_at_attach: tuple[int, dict[str, int]] = (0, {})
 
     @property
+    def wait_reader(self) -> Copies | None:
+        """What read the waits: --wall's offcpu reader, or an off-CPU profile's copies."""
+        from gfxbpf.client.profiles.engine.request import OFF_CPU
+
+        if self.waits is not None:
+            return self.waits
+        return self.copies if self.req.mode == OFF_CPU else None
+
+    @property
     def targets(self) -> list[int]:
         return [self.child.pid] if self.child else self.req.pids
 
