@@ -132,9 +132,10 @@ class Direct:
         }
         out: dict[tuple[str, str], dict[str, int]] = {}
         for k, v in self.inst.obj.map("kernels").items():
-            _tgid, _uid, _py, name_hash, flags, _ = KERNEL_KEY.unpack(k)
+            _tgid, _uid, _py, name_hash, flags, _weight = KERNEL_KEY.unpack(k)
             n, ns = KERNEL_STATS.unpack(v)
-            key = (names.get(name_hash, hex(name_hash)), "launch seen" if flags else "not seen")
+            seen = {1: "launch seen", 2: "launch not sampled"}.get(flags, "not seen")
+            key = (names.get(name_hash, hex(name_hash)), seen)
             row = out.setdefault(key, {"kernels": 0, "ns": 0})
             row["kernels"] += n
             row["ns"] += ns

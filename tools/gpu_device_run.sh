@@ -11,6 +11,9 @@
 #                                       machine's own libcupti, runs
 #                                       tools/gpu_check.sh with step 6 (--inject)
 #                                       and leaves everything in $OUT
+#   tools/gpu_device_run.sh --parts     there: the same set-up, then only
+#                                       bench/gpu_overhead_parts.py (the cost of
+#                                       listening, part by part) into $OUT/parts.json
 #
 # $OUT (default /tmp/gpu-out) gets: run.log (this script), gpu_check.log (the
 # report, with step 6's JSON), gpu_check.tgz (the work folder), kernels.json,
@@ -50,6 +53,8 @@ prepare() {
 }
 
 if [ "${1:-}" = --prepare ]; then prepare; exit; fi
+PARTS=0
+[ "${1:-}" = --parts ] && { PARTS=1; shift; }
 [ "${1:-}" = "" ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; }
 
 OUT=${OUT:-/tmp/gpu-out}
@@ -99,6 +104,17 @@ say "building the injection library"
 gpu/cupti/build.sh --major 13 "${INCS[@]}" "${LIBARG[@]}" --out /tmp/gfxcupti || exit 1
 chmod -R a+rX /tmp/gfxcupti
 INJECT=/tmp/gfxcupti/libgfxcupti-cu13.so
+
+if [ "$PARTS" = 1 ]; then
+    say "bench/gpu_overhead_parts.py"
+    timeout 400 "$PY" bench/gpu_overhead_parts.py --inject "$INJECT" --python "$PY" \
+        --launches "${GFX_LAUNCHES:-20000}" --out "$OUT/parts.json" > "$OUT/parts.log" 2>&1
+    echo "gpu_overhead_parts.py exit $?"
+    tail -40 "$OUT/parts.log"
+    say "done"
+    sleep 1
+    exit 0
+fi
 
 say "tools/gpu_check.sh with step 6"
 SKIP=()

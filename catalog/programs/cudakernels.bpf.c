@@ -6,7 +6,9 @@
  * probes (records in gfx_cupti.h); attaching raises their semaphores, which
  * is what makes the library collect at all.
  *
- * gfxcupti:launch(runtime id, driver id) fires on the launching thread. In
+ * gfxcupti:launch(runtime id, driver id, weight) fires on the launching
+ * thread, for every launch or, when launches come fast, for 1 in `weight`
+ * drawn at random by the library (gfx_cupti.h). In
  * scope self it walks the Python frames there (gfx_python.h), remembers the
  * chain's hash under (tgid, correlation id) for each id, counts the launch per (tgid,
  * chain) and, when that count reaches a power of two, sends the Python record
@@ -14,8 +16,11 @@
  * launch stack, as ustackcopy does for a uprobe. gfxcupti:kernel(record,
  * name) fires later, from the library's thread, once per kernel the GPU ran:
  * it takes the launch's chain by correlation id and adds one kernel and its
- * device nanoseconds (end - start) to the row (tgid, uid, chain, name hash),
- * and keeps the name once per hash. Copies (memcpy, memset) count per
+ * device nanoseconds (end - start) to the row (tgid, uid, chain, name hash,
+ * weight), and keeps the name once per hash. Rows hold exact counts of what
+ * they saw; a row's weight scales them into an estimate for its chain. The
+ * kernels of launches the library left out go to rows flagged ROW_NOT_SAMPLED
+ * (chain 0, weight 0): per kernel name, all rows together are exact. Copies (memcpy, memset) count per
  * (tgid, uid, kind) with bytes and device time.
  *
  * Scope system (target_uid GFX_ANY): no Python walk and no stack copy (those
@@ -37,7 +42,8 @@
 #define MAX_ROWS 4096
 #define MAX_NAMES 1024
 #define MAX_PENDING 65536
-#define ROW_LAUNCHED 1  /* kernel_key.flags: the launch was seen (its chain is known) */
+#define ROW_LAUNCHED 1     /* kernel_key.flags: the launch was seen (its chain is known) */
+#define ROW_NOT_SAMPLED 2  /* its launch was left out by the library's sampling */
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -49,7 +55,14 @@ struct kernel_key {
 	__u32 uid;
 	__u64 python;     /* hash of the launch's Python chain (0: none or system scope) */
 	__u64 name_hash;  /* FNV-1a 64 of the kernel's name (gfx_cupti.h) */
-	__u32 flags;      /* ROW_LAUNCHED */
+	__u32 flags;      /* ROW_LAUNCHED, ROW_NOT_SAMPLED */
+	__u32 weight;     /* launches each sampled one stands for (ROW_LAUNCHED rows) */
+};
+
+/* What a launch left for its kernel's record. */
+struct launch_seen {
+	__u64 python;
+	__u32 weight;
 	__u32 pad;
 };
 
@@ -115,12 +128,12 @@ struct {
 	__type(value, struct kernel_name);
 } name_scratch SEC(".maps");
 
-/* (tgid, correlation id) -> the launch's chain hash, until its kernel record comes */
+/* (tgid, correlation id) -> the launch's chain hash and weight, until its kernel record comes */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_PENDING);
 	__type(key, struct launch_key);
-	__type(value, __u64);
+	__type(value, struct launch_seen);
 } pending SEC(".maps");
 
 /* (tgid, chain) -> launches, which picks the launches that send a stack copy */
@@ -176,8 +189,9 @@ static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __
 /* Remember the launch's chain under both ids: the kernel's record names one
  * (the other entry ages out of the LRU map). */
 SEC("usdt")
-int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id)
+int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id, __u32 weight)
 {
+	struct launch_seen seen = {.weight = weight ? weight : 1};
 	struct launch_key lk = {};
 	struct chain_key ck = {};
 	struct py_rec *py = 0;
@@ -191,13 +205,14 @@ int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id)
 		if (py && gfx_py_walk(py))
 			python = gfx_py_chain_hash(py);
 	}
+	seen.python = python;
 	if (runtime_id) {
 		lk.correlation_id = runtime_id;
-		bpf_map_update_elem(&pending, &lk, &python, BPF_ANY);
+		bpf_map_update_elem(&pending, &lk, &seen, BPF_ANY);
 	}
 	if (driver_id) {
 		lk.correlation_id = driver_id;
-		bpf_map_update_elem(&pending, &lk, &python, BPF_ANY);
+		bpf_map_update_elem(&pending, &lk, &seen, BPF_ANY);
 	}
 	if (target_uid == GFX_ANY)
 		return 0;
@@ -231,8 +246,9 @@ int BPF_USDT(cupti_kernel, void *record, const char *name)
 	struct gfx_cupti_kernel rec;
 	struct kernel_key key = {};
 	struct launch_key lk = {};
+	struct launch_seen *seen;
 	__u32 one = 1;
-	__u64 *python, ns;
+	__u64 ns;
 
 	if (!in_scope() || bpf_probe_read_user(&rec, sizeof(rec), record))
 		return 0;
@@ -240,11 +256,14 @@ int BPF_USDT(cupti_kernel, void *record, const char *name)
 	key.uid = (__u32)bpf_get_current_uid_gid();
 	key.name_hash = rec.name_hash;
 	lk.correlation_id = rec.correlation_id;
-	python = bpf_map_lookup_elem(&pending, &lk);
-	if (python) {
-		key.python = *python;
+	seen = bpf_map_lookup_elem(&pending, &lk);
+	if (seen) {
+		key.python = seen->python;
+		key.weight = seen->weight;
 		key.flags = ROW_LAUNCHED;
 		bpf_map_delete_elem(&pending, &lk);
+	} else if (rec.flags & GFX_CUPTI_NOT_SAMPLED) {
+		key.flags = ROW_NOT_SAMPLED;
 	}
 	ns = rec.end_ns > rec.start_ns ? rec.end_ns - rec.start_ns : 0;
 	st = bpf_map_lookup_elem(&kernels, &key);

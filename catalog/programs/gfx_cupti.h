@@ -7,11 +7,14 @@
  *   gfxcupti:kernel(struct gfx_cupti_kernel *rec, const char *name)
  *   gfxcupti:memcpy(struct gfx_cupti_copy *rec)
  *   gfxcupti:memset(struct gfx_cupti_copy *rec)
- *   gfxcupti:launch(__u32 runtime_id, __u32 driver_id)  -- on the launching thread,
- *       once per launch: at the exit of a runtime launch (cudaLaunchKernel*,
- *       cudaGraphLaunch), with its id and that of the driver call it made (0 if
- *       none was seen); at the entry of a driver launch called directly, runtime
- *       id 0. A kernel's record carries one of the two.
+ *   gfxcupti:launch(__u32 runtime_id, __u32 driver_id, __u32 weight)  -- on the
+ *       launching thread, once per sampled launch: at the exit of a runtime
+ *       launch (cudaLaunchKernel*, cudaGraphLaunch), with its id and that of the
+ *       driver call it made (0 if none was seen); at the entry of a driver
+ *       launch called directly, runtime id 0. A kernel's record carries one of
+ *       the two. weight: 1 while every launch fires the probe; N (a power of
+ *       two) while launches come too fast and 1 in N, drawn at random, does.
+ *       The kernels of the others carry GFX_CUPTI_NOT_SAMPLED.
  *
  * Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns's clock): the
  * library maps CUPTI's GPU timestamps onto it.
@@ -22,6 +25,7 @@
 #include <linux/types.h>
 
 #define GFX_CUPTI_NAME_MAX 256  /* kernel name bytes a reader keeps, NUL included */
+#define GFX_CUPTI_NOT_SAMPLED 1  /* gfx_cupti_kernel.flags: its launch fired no probe */
 
 struct gfx_cupti_kernel {
 	__u64 start_ns;
@@ -33,6 +37,8 @@ struct gfx_cupti_kernel {
 	__u32 stream;
 	__s32 grid[3];
 	__s32 block[3];
+	__u32 flags;  /* GFX_CUPTI_NOT_SAMPLED */
+	__u32 pad;
 };
 
 struct gfx_cupti_copy {

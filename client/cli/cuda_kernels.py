@@ -9,6 +9,12 @@ and device nanoseconds per (process, user, chain hash, kernel name hash);
 carry the Python records that name the chains (the reader and code book of
 `watch cuda --by-python`). In scope system (administrators) there is no
 chain: rows are per process, user and kernel.
+
+When launches come faster than the library's launch rate (GFX_CUPTI_LAUNCH_RATE,
+2000 per second), it probes 1 launch in N at random: a row then holds its
+sampled kernels and their weight N, and the rows per launching function show
+the estimate (count and time times N, marked `~`); the kernels of launches left
+out have their own rows, so the totals per kernel stay exact.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ LIBRARY_PREFIX = "libgfxcupti"
 KERNEL_KEY = struct.Struct("<IIQQII")  # cudakernels.bpf.c struct kernel_key
 KERNEL_STATS = struct.Struct("<QQ")
 LAUNCH_SEEN = 1  # kernel_key.flags
+NOT_SAMPLED = 2  # kernel_key.flags: the library's sampling left its launch out
 NO_LAUNCH = "[launch not seen]"  # the kernel's launch came before attaching
 _UNCOUNTED = (1).to_bytes(4, "little")  # cudakernels.bpf.c: lost[1], kernels not counted
 
@@ -68,6 +75,7 @@ class Kernel:
     kernels: int = 0
     device_ns: int = 0
     chains: dict[tuple[str, ...], list[int]] = field(default_factory=dict)  # -> [kernels, ns]
+    estimated: bool = False  # scaled up from sampled launches
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +86,7 @@ class Kernel:
             "kernels": self.kernels,
             "device_ns": self.device_ns,
             "mean_ns": self.device_ns // self.kernels if self.kernels else 0,
+            "estimated": self.estimated,
             "chains": [
                 {"chain": list(c), "kernels": n, "device_ns": ns}
                 for c, (n, ns) in sorted(self.chains.items(), key=lambda t: -t[1][1])
@@ -85,13 +94,25 @@ class Kernel:
         }
 
 
-Row = tuple[int, int, int, int, int]  # tgid, uid, chain hash, name hash, flags
+Row = tuple[int, int, int, int, int, int]  # tgid, uid, chain hash, name hash, flags, weight
+
+
+def estimate(row: Row, n: int, ns: int) -> tuple[int, int]:
+    """A row's kernels and device ns for its chain: scaled by its weight."""
+    weight = row[5] if row[4] & LAUNCH_SEEN and row[5] > 1 else 1
+    return n * weight, ns * weight
 
 
 def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chains) -> list[Kernel]:
-    """Rows summed per (process, kernel name, innermost Python frame), most device time first."""
+    """Rows summed per (process, kernel name, innermost Python frame), most
+    device time first; kernels whose launch the sampling left out are in their
+    sampled peers' estimates, not in rows of their own."""
     out: dict[tuple[int, str, str], Kernel] = {}
-    for (tgid, uid, chash, nhash, flags), n, ns in rows:
+    for row, raw_n, raw_ns in rows:
+        tgid, uid, chash, nhash, flags, weight = row
+        if flags & NOT_SAMPLED:
+            continue
+        n, ns = estimate(row, raw_n, raw_ns)
         if not flags & LAUNCH_SEEN:
             chain: tuple[str, ...] = (NO_LAUNCH,)
         else:
@@ -100,6 +121,7 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
         leaf = chain[-1] if chain else NO_PYTHON
         name = names.get(nhash, f"[kernel {nhash:#x}]")
         k = out.setdefault((tgid, name, leaf), Kernel(tgid, uid, name, leaf))
+        k.estimated |= flags & LAUNCH_SEEN != 0 and weight > 1
         k.kernels += n
         k.device_ns += ns
         acc = k.chains.setdefault(chain, [0, 0])
@@ -164,10 +186,36 @@ def read_rows(att: Attachment) -> list[tuple[Row, int, int]]:
     for k, v in att.map("kernels").raw_items():
         if len(k) != KERNEL_KEY.size or not isinstance(v, bytes) or len(v) != KERNEL_STATS.size:
             raise ClientError(f"{PROGRAM}'s map 'kernels': unexpected sizes (update gfxclient)")
-        tgid, uid, chash, nhash, flags, _ = KERNEL_KEY.unpack(k)
         n, ns = KERNEL_STATS.unpack(v)
-        out.append(((tgid, uid, chash, nhash, flags), n, ns))
+        out.append((KERNEL_KEY.unpack(k), n, ns))
     return out
+
+
+@dataclass
+class Totals:
+    """Exact counts over every row, and how many kernels' launches were left out."""
+
+    kernels: int = 0
+    device_ns: int = 0
+    not_sampled: int = 0
+
+    @classmethod
+    def of(cls, rows: list[tuple[Row, int, int]]) -> Totals:
+        t = cls()
+        for row, n, ns in rows:
+            t.kernels += n
+            t.device_ns += ns
+            t.not_sampled += n if row[4] & NOT_SAMPLED else 0
+        return t
+
+    def note(self) -> str | None:
+        if not self.not_sampled:
+            return None
+        return (
+            f"launches came too fast to probe each: {self.not_sampled} of {self.kernels} kernels "
+            "were launched unprobed, so counts and times per launching function (~) are "
+            "estimates from a random sample; the totals are exact"
+        )
 
 
 def read_names(att: Attachment) -> dict[int, str]:
@@ -192,6 +240,7 @@ class KernelTimes:
         self.rates: dict[tuple[int, str, str], float] = {}  # device ns per second
         self.prev_t = self.dt = 0.0
         self.lost = 0
+        self.totals = Totals()
 
     def sample(self) -> None:
         chains: Chains = {}
@@ -200,7 +249,9 @@ class KernelTimes:
                 pass
             chains = named_chains(self.reader)
         now = time.monotonic()
-        kernels = group(read_rows(self.att), read_names(self.att), chains)
+        rows = read_rows(self.att)
+        kernels = group(rows, read_names(self.att), chains)
+        self.totals = Totals.of(rows)
         cur = {(k.pid, k.name, k.function): k.device_ns for k in kernels}
         if self.prev_t:
             self.dt = now - self.prev_t
@@ -218,18 +269,18 @@ class KernelTimes:
             "scope": self.att.scope,
             "library": self.library,
             "interval": round(self.dt, 6) if self.dt else None,
-            "kernels": sum(k.kernels for k in self.kernels),
-            "device_ns": sum(k.device_ns for k in self.kernels),
+            "kernels": self.totals.kernels,
+            "device_ns": self.totals.device_ns,
+            "kernels_launched_unprobed": self.totals.not_sampled,
             "lost": self.lost,
             "by_kernel": [k.as_json() for k in self.kernels],
         }
 
     def frame(self, width: int, height: int | None, limit: int | None) -> list[str]:
-        total = sum(k.device_ns for k in self.kernels)
         lines = [
             f"gfxclient watch cuda --gpu · {self.library} · attachment {self.att.id} · "
             f"every {self.interval:g}s · {time.strftime('%H:%M:%S')}",
-            f"{sum(k.kernels for k in self.kernels)} kernels, {humanize_ns(total)} of GPU time, "
+            f"{self.totals.kernels} kernels, {humanize_ns(self.totals.device_ns)} of GPU time, "
             "by kernel and innermost launching Python function:",
         ]
         if not self.kernels:
@@ -244,12 +295,16 @@ class KernelTimes:
             rate = self.rates.get((k.pid, k.name, k.function))
             busy = "" if rate is None else f"{rate / 1e7:.1f}%"  # ns/s -> % of one GPU
             mean = humanize_ns(k.device_ns // k.kernels) if k.kernels else "-"
+            approx = "~" if k.estimated else ""
             lines.append(
-                f"  {k.pid:>8}  {humanize_count(k.kernels):>9}  {humanize_ns(k.device_ns):>9}"
+                f"  {k.pid:>8}  {approx + humanize_count(k.kernels):>9}  "
+                f"{approx + humanize_ns(k.device_ns):>9}"
                 f"  {busy:>6}  {mean:>9}  {printable(k.name)} · {printable(k.function)}"
             )
         if len(shown) < len(self.kernels):
             lines.append(f"  … {len(self.kernels) - len(shown)} more rows")
         if self.lost:
             lines.append(f"note: {self.lost} kernels not counted: the broker's table was full")
+        if self.totals.note():
+            lines.append(f"note: {self.totals.note()}")
         return clip(lines, width, height)

@@ -80,14 +80,20 @@ def take(broker: Broker, stop: StopSignal, pid: int, duration: float | None) -> 
         while reader.drain():
             pass
         names = cuda_kernels.read_names(att)
-        raw = [
-            reader.chain_stack(tgid, chain, names.get(nhash, f"[kernel {nhash:#x}]"), ns)
-            for (tgid, _uid, chain, nhash, _flags), _n, ns in cuda_kernels.read_rows(att)
+        rows = cuda_kernels.read_rows(att)
+        raw = [  # sampled launches stand for those left out (cuda_kernels.estimate)
+            reader.chain_stack(row[0], row[2], names.get(row[3], f"[kernel {row[3]:#x}]"), ns)
+            for row, n, raw_ns in rows
+            if not row[4] & cuda_kernels.NOT_SAMPLED
+            for _, ns in [cuda_kernels.estimate(row, n, raw_ns)]
         ]
+        unprobed = cuda_kernels.Totals.of(rows).note()
     finally:
         att.detach()
     maps.capture([pid])
     prof = symbolizer.symbolize(raw, "nanoseconds", duration_s=round(time.monotonic() - start, 3))
+    if unprobed:
+        prof.notes.append(unprobed)
     if not prof.stacks:
         prof.notes.append(
             "no kernel ran on the GPU while attached (is the process launching, and was it "

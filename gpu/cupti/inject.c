@@ -58,6 +58,30 @@ static CUpti_SubscriberHandle subscriber;
 static int collecting;
 static int warned;
 
+/* Knobs for bench/gpu_overhead_parts.py, which takes the cost of listening
+ * apart on a GPU host; read once at InitializeInjection, unset in production.
+ *   GFX_CUPTI_ALWAYS=1        collect from the start, listened to or not
+ *   GFX_CUPTI_NO_CALLBACKS=1  no launch callbacks (kernels without launch stacks)
+ *   GFX_CUPTI_NO_ACTIVITY=1   launch callbacks only, no activity records
+ *   GFX_CUPTI_LAUNCH_EVERY=N  sample 1 launch in N (a power of two), not adapting */
+static int always, no_callbacks, no_activity;
+
+/* Launch sampling. The launch probe walks the launching thread's stacks (a
+ * uprobe trap and the Python walk: 2-8 us on an H200 against a 7-11 us
+ * launch), so when a thread launches faster than GFX_CUPTI_LAUNCH_RATE per
+ * second (default 2000) only 1 in `every` of its launches (a power of two,
+ * set after each BURST launches from their rate) fires it, drawn at random,
+ * with that number as its weight: a burst of up to BURST launches is probed
+ * whole. Kernels of launches left out are marked GFX_CUPTI_NOT_SAMPLED in
+ * their records: `skipped` remembers those correlation ids until the records
+ * come (the ids are process-wide and increase; 65536 slots cover several
+ * polls' launches at the fastest launch rates). */
+static unsigned launch_rate = 2000;
+#define BURST 256
+static unsigned fixed_every;  /* GFX_CUPTI_LAUNCH_EVERY */
+#define SKIP_SLOTS 65536
+static _Atomic unsigned char skipped[SKIP_SLOTS];
+
 /* Counters for tests and tools (ctypes or dlsym in the traced process). */
 EXPORT unsigned long long gfx_cupti_records(void) { return atomic_load(&records); }
 EXPORT unsigned long long gfx_cupti_launches(void) { return atomic_load(&launches); }
@@ -122,7 +146,10 @@ static uint64_t fnv1a(const char *s)
 
 static void emit_kernel(const CUpti_ActivityKernel9 *k)
 {
+	unsigned char left_out = atomic_load_explicit(&skipped[k->correlationId % SKIP_SLOTS],
+						      memory_order_relaxed);
 	struct gfx_cupti_kernel rec = {
+		.flags = left_out ? GFX_CUPTI_NOT_SAMPLED : 0,
 		.start_ns = to_mono(k->start), .end_ns = to_mono(k->end),
 		.name_hash = fnv1a(k->name), .correlation_id = k->correlationId,
 		.device = k->deviceId, .context = k->contextId, .stream = k->streamId,
@@ -208,11 +235,67 @@ static __thread int in_runtime_launch;
 static atomic_uint session;
 static __thread unsigned thread_session;
 
+static __thread uint64_t rng_state;
+static __thread unsigned every = 1, in_burst, burst_poll;
+static __thread uint64_t burst_start_ns;
+static atomic_uint polls;  /* a thread idle for a poll period re-adapts at its next launch */
+
+/* xorshift64: a per-thread draw for the sampling, a few ns. */
+static uint64_t draw(void)
+{
+	uint64_t x = rng_state;
+
+	if (!x)
+		x = (uint64_t)(uintptr_t)&rng_state ^ mono_ns() ^ 0x9e3779b97f4a7c15ull;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	rng_state = x;
+	return x;
+}
+
+static void mark(uint32_t id, unsigned char left_out)
+{
+	if (id)
+		atomic_store_explicit(&skipped[id % SKIP_SLOTS], left_out, memory_order_relaxed);
+}
+
+/* After each BURST launches of this thread, or its first launch after a
+ * pause: 1 in how many to probe, from the launches' rate since the last time. */
+static void adapt_sampling(void)
+{
+	uint64_t now = mono_ns(), dt = now - burst_start_ns;
+
+	if (fixed_every) {
+		every = fixed_every;
+	} else {
+		every = 1;
+		while (burst_start_ns && every < (1u << 16) &&
+		       (uint64_t)in_burst * 1000000000ull > (uint64_t)launch_rate * every * dt)
+			every <<= 1;
+	}
+	in_burst = 0;
+	burst_start_ns = now;
+	burst_poll = atomic_load_explicit(&polls, memory_order_relaxed);
+}
+
 static void fire_launch(uint32_t runtime, uint32_t driver)
 {
+	unsigned char left_out;
+
+	if (in_burst == BURST || atomic_load_explicit(&polls, memory_order_relaxed) - burst_poll > 1)
+		adapt_sampling();
+	in_burst++;
+	left_out = every > 1 && (draw() & (every - 1)) != 0;
 	atomic_fetch_add(&launches, 1);
-	if (gfxcupti_launch_semaphore)
-		STAP_PROBE2(gfxcupti, launch, runtime, driver);
+	mark(runtime, left_out);
+	mark(driver, left_out);
+	if (!left_out && gfxcupti_launch_semaphore) {
+		uint32_t weight = every;
+
+		__asm__("" : "+r"(weight));  /* a register operand, not a TLS one readers cannot take */
+		STAP_PROBE3(gfxcupti, launch, runtime, driver, weight);
+	}
 }
 
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
@@ -226,6 +309,9 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 	if (thread_session != atomic_load(&session)) {
 		thread_session = atomic_load(&session);
 		in_runtime_launch = 0;
+		in_burst = 0;  /* the sampling starts over too */
+		burst_start_ns = 0;
+		every = fixed_every ? fixed_every : 1;
 	}
 	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
 		if (enter) {
@@ -285,13 +371,15 @@ static void start_collecting(void)
 		return;
 	}
 	atomic_fetch_add(&session, 1);
+	for (size_t i = 0; i < SKIP_SLOTS; i++)
+		atomic_store_explicit(&skipped[i], 0, memory_order_relaxed);
 	calibrate();
 	cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
-	for (size_t i = 0; i < COUNT(runtime_launches); i++)
+	for (size_t i = 0; i < COUNT(runtime_launches) && !no_callbacks; i++)
 		cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
-	for (size_t i = 0; i < COUNT(driver_launches); i++)
+	for (size_t i = 0; i < COUNT(driver_launches) && !no_callbacks; i++)
 		cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
-	for (size_t i = 0; i < COUNT(kinds); i++)
+	for (size_t i = 0; i < COUNT(kinds) && !no_activity; i++)
 		cuptiActivityEnable(kinds[i]);
 	__atomic_store_n(&collecting, 1, __ATOMIC_RELAXED);
 }
@@ -308,8 +396,9 @@ static void stop_collecting(void)
 /* One poll: follow the semaphores, and while collecting hand over what is done. */
 EXPORT void gfx_cupti_poll(void)
 {
-	int want = listened();
+	int want = always || listened();
 
+	atomic_fetch_add_explicit(&polls, 1, memory_order_relaxed);
 	pthread_mutex_lock(&lock);
 	if (want && !collecting)
 		start_collecting();
@@ -346,13 +435,25 @@ static void flush_at_exit(void)
 EXPORT int InitializeInjection(void)
 {
 	static int done;
-	const char *env = getenv("GFX_CUPTI_POLL_MS");
-	long ms = env ? strtol(env, NULL, 10) : 100;
+	const char *env;
+	long ms;
 	pthread_t thread;
 	pthread_attr_t attr;
 
 	if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST))
 		return 1;
+	always = getenv("GFX_CUPTI_ALWAYS") != NULL;
+	no_callbacks = getenv("GFX_CUPTI_NO_CALLBACKS") != NULL;
+	no_activity = getenv("GFX_CUPTI_NO_ACTIVITY") != NULL;
+	env = getenv("GFX_CUPTI_LAUNCH_EVERY");
+	if (env)  /* rounded up to a power of two; 1: every launch, always */
+		for (fixed_every = 1; fixed_every < strtoul(env, NULL, 10) && fixed_every < (1u << 16);)
+			fixed_every <<= 1;
+	env = getenv("GFX_CUPTI_LAUNCH_RATE");
+	if (env && strtoul(env, NULL, 10) > 0)
+		launch_rate = (unsigned)strtoul(env, NULL, 10);
+	env = getenv("GFX_CUPTI_POLL_MS");
+	ms = env ? strtol(env, NULL, 10) : 100;
 	if (ms < 1 || ms > 10000)
 		ms = 100;
 	pthread_attr_init(&attr);

@@ -285,3 +285,41 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     else:
         assert list(rows) == [("gemm", "launch seen")]
     assert all(r["device_ns"] == r["kernels"] * cs.GPU_CHECK_NS for r in rows.values())
+
+
+def _watched(broker: BrokerProcess, built: cs.Built, env: dict[str, str], n: int) -> dict[str, Any]:
+    """`watch cuda --gpu` of alice's workload (library knobs in env) over `a n` and `b n`."""
+    with cs.Workload(built, PYTHON, setpriv_user_argv(ALICE, []), env={**BASE_ENV, **env},
+                     cwd="/") as mine:  # fmt: skip
+        watch = _watch(broker, ALICE, "--pid", str(mine.pid), "--duration", "4")
+        try:
+            _first(watch)
+            _collecting(mine, 1)
+            mine.command(f"a {n}")
+            mine.command(f"b {n}")
+            lines = _finish(watch)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    last: dict[str, Any] = lines[-1]
+    return last
+
+
+def test_fast_launches_are_sampled_and_the_totals_stay_exact(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    """Launches faster than the library probes: 1 in 8 (fixed here) walks the
+    stacks, the rows per launching function are estimates within 15%, and the
+    totals per kernel are exact; at the default, a rate too high for the
+    library's budget (GFX_CUPTI_LAUNCH_RATE) turns sampling on by itself."""
+    n = 4000
+    got = _watched(broker, built, {"GFX_CUPTI_LAUNCH_EVERY": "8"}, n)
+    assert got["kernels"] == 3 * n and got["device_ns"] == n * (2 * cs.NS["gemm"] + cs.NS["relu"])
+    assert 0 < got["kernels_launched_unprobed"] < 3 * n
+    rows = {(k["kernel"], k["function"].split(" (")[0]): k for k in got["by_kernel"]}
+    assert set(rows) == {("gemm", "launch_a"), ("gemm", "launch_b"), ("relu", "launch_b")}, rows
+    for (name, _), row in rows.items():
+        assert row["estimated"] and abs(row["kernels"] - n) <= 0.15 * n, row
+        assert row["device_ns"] == row["kernels"] * cs.NS[name]
+    adaptive = _watched(broker, built, {"GFX_CUPTI_LAUNCH_RATE": "1"}, 5 * n)
+    assert adaptive["kernels"] == 15 * n and adaptive["kernels_launched_unprobed"] > 0, adaptive

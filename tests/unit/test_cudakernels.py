@@ -41,11 +41,11 @@ def test_a_usdt_attach_needs_a_provider_and_name() -> None:
 
 def _rows() -> list[tuple[ck.Row, int, int]]:
     return [
-        ((10, 1000, A, GEMM, ck.LAUNCH_SEEN), 4, 1000),
-        ((10, 1000, B, GEMM, ck.LAUNCH_SEEN), 3, 900),
-        ((10, 1000, B, RELU, ck.LAUNCH_SEEN), 3, 120),
-        ((10, 1000, 0, RELU, 0), 2, 80),  # launched before attaching
-        ((10, 1000, 0xC1, GEMM, ck.LAUNCH_SEEN), 1, 250),  # chain not copied yet
+        ((10, 1000, A, GEMM, ck.LAUNCH_SEEN, 1), 4, 1000),
+        ((10, 1000, B, GEMM, ck.LAUNCH_SEEN, 1), 3, 900),
+        ((10, 1000, B, RELU, ck.LAUNCH_SEEN, 1), 3, 120),
+        ((10, 1000, 0, RELU, 0, 0), 2, 80),  # launched before attaching
+        ((10, 1000, 0xC1, GEMM, ck.LAUNCH_SEEN, 1), 1, 250),  # chain not copied yet
     ]
 
 
@@ -68,6 +68,23 @@ def test_rows_group_by_kernel_and_innermost_python_function() -> None:
     assert first["mean_ns"] == 250 and first["chains"] == [
         {"chain": ["<module> (t.py:9)", "a (t.py:2)"], "kernels": 4, "device_ns": 1000}
     ]
+
+
+def test_sampled_launches_stand_for_those_left_out_and_totals_stay_exact() -> None:
+    """Launches too fast to probe each: rows of weight 4 scale up; the kernels of
+    launches left out have no row of their own in the view but count in the totals."""
+    rows: list[tuple[ck.Row, int, int]] = [
+        ((10, 1000, A, GEMM, ck.LAUNCH_SEEN, 4), 25, 2500),
+        ((10, 1000, B, GEMM, ck.LAUNCH_SEEN, 4), 75, 7500),
+        ((10, 1000, 0, GEMM, ck.NOT_SAMPLED, 0), 300, 30000),
+    ]
+    chains = {(10, A): ("a (t.py:2)",), (10, B): ("b (t.py:5)",)}
+    got = {k.function: (k.kernels, k.device_ns, k.estimated) for k in ck.group(rows, {}, chains)}
+    assert got == {"a (t.py:2)": (100, 10000, True), "b (t.py:5)": (300, 30000, True)}
+    totals = ck.Totals.of(rows)
+    assert (totals.kernels, totals.device_ns, totals.not_sampled) == (400, 40000, 300)
+    assert "300 of 400 kernels" in (totals.note() or "")
+    assert ck.Totals.of(_rows()).note() is None
 
 
 def test_an_unnamed_kernel_shows_its_hash() -> None:
