@@ -4,16 +4,18 @@
  * its USDT probes, provider `gfxcupti`; the `cudakernels` program reads them
  * with bpf_probe_read_user. Shared by both sides: change one, rebuild both.
  *
- *   gfxcupti:kernel(struct gfx_cupti_kernel *rec, const char *name)
+ *   gfxcupti:kernels(struct gfx_cupti_kernel *recs, __u32 n)  -- n records (at most
+ *       GFX_CUPTI_BATCH) at a time, from the library's own thread
  *   gfxcupti:memcpy(struct gfx_cupti_copy *rec)
  *   gfxcupti:memset(struct gfx_cupti_copy *rec)
  *   gfxcupti:launch(__u32 runtime_id, __u32 driver_id, __u32 weight)  -- on the
- *       launching thread, once per sampled launch: at the exit of a runtime
- *       launch (cudaLaunchKernel*, cudaGraphLaunch), with its id and that of the
- *       driver call it made (0 if none was seen); at the entry of a driver
- *       launch called directly, runtime id 0. A kernel's record carries one of
- *       the two. weight: 1 while every launch fires the probe; N (a power of
- *       two) while launches come too fast and 1 in N, drawn at random, does.
+ *       launching thread, once per probed launch: in a runtime launch
+ *       (cudaLaunchKernel*, cudaGraphLaunch) at the entry of the driver launch it
+ *       makes, with both ids (or at its exit with driver id 0 if it made none);
+ *       at the entry of a driver launch called directly, runtime id 0. A
+ *       kernel's record carries one of the two. weight: 1 while every launch
+ *       fires the probe; N (a power of two) while launches come too fast and 1
+ *       in N, drawn at random, does.
  *       The kernels of the others carry GFX_CUPTI_NOT_SAMPLED.
  *
  * Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns's clock): the
@@ -26,6 +28,7 @@
 
 #define GFX_CUPTI_NAME_MAX 256  /* kernel name bytes a reader keeps, NUL included */
 #define GFX_CUPTI_NOT_SAMPLED 1  /* gfx_cupti_kernel.flags: its launch fired no probe */
+#define GFX_CUPTI_BATCH 256      /* kernel records per gfxcupti:kernels probe, at most */
 
 struct gfx_cupti_kernel {
 	__u64 start_ns;
@@ -39,6 +42,7 @@ struct gfx_cupti_kernel {
 	__s32 block[3];
 	__u32 flags;  /* GFX_CUPTI_NOT_SAMPLED */
 	__u32 pad;
+	__u64 name;   /* the kernel's (mangled) name: a NUL-terminated string in the process */
 };
 
 struct gfx_cupti_copy {

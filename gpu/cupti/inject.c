@@ -42,7 +42,7 @@
 #define ALIGN 8
 
 /* The semaphores dtrace -G would make; the kernel counts attached uprobes here. */
-EXPORT unsigned short gfxcupti_kernel_semaphore __attribute__((section(".probes")));
+EXPORT unsigned short gfxcupti_kernels_semaphore __attribute__((section(".probes")));
 EXPORT unsigned short gfxcupti_memcpy_semaphore __attribute__((section(".probes")));
 EXPORT unsigned short gfxcupti_memset_semaphore __attribute__((section(".probes")));
 EXPORT unsigned short gfxcupti_launch_semaphore __attribute__((section(".probes")));
@@ -90,7 +90,7 @@ EXPORT unsigned long long gfx_cupti_incomplete(void) { return atomic_load(&incom
 EXPORT int gfx_cupti_collecting(void) { return __atomic_load_n(&collecting, __ATOMIC_RELAXED); }
 
 static volatile unsigned short *const semaphores[] = {
-	&gfxcupti_kernel_semaphore, &gfxcupti_memcpy_semaphore,
+	&gfxcupti_kernels_semaphore, &gfxcupti_memcpy_semaphore,
 	&gfxcupti_memset_semaphore, &gfxcupti_launch_semaphore,
 };
 
@@ -144,22 +144,41 @@ static uint64_t fnv1a(const char *s)
 	return h;
 }
 
+/* Kernel records go to the probe GFX_CUPTI_BATCH at a time: one uprobe per
+ * batch instead of one per kernel (on an H200 the per-record probe cost the
+ * launching threads +28% at ~100,000 kernels a second). Only the thread that
+ * drains the buffers (below) touches the batch. */
+static struct gfx_cupti_kernel batch[GFX_CUPTI_BATCH];
+static unsigned batched;
+
+static void flush_batch(void)
+{
+	if (batched && gfxcupti_kernels_semaphore) {
+		struct gfx_cupti_kernel *recs = batch;
+		uint32_t n = batched;
+
+		__asm__("" : "+r"(recs), "+r"(n));  /* register operands for the probe */
+		STAP_PROBE2(gfxcupti, kernels, recs, n);
+	}
+	batched = 0;
+}
+
 static void emit_kernel(const CUpti_ActivityKernel9 *k)
 {
 	unsigned char left_out = atomic_load_explicit(&skipped[k->correlationId % SKIP_SLOTS],
 						      memory_order_relaxed);
-	struct gfx_cupti_kernel rec = {
+
+	batch[batched++] = (struct gfx_cupti_kernel){
 		.flags = left_out ? GFX_CUPTI_NOT_SAMPLED : 0,
 		.start_ns = to_mono(k->start), .end_ns = to_mono(k->end),
 		.name_hash = fnv1a(k->name), .correlation_id = k->correlationId,
 		.device = k->deviceId, .context = k->contextId, .stream = k->streamId,
 		.grid = {k->gridX, k->gridY, k->gridZ},
 		.block = {k->blockX, k->blockY, k->blockZ},
+		.name = (uint64_t)(uintptr_t)(k->name ? k->name : ""),
 	};
-	const char *name = k->name ? k->name : "";
-
-	if (gfxcupti_kernel_semaphore)
-		STAP_PROBE2(gfxcupti, kernel, &rec, name);
+	if (batched == GFX_CUPTI_BATCH)
+		flush_batch();
 }
 
 static void emit_copy(uint64_t start, uint64_t end, uint64_t bytes, uint32_t corr,
@@ -209,25 +228,63 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 	*max_records = 0;
 }
 
+/* Completed buffers wait here for drain_buffers(): CUPTI calls
+ * buffer_completed inside its own flush (and from its thread when buffers
+ * fill), where the probes' cost would hold up whatever CUPTI holds. */
+struct done_buffer {
+	struct done_buffer *next;
+	uint8_t *buffer;
+	size_t valid;
+};
+static pthread_mutex_t queue_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct done_buffer *queue_head, **queue_tail = &queue_head;
+
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer,
 				      size_t size, size_t valid)
 {
-	CUpti_Activity *r = NULL;
+	struct done_buffer *d = malloc(sizeof(*d));
 	size_t lost = 0;
 
 	(void)size;
-	while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS)
-		emit(r);
 	if (cuptiActivityGetNumDroppedRecords(ctx, stream, &lost) == CUPTI_SUCCESS && lost)
 		atomic_fetch_add(&dropped, lost);
-	free(buffer);
+	if (!d) {
+		free(buffer);
+		return;
+	}
+	*d = (struct done_buffer){NULL, buffer, valid};
+	pthread_mutex_lock(&queue_lock);
+	*queue_tail = d;
+	queue_tail = &d->next;
+	pthread_mutex_unlock(&queue_lock);
 }
 
-/* The launch probe fires once per launch, on the launching thread, with both
- * correlation ids a kernel record may carry: a runtime launch's (the probe
- * fires at its exit, after the driver call it made, whose id is kept here)
- * and the driver's; a driver launch called directly fires at its entry with
- * runtime id 0. */
+/* Hand the queued buffers' records to the probes (the poller, or exit). */
+static void drain_buffers(void)
+{
+	struct done_buffer *d, *next;
+	CUpti_Activity *r;
+
+	pthread_mutex_lock(&queue_lock);
+	d = queue_head;
+	queue_head = NULL;
+	queue_tail = &queue_head;
+	pthread_mutex_unlock(&queue_lock);
+	for (; d; d = next) {
+		next = d->next;
+		r = NULL;
+		while (cuptiActivityGetNextRecord(d->buffer, d->valid, &r) == CUPTI_SUCCESS)
+			emit(r);
+		flush_batch();
+		free(d->buffer);
+		free(d);
+	}
+}
+
+/* The launch probe fires once per probed launch, on the launching thread,
+ * with both correlation ids a kernel record may carry: a runtime launch's
+ * (kept here from its entry) and the driver's; a driver launch called
+ * directly has runtime id 0. */
 static __thread uint32_t runtime_corr, driver_corr;
 static __thread int in_runtime_launch;
 /* Collection sessions: a thread inside a launch when collection stopped never
@@ -279,18 +336,24 @@ static void adapt_sampling(void)
 	burst_poll = atomic_load_explicit(&polls, memory_order_relaxed);
 }
 
-static void fire_launch(uint32_t runtime, uint32_t driver)
-{
-	unsigned char left_out;
+/* Whether this launch is probed: decided when it begins, so that the ids are
+ * marked before the GPU can have run the kernel. */
+static __thread unsigned char left_out_now, fired;
 
+static void decide(void)
+{
 	if (in_burst == BURST || atomic_load_explicit(&polls, memory_order_relaxed) - burst_poll > 1)
 		adapt_sampling();
 	in_burst++;
-	left_out = every > 1 && (draw() & (every - 1)) != 0;
+	left_out_now = every > 1 && (draw() & (every - 1)) != 0;
+	fired = 0;
 	atomic_fetch_add(&launches, 1);
-	mark(runtime, left_out);
-	mark(driver, left_out);
-	if (!left_out && gfxcupti_launch_semaphore) {
+}
+
+static void fire_launch(uint32_t runtime, uint32_t driver)
+{
+	fired = 1;
+	if (!left_out_now && gfxcupti_launch_semaphore) {
 		uint32_t weight = every;
 
 		__asm__("" : "+r"(weight));  /* a register operand, not a TLS one readers cannot take */
@@ -298,6 +361,9 @@ static void fire_launch(uint32_t runtime, uint32_t driver)
 	}
 }
 
+/* A runtime launch fires the probe when it calls the driver's launch (both
+ * ids known, the kernel not yet queued), or at its exit if it called none; a
+ * driver launch called directly fires at its entry. */
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
 			    const void *data)
 {
@@ -315,17 +381,22 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 	}
 	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
 		if (enter) {
-			in_runtime_launch++;
+			if (in_runtime_launch++ == 0)
+				decide();
 			runtime_corr = cb->correlationId;
 			driver_corr = 0;
-		} else if (in_runtime_launch > 0 && --in_runtime_launch == 0) {
+			mark(runtime_corr, left_out_now);
+		} else if (in_runtime_launch > 0 && --in_runtime_launch == 0 && !fired) {
 			fire_launch(runtime_corr, driver_corr);
 		}
 	} else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter) {
-		if (in_runtime_launch)
-			driver_corr = cb->correlationId;
-		else
+		if (!in_runtime_launch)
+			decide();
+		mark(cb->correlationId, left_out_now);
+		if (!in_runtime_launch)
 			fire_launch(0, cb->correlationId);
+		else if (!fired)
+			fire_launch(runtime_corr, driver_corr = cb->correlationId);
 	}
 }
 
@@ -389,6 +460,7 @@ static void stop_collecting(void)
 	for (size_t i = 0; i < COUNT(kinds); i++)
 		cuptiActivityDisable(kinds[i]);
 	cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+	drain_buffers();  /* no probe attached any more: frees them */
 	cuptiUnsubscribe(subscriber);
 	__atomic_store_n(&collecting, 0, __ATOMIC_RELAXED);
 }
@@ -407,6 +479,7 @@ EXPORT void gfx_cupti_poll(void)
 	if (collecting) {
 		calibrate();
 		cuptiActivityFlushAll(0);
+		drain_buffers();
 	}
 	pthread_mutex_unlock(&lock);
 }
@@ -427,8 +500,10 @@ static void *poller(void *arg)
 static void flush_at_exit(void)
 {
 	pthread_mutex_lock(&lock);
-	if (collecting)
+	if (collecting) {
 		cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+		drain_buffers();
+	}
 	pthread_mutex_unlock(&lock);
 }
 

@@ -24,7 +24,7 @@ def test_the_catalog_attaches_each_probe_of_the_injection_library() -> None:
     usdt = {a.program: a.target for a in entry.attach if a.kind == "usdt"}
     assert usdt == {
         "cupti_launch": "gfxcupti:launch",
-        "cupti_kernel": "gfxcupti:kernel",
+        "cupti_kernels": "gfxcupti:kernels",
         "cupti_memcpy": "gfxcupti:memcpy",
         "cupti_memset": "gfxcupti:memset",
     }
