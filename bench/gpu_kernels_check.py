@@ -328,16 +328,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default=SOURCE, help=argparse.SUPPRESS)  # tests: a stand-in
     args = ap.parse_args(argv)
     Workload.source = args.workload
-    uid = int(subprocess.run(["id", "-u", args.user], capture_output=True, text=True,
-                             check=True).stdout) if args.user else 0  # fmt: skip
-    res = overhead(args, uid)
+    res = overhead(args, uid_of(args.user))
     res["summary"] = summary(res)
+    write_results(res, args.out)
+    return 0
+
+
+def uid_of(user: str | None) -> int:
+    """The workload user's uid (root's 0 when there is none)."""
+    if not user:
+        return 0
+    return int(
+        subprocess.run(["id", "-u", user], capture_output=True, text=True, check=True).stdout
+    )
+
+
+def write_results(res: dict[str, Any], out: str | None) -> None:
+    """The results as JSON on stdout, and in out if given."""
     text = json.dumps(res, indent=1)
     print(text)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -31,10 +31,8 @@ without a broker: the program's cost is the same either way.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -145,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default=gk.SOURCE, help=argparse.SUPPRESS)  # the stand-in's
     args = ap.parse_args(argv)
     gk.Workload.source = args.workload
-    uid = int(subprocess.run(["id", "-u", args.user], capture_output=True, text=True,
-                             check=True).stdout) if args.user else 0  # fmt: skip
+    uid = gk.uid_of(args.user)
     t0 = time.monotonic()
     res: dict[str, Any] = {"no_library": measure(args, uid, {})}
     for name, env, listen in configurations():
@@ -166,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in res.items()
         if isinstance(v, dict) and "median_us" in v
     }
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    gk.write_results(res, args.out)
     return 0
 
 
