@@ -324,14 +324,16 @@ class _Signals:
 
 
 def _serve_until_stopped(
-    signals: _Signals, reload: Callable[[], bool], config: BrokerConfig
+    signals: _Signals, reload: Callable[[], bool], config: BrokerConfig, tick: Callable[[], object]
 ) -> None:
-    """Wait for a signal: reload the policy on SIGHUP (telling systemd), return on stop."""
+    """Wait for a signal: reload the policy on SIGHUP (telling systemd), return
+    on stop; tick() every second (scope job: revoke what ended jobs held)."""
     while True:
         signals.wake.wait(1.0)
         signals.wake.clear()
         if signals.stop.is_set():
             return
+        tick()
         if signals.reload.is_set():
             signals.reload.clear()
             now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
@@ -385,7 +387,10 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     )
     sd_notify("READY=1\nSTATUS=serving")
     _serve_until_stopped(
-        signals, lambda: reload_policy(config, service, audit, grpc_server), config
+        signals,
+        lambda: reload_policy(config, service, audit, grpc_server),
+        config,
+        service.revoke_ended_jobs,
     )
     sd_notify("STOPPING=1")
     server.shutdown()

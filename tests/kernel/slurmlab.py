@@ -1,0 +1,91 @@
+"""The kernel tests' Slurm cluster (tools/slurm_lab.sh) and jobs on it.
+
+`lab()` starts the one-machine cluster (munge, slurmctld, slurmd with cgroup
+v2 containment) for a test module and stops it afterwards unless it was up
+before; `submit()` starts a batch job as a test user and waits until it runs
+and slurmstepd has made its cgroup.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.conftest import skip_or_fail
+from tests.kernel.brokerenv import ROOT, run_as, wait_until
+
+LAB = ROOT / "tools" / "slurm_lab.sh"
+LAB_STATE = Path("/run/gfxbpf-slurm-lab")
+
+
+@contextmanager
+def lab() -> Iterator[None]:
+    """The Slurm lab up for the with-block (stopped after unless it ran before)."""
+    if os.geteuid() != 0:
+        skip_or_fail("the Slurm lab needs root")
+    was_up = (LAB_STATE / "slurmd.pid").exists()
+    r = subprocess.run([str(LAB), "start"], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise AssertionError(f"tools/slurm_lab.sh start failed:\n{r.stdout}\n{r.stderr}")
+    try:
+        yield
+    finally:
+        if not was_up:
+            subprocess.run([str(LAB), "stop"], capture_output=True, timeout=120, check=False)
+
+
+def job_cgroup(job: str) -> str | None:
+    """The job's cgroup directory on this node, as slurmstepd made it."""
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        found = glob.glob(f"{root}/system.slice/*slurmstepd.scope/job_{job}")
+        if found:
+            return found[0]
+    return None
+
+
+def job_state(job: str) -> str:
+    r = subprocess.run(
+        ["squeue", "--noheader", "--jobs", job, "--format", "%T"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return r.stdout.strip() or "GONE"
+
+
+def submit(user: str, workdir: Path, *argv: str) -> str:
+    """A batch job of user's running argv; its id once it runs with its cgroup."""
+    script = workdir / f"job-{time.monotonic_ns()}.sh"
+    script.write_text("#!/bin/sh\nexec " + " ".join(argv) + "\n")
+    script.chmod(0o755)
+    r = run_as(
+        user,
+        [
+            "sbatch",
+            "--parsable",
+            f"--chdir={workdir}",
+            f"--output={workdir}/slurm-%j.out",
+            str(script),
+        ],
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    running = wait_until(lambda: job_state(job) == "RUNNING" and job_cgroup(job), 60, 0.2)
+    assert running, f"job {job} did not start: {job_state(job)}"
+    return job
+
+
+def cancel(job: str) -> None:
+    subprocess.run(["scancel", job], capture_output=True, timeout=30, check=False)
+
+
+def have_slurm() -> bool:
+    return all(shutil.which(p) for p in ("sbatch", "squeue", "srun", "scontrol"))

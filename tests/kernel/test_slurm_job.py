@@ -1,0 +1,249 @@
+"""Scope job on a real Slurm cluster (issue 38): tools/slurm_lab.sh's
+slurmctld and slurmd on this machine, cgroup v2 containment.
+
+gfxtest-alice's batch job spins in job_hot(); alice also runs a process of
+her own outside the job, spinning in outside_hot(). `gfxclient profile --job
+ID` as alice must see the job (>= 90% of the samples in job_hot) and nothing
+of the process outside it; gfxtest-bob asking for alice's job is refused; a
+job that ends has its attachments revoked within 5 s; `--all-nodes` gives
+the same profile under a [node NAME] frame. The broker runs as the unit runs
+it (user gfxbpf, CAP_BPF + CAP_PERFMON only) and asks Slurm itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kernel import slurmlab
+from tests.kernel.brokerenv import (
+    ALICE,
+    BOB,
+    VENV_PYTHON,
+    BrokerProcess,
+    ensure_user,
+    policy_for,
+    run_as,
+    shared_dir,
+    wait_until,
+)
+
+pytestmark = pytest.mark.kernel
+
+JOB_C = r"""
+#include <stdlib.h>
+#include <time.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void job_hot(double seconds)
+{
+    time_t end = time(0) + (time_t)seconds;
+    while (time(0) < end)
+        for (int i = 0; i < 100000; i++) sink += i;
+}
+int main(int argc, char **argv) { job_hot(argc > 1 ? atof(argv[1]) : 60); return 0; }
+"""
+OUTSIDE_C = JOB_C.replace("job_hot", "outside_hot")
+REVOKE_WITHIN_S = 5.0
+
+
+def _cc(src: str, out: Path) -> Path:
+    c = out.with_suffix(".c")
+    c.write_text(src)
+    subprocess.run(
+        ["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", str(c), "-o", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    out.chmod(0o755)
+    return out
+
+
+@pytest.fixture(scope="module")
+def progs() -> Iterator[dict[str, Path]]:
+    d = shared_dir(prefix="gfxbpf-slurm-")
+    os.chown(d, *ensure_user(ALICE))  # alice's jobs and profiles write here
+    out = {"dir": d, "job": _cc(JOB_C, d / "jobhot"), "outside": _cc(OUTSIDE_C, d / "outsidehot")}
+    yield out
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> Iterator[None]:
+    with slurmlab.lab():
+        yield
+
+
+def broker_policy(request: pytest.FixtureRequest) -> str:
+    users = [ALICE, BOB]
+    return policy_for(
+        {
+            "stackcopy": {"users": users, "scope": ["self", "job"], "max_frequency": 999},
+            "profile": {"users": users, "scope": ["self", "job"], "max_frequency": 999},
+            "syscount": {"users": users, "scope": ["self", "job"]},
+        },
+        limits={"map_bytes_per_user": 1 << 30},
+    )
+
+
+def gfxclient(broker: BrokerProcess, *args: str, user: str = ALICE, timeout: float = 120) -> Any:
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, *args]
+    r = run_as(user, argv, timeout=timeout, env={"GFXBPF_DEBUG": "1"})
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def folded(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        out[stack] = out.get(stack, 0) + int(n)
+    return out
+
+
+@pytest.fixture
+def alice_job(progs: dict[str, Path]) -> Iterator[str]:
+    job = slurmlab.submit(ALICE, progs["dir"], str(progs["job"]), "120")
+    yield job
+    slurmlab.cancel(job)
+
+
+@pytest.fixture
+def alice_outside(progs: dict[str, Path]) -> Iterator[int]:
+    """Alice's busy process outside any job: the same user, never in the profile."""
+    p = run_as(ALICE, [str(progs["outside"]), "120"], background=True)
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def test_profile_job_sees_the_job_and_nothing_else(
+    broker: BrokerProcess, progs: dict[str, Path], alice_job: str, alice_outside: int
+) -> None:
+    out = progs["dir"] / f"job-{alice_job}.folded"
+    r = gfxclient(
+        broker, "--json", "profile", "--job", alice_job, "--duration", "3",
+        "--frequency", "199", "--format", "folded", "-o", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    stacks = folded(out)
+    total = sum(stacks.values())
+    hot = sum(n for s, n in stacks.items() if "job_hot" in s.split(";"))
+    assert total > 100, (total, r.stderr)
+    assert hot / total >= 0.90, stacks
+    assert not any("outside_hot" in s or "outsidehot" in s for s in stacks), stacks
+    summary = json.loads(r.stdout)
+    seen = set(summary["processes"])
+    assert alice_outside not in seen, summary["processes"]
+    cgroup = slurmlab.job_cgroup(alice_job)
+    assert cgroup is not None
+    in_job = _pids_under(cgroup)
+    assert seen and seen <= in_job, (seen, in_job)
+    # The control: alice's scope self (all her processes) does see the outside one.
+    mine = progs["dir"] / f"self-{alice_job}.folded"
+    r = gfxclient(
+        broker, "profile", "--scope", "self", "--duration", "2", "--format", "folded",
+        "-o", str(mine),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert any("outside_hot" in s.split(";") for s in folded(mine)), folded(mine)
+    attach = [
+        a for a in broker.audit_records() if a.get("op") == "attach" and a.get("scope") == "job"
+    ]
+    assert attach and attach[-1]["result"] == "ok", attach[-1:]
+
+
+def _pids_under(cgroup: str) -> set[int]:
+    pids: set[int] = set()
+    for d, _, files in os.walk(cgroup):
+        if "cgroup.procs" in files:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                pids.update(int(x) for x in f.read().split())
+    return pids
+
+
+def test_bob_is_refused_alices_job(broker: BrokerProcess, alice_job: str) -> None:
+    r = gfxclient(broker, "profile", "--job", alice_job, "--duration", "1", user=BOB)
+    assert r.returncode != 0
+    assert f"Slurm job {alice_job} is not yours" in r.stderr, r.stderr
+    r = gfxclient(broker, "watch", "syscount", "--job", alice_job, "--once", user=BOB)
+    assert r.returncode != 0 and "is not yours" in r.stderr, r.stderr
+
+
+def test_watch_job_counts_the_job(broker: BrokerProcess, alice_job: str) -> None:
+    r = gfxclient(broker, "--json", "watch", "syscount", "--job", alice_job, "--once")
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout.splitlines()[-1])
+    assert view["scope"] == "job", view
+
+
+def test_a_job_not_on_this_node_or_unknown_is_refused(broker: BrokerProcess) -> None:
+    r = gfxclient(broker, "profile", "--job", "999999", "--duration", "1")
+    assert r.returncode != 0 and "Slurm knows no job 999999" in r.stderr, r.stderr
+    r = gfxclient(broker, "profile", "--scope", "job", "--duration", "1")
+    assert r.returncode != 0 and "--job ID" in r.stderr, r.stderr
+
+
+def test_a_job_that_ends_is_revoked_within_five_seconds(
+    broker: BrokerProcess, progs: dict[str, Path]
+) -> None:
+    job = slurmlab.submit(ALICE, progs["dir"], str(progs["job"]), "120")
+    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket]
+    argv += ["profile", "--job", job, "--duration", "60", "--format", "folded"]
+    argv += ["-o", str(progs["dir"] / f"revoked-{job}.folded")]
+    client = run_as(ALICE, argv, background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        attached = wait_until(lambda: _records(broker, "attach", job), 30, 0.1)
+        assert attached, broker.stderr()[-2000:]
+        slurmlab.cancel(job)
+        ended = time.monotonic()
+        assert wait_until(lambda: slurmlab.job_cgroup(job) is None, 30, 0.05)
+        gone = time.monotonic()
+        revoked = wait_until(lambda: _records(broker, "revoke", job), REVOKE_WITHIN_S, 0.05)
+        took = time.monotonic() - gone
+        assert revoked, broker.stderr()[-3000:]
+        assert time.monotonic() - ended <= REVOKE_WITHIN_S + (gone - ended), took
+        rec = _records(broker, "revoke", job)[-1]
+        assert f"Slurm job {job} ended" in rec["detail"], rec
+    finally:
+        client.kill()
+        client.wait()
+
+
+def _records(broker: BrokerProcess, op: str, job: str) -> list[dict[str, Any]]:
+    """The audit lines of op for scope job whose detail or attach names job."""
+    out = []
+    for a in broker.audit_records():
+        if a.get("op") != op or a.get("scope") != "job":
+            continue
+        if f"job {job}" not in str(a.get("detail", "")) and a.get("job") != job:
+            continue
+        out.append(a)
+    return out
+
+
+def test_all_nodes_on_a_one_node_job(
+    broker: BrokerProcess, progs: dict[str, Path], alice_job: str
+) -> None:
+    out = progs["dir"] / f"nodes-{alice_job}.folded"
+    r = gfxclient(
+        broker, "--json", "profile", "--job", alice_job, "--all-nodes", "--duration", "3",
+        "--frequency", "199", "--format", "folded", "-o", str(out), timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    node = os.uname().nodename.split(".")[0]
+    assert doc["nodes_answered"] == [node] and doc["nodes_failed"] == {}, doc
+    stacks = folded(out)
+    total = sum(stacks.values())
+    assert total > 100 and total == doc["samples"], (total, doc)
+    assert all(s.startswith(f"[node {node}];") for s in stacks), list(stacks)[:5]
+    hot = sum(n for s, n in stacks.items() if "job_hot" in s.split(";"))
+    assert hot / total >= 0.90, stacks
