@@ -5,11 +5,8 @@ the client says:
 - Slurm's controller, asked with `scontrol show job` (authenticated by
   munge): whose the job is and that it is running;
 - this node's cgroup v2 tree, where slurmstepd (root) made the job's
-  directory: <cgroup2>/system.slice/<node>_slurmstepd.scope/job_ID (Debian's
-  build names the scope after the node; slurmstepd.scope in others). Its
-  steps and tasks are its descendants. Only root can create it, so a user
-  cannot fake a job here; its absence means the job has no processes on
-  this node.
+  directory (catalog/jobcgroups.py): only root can create it, and its
+  absence means the job has no processes on this node.
 
 The directory's inode number is the cgroup id the kernel filters on
 (catalog/programs/gfx_cgroup.h); when slurmstepd removes it at the job's
@@ -18,7 +15,6 @@ end, JobCgroup.alive() turns false and the broker revokes the attachment.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -27,14 +23,13 @@ from dataclasses import dataclass
 
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
+from gfxbpf.catalog import jobcgroups
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 __all__ = ["JobCgroup", "check_job"]
 
 # A job id as Slurm prints it (array and het jobs have their own numeric ids).
 _JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
-# Where slurmstepd puts a job's cgroup, under the cgroup2 mount.
-_JOB_DIRS = ("system.slice/slurmstepd.scope", "system.slice/*_slurmstepd.scope")
 SCONTROL_TIMEOUT = 10.0
 _FIELD = re.compile(r"(?:^|\s)(UserId|JobState)=(\S+)")
 
@@ -68,7 +63,7 @@ def check_job(caller: Caller, job: str) -> JobCgroup:
         )
     if state != "RUNNING":
         raise BrokerError(pb.ERROR_NOT_FOUND, f"Slurm job {job} is {state.lower()}, not running")
-    path = _job_dir(job)
+    path = jobcgroups.job_dir(job)
     if path is None:
         raise BrokerError(
             pb.ERROR_NOT_FOUND,
@@ -110,23 +105,3 @@ def _ask_slurm(job: str) -> tuple[int, str]:
             f"cannot ask Slurm about job {job}: {said[-1] if said else 'no answer'}",
         )
     return int(owner.group(1)), fields["JobState"]
-
-
-def _cgroup2_mounts() -> list[str]:
-    """Mount points of the cgroup v2 hierarchy, from this process's mount table."""
-    out = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if right.split(" ", 1)[0] == "cgroup2":
-                out.append(left.split(" ")[4])
-    return out
-
-
-def _job_dir(job: str) -> str | None:
-    for root in _cgroup2_mounts():
-        for pattern in _JOB_DIRS:
-            found = sorted(glob.glob(os.path.join(root, pattern, f"job_{job}")))
-            if found:
-                return found[0]
-    return None

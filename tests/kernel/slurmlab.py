@@ -8,7 +8,6 @@ and slurmstepd has made its cgroup.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gfxbpf.catalog import jobcgroups
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import ROOT, run_as, wait_until
 
@@ -42,11 +42,7 @@ def lab() -> Iterator[None]:
 
 def job_cgroup(job: str) -> str | None:
     """The job's cgroup directory on this node, as slurmstepd made it."""
-    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-        found = glob.glob(f"{root}/system.slice/*slurmstepd.scope/job_{job}")
-        if found:
-            return found[0]
-    return None
+    return jobcgroups.job_dir(job)
 
 
 def job_state(job: str) -> str:
@@ -89,3 +85,14 @@ def cancel(job: str) -> None:
 
 def have_slurm() -> bool:
     return all(shutil.which(p) for p in ("sbatch", "squeue", "srun", "scontrol"))
+
+
+def running_jobs() -> list[str]:
+    r = subprocess.run(
+        ["squeue", "--noheader", "--states", "RUNNING", "--format", "%i"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return r.stdout.split()

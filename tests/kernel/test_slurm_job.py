@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 
 from tests.kernel import slurmlab
+from tests.kernel.promenv import PrometheusServer, free_port
+from tests.kernel.test_exporter import EXPORTER_USER, start_exporter
 from tests.kernel.brokerenv import (
     ALICE,
     BOB,
@@ -37,6 +39,8 @@ from tests.kernel.brokerenv import (
 )
 
 pytestmark = pytest.mark.kernel
+
+SAMPLES = "gfxbpf_cgroupcpu_samples_total"
 
 JOB_C = r"""
 #include <stdlib.h>
@@ -88,6 +92,7 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
             "stackcopy": {"users": users, "scope": ["self", "job"], "max_frequency": 999},
             "profile": {"users": users, "scope": ["self", "job"], "max_frequency": 999},
             "syscount": {"users": users, "scope": ["self", "job"]},
+            "cgroupcpu": {"users": [EXPORTER_USER], "scope": "system"},
         },
         limits={"map_bytes_per_user": 1 << 30},
     )
@@ -247,3 +252,35 @@ def test_all_nodes_on_a_one_node_job(
     assert all(s.startswith(f"[node {node}];") for s in stacks), list(stacks)[:5]
     hot = sum(n for s, n in stacks.items() if "job_hot" in s.split(";"))
     assert hot / total >= 0.90, stacks
+
+
+def test_exporter_job_series_are_scraped_by_prometheus(
+    broker: BrokerProcess, progs: dict[str, Path], alice_job: str, alice_outside: int
+) -> None:
+    """cgroupcpu's samples per cgroup, summed per job: alice's job has a series
+    labelled with its id and her name that grows at about one CPU's worth
+    (99 Hz); her process outside the job and the rest of the host have none."""
+    ensure_user(EXPORTER_USER)
+    port = free_port()
+    config = broker.directory / "exporter-jobs.toml"
+    config.write_text(
+        f'listen = "127.0.0.1:{port}"\n[broker]\nsocket = "{broker.socket}"\n'
+        '[[program]]\nname = "cgroupcpu"\nscope = "system"\n'
+    )
+    os.chmod(config, 0o644)
+    exporter = start_exporter(config, broker.directory / "exporter-jobs.log")
+    try:
+        with PrometheusServer.start([f"127.0.0.1:{port}"]) as prom:
+            expr = f'{SAMPLES}{{slurm_job="{alice_job}",user="{ALICE}"}}'
+            first = prom.wait_value(expr, lambda v: v is not None and v > 0, timeout=60)
+            assert first is not None, (prom.log(), broker.stderr()[-2000:])
+            time.sleep(4)
+            later = prom.value(expr)
+            assert later is not None and later - first >= 99, (first, later)
+            series = prom.query(SAMPLES)
+            jobs = {s["metric"]["slurm_job"] for s in series}
+            assert jobs <= set(slurmlab.running_jobs()), series
+            assert all(s["metric"]["job"] == "gfxbpf" for s in series), series
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=20)
