@@ -85,6 +85,9 @@ EOF
 
 start_munge() {
     if pid_alive "$LAB/munged.pid"; then return; fi
+    # A munged the host runs already (Debian's package starts one under
+    # systemd): the lab uses it and leaves it running at stop.
+    if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
     if [ ! -s /etc/munge/munge.key ]; then
         mkdir -p /etc/munge
         dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
