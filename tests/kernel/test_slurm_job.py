@@ -24,8 +24,6 @@ from typing import Any
 import pytest
 
 from tests.kernel import slurmlab
-from tests.kernel.promenv import PrometheusServer, free_port
-from tests.kernel.test_exporter import EXPORTER_USER, start_exporter
 from tests.kernel.brokerenv import (
     ALICE,
     BOB,
@@ -37,6 +35,8 @@ from tests.kernel.brokerenv import (
     shared_dir,
     wait_until,
 )
+from tests.kernel.promenv import PrometheusServer, free_port
+from tests.kernel.test_exporter import EXPORTER_USER, start_exporter
 
 pytestmark = pytest.mark.kernel
 
