@@ -17,9 +17,6 @@ import os
 
 __all__ = ["cgroup2_mounts", "job_dir", "job_dirs", "job_of_cgroups"]
 
-# Under the cgroup2 mount: the scope slurmstepd makes.
-_SCOPES = ("system.slice/slurmstepd.scope", "system.slice/*_slurmstepd.scope")
-
 
 def cgroup2_mounts() -> list[str]:
     """Mount points of the cgroup v2 hierarchy, from this process's mount table."""
@@ -32,10 +29,26 @@ def cgroup2_mounts() -> list[str]:
     return out
 
 
+def node_name() -> str:
+    """This host's short name, which slurmd takes as its NodeName by default."""
+    return os.uname().nodename.split(".")[0]
+
+
 def _scopes() -> list[str]:
-    return [
-        s for root in cgroup2_mounts() for p in _SCOPES for s in sorted(glob.glob(f"{root}/{p}"))
-    ]
+    """slurmstepd's scope directories of this node: the one named after this
+    host, or slurmstepd.scope; another <node>_slurmstepd.scope only when it
+    is the only one. Several slurmd on one machine (one per network
+    namespace, each with its own host name) each find their own."""
+    out = []
+    for root in cgroup2_mounts():
+        base = f"{root}/system.slice"
+        own = [f"{base}/{node_name()}_slurmstepd.scope", f"{base}/slurmstepd.scope"]
+        found = [p for p in own if os.path.isdir(p)]
+        if not found:
+            others = glob.glob(f"{base}/*_slurmstepd.scope")
+            found = others if len(others) == 1 else []
+        out.extend(found)
+    return out
 
 
 def job_dir(job: str) -> str | None:

@@ -129,6 +129,18 @@ def test_job_cgroups_are_found_under_the_slurmstepd_scope(
     assert (tmp_path / "user.slice").stat().st_ino not in ids
 
 
+def test_several_nodes_on_one_machine_each_find_their_own_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for node in ("n1", "n2"):
+        (tmp_path / "system.slice" / f"{node}_slurmstepd.scope" / "job_5").mkdir(parents=True)
+    monkeypatch.setattr(jobcgroups, "cgroup2_mounts", lambda: [str(tmp_path)])
+    monkeypatch.setattr(jobcgroups, "node_name", lambda: "n2")
+    assert jobcgroups.job_dir("5") == str(tmp_path / "system.slice/n2_slurmstepd.scope/job_5")
+    monkeypatch.setattr(jobcgroups, "node_name", lambda: "elsewhere")
+    assert jobcgroups.job_dir("5") is None  # two other nodes' scopes: neither is ours
+
+
 def test_exporter_sums_cgroups_per_job_and_leaves_the_rest_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
