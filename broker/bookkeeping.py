@@ -142,6 +142,8 @@ class Bookkeeping:
                     continue
                 because = f"Slurm job {job.job} ended (its cgroup left this node)"
                 if self._revoke(owner, att, "job ended", because):
+                    with owner.lock:  # its holder's detach is then no refusal
+                        owner.job_ended.add(att.id)
                     revoked.append(att.id)
         return revoked
 

@@ -56,6 +56,7 @@ class Owner:
         self.attachments: dict[int, Attachment] = {}
         # ids the broker detached (a policy reload, a Slurm job's end) -> why, for the refusal
         self.revoked: dict[int, str] = {}
+        self.job_ended: set[int] = set()  # of those, the ids whose Slurm job ended
 
     def attachment_ids(self) -> list[int]:
         with self.lock:

@@ -245,6 +245,10 @@ class Service(Bookkeeping):
             self._check_owner(caller, owner)
             with owner.lock:
                 att = owner.attachments.pop(req.attachment_id, None)
+                ended = att is None and req.attachment_id in owner.job_ended
+            if ended:  # detached when its Slurm job ended: nothing left to do
+                self._log("detach", caller, "ok", unloaded=False, detail="its job ended", **fields)
+                return pb.DetachReply(unloaded=False)
             if att is None and req.attachment_id in owner.revoked:
                 raise revoked_error(req.attachment_id, why=owner.revoked[req.attachment_id])
             if att is None:

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from gfxbpf.client.errors import ClientError
@@ -189,16 +190,17 @@ def _report(
     return "\n".join(lines) + "\n"
 
 
-def node_part(args: argparse.Namespace, out: TextIO) -> int:
-    """On one node (run by srun): profile the job here, print one JSON line."""
-    from gfxbpf.client.cli import profile_cmd
-
+def node_part(
+    args: argparse.Namespace, out: TextIO, profile: Callable[[argparse.Namespace, TextIO], int]
+) -> int:
+    """On one node (run by srun): profile(args, out) the job here (profile_job's,
+    passed in: it imports this module), print one JSON line."""
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     with tempfile.TemporaryDirectory(prefix="gfxclient-node-") as tmp:
         args.output, args.format, args.json = os.path.join(tmp, "stacks.folded"), "folded", True
         summary = io.StringIO()
         try:
-            profile_cmd.command(args, summary)
+            profile(args, summary)
             with open(args.output, encoding="utf-8") as f:
                 doc: dict[str, Any] = {"node": node, "ok": True, "folded": f.read()}
         except ClientError as e:

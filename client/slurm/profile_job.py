@@ -6,11 +6,19 @@ node of the job (all_nodes.py)."""
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
+import sys
+import time
 from typing import TextIO
 
-from gfxbpf.client.cli import gpu_profile
+from gfxbpf.client.cli import gpu_profile, profile_cmd, session
 from gfxbpf.client.cli.arguments import add_job_argument
+from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import UsageError
+
+# How often the profile asks Slurm whether the job still runs.
+JOB_POLL_S = 2.0
 
 EXAMPLES = """\
 A Slurm job of yours (squeue --me lists them), on the node you are on:
@@ -45,8 +53,67 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     if args.all_nodes:
         return all_nodes.run(args, out)
     if args.node_part:
-        return all_nodes.node_part(args, out)
-    return gpu_profile.command(args, out)  # profile_cmd: the job goes into the request
+        return all_nodes.node_part(args, out, profile)
+    return profile(args, out)
+
+
+def profile(args: argparse.Namespace, out: TextIO) -> int:
+    """profile_cmd's profile of the job (the job goes into the request), ended
+    by Ctrl-C, --duration or the job's end, whichever comes first."""
+    with StopSignal() as signal:
+        stop = JobStop(signal, args.job)
+        code = profile_cmd.run(args, out, session.connect, stop)
+    if stop.ended:
+        print(
+            f"gfxclient: Slurm job {args.job} ended: the profile stopped with it", file=sys.stderr
+        )
+    return code
+
+
+class JobStop:
+    """A stopper (engine.run.Stopper) that a stop signal or the job's end sets."""
+
+    def __init__(self, signal: StopSignal, job: str) -> None:
+        self.signal, self.job = signal, job
+        self.ended = False
+        self._asked = time.monotonic()
+
+    @property
+    def stopped(self) -> bool:
+        return self.signal.stopped or self.ended
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:  # engine.run.Stopper's flag is settable
+        self.signal.stopped = value
+
+    def wait(self, timeout: float) -> bool:
+        if self.signal.wait(timeout):
+            return True
+        if time.monotonic() - self._asked >= JOB_POLL_S:
+            self._asked = time.monotonic()
+            self.ended = not job_running(self.job)
+        return self.stopped
+
+
+def job_running(job: str) -> bool:
+    """Whether Slurm says the job runs (True when Slurm cannot be asked: the
+    broker still revokes the attachment at the job's end)."""
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return True
+    try:
+        r = subprocess.run(
+            [squeue, "--noheader", "--jobs", job, "--format", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    if r.returncode != 0:
+        return "Invalid job id" not in r.stderr
+    return r.stdout.strip() in ("RUNNING", "COMPLETING", "SUSPENDED")
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -199,27 +199,37 @@ def test_a_job_not_on_this_node_or_unknown_is_refused(broker: BrokerProcess) -> 
 def test_a_job_that_ends_is_revoked_within_five_seconds(
     broker: BrokerProcess, progs: dict[str, Path]
 ) -> None:
+    """From scancel to the broker's revoke: at most 5 s. A gRPC watch, which
+    reads through the broker, is then told why; a profile ends by itself."""
     job = slurmlab.submit(ALICE, progs["dir"], str(progs["job"]), "120")
-    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket]
-    argv += ["profile", "--job", job, "--duration", "60", "--format", "folded"]
-    argv += ["-o", str(progs["dir"] / f"revoked-{job}.folded")]
-    client = run_as(ALICE, argv, background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert broker.grpc is not None
+    base = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket]
+    watch = [*base, "--grpc", broker.grpc, "--via", "grpc", "--json", "watch", "syscount"]
+    watch += ["--job", job, "--interval", "0.5", "--duration", "60"]
+    profile = [*base, "profile", "--job", job, "--duration", "60", "--format", "folded"]
+    profile += ["-o", str(progs["dir"] / f"revoked-{job}.folded")]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    clients = [run_as(ALICE, argv, background=True, **pipes) for argv in (watch, profile)]
     try:
-        attached = wait_until(lambda: _records(broker, "attach", job), 30, 0.1)
+        attached = wait_until(lambda: len(_records(broker, "attach", job)) == 2, 30, 0.1)
         assert attached, broker.stderr()[-2000:]
         slurmlab.cancel(job)
-        ended = time.monotonic()
-        assert wait_until(lambda: slurmlab.job_cgroup(job) is None, 30, 0.05)
-        gone = time.monotonic()
+        cancelled = time.monotonic()
         revoked = wait_until(lambda: _records(broker, "revoke", job), REVOKE_WITHIN_S, 0.05)
-        took = time.monotonic() - gone
         assert revoked, broker.stderr()[-3000:]
-        assert time.monotonic() - ended <= REVOKE_WITHIN_S + (gone - ended), took
+        assert time.monotonic() - cancelled <= REVOKE_WITHIN_S
         rec = _records(broker, "revoke", job)[-1]
         assert f"Slurm job {job} ended" in rec["detail"], rec
+        _, err = clients[0].communicate(timeout=30)
+        assert clients[0].returncode != 0 and f"Slurm job {job} ended" in err.decode(), err
+        # The profile ends with the job, well before its --duration, and keeps what it took.
+        _, err = clients[1].communicate(timeout=30)
+        assert clients[1].returncode == 0, err
+        assert f"Slurm job {job} ended: the profile stopped with it" in err.decode(), err
     finally:
-        client.kill()
-        client.wait()
+        for c in clients:
+            c.kill()
+            c.wait()
 
 
 def _records(broker: BrokerProcess, op: str, job: str) -> list[dict[str, Any]]:
@@ -258,8 +268,8 @@ def test_exporter_job_series_are_scraped_by_prometheus(
     broker: BrokerProcess, progs: dict[str, Path], alice_job: str, alice_outside: int
 ) -> None:
     """cgroupcpu's samples per cgroup, summed per job: alice's job has a series
-    labelled with its id and her name that grows at about one CPU's worth
-    (99 Hz); her process outside the job and the rest of the host have none."""
+    labelled with its id and her name that grows while it spins; her process
+    outside the job and the rest of the host have none."""
     ensure_user(EXPORTER_USER)
     port = free_port()
     config = broker.directory / "exporter-jobs.toml"
@@ -276,7 +286,9 @@ def test_exporter_job_series_are_scraped_by_prometheus(
             assert first is not None, (prom.log(), broker.stderr()[-2000:])
             time.sleep(4)
             later = prom.value(expr)
-            assert later is not None and later - first >= 99, (first, later)
+            # At most one CPU's worth (99 Hz, the job spins on one thread): no
+            # other cgroup is counted with it. At least some: the job runs.
+            assert later is not None and 0 < later - first <= 99 * 1.1 * (4 + 2), (first, later)
             series = prom.query(SAMPLES)
             jobs = {s["metric"]["slurm_job"] for s in series}
             assert jobs <= set(slurmlab.running_jobs()), series
