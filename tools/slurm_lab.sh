@@ -168,6 +168,12 @@ stop() {
             if [ -e "$LAB/$f.site" ]; then mv "$LAB/$f.site" "$CONF/$f"; fi
         done
         rm -rf "$LAB"
+        # slurmstepd's empty cgroups (the scope slurmd made, its slurmd and
+        # system children): rmdir, deepest first; a cgroup with tasks stays.
+        for root in /sys/fs/cgroup /sys/fs/cgroup/unified; do
+            scope="$root/system.slice/${NODE}_slurmstepd.scope"
+            [ -d "$scope" ] && find "$scope" -depth -type d -exec rmdir {} \; 2>/dev/null
+        done
     fi
     echo "slurm_lab: stopped"
 }
