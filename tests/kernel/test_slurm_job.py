@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.kernel import slurmlab
+from tests.kernel import profiling, slurmlab
 from tests.kernel.brokerenv import (
     ALICE,
     BOB,
@@ -37,6 +37,7 @@ from tests.kernel.brokerenv import (
 )
 from tests.kernel.promenv import PrometheusServer, free_port
 from tests.kernel.test_exporter import EXPORTER_USER, start_exporter
+from tests.kernel.test_profile import gfxclient
 
 pytestmark = pytest.mark.kernel
 
@@ -98,19 +99,15 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
     )
 
 
-def gfxclient(broker: BrokerProcess, *args: str, user: str = ALICE, timeout: float = 120) -> Any:
-    argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, *args]
-    r = run_as(user, argv, timeout=timeout, env={"GFXBPF_DEBUG": "1"})
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+def refused(broker: BrokerProcess, *args: str, user: str = ALICE) -> str:
+    """gfxclient ARGS, which must fail with a message (no traceback): its stderr."""
+    r = gfxclient(broker, "fd", *args, user=user)
+    assert r.returncode != 0, r.stdout
+    return str(r.stderr)
 
 
-def folded(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        out[stack] = out.get(stack, 0) + int(n)
-    return out
+def job_hot(frames: list[str]) -> bool:
+    return "job_hot" in frames
 
 
 @pytest.fixture
@@ -133,18 +130,11 @@ def test_profile_job_sees_the_job_and_nothing_else(
     broker: BrokerProcess, progs: dict[str, Path], alice_job: str, alice_outside: int
 ) -> None:
     out = progs["dir"] / f"job-{alice_job}.folded"
-    r = gfxclient(
-        broker, "--json", "profile", "--job", alice_job, "--duration", "3",
-        "--frequency", "199", "--format", "folded", "-o", str(out),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    stacks = folded(out)
-    total = sum(stacks.values())
-    hot = sum(n for s, n in stacks.items() if "job_hot" in s.split(";"))
-    assert total > 100, (total, r.stderr)
-    assert hot / total >= 0.90, stacks
-    assert not any("outside_hot" in s or "outsidehot" in s for s in stacks), stacks
-    summary = json.loads(r.stdout)
+    job = ("--job", alice_job, "--duration", "3", "--frequency", "199")
+    summary = profiling.profile(broker, out, *job)
+    stacks = profiling.stacks_of(out)
+    assert profiling.share(stacks, job_hot) >= 0.90, stacks
+    assert not any("outside_hot" in f or "outsidehot" in f for s, _ in stacks for f in s), stacks
     seen = set(summary["processes"])
     assert alice_outside not in seen, summary["processes"]
     cgroup = slurmlab.job_cgroup(alice_job)
@@ -153,12 +143,8 @@ def test_profile_job_sees_the_job_and_nothing_else(
     assert seen and seen <= in_job, (seen, in_job)
     # The control: alice's scope self (all her processes) does see the outside one.
     mine = progs["dir"] / f"self-{alice_job}.folded"
-    r = gfxclient(
-        broker, "profile", "--scope", "self", "--duration", "2", "--format", "folded",
-        "-o", str(mine),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert any("outside_hot" in s.split(";") for s in folded(mine)), folded(mine)
+    profiling.profile(broker, mine, "--scope", "self", "--duration", "3", "--frequency", "199")
+    assert profiling.share(profiling.stacks_of(mine), lambda s: "outside_hot" in s) > 0
     attach = [
         a for a in broker.audit_records() if a.get("op") == "attach" and a.get("scope") == "job"
     ]
@@ -175,25 +161,24 @@ def _pids_under(cgroup: str) -> set[int]:
 
 
 def test_bob_is_refused_alices_job(broker: BrokerProcess, alice_job: str) -> None:
-    r = gfxclient(broker, "profile", "--job", alice_job, "--duration", "1", user=BOB)
-    assert r.returncode != 0
-    assert f"Slurm job {alice_job} is not yours" in r.stderr, r.stderr
-    r = gfxclient(broker, "watch", "syscount", "--job", alice_job, "--once", user=BOB)
-    assert r.returncode != 0 and "is not yours" in r.stderr, r.stderr
+    err = refused(broker, "profile", "--job", alice_job, "--duration", "1", user=BOB)
+    assert f"Slurm job {alice_job} is not yours" in err, err
+    err = refused(broker, "watch", "syscount", "--job", alice_job, "--once", user=BOB)
+    assert "is not yours" in err, err
 
 
 def test_watch_job_counts_the_job(broker: BrokerProcess, alice_job: str) -> None:
-    r = gfxclient(broker, "--json", "watch", "syscount", "--job", alice_job, "--once")
+    r = gfxclient(broker, "fd", "--json", "watch", "syscount", "--job", alice_job, "--once")
     assert r.returncode == 0, r.stderr
     view = json.loads(r.stdout.splitlines()[-1])
     assert view["scope"] == "job", view
 
 
 def test_a_job_not_on_this_node_or_unknown_is_refused(broker: BrokerProcess) -> None:
-    r = gfxclient(broker, "profile", "--job", "999999", "--duration", "1")
-    assert r.returncode != 0 and "Slurm knows no job 999999" in r.stderr, r.stderr
-    r = gfxclient(broker, "profile", "--scope", "job", "--duration", "1")
-    assert r.returncode != 0 and "--job ID" in r.stderr, r.stderr
+    err = refused(broker, "profile", "--job", "999999", "--duration", "1")
+    assert "Slurm knows no job 999999" in err, err
+    err = refused(broker, "profile", "--scope", "job", "--duration", "1")
+    assert "--job ID" in err, err
 
 
 def test_a_job_that_ends_is_revoked_within_five_seconds(
@@ -248,20 +233,14 @@ def test_all_nodes_on_a_one_node_job(
     broker: BrokerProcess, progs: dict[str, Path], alice_job: str
 ) -> None:
     out = progs["dir"] / f"nodes-{alice_job}.folded"
-    r = gfxclient(
-        broker, "--json", "profile", "--job", alice_job, "--all-nodes", "--duration", "3",
-        "--frequency", "199", "--format", "folded", "-o", str(out), timeout=240,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    job = ("--job", alice_job, "--all-nodes", "--duration", "3", "--frequency", "199")
+    doc = profiling.profile(broker, out, *job)
     node = os.uname().nodename.split(".")[0]
     assert doc["nodes_answered"] == [node] and doc["nodes_failed"] == {}, doc
-    stacks = folded(out)
-    total = sum(stacks.values())
-    assert total > 100 and total == doc["samples"], (total, doc)
-    assert all(s.startswith(f"[node {node}];") for s in stacks), list(stacks)[:5]
-    hot = sum(n for s, n in stacks.items() if "job_hot" in s.split(";"))
-    assert hot / total >= 0.90, stacks
+    stacks = profiling.stacks_of(out)
+    assert sum(n for _, n in stacks) == doc["samples"], doc
+    assert all(s[0] == f"[node {node}]" for s, _ in stacks), stacks[:5]
+    assert profiling.share(stacks, job_hot) >= 0.90, stacks
 
 
 def test_exporter_job_series_are_scraped_by_prometheus(
