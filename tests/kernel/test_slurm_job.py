@@ -37,7 +37,7 @@ from tests.kernel.brokerenv import (
 )
 from tests.kernel.promenv import PrometheusServer, free_port
 from tests.kernel.test_exporter import EXPORTER_USER, start_exporter
-from tests.kernel.test_profile import gfxclient
+from tests.kernel.test_profile import _cc, gfxclient
 
 pytestmark = pytest.mark.kernel
 
@@ -57,18 +57,6 @@ int main(int argc, char **argv) { job_hot(argc > 1 ? atof(argv[1]) : 60); return
 """
 OUTSIDE_C = JOB_C.replace("job_hot", "outside_hot")
 REVOKE_WITHIN_S = 5.0
-
-
-def _cc(src: str, out: Path) -> Path:
-    c = out.with_suffix(".c")
-    c.write_text(src)
-    subprocess.run(
-        ["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", str(c), "-o", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    out.chmod(0o755)
-    return out
 
 
 @pytest.fixture(scope="module")
