@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # A one-machine Slurm cluster for the job tests and the demo (run as root):
 #   tools/slurm_lab.sh start    munge, slurmctld and slurmd on this machine
+#   tools/slurm_lab.sh start --two-nodes
+#                               and a second node, NODE2 (gfxlab-n2), whose slurmd
+#                               runs in network, UTS and mount namespaces of its
+#                               own (netns gfxlab-n2, 10.99.0.2 on a veth pair;
+#                               this machine is 10.99.0.1): multi-node jobs
 #   tools/slurm_lab.sh stop     the daemons stopped, the lab's files removed
 #   tools/slurm_lab.sh status   the daemons' pids and `sinfo`
 # Debian's slurm-wlm and munge (installed here when missing), run directly:
@@ -19,6 +24,10 @@ LAB=${GFXBPF_SLURM_LAB:-/run/gfxbpf-slurm-lab}
 CONF=/etc/slurm
 NODE=$(hostname -s)
 CPUS=$(nproc)
+NODE2=gfxlab-n2
+NETNS=gfxlab-n2
+HOST_ADDR=10.99.0.1
+NODE2_ADDR=10.99.0.2
 
 die() { echo "slurm_lab: $*" >&2; exit 1; }
 pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -38,7 +47,13 @@ install_packages() {
 }
 
 write_config() {
-    mkdir -p "$CONF" "$LAB/ctld" "$LAB/slurmd" "$LAB/log"
+    local ctld=$NODE nodes="NodeName=$NODE CPUs=$CPUS State=UNKNOWN" names=$NODE
+    if [ -e "$LAB/two-nodes" ]; then
+        ctld="$NODE($HOST_ADDR)" names="$NODE,$NODE2"
+        nodes="NodeName=$NODE NodeAddr=$HOST_ADDR CPUs=$CPUS State=UNKNOWN
+NodeName=$NODE2 NodeAddr=$NODE2_ADDR CPUs=$CPUS State=UNKNOWN"
+    fi
+    mkdir -p "$CONF" "$LAB/ctld" "$LAB/log"
     # The lab owns these two files while it runs; a site's own are kept aside.
     for f in slurm.conf cgroup.conf; do
         if [ -e "$CONF/$f" ] && ! grep -q "gfxbpf slurm lab" "$CONF/$f"; then
@@ -48,16 +63,16 @@ write_config() {
     cat >"$CONF/slurm.conf" <<EOF
 # gfxbpf slurm lab (tools/slurm_lab.sh): removed by \`tools/slurm_lab.sh stop\`
 ClusterName=gfxlab
-SlurmctldHost=$NODE
+SlurmctldHost=$ctld
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation=$LAB/ctld
-SlurmdSpoolDir=$LAB/slurmd
+SlurmdSpoolDir=$LAB/slurmd-%n
 SlurmctldPidFile=$LAB/slurmctld.pid
-SlurmdPidFile=$LAB/slurmd.pid
+SlurmdPidFile=$LAB/slurmd-%n.pid
 SlurmctldLogFile=$LAB/log/slurmctld.log
-SlurmdLogFile=$LAB/log/slurmd.log
+SlurmdLogFile=$LAB/log/slurmd-%n.log
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup
 JobAcctGatherType=jobacct_gather/none
@@ -70,8 +85,8 @@ MpiDefault=none
 KillWait=2
 InactiveLimit=0
 MinJobAge=30
-NodeName=$NODE CPUs=$CPUS State=UNKNOWN
-PartitionName=lab Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+$nodes
+PartitionName=lab Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 EOF
     cat >"$CONF/cgroup.conf" <<EOF
 # gfxbpf slurm lab (tools/slurm_lab.sh): removed by \`tools/slurm_lab.sh stop\`
@@ -104,8 +119,13 @@ start_munge() {
 # The cgroup v2 mount slurmd must see at /sys/fs/cgroup.
 hybrid() { [ "$(stat -f -c %T /sys/fs/cgroup)" != cgroup2fs ]; }
 
+# slurmd -N NAME, with the cgroup v2 hierarchy at /sys/fs/cgroup in its
+# mount namespace; "$@" before it: a command that runs it elsewhere (n2's
+# namespaces), whose own mount namespace the cgroup2 mount then goes into.
 start_slurmd() {
-    if pid_alive "$LAB/slurmd.pid"; then return; fi
+    local name=$1 preload="" mountcg=true
+    shift
+    if pid_alive "$LAB/slurmd-$name.pid"; then return; fi
     if hybrid; then
         [ "$(stat -f -c %T /sys/fs/cgroup/unified 2>/dev/null)" = cgroup2fs ] ||
             die "no cgroup v2 hierarchy at /sys/fs/cgroup nor /sys/fs/cgroup/unified"
@@ -113,18 +133,34 @@ start_slurmd() {
         # the v2 line alone (tools/slurm_lab/v2only.c).
         gcc -shared -fPIC -O2 -Wall -o "$LAB/v2only.so" tools/slurm_lab/v2only.c -ldl
         mkdir -p /sys/fs/cgroup/unified/system.slice   # no systemd made it
-        LD_PRELOAD="$LAB/v2only.so" unshare --mount --propagation private sh -c \
-            'umount -l /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec slurmd'
-    else
-        mkdir -p /sys/fs/cgroup/system.slice
-        slurmd
+        preload="$LAB/v2only.so"
+        mountcg="umount -l /sys/fs/cgroup 2>/dev/null; mount -t cgroup2 cgroup2 /sys/fs/cgroup"
+    elif [ $# -gt 0 ]; then  # ip netns exec mounts a sysfs of its own: no cgroup2 there
+        mountcg="mount -t cgroup2 cgroup2 /sys/fs/cgroup"
     fi
+    mkdir -p /sys/fs/cgroup/system.slice 2>/dev/null || true
+    "$@" unshare --mount --propagation private env LD_PRELOAD="$preload" sh -c \
+        "$mountcg && exec slurmd -N $name"
+}
+
+# n2's network: a veth pair between this machine and the namespace.
+start_netns() {
+    ip netns list | grep -qw "$NETNS" && return
+    ip netns add "$NETNS"
+    ip link add gfxlab0 type veth peer name gfxlab1
+    ip link set gfxlab1 netns "$NETNS"
+    ip addr add "$HOST_ADDR/24" dev gfxlab0
+    ip link set gfxlab0 up
+    ip netns exec "$NETNS" ip addr add "$NODE2_ADDR/24" dev gfxlab1
+    ip netns exec "$NETNS" ip link set gfxlab1 up
+    ip netns exec "$NETNS" ip link set lo up
 }
 
 wait_idle() {
-    local i
+    local i want=1
+    [ -e "$LAB/two-nodes" ] && want=2
     for i in $(seq 1 60); do
-        if sinfo -h -N -o '%T' 2>/dev/null | grep -q -E '^(idle|mixed|allocated)'; then
+        if [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c -E '^(idle|mixed|allocated)')" = "$want" ]; then
             return 0
         fi
         sleep 0.5
@@ -138,13 +174,26 @@ start() {
     [ "$(id -u)" = 0 ] || die "run as root"
     install_packages
     mkdir -p "$LAB"
+    local what="node $NODE"
+    if [ "${1:-}" = --two-nodes ]; then
+        [ -e "$LAB/two-nodes" ] || [ ! -e "$LAB/slurmctld.pid" ] ||
+            die "a one-node lab runs: tools/slurm_lab.sh stop first"
+        touch "$LAB/two-nodes"
+        start_netns
+        what="nodes $NODE ($HOST_ADDR) and $NODE2 ($NODE2_ADDR, netns $NETNS)"
+    fi
     write_config
     start_munge
     pid_alive "$LAB/slurmctld.pid" || slurmctld -c -i
-    start_slurmd
+    start_slurmd "$NODE"
+    if [ -e "$LAB/two-nodes" ]; then
+        # Its own host name too: slurmd and the broker there know their node by it.
+        start_slurmd "$NODE2" ip netns exec "$NETNS" unshare --uts sh -c \
+            "hostname $NODE2 && exec \"\$@\"" sh
+    fi
     wait_idle
     scontrol update nodename="$NODE" state=resume 2>/dev/null || true
-    echo "slurm_lab: up: node $NODE, partition lab ($CPUS CPUs); \`tools/slurm_lab.sh stop\` ends it"
+    echo "slurm_lab: up: $what, partition lab; \`tools/slurm_lab.sh stop\` ends it"
 }
 
 stop_pidfile() {
@@ -159,7 +208,7 @@ stop() {
     [ "$(id -u)" = 0 ] || die "run as root"
     if [ -d "$LAB" ]; then
         scancel --full --quiet --state=RUNNING --partition=lab 2>/dev/null || true
-        stop_pidfile "$LAB/slurmd.pid"
+        for f in "$LAB"/slurmd-*.pid; do stop_pidfile "$f"; done
         stop_pidfile "$LAB/slurmctld.pid"
         stop_pidfile "$LAB/munged.pid"
         if [ -e "$LAB/munge.key.ours" ]; then rm -f /etc/munge/munge.key; fi
@@ -168,26 +217,32 @@ stop() {
             if [ -e "$LAB/$f.site" ]; then mv "$LAB/$f.site" "$CONF/$f"; fi
         done
         rm -rf "$LAB"
+        if ip netns list | grep -qw "$NETNS"; then
+            ip netns del "$NETNS"
+            ip link del gfxlab0 2>/dev/null || true
+        fi
         # slurmstepd's empty cgroups (the scope slurmd made, its slurmd and
         # system children): rmdir, deepest first; a cgroup with tasks stays.
         for root in /sys/fs/cgroup /sys/fs/cgroup/unified; do
-            scope="$root/system.slice/${NODE}_slurmstepd.scope"
-            [ -d "$scope" ] && find "$scope" -depth -type d -exec rmdir {} \; 2>/dev/null
+            for scope in "$root/system.slice/${NODE}_slurmstepd.scope" \
+                "$root/system.slice/${NODE2}_slurmstepd.scope"; do
+                [ -d "$scope" ] && find "$scope" -depth -type d -exec rmdir {} \; 2>/dev/null
+            done
         done
     fi
     echo "slurm_lab: stopped"
 }
 
 status() {
-    for d in munged slurmctld slurmd; do
+    for d in munged slurmctld "slurmd-$NODE" "slurmd-$NODE2"; do
         if pid_alive "$LAB/$d.pid"; then echo "$d: pid $(cat "$LAB/$d.pid")"; else echo "$d: not running"; fi
     done
     sinfo 2>/dev/null || true
 }
 
 case "${1:-}" in
-start) start ;;
+start) start "${2:-}" ;;
 stop) stop ;;
 status) status ;;
-*) echo "usage: tools/slurm_lab.sh start|stop|status" >&2; exit 2 ;;
+*) echo "usage: tools/slurm_lab.sh start [--two-nodes] | stop | status" >&2; exit 2 ;;
 esac
