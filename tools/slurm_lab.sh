@@ -34,7 +34,7 @@ pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 install_packages() {
     local missing=()
-    for p in slurm-wlm slurm-client munge; do
+    for p in slurm-wlm slurm-client munge iproute2; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
     done
     if ((${#missing[@]})); then

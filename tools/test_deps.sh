@@ -15,10 +15,11 @@ cd "$(dirname "$0")/.."
 VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 
 PACKAGES=(golang-go golang-github-google-pprof-dev)   # pprof, built by profile_viewers.sh
-# tools/slurm_lab.sh: the job tests' one-machine cluster. GFXBPF_NO_SLURM=1
+# tools/slurm_lab.sh: the job tests' one-machine cluster (iproute2: its --two-nodes
+# veth pair). GFXBPF_NO_SLURM=1
 # (the Debian 13 leg, which leaves those tests out): their packages' scripts
 # would start a munged in that userland that outlives the run.
-[ "${GFXBPF_NO_SLURM:-0}" = 1 ] || PACKAGES+=(slurm-wlm slurm-client munge)
+[ "${GFXBPF_NO_SLURM:-0}" = 1 ] || PACKAGES+=(slurm-wlm slurm-client munge iproute2)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
