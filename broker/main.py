@@ -345,6 +345,15 @@ def _serve_until_stopped(
             )
 
 
+def _revoke_ended_jobs(service: Service, audit: AuditLog) -> None:
+    """Scope job's check, every second; an error in it is logged, never the
+    end of the broker."""
+    try:
+        service.revoke_ended_jobs()
+    except Exception as e:  # noqa: BLE001 - the broker keeps serving
+        audit.error("revoke", detail=f"checking scope job attachments: {type(e).__name__}: {e}")
+
+
 def run(config: BrokerConfig, audit: AuditLog) -> int:
     from gfxbpf.broker.privileges import PrivilegeError, ensure_broker_privileges
 
@@ -390,7 +399,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
         signals,
         lambda: reload_policy(config, service, audit, grpc_server),
         config,
-        service.revoke_ended_jobs,
+        lambda: _revoke_ended_jobs(service, audit),
     )
     sd_notify("STOPPING=1")
     server.shutdown()

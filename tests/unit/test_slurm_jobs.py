@@ -187,3 +187,23 @@ def test_gfxclient_job_flags_are_checked_before_connecting(
 ) -> None:
     assert main(["--socket", "/nonexistent/gfxbpf.sock", *argv]) != 0
     assert words in capsys.readouterr().err
+
+
+def test_an_error_in_the_every_second_job_check_is_logged_not_fatal() -> None:
+    from gfxbpf.broker import main as broker_main
+
+    class Failing:
+        def revoke_ended_jobs(self) -> list[int]:
+            raise OSError("boom")
+
+    class Audit:
+        def __init__(self) -> None:
+            self.lines: list[tuple[str, dict[str, Any]]] = []
+
+        def error(self, op: str, **fields: Any) -> str:
+            self.lines.append((op, fields))
+            return ""
+
+    audit = Audit()
+    broker_main._revoke_ended_jobs(Failing(), audit)  # type: ignore[arg-type]
+    assert audit.lines == [("revoke", {"detail": "checking scope job attachments: OSError: boom"})]
