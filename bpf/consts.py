@@ -9,12 +9,15 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Final, Literal
 
-# The scopes a program runs in, narrowest first: catalog, policy, broker and
-# client all use these names (gfxbpf.proto.scopes maps them to the wire's enum).
-Scope = Literal["self", "system"]
+# The scopes a program runs in: catalog, policy, broker and client all use
+# these names (gfxbpf.proto.scopes maps them to the wire's enum). self before
+# system: a request that names no scope gets the narrowest its entry grants;
+# job last, as it needs a job id that such a request does not carry.
+Scope = Literal["self", "system", "job"]
 SELF: Final = "self"  # only the caller's own events (uid/pid knobs in .rodata)
 SYSTEM: Final = "system"  # every process's events
-SCOPES: Final[tuple[Scope, ...]] = (SELF, SYSTEM)
+JOB: Final = "job"  # the caller's events in one Slurm job's cgroup (uid and cgroup knobs)
+SCOPES: Final[tuple[Scope, ...]] = (SELF, SYSTEM, JOB)
 
 
 class ProgType(IntEnum):

@@ -157,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("name", help="catalog program name")
     a.add_argument("--users", action="append", help="user names or uids, comma separated")
     a.add_argument("--groups", action="append", help="group names or gids, comma separated")
-    a.add_argument("--scope", action="append", choices=SCOPES, help="self or system (repeat)")
+    a.add_argument(
+        "--scope",
+        action="append",
+        choices=SCOPES,
+        help="self, system or job (repeat): job is self within one Slurm job",
+    )
     a.add_argument("--libraries", action="append", help="uprobe target globs (ucalls)")
     a.add_argument("--functions", action="append", help="uprobe symbol globs")
     a.add_argument(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from gfxbpf.bpf.consts import SELF
+from gfxbpf.bpf.consts import JOB, SELF
 from gfxbpf.broker.access.peruser import PerUser
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError, over_limit
@@ -33,7 +33,7 @@ def instance_uid(caller: Caller, res: Resolved) -> int | None:
     frozen map through such an fd), what they could forge is only their own.
     Over gRPC the broker does every read, so users share system instances.
     """
-    if res.scope == SELF or caller.transport == "unix":
+    if res.scope in (SELF, JOB) or caller.transport == "unix":
         return caller.uid
     return None
 
@@ -63,6 +63,7 @@ class Attachments:
             functions=target.functions,
             frequency=target.frequency,
             children=target.children,
+            job=target.job,
             # A ring buffer has one consumer: such instances are never shared.
             unique=next(self._unique)
             if any(m.show == "events" for m in res.entry.visible_maps)

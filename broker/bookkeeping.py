@@ -13,16 +13,16 @@ from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.instances import SharedInstance
 from gfxbpf.broker.owners import Attachment, Owner, Owners
 from gfxbpf.broker.policy.rules import Policy
+from gfxbpf.broker.request.slurmjob import JobCgroup
 from gfxbpf.broker.sharing.registry import Gone, Pin
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
+POLICY_REVOKED = "the policy in force no longer allows it (ask the administrator)"
 
-def revoked_error(attachment_id: int, program: str = "") -> BrokerError:
+
+def revoked_error(attachment_id: int, program: str = "", why: str = POLICY_REVOKED) -> BrokerError:
     what = f"attachment {attachment_id}" + (f" ({program})" if program else "")
-    return BrokerError(
-        pb.ERROR_PERMISSION_DENIED,
-        f"{what} was detached: the policy in force no longer allows it (ask the administrator)",
-    )
+    return BrokerError(pb.ERROR_PERMISSION_DENIED, f"{what} was detached: {why}")
 
 
 class Bookkeeping:
@@ -69,7 +69,7 @@ class Bookkeeping:
         with owner.lock:
             att = owner.attachments.get(attachment_id)
         if attachment_id in owner.revoked:
-            raise revoked_error(attachment_id)
+            raise revoked_error(attachment_id, why=owner.revoked[attachment_id])
         if att is None or att.closed:
             raise BrokerError(
                 pb.ERROR_NOT_FOUND,
@@ -89,7 +89,7 @@ class Bookkeeping:
             else:
                 att.policy = policy
         if att.closed:
-            raise revoked_error(att.id, att.program)
+            raise revoked_error(att.id, att.program, owner.revoked.get(att.id, POLICY_REVOKED))
 
     def _pin(self, owner: Owner, att: Attachment) -> Pin[SharedInstance]:
         """Hold att's instance open for one request: a detach or revoke meanwhile
@@ -99,18 +99,21 @@ class Bookkeeping:
             return self._attachments.registry.pin(att.key, att.shared)
         except Gone:
             if att.id in owner.revoked:
-                raise revoked_error(att.id, att.program) from None
+                raise revoked_error(att.id, att.program, owner.revoked[att.id]) from None
             raise BrokerError(
                 pb.ERROR_NOT_FOUND, f"attachment {att.id} was detached meanwhile"
             ) from None
 
-    def _revoke(self, owner: Owner, att: Attachment, why: str) -> bool:
-        """Detach att from owner as revoked; False if it was gone already."""
+    def _revoke(
+        self, owner: Owner, att: Attachment, why: str, because: str = POLICY_REVOKED
+    ) -> bool:
+        """Detach att from owner as revoked (because: what its holder is told);
+        False if it was gone already."""
         with owner.lock:
             if owner.attachments.get(att.id) is not att:
                 return False
             del owner.attachments[att.id]
-            owner.revoked.add(att.id)
+            owner.revoked[att.id] = because
         unloaded = self._attachments.release(att)
         self._log(
             "revoke",
@@ -121,9 +124,28 @@ class Bookkeeping:
             scope=att.scope,
             attachment_id=att.id,
             unloaded=unloaded,
-            detail=f"detached: the policy in force no longer allows it ({why})",
+            detail=f"detached: {because} ({why})",
         )
         return True
+
+    def revoke_ended_jobs(self) -> list[int]:
+        """Detach every scope-job attachment whose Slurm job left this node (its
+        cgroup is gone; the main loop asks every second). The ids detached."""
+        revoked: list[int] = []
+        for owner in self._owners.all():
+            with owner.lock:
+                atts = [a for a in owner.attachments.values() if a.key.job is not None]
+            for att in atts:
+                job = att.key.job
+                assert isinstance(job, JobCgroup)
+                if job.alive():
+                    continue
+                because = f"Slurm job {job.job} ended (its cgroup left this node)"
+                if self._revoke(owner, att, "job ended", because):
+                    with owner.lock:  # its holder's detach is then no refusal
+                        owner.job_ended.add(att.id)
+                    revoked.append(att.id)
+        return revoked
 
     def revoke_disallowed(self) -> list[int]:
         """After a reload: detach every live attachment the policy in force no

@@ -126,7 +126,7 @@ class InstanceLoader:
                     raise
                 charge = self.charge_maps(caller, entry, specs)
             try:
-                owner = caller.uid if res.scope == C.SELF else None
+                owner = caller.uid if res.scope in (C.SELF, C.JOB) else None
                 time.sleep(self._load_delay)
                 inst = _load(opened, read_only, res.policy_entry.allow_no_btf)
                 _attach(inst, target, owner)
@@ -173,7 +173,7 @@ class InstanceLoader:
     ) -> SharedInstance:
         """Attach a parked instance to this request's target (it was loaded
         for the same user and knobs). Closed if that fails."""
-        owner = caller.uid if res.scope == C.SELF else None
+        owner = caller.uid if res.scope in (C.SELF, C.JOB) else None
         _attach(shared.inst, target, owner)  # closes it on failure
         shared.key, shared.warm = key, True
         return shared
@@ -186,7 +186,8 @@ class InstanceLoader:
         if pid is not None and warm.poolable(entry):
             pid = bpfinstance.TREE_ONLY
         return bpfinstance.Params(
-            uid=caller.uid if res.scope == C.SELF and entry.uid_knob else None,
+            uid=caller.uid if res.scope in (C.SELF, C.JOB) and entry.uid_knob else None,
+            cgroup=target.job.cgroup_id if target.job is not None else None,
             pid=pid,
             children=target.children,
             stack_bytes=target.stack_bytes,

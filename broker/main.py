@@ -324,14 +324,16 @@ class _Signals:
 
 
 def _serve_until_stopped(
-    signals: _Signals, reload: Callable[[], bool], config: BrokerConfig
+    signals: _Signals, reload: Callable[[], bool], config: BrokerConfig, tick: Callable[[], object]
 ) -> None:
-    """Wait for a signal: reload the policy on SIGHUP (telling systemd), return on stop."""
+    """Wait for a signal: reload the policy on SIGHUP (telling systemd), return
+    on stop; tick() every second (scope job: revoke what ended jobs held)."""
     while True:
         signals.wake.wait(1.0)
         signals.wake.clear()
         if signals.stop.is_set():
             return
+        tick()
         if signals.reload.is_set():
             signals.reload.clear()
             now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
@@ -341,6 +343,15 @@ def _serve_until_stopped(
                 "READY=1\nSTATUS=serving"
                 + ("" if ok else f" (last reload failed: {config.policy} invalid, old policy kept)")
             )
+
+
+def _revoke_ended_jobs(service: Service, audit: AuditLog) -> None:
+    """Scope job's check, every second; an error in it is logged, never the
+    end of the broker."""
+    try:
+        service.revoke_ended_jobs()
+    except Exception as e:  # noqa: BLE001 - the broker keeps serving
+        audit.error("revoke", detail=f"checking scope job attachments: {type(e).__name__}: {e}")
 
 
 def run(config: BrokerConfig, audit: AuditLog) -> int:
@@ -385,7 +396,10 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     )
     sd_notify("READY=1\nSTATUS=serving")
     _serve_until_stopped(
-        signals, lambda: reload_policy(config, service, audit, grpc_server), config
+        signals,
+        lambda: reload_policy(config, service, audit, grpc_server),
+        config,
+        lambda: _revoke_ended_jobs(service, audit),
     )
     sd_notify("STOPPING=1")
     server.shutdown()

@@ -54,7 +54,9 @@ class Owner:
         self.closed = False
         self.lock = threading.Lock()
         self.attachments: dict[int, Attachment] = {}
-        self.revoked: set[int] = set()  # ids a policy reload detached (for the refusal)
+        # ids the broker detached (a policy reload, a Slurm job's end) -> why, for the refusal
+        self.revoked: dict[int, str] = {}
+        self.job_ended: set[int] = set()  # of those, the ids whose Slurm job ended
 
     def attachment_ids(self) -> list[int]:
         with self.lock:

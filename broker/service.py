@@ -173,6 +173,8 @@ class Service(Bookkeeping):
             res = resolve(policy, self.catalog, self._objects, caller, req, fields)
             fields.update(program=res.entry.name, sha256=res.sha256, scope=res.scope)
             self._objects.audit(res.data, res.sha256, res.entry.name)
+            if req.params.job:  # scope job: which Slurm job (checked in check_params)
+                fields["job"] = req.params.job
             target = check_params(policy, caller, res, req.params, fds)
             try:
                 att, joined = self._attachments.acquire(caller, owner, res, target)
@@ -243,8 +245,12 @@ class Service(Bookkeeping):
             self._check_owner(caller, owner)
             with owner.lock:
                 att = owner.attachments.pop(req.attachment_id, None)
+                ended = att is None and req.attachment_id in owner.job_ended
+            if ended:  # detached when its Slurm job ended: nothing left to do
+                self._log("detach", caller, "ok", unloaded=False, detail="its job ended", **fields)
+                return pb.DetachReply(unloaded=False)
             if att is None and req.attachment_id in owner.revoked:
-                raise revoked_error(req.attachment_id)
+                raise revoked_error(req.attachment_id, why=owner.revoked[req.attachment_id])
             if att is None:
                 raise BrokerError(
                     pb.ERROR_NOT_FOUND, f"no attachment {req.attachment_id} in this session"

@@ -145,6 +145,9 @@ class Program:
     # most frames a record holds; such a program has maps py_files and
     # py_layouts, which the broker fills before attaching.
     python_frames_knob: str | None = None
+    # .rodata u64 of a program that runs in scope job (gfx_cgroup.h): the
+    # cgroup v2 id whose tasks, and its descendants', count (0: every cgroup).
+    cgroup_knob: str | None = None
 
     def map(self, name: str) -> MapEntry:
         for m in self.maps:
@@ -183,6 +186,7 @@ class Program:
             self.stack_bytes_knob,
             self.python_frames_knob,
             self.min_block_knob,
+            self.cgroup_knob,
         )
         names = [k for k in knobs if k]
         for f in self.fields:
@@ -263,6 +267,7 @@ _PROGRAM_KEYS = (
     "stack_bytes_knob",
     "min_block_knob",
     "python_frames_knob",
+    "cgroup_knob",
     "attach",
     "field",
     "map",
@@ -308,6 +313,9 @@ def _parse_program(
     stack_bytes_knob, python_frames_knob, min_block_knob = _copy_knobs(at, entry)
     if "self" in scopes and not (uid_knob or pid_knob):
         at.add("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
+    cgroup_knob = _ident(at, entry, "cgroup_knob")
+    if "job" in scopes and not (uid_knob and cgroup_knob):
+        at.add("scopes", "scope 'job' needs a uid_knob and a cgroup_knob to filter by")
     before_attach = len(problems)
     attach = _parse_attach_list(at, entry)
     # Fields are checked against the attach list only when it is complete.
@@ -316,7 +324,7 @@ def _parse_program(
         f for sub, t in _sub_entries(at, entry, "field") if (f := _parse_field(sub, t, complete))
     )
     children_knob, tree_map = _parse_tree(at, entry, pid_knob)
-    knobs = [k for k in (uid_knob, pid_knob, children_knob) if k]
+    knobs = [k for k in (uid_knob, pid_knob, children_knob, cgroup_knob) if k]
     knobs += [k for k in (stack_bytes_knob, python_frames_knob, min_block_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
@@ -352,6 +360,7 @@ def _parse_program(
         stack_bytes_knob=stack_bytes_knob,
         min_block_knob=min_block_knob,
         python_frames_knob=python_frames_knob,
+        cgroup_knob=cgroup_knob,
     )
 
 

@@ -84,6 +84,7 @@ class Params:
     # Programs that walk Python frames: the interpreter files, and frames per stack.
     python_files: tuple[pymaps.PythonFile, ...] = ()
     python_frames: int | None = None
+    cgroup: int | None = None  # scope job: the cgroup id (the entry's cgroup_knob)
 
 
 # A pid knob's value that makes the tree map hold the targets (gfx_tree.h
@@ -242,6 +243,10 @@ def prepare(
         if not entry.children_knob or params.pid is None:
             raise ParameterError(f"program {entry.name!r} follows no children here (needs a pid)")
         _set_knob(spec, entry.children_knob, 1)
+    if params.cgroup is not None:
+        if not entry.cgroup_knob:
+            raise ParameterError(f"program {entry.name!r} has no cgroup filter (scope job)")
+        _set_knob(spec, entry.cgroup_knob, params.cgroup)
     if params.stack_bytes is not None:
         if not entry.stack_bytes_knob:
             raise ParameterError(f"program {entry.name!r} takes no stack copies")

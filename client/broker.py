@@ -266,8 +266,11 @@ class Broker:
         min_block_us: int = 0,
         python_files: Iterable[pb.PythonFile] = (),
         python_frames: int = 0,
+        job: str = "",
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
+
+        job (scope "job"): a Slurm job id of this user's, running on this node.
 
         children (with pid): the process's descendants too, those alive now
         and those it forks later, followed in the kernel.
@@ -289,6 +292,7 @@ class Broker:
             min_block_us=min_block_us,  # offcpu: shortest wait kept; 0: the default
             python_files=list(python_files),
             python_frames=python_frames,
+            job=job,  # scope job: the Slurm job id
         )  # fmt: skip
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

@@ -29,7 +29,7 @@ from gfxbpf.client.errors import UsageError
 from gfxbpf.client.grpc_config import TlsFiles
 from gfxbpf.client.libcuda import NoLibcudaYet
 from gfxbpf.client.mapdata import MapData
-from gfxbpf.exporter import kernels, mapping, tables
+from gfxbpf.exporter import jobs, kernels, mapping, tables
 from gfxbpf.exporter.backoff import Backoff
 from gfxbpf.exporter.config import BrokerConfig, ExporterConfig, ProgramConfig
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -196,6 +196,8 @@ class Session:
             assert state.attachment is not None
             names = kernels.kernel_names(state.attachment) if reader.cmap.name == "kernels" else {}
             entries = kernels.relabel(entries, names)
+        elif state.config.name == jobs.PROGRAM:
+            entries = jobs.relabel(entries)
         built = mapping.build(reader.shape, entries, limit, functions)
         out.families.extend(built.families)
         out.dropped.update(built.dropped)

@@ -12,6 +12,7 @@ class Scope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCOPE_UNSPECIFIED: _ClassVar[Scope]
     SCOPE_SELF: _ClassVar[Scope]
     SCOPE_SYSTEM: _ClassVar[Scope]
+    SCOPE_JOB: _ClassVar[Scope]
 
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 SCOPE_UNSPECIFIED: Scope
 SCOPE_SELF: Scope
 SCOPE_SYSTEM: Scope
+SCOPE_JOB: Scope
 ERROR_UNSPECIFIED: ErrorCode
 ERROR_INVALID_ARGUMENT: ErrorCode
 ERROR_PERMISSION_DENIED: ErrorCode
@@ -138,7 +140,7 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "min_block_us", "stack_bytes")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "min_block_us", "stack_bytes", "job")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +151,7 @@ class AttachParams(_message.Message):
     PYTHON_FRAMES_FIELD_NUMBER: _ClassVar[int]
     MIN_BLOCK_US_FIELD_NUMBER: _ClassVar[int]
     STACK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
     functions: _containers.RepeatedScalarFieldContainer[str]
@@ -159,7 +162,8 @@ class AttachParams(_message.Message):
     python_frames: int
     min_block_us: int
     stack_bytes: int
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ..., stack_bytes: _Optional[int] = ...) -> None: ...
+    job: str
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
 
 class PythonFile(_message.Message):
     __slots__ = ("dev", "ino", "runtime_off", "major", "minor", "library")

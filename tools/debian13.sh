@@ -131,8 +131,13 @@ fi
 
 case $MODE in
 # No torch there (tools/test_deps.sh says why): its one test is left out.
-suite) INNER='tools/demo.sh && CI=${CI:-} GFXBPF_NO_TORCH=1 tools/test.sh \
-    --deselect tests/kernel/test_torch_profile.py "$@"' ;;
+# Nor the Slurm job tests: the userland shares the host's network and cgroup
+# tree, so a second one-machine cluster (tools/slurm_lab.sh) there would take
+# the ports and the system.slice/<node>_slurmstepd.scope of the Debian 12
+# leg's, and Debian 13's Slurm 24.11 has not been run here; the Debian 12 leg runs them.
+suite) INNER='tools/demo.sh && CI=${CI:-} GFXBPF_NO_TORCH=1 GFXBPF_NO_SLURM=1 tools/test.sh \
+    --deselect tests/kernel/test_torch_profile.py \
+    --deselect tests/kernel/test_slurm_job.py --deselect tests/kernel/test_slurm_nodes.py "$@"' ;;
 build-bpf)
     # Only the compiler and headers: no need for the suite's packages.
     INNER='export DEBIAN_FRONTEND=noninteractive; apt-get update -q &&

@@ -2,6 +2,7 @@
 # What only the test suite needs, beside what tools/setup.sh installs for the
 # product (the demo does not wait for these): Google's pprof and speedscope,
 # whose own readers read gfxclient's profile files (tools/profile_viewers.sh),
+# Slurm and munge (tests/kernel/test_slurm_job.py's cluster, tools/slurm_lab.sh),
 # and PyTorch's CPU build, whose training loop tests/kernel/test_torch_profile.py
 # profiles. Run by tools/test.sh after tools/setup.sh; idempotent.
 #
@@ -14,6 +15,11 @@ cd "$(dirname "$0")/.."
 VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 
 PACKAGES=(golang-go golang-github-google-pprof-dev)   # pprof, built by profile_viewers.sh
+# tools/slurm_lab.sh: the job tests' one-machine cluster (iproute2: its --two-nodes
+# veth pair). GFXBPF_NO_SLURM=1
+# (the Debian 13 leg, which leaves those tests out): their packages' scripts
+# would start a munged in that userland that outlives the run.
+[ "${GFXBPF_NO_SLURM:-0}" = 1 ] || PACKAGES+=(slurm-wlm slurm-client munge iproute2)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -5,7 +5,7 @@
     sha256 = "..."                    # the reviewed object (64 hex digits)
     users = ["alice", 1001]           # names or uids; "*" = everyone
     groups = ["video", "render"]      # names or gids; "*" = everyone
-    scope = "self"                    # "self", "system", or a list of both (default "self")
+    scope = "self"                    # "self", "system", "job", or a list (default "self")
     libraries = ["/usr/lib/x86_64-linux-gnu/libvulkan.so.1*"]  # uprobe targets (globs)
     functions = ["vk*"]               # uprobe symbols (globs; default: any)
     max_frequency = 999               # perf_event sampling cap in Hz (default: none)
@@ -222,11 +222,11 @@ def _parse_scope(table: dict[str, Any], at: Entry) -> tuple[Scope, ...]:
     raw = table["scope"]
     items = raw if isinstance(raw, list) else [raw]
     if not items or not all(isinstance(s, str) for s in items):
-        at.add("scope", f'expected "self", "system" or an array of them, got {shown(raw)}')
+        at.add("scope", f'expected "self", "system", "job" or an array of them, got {shown(raw)}')
         return (SELF,)
     bad = [s for s in items if s not in SCOPES]
     if bad:
-        at.add("scope", f'unknown scope {show(bad[0])} (expected "self" or "system")')
+        at.add("scope", f'unknown scope {show(bad[0])} (expected "self", "system" or "job")')
         return (SELF,)
     return tuple(dict.fromkeys(items))  # each one of SCOPES (checked above)
 

@@ -128,7 +128,7 @@ class Policy:
         """
         sha = sha256.lower()
         if scope is not None and scope not in SCOPES:
-            why = f'invalid scope {show(scope)} (expected "self" or "system")'
+            why = f'invalid scope {show(scope)} (expected "self", "system" or "job")'
             return _upload(
                 program_name, Decision(False, why, reason=why, refusal=Refusal.BAD_SCOPE)
             )

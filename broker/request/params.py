@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gfxbpf.bpf import symbols
-from gfxbpf.bpf.consts import SELF
+from gfxbpf.bpf.consts import JOB, SELF
 from gfxbpf.broker.callers import Caller
 from gfxbpf.broker.errors import BrokerError
 from gfxbpf.broker.policy.model import MAX_FREQUENCY
@@ -20,6 +20,7 @@ from gfxbpf.broker.request import libraries
 from gfxbpf.broker.request.pidcheck import NoSuchProcess, PidError, PidHandle, verify_owner
 from gfxbpf.broker.request.pyfiles import check_python
 from gfxbpf.broker.request.resolve import Resolved
+from gfxbpf.broker.request.slurmjob import JobCgroup, check_job
 from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
 from gfxbpf.catalog.pymaps import PythonFile
@@ -55,6 +56,7 @@ class Target:
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: no such knob)
     python_files: tuple[PythonFile, ...] = ()  # interpreters whose frames to walk
     python_frames: int | None = None  # Python frames a stack (None: the object's 64)
+    job: JobCgroup | None = None  # scope job: the Slurm job's cgroup on this node
 
     @property
     def library_path(self) -> str | None:
@@ -102,6 +104,7 @@ def check_params(
         t.stack_bytes = _check_stack_bytes(res, params.stack_bytes)
         t.min_block_us = _check_min_block(res, params.min_block_us)
         t.python_files, t.python_frames = check_python(res, params)
+        t.job = _check_job(caller, res, params.job)
         return t
     except BaseException:
         t.close()
@@ -158,7 +161,7 @@ def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, Pid
         return None, None
     if not entry.pid_knob and not any(a.kind in _UPROBE_KINDS for a in entry.attach):
         raise BrokerError(pb.ERROR_INVALID_ARGUMENT, f"program {entry.name!r} takes no pid")
-    if res.scope != SELF:
+    if res.scope not in (SELF, JOB):
         return pid, None
     try:
         return pid, verify_owner(pid, caller.uid)
@@ -166,6 +169,21 @@ def _check_pid(caller: Caller, res: Resolved, pid: int) -> tuple[int | None, Pid
         raise BrokerError(pb.ERROR_NOT_FOUND, str(e)) from None
     except PidError as e:
         raise BrokerError(pb.ERROR_PERMISSION_DENIED, str(e)) from None
+
+
+def _check_job(caller: Caller, res: Resolved, job: str) -> JobCgroup | None:
+    """Scope job's job, checked with Slurm and this node's cgroups (never the client)."""
+    if res.scope != JOB:
+        if job:
+            raise BrokerError(
+                pb.ERROR_INVALID_ARGUMENT, f"params.job is for scope job, not {res.scope}"
+            )
+        return None
+    if not job:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT, "scope job needs the Slurm job id (params.job)"
+        )
+    return check_job(caller, job)
 
 
 def _check_children(res: Resolved, params: pb.AttachParams, pid: int | None) -> bool:

@@ -44,6 +44,8 @@ ALLOWED_HELPERS = frozenset(
         "get_current_uid_gid",
         "get_current_comm",
         "get_current_cgroup_id",
+        # scope `job`: the task's cgroup ancestors (ids only), gfx_cgroup.h
+        "get_current_ancestor_cgroup_id",
         "get_smp_processor_id",
         # The current task as a typed (BTF) pointer, and its user registers:
         # scope `self` checks the task's uids and dumpable flag at every event

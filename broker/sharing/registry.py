@@ -39,6 +39,7 @@ class InstanceKey:
     unique: int | None = None  # set for programs that are never shared (ring buffers)
     frequency: int | None = None  # perf_event sampling, Hz
     children: bool = False  # the pid's descendants too (a process tree)
+    job: Hashable | None = None  # scope job: the job's cgroup (request/slurmjob.JobCgroup)
 
 
 class _Slot(Generic[T]):

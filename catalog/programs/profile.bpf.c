@@ -13,6 +13,7 @@
  */
 #include "gfx_tree.h"
 #include "gfx_task.h"
+#include "gfx_cgroup.h"
 #include "gfx_ustack.h"
 #include <linux/bpf_perf_event.h>
 
@@ -20,6 +21,7 @@
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
+const volatile __u64 target_cgroup = 0;  /* scope job (gfx_cgroup.h) */
 GFX_TREE_PROGRAMS(target_pid)
 
 struct sample_key {
@@ -43,7 +45,7 @@ int profile_sample(struct bpf_perf_event_data *ctx)
 	struct sample_key key = {};
 	__u64 one = 1;
 
-	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
+	if (!gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) || !gfx_cgroup_ok(target_cgroup))
 		return 0;
 	key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	key.user_stack = gfx_user_stack(ctx);

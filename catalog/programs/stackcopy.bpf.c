@@ -19,15 +19,18 @@
  * same thread and puts each run of Python frames in place of the evaluation
  * loop's native frame that runs it.
  *
- * Scope self only: the copied bytes are process memory.
+ * Scope self, or job (the caller's processes in one Slurm job's cgroup,
+ * gfx_cgroup.h): the copied bytes are process memory.
  */
 #include "gfx_tree.h"
 #include "gfx_python.h"
 #include "gfx_ucopy.h"
+#include "gfx_cgroup.h"
 #include <linux/bpf_perf_event.h>
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
+const volatile __u64 target_cgroup = 0;  /* scope job (gfx_cgroup.h) */
 
 GFX_TREE_PROGRAMS(target_pid)
 
@@ -39,7 +42,8 @@ int stackcopy_sample(struct bpf_perf_event_data *ctx)
 	__u64 ts;
 
 	/* A build for scope system copies nothing (the catalog offers none). */
-	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid))
+	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) ||
+	    !gfx_cgroup_ok(target_cgroup))
 		return 0;
 	ts = bpf_ktime_get_ns();
 	py = gfx_py_record();

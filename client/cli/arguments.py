@@ -43,9 +43,27 @@ def count(text: str) -> int:
     return value
 
 
+def job_id(text: str) -> str:
+    """A Slurm job id (digits), as squeue prints it."""
+    if not text.isdigit() or text.startswith("0") or len(text) > 19:
+        raise argparse.ArgumentTypeError(f"not a Slurm job id: {text!r}")
+    return text
+
+
+def add_job_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--job",
+        type=job_id,
+        metavar="ID",
+        help=f"{what} in your Slurm job ID on this node only (scope job; filtered in the kernel "
+        "by the job's cgroup)",
+    )
+
+
 def add_attach_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="program name (see `gfxclient list`)")
     p.add_argument("--scope", choices=SCOPES, help="default: the policy's scope")
+    add_job_argument(p, "your processes")
     p.add_argument(
         "--pid",
         type=process_id,

@@ -43,6 +43,7 @@ from gfxbpf.client.errors import (
     UsageError,
 )
 from gfxbpf.client.grpc_config import DEFAULT_GRPC
+from gfxbpf.client.slurm import profile_job
 
 EPILOG = f"""\
 transport:
@@ -155,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         "profile",
         "CPU, off-CPU or wall-clock profile (flame graph) of your processes, "
         "or the stacks that call a function",
-        "\n\n" + profile_cmd.EXAMPLES,
+        "\n\n" + profile_cmd.EXAMPLES + "\n" + profile_job.EXAMPLES,
     )
     profile_cmd.add_arguments(p)
     gpu_profile.add_arguments(p)
+    profile_job.add_arguments(p)
     return parser
 
 
@@ -169,7 +171,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": stream_cmd.command,
     "dump": dump_cmd.command,
     "status": status_cmd.command,
-    "profile": gpu_profile.command,  # --gpu there, every other profile in profile_cmd
+    # --job there, --gpu in gpu_profile, every other profile in profile_cmd
+    "profile": profile_job.command,
 }
 
 

@@ -37,7 +37,8 @@ def attach(broker: Broker, args: argparse.Namespace) -> Attachment:
     try:
         return broker.attach(
             args.name,
-            scope=args.scope,
+            scope=args.scope or ("job" if args.job else None),
+            job=args.job or "",
             pid=args.pid,
             library=args.library,
             functions=function_names(args),

@@ -47,6 +47,7 @@ EXPECTED = {
     "stackcopy",
     "ustackcopy",
     "offcpu",
+    "cgroupcpu",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -129,6 +130,7 @@ KNOB_DEFAULTS = {
     },
     "execsnoop": {"off_pid": 12, "off_filename": 8, "target_uid": 0xFFFFFFFF},
     "syscount": {"target_uid": 0xFFFFFFFF},
+    "cgroupcpu": {},
     "clonecount": {"target_uid": 0xFFFFFFFF},
     "ucalls": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "cuda": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
@@ -192,8 +194,13 @@ def _btf_struct_names(data: bytes) -> set[str]:
 def test_catalog_parses(catalog: cat.Catalog) -> None:
     assert set(catalog.names()) == EXPECTED
     syscount = catalog.get("syscount")
-    assert syscount.scopes == ("self", "system")
+    assert syscount.scopes == ("self", "system", "job")
     assert syscount.uid_knob == "target_uid"
+    # Scope job: the uid knob and the job's cgroup (gfx_cgroup.h).
+    for name in ("syscount", "profile", "stackcopy"):
+        assert catalog.get(name).cgroup_knob == "target_cgroup"
+        assert "job" in catalog.get(name).scopes
+    assert catalog.get("cgroupcpu").scopes == ("system",)
     assert syscount.attach == (cat.Attach("sys_enter", "raw_tracepoint", "sys_enter"),)
     assert syscount.map("counts").show == "counter"
     ucalls = catalog.get("ucalls")
@@ -314,7 +321,11 @@ def test_check_object_survives_corrupt_objects(catalog: cat.Catalog) -> None:
 def test_knob_defaults(catalog: cat.Catalog) -> None:
     for entry in catalog:
         elf = _elf(catobj.object_path(entry))
-        rodata = elf.get_section_by_name(".rodata").data()
+        section = elf.get_section_by_name(".rodata")
+        if section is None:  # a program with no knob at all (cgroupcpu)
+            assert not KNOB_DEFAULTS[entry.name] and not entry.knobs, entry.name
+            continue
+        rodata = section.data()
         syms = _symbols_in(elf, ".rodata")
         values = {k: struct.unpack_from("<I", rodata, off)[0] for k, off in syms.items()}
         for knob, want in KNOB_DEFAULTS[entry.name].items():
@@ -566,6 +577,11 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
             "field 'scopes': \"everyone\" is not one of",
         ),
         ('uid_knob = "target_uid"\n', "", "scope 'self' needs a uid_knob"),
+        (
+            'scopes = ["self", "system"]',
+            'scopes = ["self", "job"]',
+            "scope 'job' needs a uid_knob and a cgroup_knob",
+        ),
         (
             'show = "counter"',
             'show = "pie"',

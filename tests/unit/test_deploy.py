@@ -439,7 +439,7 @@ def test_example_policy_parses_and_has_the_schema_keys() -> None:
         assert p["name"] in catalog, f"{p['name']} is not a catalog program"
         assert re.fullmatch(r"[0-9a-f]{64}", p["sha256"]), p
         scopes = p.get("scope", "self")
-        assert set(scopes if isinstance(scopes, list) else [scopes]) <= {"self", "system"}
+        assert set(scopes if isinstance(scopes, list) else [scopes]) <= {"self", "system", "job"}
         assert p.get("users") or p.get("groups"), f"{p['name']}: nobody may use it"
     assert data["limits"]["sessions_per_user"] > 0
 

@@ -267,7 +267,7 @@ def test_program_must_be_array_of_tables():
 
 def test_scope_list_validation():
     errs = _errors(f'[[program]]\nname = "x"\nsha256 = "{SHA_A}"\nscope = []\n')
-    assert 'field \'scope\': expected "self", "system" or an array of them' in errs[0]
+    assert 'field \'scope\': expected "self", "system", "job" or an array of them' in errs[0]
     p = Policy.parse(f'[[program]]\nname = "x"\nsha256 = "{SHA_A}"\nscope = ["system"]\n')
     assert p.programs[0].scopes == ("system",)
 

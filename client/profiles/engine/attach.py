@@ -50,6 +50,7 @@ def attach(
         return _attach_probes(broker, req, pid, children, files)
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
     copies = _try_copies(broker, req, "stackcopy", files, pid=pid, **sampling)
+    sampling.update(req.job_params)
     return copies or broker.attach("profile", scope=req.scope, pid=pid, **sampling)
 
 
@@ -163,14 +164,16 @@ def _try_copies(
     if not req.own_processes:
         return None  # copies are process memory: scope self only
     stack_bytes = req.stack_bytes
+    scope = req.own_scope
+    kw.update(req.job_params)
     try:
         kw["stack_bytes"] = stack_bytes
         try:
-            return broker.attach(name, scope="self", python_files=files, **kw)
+            return broker.attach(name, scope=scope, python_files=files, **kw)
         except BrokerError as e:
             if not files or e.code != pb.ERROR_INVALID_ARGUMENT or "Python" not in str(e):
                 raise
-            return broker.attach(name, scope="self", **kw)
+            return broker.attach(name, scope=scope, **kw)
     except BrokerError as e:
         if stack_bytes or e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
             raise  # --stack-bytes asks for copies: no quiet fallback to frame pointers

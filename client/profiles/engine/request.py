@@ -29,6 +29,7 @@ class ProfileRequest:
     min_block_asked: bool = False  # given by --min-block (else --wall may retry higher)
     scope: str | None = None  # None: the policy's scope
     stack_bytes: int = 0  # stack bytes per copy; 0: the broker's default
+    job: str = ""  # --job: a Slurm job's processes on this node (scope job)
 
     @property
     def timed(self) -> bool:
@@ -41,5 +42,16 @@ class ProfileRequest:
 
     @property
     def own_processes(self) -> bool:
-        """Scope self: stack copies and Python walks read process memory, so only there."""
-        return self.scope in (None, "self")
+        """Scope self (or job, the user's processes in one job): stack copies and
+        Python walks read process memory, so only there."""
+        return self.scope in (None, "self", "job")
+
+    @property
+    def own_scope(self) -> str:
+        """The scope of programs that read process memory: job with --job, else self."""
+        return "job" if self.job else "self"
+
+    @property
+    def job_params(self) -> dict[str, str]:
+        """The attach keywords that name the job (none without --job)."""
+        return {"job": self.job} if self.job else {}
