@@ -8,6 +8,7 @@ which CAP_BPF + CAP_PERFMON may load: one u32 id per live map per run.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from importlib import resources
@@ -72,6 +73,29 @@ class LiveMaps:
                 return None
         n = len(raw) // 4
         return set(struct.unpack(f"<{n}I", raw[: n * 4]))
+
+    def probe(self) -> str | None:
+        """Why ids() cannot work here, or None when it can. Tried in a forked
+        child when this process has one thread: reading the iterator's object
+        imports pyelftools (~2.6 MiB of RSS), which an idle daemon should not
+        hold; the parent loads it on its first ids()."""
+        if threading.active_count() > 1:  # a fork copies no other thread
+            return None if self.ids() is not None else self.error
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: try, answer, exit at once (no atexit, no flush)
+            try:
+                os.close(r)
+                os.write(w, b"ok" if self.ids() is not None else (self.error or "?").encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            answer = f.read(4096).decode("utf-8", "replace")
+        os.waitpid(pid, 0)
+        if answer == "ok":
+            return None
+        return answer or "the map iterator's check exited without an answer"
 
     def close(self) -> None:
         if self._link is not None:
