@@ -9,6 +9,7 @@ which CAP_BPF + CAP_PERFMON may load: one u32 id per live map per run.
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import threading
 from importlib import resources
@@ -75,27 +76,35 @@ class LiveMaps:
         return set(struct.unpack(f"<{n}I", raw[: n * 4]))
 
     def probe(self) -> str | None:
-        """Why ids() cannot work here, or None when it can. Tried in a forked
-        child when this process has one thread: reading the iterator's object
-        imports pyelftools (~2.6 MiB of RSS), which an idle daemon should not
-        hold; the parent loads it on its first ids()."""
+        """Load the iterator now; why ids() cannot work, or None when it can.
+        With one thread the object is read and loaded in a forked child, which
+        passes the iterator's link back: reading an object imports pyelftools
+        (~2.4 MiB of RSS), which an idle daemon should not hold for the one
+        object it loads at start, and the link is all ids() needs. A failure
+        is kept (error), as ids() keeps one."""
         if threading.active_count() > 1:  # a fork copies no other thread
             return None if self.ids() is not None else self.error
-        r, w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         pid = os.fork()
-        if pid == 0:  # the child: try, answer, exit at once (no atexit, no flush)
+        if pid == 0:  # the child: load, answer, exit at once (no atexit, no flush)
             try:
-                os.close(r)
-                os.write(w, b"ok" if self.ids() is not None else (self.error or "?").encode())
+                link = self._open()
+                if link is None:
+                    theirs.send((self.error or "?").encode()[:4000])
+                else:
+                    socket.send_fds(theirs, [b"ok"], [link.fd])
             finally:
                 os._exit(0)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            answer = f.read(4096).decode("utf-8", "replace")
+        theirs.close()
+        with ours:
+            msg, fds, _, _ = socket.recv_fds(ours, 4096, 1)
         os.waitpid(pid, 0)
-        if answer == "ok":
-            return None
-        return answer or "the map iterator's check exited without an answer"
+        with self._lock:
+            if fds:
+                self._link = LinkAttachment("iter/bpf_map", fds[0])
+                return None
+            self.error = msg.decode("utf-8", "replace") or "the map iterator's load gave no answer"
+            return self.error
 
     def close(self) -> None:
         if self._link is not None:

@@ -292,8 +292,7 @@ def _check_bpffs(audit: AuditLog) -> None:
 
 def _index_kernel_btf() -> None:
     """Index vmlinux BTF at start, so that the first CO-RE attach does not pay
-    for it (the live-maps iterator's load did this in-process before it moved
-    to a child: _check_live_maps)."""
+    for it: the live-maps iterator, CO-RE, is loaded in a child (LiveMaps.probe)."""
     from gfxbpf.bpf.core.relo import CoreError
     from gfxbpf.bpf.kernel.vmlinux import kernel_target
 
@@ -302,7 +301,8 @@ def _index_kernel_btf() -> None:
 
 
 def _check_live_maps(service: Service, audit: AuditLog) -> None:
-    """Say at start when the kernel cannot list map ids for the live map budget."""
+    """Load the live-maps iterator; say at start when the kernel cannot list map
+    ids for the live map budget."""
     error = service.loader.live_maps.probe()
     if error is not None:
         audit.error(
