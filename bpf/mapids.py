@@ -84,7 +84,8 @@ class LiveMaps:
         is kept (error), as ids() keeps one."""
         if threading.active_count() > 1:  # a fork copies no other thread
             return None if self.ids() is not None else self.error
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # SEQPACKET: a child that dies unanswered is an empty read, not a hang
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the child: load, answer, exit at once (no atexit, no flush)
             try:
