@@ -2,7 +2,8 @@
 this request) and warm (a parked instance of the same user and knobs,
 broker/sharing/warm.py), against `bpftool prog loadall` of the same object.
 
-Each round profiles one of the bench user's processes (Python, calling
+Each round profiles (through the library call take_profile, bench/clientside.py)
+one of the bench user's processes (Python, calling
 getpid for 5 ms and sleeping 5 ms in turn) with
 stackcopy, offcpu and ustackcopy (--stacks-at libc's getpid) with a stack
 copy size of that round's own (a knob in the verified program, so the
@@ -20,6 +21,7 @@ prunes nearly everything: it is the floor of a load, not the same work.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tempfile
@@ -28,15 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO, BenchError, Stage, log
-from bench.profile_bench import user_dir
 from bench.stats import median
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
-PROGRAMS = {
-    "stackcopy": ("--duration", "0.3"),
-    "offcpu": ("--off-cpu", "--duration", "0.3"),
-    "ustackcopy": ("--stacks-at", f"{LIBC}:getpid", "--duration", "0.3"),
-    "profile": ("--scope", "system", "--duration", "0.3"),
+# The ProfileRequest of each (client/profiles/engine/request.py), as gfxclient
+# profile builds it from --off-cpu, --stacks-at LIBC:getpid and --scope system.
+PROGRAMS: dict[str, dict[str, Any]] = {
+    "stackcopy": {},
+    "offcpu": {"mode": "off-cpu"},
+    "ustackcopy": {"library": LIBC, "functions": ["getpid"]},
+    "profile": {"scope": "system"},
 }
 GOALS_MS = {"cold": 400.0, "warm": 100.0}
 # Runs and waits in turn, and calls libc's getpid: every program has data.
@@ -62,16 +65,12 @@ def _attach_ms(stage: Stage, program: str, since: int) -> tuple[float, bool]:
 
 
 def _profile(stage: Stage, program: str, pid: int, stack_bytes: int) -> tuple[float, bool]:
+    """A 0.3 s profile through the library call (take_profile), as the bench user."""
     since = len(stage.audit())
-    out = str(user_dir(stage) / "attach.folded")
-    args = ["profile", *PROGRAMS[program]]
+    spec = {"pids": [], "command": [], "duration": 0.3, **PROGRAMS[program]}
     if program != "profile":
-        args += ["--pid", str(pid), "--stack-bytes", str(stack_bytes)]
-    p = stage.gfxclient(*args, "-o", out, "--format", "folded",
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    _, err = p.communicate(timeout=120)
-    if p.returncode != 0:
-        raise BenchError(f"gfxclient {' '.join(args)} failed ({p.returncode}): {err.strip()}")
+        spec.update(pids=[pid], stack_bytes=stack_bytes)
+    stage.clientside_result("profile", json.dumps(spec), timeout=120)
     return _attach_ms(stage, program, since)
 
 

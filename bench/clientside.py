@@ -13,6 +13,8 @@ on stdin before going on.
   hold PROGRAM [--sessions K] [--drain]
   mapread PROGRAM MAP ROUNDS    read one map via fd batch and via gRPC
   consume FD IDLE               count ring-buffer records until IDLE s of quiet
+  profile JSON                  one profile through the library call take_profile:
+                                JSON holds a ProfileRequest's fields and "duration"
 """
 
 from __future__ import annotations
@@ -151,6 +153,34 @@ def mapread(program: str, map_name: str, rounds: int) -> None:
     )
 
 
+class _NoStop:
+    """take_profile's Stopper that nothing sets: the profile ends with its duration."""
+
+    stopped = False
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+
+def profile(spec: str) -> None:
+    """One profile taken as gfxclient profile takes it, through the library's
+    one call, and what it holds."""
+    from gfxbpf.client.profiles.engine.request import ProfileRequest
+    from gfxbpf.client.profiles.engine.take import take_profile
+
+    fields = json.loads(spec)
+    duration = fields.pop("duration", None)
+    t0 = time.perf_counter()
+    taken = take_profile(
+        ProfileRequest(**fields), lambda: Broker.connect(via="fd"), _NoStop(), duration
+    )
+    wall_s = time.perf_counter() - t0
+    stacks, total = len(taken.profile.stacks), taken.profile.total()
+    say({"stacks": stacks, "total": total, "lost": taken.lost, "read_s": taken.read_s,
+         "wall_s": wall_s})  # fmt: skip
+
+
 def consume(fd: int, idle: float) -> None:
     """Count records from a ring buffer this process holds only the fd of."""
     received = 0
@@ -191,6 +221,7 @@ def main() -> None:
     c = sub.add_parser("consume")
     c.add_argument("fd", type=int)
     c.add_argument("idle", type=float)
+    sub.add_parser("profile").add_argument("spec")
     args = p.parse_args()
     if args.cmd == "attach-latency":
         attach_latency(args.program, args.n)
@@ -200,6 +231,8 @@ def main() -> None:
         hold(args.program, args.sessions, args.drain)
     elif args.cmd == "mapread":
         mapread(args.program, args.map, args.rounds)
+    elif args.cmd == "profile":
+        profile(args.spec)
     else:
         consume(args.fd, args.idle)
 

@@ -8,6 +8,8 @@ which CAP_BPF + CAP_PERFMON may load: one u32 id per live map per run.
 
 from __future__ import annotations
 
+import os
+import socket
 import struct
 import threading
 from importlib import resources
@@ -72,6 +74,38 @@ class LiveMaps:
                 return None
         n = len(raw) // 4
         return set(struct.unpack(f"<{n}I", raw[: n * 4]))
+
+    def probe(self) -> str | None:
+        """Load the iterator now; why ids() cannot work, or None when it can.
+        With one thread the object is read and loaded in a forked child, which
+        passes the iterator's link back: reading an object imports pyelftools
+        (~2.4 MiB of RSS), which an idle daemon should not hold for the one
+        object it loads at start, and the link is all ids() needs. A failure
+        is kept (error), as ids() keeps one."""
+        if threading.active_count() > 1:  # a fork copies no other thread
+            return None if self.ids() is not None else self.error
+        # SEQPACKET: a child that dies unanswered is an empty read, not a hang
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the child: load, answer, exit at once (no atexit, no flush)
+            try:
+                link = self._open()
+                if link is None:
+                    theirs.send((self.error or "?").encode()[:4000])
+                else:
+                    socket.send_fds(theirs, [b"ok"], [link.fd])
+            finally:
+                os._exit(0)
+        theirs.close()
+        with ours:
+            msg, fds, _, _ = socket.recv_fds(ours, 4096, 1)
+        os.waitpid(pid, 0)
+        with self._lock:
+            if fds:
+                self._link = LinkAttachment("iter/bpf_map", fds[0])
+                return None
+            self.error = msg.decode("utf-8", "replace") or "the map iterator's load gave no answer"
+            return self.error
 
     def close(self) -> None:
         if self._link is not None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 from gfxbpf.bpf import consts as C
 from gfxbpf.bpf.asm import CODE_CALL, CODE_LD_IMM64, SLOT
@@ -43,8 +42,9 @@ from gfxbpf.bpf.specs import (
     is_rodata,
     map_spec,
 )
-from gfxbpf.elf.reader import ElfFile
-from gfxbpf.elf.symbols import SymbolFormatError
+from gfxbpf.elf.reader import ElfError
+from gfxbpf.elf.relocatable import ObjSection as _Section
+from gfxbpf.elf.relocatable import Relocatable, read_relocatable
 
 EM_BPF = 247
 SHT_PROGBITS = 1
@@ -60,8 +60,6 @@ STV_INTERNAL = 1
 STV_HIDDEN = 2
 SHN_UNDEF = 0
 SHN_LORESERVE = 0xFF00
-
-_REL = struct.Struct("<QQ")
 
 MAX_OBJECT_SIZE = 64 << 20  # far above any real program; bounds memory on hostile input
 
@@ -99,20 +97,6 @@ def internal_map_name(obj_name: str, section: str) -> str:
 def object_name(path: str) -> str:
     """libbpf's object name: the file's basename up to its first dot."""
     return os.path.basename(path).split(".", 1)[0] or "obj"
-
-
-@dataclass
-class _Section:
-    index: int
-    name: str
-    type: int
-    flags: int
-    offset: int
-    size: int
-    link: int
-    info: int
-    entsize: int
-    data: bytes
 
 
 class ObjectSpec:
@@ -165,7 +149,7 @@ class ObjectSpec:
 
     def _parse(self, data: bytes) -> None:
         elf = _open_elf(data)
-        sections = _read_sections(elf)
+        sections = elf.sections
         self._sections = {s.name: s.index for s in sections}
         symbols = _read_symtab(elf)
         by_name = {s.name: s for s in sections}
@@ -177,7 +161,7 @@ class ObjectSpec:
         self._parse_externs(symbols)
         self._parse_programs(sections, symbols)
         self._parse_maps(by_name, sections, symbols)
-        self._parse_relocations(sections, symbols)
+        self._parse_relocations(elf, symbols)
 
     def _parse_metadata(self, by_name: dict[str, _Section], sections: list[_Section]) -> None:
         """License and kernel version; refuse the sections gfxbpf does not support."""
@@ -355,11 +339,11 @@ class ObjectSpec:
             variables=variables,
         )
 
-    def _parse_relocations(self, sections: list[_Section], symbols: list[Symbol]) -> None:
-        relocator = _Relocator(self, sections, symbols)
-        for rel in sections:
-            if rel.type == SHT_REL:
-                relocator.apply_section(rel)
+    def _parse_relocations(self, elf: Relocatable, symbols: list[Symbol]) -> None:
+        relocator = _Relocator(self, elf.sections, symbols)
+        for sec in elf.sections:
+            if sec.type == SHT_REL:
+                relocator.apply_section(sec, elf.rels)
         for p in self.programs.values():
             p.relocations.sort(key=lambda r: r.insn_index)
 
@@ -449,27 +433,27 @@ class _Relocator:
         }
         self.externs = spec.externs
 
-    def apply_section(self, rel: _Section) -> None:
-        """Record every relocation of one REL section that targets program code."""
+    def apply_section(
+        self, rel: _Section, entries_of: Callable[[_Section], list[tuple[int, int, int]]]
+    ) -> None:
+        """Record every relocation of one REL section (entries_of gives its
+        (offset, symbol, type) entries) that targets program code or .maps."""
         target = self.by_index.get(rel.info)
         if target is None:
             raise ObjectError(f"relocation section {rel.name!r} targets a missing section")
         if target.name == ".maps":
-            if len(rel.data) % _REL.size:
-                raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
-            for r_offset, r_info in _REL.iter_unpack(rel.data):
-                self.map_slot(r_offset, r_info >> 32)
+            for r_offset, sym_idx, _rtype in entries_of(rel):
+                self.map_slot(r_offset, sym_idx)
             return
         if not target.flags & SHF_EXECINSTR or target.index not in self.progs_by_sec:
             return  # .rel.BTF and friends: never applied (docs/BPF-ABI.md, BTF)
-        if len(rel.data) % _REL.size:
-            raise ObjectError(f"relocation section {rel.name!r} has a partial entry")
-        for r_offset, r_info in _REL.iter_unpack(rel.data):
-            self.apply_one(rel, target, r_offset, r_info)
+        for r_offset, sym_idx, rtype in entries_of(rel):
+            self.apply_one(rel, target, r_offset, sym_idx, rtype)
 
-    def apply_one(self, rel: _Section, target: _Section, r_offset: int, r_info: int) -> None:
+    def apply_one(
+        self, rel: _Section, target: _Section, r_offset: int, sym_idx: int, rtype: int
+    ) -> None:
         """One REL entry: find its instruction and program, check it, record it."""
-        sym_idx, rtype = r_info >> 32, r_info & 0xFFFFFFFF
         if sym_idx >= len(self.symbols):
             raise ObjectError(f"{rel.name}: relocation names symbol #{sym_idx}, past the end")
         sym = self.symbols[sym_idx]
@@ -592,50 +576,28 @@ def _check_relocation(
         )
 
 
-def _open_elf(data: bytes) -> ElfFile:
-    """The ELF header, checked: a 64-bit little-endian BPF object whose headers fit."""
+def _open_elf(data: bytes) -> Relocatable:
+    """The object read whole, checked: a 64-bit little-endian BPF object."""
     if data[:4] != b"\x7fELF":
         raise ObjectError("not an ELF file (bad magic)")
     if len(data) < 64:
         raise ObjectError("truncated ELF header")
-    elf = ElfFile(data, "object")  # ElfError (truncated headers...): a corrupt object
-    if not elf.is64 or elf.order != "<":
+    try:
+        elf = read_relocatable(data, "object")
+    except ElfError as e:
+        raise ObjectError(str(e)) from None
+    if not elf.is64 or not elf.little_endian:
         raise ObjectError("not a 64-bit little-endian ELF object")
     if elf.machine != EM_BPF:
         raise ObjectError(f"not a BPF object (e_machine {elf.machine})")
     return elf
 
 
-def _read_sections(elf: ElfFile) -> list[_Section]:
-    """Every section with its body (ElfError for one that runs past the end)."""
-    return [
-        _Section(
-            s.index,
-            s.name,
-            s.type,
-            s.flags,
-            s.offset,
-            s.size,
-            s.link,
-            s.info,
-            s.entsize,
-            b"" if s.type == SHT_NOBITS or s.index == 0 else elf.data(s),
-        )  # fmt: skip
-        for s in elf.sections
-    ]
-
-
-def _read_symtab(elf: ElfFile) -> list[Symbol]:
+def _read_symtab(elf: Relocatable) -> list[Symbol]:
     """The symbols of the object's one symbol table."""
-    symtabs = [s for s in elf.sections if s.type == SHT_SYMTAB]
-    if len(symtabs) != 1:
+    if sum(s.type == SHT_SYMTAB for s in elf.sections) != 1:
         raise ObjectError("expected exactly one symbol table (is the object stripped?)")
-    if symtabs[0].link >= len(elf.sections):
-        raise ObjectError("symbol table links to a missing string table")
-    try:
-        return [Symbol(*row) for row in elf.symbols_of(symtabs[0]).symbols()]
-    except SymbolFormatError as e:
-        raise ObjectError(str(e)) from None
+    return [Symbol(*s) for s in elf.symbols]
 
 
 def _check_function(sym: Symbol, sec: _Section, is_text: bool) -> None:

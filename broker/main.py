@@ -290,12 +290,24 @@ def _check_bpffs(audit: AuditLog) -> None:
         )
 
 
+def _index_kernel_btf() -> None:
+    """Index vmlinux BTF at start, so that the first CO-RE attach does not pay
+    for it: the live-maps iterator, CO-RE, is loaded in a child (LiveMaps.probe)."""
+    from gfxbpf.bpf.core.relo import CoreError
+    from gfxbpf.bpf.kernel.vmlinux import kernel_target
+
+    with contextlib.suppress(CoreError, OSError):
+        kernel_target()
+
+
 def _check_live_maps(service: Service, audit: AuditLog) -> None:
-    """Say at start when the kernel cannot list map ids for the live map budget."""
-    if service.loader.live_maps.ids() is None:
+    """Load the live-maps iterator; say at start when the kernel cannot list map
+    ids for the live map budget."""
+    error = service.loader.live_maps.probe()
+    if error is not None:
         audit.error(
             "host_check",
-            detail=f"cannot list BPF map ids ({service.loader.live_maps.error}): a map "
+            detail=f"cannot list BPF map ids ({error}): a map "
             "charge counts as live for map_bytes_window_seconds instead of until the "
             "kernel frees the map (deploy/README.md, Security)",
         )
@@ -381,6 +393,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)
     audit.set_programs(lambda name: known_program(service, name))
+    _index_kernel_btf()
     _check_live_maps(service, audit)
     grpc_server = _start_grpc(config, service, listener)
     signals = _Signals()

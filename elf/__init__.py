@@ -1,3 +1,5 @@
-"""The one ELF layer: every module that reads an ELF file (the BPF loader,
-uprobe symbols, USDT notes, the profile's symbols, build-ids and unwind
-tables, the vDSO image) reads it through gfxbpf.elf.reader."""
+"""The one ELF layer: every module that reads an ELF file reads it here. A BPF
+object (relocatable.py) is read with pyelftools, imported on first use; the
+shared libraries and executables a uprobe attach and a profile read (their
+headers, notes, symbol tables and .eh_frame bytes) through the measured fast
+path, reader.py."""

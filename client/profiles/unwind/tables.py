@@ -169,7 +169,7 @@ class UnwindTables:
         """The vDSO's table, from the client's own copy: every process on the
         machine maps the same image (clock_gettime and friends have CFI)."""
         if self._vdso is False:
-            from gfxbpf.client.profiles.vdso import own_vdso_image  # pulls in pyelftools
+            from gfxbpf.client.profiles.vdso import own_vdso_image  # only when a stack needs it
 
             self._vdso = None
             image = own_vdso_image()
