@@ -62,8 +62,8 @@ class StackKey(NamedTuple):
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
-# chain), value (calls, total_ns)
-CALL_KEY = struct.Struct("<IIQQ")
+# chain, hash of the code addresses above the caller), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQQQ")
 CALL_STATS = struct.Struct("<QQ")
 U64 = struct.Struct("<Q")
 # A row of ustackcopy's calls map whose copies unwound to different paths.
@@ -273,18 +273,20 @@ def _error(stop: str) -> str:
     return f"no user frame unwound ({stop})"
 
 
-# A row of ustackcopy's calls map: tgid, function, caller, Python chain hash
-Row = tuple[int, int, int, int]
+# A row of ustackcopy's calls map: tgid, function, caller, Python chain hash,
+# path hash (gfx_pathhash.h; a copy carries its row's in `elapsed`)
+Row = tuple[int, int, int, int, int]
 
 
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
-    caller, Python chain); the copies (a few per row) give each row its
-    calling stack, and a copy's Python record its Python frames.
+    caller, Python chain, path hash); the copies (a few per row) give each
+    row its calling stack, and a copy's Python record its Python frames.
+    Rows whose copies unwind to one path are one stack of the profile.
 
     by_chain (cudakernels: copies taken at a USDT probe inside a callback, no
     function entry, no caller on top of the stack): rows are (tgid, 0, 0,
-    chain hash) and a copy's whole unwound path, from the probe out, is kept."""
+    chain hash, 0) and a copy's whole unwound path, from the probe out, is kept."""
 
     def __init__(
         self,
@@ -317,7 +319,7 @@ class ProbeCopyReader:
     def add(self, rec: bytes) -> None:
         if self.python.held(rec):
             return
-        tgid, tid, _flags, size, ip, sp, bp, ts, _e, function, _pad, _comm = _parse(rec)
+        tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, _comm = _parse(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
         if pyframes:
@@ -335,10 +337,10 @@ class ProbeCopyReader:
             if len(frames) > 1 and stop is None:
                 break
         if self.by_chain and frames:
-            self._keep((tgid, 0, 0, py.chain_hash(pyframes)), frames, stop, scanned, pyframes)
+            self._keep((tgid, 0, 0, py.chain_hash(pyframes), 0), frames, stop, scanned, pyframes)
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
         elif len(frames) > 1 and frames[1] == caller:
-            row = (tgid, function, caller, py.chain_hash(pyframes))
+            row = (tgid, function, caller, py.chain_hash(pyframes), path)
             self._keep(row, frames[1:], stop, scanned, pyframes)
 
     def _keep(
@@ -357,7 +359,7 @@ class ProbeCopyReader:
     def chain_stack(self, tgid: int, chain: int, leaf: str, weight: int) -> profile.RawStack:
         """by_chain: the launch stack of a (process, Python chain) with this leaf."""
         self.python.resolve(final=True)
-        return self._raw((tgid, 0, 0, chain), leaf, weight, "no launch stack copied yet")
+        return self._raw((tgid, 0, 0, chain, 0), leaf, weight, "no launch stack copied yet")
 
     def _raw(self, row: Row, leaf: str, weight: int, error: str) -> profile.RawStack:
         """A row's RawStack: its path, Python frames and leaf."""

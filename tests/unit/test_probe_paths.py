@@ -25,7 +25,7 @@ def reader() -> ProbeCopyReader:
 
 def test_paths_through_the_same_functions_are_one_path() -> None:
     r = reader()
-    row = (7, 0, 0x500, 1)
+    row = (7, 0, 0x500, 1, 1)
     r.paths[row] = {((0x500, 0x1010, 0x2000), None), ((0x500, 0x1020, 0x2000), None)}
     path, stop = r._path(row)
     assert path in ((0x500, 0x1010, 0x2000), (0x500, 0x1020, 0x2000)) and stop is None
@@ -33,6 +33,6 @@ def test_paths_through_the_same_functions_are_one_path() -> None:
 
 def test_paths_through_other_functions_keep_the_marker() -> None:
     r = reader()
-    row = (7, 0, 0x500, 1)
+    row = (7, 0, 0x500, 1, 1)
     r.paths[row] = {((0x500, 0x1010, 0x2000), None), ((0x500, 0x3010, 0x2000), None)}
     assert r._path(row) == ((0x500,), MERGED)
