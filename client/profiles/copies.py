@@ -10,6 +10,7 @@ return addresses per distinct stack, not the copies.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import RawStack
     from gfxbpf.client.profiles.procmaps import ProcessMaps
     from gfxbpf.client.profiles.unwind import UnwindTables
+    from gfxbpf.client.profiles.unwind.memo import UnwindMemo
 
 # struct ustack_rec's header: tgid, tid, flags, size, ip, sp, bp, entry_ns,
 # elapsed, function, pad, comm[16]; the stack bytes follow.
@@ -80,15 +82,23 @@ def _parse(rec: bytes) -> tuple[Any, ...]:
 
 
 def _unwind(
-    rec: bytes, ip: int, sp: int, bp: int, size: int, maps: ProcessMaps, tables: UnwindTables
+    rec: bytes,
+    ip: int,
+    sp: int,
+    bp: int,
+    size: int,
+    maps: ProcessMaps,
+    tables: UnwindTables,
+    memo: UnwindMemo,
 ) -> tuple[tuple[int, ...], str | None, bool]:
     """frames, why the walk stopped (None: complete), whether a stack scan found a frame."""
-    from gfxbpf.client.profiles.unwind import UserRegs, unwind
-    from gfxbpf.client.profiles.unwind.result import stop_text
+    return memo.walk(ip, sp, bp, memoryview(rec)[HEADER.size : HEADER.size + size], maps, tables)
 
-    result = unwind(UserRegs(ip, sp, bp), rec[HEADER.size : HEADER.size + size], maps, tables)
-    stop = None if result.stop is None else stop_text(result.stop, result.where)
-    return result.frames, stop, result.scanned > 0
+
+def _memo() -> UnwindMemo:
+    from gfxbpf.client.profiles.unwind.memo import UnwindMemo
+
+    return UnwindMemo()
 
 
 def wait_state(flags: int) -> str:
@@ -98,6 +108,7 @@ def wait_state(flags: int) -> str:
     return "uninterruptible" if flags & FLAG_IO else "sleeping"
 
 
+@functools.lru_cache(maxsize=4096)  # one per (flags, system call): asked at every wait
 def wait_frame(flags: int, syscall: int) -> str:
     """The leaf frame that says why an offcpu record's thread waited: the system
     call it was in (the kernel's frames are never shown), or that it was preempted."""
@@ -139,6 +150,7 @@ class CopyReader:
         self.stream = stream
         self.process_maps = process_maps  # tgid -> its maps (captured on first sight)
         self.tables = tables
+        self.memo = _memo()  # repeated copies of one place walk once
         self.wanted = set(pids)
         self.skip: set[int] = set()  # tgids never kept (the profiler itself, waiting by design)
         self.counts: dict[StackKey, int] = {}
@@ -181,9 +193,11 @@ class CopyReader:
             kernel = bool(flags & FLAG_KERNEL)
             key = StackKey(tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
         else:
-            frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
-                frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
+                frames, stop, scan = _unwind(
+                    rec, ip, sp, bp, size, maps, self.tables, self.memo
+                )  # newer maps
             kernel = bool(flags & FLAG_KERNEL)
             key = StackKey(tgid, kernel, name, frames, stop, scan, pyframes, leaf, tid)
         self.counts[key] = self.counts.get(key, 0) + weight
@@ -301,6 +315,7 @@ class ProbeCopyReader:
         self.stream = stream
         self.process_maps = process_maps
         self.tables = tables
+        self.memo = _memo()
         # row -> the distinct unwound paths, from the caller out
         self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
         self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
@@ -331,7 +346,7 @@ class ProbeCopyReader:
             maps = self.process_maps(tgid, refresh)
             if maps is None:
                 return
-            frames, stop, scanned = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, scanned = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
             # A copy is rare (a row's 1st, 2nd, 4th ... call): one that stops
             # early may have met maps from before an exec; look once more.
             if len(frames) > 1 and stop is None:
