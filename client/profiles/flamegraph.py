@@ -243,8 +243,9 @@ _JS = r"""
     var r = g.querySelector("rect"), title = g.querySelector("title").textContent;
     // The title is "NAME (AMOUNT, PCT%[; lines ...])": the name is what precedes it.
     return {g: g, r: r, t: g.querySelector("text"), name: title.replace(/ \([^()]*\)$/, ""),
-            title: title, x: (+r.getAttribute("x") - PAD) / SPAN, w: +r.getAttribute("width") / SPAN,
-            d: Math.round((BASE - +r.getAttribute("y")) / FH), fill: r.getAttribute("fill")};
+            title: title, x: (+r.getAttribute("x") - PAD) / SPAN,
+            w: +r.getAttribute("width") / SPAN, d: Math.round((BASE - +r.getAttribute("y")) / FH),
+            fill: r.getAttribute("fill")};
   });
   var reset = document.getElementById("reset"), details = document.getElementById("details");
   var matched = document.getElementById("matched"), search = document.getElementById("search");
