@@ -127,7 +127,7 @@ def _esc(s: str) -> str:
 
 
 def _lines(node: Node, unit: str, most: int = 8) -> str:
-    """"; lines 57: 30 samples, 58: 2 samples" for a merged Python frame ("" if none),
+    """ "; lines 57: 30 samples, 58: 2 samples" for a merged Python frame ("" if none),
     the heaviest first; no parenthesis, so the script can cut the name off."""
     if not node.lines:
         return ""
