@@ -12,8 +12,10 @@
  * wrong count.
  *
  * Cost, bounded: one read of GFX_PATH_SCAN_BYTES and at most one
- * bpf_find_vma per word that is not a small value, a pointer into this
- * thread's stack or inside the last code or data mapping met.
+ * bpf_find_vma per word that is not below GFX_PATH_LOW (counters, flags:
+ * no code is mapped that low, a non-PIE executable starts at 4 MiB), a
+ * pointer into this thread's stack, or inside the last two code mappings
+ * or the last data mapping met (a path alternates between a few files).
  */
 #ifndef GFX_PATHHASH_H
 #define GFX_PATHHASH_H
@@ -22,6 +24,7 @@
 #include <bpf/bpf_core_read.h>
 
 #define GFX_PATH_SCAN_BYTES 1024
+#define GFX_PATH_LOW 0x400000ULL
 #define GFX_PATH_VM_EXEC 0x4
 #define GFX_PATH_STACK_SPAN (8ULL << 20)  /* words within this above sp: stack pointers */
 #define GFX_PATH_PAGE 4096
@@ -49,14 +52,17 @@ static long gfx_path_vma_cb(void *task, struct vm_area_struct___gfxpath *vma,
 	return 0;
 }
 
-/* Whether w (a user word) lies in an executable mapping; code and data
- * remember the last of each met, so a path through one file costs one lookup. */
+/* Whether w (a user word) lies in an executable mapping; code (two, the
+ * latest first) and data remember the mappings met, so a path through a
+ * few files costs a lookup per file. */
 static __always_inline int gfx_path_is_code(void *task, __u64 w, struct gfx_path_vma *code,
 					    struct gfx_path_vma *data)
 {
 	struct gfx_path_vma seen = {};
 
-	if (w >= code->start && w < code->end)
+	if (w >= code[0].start && w < code[0].end)
+		return 1;
+	if (w >= code[1].start && w < code[1].end)
 		return 1;
 	if (w >= data->start && w < data->end)
 		return 0;
@@ -64,7 +70,8 @@ static __always_inline int gfx_path_is_code(void *task, __u64 w, struct gfx_path
 	if (!seen.end)
 		return 0;  /* unmapped, or the mm lock was busy: left out of the hash */
 	if (seen.exec) {
-		*code = seen;
+		code[1] = code[0];
+		code[0] = seen;
 		return 1;
 	}
 	*data = seen;
@@ -79,7 +86,7 @@ static __always_inline int gfx_path_is_code(void *task, __u64 w, struct gfx_path
  */
 static __always_inline __u64 gfx_path_hash(__u64 sp, __u64 *words)
 {
-	struct gfx_path_vma code = {}, data = {};
+	struct gfx_path_vma code[2] = {}, data = {};
 	void *task = bpf_get_current_task_btf();
 	__u64 h = 0xcbf29ce484222325ull, w;
 	__u64 n = GFX_PATH_SCAN_BYTES;
@@ -95,10 +102,10 @@ static __always_inline __u64 gfx_path_hash(__u64 sp, __u64 *words)
 		if (i >= n / 8)
 			break;
 		w = words[i];
-		if (w < 0x10000 || w >= 0x800000000000ULL ||
+		if (w < GFX_PATH_LOW || w >= 0x800000000000ULL ||
 		    (w >= sp && w < sp + GFX_PATH_STACK_SPAN))
 			continue;
-		if (gfx_path_is_code(task, w, &code, &data))
+		if (gfx_path_is_code(task, w, code, &data))
 			h = (h ^ w) * 0x100000001b3ull;
 	}
 	return h | 1;

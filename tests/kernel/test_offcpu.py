@@ -43,24 +43,31 @@ pytestmark = pytest.mark.kernel
 HZ = 999
 TOLERANCE = 0.05
 
-ABC_C = r"""
-#define _GNU_SOURCE
-#include <linux/futex.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <sys/syscall.h>
+# The workloads' clock (CLOCK_MONOTONIC, in seconds).
+NOW_C = r"""
 #include <time.h>
-#include <unistd.h>
-
-static uint32_t word;
-volatile unsigned long sink;
-
 static double now(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
 }
+"""
+
+ABC_C = (
+    r"""
+#define _GNU_SOURCE
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static uint32_t word;
+volatile unsigned long sink;
+"""
+    + NOW_C
+    + r"""
 __attribute__((noinline)) void sleep_in_a(void)
 {
     struct timespec ts = {1, 0};
@@ -105,6 +112,7 @@ int main(void)
     return 0;
 }
 """
+)
 
 # Sleeps argv[1] ms in nap(); then, given argv[2], execs it (with no
 # argument: it then sleeps 1.5 s). As a setuid-root copy it is root's process.
@@ -127,22 +135,18 @@ int main(int argc, char **argv)
 }
 """
 
-# A Python program blocked 1.0 s in time.sleep under a known function.
 # THREADS threads that each wait ~1.1 ms at a time, for SECONDS: at the
 # defaults (waits of 1 ms or more kept, 8 KiB copies) ~14,000 records a
 # second, which overran the 1 MiB ring and a client that unwound each copy
 # from scratch (issue 33).
-NAPS_C = r"""
+NAPS_C = (
+    r"""
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 static double secs;
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
+"""
+    + NOW_C
+    + r"""
 __attribute__((noinline)) void nap(void)
 {
     struct timespec ts = {0, 1100000};
@@ -164,8 +168,10 @@ int main(int argc, char **argv)
     return 0;
 }
 """
+)
 NAP_THREADS, NAP_SECONDS = 16, 2.0
 
+# A Python program blocked 1.0 s in time.sleep under a known function.
 PY_SLEEP = """\
 import time
 def nap_here():

@@ -250,25 +250,24 @@ def _calls_by_path(broker: BrokerProcess, work: Path, name: str, na: int, nb: in
     return rooted
 
 
-def test_stacks_at_a_library_function_from_two_paths_count_exactly(
-    broker: BrokerProcess, work: Path
+# caller: two paths with callers of their own; shared: two paths through one
+# shared caller (launch_inner calls fake_launch from one return address for
+# both, so the rows the kernel counts must still tell them apart).
+@pytest.mark.parametrize(
+    ("program", "path_a", "path_b"),
+    [
+        ("caller", "run_a;do_a", "run_b;do_b"),
+        ("shared", "path_alpha;launch_inner", "path_beta;launch_inner"),
+    ],
+    ids=["own-callers", "shared-caller"],
+)
+def test_stacks_at_counts_each_whole_path_exactly(
+    broker: BrokerProcess, work: Path, program: str, path_a: str, path_b: str
 ) -> None:
     na, nb = 1000, 3000
-    assert _calls_by_path(broker, work, "caller", na, nb) == {
-        "main;run_a;do_a;fake_launch": na,
-        "main;run_b;do_b;fake_launch": nb,
-    }
-
-
-def test_stacks_at_counts_each_whole_path_through_a_shared_caller(
-    broker: BrokerProcess, work: Path
-) -> None:
-    # Both paths reach fake_launch from the same return address in
-    # launch_inner: the rows the kernel counts must still tell them apart.
-    na, nb = 1000, 3000
-    assert _calls_by_path(broker, work, "shared", na, nb) == {
-        "main;path_alpha;launch_inner;fake_launch": na,
-        "main;path_beta;launch_inner;fake_launch": nb,
+    assert _calls_by_path(broker, work, program, na, nb) == {
+        f"main;{path_a};fake_launch": na,
+        f"main;{path_b};fake_launch": nb,
     }
 
 
