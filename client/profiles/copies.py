@@ -320,6 +320,9 @@ class ProbeCopyReader:
         self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
         self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
         self.scanned: set[Row] = set()  # rows a copy of which needed a stack scan
+        # (tgid, function, caller, Python chain) -> its rows with a copy: a row
+        # whose copy was lost takes what they show (rows before the path hash)
+        self.siblings: dict[tuple[int, int, int, int], set[Row]] = {}
         # (tgid, chain hash) -> the Python frames, unwound or not (watch cuda --by-python)
         self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
         self.records = 0
@@ -368,6 +371,7 @@ class ProbeCopyReader:
     ) -> None:
         self.paths.setdefault(row, set()).add((path, stop))
         self.pyframes[row] = pyframes
+        self.siblings.setdefault(row[:4], set()).add(row)
         if scanned:
             self.scanned.add(row)
 
@@ -380,6 +384,9 @@ class ProbeCopyReader:
         """A row's RawStack: its path, Python frames and leaf."""
         tgid = row[0]
         user, stop = self._path(row)
+        pyframes = self.pyframes.get(row) or next(
+            (self.pyframes[r] for r in self.siblings.get(row[:4], ())), ()
+        )  # a row's Python chain is its siblings' (the same hash)
         return profile.RawStack(
             pid=tgid,
             user=user,
@@ -390,8 +397,8 @@ class ProbeCopyReader:
             unwind_stop=stop if user else None,
             unwind_scanned=bool(user) and row in self.scanned,
             unwound=True,
-            python=self.python.runs(tgid, self.pyframes.get(row, ())),
-            python_starts=self.python.starts(tgid, self.pyframes.get(row, ())),
+            python=self.python.runs(tgid, pyframes),
+            python_starts=self.python.starts(tgid, pyframes),
         )
 
     def raw_stacks(
@@ -433,9 +440,13 @@ class ProbeCopyReader:
 
     def _path(self, row: Row) -> tuple[tuple[int, ...], str | None]:
         """The row's calling stack: its copies' unwound path when they agree; where
-        they differ, the frames they share and a marker (never one path picked)."""
+        they differ, the frames they share and a marker (never one path picked).
+        A row with no copy (lost on a full ring: a path hash met once sends
+        one) takes its siblings' paths, as one row of theirs would have."""
         caller = row[2]
-        paths = self.paths.get(row)
+        paths = self.paths.get(row) or set().union(
+            *(self.paths[r] for r in self.siblings.get(row[:4], ()))
+        )
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:

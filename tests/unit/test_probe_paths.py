@@ -36,3 +36,15 @@ def test_paths_through_other_functions_keep_the_marker() -> None:
     row = (7, 0, 0x500, 1, 1)
     r.paths[row] = {((0x500, 0x1010, 0x2000), None), ((0x500, 0x3010, 0x2000), None)}
     assert r._path(row) == ((0x500,), MERGED)
+
+
+def test_a_row_whose_copy_was_lost_takes_its_siblings_path() -> None:
+    # Rows differ by their path hash (the last field); one sent no copy.
+    r = reader()
+    r._keep((7, 0, 0x500, 1, 0xA), (0x500, 0x1010, 0x2000), None, False, ())
+    assert r._path((7, 0, 0x500, 1, 0xB)) == ((0x500, 0x1010, 0x2000), None)
+    # Siblings that disagree: the shared frames and the marker, never one picked.
+    r._keep((7, 0, 0x500, 1, 0xC), (0x500, 0x3010, 0x2000), None, False, ())
+    assert r._path((7, 0, 0x500, 1, 0xB)) == ((0x500,), MERGED)
+    # No sibling (another Python chain): the caller alone.
+    assert r._path((7, 0, 0x500, 2, 0xB)) == ((0x500,), None)
