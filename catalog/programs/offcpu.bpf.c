@@ -35,9 +35,11 @@
  *
  * Scope self only: the copied bytes are process memory.
  */
-/* One record per kept wait (>= min_block_us), read every 50 ms: 1 MiB holds
- * ~120 records of 8 KiB stack. Waits meet fewer code objects than samples. */
-#define GFX_UREC_RING_BYTES (1 << 20)
+/* One record per kept wait (>= min_block_us): 4 MiB hold ~500 records of
+ * 8 KiB stack, 20 ms of 32 threads that each wait 1 ms at a time, so a
+ * reader that loses the CPU for a moment does not lose waits (1 MiB dropped
+ * copies at defaults: issue 33). Waits meet fewer code objects than samples. */
+#define GFX_UREC_RING_BYTES (4 << 20)
 #define GFX_PY_CODES 512
 #include "gfx_tree.h"
 #include "gfx_python.h"

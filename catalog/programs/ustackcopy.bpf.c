@@ -10,9 +10,12 @@
  * kernel and a call sends its stack copy (gfx_ucopy.h) only when its row's
  * count reaches a power of two (1, 2, 4, ...): a few copies per row, more
  * for the rows that matter. Rows are keyed by the return address on top of
- * the stack at entry (the immediate caller); paths that differ only above
- * it share a row, and the client, which unwinds each copy, says so when
- * a row's copies disagree instead of picking one path.
+ * the stack at entry (the immediate caller) and a hash of the code
+ * addresses in the stack's next bytes (gfx_pathhash.h), so calls through
+ * one shared caller from different paths count apart; the copy carries
+ * that hash (`elapsed`) to name its row. Paths that differ only above the
+ * scanned bytes share a row, and the client, which unwinds each copy, says
+ * so when a row's copies disagree instead of picking one path.
  *
  * In a CPython process registered in `py_files` (gfx_python.h) every call
  * walks the Python frames: the row key holds a hash of the chain (code
@@ -29,6 +32,7 @@
 #include "gfx_tree.h"
 #include "gfx_pychain.h"
 #include "gfx_ucopy.h"
+#include "gfx_pathhash.h"
 #include <linux/ptrace.h>
 
 #define MAX_FUNCTIONS 64
@@ -44,6 +48,7 @@ struct call_key {
 	__u32 function;  /* index in the `functions` parameter */
 	__u64 caller;    /* return address on top of the stack at entry (0: unreadable) */
 	__u64 python;    /* hash of the Python chain at entry (0: none) */
+	__u64 path;      /* hash of the code addresses above caller (gfx_pathhash.h; 0: unreadable) */
 };
 
 #define GFX_CALL_ROWS MAX_ROWS
@@ -74,6 +79,7 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	struct entry_val ev = {};
 	struct ustack_rec *r;
 	struct py_rec *py;
+	struct ustack_slot *slot;
 	struct entry_key ek;
 	__u32 one = 1, zero = 0;
 	__u64 n;
@@ -86,6 +92,9 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	ev.key.function = function;
 	if (bpf_probe_read_user(&ev.key.caller, sizeof(ev.key.caller), (void *)ctx->rsp))
 		ev.key.caller = 0;
+	slot = bpf_map_lookup_elem(&copy_scratch, &zero);  /* its stack bytes: the scan's buffer */
+	if (slot)
+		ev.key.path = gfx_path_hash(ctx->rsp, (__u64 *)slot->rec.stack);
 	py = gfx_py_record();
 	if (py && gfx_py_walk(py))
 		ev.key.python = gfx_py_chain_hash(py);
@@ -109,6 +118,7 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	r->bp = ctx->rbp;
 	r->function = function;
 	r->entry_ns = ev.ts;
+	r->elapsed = ev.key.path;  /* unused at entry: names the copy's row */
 	gfx_urec_copy(r);
 	gfx_urec_send(r);
 	return 0;

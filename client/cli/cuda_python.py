@@ -135,8 +135,9 @@ class Group:
         }
 
 
-# A row of ustackcopy's map calls: (tgid, function index, caller, chain hash)
-Row = tuple[int, int, int, int]
+# A row of ustackcopy's map calls: (tgid, function index, caller, chain hash,
+# path hash); this view sums rows by their Python chain
+Row = tuple[int, int, int, int, int]
 # What names a row's Python frames: (tgid, chain hash) -> root-first names, or None
 Chains = dict[tuple[int, int], tuple[str, ...]]
 
@@ -147,7 +148,7 @@ def group_rows(
     """Rows (row, calls, ns) summed per (process, innermost Python frame),
     most launches first."""
     out: dict[tuple[int, str], Group] = {}
-    for (tgid, fn, _caller, chash), calls, ns in rows:
+    for (tgid, fn, _caller, chash, _path), calls, ns in rows:
         chain = chains.get((tgid, chash)) if chash else ()
         if chain is None:
             chain = (NOT_COPIED,)

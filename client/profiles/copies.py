@@ -10,6 +10,7 @@ return addresses per distinct stack, not the copies.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import RawStack
     from gfxbpf.client.profiles.procmaps import ProcessMaps
     from gfxbpf.client.profiles.unwind import UnwindTables
+    from gfxbpf.client.profiles.unwind.memo import UnwindMemo
 
 # struct ustack_rec's header: tgid, tid, flags, size, ip, sp, bp, entry_ns,
 # elapsed, function, pad, comm[16]; the stack bytes follow.
@@ -62,8 +64,8 @@ class StackKey(NamedTuple):
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
-# chain), value (calls, total_ns)
-CALL_KEY = struct.Struct("<IIQQ")
+# chain, hash of the code addresses above the caller), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQQQ")
 CALL_STATS = struct.Struct("<QQ")
 U64 = struct.Struct("<Q")
 # A row of ustackcopy's calls map whose copies unwound to different paths.
@@ -80,15 +82,23 @@ def _parse(rec: bytes) -> tuple[Any, ...]:
 
 
 def _unwind(
-    rec: bytes, ip: int, sp: int, bp: int, size: int, maps: ProcessMaps, tables: UnwindTables
+    rec: bytes,
+    ip: int,
+    sp: int,
+    bp: int,
+    size: int,
+    maps: ProcessMaps,
+    tables: UnwindTables,
+    memo: UnwindMemo,
 ) -> tuple[tuple[int, ...], str | None, bool]:
     """frames, why the walk stopped (None: complete), whether a stack scan found a frame."""
-    from gfxbpf.client.profiles.unwind import UserRegs, unwind
-    from gfxbpf.client.profiles.unwind.result import stop_text
+    return memo.walk(ip, sp, bp, memoryview(rec)[HEADER.size : HEADER.size + size], maps, tables)
 
-    result = unwind(UserRegs(ip, sp, bp), rec[HEADER.size : HEADER.size + size], maps, tables)
-    stop = None if result.stop is None else stop_text(result.stop, result.where)
-    return result.frames, stop, result.scanned > 0
+
+def _memo() -> UnwindMemo:
+    from gfxbpf.client.profiles.unwind.memo import UnwindMemo
+
+    return UnwindMemo()
 
 
 def wait_state(flags: int) -> str:
@@ -98,6 +108,7 @@ def wait_state(flags: int) -> str:
     return "uninterruptible" if flags & FLAG_IO else "sleeping"
 
 
+@functools.lru_cache(maxsize=4096)  # one per (flags, system call): asked at every wait
 def wait_frame(flags: int, syscall: int) -> str:
     """The leaf frame that says why an offcpu record's thread waited: the system
     call it was in (the kernel's frames are never shown), or that it was preempted."""
@@ -139,6 +150,7 @@ class CopyReader:
         self.stream = stream
         self.process_maps = process_maps  # tgid -> its maps (captured on first sight)
         self.tables = tables
+        self.memo = _memo()  # repeated copies of one place walk once
         self.wanted = set(pids)
         self.skip: set[int] = set()  # tgids never kept (the profiler itself, waiting by design)
         self.counts: dict[StackKey, int] = {}
@@ -181,9 +193,11 @@ class CopyReader:
             kernel = bool(flags & FLAG_KERNEL)
             key = StackKey(tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
         else:
-            frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
             if not frames and (maps := self.process_maps(tgid, True)) is not None:
-                frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables)  # newer maps
+                frames, stop, scan = _unwind(
+                    rec, ip, sp, bp, size, maps, self.tables, self.memo
+                )  # newer maps
             kernel = bool(flags & FLAG_KERNEL)
             key = StackKey(tgid, kernel, name, frames, stop, scan, pyframes, leaf, tid)
         self.counts[key] = self.counts.get(key, 0) + weight
@@ -273,18 +287,20 @@ def _error(stop: str) -> str:
     return f"no user frame unwound ({stop})"
 
 
-# A row of ustackcopy's calls map: tgid, function, caller, Python chain hash
-Row = tuple[int, int, int, int]
+# A row of ustackcopy's calls map: tgid, function, caller, Python chain hash,
+# path hash (gfx_pathhash.h; a copy carries its row's in `elapsed`)
+Row = tuple[int, int, int, int, int]
 
 
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
-    caller, Python chain); the copies (a few per row) give each row its
-    calling stack, and a copy's Python record its Python frames.
+    caller, Python chain, path hash); the copies (a few per row) give each
+    row its calling stack, and a copy's Python record its Python frames.
+    Rows whose copies unwind to one path are one stack of the profile.
 
     by_chain (cudakernels: copies taken at a USDT probe inside a callback, no
     function entry, no caller on top of the stack): rows are (tgid, 0, 0,
-    chain hash) and a copy's whole unwound path, from the probe out, is kept."""
+    chain hash, 0) and a copy's whole unwound path, from the probe out, is kept."""
 
     def __init__(
         self,
@@ -299,10 +315,14 @@ class ProbeCopyReader:
         self.stream = stream
         self.process_maps = process_maps
         self.tables = tables
+        self.memo = _memo()
         # row -> the distinct unwound paths, from the caller out
         self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
         self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
         self.scanned: set[Row] = set()  # rows a copy of which needed a stack scan
+        # (tgid, function, caller, Python chain) -> its rows with a copy: a row
+        # whose copy was lost takes what they show (rows before the path hash)
+        self.siblings: dict[tuple[int, int, int, int], set[Row]] = {}
         # (tgid, chain hash) -> the Python frames, unwound or not (watch cuda --by-python)
         self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
         self.records = 0
@@ -317,7 +337,7 @@ class ProbeCopyReader:
     def add(self, rec: bytes) -> None:
         if self.python.held(rec):
             return
-        tgid, tid, _flags, size, ip, sp, bp, ts, _e, function, _pad, _comm = _parse(rec)
+        tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, _comm = _parse(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
         if pyframes:
@@ -329,16 +349,16 @@ class ProbeCopyReader:
             maps = self.process_maps(tgid, refresh)
             if maps is None:
                 return
-            frames, stop, scanned = _unwind(rec, ip, sp, bp, size, maps, self.tables)
+            frames, stop, scanned = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
             # A copy is rare (a row's 1st, 2nd, 4th ... call): one that stops
             # early may have met maps from before an exec; look once more.
             if len(frames) > 1 and stop is None:
                 break
         if self.by_chain and frames:
-            self._keep((tgid, 0, 0, py.chain_hash(pyframes)), frames, stop, scanned, pyframes)
+            self._keep((tgid, 0, 0, py.chain_hash(pyframes), 0), frames, stop, scanned, pyframes)
         # frames[0] is the function's entry; frames[1] its caller, as the row says.
         elif len(frames) > 1 and frames[1] == caller:
-            row = (tgid, function, caller, py.chain_hash(pyframes))
+            row = (tgid, function, caller, py.chain_hash(pyframes), path)
             self._keep(row, frames[1:], stop, scanned, pyframes)
 
     def _keep(
@@ -351,18 +371,22 @@ class ProbeCopyReader:
     ) -> None:
         self.paths.setdefault(row, set()).add((path, stop))
         self.pyframes[row] = pyframes
+        self.siblings.setdefault(row[:4], set()).add(row)
         if scanned:
             self.scanned.add(row)
 
     def chain_stack(self, tgid: int, chain: int, leaf: str, weight: int) -> profile.RawStack:
         """by_chain: the launch stack of a (process, Python chain) with this leaf."""
         self.python.resolve(final=True)
-        return self._raw((tgid, 0, 0, chain), leaf, weight, "no launch stack copied yet")
+        return self._raw((tgid, 0, 0, chain, 0), leaf, weight, "no launch stack copied yet")
 
     def _raw(self, row: Row, leaf: str, weight: int, error: str) -> profile.RawStack:
         """A row's RawStack: its path, Python frames and leaf."""
         tgid = row[0]
         user, stop = self._path(row)
+        pyframes = self.pyframes.get(row) or next(
+            (self.pyframes[r] for r in self.siblings.get(row[:4], ())), ()
+        )  # a row's Python chain is its siblings' (the same hash)
         return profile.RawStack(
             pid=tgid,
             user=user,
@@ -373,8 +397,8 @@ class ProbeCopyReader:
             unwind_stop=stop if user else None,
             unwind_scanned=bool(user) and row in self.scanned,
             unwound=True,
-            python=self.python.runs(tgid, self.pyframes.get(row, ())),
-            python_starts=self.python.starts(tgid, self.pyframes.get(row, ())),
+            python=self.python.runs(tgid, pyframes),
+            python_starts=self.python.starts(tgid, pyframes),
         )
 
     def raw_stacks(
@@ -416,9 +440,13 @@ class ProbeCopyReader:
 
     def _path(self, row: Row) -> tuple[tuple[int, ...], str | None]:
         """The row's calling stack: its copies' unwound path when they agree; where
-        they differ, the frames they share and a marker (never one path picked)."""
+        they differ, the frames they share and a marker (never one path picked).
+        A row with no copy (lost on a full ring: a path hash met once sends
+        one) takes its siblings' paths, as one row of theirs would have."""
         caller = row[2]
-        paths = self.paths.get(row)
+        paths = self.paths.get(row) or set().union(
+            *(self.paths[r] for r in self.siblings.get(row[:4], ()))
+        )
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:

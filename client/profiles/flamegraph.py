@@ -6,6 +6,13 @@ works offline: a frame's name and weight on hover (its <title>), click a frame
 to zoom into it (click the root or "Reset zoom" to go back), and a search box
 that highlights matching frames (a regular expression) and says what share of
 the total they cover. Without a script (an image viewer) it still renders.
+
+One function is one frame: a Python frame's line leaves its name here (the
+title lists the lines with their weights), so a function whose samples fall
+on several lines is one tower, not a sibling per line; the folded, pprof
+and speedscope files keep the lines. Each frame is written once, compactly
+(its name in its title only, a label only where one fits), so a deep
+PyTorch profile of ~1000 stacks is a few MB, not ten.
 """
 
 from __future__ import annotations
@@ -37,10 +44,23 @@ class Node:
     name: str
     weight: int = 0
     children: dict[str, Node] = field(default_factory=dict)
+    lines: dict[int, int] = field(default_factory=dict)  # a Python frame's line -> weight
 
 
-def build_tree(profile: Profile) -> Node:
-    """The merged call tree under one "all" root."""
+def _by_function(profile: Profile) -> dict[str, tuple[str, int]]:
+    """Frame name -> (the function's frame name, the line), for Python frames
+    with a line: "train_step (train.py:57)" -> ("train_step (train.py)", 57)."""
+    return {
+        name: (f"{info.function} ({info.file})", info.line)
+        for name, info in profile.frames.items()
+        if info.file and info.line
+    }
+
+
+def build_tree(profile: Profile, by_line: bool = False) -> Node:
+    """The merged call tree under one "all" root; a Python function's lines
+    merged into one node unless by_line."""
+    merge = {} if by_line else _by_function(profile)
     root = Node("all")
     for frames, w in profile.stacks.items():
         if w <= 0:
@@ -48,10 +68,13 @@ def build_tree(profile: Profile) -> Node:
         root.weight += w
         node = root
         for name in frames:
+            name, line = merge.get(name, (name, 0))
             child = node.children.get(name)
             if child is None:
                 child = node.children[name] = Node(name)
             child.weight += w
+            if line:
+                child.lines[line] = child.lines.get(line, 0) + w
             node = child
     return root
 
@@ -73,10 +96,10 @@ OFF_CPU_FRAMES = ("[wait:", "[preempted]")
 def _color(name: str) -> str:
     if name.startswith("["):  # made-up frames: [kernel], [unknown], [lib.so+0x..]
         if name.startswith(OFF_CPU_FRAMES):  # time off the CPU: blue, as off-CPU graphs are
-            return "rgb(90,150,230)" if name.startswith("[wait") else "rgb(150,190,240)"
-        return "rgb(240,140,60)" if name == "[kernel]" else "rgb(190,190,190)"
+            return "#5a96e6" if name.startswith("[wait") else "#96bef0"
+        return "#f08c3c" if name == "[kernel]" else "#bebebe"
     h = zlib.crc32(name.encode("utf-8", "replace"))
-    return f"rgb({205 + h % 50},{70 + (h >> 8) % 160},{(h >> 16) % 55})"
+    return f"#{205 + h % 50:02x}{70 + (h >> 8) % 160:02x}{(h >> 16) % 55:02x}"
 
 
 def _amount(weight: int, unit: str) -> str:
@@ -103,8 +126,21 @@ def _esc(s: str) -> str:
     return html.escape(printable(s), quote=True)
 
 
+def _lines(node: Node, unit: str, most: int = 8) -> str:
+    """ "; lines 57: 30 samples, 58: 2 samples" for a merged Python frame ("" if none),
+    the heaviest first; no parenthesis, so the script can cut the name off."""
+    if not node.lines:
+        return ""
+    top = sorted(node.lines.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{line}: {_amount(w, unit)}" for line, w in top[:most])
+    more = f", {len(top) - most} more" if len(top) > most else ""
+    return f"; line{'s' if len(top) > 1 else ''} {text}{more}"
+
+
 def _frames(root: Node, maxdepth: int, unit: str) -> tuple[list[str], int]:
-    """One <g> per frame, depth first; and how many were too narrow to draw."""
+    """One <g> per frame, depth first; and how many were too narrow to draw.
+    The name is written once (the title; the script reads it there) and a
+    label only where one fits: most frames of a deep profile are slivers."""
     total = root.weight or 1
     span = WIDTH - 2 * PAD
     out: list[str] = []
@@ -119,14 +155,13 @@ def _frames(root: Node, maxdepth: int, unit: str) -> tuple[list[str], int]:
         rx, y = PAD + x / total * span, TOP + (maxdepth - depth) * FRAME_H
         pct = node.weight * 100 / total
         label = _label(printable(node.name), px)  # cut to fit as it will read
+        text = f'<text x="{rx + 3:.2f}" y="{y + FRAME_H - 5}">{_esc(label)}</text>' if label else ""
+        # The script takes x, width and depth from the rectangle (to 1/1000 px).
         out.append(
-            f'<g class="f" data-x="{x / total:.9g}" data-w="{node.weight / total:.9g}" '
-            f'data-d="{depth}" data-n="{_esc(node.name)}">'
-            f"<title>{_esc(node.name)} ({_amount(node.weight, unit)}, {pct:.2f}%)</title>"
-            f'<rect x="{rx:.2f}" y="{y}" width="{px:.2f}" height="{FRAME_H - 1}" '
-            f'fill="{_color(node.name)}" rx="2"/>'
-            f'<text x="{rx + 3:.2f}" y="{y + FRAME_H - 5}">{_esc(label)}</text>'
-            "</g>"
+            f'<g class="f"><title>{_esc(node.name)} ({_amount(node.weight, unit)}, '
+            f"{pct:.2f}%{_lines(node, unit)})</title>"
+            f'<rect x="{rx:.3f}" y="{y}" width="{px:.3f}" height="{FRAME_H - 1}" '
+            f'fill="{_color(node.name)}"/>{text}</g>'
         )
         cx = x
         kids = []
@@ -138,8 +173,9 @@ def _frames(root: Node, maxdepth: int, unit: str) -> tuple[list[str], int]:
     return out, dropped
 
 
-def flamegraph_svg(profile: Profile, title: str = "Flame graph") -> str:
-    root = build_tree(profile)
+def flamegraph_svg(profile: Profile, title: str = "Flame graph", by_line: bool = False) -> str:
+    """The profile's flame graph; by_line: a Python frame per line, as the other formats."""
+    root = build_tree(profile, by_line)
     maxdepth = _depth(root)
     unit = _UNIT.get(profile.unit, profile.unit)
     frames, dropped = _frames(root, maxdepth, unit)
@@ -162,7 +198,8 @@ def flamegraph_svg(profile: Profile, title: str = "Flame graph") -> str:
         '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n'
         f'<svg version="1.1" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
         f'height="{height}" viewBox="0 0 {WIDTH} {height}" data-width="{WIDTH}" '
-        f'data-pad="{PAD}" data-charw="{CHAR_W}">\n'
+        f'data-pad="{PAD}" data-charw="{CHAR_W}" data-base="{TOP + maxdepth * FRAME_H}" '
+        f'data-fh="{FRAME_H}">\n'
         f"<desc>{notes}</desc>\n<style>{_CSS}</style>\n"
         f'<rect width="100%" height="100%" fill="#fdfdf6"/>\n'
         f'<text x="{WIDTH // 2}" y="20" class="title">{_esc(title)}</text>\n'
@@ -185,25 +222,30 @@ text { font-family: monospace; font-size: 12px; fill: #000; }
 .warn { fill: #a40; cursor: help; }
 .btn { cursor: pointer; fill: #06c; text-decoration: underline; }
 g.f { cursor: pointer; }
+g.f rect { rx: 2px; }
 g.f:hover rect { stroke: #000; stroke-width: 0.5; }
 g.f.anc { opacity: 0.55; }
 g.f text { pointer-events: none; }
 #search { width: 230px; font: 12px monospace; }
 """
 
-# Runs in the viewer's browser. Frames keep their geometry as fractions of the
-# total (data-x, data-w) and depth (data-d); zoom and search recompute from them.
+# Runs in the viewer's browser. Frames' geometry, as written, gives their place
+# as fractions of the total and their depth; zoom and search recompute from them.
 _JS = r"""
 (function () {
   "use strict";
   var svg = document.documentElement;
   var W = +svg.getAttribute("data-width"), PAD = +svg.getAttribute("data-pad");
-  var CW = +svg.getAttribute("data-charw"), SPAN = W - 2 * PAD, EPS = 1e-9;
+  var CW = +svg.getAttribute("data-charw"), SPAN = W - 2 * PAD, EPS = 2e-6;
+  var BASE = +svg.getAttribute("data-base"), FH = +svg.getAttribute("data-fh");
+  var NS = "http://www.w3.org/2000/svg";
   var frames = Array.prototype.map.call(document.querySelectorAll("g.f"), function (g) {
-    var r = g.querySelector("rect");
-    return {g: g, r: r, t: g.querySelector("text"), name: g.getAttribute("data-n"),
-            x: +g.getAttribute("data-x"), w: +g.getAttribute("data-w"),
-            d: +g.getAttribute("data-d"), fill: r.getAttribute("fill")};
+    var r = g.querySelector("rect"), title = g.querySelector("title").textContent;
+    // The title is "NAME (AMOUNT, PCT%[; lines ...])": the name is what precedes it.
+    return {g: g, r: r, t: g.querySelector("text"), name: title.replace(/ \([^()]*\)$/, ""),
+            title: title, x: (+r.getAttribute("x") - PAD) / SPAN,
+            w: +r.getAttribute("width") / SPAN, d: Math.round((BASE - +r.getAttribute("y")) / FH),
+            fill: r.getAttribute("fill")};
   });
   var reset = document.getElementById("reset"), details = document.getElementById("details");
   var matched = document.getElementById("matched"), search = document.getElementById("search");
@@ -214,12 +256,19 @@ _JS = r"""
     return fits >= 3 ? name.slice(0, fits - 2) + ".." : "";
   }
   function place(f, x, w) {
-    var px = w * SPAN, rx = PAD + x * SPAN;
+    var px = w * SPAN, rx = PAD + x * SPAN, text = label(f.name, px);
     f.g.style.display = "";
     f.r.setAttribute("x", rx.toFixed(2));
     f.r.setAttribute("width", px.toFixed(2));
-    f.t.setAttribute("x", (rx + 3).toFixed(2));
-    f.t.textContent = label(f.name, px);
+    if (!f.t && text) {  // slivers are written without a label: add one once it fits
+      f.t = document.createElementNS(NS, "text");
+      f.t.setAttribute("y", +f.r.getAttribute("y") + +f.r.getAttribute("height") - 4);
+      f.g.appendChild(f.t);
+    }
+    if (f.t) {
+      f.t.setAttribute("x", (rx + 3).toFixed(2));
+      f.t.textContent = text;
+    }
   }
   function zoom(z) {
     frames.forEach(function (f) {
@@ -261,7 +310,7 @@ _JS = r"""
       if (f.d === 0) unzoom(); else zoom(f);
     });
     f.g.addEventListener("mouseover", function () {
-      details.textContent = f.g.querySelector("title").textContent;
+      details.textContent = f.title;
     });
     f.g.addEventListener("mouseout", function () { details.textContent = " "; });
   });

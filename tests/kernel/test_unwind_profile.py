@@ -62,6 +62,27 @@ int main(int argc, char **argv)
     return 0;
 }
 """
+# Two paths through one shared caller, -O2: path_alpha and path_beta both
+# call launch_inner, the only caller of fake_launch (the GPU launch case:
+# every launch passes through cudaLaunchKernel).
+SHARED_C = r"""
+#include <stdlib.h>
+void fake_launch(unsigned long x);
+volatile unsigned long sink;
+__attribute__((noinline)) void launch_inner(unsigned long n)
+{
+    for (unsigned long i = 0; i < n; i++) fake_launch(i);
+    sink++;
+}
+__attribute__((noinline)) void path_alpha(unsigned long n) { launch_inner(n); sink++; }
+__attribute__((noinline)) void path_beta(unsigned long n) { launch_inner(n); sink += 2; }
+int main(int argc, char **argv)
+{
+    path_alpha(strtoul(argv[1], 0, 10));
+    path_beta(strtoul(argv[2], 0, 10));
+    return 0;
+}
+"""
 
 # Twelve frames of 1 KiB each between main and the spinning leaf: a sample's
 # stack is ~12.5 KiB deep, past an 8 KiB copy and within a 16 KiB one.
@@ -138,6 +159,7 @@ def work() -> Iterator[Path]:
     _o2(gcc, d, "deep", DEEP_C)
     _o2(gcc, d, "liblaunch.so", LIB_C, "-shared", "-fPIC")
     _o2(gcc, d, "caller", CALLER_C, f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
+    _o2(gcc, d, "shared", SHARED_C, f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
     (d / "random.bin").write_bytes(os.urandom(8 << 20))
     os.chown(d / "random.bin", *ensure_user(ALICE))  # xz gives its output the input's owner
     (d / "loop.py").write_text(PY_LOOP)
@@ -208,14 +230,12 @@ def test_debian_python_reaches_py_bytes_main_without_garbage_towers(
     assert share(stacks, tower) < 0.01, [s for s in stacks if tower(s[0])][:5]
 
 
-def test_stacks_at_a_library_function_from_two_paths_count_exactly(
-    broker: BrokerProcess, work: Path
-) -> None:
-    na, nb = 1000, 3000
-    out = work / "calls.folded"
+def _calls_by_path(broker: BrokerProcess, work: Path, name: str, na: int, nb: int) -> dict:
+    """--stacks-at fake_launch on `work/name na nb`: calls per path from main."""
+    out = work / f"{name}.folded"
     argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json", "profile"]
     argv += ["--stacks-at", f"{work / 'liblaunch.so'}:fake_launch", "--format", "folded"]
-    argv += ["-o", str(out), "--", str(work / "caller"), str(na), str(nb)]
+    argv += ["-o", str(out), "--", str(work / name), str(na), str(nb)]
     r = run_as(ALICE, argv, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total"] == na + nb, r.stdout
@@ -224,13 +244,31 @@ def test_stacks_at_a_library_function_from_two_paths_count_exactly(
         assert "main" in frames, frames
         key = ";".join(frames[frames.index("main") :])
         rooted[key] = rooted.get(key, 0) + n
-    assert rooted == {
-        "main;run_a;do_a;fake_launch": na,
-        "main;run_b;do_b;fake_launch": nb,
-    }, rooted
     # ... and below main, the start code: the whole stack was unwound.
     assert all("__libc_start_main" in ";".join(f) for f, _ in stacks_of(out)), out.read_text()
     assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+    return rooted
+
+
+# caller: two paths with callers of their own; shared: two paths through one
+# shared caller (launch_inner calls fake_launch from one return address for
+# both, so the rows the kernel counts must still tell them apart).
+@pytest.mark.parametrize(
+    ("program", "path_a", "path_b"),
+    [
+        ("caller", "run_a;do_a", "run_b;do_b"),
+        ("shared", "path_alpha;launch_inner", "path_beta;launch_inner"),
+    ],
+    ids=["own-callers", "shared-caller"],
+)
+def test_stacks_at_counts_each_whole_path_exactly(
+    broker: BrokerProcess, work: Path, program: str, path_a: str, path_b: str
+) -> None:
+    na, nb = 1000, 3000
+    assert _calls_by_path(broker, work, program, na, nb) == {
+        f"main;{path_a};fake_launch": na,
+        f"main;{path_b};fake_launch": nb,
+    }
 
 
 def test_samples_in_a_signal_handler_reach_main(broker: BrokerProcess, work: Path) -> None:

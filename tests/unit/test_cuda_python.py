@@ -25,12 +25,12 @@ A = ("<module> (t.py:9)", "caller_a (t.py:3)")
 B = ("<module> (t.py:10)", "caller_b (t.py:6)")
 B2 = ("<module> (t.py:11)", "caller_b (t.py:6)")  # the same function from elsewhere
 ROWS: list[tuple[cp.Row, int, int]] = [
-    ((100, 0, 0x1000, 11), 1000, 2_000_000),  # caller_a, cuLaunchKernel
-    ((100, 0, 0x1000, 13), 2000, 2_000_000),  # caller_b
-    ((100, 1, 0x1008, 13), 500, 1_000_000),  # caller_b, cuLaunchKernelEx
-    ((100, 0, 0x1000, 15), 500, 0),  # caller_b from another <module> line
-    ((100, 0, 0x2000, 0), 7, 70_000),  # no Python frame
-    ((100, 0, 0x1000, 17), 3, 0),  # a chain whose copy was not read
+    ((100, 0, 0x1000, 11, 1), 1000, 2_000_000),  # caller_a, cuLaunchKernel
+    ((100, 0, 0x1000, 13, 1), 2000, 2_000_000),  # caller_b
+    ((100, 1, 0x1008, 13, 1), 500, 1_000_000),  # caller_b, cuLaunchKernelEx
+    ((100, 0, 0x1000, 15, 1), 500, 0),  # caller_b from another <module> line
+    ((100, 0, 0x2000, 0, 1), 7, 70_000),  # no Python frame
+    ((100, 0, 0x1000, 17, 1), 3, 0),  # a chain whose copy was not read
 ]
 CHAINS: cp.Chains = {(100, 11): A, (100, 13): B, (100, 15): B2}
 
@@ -170,7 +170,7 @@ class _Att:
 def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
     inner_first = ((0xB0, 3, 0), (0xA0, 40, py.FRAME_ENTRY))
     h = py.chain_hash(inner_first)
-    rows = [(CALL_KEY.pack(100, 0, 0x1000, h), CALL_STATS.pack(1000, 4_000_000))]
+    rows = [(CALL_KEY.pack(100, 0, 0x1000, h, 1), CALL_STATS.pack(1000, 4_000_000))]
     att = _Att(rows)
     view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
     view.sample()

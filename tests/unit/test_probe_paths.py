@@ -25,7 +25,7 @@ def reader() -> ProbeCopyReader:
 
 def test_paths_through_the_same_functions_are_one_path() -> None:
     r = reader()
-    row = (7, 0, 0x500, 1)
+    row = (7, 0, 0x500, 1, 1)
     r.paths[row] = {((0x500, 0x1010, 0x2000), None), ((0x500, 0x1020, 0x2000), None)}
     path, stop = r._path(row)
     assert path in ((0x500, 0x1010, 0x2000), (0x500, 0x1020, 0x2000)) and stop is None
@@ -33,6 +33,18 @@ def test_paths_through_the_same_functions_are_one_path() -> None:
 
 def test_paths_through_other_functions_keep_the_marker() -> None:
     r = reader()
-    row = (7, 0, 0x500, 1)
+    row = (7, 0, 0x500, 1, 1)
     r.paths[row] = {((0x500, 0x1010, 0x2000), None), ((0x500, 0x3010, 0x2000), None)}
     assert r._path(row) == ((0x500,), MERGED)
+
+
+def test_a_row_whose_copy_was_lost_takes_its_siblings_path() -> None:
+    # Rows differ by their path hash (the last field); one sent no copy.
+    r = reader()
+    r._keep((7, 0, 0x500, 1, 0xA), (0x500, 0x1010, 0x2000), None, False, ())
+    assert r._path((7, 0, 0x500, 1, 0xB)) == ((0x500, 0x1010, 0x2000), None)
+    # Siblings that disagree: the shared frames and the marker, never one picked.
+    r._keep((7, 0, 0x500, 1, 0xC), (0x500, 0x3010, 0x2000), None, False, ())
+    assert r._path((7, 0, 0x500, 1, 0xB)) == ((0x500,), MERGED)
+    # No sibling (another Python chain): the caller alone.
+    assert r._path((7, 0, 0x500, 2, 0xB)) == ((0x500,), None)

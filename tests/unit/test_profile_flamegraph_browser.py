@@ -41,7 +41,8 @@ def _frame(b: Browser, name: str) -> dict:
     return b.eval(
         f"""(function () {{
           var g = Array.from(document.querySelectorAll('g.f'))
-                       .find(g => g.getAttribute('data-n') === {name!r});
+                       .find(g => g.querySelector('title').textContent
+                                   .startsWith({name!r} + ' ('));
           var r = g.querySelector('rect'), box = r.getBoundingClientRect();
           return {{width: +r.getAttribute('width'), shown: g.style.display !== 'none',
                    fill: r.getAttribute('fill'), cx: box.x + box.width / 2,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.profiles.engine.attach import user_name
-from gfxbpf.client.profiles.engine.request import OFF_CPU
+from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -37,10 +37,14 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             "from its start (leaf frames '[wait: ..., began before the profile]')"
         )
     if lost and r.copies is not None:
+        # Off-CPU records come one per kept wait, not at a frequency.
+        advice = {
+            OFF_CPU: "raise --min-block",
+            WALL: "sample at a lower --frequency, or raise --min-block",
+        }
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
-            "fell behind; sample at a lower --frequency"
-            + (", or raise --min-block)" if req.timed else ")")
+            f"fell behind; {advice.get(req.mode, 'sample at a lower --frequency')})"
         )
     elif lost:
         prof.notes.append(

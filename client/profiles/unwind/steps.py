@@ -20,9 +20,11 @@ from gfxbpf.client.profiles.unwind.table import (
     Rule,
 )
 
-__all__ = ["Stack", "Step", "cfi_step"]
+__all__ = ["Buffer", "ReadStack", "Stack", "Step", "cfi_step"]
 
 _U64 = struct.Struct("<Q").unpack_from
+# Copied stack bytes: a record's, sliced without copying.
+Buffer = bytes | memoryview
 # The caller's (pc, sp, rbp or None if unknown).
 Step = tuple[int, int, int | None]
 
@@ -32,12 +34,29 @@ class Stack:
 
     __slots__ = ("base", "data", "end", "top")
 
-    def __init__(self, sp: int, data: bytes, top: int) -> None:
+    def __init__(self, sp: int, data: Buffer, top: int) -> None:
         self.base, self.data, self.end = sp, data, sp + len(data)
         self.top = top  # the end of the stack's mapping: what a longer copy could hold
 
     def u64(self, addr: int) -> int | None:
         if self.base <= addr and addr + 8 <= self.end:
+            return int(_U64(self.data, addr - self.base)[0])
+        return None
+
+
+class ReadStack(Stack):
+    """A Stack that notes the offset of every word read from the copy, so a
+    walk's result can be reused for a copy that holds the same words there."""
+
+    __slots__ = ("offsets",)
+
+    def __init__(self, sp: int, data: Buffer, top: int) -> None:
+        super().__init__(sp, data, top)
+        self.offsets: list[int] = []
+
+    def u64(self, addr: int) -> int | None:
+        if self.base <= addr and addr + 8 <= self.end:
+            self.offsets.append(addr - self.base)
             return int(_U64(self.data, addr - self.base)[0])
         return None
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from gfxbpf.client.profiles.procmaps import ProcessMaps
 from gfxbpf.client.profiles.unwind.result import MAX_FRAMES, Stop, UnwindResult, UserRegs
 from gfxbpf.client.profiles.unwind.scan import scan_caller
-from gfxbpf.client.profiles.unwind.steps import Stack, Step, cfi_step
+from gfxbpf.client.profiles.unwind.steps import Buffer, Stack, Step, cfi_step
 from gfxbpf.client.profiles.unwind.table import CFA_NONE, CFA_SIGNAL
 from gfxbpf.client.profiles.unwind.tables import UnwindTables
 
@@ -25,16 +25,18 @@ __all__ = ["unwind"]
 
 def unwind(
     regs: UserRegs,
-    stack: bytes,
+    stack: Buffer,
     maps: ProcessMaps,
     tables: UnwindTables,
     max_frames: int = MAX_FRAMES,
+    mem: Stack | None = None,
 ) -> UnwindResult:
     """Unwind one sample. stack: the bytes copied from regs.sp upward (any
     length; 8 KiB is what the BPF program copies). Every returned pc is in an
-    executable mapping of maps; the walk never follows a value that is not."""
-    stack_map = maps.find(regs.sp)
-    mem = Stack(regs.sp, stack, stack_map.end if stack_map else regs.sp + len(stack))
+    executable mapping of maps; the walk never follows a value that is not.
+    mem: those bytes as a Stack already (stack_top() gives its top)."""
+    if mem is None:
+        mem = Stack(regs.sp, stack, stack_top(regs, stack, maps))
     pc, sp = regs.ip, regs.sp
     bp: int | None = regs.bp  # None once a frame's rule loses it
     frames: list[int] = []
@@ -76,6 +78,12 @@ def unwind(
         if isinstance(step, Stop):
             return _ended(frames, step, scanned, maps)
         pc, sp, bp = step
+
+
+def stack_top(regs: UserRegs, stack: Buffer, maps: ProcessMaps) -> int:
+    """The end of the stack's mapping: what a longer copy could hold."""
+    stack_map = maps.find(regs.sp)
+    return stack_map.end if stack_map else regs.sp + len(stack)
 
 
 def _ended(frames: list[int], stop: Stop, scanned: int, maps: ProcessMaps) -> UnwindResult:
