@@ -62,8 +62,8 @@ class StackKey(NamedTuple):
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
-# chain), value (calls, total_ns)
-CALL_KEY = struct.Struct("<IIQQ")
+# chain, when the profile began), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQQQ")
 CALL_STATS = struct.Struct("<QQ")
 U64 = struct.Struct("<Q")
 # A row of ustackcopy's calls map whose copies unwound to different paths.
@@ -277,6 +277,19 @@ def _error(stop: str) -> str:
 Row = tuple[int, int, int, int]
 
 
+def rows_of(calls: Iterable[tuple[bytes, Any]], since_ns: int) -> list[tuple[bytes, Any]]:
+    """The rows of ustackcopy's calls table counted for one attachment: those
+    whose key holds its since_ns (AttachReply.since_ns). An instance the
+    broker kept warm still holds the same user's earlier profiles' rows
+    (the table is frozen), each with its own start. since_ns 0 (a broker
+    that never keeps ustackcopy warm): every row."""
+    if not since_ns:
+        return list(calls)
+    return [
+        (k, v) for k, v in calls if len(k) == CALL_KEY.size and CALL_KEY.unpack(k)[4] == since_ns
+    ]
+
+
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
     caller, Python chain); the copies (a few per row) give each row its
@@ -386,7 +399,7 @@ class ProbeCopyReader:
         for key, value in calls:
             if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
-            row: Row = CALL_KEY.unpack(key)
+            row: Row = CALL_KEY.unpack(key)[:4]
             function = row[1]
             ncalls, total_ns = CALL_STATS.unpack(value)
             uncopied += not self.paths.get(row)
