@@ -1,8 +1,9 @@
 """Verified profiling instances kept warm for the same user's next profile.
 
-Loading stackcopy or offcpu is mostly the verifier's work on
-large programs: 0.3-0.4 s on a quiet machine, over a second on a loaded
-one, and a `--pid` profile misses that much of its target. These programs
+Loading stackcopy, offcpu or ustackcopy is mostly the verifier's work on
+the Python walker: 50-100 ms on a quiet machine (0.3-0.4 s before its
+steps became global functions), seconds on a loaded one, and a `--pid`
+profile misses that much of its target. These programs
 have a ring buffer each, so an instance is never shared, but once its
 attachment is released it can serve the next profile of the same user with
 the same knobs:
