@@ -1,7 +1,7 @@
 """Verified profiling instances kept warm for the same user's next profile.
 
 Loading stackcopy, offcpu or ustackcopy is mostly the verifier's work on
-the Python walker: 50-100 ms on a quiet machine (0.3-0.4 s before its
+the Python walker: 50-130 ms (0.3-0.4 s on a quiet machine before its
 steps became global functions), seconds on a loaded one, and a `--pid`
 profile misses that much of its target. These programs
 have a ring buffer each, so an instance is never shared, but once its
