@@ -113,6 +113,9 @@ def _describe(att: Attachment, joined: bool, fds: list[int] | None) -> pb.Attach
         btf=spec.btf_bytes,
         possible_cpus=bpfsys.possible_cpus(),
     )
+    if entry.since_map:
+        since = shared.inst.obj.map(entry.since_map).lookup(0)
+        reply.since_ns = int.from_bytes(since if isinstance(since, bytes) else b"", "little")
     for m in entry.visible_maps:
         kmap = shared.visible[m.name]
         d = catalog_map_description(m)

@@ -244,7 +244,7 @@ class ProgramDescription(_message.Message):
     def __init__(self, name: _Optional[str] = ..., section: _Optional[str] = ..., prog_type: _Optional[int] = ..., prog_id: _Optional[int] = ..., fd_index: _Optional[int] = ...) -> None: ...
 
 class AttachReply(_message.Message):
-    __slots__ = ("attachment_id", "program", "sha256", "scope", "shared", "maps", "programs", "btf", "possible_cpus", "lease_expires_unix", "skipped_functions")
+    __slots__ = ("attachment_id", "program", "sha256", "scope", "shared", "maps", "programs", "btf", "possible_cpus", "lease_expires_unix", "skipped_functions", "since_ns")
     ATTACHMENT_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,7 @@ class AttachReply(_message.Message):
     POSSIBLE_CPUS_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_UNIX_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_NS_FIELD_NUMBER: _ClassVar[int]
     attachment_id: int
     program: str
     sha256: str
@@ -267,7 +268,8 @@ class AttachReply(_message.Message):
     possible_cpus: int
     lease_expires_unix: int
     skipped_functions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, attachment_id: _Optional[int] = ..., program: _Optional[str] = ..., sha256: _Optional[str] = ..., scope: _Optional[_Union[Scope, str]] = ..., shared: _Optional[bool] = ..., maps: _Optional[_Iterable[_Union[MapDescription, _Mapping]]] = ..., programs: _Optional[_Iterable[_Union[ProgramDescription, _Mapping]]] = ..., btf: _Optional[bytes] = ..., possible_cpus: _Optional[int] = ..., lease_expires_unix: _Optional[int] = ..., skipped_functions: _Optional[_Iterable[str]] = ...) -> None: ...
+    since_ns: int
+    def __init__(self, attachment_id: _Optional[int] = ..., program: _Optional[str] = ..., sha256: _Optional[str] = ..., scope: _Optional[_Union[Scope, str]] = ..., shared: _Optional[bool] = ..., maps: _Optional[_Iterable[_Union[MapDescription, _Mapping]]] = ..., programs: _Optional[_Iterable[_Union[ProgramDescription, _Mapping]]] = ..., btf: _Optional[bytes] = ..., possible_cpus: _Optional[int] = ..., lease_expires_unix: _Optional[int] = ..., skipped_functions: _Optional[_Iterable[str]] = ..., since_ns: _Optional[int] = ...) -> None: ...
 
 class DetachRequest(_message.Message):
     __slots__ = ("attachment_id",)

@@ -1,8 +1,9 @@
 """Verified profiling instances kept warm for the same user's next profile.
 
-Loading stackcopy or offcpu is mostly the verifier's work on
-large programs: 0.3-0.4 s on a quiet machine, over a second on a loaded
-one, and a `--pid` profile misses that much of its target. These programs
+Loading stackcopy, offcpu or ustackcopy is mostly the verifier's work on
+the Python walker: 50-130 ms (0.3-0.4 s on a quiet machine before its
+steps became global functions), seconds on a loaded one, and a `--pid`
+profile misses that much of its target. These programs
 have a ring buffer each, so an instance is never shared, but once its
 attachment is released it can serve the next profile of the same user with
 the same knobs:
@@ -15,8 +16,12 @@ the same knobs:
 - the visible maps are frozen: their counters (lost, Python walker counts)
   go on counting, and gfxclient reads them as differences from the attach;
   py_codes is an LRU table keyed by process, whose old rows name nothing the
-  new profile asks for. A program with a visible counts table (ustackcopy,
-  cudakernels) is never parked: its rows would be counted again.
+  new profile asks for. A visible counts table cannot be emptied either: a
+  program may keep one only if its rows hold the since map's value
+  (ustackcopy's calls), so that each profile counts in rows of its own;
+  an instance whose table is half full is closed instead of parked, so the
+  rows of earlier profiles never crowd out the next one's. Other programs
+  with such a table (cudakernels) are loaded for each profile.
 
 A parked instance holds its maps, so it stays charged to its user's map
 budget. It is closed after IDLE_SECONDS, when the same user's attach would
@@ -61,14 +66,25 @@ def poolable(entry: Program) -> bool:
     (never shared), a target given through its tree map, and no visible map
     that would carry one profile's data into the next. The ring is drained,
     counters are read as differences from the attach, and py_codes is an LRU
-    table keyed by process; a counts table (ustackcopy's calls, cudakernels'
-    kernels) cannot be emptied (frozen) and its rows would be counted again,
-    so those programs are loaded for each profile."""
+    table keyed by process. A counts table cannot be emptied (frozen): it is
+    kept only by a program whose rows hold the since map's value, which the
+    broker writes at each attach (ustackcopy's calls: the next profile counts
+    in new rows); others (cudakernels' kernels) are loaded for each profile."""
     has_ring = any(m.show == "events" for m in entry.visible_maps)
-    carries = any(
-        m.show not in ("events", "counter") and m.name != PY_CODES for m in entry.visible_maps
+    return (
+        has_ring
+        and (not counts_tables(entry) or bool(entry.since_map))
+        and bool(entry.tree_map and entry.pid_knob)
     )
-    return has_ring and not carries and bool(entry.tree_map and entry.pid_knob)
+
+
+def counts_tables(entry: Program) -> list[str]:
+    """The entry's visible tables other than py_codes (rows a profile counts in)."""
+    return [
+        m.name
+        for m in entry.visible_maps
+        if m.show not in ("events", "counter") and m.name != PY_CODES
+    ]
 
 
 @dataclass
@@ -106,7 +122,10 @@ class WarmPool(Generic[P]):
         pool is closed or cannot be cleaned."""
         try:
             _quiesce(shared)
+            roomy = _roomy(shared)
         except OSError:
+            roomy = False
+        if not roomy:
             shared.inst.close()
             return
         p = _Parked(shared, uid, self._clock())
@@ -176,6 +195,16 @@ def _close(p: _Parked[P]) -> None:
     if p.timer is not None:
         p.timer.cancel()
     p.shared.inst.close()
+
+
+def _roomy(shared: Parkable) -> bool:
+    """Whether the counts tables have room for another profile's rows: under
+    half full (the earlier profiles' rows stay, frozen)."""
+    for name in counts_tables(shared.entry):
+        kmap = shared.inst.obj.map(name)
+        if len(list(kmap.keys())) * 2 >= kmap.max_entries:
+            return False
+    return True
 
 
 def _quiesce(shared: Parkable) -> None:

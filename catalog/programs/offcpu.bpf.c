@@ -64,14 +64,7 @@ const volatile __u32 min_block_us = 1000;
 
 GFX_TREE_PROGRAMS(target_pid)
 
-/* [0]: when the profile began (bpf_ktime_get_ns), written by the broker as
- * it attaches; 0 until then. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} since SEC(".maps");
+#include "gfx_since.h"
 
 /* A record's header (struct ustack_rec without the stack bytes). */
 struct offcpu_head {

@@ -23,6 +23,12 @@
  * functions counts in two rows, and a copy is preceded by its Python record
  * (as stackcopy sends them).
  *
+ * A row also holds the profile's start (`since`, written by the broker at
+ * each attach): a warm instance (broker/sharing/warm.py) serves the same
+ * user's next profile with rows of its own, counted from 1 again (the
+ * visible table is frozen and cannot be emptied), and calls before the
+ * broker wrote it are not counted.
+ *
  * Scope self only: the copies are process memory.
  */
 /* Copies only at powers of two of a row's count: 1 MiB of ring and 512 code
@@ -33,6 +39,7 @@
 #include "gfx_pychain.h"
 #include "gfx_ucopy.h"
 #include "gfx_pathhash.h"
+#include "gfx_since.h"
 #include <linux/ptrace.h>
 
 #define MAX_FUNCTIONS 64
@@ -49,6 +56,7 @@ struct call_key {
 	__u64 caller;    /* return address on top of the stack at entry (0: unreadable) */
 	__u64 python;    /* hash of the Python chain at entry (0: none) */
 	__u64 path;      /* hash of the code addresses above caller (gfx_pathhash.h; 0: unreadable) */
+	__u64 since;     /* the profile's start (gfx_since.h) */
 };
 
 #define GFX_CALL_ROWS MAX_ROWS
@@ -87,6 +95,9 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	if (target_uid == GFX_ANY || !gfx_tree_ok(target_pid) || !gfx_task_ok(target_uid) ||
 	    function >= MAX_FUNCTIONS)
 		return 0;
+	ev.key.since = gfx_since();
+	if (!ev.key.since)
+		return 0;  /* attached, the profile not begun */
 	gfx_entry_key(&ek, function);
 	ev.key.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	ev.key.function = function;

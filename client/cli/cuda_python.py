@@ -24,7 +24,7 @@ from gfxbpf.client.cli.display import clip, humanize_count
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.printable import printable
-from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS, ProbeCopyReader
+from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS, ProbeCopyReader, rows_of
 from gfxbpf.client.profiles.read import lost_count
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -200,11 +200,21 @@ class PythonLaunches:
         self.rates: dict[tuple[int, str], float] = {}
         self.prev_t = self.dt = 0.0
         self.lost = 0  # launches the broker's table had no room to count
+        # A warm instance holds the same user's earlier rows (copies.rows_of)
+        # and counts: lost is read as a difference from now.
+        self.uncounted_at_attach = self._uncounted()
+
+    def _uncounted(self) -> int:
+        if "lost" not in self.att.maps:
+            return 0
+        counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] calls
+        return lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
 
     def sample(self) -> None:
         while self.reader.drain():  # the copies name the rows' chains
             pass
-        rows = [_row(k, v) for k, v in self.att.map("calls").raw_items()]
+        calls = rows_of(self.att.map("calls").raw_items(), self.att.reply.since_ns)
+        rows = [_row(k, v) for k, v in calls]
         now = time.monotonic()
         groups = group_rows(rows, self._chains(), self.functions)
         cur = {(g.pid, g.function): g.calls for g in groups}
@@ -212,9 +222,7 @@ class PythonLaunches:
             self.dt = now - self.prev_t
             self.rates = {k: (n - self.prev.get(k, 0)) / self.dt for k, n in cur.items()}
         self.groups, self.prev, self.prev_t = groups, cur, now
-        if "lost" in self.att.maps:
-            counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] calls
-            self.lost = lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
+        self.lost = self._uncounted() - self.uncounted_at_attach
 
     def _chains(self) -> Chains:
         return named_chains(self.reader)
@@ -268,4 +276,4 @@ def _row(key: bytes, value: Any) -> tuple[Row, int, int]:
     if len(key) != CALL_KEY.size or not isinstance(value, bytes) or len(value) != CALL_STATS.size:
         raise ClientError(f"{PROGRAM}'s map 'calls': unexpected sizes (update gfxclient)")
     calls, ns = CALL_STATS.unpack(value)
-    return CALL_KEY.unpack(key), calls, ns
+    return CALL_KEY.unpack(key)[:5], calls, ns

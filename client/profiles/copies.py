@@ -64,8 +64,9 @@ class StackKey(NamedTuple):
 # tgid, refresh -> the process's maps (refresh: snapshot it again first)
 MapsOf = Callable[[int, bool], "ProcessMaps | None"]
 # ustackcopy's calls map: key (tgid, function, caller, hash of the Python
-# chain, hash of the code addresses above the caller), value (calls, total_ns)
-CALL_KEY = struct.Struct("<IIQQQ")
+# chain, hash of the code addresses above the caller, when the profile
+# began), value (calls, total_ns)
+CALL_KEY = struct.Struct("<IIQQQQ")
 CALL_STATS = struct.Struct("<QQ")
 U64 = struct.Struct("<Q")
 # A row of ustackcopy's calls map whose copies unwound to different paths.
@@ -292,6 +293,19 @@ def _error(stop: str) -> str:
 Row = tuple[int, int, int, int, int]
 
 
+def rows_of(calls: Iterable[tuple[bytes, Any]], since_ns: int) -> list[tuple[bytes, Any]]:
+    """The rows of ustackcopy's calls table counted for one attachment: those
+    whose key holds its since_ns (AttachReply.since_ns). An instance the
+    broker kept warm still holds the same user's earlier profiles' rows
+    (the table is frozen), each with its own start. since_ns 0 (a broker
+    that never keeps ustackcopy warm): every row."""
+    if not since_ns:
+        return list(calls)
+    return [
+        (k, v) for k, v in calls if len(k) == CALL_KEY.size and CALL_KEY.unpack(k)[5] == since_ns
+    ]
+
+
 class ProbeCopyReader:
     """ustackcopy: the calls map counts every call exactly per (function,
     caller, Python chain, path hash); the copies (a few per row) give each
@@ -410,7 +424,7 @@ class ProbeCopyReader:
         for key, value in calls:
             if len(key) != CALL_KEY.size or len(value) != CALL_STATS.size:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
-            row: Row = CALL_KEY.unpack(key)
+            row: Row = CALL_KEY.unpack(key)[:5]
             function = row[1]
             ncalls, total_ns = CALL_STATS.unpack(value)
             uncopied += not self.paths.get(row)

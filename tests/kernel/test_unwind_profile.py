@@ -32,7 +32,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.profiling import profile, share, stacks_of
+from tests.kernel.profiling import attach_records, profile, release_on_attach, share, stacks_of
 from tests.kernel.rawclient import kernel_looking_text
 
 pytestmark = pytest.mark.kernel
@@ -46,7 +46,9 @@ LIB_C = r"""
 volatile unsigned long lib_sink;
 __attribute__((noinline)) void fake_launch(unsigned long x) { lib_sink += x; }
 """
+# With a third argument: the calls again for each line of stdin, "done" after.
 CALLER_C = r"""
+#include <stdio.h>
 #include <stdlib.h>
 void fake_launch(unsigned long x);
 volatile unsigned long sink;
@@ -57,8 +59,15 @@ __attribute__((noinline)) void run_b(unsigned long i) { do_b(i); sink++; }
 int main(int argc, char **argv)
 {
     unsigned long na = strtoul(argv[1], 0, 10), nb = strtoul(argv[2], 0, 10);
-    for (unsigned long i = 0; i < na; i++) run_a(i);
-    for (unsigned long i = 0; i < nb; i++) run_b(i);
+    char line[16];
+    while (argc < 4 || fgets(line, sizeof(line), stdin)) {
+        for (unsigned long i = 0; i < na; i++) run_a(i);
+        for (unsigned long i = 0; i < nb; i++) run_b(i);
+        if (argc < 4)
+            return 0;
+        puts("done");
+        fflush(stdout);
+    }
     return 0;
 }
 """
@@ -239,14 +248,20 @@ def _calls_by_path(broker: BrokerProcess, work: Path, name: str, na: int, nb: in
     r = run_as(ALICE, argv, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total"] == na + nb, r.stdout
+    rooted = _rooted(out)
+    # ... and below main, the start code: the whole stack was unwound.
+    assert all("__libc_start_main" in ";".join(f) for f, _ in stacks_of(out)), out.read_text()
+    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
+    return rooted
+
+
+def _rooted(out: Path) -> dict[str, int]:
+    """The folded stacks from main on, summed."""
     rooted: dict[str, int] = {}
     for frames, n in stacks_of(out):
         assert "main" in frames, frames
         key = ";".join(frames[frames.index("main") :])
         rooted[key] = rooted.get(key, 0) + n
-    # ... and below main, the start code: the whole stack was unwound.
-    assert all("__libc_start_main" in ";".join(f) for f, _ in stacks_of(out)), out.read_text()
-    assert kernel_looking_text(r.stdout + r.stderr + out.read_text()) == []
     return rooted
 
 
@@ -269,6 +284,42 @@ def test_stacks_at_counts_each_whole_path_exactly(
         f"main;{path_a};fake_launch": na,
         f"main;{path_b};fake_launch": nb,
     }
+
+
+def test_the_next_stacks_at_profile_of_the_same_process_counts_exactly(
+    broker: BrokerProcess, work: Path
+) -> None:
+    """ustackcopy is kept warm too. Its calls table is frozen, so the rows of a
+    profile hold its own start (`since`): a second --stacks-at profile of the
+    same process, on the instance the first left parked, counts exactly its
+    own calls (the first one's are not counted again) and unwinds each row
+    (a row's copies start again at its first call)."""
+    na, nb = 1000, 3000
+    pipe = subprocess.PIPE
+    argv = [str(work / "caller"), str(na), str(nb), "rounds"]
+    target = run_as(ALICE, argv, background=True, stdin=pipe, stdout=pipe)
+    try:
+        before = len(attach_records(broker, "ustackcopy"))
+        for i in range(2):
+            out = work / f"calls-again-{i}.folded"
+            argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
+            argv += ["profile", "--stacks-at", f"{work / 'liblaunch.so'}:fake_launch"]
+            argv += ["--pid", str(target.pid), "--duration", "2", "--format", "folded"]
+            go = release_on_attach(broker, "ustackcopy", target)
+            r = run_as(ALICE, argv + ["-o", str(out)], timeout=300)
+            go.join()
+            assert r.returncode == 0, r.stderr
+            assert target.stdout.readline() == b"done\n"
+            assert json.loads(r.stdout)["total"] == na + nb, r.stdout
+            assert _rooted(out) == {
+                "main;run_a;do_a;fake_launch": na,
+                "main;run_b;do_b;fake_launch": nb,
+            }, out.read_text()
+    finally:
+        target.kill()
+        target.wait()
+    second = attach_records(broker, "ustackcopy")[before:][-1]
+    assert second["warm"] is True, second
 
 
 def test_samples_in_a_signal_handler_reach_main(broker: BrokerProcess, work: Path) -> None:

@@ -156,6 +156,7 @@ class _Map:
 class _Att:
     id = 7
     maps = {"calls": None, "lost": None}
+    reply = pb.AttachReply()  # since_ns 0: every row
 
     def __init__(self, rows: list[tuple[bytes, bytes]]) -> None:
         self.calls = _Map(rows)
@@ -170,9 +171,11 @@ class _Att:
 def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
     inner_first = ((0xB0, 3, 0), (0xA0, 40, py.FRAME_ENTRY))
     h = py.chain_hash(inner_first)
-    rows = [(CALL_KEY.pack(100, 0, 0x1000, h, 1), CALL_STATS.pack(1000, 4_000_000))]
+    rows = [(CALL_KEY.pack(100, 0, 0x1000, h, 0, 1), CALL_STATS.pack(1000, 4_000_000))]
     att = _Att(rows)
+    att.lost.rows = []
     view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
+    att.lost.rows = _Att([]).lost.rows
     view.sample()
     att.calls.rows = [(rows[0][0], CALL_STATS.pack(1500, 6_000_000))]
     view.sample()
@@ -187,3 +190,24 @@ def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
     assert text[1].startswith("1500 launches by innermost Python function (2 launch functions")
     assert text[-2].split()[-2:] == ["caller_a", "(t.py:3)"]
     assert text[-1] == "note: 2 launches not counted: the broker's table was full"
+
+
+def test_a_warm_instance_shows_only_the_rows_of_this_attachment() -> None:
+    # The broker keeps a ustackcopy instance warm for the same user's next
+    # profile: its frozen calls table still holds the earlier profile's rows
+    # (another start in the key), and its lost counter its counts.
+    inner_first = ((0xB0, 3, 0), (0xA0, 40, py.FRAME_ENTRY))
+    h = py.chain_hash(inner_first)
+    old = (CALL_KEY.pack(100, 0, 0x1000, h, 0, 1), CALL_STATS.pack(1000, 4_000_000))
+    mine = CALL_KEY.pack(100, 0, 0x1000, h, 0, 2)  # the same row, this attachment's
+    att = _Att([old, (mine, CALL_STATS.pack(3, 9_000))])  # 3 calls before the client looked
+    att.reply = pb.AttachReply(since_ns=2)
+    view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
+    att.calls.rows = [old, (mine, CALL_STATS.pack(10, 30_000))]
+    u32, u64 = struct.Struct("<I"), struct.Struct("<Q")
+    att.lost.rows = [(u32.pack(0), u64.pack(5)), (u32.pack(1), u64.pack(6))]
+    view.sample()
+    doc = view.json_line()
+    assert doc["launches"] == 10 and doc["lost"] == 4
+    [g] = doc["python_functions"]
+    assert g["launches"] == 10 and g["time_ns"] == 30_000

@@ -332,6 +332,6 @@ def test_a_probe_row_a_scan_carried_is_counted_in_the_summary(
     monkeypatch.setattr(copies, "_unwind", lambda *a: ((0x1000, caller, 0x5555), None, True))
     reader = copies.ProbeCopyReader(Records([rec]), lambda pid, refresh: object(), None)  # type: ignore[arg-type]
     reader.drain()
-    key = copies.CALL_KEY.pack(7, 0, caller, py.chain_hash(()), 0x99)
+    key = copies.CALL_KEY.pack(7, 0, caller, py.chain_hash(()), 0x99, 1)
     stacks, uncopied = reader.raw_stacks([(key, copies.CALL_STATS.pack(3, 0))], ["fn"], "calls")
     assert uncopied == 0 and stacks[0].user == (caller, 0x5555) and stacks[0].unwind_scanned

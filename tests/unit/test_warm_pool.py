@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ class _Inst:
 class _Shared:
     def __init__(self) -> None:
         self.inst = _Inst()
-        self.entry: Any = None
+        self.entry: Any = SimpleNamespace(visible_maps=())  # no counts table
 
 
 @pytest.fixture(autouse=True)
@@ -96,3 +97,44 @@ def test_an_instance_that_cannot_be_cleaned_is_closed(monkeypatch: pytest.Monkey
     s = _Shared()
     pool.park("k", s, 1000)
     assert s.inst.closed and pool.take("k") is None
+
+
+def test_which_programs_are_kept_warm() -> None:
+    from gfxbpf.catalog.entries import load_catalog
+
+    cat = load_catalog()
+    # ustackcopy's calls rows hold the since map's value: the next profile
+    # counts in rows of its own. cudakernels' kernels table has no such key.
+    assert warm.counts_tables(cat.get("ustackcopy")) == ["calls"]
+    assert cat.get("ustackcopy").since_map
+    for name in ("stackcopy", "offcpu", "ustackcopy"):
+        assert warm.poolable(cat.get(name)), name
+    for name in ("cudakernels", "profile", "ustacks"):
+        assert not warm.poolable(cat.get(name)), name
+
+
+class _Table:
+    def __init__(self, rows: int, max_entries: int) -> None:
+        self.rows, self.max_entries = rows, max_entries
+
+    def keys(self) -> Any:
+        return iter(range(self.rows))
+
+
+def _with_calls(rows: int) -> _Shared:
+    s = _Shared()
+    calls = SimpleNamespace(name="calls", show="table")
+    s.entry = SimpleNamespace(visible_maps=(calls,))
+    table = _Table(rows, 16384)
+    s.inst.obj = SimpleNamespace(map=lambda name: table)  # type: ignore[attr-defined]
+    return s
+
+
+def test_an_instance_whose_counts_table_is_half_full_is_closed_not_parked() -> None:
+    pool: warm.WarmPool[Any] = warm.WarmPool()
+    roomy, full = _with_calls(8191), _with_calls(8192)
+    pool.park("a", roomy, 1000)
+    pool.park("b", full, 1000)
+    assert pool.take("a") is roomy and not roomy.inst.closed
+    assert full.inst.closed and pool.take("b") is None
+    pool.close()

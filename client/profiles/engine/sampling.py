@@ -70,7 +70,7 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
 
 
 def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
-    from gfxbpf.client.profiles.copies import CopyReader
+    from gfxbpf.client.profiles.copies import CopyReader, rows_of
 
     copies.stream.flush()  # what the ring holds now, past the reading thread
     while copies.drain():  # what came in since the last look
@@ -86,7 +86,7 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     if isinstance(copies, CopyReader):
         waited = run.waits.raw_stacks() if run.waits is not None else []
         return copies.raw_stacks() + waited, lost
-    entries = run.att.map("calls").raw_items()
+    entries = rows_of(run.att.map("calls").raw_items(), run.att.reply.since_ns)
     req = run.req
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
 
