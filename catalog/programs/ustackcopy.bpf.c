@@ -80,6 +80,19 @@ static __always_inline __u64 count_call(const struct call_key *key)
 	return st->calls;  /* racy read: it only picks which calls send a copy */
 }
 
+/* The path hash (gfx_pathhash.h) in a global function: the verifier checks
+ * its 127-word scan once, apart from the entry program's Python walk (inline,
+ * the two together passed the kernel's instruction limit). The scratch
+ * record's stack bytes are the scan's buffer; the copy overwrites them. */
+__attribute__((noinline)) __u64 path_hash_at(__u64 sp)
+{
+	struct ustack_slot *slot;
+	__u32 zero = 0;
+
+	slot = bpf_map_lookup_elem(&copy_scratch, &zero);
+	return slot ? gfx_path_hash(sp, (__u64 *)slot->rec.stack) : 0;
+}
+
 SEC("uprobe")
 int ustackcopy_entry(struct pt_regs *ctx)
 {
@@ -87,7 +100,6 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	struct entry_val ev = {};
 	struct ustack_rec *r;
 	struct py_rec *py;
-	struct ustack_slot *slot;
 	struct entry_key ek;
 	__u32 one = 1, zero = 0;
 	__u64 n;
@@ -103,9 +115,7 @@ int ustackcopy_entry(struct pt_regs *ctx)
 	ev.key.function = function;
 	if (bpf_probe_read_user(&ev.key.caller, sizeof(ev.key.caller), (void *)ctx->rsp))
 		ev.key.caller = 0;
-	slot = bpf_map_lookup_elem(&copy_scratch, &zero);  /* its stack bytes: the scan's buffer */
-	if (slot)
-		ev.key.path = gfx_path_hash(ctx->rsp, (__u64 *)slot->rec.stack);
+	ev.key.path = path_hash_at(ctx->rsp);
 	py = gfx_py_record();
 	if (py && gfx_py_walk(py))
 		ev.key.python = gfx_py_chain_hash(py);
