@@ -23,6 +23,7 @@ from gfxbpf.client.cli import (
     gpu_profile,
     info_cmd,
     list_cmd,
+    lock_profile,
     profile_cmd,
     status_cmd,
     stream_cmd,
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile_cmd.add_arguments(p)
     gpu_profile.add_arguments(p)
+    lock_profile.add_arguments(p)
     return parser
 
 
@@ -169,7 +171,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": stream_cmd.command,
     "dump": dump_cmd.command,
     "status": status_cmd.command,
-    "profile": gpu_profile.command,  # --gpu there, every other profile in profile_cmd
+    "profile": lock_profile.command,  # --locks; --gpu: gpu_profile; others: profile_cmd
 }
 
 

@@ -10,7 +10,7 @@ import pwd
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError
-from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL, ProfileRequest
+from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL, ProfileRequest
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ def attach(
     files = python_files(pythons)
     if req.mode == OFF_CPU:
         return _attach_offcpu(broker, req, pid, children, files)
+    if req.mode == LOCKS:
+        from gfxbpf.client.profiles.locks.attach import attach_locks
+
+        return attach_locks(broker, req, pid, children)
     if req.mode == WALL:  # the samples here; attach_waits adds the offcpu attachment
         copies = _try_copies(
             broker, req, "stackcopy", files, pid=pid, frequency=req.frequency, children=children
