@@ -194,29 +194,28 @@ class CopyReader:
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
-        out = []
         self.python.resolve(final=True)
-        for k, weight in self.counts.items():
-            lost = k.stop if not k.frames else None  # nothing unwound: say why, as one frame
-            out.append(
-                profile.RawStack(
-                    pid=k.tgid,
-                    user=k.frames,
-                    kernel=k.kernel,
-                    weight=weight,
-                    comm=k.comm,
-                    user_error=_error(lost) if lost else None,
-                    unwind_stop=k.stop if k.frames else None,
-                    unwind_scanned=k.scanned,
-                    unwound=True,
-                    leaf=k.leaf,
-                    thread=(k.tid or None) if self.threads else None,  # a frame per thread
-                    tid=k.tid,
-                    python=self.python.runs(k.tgid, k.pyframes),
-                    python_starts=self.python.starts(k.tgid, k.pyframes),
-                )
-            )
-        return out
+        return [self.raw_stack(k, weight) for k, weight in self.counts.items()]
+
+    def raw_stack(self, k: StackKey, weight: int) -> RawStack:
+        """One counted stack as the symbolizer takes it."""
+        lost = k.stop if not k.frames else None  # nothing unwound: say why, as one frame
+        return profile.RawStack(
+            pid=k.tgid,
+            user=k.frames,
+            kernel=k.kernel,
+            weight=weight,
+            comm=k.comm,
+            user_error=_error(lost) if lost else None,
+            unwind_stop=k.stop if k.frames else None,
+            unwind_scanned=k.scanned,
+            unwound=True,
+            leaf=k.leaf,
+            thread=(k.tid or None) if self.threads else None,  # a frame per thread
+            tid=k.tid,
+            python=self.python.runs(k.tgid, k.pyframes),
+            python_starts=self.python.starts(k.tgid, k.pyframes),
+        )
 
 
 class PythonJoin:

@@ -1,4 +1,5 @@
-"""`gfxclient profile --locks` (issue 40's acceptance, kernel half).
+"""`gfxclient profile --locks` and `--off-cpu --wakers` (issue 40's
+acceptance, kernel half).
 
 The broker runs as the unit runs it (user gfxbpf, CAP_BPF + CAP_PERFMON
 only); gfxclient runs as gfxtest-alice over the Unix socket. The workload is
@@ -9,6 +10,11 @@ wait_b) block on it, waits until the mutex says a waiter is queued, holds it
 so it sees 3x the waiting time (the scheduling delays of a loaded machine
 weigh on both alike). `--locks` must name both by their symbols, give 3:1
 within 10%, and show hold_a and hold_b as the holders that released them.
+
+`--off-cpu --wakers`: thread A waits on a condition variable that thread B
+signals in signal_a every 50 ms; B's signal_a is A's waker for >= 95% of
+A's waiting time. A wait ended by another user's process (a FIFO bob writes
+to) or by the kernel (a timer) shows one marker frame, never their stacks.
 """
 
 from __future__ import annotations
@@ -119,6 +125,96 @@ int main(int argc, char **argv)
 """
 
 
+# Thread A (wait_for_signal) waits for each of argv[1] rounds, which thread B
+# (signal_a) signals after 50 ms.
+COND_C = r"""
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int ready, rounds;
+volatile unsigned long sink;
+
+__attribute__((noinline)) void wait_for_signal(int r)
+{
+    pthread_mutex_lock(&m);
+    while (ready < r)
+        pthread_cond_wait(&cv, &m);
+    pthread_mutex_unlock(&m);
+    sink++;
+}
+__attribute__((noinline)) void signal_a(int r)
+{
+    pthread_mutex_lock(&m);
+    ready = r;
+    pthread_cond_signal(&cv);
+    pthread_mutex_unlock(&m);
+    sink++;
+}
+static void *thread_a(void *arg)
+{
+    for (int r = 1; r <= rounds; r++) wait_for_signal(r);
+    return arg;
+}
+static void *thread_b(void *arg)
+{
+    struct timespec ts = {0, 50 * 1000000L};
+    for (int r = 1; r <= rounds; r++) {
+        nanosleep(&ts, 0);
+        signal_a(r);
+    }
+    return arg;
+}
+int main(int argc, char **argv)
+{
+    pthread_t a, b;
+    rounds = argc > 1 ? atoi(argv[1]) : 20;
+    pthread_create(&a, 0, thread_a, 0);
+    pthread_create(&b, 0, thread_b, 0);
+    pthread_join(a, 0);
+    pthread_join(b, 0);
+    return 0;
+}
+"""
+
+# Naps 300 ms (a timer wakes it), then reads the FIFO argv[1] to its end.
+FIFO_C = r"""
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void nap(void)
+{
+    struct timespec ts = {0, 300 * 1000000L};
+    while (nanosleep(&ts, &ts)) sink++;
+    sink++;
+}
+__attribute__((noinline)) void read_fifo(const char *path)
+{
+    char buf[64];
+    int fd = open(path, O_RDONLY);
+    while (read(fd, buf, sizeof buf) > 0) sink++;
+    close(fd);
+    sink++;
+}
+int main(int argc, char **argv)
+{
+    nap();
+    read_fifo(argv[1]);
+    return 0;
+}
+"""
+
+
+def _cc(gcc: str, d: Path, name: str, src: str) -> None:
+    (d / f"{name}.c").write_text(src)
+    cmd = [gcc, "-O2", "-fomit-frame-pointer", str(d / f"{name}.c"), "-o", str(d / name)]
+    subprocess.run([*cmd, "-pthread"], check=True, capture_output=True)
+    (d / name).chmod(0o755)
+
+
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     d = shared_dir(prefix="gfxbpf-locks-")
@@ -127,18 +223,19 @@ def work() -> Iterator[Path]:
     if gcc is None:
         skip_or_fail("gcc is not installed (apt-get install gcc)")
         raise AssertionError  # unreachable
-    src, prog = d / "twolocks.c", d / "twolocks"
-    src.write_text(LOCKS_C)
-    cmd = [gcc, "-O2", "-fomit-frame-pointer", str(src), "-o", str(prog), "-pthread"]
-    subprocess.run(cmd, check=True, capture_output=True)
-    prog.chmod(0o755)
+    _cc(gcc, d, "twolocks", LOCKS_C)
+    _cc(gcc, d, "condwait", COND_C)
+    _cc(gcc, d, "fifowait", FIFO_C)
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
 
 def broker_policy(request: pytest.FixtureRequest) -> str:
     return policy_for(
-        {"locks": {"users": [ALICE, BOB], "scope": "self"}},
+        {
+            "locks": {"users": [ALICE, BOB], "scope": "self"},
+            "offwake": {"users": [ALICE, BOB], "scope": "self"},
+        },
         limits={"map_bytes_per_user": 1 << 30},
     )
 
@@ -206,3 +303,54 @@ def test_another_users_locks_never_appear(broker: BrokerProcess, work: Path) -> 
     finally:
         bob.kill()
         bob.wait()
+
+
+def _waker(frames: list[str]) -> list[str]:
+    """The waker's frames of a --wakers stack (after `--`), innermost first."""
+    return frames[frames.index("--") + 1 :] if "--" in frames else []
+
+
+def test_wakers_name_the_signalling_function(broker: BrokerProcess, work: Path) -> None:
+    out = work / "wakers.folded"
+    summary = profile(
+        broker, out, "--off-cpu", "--wakers", "--", str(work / "condwait"), str(ROUNDS)
+    )
+    assert summary["program"] == "offwake" and summary["exit_status"] == 0, summary
+    stacks = stacks_of(out)
+    waited = [(s, n) for s, n in stacks if "wait_for_signal" in s]
+    total = sum(n for _, n in waited)
+    by_b = sum(n for s, n in waited if "signal_a" in _waker(s) and "thread_b" in _waker(s))
+    assert total >= ROUNDS * 40e6, (total, stacks)  # ~50 ms a round
+    assert by_b >= 0.95 * total, (by_b, total, waited)
+
+
+def test_wakers_outside_your_scope_are_one_marker_frame(broker: BrokerProcess, work: Path) -> None:
+    """alice's fifowait naps (the kernel's timer wakes it), then reads a FIFO
+    that bob writes to after 0.5 s: bob's process is a marker, never a stack."""
+    fifo = work / "fifo"
+    os.mkfifo(fifo)
+    fifo.chmod(0o666)
+    # bob opens the FIFO (waiting for alice's reader), waits 0.5 s, then writes.
+    writer = f"exec 3>{fifo}; sleep 0.5; echo hello >&3"
+    bob = run_as(BOB, ["sh", "-c", writer], background=True)
+    try:
+        out = work / "fifo.folded"
+        summary = profile(
+            broker, out, "--off-cpu", "--wakers", "--", str(work / "fifowait"), str(fifo)
+        )
+        assert summary["exit_status"] == 0, summary
+    finally:
+        bob.kill()
+        bob.wait()
+    stacks = stacks_of(out)
+    read = [(s, n) for s, n in stacks if "read_fifo" in s and s[-1] != "[preempted]"]
+    by_bob = sum(n for s, n in read if _waker(s) == ["[woken by another user's process]"])
+    assert by_bob >= 0.4e9 and by_bob >= 0.9 * sum(n for _, n in read), read
+    napped = [(s, n) for s, n in stacks if "nap" in s and s[-1] != "[preempted]"]
+    by_kernel = sum(n for s, n in napped if _waker(s) == ["[woken by the kernel]"])
+    assert by_kernel >= 0.9 * sum(n for _, n in napped) and by_kernel >= 0.25e9, out.read_text()
+    # Nothing of bob's: no process of his, no frame of sh or sleep.
+    assert bob.pid not in summary["processes"], summary
+    for frames, _ in stacks:
+        waker = _waker(frames)
+        assert len(waker) <= 1 or frames[0] == waker[-1] == "fifowait", frames

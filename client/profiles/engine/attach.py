@@ -136,23 +136,24 @@ def _attach_offcpu(
     broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
 ) -> Attachment:
     kw: dict[str, Any] = {"pid": pid, "children": children, "min_block_us": req.min_block_us}
+    name = "offwake" if req.wakers else "offcpu"  # --wakers: offcpu with the wakers' stacks
     if req.stack_bytes:  # --stack-bytes sizes the waits' copies too
         kw["stack_bytes"] = req.stack_bytes
     try:
         try:
-            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+            return broker.attach(name, scope="self", python_files=files, **kw)
         except BrokerError as e:
             if files and e.code == pb.ERROR_INVALID_ARGUMENT and "Python" in str(e):
-                return broker.attach("offcpu", scope="self", **kw)  # walks no Python
+                return broker.attach(name, scope="self", **kw)  # walks no Python
             if req.min_block_asked or e.code != pb.ERROR_PERMISSION_DENIED or "below" not in str(e):
                 raise
             # --wall's 0.1 ms is under this policy's floor: the broker's default then.
             req.min_block_us = kw["min_block_us"] = 0
-            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+            return broker.attach(name, scope="self", python_files=files, **kw)
     except BrokerError as e:
         if e.code == pb.ERROR_NOT_FOUND:
             raise ClientError(
-                f"--{req.mode} needs program offcpu, which this broker does not offer "
+                f"--{req.mode} needs program {name}, which this broker does not offer "
                 f"(or the policy does not grant you): {e}"
             ) from None
         raise

@@ -32,6 +32,10 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
         from gfxbpf.client.profiles.locks.shape import reshape
 
         reshape(prof)  # each lock at the root, its waiters and holders under it
+    if req.wakers:
+        from gfxbpf.client.profiles.locks.wakers import join_wakers
+
+        join_wakers(symbolizer, r, prof)  # each wait's waker above its wait frame
     _python_notes(r, prof)
     _copies_hint(r, prof)
     waits = r.wait_reader

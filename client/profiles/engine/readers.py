@@ -41,6 +41,12 @@ def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
         reader: CopyReader = LockReader(stream, r.maps.process, tables, r.kept())
         reader.skip.add(os.getpid())
         return reader
+    if req.wakers:
+        from gfxbpf.client.profiles.locks.wakers import WakerReader
+
+        reader = WakerReader(stream, r.maps.process, tables, r.kept(), codes)
+        reader.skip.add(os.getpid())
+        return reader
     reader = CopyReader(
         stream,
         r.maps.process,

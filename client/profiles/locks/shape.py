@@ -10,6 +10,7 @@ time its releases ended: each lock's waiting time is shown twice, once per side.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.profiles.locks.reader import RELEASED, WAITING
@@ -35,17 +36,22 @@ def lock_frames(frames: tuple[str, ...]) -> tuple[str, ...]:
 
 def reshape(prof: Profile) -> None:
     """Every stack of prof, and each per-thread copy, with its lock at the root."""
+    rekey(prof, lock_frames)
+    prof.time_kind = "lock_wait"
+
+
+def rekey(prof: Profile, change: Callable[[tuple[str, ...]], tuple[str, ...]]) -> None:
+    """prof's stacks and per-thread stacks with their frames changed (merged where equal)."""
     stacks: dict[tuple[str, ...], int] = {}
     for frames, n in prof.stacks.items():
-        key = lock_frames(frames)
+        key = change(frames)
         stacks[key] = stacks.get(key, 0) + n
     prof.stacks = stacks
     threads: dict[Any, int] = {}
     for (thread, frames), n in prof.threads.items():
-        at = (thread, lock_frames(frames))
+        at = (thread, change(frames))
         threads[at] = threads.get(at, 0) + n
     prof.threads = threads
-    prof.time_kind = "lock_wait"
 
 
 def lock_table(reader: LockReader) -> list[LockStats]:
