@@ -45,7 +45,7 @@ struct lock_call {
 	__u64 uaddr;
 	__u64 entry_ns;
 	__u32 flags;  /* GFX_UREC_LOCK_WAIT or GFX_UREC_LOCK_WAKE */
-	__u32 pad;
+	__u32 tgid;   /* whose: a stale slot of an exited thread never serves a reused tid */
 };
 
 /* tid -> its futex call under way (the word is its own process's address). */
@@ -101,6 +101,7 @@ int locks_sys_enter(unsigned long long *ctx)
 		return 0;
 	call.uaddr = regs->di;
 	call.entry_ns = bpf_ktime_get_ns();
+	call.tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
 	bpf_map_update_elem(&pending, &tid, &call, BPF_ANY);
 	return 0;
 }
@@ -110,7 +111,9 @@ int locks_sys_enter(unsigned long long *ctx)
 SEC("tp_btf/sys_exit")
 int locks_sys_exit(unsigned long long *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct pt_regs___gfx_lock *regs = (void *)ctx[0];
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
 	long ret = (long)ctx[1];
 	struct lock_call *call;
 	struct ustack_rec *r;
@@ -122,6 +125,8 @@ int locks_sys_exit(unsigned long long *ctx)
 	if (!call)
 		return 0;
 	now = bpf_ktime_get_ns();
+	if (call->tgid != (__u32)(id >> 32) || regs->orig_ax != GFX_NR_FUTEX)
+		goto done;  /* not the call stashed: a reused tid */
 	if (call->flags == GFX_UREC_LOCK_WAIT ? ret == -GFX_EAGAIN : ret <= 0)
 		goto done;  /* no sleep, or no one woken: no contention */
 	/* An execve since the entry makes the thread another program (maybe setuid). */

@@ -7,8 +7,9 @@ built -O2 without frame pointers: four threads, two per global mutex. Each
 round, a holder (hold_a, hold_b) locks its mutex, lets its waiter (wait_a,
 wait_b) block on it, waits until the mutex says a waiter is queued, holds it
 40 ms more, and releases it; lock_a is handed over 3x as many times as lock_b,
-so it sees 3x the waiting time (the scheduling delays of a loaded machine
-weigh on both alike). `--locks` must name both by their symbols, give 3:1
+so it sees 3x the waiting time. lock_b's holder rests 80 ms between rounds,
+so both pairs run over the same second and the scheduling delays of a
+loaded machine weigh on both alike. `--locks` must name both by their symbols, give 3:1
 within 10%, and show hold_a and hold_b as the holders that released them.
 
 `--off-cpu --wakers`: thread A waits on a condition variable that thread B
@@ -41,7 +42,7 @@ from tests.kernel.profiling import held, profile, release_on_attach, stacks_of
 
 pytestmark = pytest.mark.kernel
 
-ROUNDS = 10
+ROUNDS = 20
 TOLERANCE = 0.10
 
 # argv[1]: rounds. lock_b's pair hands it over that many times, lock_a's 3x as many.
@@ -56,11 +57,11 @@ volatile unsigned long sink;
 
 struct pair {
     pthread_mutex_t *m;
-    long hold_ms;
+    long hold_ms, rest_ms;  /* held per round; between rounds, not held */
     int rounds;
     int go, done;  /* the round the holder began, the round the waiter ended */
 };
-static struct pair a = {&lock_a, 40}, b = {&lock_b, 40};
+static struct pair a = {&lock_a, 40, 0}, b = {&lock_b, 40, 80};
 
 static void nap_us(long us)
 {
@@ -99,6 +100,7 @@ static void *holder(void *arg)
         if (p == &a) hold_a(r); else hold_b(r);
         while (__atomic_load_n(&p->done, __ATOMIC_SEQ_CST) != r)
             nap_us(50);
+        nap_us(p->rest_ms * 1000);
     }
     return 0;
 }
