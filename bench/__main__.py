@@ -164,9 +164,10 @@ NOTES = [
     "(built with BUILD_BPF_SKEL=1; neither Debian 12's perf 6.1 nor Debian 13's 6.12 is). "
     "All keep waits of 1 ms and more. The rounds interleave the tools, and the JSON keeps "
     "each round's time (rounds_s): ping-pong times on a shared VM move by tens of percent.",
-    "Locks (15): four threads contend one pthread mutex (bench/locks.py), counting their "
-    "own contended operations (a failed trylock before the lock); the cost per contended "
-    "operation is the added time of the workload's median run over that count, and the "
+    "Locks (15): four threads contend one pthread mutex (bench/locks.py); a contended "
+    "operation is a futex wait that slept, as --locks counted them in the same round; the "
+    "cost per contended operation is the added time of the workload's median run over "
+    "that count, and the "
     "BPF time is kernel.bpf_stats' run time of program locks over it. gfxclient profile "
     "--locks ran it as `-- COMMAND`; perf lock contention -b (root) ran it through "
     "setpriv where Debian's perf has it (built with BUILD_BPF_SKEL=1); where not, the row "

@@ -3,14 +3,15 @@ whose four threads contend one pthread mutex, under `gfxclient profile
 --locks` (program locks, scope self) and under `perf lock contention -b`
 (root), in one run.
 
-The workload counts its own contended operations (a trylock that failed
-before the lock) and times itself, so start-up and attach are outside its
-figure. gfxclient runs it as `-- COMMAND`; perf runs it through setpriv as
-the bench user. Each contended operation of glibc's mutex is a futex wait
-and, at the holder's unlock, a futex wake: two records with stack copies
-for gfxclient. `perf lock contention -b` traces the kernel's
-contention_begin/contention_end tracepoints (kernel locks, the futex hash
-bucket's among them) with BPF; Debian's perf is built without
+A contended operation is a futex wait that slept (and the wake that ended
+it: two records with stack copies for gfxclient), as `--locks` counts them
+in the same round; the workload's own count of failed trylocks is larger (a
+lock released before the waiter sleeps costs no system call) and is kept in
+the JSON only. The workload times itself, so start-up and attach are
+outside its figure. gfxclient runs it as `-- COMMAND`; perf runs it
+through setpriv as the bench user. `perf lock contention -b` traces the
+kernel's contention_begin/contention_end tracepoints (kernel locks, the
+futex hash bucket's among them) with BPF; Debian's perf is built without
 BUILD_BPF_SKEL, and then the row says so in perf's words.
 """
 
@@ -134,10 +135,10 @@ def _calibrate(stage: Stage, prog: Path, seconds: float) -> int:
     return max(probe, round(probe * seconds / max(one, 1e-6)))
 
 
-def _per_op(runs: list[dict[str, float]], base: list[dict[str, float]]) -> float:
+def _per_op(runs: list[dict[str, float]], base: list[dict[str, float]], ops: float) -> float:
     """The median run's added time per contended operation, in ns."""
     added = median([r["elapsed"] for r in runs]) - median([b["elapsed"] for b in base])
-    return round(1e9 * added / max(median([r["contended"] for r in runs]), 1), 1)
+    return round(1e9 * added / max(ops, 1), 1)
 
 
 def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
@@ -148,25 +149,26 @@ def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
     out["perf_unsupported"] = perf_lock_support()
     runs: dict[str, list[dict[str, float]]] = {"untraced": [], "gfxbpf": [], "perf": []}
     bpf_ns: list[int] = []
+    waits: list[int] = []  # futex waits that slept, per --locks round
     with bpf_stats_enabled():
         for _ in range(rounds):  # interleaved: this VM's speed drifts over a minute
             runs["untraced"].append(untraced(stage, prog, n))
             timing, summary, ns = under_gfxclient(stage, prog, n)
             runs["gfxbpf"].append(timing)
             bpf_ns.append(ns)
-            out["gfxbpf_waits"] = sum(row["waits"] for row in summary["locks"])
+            waits.append(sum(row["waits"] for row in summary["locks"]))
             out["gfxbpf_lost"] = summary["lost"]
             if out["perf_unsupported"] is None:
                 runs["perf"].append(under_perf(stage, prog, n))
     out["rounds"] = {k: v for k, v in runs.items() if v}
     base = runs["untraced"]
     out["untraced_s"] = round(median([b["elapsed"] for b in base]), 4)
-    out["contended_untraced"] = median([b["contended"] for b in base])
+    out["trylock_failures_untraced"] = median([b["contended"] for b in base])
+    out["contended_ops"] = ops = median(waits)
     for name in ("gfxbpf", "perf"):
         if runs[name]:
             out[f"{name}_s"] = round(median([r["elapsed"] for r in runs[name]]), 4)
             out[f"{name}_slowdown"] = ratio(out[f"{name}_s"], out["untraced_s"])
-            out[f"{name}_ns_per_contended_op"] = _per_op(runs[name], base)
-    contended = median([r["contended"] for r in runs["gfxbpf"]])
-    out["gfxbpf_bpf_ns_per_contended_op"] = round(median(bpf_ns) / max(contended, 1), 1)
+            out[f"{name}_ns_per_contended_op"] = _per_op(runs[name], base, ops)
+    out["gfxbpf_bpf_ns_per_contended_op"] = round(median(bpf_ns) / max(ops, 1), 1)
     return out

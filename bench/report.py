@@ -586,7 +586,7 @@ def _attach(r: dict[str, Any]) -> list[Row]:
 def _locks(r: dict[str, Any]) -> list[Row]:
     what = (
         f"15 added time per contended lock operation, --locks (untraced {_s(r['untraced_s'])}, "
-        f"{r['contended_untraced']:.0f} contended of {4 * r['iterations']})"
+        f"{r['contended_ops']:.0f} futex waits of {4 * r['iterations']} lock operations)"
     )
     gfx = f"{r['gfxbpf_ns_per_contended_op']} ns (×{r['gfxbpf_slowdown']})"
     if "perf_s" not in r:

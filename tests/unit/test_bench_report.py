@@ -266,7 +266,7 @@ def test_lock_rows_give_the_cost_per_contended_operation_or_perfs_error() -> Non
     r = {
         "iterations": 1000,
         "untraced_s": 1.0,
-        "contended_untraced": 2500,
+        "contended_ops": 2500,
         "gfxbpf_s": 1.2,
         "gfxbpf_slowdown": 1.2,
         "gfxbpf_ns_per_contended_op": 80000.0,
