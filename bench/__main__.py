@@ -26,6 +26,7 @@ from bench import (
     first_data,
     footprint,
     kernel_cost,
+    locks,
     machine,
     map_reads,
     offcpu,
@@ -70,6 +71,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
     "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
     "attach": ({"rounds": 5}, {"rounds": 1}),
+    "locks": ({"rounds": 5, "seconds": 2.0}, {"rounds": 1, "seconds": 1.0}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -86,6 +88,7 @@ RUNNERS = {
     "unwind": unwind_profile.run,
     "offcpu": offcpu.run,
     "attach": attach_latency.run,
+    "locks": locks.run,
 }
 
 NOTES = [
@@ -161,6 +164,14 @@ NOTES = [
     "(built with BUILD_BPF_SKEL=1; neither Debian 12's perf 6.1 nor Debian 13's 6.12 is). "
     "All keep waits of 1 ms and more. The rounds interleave the tools, and the JSON keeps "
     "each round's time (rounds_s): ping-pong times on a shared VM move by tens of percent.",
+    "Locks (15): four threads contend one pthread mutex (bench/locks.py); a contended "
+    "operation is a futex wait that slept, as --locks counted them in the same round; the "
+    "cost per contended operation is the added time of the workload's median run over "
+    "that count, and the "
+    "BPF time is kernel.bpf_stats' run time of program locks over it. gfxclient profile "
+    "--locks ran it as `-- COMMAND`; perf lock contention -b (root) ran it through "
+    "setpriv where Debian's perf has it (built with BUILD_BPF_SKEL=1); where not, the row "
+    "gives perf's own error.",
 ]
 
 

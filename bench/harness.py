@@ -167,6 +167,8 @@ class Stage:
         entries.append(sh(copies).stdout)
         # offcpu (bench/offcpu.py): copies of the bench user's own stacks, scope self only.
         entries.append(sh([admin, "approve", "offcpu", "--users", BENCH_USER]).stdout)
+        # locks (bench/locks.py): the same, at futex calls.
+        entries.append(sh([admin, "approve", "locks", "--users", BENCH_USER]).stdout)
         # ustackcopy (bench/attach_latency.py): --stacks-at libc's getpid.
         ucopy = [admin, "approve", "ustackcopy", "--users", BENCH_USER]
         entries.append(sh([*ucopy, "--libraries", "/usr/lib/x86_64-linux-gnu/libc.so.6"]).stdout)

@@ -583,6 +583,31 @@ def _attach(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _locks(r: dict[str, Any]) -> list[Row]:
+    what = (
+        f"15 added time per contended lock operation, --locks (untraced {_s(r['untraced_s'])}, "
+        f"{r['contended_ops']:.0f} futex waits of {4 * r['iterations']} lock operations)"
+    )
+    gfx = f"{r['gfxbpf_ns_per_contended_op']} ns (×{r['gfxbpf_slowdown']})"
+    if "perf_s" not in r:
+        why = r.get("perf_unsupported") or "not run"
+        rows: list[Row] = [
+            (f"{what} vs perf lock contention -b", gfx, f"unsupported: {why}", "—", "—", "—")
+        ]
+    else:
+        peer = r["perf_ns_per_contended_op"]
+        rel = ratio(r["gfxbpf_ns_per_contended_op"], peer)
+        rows = [
+            (f"{what} vs perf lock contention -b", gfx,
+             f"{peer} ns (×{r['perf_slowdown']})", str(rel), "—", "—")
+        ]  # fmt: skip
+    rows.append(
+        ("15 BPF run time of program locks per contended operation (kernel.bpf_stats)",
+         f"{r['gfxbpf_bpf_ns_per_contended_op']} ns", "—", "—", "—", "—")
+    )  # fmt: skip
+    return rows
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -598,6 +623,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "unwind": _unwind,
     "offcpu": _offcpu,
     "attach": _attach,
+    "locks": _locks,
 }
 
 

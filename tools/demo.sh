@@ -72,6 +72,9 @@ install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
 # ... at probes (profile --stacks-at), and where threads wait (profile --off-cpu, --wall)
 "$VENV/bin/gfxbpf-admin" approve ustackcopy --users "$USERS" --scope self >>"$POLICY.new"
 "$VENV/bin/gfxbpf-admin" approve offcpu --users "$USERS" --scope self >>"$POLICY.new"
+# ... which lock they wait on (profile --locks), and who woke them (--off-cpu --wakers)
+"$VENV/bin/gfxbpf-admin" approve locks --users "$USERS" --scope self >>"$POLICY.new"
+"$VENV/bin/gfxbpf-admin" approve offwake --users "$USERS" --scope self >>"$POLICY.new"
 install -m 0640 -g "$SERVICE_USER" "$POLICY.new" "$POLICY" && rm -f "$POLICY.new"
 "$VENV/bin/gfxbpf-broker" --policy "$POLICY" --check-policy
 

@@ -23,6 +23,7 @@ from gfxbpf.client.cli import (
     gpu_profile,
     info_cmd,
     list_cmd,
+    lock_profile,
     profile_cmd,
     status_cmd,
     stream_cmd,
@@ -161,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.add_arguments(p)
     gpu_profile.add_arguments(p)
     profile_job.add_arguments(p)
+    lock_profile.add_arguments(p)
     return parser
 
 
@@ -171,7 +173,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": stream_cmd.command,
     "dump": dump_cmd.command,
     "status": status_cmd.command,
-    # --job there, --gpu in gpu_profile, every other profile in profile_cmd
+    # --job there, --locks in lock_profile, --gpu in gpu_profile, the others in profile_cmd
     "profile": profile_job.command,
 }
 

@@ -242,6 +242,7 @@ def parse_request(args: argparse.Namespace) -> Request:
     if command and args.pid:
         raise UsageError("give --pid or a COMMAND to run, not both")
     req = Request(pids=list(dict.fromkeys(args.pid)), command=command, output=args.output)
+    req.wakers = getattr(args, "wakers", False)  # --off-cpu --wakers (lock_profile.py)
     req.scope, req.stack_bytes, req.job = args.scope, args.stack_bytes, args.job or ""
     req.weight = args.weight
     req.children = not args.no_children

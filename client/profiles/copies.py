@@ -73,7 +73,8 @@ U64 = struct.Struct("<Q")
 MERGED = "merged"
 
 
-def _parse(rec: bytes) -> tuple[Any, ...]:
+def parse_header(rec: bytes) -> tuple[Any, ...]:
+    """A stack copy record's header fields (HEADER's order)."""
     if len(rec) < HEADER.size:
         raise ProtocolError(
             f"a {len(rec)}-byte stack copy record: this gfxclient expects at least "
@@ -174,7 +175,7 @@ class CopyReader:
         """Unwind one record into the counts (a Python record waits for its stack's)."""
         if self.python.held(rec):
             return
-        tgid, tid, flags, size, ip, sp, bp, ts, elapsed, function, _pad, comm = _parse(rec)
+        tgid, tid, flags, _s, _ip, _sp, _bp, ts, elapsed, function, _pad, _c = parse_header(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
         if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
@@ -185,49 +186,51 @@ class CopyReader:
             weight, leaf = elapsed, wait_frame(flags, function)
             self.by_state[wait_state(flags)] += elapsed
             self.before += bool(flags & FLAG_BEFORE)
+        key = self.key_of(rec, pyframes, leaf)
+        self.counts[key] = self.counts.get(key, 0) + weight
+
+    def key_of(self, rec: bytes, pyframes: tuple[py.Frame, ...], leaf: str | None) -> StackKey:
+        """The record's stack, unwound, as a key of the counts."""
+        tgid, tid, flags, size, ip, sp, bp, _ts, _e, _f, _pad, comm = parse_header(rec)
         self.short += bool(flags & FLAG_SHORT)
         name = self._comms.get(comm)
         if name is None:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
+        kernel = bool(flags & FLAG_KERNEL)
         maps = self.process_maps(tgid, False)
         if maps is None:
-            kernel = bool(flags & FLAG_KERNEL)
-            key = StackKey(tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
-        else:
-            frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
-            if not frames and (maps := self.process_maps(tgid, True)) is not None:
-                frames, stop, scan = _unwind(
-                    rec, ip, sp, bp, size, maps, self.tables, self.memo
-                )  # newer maps
-            kernel = bool(flags & FLAG_KERNEL)
-            key = StackKey(tgid, kernel, name, frames, stop, scan, pyframes, leaf, tid)
-        self.counts[key] = self.counts.get(key, 0) + weight
+            return StackKey(tgid, kernel, name, (), NO_MAPS, False, pyframes, leaf, tid)
+        frames, stop, scan = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
+        if not frames and (maps := self.process_maps(tgid, True)) is not None:
+            frames, stop, scan = _unwind(
+                rec, ip, sp, bp, size, maps, self.tables, self.memo
+            )  # newer maps
+        return StackKey(tgid, kernel, name, frames, stop, scan, pyframes, leaf, tid)
 
     def raw_stacks(self) -> list[RawStack]:
         """The samples as the symbolizer takes them, one RawStack per distinct stack."""
-        out = []
         self.python.resolve(final=True)
-        for k, weight in self.counts.items():
-            lost = k.stop if not k.frames else None  # nothing unwound: say why, as one frame
-            out.append(
-                profile.RawStack(
-                    pid=k.tgid,
-                    user=k.frames,
-                    kernel=k.kernel,
-                    weight=weight,
-                    comm=k.comm,
-                    user_error=_error(lost) if lost else None,
-                    unwind_stop=k.stop if k.frames else None,
-                    unwind_scanned=k.scanned,
-                    unwound=True,
-                    leaf=k.leaf,
-                    thread=(k.tid or None) if self.threads else None,  # a frame per thread
-                    tid=k.tid,
-                    python=self.python.runs(k.tgid, k.pyframes),
-                    python_starts=self.python.starts(k.tgid, k.pyframes),
-                )
-            )
-        return out
+        return [self.raw_stack(k, weight) for k, weight in self.counts.items()]
+
+    def raw_stack(self, k: StackKey, weight: int) -> RawStack:
+        """One counted stack as the symbolizer takes it."""
+        lost = k.stop if not k.frames else None  # nothing unwound: say why, as one frame
+        return profile.RawStack(
+            pid=k.tgid,
+            user=k.frames,
+            kernel=k.kernel,
+            weight=weight,
+            comm=k.comm,
+            user_error=_error(lost) if lost else None,
+            unwind_stop=k.stop if k.frames else None,
+            unwind_scanned=k.scanned,
+            unwound=True,
+            leaf=k.leaf,
+            thread=(k.tid or None) if self.threads else None,  # a frame per thread
+            tid=k.tid,
+            python=self.python.runs(k.tgid, k.pyframes),
+            python_starts=self.python.starts(k.tgid, k.pyframes),
+        )
 
 
 class PythonJoin:
@@ -351,7 +354,7 @@ class ProbeCopyReader:
     def add(self, rec: bytes) -> None:
         if self.python.held(rec):
             return
-        tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, _comm = _parse(rec)
+        tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, _comm = parse_header(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
         if pyframes:

@@ -45,7 +45,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     if not args.job:
         if args.all_nodes or args.scope == "job":
             raise UsageError("--all-nodes and --scope job need --job ID (a Slurm job of yours)")
-        return gpu_profile.command(args, out)
+        return lock_profile.command(args, out)
     _check(args)
     args.scope = "job"
     from gfxbpf.client.slurm import all_nodes

@@ -258,3 +258,24 @@ def test_broker_memory_rows_from_before_cpu_time_still_render() -> None:
     rows = _rows(report.markdown(_doc({"broker_memory": _broker_memory(ratio_vs_libbpf=3.5)})))
     first = rows["10 first CO-RE attach, request → attached (execsnoop tp_btf)"]
     assert first[-3:] == ["3.5", "≤ 150 ms, ≤ 3×", "**no**"]
+
+
+def test_lock_rows_give_the_cost_per_contended_operation_or_perfs_error() -> None:
+    """bench 15: gfxclient's added time and BPF time per contended operation;
+    perf lock contention -b's figure, or its own words where it cannot run."""
+    r = {
+        "iterations": 1000,
+        "untraced_s": 1.0,
+        "contended_ops": 2500,
+        "gfxbpf_s": 1.2,
+        "gfxbpf_slowdown": 1.2,
+        "gfxbpf_ns_per_contended_op": 80000.0,
+        "gfxbpf_bpf_ns_per_contended_op": 3100.0,
+        "perf_unsupported": "Error: switch `b' is not available because no BUILD_BPF_SKEL=1",
+    }
+    rows = report.SECTIONS["locks"](r)
+    assert rows[0][1] == "80000.0 ns (×1.2)" and "BUILD_BPF_SKEL" in rows[0][2], rows
+    assert rows[1][1] == "3100.0 ns", rows
+    r.update(perf_s=1.1, perf_slowdown=1.1, perf_ns_per_contended_op=40000.0)
+    rows = report.SECTIONS["locks"](r)
+    assert rows[0][2] == "40000.0 ns (×1.1)" and rows[0][3] == str(ratio(80000.0, 40000.0)), rows

@@ -48,6 +48,8 @@ EXPECTED = {
     "ustackcopy",
     "offcpu",
     "cgroupcpu",
+    "offwake",
+    "locks",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -140,6 +142,8 @@ KNOB_DEFAULTS = {
     "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "cudakernels": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "offcpu": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},
+    "offwake": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},
+    "locks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
 }
 
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="clang not installed")

@@ -10,7 +10,7 @@ import pwd
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError
-from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL, ProfileRequest
+from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL, ProfileRequest
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ def attach(
     files = python_files(pythons)
     if req.mode == OFF_CPU:
         return _attach_offcpu(broker, req, pid, children, files)
+    if req.mode == LOCKS:
+        from gfxbpf.client.profiles.locks.attach import attach_locks
+
+        return attach_locks(broker, req, pid, children)
     if req.mode == WALL:  # the samples here; attach_waits adds the offcpu attachment
         copies = _try_copies(
             broker, req, "stackcopy", files, pid=pid, frequency=req.frequency, children=children
@@ -133,23 +137,24 @@ def _attach_offcpu(
     broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
 ) -> Attachment:
     kw: dict[str, Any] = {"pid": pid, "children": children, "min_block_us": req.min_block_us}
+    name = "offwake" if req.wakers else "offcpu"  # --wakers: offcpu with the wakers' stacks
     if req.stack_bytes:  # --stack-bytes sizes the waits' copies too
         kw["stack_bytes"] = req.stack_bytes
     try:
         try:
-            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+            return broker.attach(name, scope="self", python_files=files, **kw)
         except BrokerError as e:
             if files and e.code == pb.ERROR_INVALID_ARGUMENT and "Python" in str(e):
-                return broker.attach("offcpu", scope="self", **kw)  # walks no Python
+                return broker.attach(name, scope="self", **kw)  # walks no Python
             if req.min_block_asked or e.code != pb.ERROR_PERMISSION_DENIED or "below" not in str(e):
                 raise
             # --wall's 0.1 ms is under this policy's floor: the broker's default then.
             req.min_block_us = kw["min_block_us"] = 0
-            return broker.attach("offcpu", scope="self", python_files=files, **kw)
+            return broker.attach(name, scope="self", python_files=files, **kw)
     except BrokerError as e:
         if e.code == pb.ERROR_NOT_FOUND:
             raise ClientError(
-                f"--{req.mode} needs program offcpu, which this broker does not offer "
+                f"--{req.mode} needs program {name}, which this broker does not offer "
                 f"(or the policy does not grant you): {e}"
             ) from None
         raise

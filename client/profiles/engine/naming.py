@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.profiles.engine.attach import user_name
-from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL
+from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -28,6 +28,14 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
+    if req.mode == LOCKS:
+        from gfxbpf.client.profiles.locks.shape import reshape
+
+        reshape(prof)  # each lock at the root, its waiters and holders under it
+    if req.wakers:
+        from gfxbpf.client.profiles.locks.wakers import join_wakers
+
+        join_wakers(symbolizer, r, prof)  # each wait's waker above its wait frame
     _python_notes(r, prof)
     _copies_hint(r, prof)
     waits = r.wait_reader

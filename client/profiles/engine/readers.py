@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gfxbpf.client.profiles.engine.request import OFF_CPU, WALL
+from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL
 
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
@@ -35,6 +35,18 @@ def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
     if r.req.probes:
         return ProbeCopyReader(stream, r.maps.process, tables, codes)
     req = r.req
+    if req.mode == LOCKS:
+        from gfxbpf.client.profiles.locks.reader import LockReader
+
+        reader: CopyReader = LockReader(stream, r.maps.process, tables, r.kept())
+        reader.skip.add(os.getpid())
+        return reader
+    if req.wakers:
+        from gfxbpf.client.profiles.locks.wakers import WakerReader
+
+        reader = WakerReader(stream, r.maps.process, tables, r.kept(), codes)
+        reader.skip.add(os.getpid())
+        return reader
     reader = CopyReader(
         stream,
         r.maps.process,

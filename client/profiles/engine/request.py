@@ -11,6 +11,7 @@ DEFAULT_MIN_BLOCK_MS = 1.0  # the broker's default (broker/request/params.py)
 WALL_MIN_BLOCK_US = 100
 # ProfileRequest.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time.
 CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
+LOCKS = "locks"  # time waiting on user-space locks, per lock (program locks)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ProfileRequest:
     scope: str | None = None  # None: the policy's scope
     stack_bytes: int = 0  # stack bytes per copy; 0: the broker's default
     job: str = ""  # --job: a Slurm job's processes on this node (scope job)
+    wakers: bool = False  # --off-cpu --wakers: each wait joined with its waker (program offwake)
 
     @property
     def timed(self) -> bool:
