@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from gfxbpf.client.cli import gpu_profile, profile_cmd, session
+from gfxbpf.client.cli import lock_profile, profile_cmd, session
 from gfxbpf.client.cli.arguments import add_job_argument
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import UsageError
