@@ -17,7 +17,7 @@ from typing import Any
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
-from gfxbpf.catalog import cuda_api
+from gfxbpf.catalog import cuda_api, memory_api
 from gfxbpf.catalog.function_tables import TableFunction
 from gfxbpf.tomlcheck import checks
 from gfxbpf.tomlcheck.checks import Entry, FileProblems, Problems, show, shown
@@ -364,7 +364,7 @@ def _copy_knobs(at: Entry, entry: dict[str, Any]) -> tuple[str | None, str | Non
 
 def function_table(name: str) -> tuple[TableFunction, ...]:
     """The function table a catalog entry names (catalog/function_tables.py); KeyError if none."""
-    tables = {"cuda": cuda_api.FUNCTIONS}
+    tables = {"cuda": cuda_api.FUNCTIONS, "memory": memory_api.FUNCTIONS}
     return tables[name]
 
 
