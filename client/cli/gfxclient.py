@@ -23,6 +23,7 @@ from gfxbpf.client.cli import (
     gpu_profile,
     info_cmd,
     list_cmd,
+    memory_args,
     profile_cmd,
     status_cmd,
     stream_cmd,
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile_cmd.add_arguments(p)
     gpu_profile.add_arguments(p)
+    memory_args.add_arguments(p)
     return parser
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.client import profiles as profile
-from gfxbpf.client.cli import session
+from gfxbpf.client.cli import memory_args, session
 from gfxbpf.client.cli.arguments import process_id
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import ClientError, UsageError
@@ -242,8 +242,7 @@ def parse_request(args: argparse.Namespace) -> Request:
     if command and args.pid:
         raise UsageError("give --pid or a COMMAND to run, not both")
     req = Request(pids=list(dict.fromkeys(args.pid)), command=command, output=args.output)
-    req.scope, req.stack_bytes = args.scope, args.stack_bytes
-    req.weight = args.weight
+    req.scope, req.stack_bytes, req.weight = args.scope, args.stack_bytes, args.weight
     req.children = not args.no_children
     req.frequency = args.frequency or DEFAULT_FREQUENCY
     req.fmt = args.format or _format_of(args.output)
@@ -258,6 +257,7 @@ def parse_request(args: argparse.Namespace) -> Request:
             raise UsageError("--stacks-at needs one process: one --pid, or -- COMMAND")
     elif args.weight != "calls":
         raise UsageError("--weight is for --stacks-at (sampling weighs by samples)")
+    memory_args.apply(req, args)
     return req
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.profiles.engine.attach import user_name
-from gfxbpf.client.profiles.engine.request import OFF_CPU
+from gfxbpf.client.profiles.engine.request import MEMORY, OFF_CPU
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -> Profile:
     """The profile of these raw stacks, named; lost: what the tables or the ring lost."""
     req = r.req
-    if req.probes:
-        unit, period = ("calls" if req.weight == "calls" else "nanoseconds"), None
+    if req.probes:  # --stacks-at weighs calls or time, --memory bytes
+        unit, period = {"time": "nanoseconds"}.get(req.weight, req.weight), None
     elif req.timed:
         unit, period = "nanoseconds", None
     else:
@@ -28,6 +28,11 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
+    elif req.mode == MEMORY:
+        from gfxbpf.client.profiles.memory.stacks import notes
+
+        prof.space_kind = "inuse_space" if req.live else "alloc_space"
+        prof.notes.extend(notes(req.library or "", req.live, req.cuda))
     _python_notes(r, prof)
     _copies_hint(r, prof)
     waits = r.wait_reader
