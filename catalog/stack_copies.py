@@ -14,4 +14,8 @@ MAX_STACK_BYTES = 24576
 # names none, per program: the whole copy for CPU samples and probes (a PyTorch
 # training step's stacks are 13-20 KiB deep: docs/ARCHITECTURE.md has the
 # figures), the object's default for offcpu, which copies at every wait.
-APPROVED_STACK_BYTES = {"stackcopy": MAX_STACK_BYTES, "ustackcopy": MAX_STACK_BYTES}
+APPROVED_STACK_BYTES = {
+    "stackcopy": MAX_STACK_BYTES,
+    "ustackcopy": MAX_STACK_BYTES,
+    "memstacks": MAX_STACK_BYTES,
+}

@@ -81,10 +81,11 @@ time.sleep(0.3)
 CUDA_PY = """\
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
+size, flags = ctypes.c_size_t, ctypes.c_ulonglong(0)
 def grow(handles):
-    for i in range(len(handles)): lib.cuMemAlloc_v2(ctypes.byref(handles[i]), ctypes.c_size_t(2 << 20))
+    for h in handles: lib.cuMemAlloc_v2(ctypes.byref(h), size(2 << 20))
 def segments(handles):
-    for i in range(len(handles)): lib.cuMemCreate(ctypes.byref(handles[i]), ctypes.c_size_t(20 << 20), None, ctypes.c_ulonglong(0))
+    for h in handles: lib.cuMemCreate(ctypes.byref(h), size(20 << 20), None, flags)
 a = [ctypes.c_uint64() for _ in range(8)]
 b = [ctypes.c_uint64() for _ in range(3)]
 print("ready", flush=True)
@@ -184,8 +185,8 @@ def test_python_allocations_show_under_their_lines(broker: BrokerProcess, work: 
         skip_or_fail(f"{PYTHON} is not installed")
     out = work / "py.folded"
     # --memory: at the exit the interpreter's finalization frees what hold_them kept.
-    r = run_as(ALICE, _client(broker, "profile", "--memory", "--format", "folded", "-o",
-                              str(out), "--", PYTHON, str(work / "hold.py")), timeout=120)  # fmt: skip
+    argv = ["profile", "--memory", "--format", "folded", "-o", str(out)]
+    r = run_as(ALICE, _client(broker, *argv, "--", PYTHON, str(work / "hold.py")), timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     under = sum(n for f, n in stacks_of(out) if any(x.startswith("hold_them (") for x in f))
     lines = {x for f, _ in stacks_of(out) for x in f if x.startswith("hold_them (")}
@@ -194,38 +195,40 @@ def test_python_allocations_show_under_their_lines(broker: BrokerProcess, work: 
     assert any(x.endswith("hold.py:4)") for x in lines), lines
 
 
+def _device_profile(broker: BrokerProcess, work: Path, flag: str) -> dict[tuple[str, str], int]:
+    """device.py profiled with flag --cuda: bytes per (Python function, allocator)."""
+    lib = str(work / "lib" / cs.LIBNAME)
+    target = run_as(ALICE, [PYTHON, str(work / "device.py"), lib], background=True,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert target.stdout is not None and target.stdin is not None
+        assert target.stdout.readline().strip() == b"ready"
+        before = attaches(broker, "memstacks")
+        out = work / f"dev{flag}.folded"
+        argv = ["profile", flag, "--cuda", "--pid", str(target.pid), "--duration", "60"]
+        prof = run_as(ALICE, _client(broker, *argv, "--format", "folded", "-o", str(out)),
+                      background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert wait_until(lambda: attaches(broker, "memstacks") > before, 60, step=0.01)
+        target.stdin.write(b"\n")  # the attach is live: allocate
+        target.stdin.flush()
+        assert target.stdout.readline().strip() == b"done"
+        time.sleep(0.5)  # a live target: its copies are read while it runs
+        target.stdin.write(b"\n")
+        target.stdin.flush()
+        target.wait(30)
+        stdout, stderr = prof.communicate(timeout=120)
+        assert prof.returncode == 0 and b"Traceback" not in stderr, stderr
+        notes = json.loads(stdout)["notes"]
+        assert any("caching allocator" in n for n in notes), notes
+        return {(_python_function(f), f[-1]): n for f, n in stacks_of(out)}
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_device_memory_through_the_libcuda_standin(broker: BrokerProcess, work: Path) -> None:
     """Exact bytes per stack, and live bytes at the end, as the stand-in allocated them."""
-    lib = str(work / "lib" / cs.LIBNAME)
-    results = {}
-    for flag in ("--memory", "--memory-live"):
-        target = run_as(ALICE, [PYTHON, str(work / "device.py"), lib], background=True,
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
-        try:
-            assert target.stdout is not None and target.stdin is not None
-            assert target.stdout.readline().strip() == b"ready"
-            before = attaches(broker, "memstacks")
-            out = work / f"dev{flag}.folded"
-            prof = run_as(ALICE, _client(broker, "profile", flag, "--cuda", "--pid",
-                                         str(target.pid), "--duration", "60", "--format",
-                                         "folded", "-o", str(out)), background=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-            assert wait_until(lambda: attaches(broker, "memstacks") > before, 60, step=0.01)
-            target.stdin.write(b"\n")
-            target.stdin.flush()
-            assert target.stdout.readline().strip() == b"done"
-            time.sleep(0.5)  # a live target: its copies are read while it runs
-            target.stdin.write(b"\n")
-            target.stdin.flush()
-            target.wait(30)
-            stdout, stderr = prof.communicate(timeout=120)
-            assert prof.returncode == 0 and b"Traceback" not in stderr, stderr
-            summary = json.loads(stdout)
-            assert any("caching allocator" in n for n in summary["notes"]), summary["notes"]
-            results[flag] = {(_python_function(f), f[-1]): n for f, n in stacks_of(out)}
-        finally:
-            target.kill()
-            target.wait()
+    results = {flag: _device_profile(broker, work, flag) for flag in ("--memory", "--memory-live")}
     mib = 1 << 20
     assert results["--memory"] == {
         ("grow", "cuMemAlloc_v2"): 8 * 2 * mib,
