@@ -81,6 +81,7 @@ class Params:
     children: bool = False  # also the pid's descendants (the entry's children_knob)
     stack_bytes: int | None = None  # stack copy size (None: the object's default)
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: the object's 1 ms)
+    sample_bytes: int | None = None  # memstacks: bytes per recorded allocation (None: all)
     # Programs that walk Python frames: the interpreter files, and frames per stack.
     python_files: tuple[pymaps.PythonFile, ...] = ()
     python_frames: int | None = None
@@ -250,6 +251,10 @@ def prepare(
         if not entry.min_block_knob:
             raise ParameterError(f"program {entry.name!r} takes no minimum wait")
         _set_knob(spec, entry.min_block_knob, params.min_block_us)
+    if params.sample_bytes is not None:
+        if not entry.sample_bytes_knob:
+            raise ParameterError(f"program {entry.name!r} samples no allocations")
+        _set_knob(spec, entry.sample_bytes_knob, params.sample_bytes)
     _python_knobs(spec, entry, params)
     use_uprobe_multi(spec, entry)
     return spec, variant

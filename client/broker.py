@@ -266,6 +266,7 @@ class Broker:
         min_block_us: int = 0,
         python_files: Iterable[pb.PythonFile] = (),
         python_frames: int = 0,
+        sample_bytes: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
@@ -289,6 +290,7 @@ class Broker:
             min_block_us=min_block_us,  # offcpu: shortest wait kept; 0: the default
             python_files=list(python_files),
             python_frames=python_frames,
+            sample_bytes=sample_bytes,  # memstacks: bytes per recorded allocation; 0: all
         )  # fmt: skip
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

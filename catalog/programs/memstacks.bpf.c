@@ -25,8 +25,7 @@
  * counted again: the outer call holds the thread's `inflight` slot.
  *
  * sample_bytes (0: every allocation): record about one allocation per that
- * many bytes allocated, as tcmalloc samples; each recorded allocation weighs
- * the sampling interval times the intervals it crossed, so the sums stay
+ * many bytes allocated, as tcmalloc samples (sampled_weight); the sums stay
  * unbiased while the work per allocation not recorded is a subtraction.
  *
  * Scope self only: the copies are process memory.
@@ -128,13 +127,21 @@ struct {
 	__type(value, __s64);
 } sample_left SEC(".maps");
 
-/* The weight this allocation is recorded with: its size, or under sampling
- * the intervals it crossed times the mean interval (0: not recorded). */
+/*
+ * The weight this allocation is recorded with: its size, or under sampling
+ * the sampling points it holds times the mean interval (0: not recorded).
+ * The points are a renewal process over the bytes allocated on this CPU,
+ * intervals uniform in [1, 2n - 1] (mean n; random, so no loop's period
+ * aliases with them): an allocation of s bytes holds s / n of them on
+ * average, wherever it falls, so the sums are unbiased. What is left of an
+ * interval carries over to the next allocation.
+ */
 static __always_inline __u64 sampled_weight(__u64 size)
 {
-	__u64 n = sample_bytes, k;
+	__u64 n = sample_bytes, k = 0, more;
 	__u32 zero = 0;
 	__s64 *left;
+	int i;
 
 	if (!n)
 		return size;
@@ -142,11 +149,15 @@ static __always_inline __u64 sampled_weight(__u64 size)
 	if (!left)
 		return 0;
 	*left -= (__s64)size;
-	if (*left > 0)
-		return 0;
-	k = 1 + (__u64)(-*left) / n;
-	/* the next interval: uniform in [1, 2n], mean n (no aliasing with a loop) */
-	*left = 1 + (__s64)(bpf_get_prandom_u32() % (2 * n));
+	for (i = 0; i < 8 && *left <= 0; i++) {
+		*left += 1 + (__s64)(bpf_get_prandom_u32() % (2 * n - 1));
+		k++;
+	}
+	if (*left <= 0) {  /* a block of many intervals: the rest at their mean */
+		more = 1 + (__u64)(-*left) / n;
+		*left += (__s64)(more * n);
+		k += more;
+	}
 	return k * n;
 }
 

@@ -9,6 +9,8 @@ from gfxbpf.catalog import memory_api
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.profiles.engine.request import MEMORY, ProfileRequest
 
+# The broker's bound (its random draw is modulo twice the interval, in 32 bits).
+MAX_SAMPLE_BYTES = 1 << 30
 # Flags of the other kinds of profile that --memory does not take.
 _OTHER_KINDS = ("stacks_at", "off_cpu", "wall", "min_block", "frequency")
 
@@ -33,11 +35,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --memory/--memory-live: CUDA device memory (cuMemAlloc*, cuMemCreate) "
         "through the process's libcuda instead of host memory",
     )
+    add_sampling(p)
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sample-bytes",
+        type=_bytes,
+        default=0,
+        metavar="N",
+        help="with --memory: record about one allocation per N bytes allocated, weighed "
+        "by the bytes it stands for (as tcmalloc samples; e.g. 524288), so an "
+        "allocation-heavy program pays less (default: every allocation, exact)",
+    )
+
+
+def _bytes(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= MAX_SAMPLE_BYTES:
+        raise argparse.ArgumentTypeError(f"not a byte count (1-{MAX_SAMPLE_BYTES}): {text!r}")
+    return int(text)
 
 
 def apply(req: ProfileRequest, args: argparse.Namespace) -> None:
     """Make req a memory profile where the flags ask for one (UsageError: a conflict)."""
     memory = args.memory or args.memory_live
+    if args.sample_bytes and not memory:
+        raise UsageError("--sample-bytes goes with --memory or --memory-live")
     if args.cuda and not memory:
         raise UsageError("--cuda goes with --memory or --memory-live (device memory per stack)")
     if not memory:
@@ -50,5 +73,5 @@ def apply(req: ProfileRequest, args: argparse.Namespace) -> None:
     if args.scope not in (None, "self"):
         raise UsageError("--memory copies your processes' stacks: scope self only")
     req.mode, req.live, req.cuda = MEMORY, bool(args.memory_live), bool(args.cuda)
-    req.weight = "bytes"
+    req.weight, req.sample_bytes = "bytes", args.sample_bytes
     req.functions = [f.name for f in memory_api.FUNCTIONS]  # a row's function is its index

@@ -180,6 +180,23 @@ def test_c_program_bytes_per_stack(broker: BrokerProcess, work: Path, live: bool
     assert all("main" in ";".join(f) for f, _ in stacks_of(out) if "keep_them" in f)
 
 
+def test_sampled_c_program_bytes_per_stack(broker: BrokerProcess, work: Path) -> None:
+    """--sample-bytes 65536: ~1500 and ~4600 allocations recorded, each weighed by
+    the bytes it stands for: the sums within 15% of the truth."""
+    out = work / "c-sampled.folded"
+    with held(ALICE, [str(work / "allocs")]) as target:
+        go = release_on_attach(broker, "memstacks", target)
+        argv = ["profile", "--memory", "--sample-bytes", "65536", "--pid", str(target.pid)]
+        r = run_as(ALICE, _client(broker, *argv, "--format", "folded", "-o", str(out)))
+        go.join()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert any("sampled" in n for n in json.loads(r.stdout)["notes"])
+    got = _by_leaf_caller(out)
+    kept, freed = got.get("keep_them;malloc", 0), got.get("free_them;malloc", 0)
+    assert abs(kept - KEPT * SIZE) <= 0.15 * KEPT * SIZE, got
+    assert abs(freed - FREED * SIZE) <= 0.15 * FREED * SIZE, got
+
+
 def test_python_allocations_show_under_their_lines(broker: BrokerProcess, work: Path) -> None:
     if not os.access(PYTHON, os.X_OK):
         skip_or_fail(f"{PYTHON} is not installed")

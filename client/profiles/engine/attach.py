@@ -82,8 +82,8 @@ def _attach_memory(
         raise ClientError("--memory needs one process: one --pid, or -- COMMAND")
     held = bool(req.command)
     req.library = library.find_cuda(pid, children, held) if req.cuda else library.find_libc(pid)
-    copies = _try_copies(broker, req, "memstacks", files, pid=pid, children=children,
-                         library=req.library)  # fmt: skip
+    where = {"library": req.library, "sample_bytes": req.sample_bytes}
+    copies = _try_copies(broker, req, "memstacks", files, pid=pid, children=children, **where)
     if copies is None:
         raise ClientError(
             f"--memory needs program memstacks on {req.library}, which the policy does not "

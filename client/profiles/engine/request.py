@@ -32,6 +32,7 @@ class ProfileRequest:
     stack_bytes: int = 0  # stack bytes per copy; 0: the broker's default
     live: bool = False  # MEMORY: bytes still held at the end (--memory-live)
     cuda: bool = False  # MEMORY: device memory, in the target's libcuda (--cuda)
+    sample_bytes: int = 0  # MEMORY: record one allocation per this many bytes; 0: all
 
     @property
     def timed(self) -> bool:

@@ -51,10 +51,15 @@ def totals(rows: Iterable[tuple[bytes, Any]]) -> dict[str, int]:
     return dict(zip(("allocations", "bytes", "live_bytes", "frees"), sums, strict=True))
 
 
-def notes(library: str, live: bool, cuda: bool) -> list[str]:
+def notes(library: str, live: bool, cuda: bool, sample_bytes: int = 0) -> list[str]:
     """What a memory profile's numbers are, for its report."""
     what = "still held at the end" if live else "allocated"
     out = [f"bytes {what} per allocating stack, probed in {library}"]
+    if sample_bytes:
+        out.append(
+            f"sampled: about one allocation recorded per {sample_bytes} bytes, each weighed "
+            "by the bytes it stands for; stacks that allocate little may be missing"
+        )
     if cuda:
         out.append(
             "device memory as the CUDA driver allocated it: PyTorch's caching allocator "
