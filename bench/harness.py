@@ -170,6 +170,9 @@ class Stage:
         # ustackcopy (bench/attach_latency.py): --stacks-at libc's getpid.
         ucopy = [admin, "approve", "ustackcopy", "--users", BENCH_USER]
         entries.append(sh([*ucopy, "--libraries", "/usr/lib/x86_64-linux-gnu/libc.so.6"]).stdout)
+        # memstacks (bench/memory_cost.py): --memory on libc.
+        mem = [admin, "approve", "memstacks", "--users", BENCH_USER]
+        entries.append(sh([*mem, "--libraries", "/usr/lib/x86_64-linux-gnu/libc.so.6"]).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)
