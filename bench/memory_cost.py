@@ -12,7 +12,6 @@ reading of the results are outside its figure.
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import BenchError, Stage, log, workload_timing
-from bench.profile_bench import user_dir
+from bench.profile_bench import profile_run, user_dir
 from bench.stats import median, ratio
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -61,15 +60,8 @@ def untraced(stage: Stage, prog: Path, n: int) -> float:
 def under_gfxclient(stage: Stage, prog: Path, n: int, sample: int) -> tuple[float, dict[str, Any]]:
     args = ["--json", "profile", "--memory"] + (["--sample-bytes", str(sample)] if sample else [])
     out_file = str(user_dir(stage) / f"memory-{sample}.folded")
-    p = stage.gfxclient(
-        *args, "--format", "folded", "-o", out_file, "--", "python3", str(prog), str(n),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    out, err = p.communicate(timeout=600)
-    if p.returncode != 0:
-        raise BenchError(f"gfxclient profile --memory failed ({p.returncode}): {err[-1000:]}")
-    summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
-    return workload_timing(out)["elapsed"], summary
+    args += ["--format", "folded", "-o", out_file, "--", "python3", str(prog), str(n)]
+    return profile_run(stage, args)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
