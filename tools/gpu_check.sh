@@ -319,13 +319,13 @@ def reserved():
     return torch.cuda.memory_stats()["reserved_bytes.all.allocated"]
 def big(n): return [torch.empty(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(n)]
 def small(n): return [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(n)]
-open(f"{out}/ready", "w").close()
+open(f"{out}/pid", "w").write(str(os.getpid()))
 for phase in ("alloc", "live"):
     wait(f"go-{phase}")
     r0 = reserved(); a = big(8); r1 = reserved(); b = small(100); r2 = reserved()
     del a; torch.cuda.empty_cache()  # big()'s segments back to the driver
     json.dump({"big": r1 - r0, "small": r2 - r1}, open(f"{out}/mem-{phase}.json", "w"))
-    time.sleep(5.0)  # small()'s still held when the profile ends
+    time.sleep(10.0)  # small()'s still held when the profile ends
     del b; torch.cuda.empty_cache()
 PYEOF
 chmod 0644 "$WORK/memwork.py"
@@ -333,16 +333,22 @@ O7=$WORK/out7
 mkdir -p "$O7" && chown "$USERNAME" "$O7"
 "${AS[@]}" "$PY" "$WORK/memwork.py" "$O7" > "$WORK/memwork.log" 2>&1 &
 WL7=$!
+mem_attaches() {  # memstacks attaches the broker has audited as done
+    grep '"op": *"attach"' "$WORK/audit.log" | grep '"result": *"ok"' \
+        | grep -c '"program": *"memstacks"' || true
+}
 step7() {
-    for _ in $(seq 600); do [ -e "$O7/ready" ] && break; sleep 0.1; done
-    local phase flag
+    for _ in $(seq 600); do [ -s "$O7/pid" ] && break; sleep 0.1; done
+    local phase flag pid n0 prof
+    pid=$(cat "$O7/pid")
     for phase in alloc live; do
         flag=--memory; [ "$phase" = live ] && flag=--memory-live
-        "${AS[@]}" "${GFX[@]}" --json profile "$flag" --cuda --pid "$WL7" --duration 6 \
+        n0=$(mem_attaches)
+        "${AS[@]}" "${GFX[@]}" --json profile "$flag" --cuda --pid "$pid" --duration 6 \
             --format folded -o "$O7/$phase.folded" > "$O7/$phase.json" 2> "$O7/$phase.err" &
-        local prof=$!
-        sleep 3  # attached by then (the audit log says; 3 s is ample for one uprobe program)
-        "${AS[@]}" touch "$O7/go-$phase"
+        prof=$!
+        for _ in $(seq 300); do [ "$(mem_attaches)" -gt "$n0" ] && break; sleep 0.1; done
+        "${AS[@]}" touch "$O7/go-$phase"  # the probes are live: allocate
         wait "$prof" || true
     done
 }
