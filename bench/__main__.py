@@ -92,8 +92,9 @@ RUNNERS = {
 }
 
 NOTES = [
-    "Memory (15): python3 builds a dict of str -> list entries (bench/memory_cost.py), "
-    "timed by itself. gfxclient profile --memory ran it as `-- COMMAND`, exact and with "
+    "Memory (15): python3 builds a dict of str -> list entries with PYTHONMALLOC=malloc "
+    "(bench/memory_cost.py), timed by its own CPU time (the probes' time is charged to it). "
+    "gfxclient profile --memory ran it as `-- COMMAND`, exact and with "
     "--sample-bytes 524288; the peer (bcc's memleak where it runs, else bpftrace's uprobes "
     "on malloc with its return and free, the same bookkeeping, by root) follows its pid, "
     "started stopped and continued once attached.",
