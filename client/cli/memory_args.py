@@ -56,6 +56,17 @@ def _bytes(text: str) -> int:
     return int(text)
 
 
+def empty(req: ProfileRequest) -> tuple[str, str] | None:
+    """What an empty memory profile says (None: not a memory profile)."""
+    if req.mode != MEMORY:
+        return None
+    if req.live:
+        return "no bytes were held at the end", "what the target allocated was freed"
+    return "no allocation was recorded", "the target allocated nothing through " + (
+        "its libcuda" if req.cuda else "its C library while it was profiled"
+    )
+
+
 def apply(req: ProfileRequest, args: argparse.Namespace) -> None:
     """Make req a memory profile where the flags ask for one (UsageError: a conflict)."""
     memory = args.memory or args.memory_live

@@ -358,6 +358,7 @@ def _say_empty(req: Request) -> None:
     if req.timed:
         what = "no waits were recorded"
         hint = "no thread of the target left the CPU for --min-block or longer"
+    what, hint = memory_args.empty(req) or (what, hint)
     print(f"gfxclient: {what} ({hint})", file=sys.stderr)
 
 

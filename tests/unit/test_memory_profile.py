@@ -154,6 +154,13 @@ def prof_string(msg: Any, i: int) -> str:
     return str(msg.string_table[i])
 
 
+def test_an_empty_memory_profile_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    profile_cmd._say_empty(_req("--memory-live", "--pid", "1"))
+    assert "no bytes were held at the end" in capsys.readouterr().err
+    profile_cmd._say_empty(_req("--memory", "--cuda", "--pid", "1"))
+    assert "nothing through its libcuda" in capsys.readouterr().err
+
+
 def test_device_notes_say_what_the_caching_allocator_does() -> None:
     notes = stacks.notes("/x/libcuda.so.1", live=True, cuda=True, sample_bytes=4096)
     assert "still held" in notes[0] and any("caching allocator" in n for n in notes)
