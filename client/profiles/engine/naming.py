@@ -41,7 +41,12 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             f"{before} waits were under way when the profile began: their time counts "
             "from its start (leaf frames '[wait: ..., began before the profile]')"
         )
-    if lost and r.copies is not None:
+    if lost and r.copies is not None and req.probes:  # --stacks-at, --memory
+        prof.notes.append(
+            f"{lost} stack copies or calls were lost (the ring buffer or the broker's table "
+            "was full): a stack whose every copy was lost shows no frames"
+        )
+    elif lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
             "fell behind; sample at a lower --frequency"
