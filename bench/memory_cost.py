@@ -72,9 +72,10 @@ def under_gfxclient(stage: Stage, prog: Path, n: int, sample: int) -> tuple[floa
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGINT, then read what it prints at exit (its maps: a full pipe would block it)."""
     proc.send_signal(signal.SIGINT)
     try:
-        proc.wait(timeout=120)
+        proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
