@@ -41,7 +41,7 @@
 
 #define MAX_FUNCTIONS 64
 #define MAX_ROWS 16384
-#define MAX_BLOCKS 65536
+#define MAX_BLOCKS 131072
 
 /* Roles (catalog/function_tables.py ROLES) */
 #define ROLE_ALLOC 3    /* the address is written through argument 0; 0 returned on success */
@@ -73,6 +73,7 @@ struct mem_row {
 	__u64 bytes;   /* bytes they allocated (sampled: their weight) */
 	__u64 live;    /* of those, not freed yet */
 	__u64 frees;   /* frees matched to this row */
+	__u64 untracked;  /* allocations not in `blocks` (it was full): their frees unseen */
 };
 
 struct block_key {
@@ -303,7 +304,7 @@ int memstacks_return(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u32 function = cookie & 0xff, role = (cookie >> 8) & 0xff, space = (cookie >> 24) & 0xff;
-	__u32 tid = (__u32)bpf_get_current_pid_tgid(), one = 1;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct block b = {};
 	struct block_key bk = {};
 	struct inflight *in;
@@ -333,7 +334,7 @@ int memstacks_return(struct pt_regs *ctx)
 	bk.space = space;
 	bk.addr = addr;
 	if (bpf_map_update_elem(&blocks, &bk, &b, BPF_ANY)) {
-		gfx_count(&lost, &one, 1);  /* its free cannot be matched: not live */
+		__sync_fetch_and_add(&row->untracked, 1);  /* its free cannot be matched: not live */
 		return 0;
 	}
 	__sync_fetch_and_add(&row->live, b.bytes);

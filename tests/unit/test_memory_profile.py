@@ -102,7 +102,7 @@ class _Reader:
 
 def _row(function: int, allocs: int, nbytes: int, live: int) -> tuple[bytes, bytes]:
     key = CALL_KEY.pack(42, function, 0x401000 + function, 0)
-    return key, stacks.MEM_ROW.pack(allocs, nbytes, live, allocs - 1)
+    return key, stacks.MEM_ROW.pack(allocs, nbytes, live, allocs - 1, 0)
 
 
 def test_rows_weigh_bytes_allocated_or_still_held() -> None:
@@ -114,6 +114,7 @@ def test_rows_weigh_bytes_allocated_or_still_held() -> None:
     assert stacks.memory_stacks(reader, rows, live=True) == [10**8]  # nothing held: no stack
     assert stacks.totals(rows) == {
         "allocations": 4000, "bytes": 4 * 10**8, "live_bytes": 10**8, "frees": 3998,
+        "untracked": 0,
     }  # fmt: skip
 
 
@@ -166,3 +167,5 @@ def test_device_notes_say_what_the_caching_allocator_does() -> None:
     assert "still held" in notes[0] and any("caching allocator" in n for n in notes)
     assert any("sampled" in n for n in notes)
     assert not any("caching" in n for n in stacks.notes("/libc.so.6", live=False, cuda=False))
+    held = stacks.notes("/libc.so.6", live=True, cuda=False, untracked=5)
+    assert any("5 allocations were left out" in n for n in held)

@@ -32,7 +32,8 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
         from gfxbpf.client.profiles.memory.stacks import notes
 
         prof.space_kind = "inuse_space" if req.live else "alloc_space"
-        prof.notes.extend(notes(req.library or "", req.live, req.cuda, req.sample_bytes))
+        untracked = (r.memory or {}).get("untracked", 0)
+        prof.notes.extend(notes(req.library or "", req.live, req.cuda, req.sample_bytes, untracked))
     _python_notes(r, prof)
     _copies_hint(r, prof)
     waits = r.wait_reader

@@ -89,9 +89,11 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
         return copies.raw_stacks() + waited, lost
     req = run.req
     if req.mode == MEMORY:
-        from gfxbpf.client.profiles.memory.stacks import SITES, memory_stacks
+        from gfxbpf.client.profiles.memory.stacks import SITES, memory_stacks, totals
 
-        return memory_stacks(copies, run.att.map(SITES).raw_items(), req.live), lost
+        rows = run.att.map(SITES).raw_items()
+        run.memory = totals(rows)
+        return memory_stacks(copies, rows, req.live), lost
     entries = run.att.map("calls").raw_items()
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import RawStack
 
 SITES = "sites"  # the program's rows
-# struct mem_row (memstacks.bpf.c): allocations, bytes, live bytes, frees
-MEM_ROW = struct.Struct("<QQQQ")
+# struct mem_row (memstacks.bpf.c): allocations, bytes, live bytes, frees, untracked
+MEM_ROW = struct.Struct("<QQQQQ")
 NAMES = tuple(f.name for f in memory_api.FUNCTIONS)
 
 
@@ -31,7 +31,7 @@ def memory_stacks(
         if len(key) != CALL_KEY.size or len(value) != MEM_ROW.size:
             raise ProtocolError("memstacks' map 'sites': unexpected sizes (update gfxclient)")
         row = CALL_KEY.unpack(key)
-        _allocs, allocated, held, _frees = MEM_ROW.unpack(value)
+        allocated, held = MEM_ROW.unpack(value)[1:3]
         weight = held if live else allocated
         if weight <= 0 or weight >= 1 << 63:  # a free racing its allocation's count
             continue
@@ -42,19 +42,29 @@ def memory_stacks(
 
 
 def totals(rows: Iterable[tuple[bytes, Any]]) -> dict[str, int]:
-    """The sums of every row: allocations, bytes allocated, bytes live, frees matched."""
-    sums = [0, 0, 0, 0]
+    """The sums of every row: allocations, bytes allocated, bytes live, frees
+    matched, allocations whose frees could not be matched."""
+    sums = [0] * 5
     for _key, value in rows:
         if len(value) == MEM_ROW.size:
             for i, v in enumerate(MEM_ROW.unpack(value)):
                 sums[i] += v
-    return dict(zip(("allocations", "bytes", "live_bytes", "frees"), sums, strict=True))
+    names = ("allocations", "bytes", "live_bytes", "frees", "untracked")
+    return dict(zip(names, sums, strict=True))
 
 
-def notes(library: str, live: bool, cuda: bool, sample_bytes: int = 0) -> list[str]:
+def notes(
+    library: str, live: bool, cuda: bool, sample_bytes: int = 0, untracked: int = 0
+) -> list[str]:
     """What a memory profile's numbers are, for its report."""
     what = "still held at the end" if live else "allocated"
     out = [f"bytes {what} per allocating stack, probed in {library}"]
+    if untracked and live:
+        out.append(
+            f"{untracked} allocations were left out of the bytes held: more were live at once "
+            "than the broker's table of addresses holds, so their frees could not be matched "
+            "(use --sample-bytes, which tracks only the allocations it records)"
+        )
     if sample_bytes:
         out.append(
             f"sampled: about one allocation recorded per {sample_bytes} bytes, each weighed "
