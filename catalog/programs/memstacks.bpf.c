@@ -41,7 +41,7 @@
 
 #define MAX_FUNCTIONS 64
 #define MAX_ROWS 16384
-#define MAX_BLOCKS 131072
+#define MAX_BLOCKS 65536
 
 /* Roles (catalog/function_tables.py ROLES) */
 #define ROLE_ALLOC 3    /* the address is written through argument 0; 0 returned on success */
