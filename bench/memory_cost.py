@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BenchError, Stage, log, workload_timing
+from bench.harness import BenchError, Stage, log, stop_tool, workload_timing
 from bench.profile_bench import profile_run, user_dir
 from bench.stats import median, ratio
 
@@ -71,16 +71,6 @@ def under_gfxclient(stage: Stage, prog: Path, n: int, sample: int) -> tuple[floa
     return profile_run(stage, args)
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGINT, then read what it prints at exit (its maps: a full pipe would block it)."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def under_peer(stage: Stage, prog: Path, n: int) -> tuple[float, str]:
     """(the workload's time, which tool) under memleak (bcc) or bpftrace, by root."""
     w = stage.as_bench_user(
@@ -106,7 +96,7 @@ def under_peer(stage: Stage, prog: Path, n: int) -> tuple[float, str]:
         out, _ = w.communicate(timeout=600)
         return workload_timing(out)["elapsed"], tool
     finally:
-        _stop(trace)
+        stop_tool(trace)
         if w.poll() is None:
             w.kill()
             w.wait()

@@ -28,6 +28,7 @@ from bench.harness import (
     log,
     new_prog_stats,
     sh,
+    stop_tool,
     workload_timing,
 )
 from bench.profile_bench import profile_run, user_dir
@@ -148,12 +149,7 @@ def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> tuple[float
             out, _ = w.communicate(timeout=600)
         return workload_timing(out)["elapsed"], _bpf_ns(stats)
     finally:
-        trace.send_signal(signal.SIGINT)
-        try:
-            trace.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            trace.kill()
-            trace.wait()
+        stop_tool(trace, timeout=60)
         if w.poll() is None:
             w.kill()
             w.wait()
