@@ -20,6 +20,7 @@ from bench import cuda_standin as cs
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
+    BOB,
     VENV_PYTHON,
     BrokerProcess,
     policy_for,
@@ -178,6 +179,27 @@ def test_c_program_bytes_per_stack(broker: BrokerProcess, work: Path, live: bool
     else:
         assert abs(freed - FREED * SIZE) <= 0.05 * FREED * SIZE, got
     assert all("main" in ";".join(f) for f, _ in stacks_of(out) if "keep_them" in f)
+
+
+def test_another_users_allocations_are_never_counted(broker: BrokerProcess, work: Path) -> None:
+    """Bob allocates in a loop through the same libc (probed in every process that
+    maps it, following children): the kernel drops his calls at the uid test."""
+    loop = "import time\nend = time.time() + 60\nwhile time.time() < end: bytearray(100000)"
+    bob = run_as(BOB, [PYTHON, "-c", loop], background=True)  # setpriv execs: bob's own pid
+    try:
+        out = work / "c-bob.folded"
+        with held(ALICE, [str(work / "allocs")]) as target:
+            go = release_on_attach(broker, "memstacks", target)
+            argv = ["profile", "--memory", "--pid", str(target.pid)]
+            r = run_as(ALICE, _client(broker, *argv, "--format", "folded", "-o", str(out)))
+            go.join()
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["processes"] == [target.pid], summary["processes"]
+        assert _by_leaf_caller(out).get("keep_them;malloc") == KEPT * SIZE  # alice's alone
+    finally:
+        bob.kill()
+        bob.wait()
 
 
 def test_sampled_c_program_bytes_per_stack(broker: BrokerProcess, work: Path) -> None:
