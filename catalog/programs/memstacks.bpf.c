@@ -22,7 +22,8 @@
  *
  * A call made inside a traced allocation on the same thread (the mmap that
  * malloc makes for a large block, malloc inside realloc(NULL, n)) is not
- * counted again: the outer call holds the thread's `inflight` slot.
+ * counted again: the outer call holds the thread's `inflight` slot, and the
+ * inner one's stack pointer is below the outer one's.
  *
  * sample_bytes (0: every allocation): record about one allocation per that
  * many bytes allocated, as tcmalloc samples (sampled_weight); the sums stay
@@ -52,8 +53,6 @@
 #define ROLE_MMAP 9     /* anonymous mappings only: argument 1 the length, 3 the flags */
 
 #define GFX_MAP_ANONYMOUS 0x20
-/* An inflight slot older than this is a call whose return was never seen. */
-#define GFX_NESTED_NS 1000000000ull
 
 const volatile __u32 target_uid = GFX_ANY;
 const volatile __u32 target_pid = GFX_ANY;
@@ -89,6 +88,7 @@ struct block {
 
 struct inflight {
 	__u64 ts;
+	__u64 sp;      /* the stack pointer at entry: a call below it is nested in this one */
 	__u64 size;
 	__u64 weight;  /* 0: not recorded (sampling) */
 	__u64 out;     /* ROLE_ALLOC: where the address is written */
@@ -261,9 +261,13 @@ int memstacks_entry(struct pt_regs *ctx)
 		return 0;
 	}
 	v.ts = bpf_ktime_get_ns();
+	v.sp = ctx->rsp;
 	busy = bpf_map_lookup_elem(&inflight, &tid);
-	if (busy && v.ts - busy->ts < GFX_NESTED_NS)
-		return 0;  /* inside a traced allocation: counted there */
+	/* Deeper on the stack than the thread's call in flight: inside it, counted
+	 * there. A slot whose return was never seen (an exec, a longjmp) is at or
+	 * below the stack's top by now, and the next call replaces it. */
+	if (busy && v.sp < busy->sp)
+		return 0;
 	if (role == ROLE_MMAP && !(gfx_arg(ctx, 3) & GFX_MAP_ANONYMOUS))
 		return 0;  /* a file's pages: not allocated memory */
 	if (role == ROLE_CALLOC) {
