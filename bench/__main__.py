@@ -29,6 +29,7 @@ from bench import (
     locks,
     machine,
     map_reads,
+    memory_cost,
     offcpu,
     profile_bench,
     python_profile,
@@ -72,6 +73,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
     "attach": ({"rounds": 5}, {"rounds": 1}),
     "locks": ({"rounds": 5, "seconds": 2.0}, {"rounds": 1, "seconds": 1.0}),
+    "memory": ({"rounds": 3, "entries": 1_000_000}, {"rounds": 1, "entries": 300_000}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -89,9 +91,16 @@ RUNNERS = {
     "offcpu": offcpu.run,
     "attach": attach_latency.run,
     "locks": locks.run,
+    "memory": memory_cost.run,
 }
 
 NOTES = [
+    "Memory (15): python3 builds a dict of str -> list entries with PYTHONMALLOC=malloc "
+    "(bench/memory_cost.py), timed by its own CPU time (the probes' time is charged to it). "
+    "gfxclient profile --memory ran it as `-- COMMAND`, exact and with "
+    "--sample-bytes 524288; the peer (bcc's memleak where it runs, else bpftrace's uprobes "
+    "on malloc with its return and free, the same bookkeeping, by root) follows its pid, "
+    "started stopped and continued once attached.",
     "Attach (14): the broker's audited elapsed_ms from request to attachment live. Cold: "
     "a stack copy size no earlier attach used, so the program is loaded and verified; warm: "
     "the same knobs for another process, which attaches the instance the first profile "

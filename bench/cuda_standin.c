@@ -79,6 +79,9 @@ API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags) { retur
 API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) { return alloc(p, n); }
 API CUresult cuMemFree_v2(CUdeviceptr p) { return p ? OK : ERR_INVALID_VALUE; }
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return p ? OK : ERR_INVALID_VALUE; }
+/* Virtual memory management (PyTorch's expandable segments): a handle per allocation. */
+API CUresult cuMemCreate(CUdeviceptr *handle, size_t n, const void *prop, unsigned long long flags) { return alloc(handle, n); }
+API CUresult cuMemRelease(CUdeviceptr handle) { return handle ? OK : ERR_INVALID_VALUE; }
 
 API CUresult cuStreamSynchronize(CUstream s) { return wait_gpu(); }
 API CUresult cuCtxSynchronize(void) { return wait_gpu(); }

@@ -65,6 +65,17 @@ def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
+def stop_tool(proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """A tracing tool run for a measurement: SIGINT, then read what it prints
+    at exit (its maps: a full pipe would block it), killed if it hangs."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def workload_timing(text: str) -> dict[str, float]:
     """The JSON line a bench workload prints when it ends ({"elapsed": s, ...})."""
     for line in text.splitlines():
@@ -172,6 +183,9 @@ class Stage:
         # ustackcopy (bench/attach_latency.py): --stacks-at libc's getpid.
         ucopy = [admin, "approve", "ustackcopy", "--users", BENCH_USER]
         entries.append(sh([*ucopy, "--libraries", "/usr/lib/x86_64-linux-gnu/libc.so.6"]).stdout)
+        # memstacks (bench/memory_cost.py): --memory on libc.
+        mem = [admin, "approve", "memstacks", "--users", BENCH_USER]
+        entries.append(sh([*mem, "--libraries", "/usr/lib/x86_64-linux-gnu/libc.so.6"]).stdout)
         path = self.work / "policy.toml"
         path.write_text("".join(entries) + POLICY_LIMITS)
         path.chmod(0o644)

@@ -14,7 +14,6 @@ itself, so start-up and attach are outside its figure.
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -29,9 +28,10 @@ from bench.harness import (
     log,
     new_prog_stats,
     sh,
+    stop_tool,
     workload_timing,
 )
-from bench.profile_bench import user_dir
+from bench.profile_bench import profile_run, user_dir
 from bench.stats import median, ratio
 
 PINGPONG_C = r"""
@@ -95,15 +95,9 @@ def under_gfxclient(stage: Stage, prog: Path, n: int) -> tuple[float, dict[str, 
     out_file = str(user_dir(stage) / "offcpu.folded")
     args = ["--json", "profile", "--off-cpu", "--min-block", str(MIN_BLOCK_US / 1000)]
     with new_prog_stats(stage.broker_pid) as stats:
-        p = stage.gfxclient(
-            *args, "--format", "folded", "-o", out_file, "--", str(prog), str(n),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        out, err = p.communicate(timeout=600)
-    if p.returncode != 0:
-        raise BenchError(f"gfxclient profile --off-cpu failed ({p.returncode}): {err[-1000:]}")
-    summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
-    return workload_timing(out)["elapsed"], summary, _bpf_ns(stats)
+        args += ["--format", "folded", "-o", out_file, "--", str(prog), str(n)]
+        elapsed, summary = profile_run(stage, args)
+    return elapsed, summary, _bpf_ns(stats)
 
 
 def perf_off_cpu_support() -> str | None:
@@ -155,12 +149,7 @@ def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> tuple[float
             out, _ = w.communicate(timeout=600)
         return workload_timing(out)["elapsed"], _bpf_ns(stats)
     finally:
-        trace.send_signal(signal.SIGINT)
-        try:
-            trace.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            trace.kill()
-            trace.wait()
+        stop_tool(trace, timeout=60)
         if w.poll() is None:
             w.kill()
             w.wait()

@@ -106,16 +106,21 @@ def under_gfxclient(
     # it the bench user's stackcopy grant (python_profile.py) would be used.
     args = ["--json", "profile", "--scope", "system", "--frequency", str(hz)]
     args += ["--format", fmt, "-o", output]
-    p = stage.gfxclient(
-        *args, "--", str(prog), str(rounds), str(spin), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    out, err = p.communicate(timeout=900)
+    return profile_run(stage, [*args, "--", str(prog), str(rounds), str(spin)], timeout=900)
+
+
+def profile_run(
+    stage: Stage, args: list[str], timeout: float = 600
+) -> tuple[float, dict[str, Any]]:
+    """gfxclient ARGS (a --json profile of a bench workload) as the bench user:
+    (the workload's own seconds, gfxclient's JSON summary)."""
+    p = stage.gfxclient(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=timeout)
     if p.returncode != 0:
-        raise BenchError(f"gfxclient profile failed ({p.returncode}): {err.strip()[-1000:]}")
-    elapsed = workload_timing(out)["elapsed"]
+        raise BenchError(f"gfxclient {' '.join(args[1:3])} failed ({p.returncode}): "
+                         f"{err.strip()[-1000:]}")  # fmt: skip
     summary = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{\n") else out)
-    return elapsed, summary
+    return workload_timing(out)["elapsed"], summary
 
 
 def under_perf(stage: Stage, prog: Path, rounds: int, spin: int, hz: int, data: Path) -> float:

@@ -559,6 +559,27 @@ def _offcpu(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _memory(r: dict[str, Any]) -> list[Row]:
+    base, peer = r["untraced_s"], r["peer_s"]
+    what = f"15 dict-building slowdown, --memory (untraced {_s(base)})"
+    rows: list[Row] = []
+    for label, key in (
+        ("exact", "gfxbpf"),
+        (f"--sample-bytes {r['sample_bytes']}", "gfxbpf_sampled"),
+    ):
+        rows.append(
+            (
+                f"{what}, {label}, vs {r['peer']} (root)",
+                f"{_s(r[key + '_s'])} (×{r[key + '_slowdown']})",
+                f"{_s(peer)} (×{r['peer_slowdown']})",
+                str(ratio(r[key + "_s"], peer)),
+                "—",
+                "—",
+            )
+        )
+    return rows
+
+
 def _attach(r: dict[str, Any]) -> list[Row]:
     goals = r["goals_ms"]
     rows: list[Row] = []
@@ -624,6 +645,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "offcpu": _offcpu,
     "attach": _attach,
     "locks": _locks,
+    "memory": _memory,
 }
 
 

@@ -192,6 +192,7 @@ class InstanceLoader:
             children=target.children,
             stack_bytes=target.stack_bytes,
             min_block_us=target.min_block_us,
+            sample_bytes=target.sample_bytes,
             python_files=target.python_files,
             python_frames=target.python_frames,
         )

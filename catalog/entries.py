@@ -17,7 +17,7 @@ from typing import Any
 
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.bpf.errors import InputError
-from gfxbpf.catalog import cuda_api
+from gfxbpf.catalog import cuda_api, memory_api
 from gfxbpf.catalog.function_tables import TableFunction
 from gfxbpf.tomlcheck import checks
 from gfxbpf.tomlcheck.checks import Entry, FileProblems, Problems, show, shown
@@ -141,6 +141,8 @@ class Program:
     # .rodata u32 (offcpu): waits shorter than this many microseconds are dropped
     # in the kernel (the broker writes the request's, never below the policy's floor).
     min_block_knob: str | None = None
+    # memstacks: record one allocation per this many bytes (0, the object's default: all)
+    sample_bytes_knob: str | None = None
     # .rodata u32 of a program that walks Python frames (gfx_python.h): the
     # most frames a record holds; such a program has maps py_files and
     # py_layouts, which the broker fills before attaching.
@@ -187,6 +189,7 @@ class Program:
             self.python_frames_knob,
             self.min_block_knob,
             self.cgroup_knob,
+            self.sample_bytes_knob,
         )
         names = [k for k in knobs if k]
         for f in self.fields:
@@ -268,6 +271,7 @@ _PROGRAM_KEYS = (
     "min_block_knob",
     "python_frames_knob",
     "cgroup_knob",
+    "sample_bytes_knob",
     "attach",
     "field",
     "map",
@@ -310,7 +314,7 @@ def _parse_program(
     scopes = _parse_scopes(at, entry)
     requires = at.string(entry, "requires")
     uid_knob, pid_knob = _ident(at, entry, "uid_knob"), _ident(at, entry, "pid_knob")
-    stack_bytes_knob, python_frames_knob, min_block_knob = _copy_knobs(at, entry)
+    stack_bytes_knob, python_frames_knob, min_block_knob, sample_knob = _copy_knobs(at, entry)
     if "self" in scopes and not (uid_knob or pid_knob):
         at.add("scopes", "scope 'self' needs a uid_knob or pid_knob to filter by")
     cgroup_knob = _ident(at, entry, "cgroup_knob")
@@ -325,7 +329,7 @@ def _parse_program(
     )
     children_knob, tree_map = _parse_tree(at, entry, pid_knob)
     knobs = [k for k in (uid_knob, pid_knob, children_knob, cgroup_knob) if k]
-    knobs += [k for k in (stack_bytes_knob, python_frames_knob, min_block_knob) if k]
+    knobs += [k for k in (stack_bytes_knob, python_frames_knob, min_block_knob, sample_knob) if k]
     knobs += [k for f in fields for k in (f.knob, f.size_knob) if k]
     _refuse_duplicates(at, "field", knobs, "knob {} is assigned more than once")
     maps = tuple(m for sub, t in _sub_entries(at, entry, "map") if (m := _parse_map(sub, t)))
@@ -361,19 +365,20 @@ def _parse_program(
         min_block_knob=min_block_knob,
         python_frames_knob=python_frames_knob,
         cgroup_knob=cgroup_knob,
+        sample_bytes_knob=sample_knob,
     )
 
 
-def _copy_knobs(at: Entry, entry: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
-    """(stack_bytes_knob, python_frames_knob, min_block_knob): stack-copy programs' knobs."""
-    names = ("stack_bytes_knob", "python_frames_knob", "min_block_knob")
-    stack_bytes, python_frames, min_block = (_ident(at, entry, n) for n in names)
-    return stack_bytes, python_frames, min_block
+def _copy_knobs(at: Entry, entry: dict[str, Any]) -> tuple[str | None, ...]:
+    """(stack_bytes_knob, python_frames_knob, min_block_knob, sample_bytes_knob):
+    stack-copy programs' knobs."""
+    names = ("stack_bytes_knob", "python_frames_knob", "min_block_knob", "sample_bytes_knob")
+    return tuple(_ident(at, entry, n) for n in names)
 
 
 def function_table(name: str) -> tuple[TableFunction, ...]:
     """The function table a catalog entry names (catalog/function_tables.py); KeyError if none."""
-    tables = {"cuda": cuda_api.FUNCTIONS}
+    tables = {"cuda": cuda_api.FUNCTIONS, "memory": memory_api.FUNCTIONS}
     return tables[name]
 
 

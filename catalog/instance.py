@@ -81,6 +81,7 @@ class Params:
     children: bool = False  # also the pid's descendants (the entry's children_knob)
     stack_bytes: int | None = None  # stack copy size (None: the object's default)
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: the object's 1 ms)
+    sample_bytes: int | None = None  # memstacks: bytes per recorded allocation (None: all)
     # Programs that walk Python frames: the interpreter files, and frames per stack.
     python_files: tuple[pymaps.PythonFile, ...] = ()
     python_frames: int | None = None
@@ -231,33 +232,31 @@ def prepare(
         if not entry.requires:
             raise
         raise type(e)(f"needs {entry.requires}: {e}") from None
-    if params.uid is not None:
-        if not entry.uid_knob:
-            raise ParameterError(f"program {entry.name!r} has no uid filter")
-        _set_knob(spec, entry.uid_knob, params.uid)
-    if params.pid is not None:
-        if not entry.pid_knob:
-            raise ParameterError(f"program {entry.name!r} takes no pid")
-        _set_knob(spec, entry.pid_knob, params.pid)
-    if params.children:
-        if not entry.children_knob or params.pid is None:
-            raise ParameterError(f"program {entry.name!r} follows no children here (needs a pid)")
-        _set_knob(spec, entry.children_knob, 1)
-    if params.cgroup is not None:
-        if not entry.cgroup_knob:
-            raise ParameterError(f"program {entry.name!r} has no cgroup filter (scope job)")
-        _set_knob(spec, entry.cgroup_knob, params.cgroup)
-    if params.stack_bytes is not None:
-        if not entry.stack_bytes_knob:
-            raise ParameterError(f"program {entry.name!r} takes no stack copies")
-        _set_knob(spec, entry.stack_bytes_knob, params.stack_bytes)
-    if params.min_block_us is not None:
-        if not entry.min_block_knob:
-            raise ParameterError(f"program {entry.name!r} takes no minimum wait")
-        _set_knob(spec, entry.min_block_knob, params.min_block_us)
+    _scalar_knobs(spec, entry, params)
     _python_knobs(spec, entry, params)
     use_uprobe_multi(spec, entry)
     return spec, variant
+
+
+def _scalar_knobs(spec: ObjectSpec, entry: Program, params: Params) -> None:
+    """The request's settings into their knobs; a setting the program has no knob for is refused."""
+    if params.children and params.pid is None:
+        raise ParameterError(f"program {entry.name!r} follows no children here (needs a pid)")
+    settings = [  # (value, the entry's knob, what a program without that knob lacks)
+        (params.uid, entry.uid_knob, "has no uid filter"),
+        (params.pid, entry.pid_knob, "takes no pid"),
+        (1 if params.children else None, entry.children_knob, "follows no children here"),
+        (params.cgroup, entry.cgroup_knob, "has no cgroup filter (scope job)"),
+        (params.stack_bytes, entry.stack_bytes_knob, "takes no stack copies"),
+        (params.min_block_us, entry.min_block_knob, "takes no minimum wait"),
+        (params.sample_bytes, entry.sample_bytes_knob, "samples no allocations"),
+    ]
+    for value, knob, lacks in settings:
+        if value is None:
+            continue
+        if not knob:
+            raise ParameterError(f"program {entry.name!r} {lacks}")
+        _set_knob(spec, knob, value)
 
 
 def _python_knobs(spec: ObjectSpec, entry: Program, params: Params) -> None:

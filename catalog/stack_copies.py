@@ -20,4 +20,5 @@ APPROVED_STACK_BYTES = {
     # its launch copies are taken under CUPTI's callback frames: 8 KiB stopped
     # inside libcupti for every launch on an H200 (docs/gpu-hosts.md)
     "cudakernels": MAX_STACK_BYTES,
+    "memstacks": MAX_STACK_BYTES,
 }

@@ -267,6 +267,7 @@ class Broker:
         python_files: Iterable[pb.PythonFile] = (),
         python_frames: int = 0,
         job: str = "",
+        sample_bytes: int = 0,
     ) -> Attachment:
         """Attach a catalog program by name (or approved object bytes).
 
@@ -293,6 +294,7 @@ class Broker:
             python_files=list(python_files),
             python_frames=python_frames,
             job=job,  # scope job: the Slurm job id
+            sample_bytes=sample_bytes,  # memstacks: bytes per recorded allocation; 0: all
         )  # fmt: skip
         req = pb.AttachRequest(scope=scope_value(scope), params=params)
         if lease_seconds < 0:

@@ -140,7 +140,7 @@ class ListProgramsReply(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[ProgramListing, _Mapping]]] = ...) -> None: ...
 
 class AttachParams(_message.Message):
-    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "min_block_us", "stack_bytes", "job")
+    __slots__ = ("pid", "library", "functions", "library_fd_index", "frequency", "children", "python_files", "python_frames", "min_block_us", "stack_bytes", "job", "sample_bytes")
     PID_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class AttachParams(_message.Message):
     MIN_BLOCK_US_FIELD_NUMBER: _ClassVar[int]
     STACK_BYTES_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     pid: int
     library: str
     functions: _containers.RepeatedScalarFieldContainer[str]
@@ -163,7 +164,8 @@ class AttachParams(_message.Message):
     min_block_us: int
     stack_bytes: int
     job: str
-    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
+    sample_bytes: int
+    def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., job: _Optional[str] = ..., sample_bytes: _Optional[int] = ...) -> None: ...
 
 class PythonFile(_message.Message):
     __slots__ = ("dev", "ino", "runtime_off", "major", "minor", "library")

@@ -28,6 +28,11 @@
 #     stacks), CPU profiles of a Python loop that launches (8 and 16 KiB
 #     stack copies), and off-CPU and wall-clock profiles of one that waits
 #     for the GPU; it prints the shares found;
+#  7. device memory per Python line: a PyTorch workload allocates tensors
+#     from two Python functions under `profile --memory --cuda` and
+#     `--memory-live`; it prints the bytes gfxclient saw under each function
+#     next to what torch.cuda.memory_stats() says the caching allocator
+#     reserved from the driver in each (cudaMalloc'd segments, not tensors);
 #  6. with --inject LIB (gfxbpf's CUPTI injection library, gpu/cupti/build.sh):
 #     GPU time per kernel and the library's cost, by bench/gpu_kernels_check.py:
 #     a launch-bound loop without the library, with it loaded and not listened
@@ -131,6 +136,9 @@ LIBS="$LIBCUDA,$(dirname "$LIBCUDA")/libcuda.so*"
     python3 -m gfxbpf.broker.admin approve stackcopy --users "$USERNAME" --scope self \
         --max-stack-bytes 16384
     python3 -m gfxbpf.broker.admin approve offcpu --users "$USERNAME" --scope self
+    # step 7: device memory per Python line (memstacks on libcuda)
+    python3 -m gfxbpf.broker.admin approve memstacks --users "$USERNAME" --scope self \
+        --libraries "$LIBS"
     # step 6: GPU time per kernel (cudakernels on the injection library)
     if [ -n "$INJECT" ]; then
         python3 -m gfxbpf.broker.admin approve cudakernels --users "$USERNAME" --scope self \
@@ -294,6 +302,77 @@ if [ -n "$INJECT" ]; then
         --user "$USERNAME" --out "$WORK/kernels.json" --socket "$WORK/run/control.sock" \
         || echo "gpu_check: step 6 failed (its output above says where)" >&2
 fi
+
+# ------------------------------------------------------------------ 7. device memory per Python line
+# The workload allocates in two functions, each phase started by a file:
+# big() 64 MiB tensors (a segment each), small() 1 MiB ones (the allocator's
+# 20 MiB large-pool segments); it frees big()'s segments (empty_cache) and
+# writes what each function made it reserve (memory_stats) to mem-PHASE.json.
+cat > "$WORK/memwork.py" <<'PYEOF'
+import json, os, sys, time
+import torch
+out = sys.argv[1]
+torch.zeros(1, device="cuda")
+def wait(name):
+    while not os.path.exists(f"{out}/{name}"): time.sleep(0.05)
+def reserved():
+    return torch.cuda.memory_stats()["reserved_bytes.all.allocated"]
+def big(n): return [torch.empty(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(n)]
+def small(n): return [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in range(n)]
+open(f"{out}/pid", "w").write(str(os.getpid()))
+for phase in ("alloc", "live"):
+    wait(f"go-{phase}")
+    r0 = reserved(); a = big(8); r1 = reserved(); b = small(100); r2 = reserved()
+    del a; torch.cuda.empty_cache()  # big()'s segments back to the driver
+    json.dump({"big": r1 - r0, "small": r2 - r1}, open(f"{out}/mem-{phase}.json", "w"))
+    time.sleep(10.0)  # small()'s still held when the profile ends
+    del b; torch.cuda.empty_cache()
+PYEOF
+chmod 0644 "$WORK/memwork.py"
+O7=$WORK/out7
+mkdir -p "$O7" && chown "$USERNAME" "$O7"
+"${AS[@]}" "$PY" "$WORK/memwork.py" "$O7" > "$WORK/memwork.log" 2>&1 &
+WL7=$!
+mem_attaches() {  # memstacks attaches the broker has audited as done
+    grep '"op": *"attach"' "$WORK/audit.log" | grep '"result": *"ok"' \
+        | grep -c '"program": *"memstacks"' || true
+}
+step7() {
+    for _ in $(seq 600); do [ -s "$O7/pid" ] && break; sleep 0.1; done
+    local phase flag pid n0 prof
+    pid=$(cat "$O7/pid")
+    for phase in alloc live; do
+        flag=--memory; [ "$phase" = live ] && flag=--memory-live
+        n0=$(mem_attaches)
+        "${AS[@]}" "${GFX[@]}" --json profile "$flag" --cuda --pid "$pid" --duration 6 \
+            --format folded -o "$O7/$phase.folded" > "$O7/$phase.json" 2> "$O7/$phase.err" &
+        prof=$!
+        for _ in $(seq 300); do [ "$(mem_attaches)" -gt "$n0" ] && break; sleep 0.1; done
+        "${AS[@]}" touch "$O7/go-$phase"  # the probes are live: allocate
+        wait "$prof" || true
+    done
+}
+step7 || echo "gpu_check: step 7 did not finish" >&2
+kill "$WL7" 2>/dev/null || true
+python3 - "$O7" <<'PYEOF'
+import json, os, sys
+d = sys.argv[1]
+print("\n## Device memory per Python line (step 7)\n")
+print("| profile | Python function | gfxclient (bytes) | memory_stats (bytes) |\n|---|---|---|---|")
+for phase in ("alloc", "live"):
+    try:
+        truth = json.load(open(f"{d}/mem-{phase}.json"))
+        rows = [l.rsplit(" ", 1) for l in open(f"{d}/{phase}.folded").read().splitlines()]
+    except OSError as e:
+        print(f"| {phase} | — | {e} | — |"); continue
+    for fn in ("big", "small"):
+        got = sum(int(n) for s, n in rows if f";{fn} (" in s)
+        want = 0 if phase == "live" and fn == "big" else truth[fn]
+        print(f"| --memory{'-live' if phase == 'live' else ''} --cuda | {fn} | {got} | {want} |")
+    err = open(f"{d}/{phase}.err").read().strip()
+    if err:
+        print(f"\n{phase} stderr: {err[-600:]}")
+PYEOF
 
 [ "$PYFRAMES" = 1 ] || exit 0
 

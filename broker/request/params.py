@@ -54,6 +54,7 @@ class Target:
     children: bool = False  # the pid's descendants too (gfx_tree.h)
     stack_bytes: int | None = None  # stack copy size (None: the object's default, 8 KiB)
     min_block_us: int | None = None  # offcpu: shortest wait kept (None: no such knob)
+    sample_bytes: int | None = None  # memstacks: bytes per recorded allocation (None: all)
     python_files: tuple[PythonFile, ...] = ()  # interpreters whose frames to walk
     python_frames: int | None = None  # Python frames a stack (None: the object's 64)
     job: JobCgroup | None = None  # scope job: the Slurm job's cgroup on this node
@@ -103,6 +104,7 @@ def check_params(
         t.children = _check_children(res, params, t.pid)
         t.stack_bytes = _check_stack_bytes(res, params.stack_bytes)
         t.min_block_us = _check_min_block(res, params.min_block_us)
+        t.sample_bytes = _check_sample_bytes(res, params.sample_bytes)
         t.python_files, t.python_frames = check_python(res, params)
         t.job = _check_job(caller, res, params.job)
         return t
@@ -200,6 +202,26 @@ def _check_children(res: Resolved, params: pb.AttachParams, pid: int | None) -> 
             "params.children follows the descendants of params.pid: give a pid",
         )
     return True
+
+
+# memstacks' sampling interval: its random draw is modulo 2 * interval in 32 bits.
+MAX_SAMPLE_BYTES = 1 << 30
+
+
+def _check_sample_bytes(res: Resolved, asked: int) -> int | None:
+    """memstacks' sampling interval in bytes (None: every allocation, the object's default)."""
+    if not asked:
+        return None
+    if not res.entry.sample_bytes_knob:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT,
+            f"program {res.entry.name!r} samples no allocations: it takes no sample_bytes",
+        )
+    if asked > MAX_SAMPLE_BYTES:
+        raise BrokerError(
+            pb.ERROR_INVALID_ARGUMENT, f"sample_bytes {asked} is above {MAX_SAMPLE_BYTES}"
+        )
+    return asked
 
 
 def _check_min_block(res: Resolved, asked: int) -> int | None:

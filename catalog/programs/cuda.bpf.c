@@ -20,6 +20,7 @@
 #include "gfx_tree.h"
 #include "gfx_task.h"
 #include "gfx_ucall.h"
+#include "gfx_args.h"
 
 #define MAX_FUNCTIONS 64
 #define MAX_PROCESSES 64
@@ -125,24 +126,6 @@ struct {
 	__type(value, __u64);
 } dptr_size SEC(".maps");
 
-/*
- * Argument n (0-based) of the probed call: di, si, dx, cx, r8, r9 at their
- * offsets in x86-64 struct pt_regs (ax, the return value, is at 80). Each
- * case loads at a constant offset, as the verifier wants for ctx.
- */
-static __always_inline __u64 arg_n(void *ctx, __u32 n)
-{
-	switch (n) {
-	case 0: return GFX_LDX(ctx, u64, 112);
-	case 1: return GFX_LDX(ctx, u64, 104);
-	case 2: return GFX_LDX(ctx, u64, 96);
-	case 3: return GFX_LDX(ctx, u64, 88);
-	case 4: return GFX_LDX(ctx, u64, 72);
-	case 5: return GFX_LDX(ctx, u64, 64);
-	}
-	return 0;
-}
-
 static __always_inline struct cuda_memory *memory_of(__u32 tgid)
 {
 	struct cuda_memory zero = {};
@@ -211,11 +194,11 @@ int cuda_entry(struct pt_regs *ctx)
 		return 0;
 	gfx_count(&calls, &fk, 1);
 	if (role == ROLE_FREE) {
-		on_free(fk.tgid, arg_n(ctx, arg));
+		on_free(fk.tgid, gfx_arg(ctx, arg));
 	} else if (role == ROLE_COPY || role == ROLE_ALLOC) {
-		val.bytes = arg_n(ctx, arg);
+		val.bytes = gfx_arg(ctx, arg);
 		if (role == ROLE_ALLOC)
-			val.dptr_ptr = arg_n(ctx, 0);
+			val.dptr_ptr = gfx_arg(ctx, 0);
 	}
 	gfx_entry_key(&key, fk.function);
 	val.ts = bpf_ktime_get_ns();
@@ -245,7 +228,7 @@ int cuda_return(struct pt_regs *ctx)
 	e = gfx_entry_elapsed(&entries, &key, &delta);
 	if (!e)
 		return 0;  /* entered before we attached */
-	rc = (__u32)GFX_LDX(ctx, u64, 80);  /* CUresult; 0 is CUDA_SUCCESS */
+	rc = (__u32)gfx_ret(ctx);  /* CUresult; 0 is CUDA_SUCCESS */
 	if (rc)
 		gfx_count(&errors, &fk, 1);
 	else if (role == ROLE_COPY)

@@ -24,6 +24,7 @@ from gfxbpf.client.cli import (
     info_cmd,
     list_cmd,
     lock_profile,
+    memory_args,
     profile_cmd,
     status_cmd,
     stream_cmd,
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpu_profile.add_arguments(p)
     profile_job.add_arguments(p)
     lock_profile.add_arguments(p)
+    memory_args.add_arguments(p)
     return parser
 
 

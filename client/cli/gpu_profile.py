@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
 
 # Flags of the other kinds of profile that --gpu does not take.
-_OTHER_KINDS = ("stacks_at", "off_cpu", "wall", "min_block", "frequency")
+_OTHER_KINDS = ("stacks_at", "off_cpu", "wall", "min_block", "frequency", "memory", "memory_live")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -397,6 +397,11 @@ class ProbeCopyReader:
         self.python.resolve(final=True)
         return self._raw((tgid, 0, 0, chain, 0), leaf, weight, "no launch stack copied yet")
 
+    def row_stack(self, row: Row, leaf: str, weight: int) -> profile.RawStack:
+        """A row of another table with the same key (memstacks' sites): its
+        stack (after python.resolve(final=True), once for all rows)."""
+        return self._raw(row, leaf, weight, "no user stack (unreadable return address)")
+
     def _raw(self, row: Row, leaf: str, weight: int, error: str) -> profile.RawStack:
         """A row's RawStack: its path, Python frames and leaf."""
         tgid = row[0]

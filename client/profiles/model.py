@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Profile.unit values.
-UNITS = ("samples", "calls", "nanoseconds")
+UNITS = ("samples", "calls", "nanoseconds", "bytes")
 
 # Frame names the symbolizer makes up (square brackets: not a function).
 KERNEL_FRAME = "[kernel]"
@@ -72,13 +72,15 @@ class FrameInfo:
 @dataclass
 class Profile:
     stacks: dict[tuple[str, ...], int]  # frame names root-first -> weight
-    unit: str  # "samples" | "calls" | "nanoseconds"
+    unit: str  # "samples" | "calls" | "nanoseconds" | "bytes"
     period_ns: int | None = None  # sampling period (1e9 / frequency) for "samples"
     duration_s: float | None = None
     notes: list[str] = field(default_factory=list)  # e.g. frame-pointer warnings for the user
     # For unit "nanoseconds": what the time is ("off_cpu", "wall"; None: time in calls),
     # pprof's sample type.
     time_kind: str | None = None
+    # For unit "bytes": "alloc_space" (allocated) or "inuse_space" (still held), pprof's.
+    space_kind: str | None = None
     # The stacks again (the same frame names), apart per thread; empty where
     # the profile was made without threads (folded input, older callers).
     threads: dict[tuple[Thread, tuple[str, ...]], int] = field(default_factory=dict)

@@ -119,6 +119,8 @@ def _sample_types(msg: pprof_pb2.Profile, s: _Strings, profile: Profile) -> bool
     types = list(_SAMPLE_TYPES.get(profile.unit, [(profile.unit, "count")]))
     if profile.unit == "nanoseconds" and profile.time_kind:
         types = [(profile.time_kind, "nanoseconds")]  # off_cpu, wall: pprof -sample_index
+    if profile.unit == "bytes":  # as Go's heap profiles name them
+        types = [(profile.space_kind or "alloc_space", "bytes")]
     cpu = bool(profile.unit == "samples" and profile.period_ns)
     if cpu:
         types.append(("cpu", "nanoseconds"))  # samples x period: the CPU time they stand for

@@ -16,7 +16,7 @@ __all__ = ["SCHEMA_URL", "profile_name", "speedscope_document"]
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 # Profile.unit -> speedscope's ValueUnit; counts are unitless ("none").
-_UNITS = {"samples": "none", "calls": "none", "nanoseconds": "nanoseconds"}
+_UNITS = {"samples": "none", "calls": "none", "nanoseconds": "nanoseconds", "bytes": "bytes"}
 
 Stacks = dict[tuple[str, ...], int]
 

@@ -50,6 +50,7 @@ EXPECTED = {
     "cgroupcpu",
     "offwake",
     "locks",
+    "memstacks",
 }
 
 # Default knob values, from the kernel's trace headers (newest layouts) and this
@@ -140,6 +141,7 @@ KNOB_DEFAULTS = {
     "ustacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "stackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "ustackcopy": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
+    "memstacks": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "sample_bytes": 0},
     "cudakernels": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF},
     "offcpu": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},
     "offwake": {"target_uid": 0xFFFFFFFF, "target_pid": 0xFFFFFFFF, "min_block_us": 1000},

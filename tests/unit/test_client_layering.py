@@ -78,8 +78,9 @@ def _module_files(layer: str) -> list[Path]:
 # gfxbpf.bpf modules a client may use: reading map fds it was handed, consuming
 # a ring buffer, decoding BTF (and what those import themselves), and the
 # constants (names and numbers, no syscalls: map types, scope names).
-# cuda_api and function_tables are data (the cuda program's function table):
-# the client names map keys by the table the broker attached by.
+# cuda_api, memory_api and function_tables are data (the cuda and memstacks
+# programs' function tables): the client names map keys by the table the
+# broker attached by.
 ALLOWED_BPF = {
     "gfxbpf.bpf.maps",
     "gfxbpf.bpf.ringbuf",
@@ -87,6 +88,7 @@ ALLOWED_BPF = {
     "gfxbpf.bpf.lazy",  # stdlib only: names re-exported on first use
     "gfxbpf.bpf.consts",
     "gfxbpf.catalog.cuda_api",
+    "gfxbpf.catalog.memory_api",
     "gfxbpf.catalog.function_tables",
     "gfxbpf.catalog.python",  # data only: per-release CPython layouts the decoders follow
     "gfxbpf.catalog.stack_copies",  # data only: the stack-copy programs' size bounds

@@ -11,7 +11,7 @@ import pytest
 
 from bench import cuda_standin as cs
 from gfxbpf.bpf import symbols
-from gfxbpf.catalog import cuda_api, function_tables
+from gfxbpf.catalog import cuda_api, function_tables, memory_api
 from gfxbpf.catalog import entries as catalog
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.client import libcuda
@@ -55,9 +55,16 @@ def test_cookie_packs_index_role_and_argument() -> None:
         function_tables.cookie(64, cuda_api.FUNCTIONS[0])
 
 
-def test_roles_match_the_bpf_program() -> None:
-    src = (Path(__file__).resolve().parents[2] / "catalog/programs/cuda.bpf.c").read_text()
-    defined = {m[0].lower(): int(m[1]) for m in re.findall(r"#define ROLE_(\w+) (\d+)", src)}
+def test_roles_match_the_bpf_programs() -> None:
+    """Every role is numbered as the programs that take it number it (cuda,
+    memstacks), and each program's roles are the table's."""
+    programs = Path(__file__).resolve().parents[2] / "catalog/programs"
+    defined: dict[str, int] = {}
+    for name in ("cuda", "memstacks"):
+        src = (programs / f"{name}.bpf.c").read_text()
+        roles = {m[0].lower(): int(m[1]) for m in re.findall(r"#define ROLE_(\w+) (\d+)", src)}
+        assert all(function_tables.ROLES[r] == n for r, n in roles.items()), name
+        defined.update(roles)
     assert defined == function_tables.ROLES
 
 
@@ -66,9 +73,12 @@ def test_every_table_function_resolves_in_the_standin(libs: dict[str, Path]) -> 
     idx = symbols.index_for(libs["new"])
     for f in cuda_api.FUNCTIONS:
         assert idx.offset(f.name) > 0, f.name
-    # ... and the stand-in exports no cu* function the table lacks.
+    device = [f.name for i, f in enumerate(memory_api.FUNCTIONS) if memory_api.is_device(i)]
+    for name in device:  # memstacks' device memory functions (--memory --cuda)
+        assert idx.offset(name) > 0, name
+    # ... and the stand-in exports no cu* function the tables lack.
     exported = {n for n in idx.names() if n.startswith("cu")}
-    assert exported == {f.name for f in cuda_api.FUNCTIONS}
+    assert exported == {f.name for f in cuda_api.FUNCTIONS} | set(device)
 
 
 @needs_gcc

@@ -10,7 +10,7 @@ import pwd
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError
-from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL, ProfileRequest
+from gfxbpf.client.profiles.engine.request import LOCKS, MEMORY, OFF_CPU, WALL, ProfileRequest
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ def attach(
                 "grant you: ask the administrator, or use --off-cpu and a CPU profile apart"
             )
         return copies
+    if req.mode == MEMORY:
+        return _attach_memory(broker, req, pid, children, files)
     if req.probes:
         return _attach_probes(broker, req, pid, children, files)
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
@@ -73,6 +75,27 @@ def _attach_probes(
             raise  # not the policy's refusal (the process exited, or is not yours)
         why = _probes_refused(req, e)
         raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
+
+
+def _attach_memory(
+    broker: Broker, req: ProfileRequest, pid: int | None, children: bool, files: list[pb.PythonFile]
+) -> Attachment:
+    """memstacks on the target's libc (or its libcuda, --cuda): req.library is set here."""
+    from gfxbpf.client.profiles.memory import library
+
+    if pid is None:
+        raise ClientError("--memory needs one process: one --pid, or -- COMMAND")
+    held = bool(req.command)
+    req.library = library.find_cuda(pid, children, held) if req.cuda else library.find_libc(pid)
+    where = {"library": req.library, "sample_bytes": req.sample_bytes}
+    copies = _try_copies(broker, req, "memstacks", files, pid=pid, children=children, **where)
+    if copies is None:
+        raise ClientError(
+            f"--memory needs program memstacks on {req.library}, which the policy does not "
+            f"grant you: the administrator can grant it with `gfxbpf-admin approve memstacks "
+            f"--users {user_name()} --scope self --libraries {req.library}`"
+        )
+    return copies
 
 
 def _probes_refused(req: ProfileRequest, e: BrokerError) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.profiles.engine.attach import user_name
-from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL
+from gfxbpf.client.profiles.engine.request import LOCKS, MEMORY, OFF_CPU, WALL
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) -> Profile:
     """The profile of these raw stacks, named; lost: what the tables or the ring lost."""
     req = r.req
-    if req.probes:
-        unit, period = ("calls" if req.weight == "calls" else "nanoseconds"), None
+    if req.probes:  # --stacks-at weighs calls or time, --memory bytes
+        unit, period = {"time": "nanoseconds"}.get(req.weight, req.weight), None
     elif req.timed:
         unit, period = "nanoseconds", None
     else:
@@ -36,6 +36,12 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
         from gfxbpf.client.profiles.locks.wakers import join_wakers
 
         join_wakers(symbolizer, r, prof)  # each wait's waker above its wait frame
+    if req.mode == MEMORY:
+        from gfxbpf.client.profiles.memory.stacks import notes
+
+        prof.space_kind = "inuse_space" if req.live else "alloc_space"
+        untracked = (r.memory or {}).get("untracked", 0)
+        prof.notes.extend(notes(req.library or "", req.live, req.cuda, req.sample_bytes, untracked))
     _python_notes(r, prof)
     _copies_hint(r, prof)
     waits = r.wait_reader
@@ -44,12 +50,17 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             f"{before} waits were under way when the profile began: their time counts "
             "from its start (leaf frames '[wait: ..., began before the profile]')"
         )
-    if lost and r.copies is not None:
-        # Off-CPU records come one per kept wait, not at a frequency.
-        advice = {
-            OFF_CPU: "raise --min-block",
-            WALL: "sample at a lower --frequency, or raise --min-block",
-        }
+    # Off-CPU records come one per kept wait, not at a frequency.
+    advice = {
+        OFF_CPU: "raise --min-block",
+        WALL: "sample at a lower --frequency, or raise --min-block",
+    }
+    if lost and r.copies is not None and req.probes:  # --stacks-at, --memory
+        prof.notes.append(
+            f"{lost} stack copies or calls were lost (the ring buffer or the broker's table "
+            "was full): a stack whose every copy was lost shows no frames"
+        )
+    elif lost and r.copies is not None:
         prof.notes.append(
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
             f"fell behind; {advice.get(req.mode, 'sample at a lower --frequency')})"

@@ -9,8 +9,9 @@ DEFAULT_MIN_BLOCK_MS = 1.0  # the broker's default (broker/request/params.py)
 # --wall's default: a thread preempted for less than 1 ms, many times, would
 # lose that share of its wall-clock time (the broker's own floor is 0.1 ms).
 WALL_MIN_BLOCK_US = 100
-# ProfileRequest.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time.
-CPU, OFF_CPU, WALL = "cpu", "off-cpu", "wall"
+# ProfileRequest.mode values: CPU samples (or calls at --stacks-at), off-CPU time, both as time;
+# bytes allocated per stack (--memory, --memory-live).
+CPU, OFF_CPU, WALL, MEMORY = "cpu", "off-cpu", "wall", "memory"
 LOCKS = "locks"  # time waiting on user-space locks, per lock (program locks)
 
 
@@ -32,11 +33,14 @@ class ProfileRequest:
     stack_bytes: int = 0  # stack bytes per copy; 0: the broker's default
     job: str = ""  # --job: a Slurm job's processes on this node (scope job)
     wakers: bool = False  # --off-cpu --wakers: each wait joined with its waker (program offwake)
+    live: bool = False  # MEMORY: bytes still held at the end (--memory-live)
+    cuda: bool = False  # MEMORY: device memory, in the target's libcuda (--cuda)
+    sample_bytes: int = 0  # MEMORY: record one allocation per this many bytes; 0: all
 
     @property
     def timed(self) -> bool:
         """Weighed in nanoseconds of wall-clock time (off-CPU or wall)."""
-        return self.mode != CPU
+        return self.mode not in (CPU, MEMORY)
 
     @property
     def probes(self) -> bool:

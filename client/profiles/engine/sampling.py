@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.client.profiles import read as profile_read
+from gfxbpf.client.profiles.engine.request import MEMORY
 from gfxbpf.client.profiles.engine.run import TGID, Run, Stopper
 
 if TYPE_CHECKING:
@@ -86,8 +87,14 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     if isinstance(copies, CopyReader):
         waited = run.waits.raw_stacks() if run.waits is not None else []
         return copies.raw_stacks() + waited, lost
-    entries = rows_of(run.att.map("calls").raw_items(), run.att.reply.since_ns)
     req = run.req
+    if req.mode == MEMORY:
+        from gfxbpf.client.profiles.memory.stacks import SITES, memory_stacks, totals
+
+        rows = run.att.map(SITES).raw_items()
+        run.memory = totals(rows)
+        return memory_stacks(copies, rows, req.live), lost
+    entries = rows_of(run.att.map("calls").raw_items(), run.att.reply.since_ns)
     return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
 
 
