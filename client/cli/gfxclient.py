@@ -23,14 +23,14 @@ from gfxbpf.client.cli import (
     gpu_profile,
     info_cmd,
     list_cmd,
-    lock_profile,
-    memory_args,
     profile_cmd,
     status_cmd,
     stream_cmd,
     watch_cmd,
 )
 from gfxbpf.client.cli.arguments import function_names
+from gfxbpf.client.cli.kinds import locks as lock_profile
+from gfxbpf.client.cli.kinds import memory as memory_args
 from gfxbpf.client.cli.output import PROG
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.errors import (
@@ -175,7 +175,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
     "stream": stream_cmd.command,
     "dump": dump_cmd.command,
     "status": status_cmd.command,
-    # --job there, --locks in lock_profile, --gpu in gpu_profile, the others in profile_cmd
+    # --job there, --locks in kinds/locks, --gpu in gpu_profile, the others in profile_cmd
     "profile": profile_job.command,
 }
 

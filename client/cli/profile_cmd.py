@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.client import profiles as profile
-from gfxbpf.client.cli import memory_args, session
+from gfxbpf.client.cli import kinds, session
 from gfxbpf.client.cli.arguments import process_id
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import ClientError, UsageError
@@ -242,7 +242,7 @@ def parse_request(args: argparse.Namespace) -> Request:
     if command and args.pid:
         raise UsageError("give --pid or a COMMAND to run, not both")
     req = Request(pids=list(dict.fromkeys(args.pid)), command=command, output=args.output)
-    req.wakers = getattr(args, "wakers", False)  # --off-cpu --wakers (lock_profile.py)
+    req.wakers = getattr(args, "wakers", False)  # --off-cpu --wakers (kinds/locks.py)
     req.scope, req.stack_bytes, req.job = args.scope, args.stack_bytes, args.job or ""
     req.weight, req.children = args.weight, not args.no_children
     req.frequency = args.frequency or DEFAULT_FREQUENCY
@@ -258,7 +258,7 @@ def parse_request(args: argparse.Namespace) -> Request:
             raise UsageError("--stacks-at needs one process: one --pid, or -- COMMAND")
     elif args.weight != "calls":
         raise UsageError("--weight is for --stacks-at (sampling weighs by samples)")
-    memory_args.apply(req, args)
+    kinds.memory.apply(req, args)
     return req
 
 
@@ -358,7 +358,7 @@ def _say_empty(req: Request) -> None:
     )
     if req.timed:
         what, hint = "no waits were recorded", "no thread left the CPU for --min-block or longer"
-    what, hint = memory_args.empty(req) or (what, hint)
+    what, hint = kinds.memory.empty(req) or (what, hint)
     print(f"gfxclient: {what} ({hint})", file=sys.stderr)
 
 

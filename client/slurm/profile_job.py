@@ -12,8 +12,9 @@ import sys
 import time
 from typing import TextIO
 
-from gfxbpf.client.cli import lock_profile, profile_cmd, session
+from gfxbpf.client.cli import profile_cmd, session
 from gfxbpf.client.cli.arguments import add_job_argument
+from gfxbpf.client.cli.kinds import locks as lock_profile
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import UsageError
 

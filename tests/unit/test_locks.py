@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from gfxbpf.client.cli import lock_profile
 from gfxbpf.client.cli.gfxclient import parse_args
+from gfxbpf.client.cli.kinds import locks as lock_profile
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.profiles import copies, procmaps
 from gfxbpf.client.profiles.locks import reader as locks_reader

@@ -19,7 +19,6 @@ from gfxbpf.catalog.instance import Params, prepare
 from gfxbpf.client.cli import profile_cmd
 from gfxbpf.client.cli.gfxclient import parse_args
 from gfxbpf.client.errors import UsageError
-from gfxbpf.client.profiles.copies import CALL_KEY
 from gfxbpf.client.profiles.engine import request as engine_request
 from gfxbpf.client.profiles.memory import library, stacks
 from gfxbpf.client.profiles.model import Profile
@@ -101,7 +100,7 @@ class _Reader:
 
 
 def _row(function: int, allocs: int, nbytes: int, live: int) -> tuple[bytes, bytes]:
-    key = CALL_KEY.pack(42, function, 0x401000 + function, 0)
+    key = stacks.MEM_KEY.pack(42, function, 0x401000 + function, 0)
     return key, stacks.MEM_ROW.pack(allocs, nbytes, live, allocs - 1, 0)
 
 

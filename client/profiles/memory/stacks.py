@@ -9,13 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.catalog import memory_api
 from gfxbpf.client.errors import ProtocolError
-from gfxbpf.client.profiles.copies import CALL_KEY
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.copies import ProbeCopyReader
     from gfxbpf.client.profiles.model import RawStack
 
 SITES = "sites"  # the program's rows
+# struct call_key (memstacks.bpf.c): tgid, function, caller, Python chain hash;
+# ustackcopy's rows add a path hash, which memstacks' copies carry as 0
+MEM_KEY = struct.Struct("<IIQQ")
 # struct mem_row (memstacks.bpf.c): allocations, bytes, live bytes, frees, untracked
 MEM_ROW = struct.Struct("<QQQQQ")
 NAMES = tuple(f.name for f in memory_api.FUNCTIONS)
@@ -28,9 +30,9 @@ def memory_stacks(
     out = []
     reader.python.resolve(final=True)
     for key, value in rows:
-        if len(key) != CALL_KEY.size or len(value) != MEM_ROW.size:
+        if len(key) != MEM_KEY.size or len(value) != MEM_ROW.size:
             raise ProtocolError("memstacks' map 'sites': unexpected sizes (update gfxclient)")
-        row = CALL_KEY.unpack(key)
+        row = (*MEM_KEY.unpack(key), 0)
         allocated, held = MEM_ROW.unpack(value)[1:3]
         weight = held if live else allocated
         if weight <= 0 or weight >= 1 << 63:  # a free racing its allocation's count

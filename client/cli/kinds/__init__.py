@@ -1,0 +1,7 @@
+"""gfxclient profile's kinds beside CPU, off-CPU and wall time: the flags and
+checks of --locks/--wakers (locks.py) and --memory/--memory-live/--cuda
+(memory.py), in front of profile_cmd (docs/ARCHITECTURE.md)."""
+
+from gfxbpf.client.cli.kinds import locks, memory
+
+__all__ = ["locks", "memory"]
