@@ -24,6 +24,7 @@ from bench import (
     cuda_cost,
     exporter_scrape,
     first_data,
+    fixed_cost,
     footprint,
     kernel_cost,
     machine,
@@ -38,17 +39,19 @@ from bench import (
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
 
-# measurement -> (full run parameters, --quick parameters)
+# measurement -> (full run parameters, --quick parameters). --quick is a smoke
+# (CI runs it: tests/kernel/test_bench_quick.py): every measurement once, small,
+# so that none rots; its figures are not to be compared.
 PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "first_data": ({"rounds": 5, "attaches": 50}, {"rounds": 2, "attaches": 10}),
-    "kernel_cost": ({"rounds": 3, "scale": 1.0}, {"rounds": 1, "scale": 0.2}),
+    "first_data": ({"rounds": 5, "attaches": 50}, {"rounds": 1, "attaches": 3}),
+    "kernel_cost": ({"rounds": 3, "scale": 1.0}, {"rounds": 1, "scale": 0.05}),
     "watchers": (
         {"counts": [1, 10, 100], "n": 5_000_000, "rounds": 2},
-        {"counts": [1, 10], "n": 1_000_000, "rounds": 1},
+        {"counts": [1, 2], "n": 100_000, "rounds": 1},
     ),
-    "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 10_000, "rounds": 2}),
-    "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 200_000, "rounds": 1}),
-    "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 100, "window": 3.0}),
+    "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 1_000, "rounds": 1}),
+    "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 50_000, "rounds": 1}),
+    "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 10, "window": 1.0}),
     "cuda": (
         {
             "fillers": 30_000,
@@ -58,18 +61,19 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "calls": 100_000,
             "rounds": 3,
         },
-        {"fillers": 30_000, "pad_mib": 64, "files": 2, "attaches": 5, "calls": 50_000, "rounds": 2},
+        {"fillers": 3_000, "pad_mib": 4, "files": 2, "attaches": 2, "calls": 5_000, "rounds": 1},
     ),  # fmt: skip
-    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 2_000, "scrapes": 20}),
+    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 200, "scrapes": 3}),
     "profile": (
         {"rounds": 3, "seconds": 5.0, "fold_hz": 20000, "fold_seconds": 4.0},
-        {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
+        {"rounds": 1, "seconds": 0.5, "fold_hz": 20000, "fold_seconds": 0.5},
     ),
-    "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
-    "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 2.0}),
-    "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
-    "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
+    "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 10}),
+    "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 0.5}),
+    "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 0.5}),
+    "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 0.5}),
     "attach": ({"rounds": 5}, {"rounds": 1}),
+    "fixed_cost": ({"rounds": 5}, {"rounds": 1}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -86,6 +90,7 @@ RUNNERS = {
     "unwind": unwind_profile.run,
     "offcpu": offcpu.run,
     "attach": attach_latency.run,
+    "fixed_cost": fixed_cost.run,
 }
 
 NOTES = [
@@ -171,7 +176,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="measurements: " + ", ".join(PLANS),
     )
-    p.add_argument("--quick", action="store_true", help="fewer rounds, smaller workloads (~2 min)")
+    p.add_argument("--quick", action="store_true", help="a smoke: each measurement once, small (~3 min); checks every row has a figure")
     p.add_argument("--only", nargs="+", choices=list(PLANS), metavar="NAME", help="run only these")
     p.add_argument(
         "--out", type=Path, default=REPO / "bench/results", help="where results are written"
@@ -196,13 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     stage = Stage(venv=venv)
     results: dict[str, Any] = {}
     params: dict[str, Any] = {}
+    took: dict[str, float] = {}  # seconds per measurement
     try:
         log(f"setting up in {stage.work}")
         stage.prepare()
         for name in names:
             params[name] = PLANS[name][1 if args.quick else 0]
             log(f"== {name}")
+            t0 = time.monotonic()
             results[name] = RUNNERS[name](stage, **params[name])
+            took[name] = round(time.monotonic() - t0, 1)
+            log(f"{name}: {took[name]} s")
     except BenchError as e:
         stage.close(keep=True)
         print(f"bench/run: {e}", file=sys.stderr)
@@ -219,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "args": argv,
         "elapsed_s": round(time.monotonic() - started, 1),
+        "elapsed_by_measurement_s": took,
         "machine": machine.describe(),
         "parameters": params,
         "results": results,
@@ -233,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "latest.md").write_text(table)
     print(json.dumps(doc, indent=2) if args.json else table)
     log(f"wrote {args.out / stem}.json and .md")
-    return 0
+    missing = report.missing_figures(doc)
+    for problem in missing:
+        print(f"bench/run: {problem}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

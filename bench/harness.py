@@ -433,25 +433,29 @@ def prog_stats(pid: int) -> dict[int, tuple[int, int]]:
 
 @contextlib.contextmanager
 def new_prog_stats(
-    pid: int, before: set[int] | None = None, on_new: Callable[[int], None] | None = None
+    pid: int,
+    since: dict[int, tuple[int, int]] | None = None,
+    on_new: Callable[[int], None] | None = None,
 ) -> Iterator[dict[int, tuple[int, int]]]:
-    """The last {prog_id: (run_cnt, run_time_ns)} of the BPF programs pid holds
-    that were not there at the start (or not in before), polled every 50 ms
-    while the block runs: a tool's programs and their stats are gone once it
-    detaches. on_new(prog_id) runs once per new program, while it is loaded.
-    Needs bpf_stats_enabled() for the times."""
-    known = set(prog_stats(pid)) if before is None else before
+    """{prog_id: (run_cnt, run_time_ns)} of what each BPF program pid holds ran
+    while the block runs, counted from since (default: the stats at the start;
+    {}: from zero), polled every 50 ms: a tool's programs and their stats are
+    gone once it detaches. A program the broker loaded earlier, parked warm and
+    attached again counts too, from the start. on_new(prog_id) runs once per
+    program seen running, while it is loaded. Needs bpf_stats_enabled()."""
+    base = prog_stats(pid) if since is None else since
     last: dict[int, tuple[int, int]] = {}
     stop = threading.Event()
 
     def poll() -> None:
         while True:
-            for prog, stats in prog_stats(pid).items():
-                if prog in known:
-                    continue
+            for prog, (cnt, ns) in prog_stats(pid).items():
+                cnt0, ns0 = base.get(prog, (0, 0))
+                if prog not in last and (prog in base and cnt == cnt0):
+                    continue  # loaded before and has not run since
                 if prog not in last and on_new is not None:
                     on_new(prog)
-                last[prog] = stats
+                last[prog] = (cnt - cnt0, ns - ns0)
             if stop.wait(0.05):
                 return
 

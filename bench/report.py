@@ -583,6 +583,33 @@ def _attach(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _fixed_cost(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for name, t in r.items():
+        ours = _ms(t["gfxclient_s"])
+        label = f"15 profile of `{name}` (start to exit): gfxclient"
+        rows.append(
+            (
+                f"{label} vs `perf record -g`",
+                ours,
+                _ms(t["perf_record_s"]),
+                f"{t['ratio_vs_perf']}x",
+                *_target(0.5, t["ratio_vs_perf"]),
+            )
+        )
+        if "pyspy_record_s" in t:
+            rows.append(
+                (
+                    f"{label} vs `py-spy record`",
+                    ours,
+                    _ms(t["pyspy_record_s"]),
+                    f"{t['ratio_vs_pyspy']}x",
+                    *_target(1.0, t["ratio_vs_pyspy"]),
+                )
+            )
+    return rows
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -598,7 +625,33 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "unwind": _unwind,
     "offcpu": _offcpu,
     "attach": _attach,
+    "fixed_cost": _fixed_cost,
 }
+
+
+def _has_figure(cell: str) -> bool:
+    return any(c.isdigit() for c in cell)
+
+
+def _section_rows(name: str, result: dict[str, Any]) -> list[Row]:
+    """The section's rows; a row without a figure saying why it has none."""
+    try:
+        rows = SECTIONS[name](result)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        return [(f"{name}: cannot be formatted ({type(e).__name__}: {e})", "—", *["—"] * 4)]
+    return rows or [(f"{name}: no row", "—", *["—"] * 4)]
+
+
+def missing_figures(doc: dict[str, Any]) -> list[str]:
+    """Rows without a figure of gfxbpf's (a measurement that ran but gives no
+    row, or whose result cannot be formatted, counts as one). bench/run
+    --quick, CI's smoke, fails on any; it judges no figure."""
+    return [
+        f"{row[0]}: no figure ({row[1]!r})"
+        for name, result in doc["results"].items()
+        for row in _section_rows(name, result)
+        if not _has_figure(row[1])
+    ]
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -614,8 +667,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "| measure | gfxbpf | peer | ratio | target | met |",
         "|---|---|---|---|---|---|",
     ]
-    for name, fmt in SECTIONS.items():
+    for name in SECTIONS:
         if name in doc["results"]:
-            lines += ["| " + " | ".join(row) + " |" for row in fmt(doc["results"][name])]
+            rows = _section_rows(name, doc["results"][name])
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", "Notes:", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"

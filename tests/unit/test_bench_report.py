@@ -258,3 +258,33 @@ def test_broker_memory_rows_from_before_cpu_time_still_render() -> None:
     rows = _rows(report.markdown(_doc({"broker_memory": _broker_memory(ratio_vs_libbpf=3.5)})))
     first = rows["10 first CO-RE attach, request → attached (execsnoop tp_btf)"]
     assert first[-3:] == ["3.5", "≤ 150 ms, ≤ 3×", "**no**"]
+
+
+FIXED = {
+    "true": {"gfxclient_s": 0.41, "perf_record_s": 1.2, "ratio_vs_perf": 0.342},
+    "python3 -c pass": {
+        "gfxclient_s": 0.45,
+        "perf_record_s": 1.3,
+        "ratio_vs_perf": 0.346,
+        "pyspy_record_s": 0.4,
+        "ratio_vs_pyspy": 1.125,
+    },
+}
+
+
+def test_fixed_cost_rows_compare_with_perf_and_py_spy() -> None:
+    rows = [r for r in report.markdown(_doc({"fixed_cost": FIXED})).splitlines() if "15 " in r]
+    assert len(rows) == 3
+    assert rows[0].endswith("| 410.0 ms | 1200.0 ms | 0.342x | ≤ 0.5x | yes |"), rows[0]
+    assert "py-spy record" in rows[2] and rows[2].endswith("| ≤ 1.0x | **no** |"), rows[2]
+
+
+def test_missing_figures_names_rows_without_one_and_results_that_break_the_table() -> None:
+    assert report.missing_figures(_doc({"fixed_cost": FIXED})) == []
+    broken = {"true": {"gfxclient_s": 0.4}}  # no perf figure: the row cannot be made
+    problems = report.missing_figures(_doc({"fixed_cost": broken, "attach": {"goals_ms": {}}}))
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("fixed_cost: cannot be formatted (KeyError")
+    assert problems[1].startswith("attach: no row")
+    # The table still renders, with those rows saying why they hold no figure.
+    assert "| fixed_cost: cannot be formatted" in report.markdown(_doc({"fixed_cost": broken}))
