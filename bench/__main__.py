@@ -158,6 +158,12 @@ NOTES = [
     "--nonblocking. A sample counts as complete when outer, middle and inner are adjacent "
     "in order in its stack. The flame-graph time runs from the workload's own end to the "
     "tool's exit.",
+    "Fixed cost (15): `gfxclient profile -o FILE.svg -- COMMAND` as the bench user against "
+    "`perf record -g -o FILE -- COMMAND` and `py-spy record -o FILE.svg -- COMMAND` (Python "
+    "only), both started as root through setpriv as the bench user; each from start to exit, "
+    "rounds interleaved, after one untimed profile of each command (the caches a user's "
+    "second profile finds: ~/.cache/gfxbpf in the bench user's own home). perf's figure "
+    "ends with perf.data written, py-spy's and gfxclient's with the flame graph.",
     "Off-CPU (13): two threads ping-pong a byte over two pipes (bench/offcpu.py), about "
     "four context switches per round trip, timed by the workload itself. gfxclient "
     "profile --off-cpu ran it as `-- COMMAND`; offcputime (libbpf-tools) ran as root with "
@@ -176,7 +182,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="measurements: " + ", ".join(PLANS),
     )
-    p.add_argument("--quick", action="store_true", help="a smoke: each measurement once, small (~3 min); checks every row has a figure")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke: each measurement once, small (~3 min); checks every row has a figure",
+    )
     p.add_argument("--only", nargs="+", choices=list(PLANS), metavar="NAME", help="run only these")
     p.add_argument(
         "--out", type=Path, default=REPO / "bench/results", help="where results are written"

@@ -121,6 +121,10 @@ class Stage:
         ensure_user(SERVICE_USER, system=True)
         pw = ensure_user(BENCH_USER, system=False)
         self.bench_uid, self.bench_gid = pw.pw_uid, pw.pw_gid
+        # A home the bench user can write, as a user's is: gfxclient keeps its
+        # symbol and unwind-table caches there (~/.cache/gfxbpf).
+        self.home.mkdir(exist_ok=True)
+        os.chown(self.home, self.bench_uid, self.bench_gid)
         mount_tracefs()
         self._build()
         self._write_policy()
@@ -132,6 +136,10 @@ class Stage:
         shutil.copy(REPO / "bench/clientside.py", self.work / "clientside.py")
         for p in self.work.iterdir():
             p.chmod(0o755)
+
+    @property
+    def home(self) -> Path:
+        return self.work / "home"
 
     @property
     def workload_bin(self) -> Path:
@@ -237,7 +245,7 @@ class Stage:
     def client_env(self) -> dict[str, str]:
         return {
             "PATH": f"{self.venv}/bin:/usr/bin:/bin",
-            "HOME": str(self.work),
+            "HOME": str(self.home),
             "LANG": "C.UTF-8",
             "GFXBPF_SOCKET": self.socket_path,
             "GFXBPF_GRPC": self.grpc_address,

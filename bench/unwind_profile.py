@@ -36,7 +36,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,9 +228,6 @@ def _build(stage: Stage) -> Path:
     out = work / "profiles"
     out.mkdir(exist_ok=True)
     os.chown(out, stage.bench_uid, stage.bench_gid)
-    cache = stage.work / ".cache"  # the bench user's HOME: symbol and unwind-table caches
-    cache.mkdir(exist_ok=True)
-    os.chown(cache, stage.bench_uid, stage.bench_gid)
     return work
 
 

@@ -5,7 +5,7 @@ CAP_PERFMON (tests/kernel/brokerenv.py); gfxtest-mallory floods it, and
 gfxtest-alice / gfxtest-bob must not notice:
 
 - a connect flood (thousands of connections that never send Hello, all
-  held): alice's Hello round trip stays under 20 ms at p99, the broker's
+  held): alice's Hello round trip stays under 1 s at p99 (not starved), the broker's
   threads stay bounded and its threads and fds return to their baseline;
 - a session that sends nothing is closed after hello_timeout_seconds, and
   connections over sessions_per_user / sessions_total are answered with
@@ -43,7 +43,12 @@ from tests.kernel.brokerenv import (
 # long and holds every one of them.
 FLOOD_SECONDS = 5.0
 HELLO_SAMPLES = 300
-HELLO_P99_MS = 20.0
+# What the test catches is a starved session: its Hello waits for the flood's
+# connections to time out (hello_timeout_seconds = 2 here). The bound is far
+# from a busy machine's scheduling delays: 50x the p99 of alice's Hellos under
+# the flood on an idle 2-CPU VM (under 20 ms), 8x the 127 ms measured with a
+# CPU burner on both CPUs and other work beside it. The bench judges latency.
+HELLO_P99_MS = 1000.0
 # broker/unix/refusals.py: refused connections waiting for their first request, per user.
 REFUSE_PENDING_PER_USER = 4
 
@@ -242,7 +247,7 @@ def _json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 # long: one attack scenario: the flood, the victim's timings, then the broker's state.
 def test_connect_flood_does_not_slow_down_another_user() -> None:
-    """Finding 4: mallory's connect flood; alice's Hello p99 < 20 ms; threads bounded."""
+    """Finding 4: mallory's connect flood; alice's Hello p99 < 1 s; threads bounded."""
     with BrokerProcess.start(_policy(hello_timeout_seconds=2), grpc=False) as broker:
         flood = _script(broker, "flood_connect.py", FLOOD_CONNECT)
         timer = _script(broker, "hello_timer.py", HELLO_TIMER)
