@@ -245,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         "notes": NOTES + [f"BCC: {machine.bcc_status()}"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = doc["date"] + ("-quick" if args.quick else "")
+    # A partial run is named by what it ran: it never overwrites a whole run's files.
+    stem = (
+        doc["date"] + ("-quick" if args.quick else "") + "".join(f"-{n}" for n in args.only or [])
+    )
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     table = report.markdown(doc)
     (args.out / f"{stem}.md").write_text(table)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -583,6 +584,14 @@ def _attach(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _spy_failed(t: dict[str, Any]) -> str:
+    """How often py-spy failed (its time is kept: what its user waited)."""
+    n = t.get("pyspy_failed")
+    if not n:
+        return ""
+    return f" (failed {n} of {len(t['gfxclient_rounds_s'])}: {t['pyspy_failure']})"
+
+
 def _fixed_cost(r: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for name, t in r.items():
@@ -602,7 +611,7 @@ def _fixed_cost(r: dict[str, Any]) -> list[Row]:
                 (
                     f"{label} vs `py-spy record`",
                     ours,
-                    _ms(t["pyspy_record_s"]),
+                    _ms(t["pyspy_record_s"]) + _spy_failed(t),
                     f"{t['ratio_vs_pyspy']}x",
                     *_target(1.0, t["ratio_vs_pyspy"]),
                 )
@@ -746,8 +755,10 @@ def missed(doc: dict[str, Any]) -> list[str]:
         for row in _section_rows(name, result):
             if row[5] != "**no**":
                 continue
-            why = WHY.get(name)
-            text = why(doc["results"], result, row[0]) if why else None
+            why, text = WHY.get(name), None
+            # A results file from before a figure the analysis uses has none.
+            with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
+                text = why(doc["results"], result, row[0]) if why else None
             lines.append(f"{row[0]}: {text or 'no analysis in this run.'}")
     return lines
 
