@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     venv = Path(os.environ.get("GFXBPF_VENV", "/opt/gfxbpf/venv"))
     names = args.only or list(PLANS)
-    started = time.monotonic()
+    started, load_start = time.monotonic(), round(os.getloadavg()[0], 2)
     stage = Stage(venv=venv)
     results: dict[str, Any] = {}
     params: dict[str, Any] = {}
@@ -239,11 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         "args": argv,
         "elapsed_s": round(time.monotonic() - started, 1),
         "elapsed_by_measurement_s": took,
+        # The machine is shared: its 1-minute load average at the start and the end.
+        "load_average": [load_start, round(os.getloadavg()[0], 2)],
         "machine": machine.describe(),
         "parameters": params,
         "results": results,
         "notes": NOTES + [f"BCC: {machine.bcc_status()}"],
     }
+    return _write(args, doc)
+
+
+def _write(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+    """The JSON and the table (latest.md too, for a whole run); 1 if a row has no figure."""
     args.out.mkdir(parents=True, exist_ok=True)
     # A partial run is named by what it ran: it never overwrites a whole run's files.
     stem = (

@@ -788,6 +788,13 @@ def missing_figures(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _load(doc: dict[str, Any]) -> str:
+    if "load_average" not in doc:  # a results file from before it was kept
+        return ""
+    start, end = doc["load_average"]
+    return f", load average {start} at the start and {end} at the end"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     lines = [
@@ -796,7 +803,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Linux {m['kernel']}, {m['cpus']} × {m['cpu']}, {m['memory_gib']} GiB; "
         f"gfxbpf {m['gfxbpf']} ({m['commit']}), {m['bpftrace']}, "
         f"{m['bpftool']}; Python {m['python']}. Made by `sudo bench/run"
-        f"{' ' + ' '.join(doc['args']) if doc['args'] else ''}` in {doc['elapsed_s']:.0f} s.",
+        f"{' ' + ' '.join(doc['args']) if doc['args'] else ''}` in {doc['elapsed_s']:.0f} s"
+        + _load(doc)
+        + ".",
         "",
         "| measure | gfxbpf | peer | ratio | target | met |",
         "|---|---|---|---|---|---|",
