@@ -674,7 +674,7 @@ def _why_kernel_cost(doc: dict[str, Any], r: dict[str, Any], measure: str) -> st
 
 def _why_map_reads(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
     bt, raw, dec = r["bpftool_dump_ms"], r["fd_batch_raw_ms"], r["fd_batch_decoded_ms"]
-    if "fd batch" in measure:
+    if measure.startswith("4 read"):
         return (
             f"the batch read through the kernel alone (raw bytes) took {raw:.1f} ms "
             f"({bt / raw:.1f}x faster than bpftool), read and decoded with BTF in Python (a "
