@@ -24,6 +24,7 @@ from bench import (
     cuda_cost,
     exporter_scrape,
     first_data,
+    fixed_cost,
     footprint,
     kernel_cost,
     locks,
@@ -40,17 +41,19 @@ from bench import (
 from bench import watchers as watchers_mod
 from bench.harness import REPO, BenchError, Stage, log
 
-# measurement -> (full run parameters, --quick parameters)
+# measurement -> (full run parameters, --quick parameters). --quick is a smoke
+# (CI runs it: tests/kernel/test_bench_quick.py): every measurement once, small,
+# so that none rots; its figures are not to be compared.
 PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "first_data": ({"rounds": 5, "attaches": 50}, {"rounds": 2, "attaches": 10}),
-    "kernel_cost": ({"rounds": 3, "scale": 1.0}, {"rounds": 1, "scale": 0.2}),
+    "first_data": ({"rounds": 5, "attaches": 50}, {"rounds": 1, "attaches": 3}),
+    "kernel_cost": ({"rounds": 3, "scale": 1.0}, {"rounds": 1, "scale": 0.05}),
     "watchers": (
         {"counts": [1, 10, 100], "n": 5_000_000, "rounds": 2},
-        {"counts": [1, 10], "n": 1_000_000, "rounds": 1},
+        {"counts": [1, 2], "n": 100_000, "rounds": 1},
     ),
-    "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 10_000, "rounds": 2}),
-    "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 200_000, "rounds": 1}),
-    "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 100, "window": 3.0}),
+    "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 1_000, "rounds": 1}),
+    "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 50_000, "rounds": 1}),
+    "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 10, "window": 1.0}),
     "cuda": (
         {
             "fillers": 30_000,
@@ -60,20 +63,21 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "calls": 100_000,
             "rounds": 3,
         },
-        {"fillers": 30_000, "pad_mib": 64, "files": 2, "attaches": 5, "calls": 50_000, "rounds": 2},
+        {"fillers": 3_000, "pad_mib": 4, "files": 2, "attaches": 2, "calls": 5_000, "rounds": 1},
     ),  # fmt: skip
-    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 2_000, "scrapes": 20}),
+    "exporter": ({"comms": 10_000, "scrapes": 50}, {"comms": 200, "scrapes": 3}),
     "profile": (
         {"rounds": 3, "seconds": 5.0, "fold_hz": 20000, "fold_seconds": 4.0},
-        {"rounds": 1, "seconds": 2.0, "fold_hz": 20000, "fold_seconds": 3.0},
+        {"rounds": 1, "seconds": 0.5, "fold_hz": 20000, "fold_seconds": 0.5},
     ),
-    "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 100}),
-    "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 2.0}),
-    "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 2.0}),
-    "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 2.0}),
+    "broker_memory": ({"rounds": 3, "sessions": 100}, {"rounds": 1, "sessions": 10}),
+    "python": ({"rounds": 3, "seconds": 5.0}, {"rounds": 1, "seconds": 0.5}),
+    "unwind": ({"rounds": 3, "seconds": 4.0}, {"rounds": 1, "seconds": 0.5}),
+    "offcpu": ({"rounds": 5, "seconds": 3.0}, {"rounds": 1, "seconds": 0.5}),
     "attach": ({"rounds": 5}, {"rounds": 1}),
     "locks": ({"rounds": 5, "seconds": 2.0}, {"rounds": 1, "seconds": 1.0}),
     "memory": ({"rounds": 3, "entries": 1_000_000}, {"rounds": 1, "entries": 300_000}),
+    "fixed_cost": ({"rounds": 5}, {"rounds": 1}),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -92,10 +96,11 @@ RUNNERS = {
     "attach": attach_latency.run,
     "locks": locks.run,
     "memory": memory_cost.run,
+    "fixed_cost": fixed_cost.run,
 }
 
 NOTES = [
-    "Memory (15): python3 builds a dict of str -> list entries with PYTHONMALLOC=malloc "
+    "Memory (17): python3 builds a dict of str -> list entries with PYTHONMALLOC=malloc "
     "(bench/memory_cost.py), timed by its own CPU time (the probes' time is charged to it). "
     "gfxclient profile --memory ran it as `-- COMMAND`, exact and with "
     "--sample-bytes 524288; the peer (bcc's memleak where it runs, else bpftrace's uprobes "
@@ -165,6 +170,12 @@ NOTES = [
     "--nonblocking. A sample counts as complete when outer, middle and inner are adjacent "
     "in order in its stack. The flame-graph time runs from the workload's own end to the "
     "tool's exit.",
+    "Fixed cost (15): `gfxclient profile -o FILE.svg -- COMMAND` as the bench user against "
+    "`perf record -g -o FILE -- COMMAND` and `py-spy record -o FILE.svg -- COMMAND` (Python "
+    "only), both started as root through setpriv as the bench user; each from start to exit, "
+    "rounds interleaved, after one untimed profile of each command (the caches a user's "
+    "second profile finds: ~/.cache/gfxbpf in the bench user's own home). perf's figure "
+    "ends with perf.data written, py-spy's and gfxclient's with the flame graph.",
     "Off-CPU (13): two threads ping-pong a byte over two pipes (bench/offcpu.py), about "
     "four context switches per round trip, timed by the workload itself. gfxclient "
     "profile --off-cpu ran it as `-- COMMAND`; offcputime (libbpf-tools) ran as root with "
@@ -173,7 +184,7 @@ NOTES = [
     "(built with BUILD_BPF_SKEL=1; neither Debian 12's perf 6.1 nor Debian 13's 6.12 is). "
     "All keep waits of 1 ms and more. The rounds interleave the tools, and the JSON keeps "
     "each round's time (rounds_s): ping-pong times on a shared VM move by tens of percent.",
-    "Locks (15): four threads contend one pthread mutex (bench/locks.py); a contended "
+    "Locks (16): four threads contend one pthread mutex (bench/locks.py); a contended "
     "operation is a futex wait that slept, as --locks counted them in the same round; the "
     "cost per contended operation is the added time of the workload's median run over "
     "that count, and the "
@@ -191,7 +202,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="measurements: " + ", ".join(PLANS),
     )
-    p.add_argument("--quick", action="store_true", help="fewer rounds, smaller workloads (~2 min)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke: each measurement once, small (~3 min); checks every row has a figure",
+    )
     p.add_argument("--only", nargs="+", choices=list(PLANS), metavar="NAME", help="run only these")
     p.add_argument(
         "--out", type=Path, default=REPO / "bench/results", help="where results are written"
@@ -212,17 +227,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     venv = Path(os.environ.get("GFXBPF_VENV", "/opt/gfxbpf/venv"))
     names = args.only or list(PLANS)
-    started = time.monotonic()
+    started, load_start = time.monotonic(), round(os.getloadavg()[0], 2)
     stage = Stage(venv=venv)
     results: dict[str, Any] = {}
     params: dict[str, Any] = {}
+    took: dict[str, float] = {}  # seconds per measurement
     try:
         log(f"setting up in {stage.work}")
         stage.prepare()
         for name in names:
             params[name] = PLANS[name][1 if args.quick else 0]
             log(f"== {name}")
+            t0 = time.monotonic()
             results[name] = RUNNERS[name](stage, **params[name])
+            took[name] = round(time.monotonic() - t0, 1)
+            log(f"{name}: {took[name]} s")
     except BenchError as e:
         stage.close(keep=True)
         print(f"bench/run: {e}", file=sys.stderr)
@@ -239,13 +258,24 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "args": argv,
         "elapsed_s": round(time.monotonic() - started, 1),
+        "elapsed_by_measurement_s": took,
+        # The machine is shared: its 1-minute load average at the start and the end.
+        "load_average": [load_start, round(os.getloadavg()[0], 2)],
         "machine": machine.describe(),
         "parameters": params,
         "results": results,
         "notes": NOTES + [f"BCC: {machine.bcc_status()}"],
     }
+    return _write(args, doc)
+
+
+def _write(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+    """The JSON and the table (latest.md too, for a whole run); 1 if a row has no figure."""
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = doc["date"] + ("-quick" if args.quick else "")
+    # A partial run is named by what it ran: it never overwrites a whole run's files.
+    stem = (
+        doc["date"] + ("-quick" if args.quick else "") + "".join(f"-{n}" for n in args.only or [])
+    )
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     table = report.markdown(doc)
     (args.out / f"{stem}.md").write_text(table)
@@ -253,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "latest.md").write_text(table)
     print(json.dumps(doc, indent=2) if args.json else table)
     log(f"wrote {args.out / stem}.json and .md")
-    return 0
+    missing = report.missing_figures(doc)
+    for problem in missing:
+        print(f"bench/run: {problem}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

@@ -131,17 +131,17 @@ def _timed_reads(read: Any, rounds: int) -> tuple[list[float], int]:
 def mapread(program: str, map_name: str, rounds: int) -> None:
     """Read one map, decoded, through its read-only fd (batch lookups) and
     through the broker's gRPC ReadMap; raw fd reads too, to show decoding."""
-    with Broker.connect(via="fd") as fdb:
-        att = fdb.attach(program, scope="system")
-        cmap = att.map(map_name)
+    # Both attached before the workload runs: an fd client's instance is its
+    # uid's alone (broker/attachments.py instance_uid), so the gRPC one is
+    # another instance, which must count the same events to hold as many rows.
+    with Broker.connect(via="fd") as fdb, Broker.connect(via="grpc") as gb:
+        cmap = fdb.attach(program, scope="system").map(map_name)
+        gmap = gb.attach(program, scope="system").map(map_name)
         say({"ready": True, "map_id": bpfsys.map_info(cmap.fileno()).id})
         wait_for_driver()
         fd_decoded, n_fd = _timed_reads(cmap.read, rounds)
         fd_raw, _ = _timed_reads(cmap.raw_items, rounds)
-        with Broker.connect(via="grpc") as gb:
-            gatt = gb.attach(program, scope="system")
-            assert gatt.shared
-            grpc_decoded, n_grpc = _timed_reads(gatt.map(map_name).read, rounds)
+        grpc_decoded, n_grpc = _timed_reads(gmap.read, rounds)
     say(
         {
             "entries_fd": n_fd,

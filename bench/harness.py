@@ -132,6 +132,10 @@ class Stage:
         ensure_user(SERVICE_USER, system=True)
         pw = ensure_user(BENCH_USER, system=False)
         self.bench_uid, self.bench_gid = pw.pw_uid, pw.pw_gid
+        # A home the bench user can write, as a user's is: gfxclient keeps its
+        # symbol and unwind-table caches there (~/.cache/gfxbpf).
+        self.home.mkdir(exist_ok=True)
+        os.chown(self.home, self.bench_uid, self.bench_gid)
         mount_tracefs()
         self._build()
         self._write_policy()
@@ -143,6 +147,10 @@ class Stage:
         shutil.copy(REPO / "bench/clientside.py", self.work / "clientside.py")
         for p in self.work.iterdir():
             p.chmod(0o755)
+
+    @property
+    def home(self) -> Path:
+        return self.work / "home"
 
     @property
     def workload_bin(self) -> Path:
@@ -253,7 +261,7 @@ class Stage:
     def client_env(self) -> dict[str, str]:
         return {
             "PATH": f"{self.venv}/bin:/usr/bin:/bin",
-            "HOME": str(self.work),
+            "HOME": str(self.home),
             "LANG": "C.UTF-8",
             "GFXBPF_SOCKET": self.socket_path,
             "GFXBPF_GRPC": self.grpc_address,
@@ -449,25 +457,29 @@ def prog_stats(pid: int) -> dict[int, tuple[int, int]]:
 
 @contextlib.contextmanager
 def new_prog_stats(
-    pid: int, before: set[int] | None = None, on_new: Callable[[int], None] | None = None
+    pid: int,
+    since: dict[int, tuple[int, int]] | None = None,
+    on_new: Callable[[int], None] | None = None,
 ) -> Iterator[dict[int, tuple[int, int]]]:
-    """The last {prog_id: (run_cnt, run_time_ns)} of the BPF programs pid holds
-    that were not there at the start (or not in before), polled every 50 ms
-    while the block runs: a tool's programs and their stats are gone once it
-    detaches. on_new(prog_id) runs once per new program, while it is loaded.
-    Needs bpf_stats_enabled() for the times."""
-    known = set(prog_stats(pid)) if before is None else before
+    """{prog_id: (run_cnt, run_time_ns)} of what each BPF program pid holds ran
+    while the block runs, counted from since (default: the stats at the start;
+    {}: from zero), polled every 50 ms: a tool's programs and their stats are
+    gone once it detaches. A program the broker loaded earlier, parked warm and
+    attached again counts too, from the start. on_new(prog_id) runs once per
+    program seen running, while it is loaded. Needs bpf_stats_enabled()."""
+    base = prog_stats(pid) if since is None else since
     last: dict[int, tuple[int, int]] = {}
     stop = threading.Event()
 
     def poll() -> None:
         while True:
-            for prog, stats in prog_stats(pid).items():
-                if prog in known:
-                    continue
+            for prog, (cnt, ns) in prog_stats(pid).items():
+                cnt0, ns0 = base.get(prog, (0, 0))
+                if prog not in last and (prog in base and cnt == cnt0):
+                    continue  # loaded before and has not run since
                 if prog not in last and on_new is not None:
                     on_new(prog)
-                last[prog] = stats
+                last[prog] = (cnt - cnt0, ns - ns0)
             if stop.wait(0.05):
                 return
 

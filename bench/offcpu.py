@@ -139,7 +139,7 @@ def under_offcputime(stage: Stage, prog: Path, n: int, tool: str) -> tuple[float
         text=True,
     )
     try:
-        with new_prog_stats(trace.pid, before=set()) as stats:
+        with new_prog_stats(trace.pid, since={}) as stats:
             time.sleep(2.0)  # no "attached" line to wait for: a libbpf tool attaches in ~1 s
             if trace.poll() is not None:
                 raise BenchError(

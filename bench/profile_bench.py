@@ -88,13 +88,12 @@ def untraced(stage: Stage, prog: Path, rounds: int, spin: int) -> float:
 
 
 def user_dir(stage: Stage) -> Path:
-    """A directory the bench user writes profiles to (the work directory is root's),
-    and a symbol cache in its HOME (the work directory): without one, every run
-    would parse libc's symbols again (~0.8 s here), which a user pays only once."""
-    for d in (stage.work / "profiles", stage.work / ".cache"):
-        d.mkdir(exist_ok=True)
-        os.chown(d, stage.bench_uid, stage.bench_gid)
-    return stage.work / "profiles"
+    """A directory the bench user writes profiles to (the work directory is root's;
+    its symbol cache is in the HOME the stage gives it)."""
+    d = stage.work / "profiles"
+    d.mkdir(exist_ok=True)
+    os.chown(d, stage.bench_uid, stage.bench_gid)
+    return d
 
 
 def under_gfxclient(

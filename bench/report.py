@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -561,7 +562,7 @@ def _offcpu(r: dict[str, Any]) -> list[Row]:
 
 def _memory(r: dict[str, Any]) -> list[Row]:
     base, peer = r["untraced_s"], r["peer_s"]
-    what = f"15 dict-building slowdown, --memory (untraced {_s(base)})"
+    what = f"17 dict-building slowdown, --memory (untraced {_s(base)})"
     rows: list[Row] = []
     for label, key in (
         ("exact", "gfxbpf"),
@@ -606,7 +607,7 @@ def _attach(r: dict[str, Any]) -> list[Row]:
 
 def _locks(r: dict[str, Any]) -> list[Row]:
     what = (
-        f"15 added time per contended lock operation, --locks (untraced {_s(r['untraced_s'])}, "
+        f"16 added time per contended lock operation, --locks (untraced {_s(r['untraced_s'])}, "
         f"{r['contended_ops']:.0f} futex waits of {4 * r['iterations']} lock operations)"
     )
     gfx = f"{r['gfxbpf_ns_per_contended_op']} ns (×{r['gfxbpf_slowdown']})"
@@ -623,9 +624,43 @@ def _locks(r: dict[str, Any]) -> list[Row]:
              f"{peer} ns (×{r['perf_slowdown']})", str(rel), "—", "—")
         ]  # fmt: skip
     rows.append(
-        ("15 BPF run time of program locks per contended operation (kernel.bpf_stats)",
+        ("16 BPF run time of program locks per contended operation (kernel.bpf_stats)",
          f"{r['gfxbpf_bpf_ns_per_contended_op']} ns", "—", "—", "—", "—")
     )  # fmt: skip
+
+
+def _spy_failed(t: dict[str, Any]) -> str:
+    """How often py-spy failed (its time is kept: what its user waited)."""
+    n = t.get("pyspy_failed")
+    if not n:
+        return ""
+    return f" (failed {n} of {len(t['gfxclient_rounds_s'])}: {t['pyspy_failure']})"
+
+
+def _fixed_cost(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for name, t in r.items():
+        ours = _ms(t["gfxclient_s"])
+        label = f"15 profile of `{name}` (start to exit): gfxclient"
+        rows.append(
+            (
+                f"{label} vs `perf record -g`",
+                ours,
+                _ms(t["perf_record_s"]),
+                f"{t['ratio_vs_perf']}x",
+                *_target(0.5, t["ratio_vs_perf"]),
+            )
+        )
+        if "pyspy_record_s" in t:
+            rows.append(
+                (
+                    f"{label} vs `py-spy record`",
+                    ours,
+                    _ms(t["pyspy_record_s"]) + _spy_failed(t),
+                    f"{t['ratio_vs_pyspy']}x",
+                    *_target(1.0, t["ratio_vs_pyspy"]),
+                )
+            )
     return rows
 
 
@@ -646,7 +681,165 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "attach": _attach,
     "locks": _locks,
     "memory": _memory,
+    "fixed_cost": _fixed_cost,
 }
+
+
+# Why a goal is missed, from the figures of the same run: section -> fn(results
+# of the run, result of the section, the missed row's measure) -> a sentence.
+Why = Callable[[dict[str, Any], dict[str, Any], str], str | None]
+
+
+def _why_first_data(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    view, bt = r["gfxclient_first_view_s"], r["bpftrace_s"]
+    if "interval 0.1" not in measure:
+        return None
+    return (
+        f"`--once --interval 0.1` is the first view ({_s(view)}: Python's start, imports, "
+        f"connect, attach, first read) plus the 0.1 s interval; against bpftrace's {_s(bt)}, "
+        f"0.4x leaves {_s(0.4 * bt - 0.1)} for the first view."
+    )
+
+
+def _why_kernel_cost(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    if "clonecount vs an empty" not in measure:
+        return None
+    ns = r["clonecount"]["ns_per_event"]
+    sys_ns = r.get("syscount", {}).get("ns_per_event", {})
+    extra = ns["gfxbpf"] - ns["empty"]
+    return (
+        f"clonecount's own work is {extra:.0f} ns per event over the empty program's "
+        f"{ns['empty']:.0f} ns: the comm copied into a zeroed 16-byte key, hashed and looked "
+        "up in a hash map, then an atomic add; 1.5x leaves it "
+        f"{0.5 * ns['empty']:.0f} ns. syscount, a per-CPU array indexed by the syscall "
+        f"number (no hash), costs {sys_ns.get('gfxbpf', 0):.0f} ns against its floor's "
+        f"{sys_ns.get('empty', 0):.0f} ns. A count per command name needs the hash lookup; "
+        "meeting the goal would take counting by a small id (a per-CPU array) and naming the "
+        "ids apart, a redesign not made in this round."
+    )
+
+
+def _why_map_reads(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    bt, raw, dec = r["bpftool_dump_ms"], r["fd_batch_raw_ms"], r["fd_batch_decoded_ms"]
+    if measure.startswith("4 read"):
+        return (
+            f"the batch read through the kernel alone (raw bytes) took {raw:.1f} ms "
+            f"({bt / raw:.1f}x faster than bpftool), read and decoded with BTF in Python (a "
+            f"dict and a str per row) {dec:.1f} ms for {r['entries']['fd']} rows; 12x needs "
+            f"the whole under {bt / 12:.1f} ms."
+        )
+    if "whole command" in measure and "gfxclient_start_ms" in r:
+        return (
+            f"of gfxclient's {r['gfxclient_dump_cmd_ms']:.0f} ms, "
+            f"{r['gfxclient_start_ms']:.0f} ms are Python's start and the imports of `dump` "
+            "before any work (`gfxclient dump --help`, timed the same way); bpftool is one C "
+            "process that reads entry by entry."
+        )
+    return None
+
+
+def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    g = r["gfxbpf"]
+    n = g["events"] or 1
+    per_call = r["untraced_s"] / n * 1e9
+    added = (g["workload_s"] - r["untraced_s"]) / n * 1e9
+    floor = doc.get("kernel_cost", {}).get("syscount", {}).get("ns_per_event", {}).get("empty")
+    floor_txt = f"; an empty program on sys_enter alone costs {floor:.0f} ns" if floor else ""
+    if "slowdown" in measure:
+        return (
+            f"getppid takes {per_call:.0f} ns untraced; tracing it (a record reserved and "
+            f"submitted per call, the reader on the other CPU) adds {added:.0f} ns{floor_txt}: "
+            f"1.5x allows {0.5 * per_call:.0f} ns added per call, a bound that a record per "
+            "system call this cheap cannot meet."
+        )
+    return (
+        f"the Python reader takes {1e9 / max(1, g['delivered_per_s']):.0f} ns per record "
+        "(a bytes object each, read from the shared pages by gfxbpf.bpf.RingBuffer); 4 M/s "
+        "is 250 ns per record, which needs the records decoded in batches in C, or counted "
+        "in the kernel instead of sent (what the catalog's counting programs do)."
+    )
+
+
+def _why_profile(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    hz = "999" if "999 Hz" in measure else "99"
+    t = r["hz"][hz]
+    diff = (t["gfxbpf_s"] - t["perf_s"]) * 1000
+    return (
+        f"at {hz} Hz the workload ran {t['gfxbpf_s']:.3f} s under gfxclient and "
+        f"{t['perf_s']:.3f} s under perf record -g ({diff:+.0f} ms; untraced "
+        f"{r['untraced_s']:.3f} s): medians of the rounds in the JSON, on a VM shared with "
+        "other work; not analysed further in this run."
+    )
+
+
+def _why_fixed_cost(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    t = r["python3 -c pass" if "python3" in measure else "true"]
+    part = t.get("gfxclient_summary") or {}
+    after = (part.get("read_s") or 0) + (part.get("output_s") or 0)
+    return (
+        f"gfxclient took {t['gfxclient_s'] * 1000:.0f} ms, of which {after * 1000:.0f} ms "
+        "after the command ended (maps read, frames named, the flame graph written); the rest "
+        "is Python's start and imports, connecting, and the attach that must be live before "
+        "the command runs. py-spy is one native process that starts the command at once."
+    )
+
+
+WHY: dict[str, Why] = {
+    "first_data": _why_first_data,
+    "kernel_cost": _why_kernel_cost,
+    "map_reads": _why_map_reads,
+    "ringbuf": _why_ringbuf,
+    "profile": _why_profile,
+    "fixed_cost": _why_fixed_cost,
+}
+
+
+def missed(doc: dict[str, Any]) -> list[str]:
+    """One line per row whose goal was missed: what the run's own figures say
+    about why (WHY), or that this run holds no analysis of it."""
+    lines = []
+    for name, result in doc["results"].items():
+        for row in _section_rows(name, result):
+            if row[5] != "**no**":
+                continue
+            why, text = WHY.get(name), None
+            # A results file from before a figure the analysis uses has none.
+            with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
+                text = why(doc["results"], result, row[0]) if why else None
+            lines.append(f"{row[0]}: {text or 'no analysis in this run.'}")
+    return lines
+
+
+def _has_figure(cell: str) -> bool:
+    return any(c.isdigit() for c in cell)
+
+
+def _section_rows(name: str, result: dict[str, Any]) -> list[Row]:
+    """The section's rows; a row without a figure saying why it has none."""
+    try:
+        rows = SECTIONS[name](result)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        return [(f"{name}: cannot be formatted ({type(e).__name__}: {e})", "—", *["—"] * 4)]
+    return rows or [(f"{name}: no row", "—", *["—"] * 4)]
+
+
+def missing_figures(doc: dict[str, Any]) -> list[str]:
+    """Rows without a figure of gfxbpf's (a measurement that ran but gives no
+    row, or whose result cannot be formatted, counts as one). bench/run
+    --quick, CI's smoke, fails on any; it judges no figure."""
+    return [
+        f"{row[0]}: no figure ({row[1]!r})"
+        for name, result in doc["results"].items()
+        for row in _section_rows(name, result)
+        if not _has_figure(row[1])
+    ]
+
+
+def _load(doc: dict[str, Any]) -> str:
+    if "load_average" not in doc:  # a results file from before it was kept
+        return ""
+    start, end = doc["load_average"]
+    return f", load average {start} at the start and {end} at the end"
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -657,13 +850,20 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Linux {m['kernel']}, {m['cpus']} × {m['cpu']}, {m['memory_gib']} GiB; "
         f"gfxbpf {m['gfxbpf']} ({m['commit']}), {m['bpftrace']}, "
         f"{m['bpftool']}; Python {m['python']}. Made by `sudo bench/run"
-        f"{' ' + ' '.join(doc['args']) if doc['args'] else ''}` in {doc['elapsed_s']:.0f} s.",
+        f"{' ' + ' '.join(doc['args']) if doc['args'] else ''}` in {doc['elapsed_s']:.0f} s"
+        + _load(doc)
+        + ".",
         "",
         "| measure | gfxbpf | peer | ratio | target | met |",
         "|---|---|---|---|---|---|",
     ]
-    for name, fmt in SECTIONS.items():
+    for name in SECTIONS:
         if name in doc["results"]:
-            lines += ["| " + " | ".join(row) + " |" for row in fmt(doc["results"][name])]
+            rows = _section_rows(name, doc["results"][name])
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
+    why = missed(doc)
+    if why:
+        lines += ["", "Goals missed, and why (figures of this run):", ""]
+        lines += [f"- {w}" for w in why]
     lines += ["", "Notes:", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"

@@ -36,7 +36,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,6 @@ from bench.harness import (
     bpf_stats_enabled,
     log,
     new_prog_stats,
-    prog_stats,
     sh,
 )
 from bench.stats import median, ratio
@@ -181,13 +180,12 @@ def elapsed_of(stderr: str) -> tuple[float, float]:
     raise BenchError(f"no timing from the workload: {stderr.strip()[-800:]!r}")
 
 
-def busiest_new(before: Collection[int], after: dict[int, tuple[int, int]]) -> tuple[int, int]:
-    """(run_cnt, run_time_ns) of the most-run program in after that was not in before:
-    the profile's sampling program (its fork hook runs once per fork)."""
-    new = [v for pid, v in after.items() if pid not in before]
-    if not new:
-        raise BenchError("no program of the profile was seen at the broker")
-    return max(new)
+def busiest_new(ran: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(run_cnt, run_time_ns) of the program that ran most while the profile ran
+    (new_prog_stats): its sampling program (its fork hook runs once per fork)."""
+    if not ran:
+        raise BenchError("no program of the profile was seen running at the broker")
+    return max(ran.values())
 
 
 def bpf_cost(runs: tuple[int, int], recorded: int) -> dict[str, float | None]:
@@ -230,9 +228,6 @@ def _build(stage: Stage) -> Path:
     out = work / "profiles"
     out.mkdir(exist_ok=True)
     os.chown(out, stage.bench_uid, stage.bench_gid)
-    cache = stage.work / ".cache"  # the bench user's HOME: symbol and unwind-table caches
-    cache.mkdir(exist_ok=True)
-    os.chown(cache, stage.bench_uid, stage.bench_gid)
     return work
 
 
@@ -339,18 +334,16 @@ class BrokerWatch:
     """The broker's BPF programs while a profile runs: the stats of those the
     profile added, and the kernel memory of their maps."""
 
-    before: set[int]
-    last: dict[int, tuple[int, int]]
+    last: dict[int, tuple[int, int]]  # what each program ran (new_prog_stats)
     maps: dict[str, int]  # map name -> bytes_memlock
 
 
 @contextlib.contextmanager
 def watching(stage: Stage) -> Iterator[BrokerWatch]:
-    before = set(prog_stats(stage.broker_pid))
     maps: dict[str, int] = {}
     # programs of one object share maps: each new one adds what is not in yet
-    with new_prog_stats(stage.broker_pid, before, lambda p: maps.update(_maps_of(p))) as last:
-        yield BrokerWatch(before, last, maps)
+    with new_prog_stats(stage.broker_pid, on_new=lambda p: maps.update(_maps_of(p))) as last:
+        yield BrokerWatch(last, maps)
 
 
 def _bpftool(*args: str) -> Any:
@@ -419,7 +412,7 @@ def _rounds(
         fold_s, stacks = perf_folded(stem.with_suffix(".data"), stem.with_suffix(".folded"))
         cell[tool] = _share_row(stacks, wl) | {"script_fold_s": round(fold_s, 3)}
     # The last run's, whose profile was kept:
-    cell["bpf"] = bpf_cost(busiest_new(watch.before, watch.last), summary["total"])
+    cell["bpf"] = bpf_cost(busiest_new(watch.last), summary["total"])
     cell["map_bytes"] = watch.maps
     return times, cell
 

@@ -1,4 +1,4 @@
-# Sourced by tools/setup.sh: apt-get that waits while another apt or dpkg run
+# Sourced by tools/setup.sh and tools/test_deps.sh: apt-get that waits while another apt or dpkg run
 # (unattended-upgrades, a package manager window, a second setup) holds the
 # package locks, instead of failing at once; it gives up after
 # GFXBPF_APT_LOCK_TIMEOUT seconds (default 300) and says what to do.
@@ -32,4 +32,19 @@ apt_get_waiting() {
         said=1
         sleep "$APT_RETRY_SECONDS"
     done
+}
+
+# apt_install_missing WHO PACKAGE...: install those of the Debian packages
+# that are not installed yet (nothing, not even apt-get update, when all are).
+apt_install_missing() {
+    local who=$1 p missing=()
+    shift
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    ((${#missing[@]})) || return 0
+    echo "$who: installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt_get_waiting update -q
+    apt_get_waiting install -y -q --no-install-recommends "${missing[@]}"
 }

@@ -1,38 +1,21 @@
 #!/usr/bin/env bash
 # Install everything gfxbpf needs on a fresh Debian machine (run as root).
-# Idempotent: a second run only checks. Used by tools/test.sh, tools/demo.sh and .ci/run.
+# Idempotent: a second run only checks. Used by tools/test.sh, tools/demo.sh,
+# bench/run and .ci/run; tools/test_deps.sh adds what only tests and bench use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
+# What the product needs, and the main job (tools/demo.sh) waits for: what
+# only the tests and the bench use is in tools/test_deps.sh.
 DEB_PACKAGES=(
-    clang llvm libbpf-dev bpftool   # build and check the BPF objects
-    libcap-dev python3-dev python3-venv gcc   # python-prctl builds against libcap
-    bpftrace tmux procps util-linux   # peers for benchmarks, terminal tests, setpriv
-    systemd   # systemd-analyze (unit checks), systemd-socket-activate (activation test)
-    linux-perf   # perf record: the profiler the profile benchmark compares against
-    chromium   # headless browser: the flame-graph SVG is tested in a real one
-    prometheus   # a real Prometheus server (and promtool) for the exporter's tests
-    libbpf-tools   # conformance corpus: BPF objects embedded in Debian's built tools
-    systemtap-sdt-dev   # <sys/sdt.h>: the USDT probe test program
-    openssl   # the certificates deploy/README.md makes (tests/unit/test_tls_docs.py)
+    libcap-dev python3-dev python3-venv gcc   # python-prctl builds against libcap; the CUPTI library
+    procps util-linux   # setpriv (tools/broker.sh runs the unit's command line with it), ps
     libc6-dbg   # names glibc's static frames (__libc_start_call_main, start_thread) in profiles
-    binutils   # c++filt: readable C++ frames in profiles; objcopy: debug-file tests
-    xz-utils gzip   # real stripped Debian programs the unwinder tests profile
-    debootstrap   # the kernel tests' Debian 13 userland (tools/debian13_rootfs.sh)
+    binutils   # c++filt: readable C++ frames in profiles
 )
-
-missing=()
-for p in "${DEB_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "setup: installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    . tools/apt_wait.sh
-    apt_get_waiting update -q
-    apt_get_waiting install -y -q --no-install-recommends "${missing[@]}"
-fi
+. tools/apt_wait.sh
+apt_install_missing setup "${DEB_PACKAGES[@]}"
 
 # A venv built on Debian's python under /opt, readable by every user: the
 # tests run the broker and clients as non-root users, who cannot read /root.

@@ -6,6 +6,8 @@ import argparse
 
 from gfxbpf.bpf.consts import SCOPES
 
+PROG = "gfxclient"
+
 
 def positive_number(text: str) -> float:
     try:

@@ -11,27 +11,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any, TextIO
 
-from gfxbpf.client.broker import client_version
-from gfxbpf.client.cli import (
-    dump_cmd,
-    gpu_profile,
-    info_cmd,
-    list_cmd,
-    profile_cmd,
-    status_cmd,
-    stream_cmd,
-    watch_cmd,
-)
-from gfxbpf.client.cli.arguments import function_names
-from gfxbpf.client.cli.kinds import locks as lock_profile
-from gfxbpf.client.cli.kinds import memory as memory_args
-from gfxbpf.client.cli.output import PROG
+from gfxbpf.client.cli.arguments import PROG, function_names
 from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.errors import (
     EXIT_BROKER,
@@ -45,7 +33,6 @@ from gfxbpf.client.errors import (
     UsageError,
 )
 from gfxbpf.client.grpc_config import DEFAULT_GRPC
-from gfxbpf.client.slurm import profile_job
 
 EPILOG = f"""\
 transport:
@@ -108,12 +95,59 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from gfxbpf.client.broker import client_version
+
         print(f"{PROG} {client_version()}")
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # long: a flat list of declarations, so that one place reads as the --help.
+# command -> (its module, the one-line help). A command's module, and what it
+# imports, loads only when that command runs (or its --help is asked for):
+# the start-up a profile of a short command pays for is one command's imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("list_cmd", "programs you may use, and why one cannot run here"),
+    "info": ("info_cmd", "a program's description, attach points, maps, parameters"),
+    "watch": ("watch_cmd", "a live view of a program's maps (Ctrl-C to stop)"),
+    "stream": ("stream_cmd", "a program's events as lines or JSON lines (Ctrl-C to stop)"),
+    "dump": ("dump_cmd", "one snapshot of every visible map, decoded with BTF"),
+    "status": ("status_cmd", "broker version, kernel features, your attachments and their stats"),
+    # kinds/dispatch: --job, --locks, --gpu, then every other profile in profile_cmd
+    "profile": (
+        "kinds.dispatch",
+        "CPU, off-CPU or wall-clock profile (flame graph) of your processes, "
+        "or the stacks that call a function",
+    ),
+}
+# Global options that take a value: what follows them is no command name.
+_VALUED = ("--socket", "--grpc", "--via", "--tls-ca", "--tls-cert", "--tls-key")
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"gfxbpf.client.cli.{COMMANDS[name][0]}")
+
+
+def _more(name: str) -> str:
+    """What a command's --help adds to its one line (examples)."""
+    if name == "watch":
+        return (
+            "; with --json, one object {timestamp, program, maps: {name: entries}} per "
+            "interval, the first right after attaching (its rates are null)\n\n"
+            + _module("watch").EXAMPLES
+        )
+    if name == "profile":
+        return "\n\n" + _module("profile").EXAMPLES
+    return ""
+
+
+def _add_command_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    mod = _module(name)
+    if hasattr(mod, "add_arguments"):
+        mod.add_arguments(p)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with only, every command's arguments but that one's
+    left out (a command line names one command: parse_args)."""
     parser = _Parser(
         prog=PROG,
         description="Profile the GPU stack and your processes with eBPF through the "
@@ -124,67 +158,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction)
     _add_globals(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(name: str, help_text: str, more: str = "") -> argparse.ArgumentParser:
+    for name, (_module_name, help_text) in COMMANDS.items():
+        full = only is None or only == name
         p = sub.add_parser(
             name,
             help=help_text,
-            description=help_text + more,
+            description=help_text + (_more(name) if full else ""),
             epilog=EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         _add_globals(p, top=False)
-        return p
-
-    command("list", "programs you may use, and why one cannot run here")
-    info_cmd.add_arguments(
-        command("info", "a program's description, attach points, maps, parameters")
-    )
-    p = command(
-        "watch",
-        "a live view of a program's maps (Ctrl-C to stop)",
-        "; with --json, one object {timestamp, program, maps: {name: entries}} per "
-        "interval, the first right after attaching (its rates are null)\n\n" + watch_cmd.EXAMPLES,
-    )
-    watch_cmd.add_arguments(p)
-    stream_cmd.add_arguments(
-        command("stream", "a program's events as lines or JSON lines (Ctrl-C to stop)")
-    )
-    dump_cmd.add_arguments(command("dump", "one snapshot of every visible map, decoded with BTF"))
-    status_cmd.add_arguments(
-        command("status", "broker version, kernel features, your attachments and their stats")
-    )
-    p = command(
-        "profile",
-        "CPU, off-CPU or wall-clock profile (flame graph) of your processes, "
-        "or the stacks that call a function",
-        "\n\n" + profile_cmd.EXAMPLES + "\n" + profile_job.EXAMPLES,
-    )
-    profile_cmd.add_arguments(p)
-    gpu_profile.add_arguments(p)
-    profile_job.add_arguments(p)
-    lock_profile.add_arguments(p)
-    memory_args.add_arguments(p)
+        if full:
+            _add_command_arguments(name, p)
     return parser
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, TextIO], int]] = {
-    "list": list_cmd.command,
-    "info": info_cmd.command,
-    "watch": watch_cmd.command,
-    "stream": stream_cmd.command,
-    "dump": dump_cmd.command,
-    "status": status_cmd.command,
-    # --job there, --locks in kinds/locks, --gpu in gpu_profile, the others in profile_cmd
-    "profile": profile_job.command,
-}
+def command_named(argv: list[str]) -> str:
+    """The command argv names: the first command name that is no global
+    option's value ("" for none: the parser then reports what is wrong)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            break
+        if word in _VALUED:
+            next(words, None)
+        elif word in COMMANDS:
+            return word
+    return ""
 
 
 # ------------------------------------------------------------------ main
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    return build_parser(only=command_named(argv)).parse_args(argv)
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -217,7 +225,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     try:
         check_args(args)
         with _quiet_broken_pipe():
-            return COMMANDS[args.command](args, out)
+            run: Callable[[argparse.Namespace, TextIO], int] = _module(args.command).command
+            return run(args, out)
     except BrokenPipeError:
         return EXIT_OK
     except ClientError as e:

@@ -15,8 +15,6 @@ from gfxbpf.client.mapdata import MapData
 from gfxbpf.client.printable import printable
 from gfxbpf.client.syscalls import syscall_name
 
-PROG = "gfxclient"
-
 
 def load_cuda_view() -> ModuleType:
     from gfxbpf.client.cli import cuda_view

@@ -92,9 +92,11 @@ def profile(
     env: dict[str, str] | None = None,
     grpc: bool = False,
     fmt: str = "folded",
+    stderr: list[str] | None = None,
 ) -> dict[str, Any]:
     """gfxclient profile ARGS as alice, stacks into out (--format fmt); its
-    JSON summary. It must succeed without a traceback or a kernel address."""
+    JSON summary (its stderr's lines, the command's among them, added to
+    stderr). It must succeed without a traceback or a kernel address."""
     argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
     if grpc:  # no map fds: maps are read through the broker
         argv += ["--grpc", broker.grpc or "", "--via", "grpc"]
@@ -103,6 +105,8 @@ def profile(
     argv += ["profile", *args[:i], "--format", fmt, "-o", str(out), *args[i:]]
     r = run_as(ALICE, argv, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
+    if stderr is not None:
+        stderr.extend(r.stderr.splitlines())
     assert "Traceback" not in r.stderr, r.stderr
     if fmt == "pprof":
         assert kernel_looking(gzip.decompress(out.read_bytes())) == []

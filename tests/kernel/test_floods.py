@@ -5,7 +5,7 @@ CAP_PERFMON (tests/kernel/brokerenv.py); gfxtest-mallory floods it, and
 gfxtest-alice / gfxtest-bob must not notice:
 
 - a connect flood (thousands of connections that never send Hello, all
-  held): alice's Hello round trip stays under 20 ms at p99, the broker's
+  held): alice's Hello round trip stays under 1 s at p99 (not starved), the broker's
   threads stay bounded and its threads and fds return to their baseline;
 - a session that sends nothing is closed after hello_timeout_seconds, and
   connections over sessions_per_user / sessions_total are answered with
@@ -43,7 +43,12 @@ from tests.kernel.brokerenv import (
 # long and holds every one of them.
 FLOOD_SECONDS = 5.0
 HELLO_SAMPLES = 300
-HELLO_P99_MS = 20.0
+# What the test catches is a starved session: its Hello waits for the flood's
+# connections to time out (hello_timeout_seconds = 2 here). The bound is far
+# from a busy machine's scheduling delays: 50x the p99 of alice's Hellos under
+# the flood on an idle 2-CPU VM (under 20 ms), 8x the 127 ms measured with a
+# CPU burner on both CPUs and other work beside it. The bench judges latency.
+HELLO_P99_MS = 1000.0
 # broker/unix/refusals.py: refused connections waiting for their first request, per user.
 REFUSE_PENDING_PER_USER = 4
 
@@ -160,12 +165,14 @@ print(json.dumps(out), flush=True)
 FLOOD_AUDIT = (
     _COMMON
     + """
-path, seconds = sys.argv[1], float(sys.argv[2])
+path, seconds, least = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 s = connect(path)
 sent = {"garbage": 0, "attach": 0}
-end = time.monotonic() + seconds
+began = time.monotonic()
+end = began + seconds
 i = 0
-while time.monotonic() < end:
+# A busy machine answers slower: go on to `least`, for at most 10x as long.
+while (time.monotonic() < end or i < least) and time.monotonic() < end + 9 * seconds:
     i += 1
     if i % 2:
         s.send(b"\\xff\\xfe not a protobuf")
@@ -178,7 +185,7 @@ while time.monotonic() < end:
         os.close(fd)
     assert resp.WhichOneof("body") == "error", resp
 s.close()
-print(json.dumps(sent), flush=True)
+print(json.dumps({**sent, "elapsed": time.monotonic() - began}), flush=True)
 """
 )
 
@@ -188,18 +195,19 @@ print(json.dumps(sent), flush=True)
 FLOOD_DETACH = (
     _COMMON
     + """
-path, seconds = sys.argv[1], float(sys.argv[2])
+path, seconds, least = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 s = connect(path)
 hello(s, 1)
 print(json.dumps({"flooding": True}), flush=True)
-sent, i, end = 0, 1, time.monotonic() + seconds
-while time.monotonic() < end:
+began = time.monotonic()
+sent, i, end = 0, 1, began + seconds
+while (time.monotonic() < end or sent < least) and time.monotonic() < end + 9 * seconds:
     i += 1
     framing.send_message(s, pb.Request(id=i, detach=pb.DetachRequest(attachment_id=10**6 + i)))
     resp, _ = framing.recv_message(s, pb.Response)
     assert resp.WhichOneof("body") == "error", resp
     sent += 1
-print(json.dumps({"detach": sent}), flush=True)
+print(json.dumps({"detach": sent, "elapsed": time.monotonic() - began}), flush=True)
 """
 )
 
@@ -211,12 +219,15 @@ def _script(broker: BrokerProcess, name: str, text: str) -> str:
     return str(path)
 
 
-def _flood(broker: BrokerProcess, user: str, text: str, seconds: float) -> subprocess.Popen[str]:
-    """A flood script (argv: the socket, how long) running as user, its stdout piped."""
+def _flood(
+    broker: BrokerProcess, user: str, text: str, seconds: float, least: int
+) -> subprocess.Popen[str]:
+    """A flood script running as user, its stdout piped: argv the socket, how
+    long, and how many requests at least (longer if a busy machine is slow)."""
     script = _script(broker, f"flood-{abs(hash(text))}.py", text)
     return run_as(  # type: ignore[no-any-return]
         user,
-        [VENV_PYTHON, script, broker.socket, str(seconds)],
+        [VENV_PYTHON, script, broker.socket, str(seconds), str(least)],
         background=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -242,7 +253,7 @@ def _json_line(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 # long: one attack scenario: the flood, the victim's timings, then the broker's state.
 def test_connect_flood_does_not_slow_down_another_user() -> None:
-    """Finding 4: mallory's connect flood; alice's Hello p99 < 20 ms; threads bounded."""
+    """Finding 4: mallory's connect flood; alice's Hello p99 < 1 s; threads bounded."""
     with BrokerProcess.start(_policy(hello_timeout_seconds=2), grpc=False) as broker:
         flood = _script(broker, "flood_connect.py", FLOOD_CONNECT)
         timer = _script(broker, "hello_timer.py", HELLO_TIMER)
@@ -384,11 +395,11 @@ def test_audit_flood_is_rate_limited_with_a_summary() -> None:
     rate, seconds = 10, 2.0
     with BrokerProcess.start(_policy(audit_lines_per_second=rate), grpc=False) as broker:
         script = _script(broker, "flood_audit.py", FLOOD_AUDIT)
-        r = run_as(MALLORY, [VENV_PYTHON, script, broker.socket, str(seconds)])
+        least = int(10 * rate * seconds) + 1  # a flood: far over the rate
+        r = run_as(MALLORY, [VENV_PYTHON, script, broker.socket, str(seconds), str(least)])
         assert r.returncode == 0, r.stderr
         sent = json.loads(r.stdout)
-        requests = sent["garbage"] + sent["attach"]
-        assert requests > 10 * rate * seconds, sent  # a flood: far over the rate
+        assert sent["garbage"] + sent["attach"] >= least, sent
 
         # Alice, during the summary wait, is not limited by mallory's budget.
         alice = run_as(
@@ -422,7 +433,7 @@ def test_audit_flood_is_rate_limited_with_a_summary() -> None:
         per_kind = collections.Counter(rec["op"] for rec in lines)
         info = f"sent {sent}; written {dict(per_kind)}; per second {dict(per_second)}"
         assert max(per_second.values()) <= 2 * rate, info  # rate + one second of burst
-        assert max(per_kind.values()) <= rate * (seconds + 1) + rate, info
+        assert max(per_kind.values()) <= rate * (sent["elapsed"] + 1) + rate, info
         got = summaries()
         suppressed = sum(s["suppressed"] for s in got)
         assert len(got) <= 4, got  # one per kind, twice at most (5 s windows)
@@ -449,7 +460,8 @@ def test_an_audit_flood_does_not_hide_an_attach() -> None:
         limits={"audit_lines_per_second": rate},
     )
     with BrokerProcess.start(policy, grpc=False) as broker:
-        flood = _flood(broker, ALICE, FLOOD_DETACH, seconds)
+        least = int(10 * rate * seconds) + 1  # a flood: far over the rate
+        flood = _flood(broker, ALICE, FLOOD_DETACH, seconds, least)
         alice = Client(broker, ALICE)
         try:
             assert _json_line(flood) == {"flooding": True}
@@ -472,11 +484,11 @@ def test_an_audit_flood_does_not_hide_an_attach() -> None:
             flood.wait(30)
             alice.close()
         assert not denied["ok"], denied
-        assert sent["detach"] > 10 * rate * seconds, sent  # a flood: far over the rate
+        assert sent["detach"] >= least, sent
         _check_written_in_full(mine, att)
         # The junk is limited on its own (rate + burst per second) and summarised.
         junk = [r for r in mine if r["op"] == "detach" and r["result"] == "error"]
-        assert len(junk) <= rate * (seconds + 2) + rate, len(junk)
+        assert len(junk) <= rate * (sent["elapsed"] + 2) + rate, (len(junk), sent)
         wait_until(lambda: any(r["op"] == "audit_suppressed" for r in broker.audit_records()), 10)
         summaries = [r for r in broker.audit_records() if r["op"] == "audit_suppressed"]
         assert summaries and all(
@@ -504,11 +516,11 @@ def _check_written_in_full(mine: list[dict[str, Any]], att: dict[str, Any]) -> N
 FLOOD_SESSIONS = (
     _COMMON
     + """
-path, seconds = sys.argv[1], float(sys.argv[2])
+path, seconds, least = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 made = 0
 print(json.dumps({"flooding": True}), flush=True)
 end = time.monotonic() + seconds
-while time.monotonic() < end:
+while (time.monotonic() < end or made < least) and time.monotonic() < end + 9 * seconds:
     try:
         s = connect(path)
         hello(s, 1)
@@ -533,7 +545,8 @@ def test_a_session_flood_does_not_hide_an_implicit_detach() -> None:
         limits={"audit_lines_per_second": rate, "sessions_per_user": 8},
     )
     with BrokerProcess.start(policy, grpc=False) as broker:
-        flood = _flood(broker, MALLORY, FLOOD_SESSIONS, seconds)
+        least = int(4 * rate * seconds) + 1  # a flood: far over the rate
+        flood = _flood(broker, MALLORY, FLOOD_SESSIONS, seconds, least)
         real = Client(broker, MALLORY)
         try:
             assert _json_line(flood) == {"flooding": True}
@@ -557,7 +570,7 @@ def test_a_session_flood_does_not_hide_an_implicit_detach() -> None:
                 and r.get("attachment_id") == att["id"]
             ]
 
-        assert sent["sessions"] > 4 * rate * seconds, sent  # a flood: far over the rate
+        assert sent["sessions"] >= least, sent
         assert wait_until(lambda: bool(detach_lines()), 10), "the implicit detach left no line"
         (line,) = detach_lines()
         assert line["result"] == "ok" and line["detail"].startswith("implicit"), line

@@ -12,7 +12,7 @@ on a busy host: that is CPU contention, not a wait, and has its own frame);
 
 from __future__ import annotations
 
-import datetime
+import datetime as dt
 import gzip
 import os
 import re
@@ -69,18 +69,22 @@ ABC_C = (
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 static uint32_t word;
 volatile unsigned long sink;
+static double took_a, took_b, took_c;  /* each wait's and the spin's wall time, printed */
 """
     + NOW_C
     + r"""
 __attribute__((noinline)) void sleep_in_a(void)
 {
     struct timespec ts = {1, 0};
+    double t0 = now();
     while (nanosleep(&ts, &ts)) sink++;
+    took_a = now() - t0;
     sink++;
 }
 __attribute__((noinline)) void stack_a(void) { sleep_in_a(); sink++; }
@@ -94,8 +98,10 @@ static void *waker(void *arg)
 }
 __attribute__((noinline)) void wait_in_b(void)
 {
+    double t0 = now();
     while (!__atomic_load_n(&word, __ATOMIC_SEQ_CST))
         syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, 0, 0, 0);
+    took_b = now() - t0;
     sink++;
 }
 __attribute__((noinline)) void stack_b(void)
@@ -108,9 +114,10 @@ __attribute__((noinline)) void stack_b(void)
 }
 __attribute__((noinline)) void spin_in_c(void)
 {
-    double end = now() + 1.0;
+    double t0 = now(), end = t0 + 1.0;
     while (now() < end)
         for (int i = 0; i < 1000; i++) sink += i;
+    took_c = now() - t0;
 }
 __attribute__((noinline)) void stack_c(void) { spin_in_c(); sink++; }
 int main(void)
@@ -118,6 +125,7 @@ int main(void)
     stack_a();
     stack_b();
     stack_c();
+    fprintf(stderr, "ABC %.6f %.6f %.6f\n", took_a, took_b, took_c);
     return 0;
 }
 """
@@ -126,14 +134,23 @@ int main(void)
 # Sleeps argv[1] ms in nap(); then, given argv[2], execs it (with no
 # argument: it then sleeps 1.5 s). As a setuid-root copy it is root's process.
 NAP_EXEC_C = r"""
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 volatile unsigned long sink;
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
 __attribute__((noinline)) void nap(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    double t0 = now();
     while (nanosleep(&ts, &ts)) sink++;
+    fprintf(stderr, "NAP %.6f\n", now() - t0);  /* longer than asked on a busy machine */
     sink++;
 }
 int main(int argc, char **argv)
@@ -182,9 +199,11 @@ NAP_THREADS, NAP_SECONDS = 8, 2.0
 
 # A Python program blocked 1.0 s in time.sleep under a known function.
 PY_SLEEP = """\
-import time
+import sys, time
 def nap_here():
+    t0 = time.monotonic()
     time.sleep(1.0)
+    print(f"NAP {time.monotonic() - t0:.6f}", file=sys.stderr)
 def caller():
     nap_here()
 caller()
@@ -237,8 +256,24 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
     )
 
 
-def profile_of(broker: BrokerProcess, out: Path, *args: str) -> dict:
-    return profile(broker, out, *args, env={"GFXBPF_DEBUG": "1"})
+def profile_of(
+    broker: BrokerProcess, out: Path, *args: str, stderr: list[str] | None = None
+) -> dict:
+    return profile(broker, out, *args, env={"GFXBPF_DEBUG": "1"}, stderr=stderr)
+
+
+def abc_took(stderr: list[str]) -> tuple[float, float, float]:
+    """abc's own wall time (s) in A's nap, B's futex wait and C's spin: on a
+    busy machine a wait lasts longer than asked (its wake-up waits for a CPU),
+    and the profile must show what the waits took, not what they asked for."""
+    line = next(x for x in stderr if x.startswith("ABC "))
+    a, b, c = (float(v) for v in line.split()[1:])
+    return a, b, c
+
+
+def napped_for(stderr: list[str]) -> list[float]:
+    """What each nap the programs print (NAP seconds) lasted, in order."""
+    return [float(x.split()[1]) for x in stderr if x.startswith("NAP ")]
 
 
 def seconds_under(stacks: list[tuple[list[str], int]], function: str, waits: bool) -> float:
@@ -250,15 +285,18 @@ def seconds_under(stacks: list[tuple[list[str], int]], function: str, waits: boo
 
 def test_off_cpu_gives_each_wait_its_time_and_names_it(broker: BrokerProcess, work: Path) -> None:
     out = work / "abc-off.folded"
-    summary = profile_of(broker, out, "--off-cpu", "--", str(work / "abc"))
+    err: list[str] = []
+    summary = profile_of(broker, out, "--off-cpu", "--", str(work / "abc"), stderr=err)
     assert summary["mode"] == "off-cpu" and summary["unit"] == "nanoseconds", summary
     assert summary["exit_status"] == 0, summary
     stacks = stacks_of(out)
     a = seconds_under(stacks, STACKS["A"], waits=True)
     b = seconds_under(stacks, STACKS["B"], waits=True)
     c = seconds_under(stacks, STACKS["C"], waits=True)
-    assert abs(a - 1.0) <= 1.0 * TOLERANCE, (a, stacks)
-    assert abs(b - 2.0) <= 2.0 * TOLERANCE, (b, stacks)
+    took_a, took_b, _ = abc_took(err)
+    print(f"off-cpu: A {a:.4f} of {took_a:.4f} s, B {b:.4f} of {took_b:.4f} s, C {c:.4f} s")
+    assert abs(a - took_a) <= took_a * TOLERANCE, (a, took_a, stacks)
+    assert abs(b - took_b) <= took_b * TOLERANCE, (b, took_b, stacks)
     assert c <= 0.01, (c, stacks)  # computing: no wait (preemption is shown apart)
     # The waits are named by their system calls, below complete stacks.
     for frames, _ in stacks:
@@ -268,7 +306,7 @@ def test_off_cpu_gives_each_wait_its_time_and_names_it(broker: BrokerProcess, wo
             assert frames[-1] == "[wait: futex]", frames
         if frames[-1].startswith("[wait:") and "abc" in frames[0]:
             assert "main" in frames or "start_thread" in frames, frames
-    assert summary["off_cpu_ns"]["sleeping"] >= 3.0e9 * (1 - TOLERANCE), summary
+    assert summary["off_cpu_ns"]["sleeping"] >= (took_a + took_b) * 1e9 * (1 - TOLERANCE), summary
 
 
 def test_thousands_of_short_waits_a_second_lose_no_copy_at_the_defaults(
@@ -288,14 +326,18 @@ def test_thousands_of_short_waits_a_second_lose_no_copy_at_the_defaults(
     assert napped >= NAP_THREADS * NAP_SECONDS * 0.8, (napped, summary)
 
 
-def test_wall_shows_a_b_c_one_to_two_to_one(broker: BrokerProcess, work: Path) -> None:
+def test_wall_shows_a_b_c_as_long_as_they_lasted(broker: BrokerProcess, work: Path) -> None:
     out = work / "abc-wall.folded"
-    summary = profile_of(broker, out, "--wall", "--frequency", str(HZ), "--", str(work / "abc"))
+    err: list[str] = []
+    argv = ["--wall", "--frequency", str(HZ), "--", str(work / "abc")]
+    summary = profile_of(broker, out, *argv, stderr=err)
     assert summary["mode"] == "wall" and summary["time"] == "wall", summary
     stacks = stacks_of(out)
     a, b, c = (seconds_under(stacks, STACKS[k], waits=False) for k in "ABC")
-    assert abs(a / c - 1.0) <= TOLERANCE and abs(b / c - 2.0) <= 2.0 * TOLERANCE, (a, b, c)
-    assert abs(a - 1.0) <= TOLERANCE and abs(b - 2.0) <= 2 * TOLERANCE, (a, b, c)
+    took = abc_took(err)  # about 1 : 2 : 1, longer on a busy machine
+    print(f"wall: A {a:.4f}, B {b:.4f}, C {c:.4f} s of {took}")
+    for shown, lasted in zip((a, b, c), took, strict=True):
+        assert abs(shown - lasted) <= lasted * TOLERANCE, (a, b, c, took)
     # One [thread TID] frame under the process: the waker thread is apart from main's.
     threads = {s[1] for s, _ in stacks if s[0] == "abc"}
     assert len(threads) == 2 and all(t.startswith("[thread ") for t in threads), threads
@@ -337,15 +379,21 @@ def test_a_setuid_program_is_never_recorded(
     broker: BrokerProcess = request.getfixturevalue(which)
     assert os.stat(work / "suidnap").st_mode & 0o4000, "the test binary must be setuid"
     out = work / "suid.folded"
+    err: list[str] = []
     summary = profile_of(
-        broker, out, "--off-cpu", "--", str(work / "napexec"), "1000", str(work / "suidnap")
+        broker,
+        out,
+        *("--off-cpu", "--", str(work / "napexec"), "1000", str(work / "suidnap")),
+        stderr=err,
     )
     assert summary["exit_status"] == 0 and summary["duration_s"] >= 2.5, summary
     stacks = stacks_of(out)
     text = out.read_text()
     assert "suidnap" not in text, text
     own = sum(n for s, n in stacks if s[0] == "napexec" and "nap" in s) / 1e9
-    assert abs(own - 1.0) <= TOLERANCE, (own, text)
+    (took,) = napped_for(err)[:1]  # the user's own nap; root's is not to be seen
+    print(f"setuid: the user's own nap {own:.4f} s of {took:.4f} s")
+    assert abs(own - took) <= took * TOLERANCE, (own, took, text)
 
 
 def test_other_formats_carry_the_time(broker: BrokerProcess, work: Path) -> None:
@@ -360,7 +408,9 @@ def test_other_formats_carry_the_time(broker: BrokerProcess, work: Path) -> None
     msg = pprof_pb2.Profile.FromString(gzip.decompress(pb.read_bytes()))
     types = [(msg.string_table[t.type], msg.string_table[t.unit]) for t in msg.sample_type]
     assert types == [("off_cpu", "nanoseconds")], types
-    assert 0.2e9 * (1 - TOLERANCE) <= sum(s.value[0] for s in msg.sample) <= 0.25e9, msg.sample
+    (took,) = napped_for(r.stderr.splitlines())
+    waited = sum(s.value[0] for s in msg.sample) / 1e9
+    assert abs(waited - took) <= took * TOLERANCE, (waited, took, msg.sample)
     svg = work / "abc.svg"
     r = run_as(ALICE, [*argv, "--off-cpu", "-o", str(svg), "--", str(work / "napexec"), "200"])
     assert r.returncode == 0, r.stderr
@@ -385,7 +435,9 @@ def test_a_python_program_blocked_in_time_sleep_shows_its_function(
             return
         python = str(built)
     out = work / f"py-off-{build}.folded"
-    summary = profile_of(broker, out, "--off-cpu", "--", python, str(work / "sleep.py"))
+    err: list[str] = []
+    summary = profile_of(broker, out, "--off-cpu", "--", python, str(work / "sleep.py"), stderr=err)
+    (took,) = napped_for(err)
     stacks = stacks_of(out)
 
     def named(frames: list[str], name: str) -> int:
@@ -396,7 +448,8 @@ def test_a_python_program_blocked_in_time_sleep_shows_its_function(
         for s, n in stacks
         if 0 <= named(s, "caller") < named(s, "nap_here") and s[-1] == "[wait: clock_nanosleep]"
     )
-    assert abs(napped / 1e9 - 1.0) <= TOLERANCE, (napped, stacks, summary)
+    print(f"python ({build}): time.sleep(1.0) {napped / 1e9:.4f} s of {took:.4f} s")
+    assert abs(napped / 1e9 - took) <= took * TOLERANCE, (napped, took, stacks, summary)
 
 
 def _in_syscall(pid: int, nr: int) -> bool:
@@ -412,7 +465,7 @@ def test_a_wait_under_way_when_the_profile_begins_is_shown_at_its_end(
 ) -> None:
     """napexec sleeps 5 s, begun before the profile: the wait is recorded at its
     end, from the attach on, marked as begun before, and counted in the summary."""
-    begun = time.time()
+    began = time.time()  # the nap begins after this, and ends 5 s after it began
     napper = run_as(ALICE, [str(work / "napexec"), "5000"], background=True)
     try:
         assert wait_until(lambda: _in_syscall(napper.pid, 230), 10)  # clock_nanosleep
@@ -430,9 +483,8 @@ def test_a_wait_under_way_when_the_profile_begins_is_shown_at_its_end(
     assert len(marked) == 1, stacks
     frames, ns = marked[0]
     assert "nap" in frames and "main" in frames, frames
-    # From the attach (since, written before the audit line) to the wake-up,
-    # 5 s after the nap began: what the attach left of it (on a loaded machine
-    # the client's start and the attach take seconds), never more.
-    when = attach_records(broker, "offcpu")[-1]["time"].replace("Z", "+00:00")
-    left = 5.0 - (datetime.datetime.fromisoformat(when).timestamp() - begun)
-    assert (left - 0.1) * 1e9 <= ns <= 5.0e9, (ns, left)
+    # From the attach (audited once live) to the wake-up, never more than the 5 s.
+    live = attach_records(broker, "offcpu")[-1]["time"]
+    attached = dt.datetime.fromisoformat(live.replace("Z", "+00:00")).timestamp()
+    at_least = (began + 5.0 - attached - 0.05) * 1e9  # the audit time is to the ms
+    assert at_least <= ns <= 5.0e9, (ns, at_least)

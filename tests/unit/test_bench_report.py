@@ -261,7 +261,7 @@ def test_broker_memory_rows_from_before_cpu_time_still_render() -> None:
 
 
 def test_lock_rows_give_the_cost_per_contended_operation_or_perfs_error() -> None:
-    """bench 15: gfxclient's added time and BPF time per contended operation;
+    """bench 16: gfxclient's added time and BPF time per contended operation;
     perf lock contention -b's figure, or its own words where it cannot run."""
     r = {
         "iterations": 1000,
@@ -279,3 +279,36 @@ def test_lock_rows_give_the_cost_per_contended_operation_or_perfs_error() -> Non
     r.update(perf_s=1.1, perf_slowdown=1.1, perf_ns_per_contended_op=40000.0)
     rows = report.SECTIONS["locks"](r)
     assert rows[0][2] == "40000.0 ns (×1.1)" and rows[0][3] == str(ratio(80000.0, 40000.0)), rows
+
+
+FIXED = {
+    "true": {"gfxclient_s": 0.41, "perf_record_s": 1.2, "ratio_vs_perf": 0.342},
+    "python3 -c pass": {
+        "gfxclient_s": 0.45,
+        "perf_record_s": 1.3,
+        "ratio_vs_perf": 0.346,
+        "pyspy_record_s": 0.4,
+        "ratio_vs_pyspy": 1.125,
+    },
+}
+
+
+def test_fixed_cost_rows_compare_with_perf_and_py_spy() -> None:
+    table = report.markdown(_doc({"fixed_cost": FIXED}))
+    rows = [r for r in table.splitlines() if r.startswith("| 15 ")]
+    assert len(rows) == 3
+    assert rows[0].endswith("| 410.0 ms | 1200.0 ms | 0.342x | ≤ 0.5x | yes |"), rows[0]
+    assert "py-spy record" in rows[2] and rows[2].endswith("| ≤ 1.0x | **no** |"), rows[2]
+    # The missed goal is explained from the run's own figures.
+    assert "- 15 profile of `python3 -c pass` (start to exit): gfxclient vs `py-spy" in table
+
+
+def test_missing_figures_names_rows_without_one_and_results_that_break_the_table() -> None:
+    assert report.missing_figures(_doc({"fixed_cost": FIXED})) == []
+    broken = {"true": {"gfxclient_s": 0.4}}  # no perf figure: the row cannot be made
+    problems = report.missing_figures(_doc({"fixed_cost": broken, "attach": {"goals_ms": {}}}))
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("fixed_cost: cannot be formatted (KeyError")
+    assert problems[1].startswith("attach: no row")
+    # The table still renders, with those rows saying why they hold no figure.
+    assert "| fixed_cost: cannot be formatted" in report.markdown(_doc({"fixed_cost": broken}))

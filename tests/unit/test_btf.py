@@ -182,8 +182,10 @@ def test_vmlinux_parse_is_quick(vmlinux_raw: bytes) -> None:
     btf = Btf.parse(vmlinux_raw)
     elapsed = time.perf_counter() - start
     assert len(btf.types) > 10_000
-    # Typically ~0.6 s here; the bound is loose so a busy CI machine passes.
-    assert elapsed < 4.0, f"parsing vmlinux BTF took {elapsed:.2f} s"
+    # Typically ~0.6 s on an idle 2-CPU VM (2.3 s measured with other work on
+    # both CPUs): the bound is 10x the idle figure, so that only a parser
+    # gone quadratic fails, never a busy machine (speed is bench/'s to judge).
+    assert elapsed < 6.0, f"parsing vmlinux BTF took {elapsed:.2f} s"
 
 
 def test_vmlinux_known_types(vmlinux: Btf) -> None:

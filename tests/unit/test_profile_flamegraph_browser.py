@@ -2,7 +2,7 @@
 renders the expected number of frames, shows a frame's name on hover, zooms on
 a click (a frame's width changes) and highlights search matches.
 
-Needs /usr/bin/chromium (tools/setup.sh installs it): a failure, not a skip,
+Needs /usr/bin/chromium (tools/test_deps.sh installs it): a failure, not a skip,
 when CI=true."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ importer in headless Chromium (tests/viewers.py).
 The profile goes through the real symbolizer: a native frame at libc's
 getpid in this process (its mapping, build id and symbol), Python frames of
 a real source file (so `pprof -list` can show its lines), three threads in
-two processes. Needs what tools/setup.sh installs: a failure, not a skip,
+two processes. Needs what tools/test_deps.sh installs: a failure, not a skip,
 when CI=true."""
 
 from __future__ import annotations

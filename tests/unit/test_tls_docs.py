@@ -40,7 +40,7 @@ BLOCK = re.compile(r"<!-- tls-certs[^>]*-->\n```sh\n(.*?)```", re.S)
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The documented openssl commands, run as written (HOST=localhost)."""
     if shutil.which("openssl") is None:
-        pytest.fail("openssl (Debian: openssl) is needed; tools/setup.sh installs it")
+        pytest.fail("openssl (Debian: openssl) is needed; tools/test_deps.sh installs it")
     m = BLOCK.search(DOC.read_text())
     assert m, f"{DOC}: no <!-- tls-certs --> sh block"
     out = tmp_path_factory.mktemp("doc-certs")
