@@ -627,6 +627,7 @@ def _locks(r: dict[str, Any]) -> list[Row]:
         ("16 BPF run time of program locks per contended operation (kernel.bpf_stats)",
          f"{r['gfxbpf_bpf_ns_per_contended_op']} ns", "—", "—", "—", "—")
     )  # fmt: skip
+    return rows
 
 
 def _spy_failed(t: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 checks of --locks/--wakers (locks.py) and --memory/--memory-live/--cuda
 (memory.py), in front of profile_cmd (docs/ARCHITECTURE.md)."""
 
-from gfxbpf.client.cli.kinds import locks, memory
+# memory only: locks.py imports profile_cmd, which imports this package.
+from gfxbpf.client.cli.kinds import memory
 
-__all__ = ["locks", "memory"]
+__all__ = ["memory"]
