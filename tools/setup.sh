@@ -13,6 +13,7 @@ DEB_PACKAGES=(
     procps util-linux   # setpriv (tools/broker.sh runs the unit's command line with it), ps
     libc6-dbg   # names glibc's static frames (__libc_start_call_main, start_thread) in profiles
     binutils   # c++filt: readable C++ frames in profiles
+    systemtap-sdt-dev   # <sys/sdt.h>: the CUPTI injection library's USDT probes (gpu/cupti)
 )
 . tools/apt_wait.sh
 apt_install_missing setup "${DEB_PACKAGES[@]}"
