@@ -131,3 +131,14 @@ def share(stacks: Stacks, pred: Callable[[list[str]], bool]) -> float:
     total = sum(n for _, n in stacks)
     assert total > 100, stacks  # enough samples to judge a share by
     return sum(n for s, n in stacks if pred(s)) / total
+
+
+def build_o2(gcc: str, source: str, out: Path, *extra: str) -> Path:
+    """Build out from C source with -O2 and no frame pointers (the unwinder's
+    hard case: call-frame information only); extra: more gcc arguments."""
+    c = out.with_suffix(".c")
+    c.write_text(source)
+    cmd = [gcc, "-O2", "-fomit-frame-pointer", str(c), "-o", str(out), *extra]
+    subprocess.run(cmd, check=True, capture_output=True)
+    out.chmod(0o755)
+    return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.profiling import held, profile, release_on_attach, stacks_of
+from tests.kernel.profiling import build_o2, held, profile, release_on_attach, stacks_of
 
 pytestmark = pytest.mark.kernel
 
@@ -210,13 +209,6 @@ int main(int argc, char **argv)
 """
 
 
-def _cc(gcc: str, d: Path, name: str, src: str) -> None:
-    (d / f"{name}.c").write_text(src)
-    cmd = [gcc, "-O2", "-fomit-frame-pointer", str(d / f"{name}.c"), "-o", str(d / name)]
-    subprocess.run([*cmd, "-pthread"], check=True, capture_output=True)
-    (d / name).chmod(0o755)
-
-
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     d = shared_dir(prefix="gfxbpf-locks-")
@@ -225,9 +217,9 @@ def work() -> Iterator[Path]:
     if gcc is None:
         skip_or_fail("gcc is not installed (apt-get install gcc)")
         raise AssertionError  # unreachable
-    _cc(gcc, d, "twolocks", LOCKS_C)
-    _cc(gcc, d, "condwait", COND_C)
-    _cc(gcc, d, "fifowait", FIFO_C)
+    build_o2(gcc, LOCKS_C, d / "twolocks", "-pthread")
+    build_o2(gcc, COND_C, d / "condwait", "-pthread")
+    build_o2(gcc, FIFO_C, d / "fifowait", "-pthread")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

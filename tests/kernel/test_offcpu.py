@@ -17,7 +17,6 @@ import gzip
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.kernel.brokerenv import (
 )
 from tests.kernel.profiling import (
     attach_records,
+    build_o2,
     held,
     last_attach_ms,
     profile,
@@ -214,18 +214,6 @@ PYTHON = "/usr/bin/python3"
 STACKS = {"A": "sleep_in_a", "B": "wait_in_b", "C": "spin_in_c"}
 
 
-def _cc(gcc: str, src: str, out: Path, *extra: str) -> Path:
-    c = out.with_suffix(".c")
-    c.write_text(src)
-    subprocess.run(
-        [gcc, "-O2", "-fomit-frame-pointer", str(c), "-o", str(out), *extra],
-        check=True,
-        capture_output=True,
-    )
-    out.chmod(0o755)
-    return out
-
-
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     d = shared_dir(prefix="gfxbpf-offcpu-")
@@ -234,12 +222,12 @@ def work() -> Iterator[Path]:
     if gcc is None:
         skip_or_fail("gcc is not installed (apt-get install gcc)")
         raise AssertionError  # unreachable
-    _cc(gcc, ABC_C, d / "abc", "-pthread")
+    build_o2(gcc, ABC_C, d / "abc", "-pthread")
     (d / "sleep.py").write_text(PY_SLEEP)
     (d / "sleep.py").chmod(0o644)
-    _cc(gcc, NAP_EXEC_C, d / "napexec")
-    _cc(gcc, NAPS_C, d / "naps", "-pthread")
-    suid = _cc(gcc, NAP_EXEC_C, d / "suidnap")
+    build_o2(gcc, NAP_EXEC_C, d / "napexec")
+    build_o2(gcc, NAPS_C, d / "naps", "-pthread")
+    suid = build_o2(gcc, NAP_EXEC_C, d / "suidnap")
     os.chown(suid, 0, 0)  # a setuid-root program the user may run
     suid.chmod(0o4755)
     yield d

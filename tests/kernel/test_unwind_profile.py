@@ -32,7 +32,14 @@ from tests.kernel.brokerenv import (
     run_as,
     shared_dir,
 )
-from tests.kernel.profiling import attach_records, profile, release_on_attach, share, stacks_of
+from tests.kernel.profiling import (
+    attach_records,
+    build_o2,
+    profile,
+    release_on_attach,
+    share,
+    stacks_of,
+)
 from tests.kernel.rawclient import kernel_looking_text
 
 pytestmark = pytest.mark.kernel
@@ -146,15 +153,6 @@ def _need(path: str) -> str:
     return path
 
 
-def _o2(gcc: str, d: Path, out: str, source: str, *extra: str) -> None:
-    """Build d/out from source with -O2 and no frame pointers (the CFI's case)."""
-    src = d / f"{out.split('.')[0]}.c"
-    src.write_text(source)
-    cmd = [gcc, "-O2", "-fomit-frame-pointer", str(src), "-o", str(d / out), *extra]
-    subprocess.run(cmd, check=True, capture_output=True)
-    (d / out).chmod(0o755)
-
-
 @pytest.fixture(scope="module")
 def work() -> Iterator[Path]:
     d = shared_dir(prefix="gfxbpf-unwind-")
@@ -163,12 +161,12 @@ def work() -> Iterator[Path]:
     if gcc is None:
         skip_or_fail("gcc is not installed (apt-get install gcc)")
         raise AssertionError  # unreachable
-    _o2(gcc, d, "chain", CHAIN_C)
-    _o2(gcc, d, "signal", SIGNAL_C)
-    _o2(gcc, d, "deep", DEEP_C)
-    _o2(gcc, d, "liblaunch.so", LIB_C, "-shared", "-fPIC")
-    _o2(gcc, d, "caller", CALLER_C, f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
-    _o2(gcc, d, "shared", SHARED_C, f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
+    build_o2(gcc, CHAIN_C, d / "chain")
+    build_o2(gcc, SIGNAL_C, d / "signal")
+    build_o2(gcc, DEEP_C, d / "deep")
+    build_o2(gcc, LIB_C, d / "liblaunch.so", "-shared", "-fPIC")
+    build_o2(gcc, CALLER_C, d / "caller", f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
+    build_o2(gcc, SHARED_C, d / "shared", f"-L{d}", "-llaunch", "-Wl,-rpath,$ORIGIN")
     (d / "random.bin").write_bytes(os.urandom(8 << 20))
     os.chown(d / "random.bin", *ensure_user(ALICE))  # xz gives its output the input's owner
     (d / "loop.py").write_text(PY_LOOP)
