@@ -81,12 +81,14 @@ def take(broker: Broker, stop: StopSignal, pid: int, duration: float | None) -> 
             pass
         names = cuda_kernels.read_names(att)
         rows = cuda_kernels.read_rows(att)
-        raw = [  # sampled launches stand for those left out (cuda_kernels.estimate)
-            reader.chain_stack(row[0], row[2], names.get(row[3], f"[kernel {row[3]:#x}]"), ns)
-            for row, n, raw_ns in rows
+        raw = [  # sampled launches stand for those left out: their estimated ns
+            reader.chain_stack(
+                row[0], row[2], names.get(row[3], f"[kernel {row[3]:#x}]"),
+                cuda_kernels.estimate(row, n, ns)[1],
+            )
+            for row, n, ns in rows
             if not row[4] & cuda_kernels.NOT_SAMPLED
-            for _, ns in [cuda_kernels.estimate(row, n, raw_ns)]
-        ]
+        ]  # fmt: skip
         unprobed = cuda_kernels.Totals.of(rows).note()
     finally:
         att.detach()
