@@ -92,9 +92,14 @@ def _unwind(
     maps: ProcessMaps,
     tables: UnwindTables,
     memo: UnwindMemo,
+    skip: int = 0,
+    exact: bool = True,
 ) -> tuple[tuple[int, ...], str | None, bool]:
-    """frames, why the walk stopped (None: complete), whether a stack scan found a frame."""
-    return memo.walk(ip, sp, bp, memoryview(rec)[HEADER.size : HEADER.size + size], maps, tables)
+    """frames, why the walk stopped (None: complete), whether a stack scan found
+    a frame. skip: stack bytes above the copy's start where sp points (it
+    is their address); exact False: ip is a return address."""
+    stack = memoryview(rec)[HEADER.size + skip : HEADER.size + size]
+    return memo.walk(ip, sp, bp, stack, maps, tables, exact)
 
 
 def _memo() -> UnwindMemo:
@@ -362,21 +367,41 @@ class ProbeCopyReader:
         if size < U64.size:
             return  # not even the return address: nothing to place the row by
         caller = U64.unpack_from(rec, HEADER.size)[0]
+        walked = self._walk(rec, tgid, (ip, sp, bp), size, caller)
+        if walked is None:
+            return
+        frames, stop, scanned = walked
+        if self.by_chain and frames:
+            self._keep((tgid, 0, 0, py.chain_hash(pyframes), 0), frames, stop, scanned, pyframes)
+        elif not self.by_chain and frames and frames[0] == caller:  # the row's caller
+            row = (tgid, function, caller, py.chain_hash(pyframes), path)
+            self._keep(row, frames, stop, scanned, pyframes)
+
+    def _walk(
+        self, rec: bytes, tgid: int, regs: tuple[int, int, int], size: int, caller: int
+    ) -> tuple[tuple[int, ...], str | None, bool] | None:
+        """The copy's walk (None: the process's maps were never read). A copy
+        taken at a function's entry is walked from its caller (the return
+        address on top of the stack, the caller's rbp still in rbp), so the
+        probed library need not be in the maps: a library loaded and called
+        between two snapshots by a process gone before its copy was read."""
+        ip, sp, bp = regs
+        walked: tuple[tuple[int, ...], str | None, bool] = ((), None, False)
         for refresh in (False, True):  # again with newer maps: a library just mapped
             maps = self.process_maps(tgid, refresh)
             if maps is None:
-                return
-            frames, stop, scanned = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
+                return None
+            if self.by_chain:  # copied inside a function: its own CFI first
+                walked = _unwind(rec, ip, sp, bp, size, maps, self.tables, self.memo)
+            else:
+                walked = _unwind(
+                    rec, caller, sp + 8, bp, size, maps, self.tables, self.memo, 8, False
+                )
             # A copy is rare (a row's 1st, 2nd, 4th ... call): one that stops
             # early may have met maps from before an exec; look once more.
-            if len(frames) > 1 and stop is None:
+            if len(walked[0]) > self.by_chain and walked[1] is None:
                 break
-        if self.by_chain and frames:
-            self._keep((tgid, 0, 0, py.chain_hash(pyframes), 0), frames, stop, scanned, pyframes)
-        # frames[0] is the function's entry; frames[1] its caller, as the row says.
-        elif len(frames) > 1 and frames[1] == caller:
-            row = (tgid, function, caller, py.chain_hash(pyframes), path)
-            self._keep(row, frames[1:], stop, scanned, pyframes)
+        return walked
 
     def _keep(
         self,

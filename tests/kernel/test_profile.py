@@ -533,7 +533,10 @@ def test_the_next_profile_of_another_pid_reuses_the_verified_instance(
             assert r.returncode == 0, r.stderr
             summary = json.loads(r.stdout)
             assert summary["processes"] == [target.pid], summary
-            assert summary["lost"] == 0, summary
+            # The second counts from its own attach, not the first one's losses.
+            # Not 0: on a loaded 2-CPU machine (CI's Debian 13 leg) the reader
+            # can be scheduled out long enough for the ring to drop a copy.
+            assert 0 <= summary["lost"] <= summary["total"] // 20, summary
             assert ";main;hot;" in out.read_text()
     finally:
         for p in (first, second):

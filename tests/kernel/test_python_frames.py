@@ -447,5 +447,8 @@ def test_the_policy_caps_the_python_depth(work: Path) -> None:
         return i >= 0 and functions(frames[i:])[:2] == ["middle", "inner"]
 
     assert share(stacks, cut) >= 0.9, sorted(((n, s[-5:]) for s, n in stacks), reverse=True)[:3]
-    assert "outer (" not in out.read_text()
+    # Never more Python frames than the cap. (Not "no outer at all": a sample
+    # that lands in outer itself, as it calls middle, rightly shows it.)
+    deep = [s for s, _ in stacks if len(functions(s)) > 2]
+    assert not deep, deep[:3]
     assert summary["python"]["walker"]["truncated"] > 0, summary["python"]

@@ -48,3 +48,28 @@ def test_a_row_whose_copy_was_lost_takes_its_siblings_path() -> None:
     assert r._path((7, 0, 0x500, 1, 0xB)) == ((0x500,), MERGED)
     # No sibling (another Python chain): the caller alone.
     assert r._path((7, 0, 0x500, 2, 0xB)) == ((0x500,), None)
+
+
+def test_a_copy_from_a_library_the_maps_never_showed_still_names_its_row() -> None:
+    # --stacks-at a library the process loaded, called and left between two
+    # snapshots of its maps, read after it exited (CI: ctypes.CDLL, 4000 calls,
+    # exit): the copy is walked from the caller on top of the stack, by the
+    # caller's CFI; the probed function's own mapping is never needed.
+    from gfxbpf.client.profiles import copies
+    from gfxbpf.client.profiles.python import records as py
+    from tests.event_stream import Records
+    from tests.unit.test_unwind_walk import LIB, MID, ROOT, SP, FakeTables, maps, stack
+
+    unmapped = 0x90_0000  # the probed function: in no mapping of the snapshot
+    ra_mid, ra_root = LIB + MID + 0x10, LIB + ROOT + 0x10
+    data = stack({0: ra_mid, 8 + 24: ra_root}, 0x100)  # mid's frame: CFA sp + 32
+    rec = copies.HEADER.pack(4242, 4242, 0, len(data), unmapped, SP, 0, 1, 0x99, 0, 0, b"app")
+    snapshot = maps()
+    reader = copies.ProbeCopyReader(
+        Records([rec + data]), lambda pid, refresh: snapshot, FakeTables()
+    )  # type: ignore[arg-type]
+    reader.drain()
+    key = copies.CALL_KEY.pack(4242, 0, ra_mid, py.chain_hash(()), 0x99, 1)
+    stacks, uncopied = reader.raw_stacks([(key, copies.CALL_STATS.pack(5, 0))], ["fn"], "calls")
+    assert uncopied == 0 and stacks[0].user == (ra_mid, ra_root)
+    assert stacks[0].unwind_stop is None and stacks[0].weight == 5

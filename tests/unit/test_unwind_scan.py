@@ -329,7 +329,7 @@ def test_a_probe_row_a_scan_carried_is_counted_in_the_summary(
     rec = copies.HEADER.pack(7, 7, 0, 8, 0x1000, 0x2000, 0, 1, 0x99, 0, 0, b"app")  # path 0x99
     rec += struct.pack("<Q", caller)
 
-    monkeypatch.setattr(copies, "_unwind", lambda *a: ((0x1000, caller, 0x5555), None, True))
+    monkeypatch.setattr(copies, "_unwind", lambda *a: ((caller, 0x5555), None, True))
     reader = copies.ProbeCopyReader(Records([rec]), lambda pid, refresh: object(), None)  # type: ignore[arg-type]
     reader.drain()
     key = copies.CALL_KEY.pack(7, 0, caller, py.chain_hash(()), 0x99, 1)

@@ -58,15 +58,23 @@ class UnwindMemo:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._entries: dict[tuple[int, int, int, int, int], _Entry] = {}
+        self._entries: dict[tuple[int, int, int, int, int, bool], _Entry] = {}
         self.hits = 0
         self.walks = 0
 
     def walk(
-        self, ip: int, sp: int, bp: int, stack: Buffer, maps: ProcessMaps, tables: UnwindTables
+        self,
+        ip: int,
+        sp: int,
+        bp: int,
+        stack: Buffer,
+        maps: ProcessMaps,
+        tables: UnwindTables,
+        exact: bool = True,
     ) -> Walk:
-        """The walk of the copy stack (bytes from sp up) with these registers."""
-        key = (id(maps), ip, sp, bp, len(stack))
+        """The walk of the copy stack (bytes from sp up) with these registers
+        (exact False: ip is a return address, as unwind() says)."""
+        key = (id(maps), ip, sp, bp, len(stack), exact)
         entry = self._entries.get(key)
         if entry is not None and entry.maps is maps and entry.fmt.unpack_from(stack) == entry.words:
             self.hits += 1
@@ -74,7 +82,7 @@ class UnwindMemo:
         self.walks += 1
         regs = UserRegs(ip, sp, bp)
         mem = ReadStack(sp, stack, stack_top(regs, stack, maps))
-        result = _walk(unwind(regs, stack, maps, tables, mem=mem))
+        result = _walk(unwind(regs, stack, maps, tables, mem=mem, exact=exact))
         if len(self._entries) >= self.max_entries and key not in self._entries:
             self._entries.pop(next(iter(self._entries)))  # the oldest
         self._entries[key] = _Entry(maps, mem.offsets, stack, result)

@@ -30,11 +30,14 @@ def unwind(
     tables: UnwindTables,
     max_frames: int = MAX_FRAMES,
     mem: Stack | None = None,
+    exact: bool = True,
 ) -> UnwindResult:
     """Unwind one sample. stack: the bytes copied from regs.sp upward (any
     length; 8 KiB is what the BPF program copies). Every returned pc is in an
     executable mapping of maps; the walk never follows a value that is not.
-    mem: those bytes as a Stack already (stack_top() gives its top)."""
+    mem: those bytes as a Stack already (stack_top() gives its top).
+    exact False: regs.ip is a return address (the registers a function's
+    caller resumes with), looked up at the call as any caller's."""
     if mem is None:
         mem = Stack(regs.sp, stack, stack_top(regs, stack, maps))
     pc, sp = regs.ip, regs.sp
@@ -48,7 +51,7 @@ def unwind(
         return tables.code_before(maps, addr, n)
 
     guessed: Stop | None = None  # why the last step was a frame-pointer guess
-    exact = True  # pc is where the thread was (the sample, or a signal's interrupted pc)
+    # exact: pc is where the thread was (the sample, or a signal's interrupted pc)
     while True:
         # A return address is looked up at the call (pc - 1): a call to a
         # function that never returns can be the last instruction of its FDE.
