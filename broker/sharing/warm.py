@@ -66,14 +66,16 @@ def poolable(entry: Program) -> bool:
     (never shared), a target given through its tree map, and no visible map
     that would carry one profile's data into the next. The ring is drained,
     counters are read as differences from the attach, and py_codes is an LRU
-    table keyed by process. A program with a counts table (ustackcopy's calls,
-    cudakernels' kernels) is loaded for each profile: ustackcopy's rows hold
-    the profile's start (the since map), but a `--stacks-at -- COMMAND`
-    profile on a reattached instance lost every stack copy in about 1 run
-    in 5 (tests/kernel/test_python_frames.py under yama 2; not explained yet),
-    so it is not kept warm until that is understood."""
+    table keyed by process. A counts table cannot be emptied (frozen): it is
+    kept only by a program whose rows hold the since map's value, which the
+    broker writes at each attach (ustackcopy's calls: the next profile counts
+    in new rows); others (cudakernels' kernels) are loaded for each profile."""
     has_ring = any(m.show == "events" for m in entry.visible_maps)
-    return has_ring and not counts_tables(entry) and bool(entry.tree_map and entry.pid_knob)
+    return (
+        has_ring
+        and (not counts_tables(entry) or bool(entry.since_map))
+        and bool(entry.tree_map and entry.pid_knob)
+    )
 
 
 def counts_tables(entry: Program) -> list[str]:

@@ -20,6 +20,9 @@ NO_TABLES: Any = None  # fake_unwind reads no table
 
 
 class Maps:
+    def __init__(self) -> None:
+        self.mappings: list[object] = []
+
     def find(self, addr: int) -> None:
         return None
 
@@ -28,7 +31,9 @@ def _maps() -> Any:
     return Maps()
 
 
-def fake_unwind(regs: Any, stack: Any, maps: Any, tables: Any, mem: Stack) -> UnwindResult:
+def fake_unwind(
+    regs: Any, stack: Any, maps: Any, tables: Any, mem: Stack, exact: bool = True
+) -> UnwindResult:
     """Reads the word at sp + 8 (a return address) and, if it is odd, the one at sp + 24."""
     ra = mem.u64(SP + 8)
     assert ra is not None
@@ -69,6 +74,21 @@ def test_other_registers_sizes_or_maps_never_share_a_walk(
     m.walk(0x1000, SP, 0, data + copy(1), maps, NO_TABLES)  # a longer copy
     m.walk(0x1000, SP, 0, data, _maps(), NO_TABLES)  # a newer snapshot of the maps
     assert (m.walks, m.hits) == (5, 0)
+
+
+def test_a_snapshot_that_gained_a_mapping_walks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A copy read before the maps showed its library ("not code"), then the
+    # refresh merged the library into the same snapshot: the stale result
+    # must not come back (CI: every --stacks-at copy of a ctypes call lost).
+    monkeypatch.setattr(memo_mod, "unwind", fake_unwind)
+    m, maps = memo_mod.UnwindMemo(), _maps()
+    data = copy(7, 0x4000, 99, 5)
+    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
+    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
+    assert (m.walks, m.hits) == (1, 1)
+    maps.mappings = [object()]  # ProcessMaps.merge replaces the list
+    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
+    assert (m.walks, m.hits) == (2, 1)
 
 
 def test_the_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,14 +103,13 @@ def test_which_programs_are_kept_warm() -> None:
     from gfxbpf.catalog.entries import load_catalog
 
     cat = load_catalog()
-    # Programs with a counts table are loaded for each profile: ustackcopy's
-    # rows hold the profile's start, but a reattached instance lost stack copies
-    # (broker/sharing/warm.py says when).
+    # ustackcopy's calls rows hold the since map's value: the next profile
+    # counts in rows of its own. cudakernels' kernels table has no such key.
     assert warm.counts_tables(cat.get("ustackcopy")) == ["calls"]
     assert cat.get("ustackcopy").since_map
-    for name in ("stackcopy", "offcpu"):
+    for name in ("stackcopy", "offcpu", "ustackcopy"):
         assert warm.poolable(cat.get(name)), name
-    for name in ("cudakernels", "profile", "ustacks", "ustackcopy"):
+    for name in ("cudakernels", "profile", "ustacks"):
         assert not warm.poolable(cat.get(name)), name
 
 

@@ -3,7 +3,8 @@ same place sends copies that differ only in words the walk never reads
 (locals, counters, timestamps), so the walk's result holds again.
 
 A walk reads the registers, the copy's length and the top of its stack
-mapping, the files' tables (fixed for one snapshot of the process's maps)
+mapping, the files' tables (fixed while the process's snapshot keeps its
+mappings: ProcessMaps.merge replaces the list when a later snapshot adds one)
 and a few words of the copy (return addresses, saved rbp, a scan's
 candidates). The memo keys a result by the first ones and keeps the offsets
 and values of the words read: a copy with the same words at those offsets
@@ -38,10 +39,13 @@ def _walk(result: UnwindResult) -> Walk:
 
 
 class _Entry:
-    __slots__ = ("maps", "fmt", "words", "result")
+    __slots__ = ("maps", "mappings", "fmt", "words", "result")
 
     def __init__(self, maps: ProcessMaps, offsets: list[int], data: Buffer, result: Walk):
         self.maps = maps  # the snapshot the tables were picked by (kept: its id is the key)
+        # ... and its mappings then: a walk that met a library not mapped yet
+        # ("not code") must be walked again once a refresh adds it
+        self.mappings = maps.mappings
         offsets = sorted(set(offsets))
         # One unpack of every word read: "<" then "{skip}x Q" per word.
         parts, at = [], 0
@@ -76,7 +80,12 @@ class UnwindMemo:
         (exact False: ip is a return address, as unwind() says)."""
         key = (id(maps), ip, sp, bp, len(stack), exact)
         entry = self._entries.get(key)
-        if entry is not None and entry.maps is maps and entry.fmt.unpack_from(stack) == entry.words:
+        if (
+            entry is not None
+            and entry.maps is maps
+            and entry.mappings is maps.mappings
+            and entry.fmt.unpack_from(stack) == entry.words
+        ):
             self.hits += 1
             return entry.result
         self.walks += 1
