@@ -97,6 +97,11 @@ def test_batch_decoder_reads_comms_as_the_one_value_decoder() -> None:
     assert got == [one(v) for v in values]
     assert got[0] == {"comm": "bash"} and got[-1] == {"comm": "abc"}
     assert got[3] == {"comm": "cut \ufffd"} and got[5] == {"comm": "no nul at all!!!"}
+    # The char[16] itself (a key that is a bare string): the scalar batch path.
+    array = btf.resolve_type(tid).members[0].type
+    strings = btf.batch_decoder(array, 16)(buf, len(values))
+    assert strings == [one(v)["comm"] for v in values]
+    assert btf.batch_decoder(array, 24)(b"".join(v.ljust(24, b"x") for v in values), 7) == strings
 
 
 def test_batch_decoder_refuses_a_short_buffer() -> None:
