@@ -119,18 +119,17 @@ def hold(program: str, sessions: int, drain: bool) -> None:
     say({"events": counted[0]})
 
 
-def _timed_reads(read: Any, rounds: int) -> tuple[list[float], int]:
-    times, entries = [], 0
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        entries = len(read())
-        times.append(time.perf_counter() - t0)
-    return times, entries
+def _timed_read(read: Any) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    entries = len(read())
+    return time.perf_counter() - t0, entries
 
 
 def mapread(program: str, map_name: str, rounds: int) -> None:
     """Read one map, decoded, through its read-only fd (batch lookups) and
-    through the broker's gRPC ReadMap; raw fd reads too, to show decoding."""
+    through the broker's gRPC ReadMap; raw fd reads too, to show decoding.
+    One round per line from the driver, its figures said at once: the driver
+    runs its peer between rounds, so that both see the same load."""
     # Both attached before the workload runs: an fd client's instance is its
     # uid's alone (broker/attachments.py instance_uid), so the gRPC one is
     # another instance, which must count the same events to hold as many rows.
@@ -138,19 +137,14 @@ def mapread(program: str, map_name: str, rounds: int) -> None:
         cmap = fdb.attach(program, scope="system").map(map_name)
         gmap = gb.attach(program, scope="system").map(map_name)
         say({"ready": True, "map_id": bpfsys.map_info(cmap.fileno()).id})
-        wait_for_driver()
-        fd_decoded, n_fd = _timed_reads(cmap.read, rounds)
-        fd_raw, _ = _timed_reads(cmap.raw_items, rounds)
-        grpc_decoded, n_grpc = _timed_reads(gmap.read, rounds)
-    say(
-        {
-            "entries_fd": n_fd,
-            "entries_grpc": n_grpc,
-            "fd_decoded_s": fd_decoded,
-            "fd_raw_s": fd_raw,
-            "grpc_decoded_s": grpc_decoded,
-        }
-    )
+        for _ in range(rounds):
+            wait_for_driver()
+            fd_s, n_fd = _timed_read(cmap.read)
+            raw_s, _ = _timed_read(cmap.raw_items)
+            grpc_s, n_grpc = _timed_read(gmap.read)
+            say({"entries_fd": n_fd, "entries_grpc": n_grpc, "fd_decoded_s": fd_s,
+                 "fd_raw_s": raw_s, "grpc_decoded_s": grpc_s})  # fmt: skip
+        wait_for_driver()  # held until the driver's last gfxclient dump has read it too
 
 
 class _NoStop:

@@ -5,8 +5,9 @@ The map is clonecount's `counts`, filled by real events: the workload forks
 reads it decoded (BTF -> dicts) through its read-only fd with batch lookups,
 and through the broker's gRPC ReadMap; root runs `bpftool map dump` on the
 same map. Whole commands are timed too: `gfxclient dump` (a new Python
-process that attaches, reads, prints) against bpftool, and `gfxclient dump
---help`, its start alone.
+process that attaches, reads, prints) against bpftool, `gfxclient dump
+--help`, its start alone, and a Python that only loads the protobuf messages
+of the broker's wire, the floor of any Python client.
 """
 
 from __future__ import annotations
@@ -38,33 +39,52 @@ def _gfxclient_dump(stage: Stage) -> tuple[float, int]:
     return dt, len(data["maps"]["counts"]["entries"])
 
 
+def _python_floor(stage: Stage) -> float:
+    """Seconds of the venv's Python that only loads the protobuf runtime and the
+    session's messages (gfxbpf_pb2), as the bench user: the floor under any
+    command of a Python client that speaks the broker's wire."""
+    argv = [str(stage.venv / "bin/python"), "-c", "import gfxbpf.proto.gfxbpf_pb2"]
+    t0 = time.perf_counter()
+    p = stage.as_bench_user(argv, stdout=subprocess.DEVNULL)
+    if p.wait(timeout=120) != 0:
+        raise BenchError("python -c 'import gfxbpf.proto.gfxbpf_pb2' failed")
+    return time.perf_counter() - t0
+
+
 def run(stage: Stage, entries: int, rounds: int) -> dict[str, Any]:
     client = stage.clientside("mapread", "clonecount", "counts", str(rounds))
+    reads: list[dict[str, Any]] = []
     try:
         ready = read_json_line(client.stdout, client, "mapread")
         log(f"map reads: filling clonecount with {entries} command names")
         stage.workload("comms", entries)
         map_id = ready["map_id"]
-        log("map reads: bpftool map dump")
-        plain = [_bpftool_dump(map_id) for _ in range(rounds)]
-        as_json = [_bpftool_dump(map_id, "--json") for _ in range(rounds)]
-        log("map reads: gfxclient dump")
-        cmd = [_gfxclient_dump(stage) for _ in range(rounds)]
-        # Its start alone: Python, the imports of dump, the parser; no work.
-        start = [stage.timed_gfxclient("dump", "--help")[0] for _ in range(rounds)]
-        log("map reads: client library, fd and gRPC")
+        # Each round runs every reader once, one after the other: on a shared
+        # machine the load moves between rounds, not between the two sides.
+        log("map reads: bpftool map dump, gfxclient dump, the client library (fd, gRPC)")
+        plain, as_json, cmd, start, floor = [], [], [], [], []
         assert client.stdin is not None
-        client.stdin.write("go\n")
-        client.stdin.flush()
-        res = read_json_line(client.stdout, client, "mapread")
+        for _ in range(rounds):
+            plain.append(_bpftool_dump(map_id))
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            reads.append(read_json_line(client.stdout, client, "mapread"))
+            as_json.append(_bpftool_dump(map_id, "--json"))
+            cmd.append(_gfxclient_dump(stage))
+            # Its start alone: Python, the imports of dump, the parser; no work.
+            start.append(stage.timed_gfxclient("dump", "--help")[0])
+            floor.append(_python_floor(stage))
     finally:
         client.communicate(timeout=120)
+    res = {k: [r[k] for r in reads] for k in reads[-1]}
+    if min(n for _, n in cmd) < min(res["entries_fd"]):
+        raise BenchError(f"gfxclient dump read fewer rows than the fd client: {cmd}")
     fd = median(res["fd_decoded_s"])
     bt = median([t for t, _ in plain])
     return {
         "entries": {
-            "fd": res["entries_fd"],
-            "grpc": res["entries_grpc"],
+            "fd": res["entries_fd"][-1],
+            "grpc": res["entries_grpc"][-1],
             "bpftool": plain[-1][1],
             "gfxclient_dump": cmd[-1][1],
         },
@@ -75,6 +95,7 @@ def run(stage: Stage, entries: int, rounds: int) -> dict[str, Any]:
         "bpftool_json_dump_ms": round(median([t for t, _ in as_json]) * 1000, 2),
         "gfxclient_dump_cmd_ms": round(median([t for t, _ in cmd]) * 1000, 2),
         "gfxclient_start_ms": round(median(start) * 1000, 2),
+        "python_protobuf_floor_ms": round(median(floor) * 1000, 2),
         "bpftool_speedup_fd": ratio(bt, fd),
         "bpftool_speedup_grpc": ratio(bt, median(res["grpc_decoded_s"])),
         "bpftool_speedup_gfxclient_cmd": ratio(bt, median([t for t, _ in cmd])),

@@ -734,9 +734,21 @@ def _why_map_reads(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str
             f"of gfxclient's {r['gfxclient_dump_cmd_ms']:.0f} ms, "
             f"{r['gfxclient_start_ms']:.0f} ms are Python's start and the imports of `dump` "
             "before any work (`gfxclient dump --help`, timed the same way); bpftool is one C "
-            "process that reads entry by entry."
+            "process that reads entry by entry." + _python_floor(r)
         )
     return None
+
+
+def _python_floor(r: dict[str, Any]) -> str:
+    floor = r.get("python_protobuf_floor_ms")
+    if floor is None:  # a results file from before the floor was measured
+        return ""
+    return (
+        f" A Python that only loads the protobuf runtime and the wire's messages takes "
+        f"{floor:.0f} ms ({floor / r['bpftool_dump_ms']:.2f}x bpftool): a Python client that "
+        "speaks protobuf cannot reach 1.0x; that needs a client whose start loads no protobuf "
+        "runtime (a compiled `dump`, or the session's few messages read without it)."
+    )
 
 
 def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from gfxbpf.bpf.btf.facade import Btf, BtfError
 from gfxbpf.bpf.consts import MapType
+from gfxbpf.bpf.gcpause import gc_paused
 from gfxbpf.bpf.maps import Map, RawPage
 from gfxbpf.client.errors import BrokerUnreachable, ClientError, ProtocolError, UsageError
 from gfxbpf.client.events import EventStream
@@ -296,8 +297,10 @@ class ClientMap:
     def read(self) -> list[tuple[Any, Any]]:
         """Every (key, value), decoded (a per-CPU counter: summed, zeros left out)."""
         out: list[tuple[Any, Any]] = []
-        for page in self.raw_pages():
-            out.extend(self._decode_page(page))
+        pages = self.raw_pages()
+        with gc_paused():  # a dict and a str per row: nothing for the collector
+            for page in pages:
+                out.extend(self._decode_page(page))
         return out
 
     def _decode_page(self, page: RawPage) -> list[tuple[Any, Any]]:

@@ -9,7 +9,9 @@ unions and DATASECs. Plain structs of scalars compile to one struct.Struct.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from gfxbpf.bpf.btf.kinds import (
@@ -98,6 +100,8 @@ class Decoders:
         it = struct.Struct(f"<{code}{stride - size}x").iter_unpack
         if post is None:
             return lambda buf, n: [v for (v,) in it(memoryview(buf)[: n * stride])]
+        if post is _cstr:
+            return lambda buf, n: list(_cstrs(map(_first, it(memoryview(buf)[: n * stride]))))
         return lambda buf, n: [post(v) for (v,) in it(memoryview(buf)[: n * stride])]
 
     def _batch_struct(self, type_id: int, stride: int) -> BatchFn | None:
@@ -115,6 +119,10 @@ class Decoders:
             name, post = names[0], posts[0]
             if post is None:
                 return lambda buf, n: [{name: v} for (v,) in it(memoryview(buf)[: n * stride])]
+            if post is _cstr:  # a struct of one string (a comm): the common key
+                return lambda buf, n: [
+                    {name: v} for v in _cstrs(map(_first, it(memoryview(buf)[: n * stride])))
+                ]
             return lambda buf, n: [{name: post(v)} for (v,) in it(memoryview(buf)[: n * stride])]
         if all(p is None for p in posts):
             return lambda buf, n: [
@@ -359,6 +367,16 @@ def _cstr(raw: bytes) -> str:
     if end >= 0:
         raw = raw[:end]
     return raw.decode("utf-8", "replace")
+
+
+_first = itemgetter(0)
+
+
+def _cstrs(raws: Iterable[bytes]) -> Iterable[str]:
+    """_cstr of each, in C loops (map over bytes methods): a batch of comms
+    spends no Python frame per value."""
+    heads = map(_first, map(bytes.partition, raws, repeat(b"\0")))
+    return map(bytes.decode, heads, repeat("utf-8"), repeat("replace"))
 
 
 def _enum_post(names: dict[int, str]) -> Callable[[int], Any]:

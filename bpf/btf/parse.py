@@ -7,7 +7,6 @@ broker parses it on start.
 
 from __future__ import annotations
 
-import gc
 import mmap
 import struct
 from collections.abc import Callable
@@ -57,6 +56,7 @@ from gfxbpf.bpf.btf.kinds import (
     refs,
 )
 from gfxbpf.bpf.btf.table import string_at, string_table
+from gfxbpf.bpf.gcpause import gc_paused
 
 HEADER = struct.Struct("<HBBIIIII")
 _U32 = struct.Struct("<I")
@@ -104,13 +104,8 @@ def parse_blob(data: bytes) -> ParsedBlob:
     names = string_table(strings)
     # Hundreds of thousands of small acyclic objects: the cyclic GC would
     # rescan them over and over for nothing (about a third of the time).
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         types = _TypeParser(data, strings, names).parse(t_start, type_len)
-    finally:
-        if gc_was_on:
-            gc.enable()
     return ParsedBlob(types, strings, version, flags, names, (t_start, type_len, s_start, str_len))
 
 
@@ -128,13 +123,8 @@ def parse_split_blob(data: bytes, base: ParsedBlob) -> ParsedBlob:
     shift = len(base.strings)
     names = dict(base.names)
     names.update((off + shift, s) for off, s in string_table(strings[shift:]).items())
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         types = _TypeParser(data, strings, names).parse(t_start, type_len, base.types)
-    finally:
-        if gc_was_on:
-            gc.enable()
     return ParsedBlob(types, strings, version, flags, names, (t_start, type_len, s_start, str_len))
 
 

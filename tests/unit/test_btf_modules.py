@@ -11,6 +11,7 @@ BPF = Path(__file__).resolve().parents[2] / "bpf"
 # Each module may import only the ones before it (btf/facade.py, the facade, imports them all).
 LAYERS = [
     "errors",
+    "gcpause",
     "btf.kinds",
     "btf.table",
     "btf.parse",

@@ -86,6 +86,7 @@ ALLOWED_BPF = {
     "gfxbpf.bpf.ringbuf",
     "gfxbpf.bpf.btf.facade",  # the package: parsing and decoding, no syscalls
     "gfxbpf.bpf.lazy",  # stdlib only: names re-exported on first use
+    "gfxbpf.bpf.gcpause",  # stdlib only: the cyclic collector paused while rows are made
     "gfxbpf.bpf.consts",
     "gfxbpf.catalog.cuda_api",
     "gfxbpf.catalog.memory_api",

@@ -75,6 +75,35 @@ def test_batch_decoder_matches_the_one_value_decoder(program: str, type_name: st
         assert btf.batch_decoder(tid, stride)(buf, 0) == []
 
 
+def test_batch_decoder_reads_comms_as_the_one_value_decoder() -> None:
+    """The batch path for strings (C loops, no frame per value) cuts at the first
+    NUL and replaces bad UTF-8 exactly as the one-value decoder does."""
+    btf = object_btf("clonecount")
+    tid = btf.find("comm_key")
+    assert tid is not None
+    one = btf.decoder(tid)
+    comms = [
+        b"bash",
+        b"",
+        b"\xe2\x82\xac uro",  # a whole multi-byte character
+        b"cut \xe2\x82",  # one cut short by the NUL
+        b"\xff\xfe bad",
+        b"no nul at all!!!",  # 16 bytes, nothing after
+    ]
+    values = [c.ljust(16, b"\0") for c in comms]
+    values.append(b"abc\0garbage\xffaf!!")  # bytes after the NUL are ignored
+    buf = b"".join(values)
+    got = btf.batch_decoder(tid, 16)(buf, len(values))
+    assert got == [one(v) for v in values]
+    assert got[0] == {"comm": "bash"} and got[-1] == {"comm": "abc"}
+    assert got[3] == {"comm": "cut \ufffd"} and got[5] == {"comm": "no nul at all!!!"}
+    # The char[16] itself (a key that is a bare string): the scalar batch path.
+    array = btf.resolve_type(tid).members[0].type
+    strings = btf.batch_decoder(array, 16)(buf, len(values))
+    assert strings == [one(v)["comm"] for v in values]
+    assert btf.batch_decoder(array, 24)(b"".join(v.ljust(24, b"x") for v in values), 7) == strings
+
+
 def test_batch_decoder_refuses_a_short_buffer() -> None:
     btf = object_btf("syscount")
     u64 = btf.find("__u64")

@@ -66,6 +66,15 @@ def test_json_printable_is_the_same_document() -> None:
     assert "\\u009b" in text and "\\u001b" in text
 
 
+def test_json_printable_ascii_documents() -> None:
+    """All-ASCII JSON skips the regex, yet DEL (ASCII, a control) is still escaped."""
+    plain = json.dumps({"comm": "bash", "n": [1, 2]})
+    assert json_printable(plain) is plain
+    text = json_printable(json.dumps({"comm": "a\x7fb"}, ensure_ascii=False))
+    assert text == '{"comm": "a\\u007fb"}'
+    assert json.loads(text) == {"comm": "a\x7fb"}
+
+
 def test_map_keys_values_and_events_are_escaped_where_formatted() -> None:
     assert d.format_key({"comm": TITLE}) == "\\x1b]0;PWNED\\x07"
     assert d.format_plain({"a": [CLIP, b"\x1b"]}) == "{a: [\\x1b]52;c;SGk=\\x07, 1b]}"
