@@ -1,11 +1,11 @@
 """The reference walk (tests/python_walk.py) on memory images laid out as each
-release 3.9-3.14 lays its objects out (tests/python_image.py, from the
+release 3.9-3.15 lays its objects out (tests/python_image.py, from the
 layout table), with the real line tables each release produced
 (tests/data/python_linetables.json).
 
 What this proves: for every release, the table has every field a walk needs
 and the fields are used consistently (thread list, cframe or not, frame
-links, shim frames and ENTRY marks, the 3.14 tag bits, instruction value to
+links, shim frames and ENTRY marks, the 3.14+ tag bits, instruction value to
 line, 1/2/4-byte and ASCII strings, truncated strings), and the decoders
 agree with the walk. What it does not prove: that the numbers are CPython's;
 the builder follows the same table, so a wrong offset would be wrong on
