@@ -10,6 +10,7 @@ inner's file and a line of its body in at least 95% of the samples.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import ALICE, ROOT, BrokerProcess, ensure_user, policy_for, shared_dir
 from tests.kernel.chroots import make_debian13_root, popen_in, remove_root, user_dir_in
 from tests.kernel.profiling import profile, share, stacks_of
-from tests.kernel.test_python_frames import INNER_BODY, NESTED, functions
+from tests.kernel.test_python_frames import INNER_BODY, NESTED, THREADS, functions
 
 pytestmark = pytest.mark.kernel
 
@@ -98,16 +99,36 @@ def python_ft() -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def test_free_threaded_python_3_13t(broker: BrokerProcess, python_ft: str) -> None:
+@pytest.fixture(scope="module")
+def ft_dir() -> Iterator[Path]:
     d = shared_dir(prefix="gfxbpf-pyft-")
     os.chown(d, *ensure_user(ALICE))
-    script = d / "nested.py"
-    script.write_text(NESTED)
-    script.chmod(0o644)
-    out = d / "ft.folded"
+    for name, text in (("nested.py", NESTED), ("threads.py", THREADS)):
+        (d / name).write_text(text)
+        (d / name).chmod(0o644)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_free_threaded_python_3_13t(broker: BrokerProcess, python_ft: str, ft_dir: Path) -> None:
+    out, script = ft_dir / "ft.folded", ft_dir / "nested.py"
     summary = profile(broker, out, "--frequency", "499", "--", python_ft, str(script))
     py = summary["python"]
     named = [i["version"] for i in py["interpreters"] if i["path"] == python_ft]
     assert len(named) == 1 and named[0].startswith("3.13.") and named[0].endswith("t"), py
     assert list(py["processes_walked"].values()) == ["3.13"], py
     _check(out, str(script), "3.13t")
+
+
+def test_free_threaded_threads_run_at_once_each_with_its_chain(
+    broker: BrokerProcess, python_ft: str, ft_dir: Path
+) -> None:
+    # Without a GIL the two spinning threads run in parallel: each thread
+    # state is found from its own thread, and each sample holds its chain.
+    out = ft_dir / "ft-threads.folded"
+    profile(broker, out, "--frequency", "499", "--", python_ft, str(ft_dir / "threads.py"))
+    stacks = stacks_of(out)
+    alpha = share(stacks, lambda s: functions(s)[-3:] == ["alpha", "alpha_leaf", "spin"])
+    beta = share(stacks, lambda s: functions(s)[-3:] == ["beta", "beta_leaf", "spin"])
+    print(f"3.13t threads: alpha {alpha:.3f}, beta {beta:.3f} of {sum(n for _, n in stacks)}")
+    assert alpha >= 0.3 and beta >= 0.3 and alpha + beta >= 0.9, (alpha, beta, stacks[:5])
