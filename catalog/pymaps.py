@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gfxbpf.bpf.errors import InputError
 from gfxbpf.bpf.loader import LoadedObject
-from gfxbpf.catalog.python.layouts import LAYOUTS
+from gfxbpf.catalog.python.layouts import all_layouts
 
 LAYOUTS_MAP = "py_layouts"
 FILES_MAP = "py_files"
@@ -38,12 +38,19 @@ class PythonFile:
     runtime_off: int
     version: tuple[int, int]
     library: bool = False
+    free_threaded: bool = False  # a Py_GIL_DISABLED build: its own layout
 
 
-def layout_index(version: tuple[int, int]) -> int | None:
-    """The slot of version's layout in py_layouts (None: no layout)."""
-    known = sorted(LAYOUTS)
-    return known.index(version) if version in known else None
+def layout_index(version: tuple[int, int], free_threaded: bool = False) -> int | None:
+    """The slot of the layout in py_layouts (None: no layout)."""
+    for i, layout in enumerate(all_layouts()):
+        if layout.version == version and layout.free_threaded == free_threaded:
+            return i
+    return None
+
+
+def _name(version: tuple[int, int], free_threaded: bool) -> str:
+    return f"{version[0]}.{version[1]}{'t' if free_threaded else ''}"
 
 
 def check(files: tuple[PythonFile, ...]) -> None:
@@ -51,10 +58,10 @@ def check(files: tuple[PythonFile, ...]) -> None:
     if len(files) > MAX_FILES:
         raise PythonFileError(f"{len(files)} Python files; at most {MAX_FILES}")
     for f in files:
-        if layout_index(f.version) is None:
-            have = ", ".join(f"{a}.{b}" for a, b in sorted(LAYOUTS))
+        if layout_index(f.version, f.free_threaded) is None:
+            have = ", ".join(_name(x.version, x.free_threaded) for x in all_layouts())
             raise PythonFileError(
-                f"Python {f.version[0]}.{f.version[1]} (file {f.dev:#x}:{f.ino}) has no "
+                f"Python {_name(f.version, f.free_threaded)} (file {f.dev:#x}:{f.ino}) has no "
                 f"layout in this broker (known: {have})"
             )
         if not (0 <= f.runtime_off < 1 << 40 and 0 <= f.dev < 1 << 32 and 0 < f.ino < 1 << 64):
@@ -65,11 +72,11 @@ def fill(obj: LoadedObject, files: tuple[PythonFile, ...]) -> None:
     """Every layout, then the files (checked first)."""
     check(files)
     layouts = obj.map(LAYOUTS_MAP)
-    for i, version in enumerate(sorted(LAYOUTS)):
-        layouts.update(struct.pack("<I", i), LAYOUTS[version].pack())
+    for i, layout in enumerate(all_layouts()):
+        layouts.update(struct.pack("<I", i), layout.pack())
     table = obj.map(FILES_MAP)
     for f in files:
-        index = layout_index(f.version)
+        index = layout_index(f.version, f.free_threaded)
         assert index is not None
         flags = LIB_FLAG if f.library else 0
         table.update(_FILE_KEY.pack(f.dev, f.ino), _FILE_VAL.pack(f.runtime_off, index, flags))

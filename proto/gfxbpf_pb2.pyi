@@ -168,20 +168,22 @@ class AttachParams(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., library: _Optional[str] = ..., functions: _Optional[_Iterable[str]] = ..., library_fd_index: _Optional[int] = ..., frequency: _Optional[int] = ..., children: _Optional[bool] = ..., python_files: _Optional[_Iterable[_Union[PythonFile, _Mapping]]] = ..., python_frames: _Optional[int] = ..., min_block_us: _Optional[int] = ..., stack_bytes: _Optional[int] = ..., job: _Optional[str] = ..., sample_bytes: _Optional[int] = ...) -> None: ...
 
 class PythonFile(_message.Message):
-    __slots__ = ("dev", "ino", "runtime_off", "major", "minor", "library")
+    __slots__ = ("dev", "ino", "runtime_off", "major", "minor", "library", "free_threaded")
     DEV_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_OFF_FIELD_NUMBER: _ClassVar[int]
     MAJOR_FIELD_NUMBER: _ClassVar[int]
     MINOR_FIELD_NUMBER: _ClassVar[int]
     LIBRARY_FIELD_NUMBER: _ClassVar[int]
+    FREE_THREADED_FIELD_NUMBER: _ClassVar[int]
     dev: int
     ino: int
     runtime_off: int
     major: int
     minor: int
     library: bool
-    def __init__(self, dev: _Optional[int] = ..., ino: _Optional[int] = ..., runtime_off: _Optional[int] = ..., major: _Optional[int] = ..., minor: _Optional[int] = ..., library: _Optional[bool] = ...) -> None: ...
+    free_threaded: bool
+    def __init__(self, dev: _Optional[int] = ..., ino: _Optional[int] = ..., runtime_off: _Optional[int] = ..., major: _Optional[int] = ..., minor: _Optional[int] = ..., library: _Optional[bool] = ..., free_threaded: _Optional[bool] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("name", "object", "scope", "params", "lease_seconds")

@@ -13,8 +13,10 @@
 # same inside the userland of tools/debian13.sh (a trixie root in trixie).
 set -euo pipefail
 
-SUITE=trixie
-INCLUDE=python3,ca-certificates,xz-utils,gzip
+# Another suite and package list for a test that needs them (Debian
+# unstable's python3.15): GFXBPF_ROOTFS_SUITE, GFXBPF_ROOTFS_INCLUDE.
+SUITE=${GFXBPF_ROOTFS_SUITE:-trixie}
+INCLUDE=${GFXBPF_ROOTFS_INCLUDE:-python3,ca-certificates,xz-utils,gzip}
 MIRROR=${GFXBPF_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${GFXBPF_DEBIAN13_CACHE-/var/cache/gfxbpf}
 
@@ -35,7 +37,9 @@ fi
 LOG=$(mktemp /var/tmp/gfxbpf-debootstrap.XXXXXX.log)
 trap 'rm -f "$LOG"' EXIT
 DEBOOTSTRAP=(debootstrap --variant=minbase "--include=$INCLUDE")
-TARBALL=${CACHE:+$CACHE/debian13-minbase-${INCLUDE//,/+}.tgz}
+NAME=debian13
+[ "$SUITE" = trixie ] || NAME=debian-$SUITE
+TARBALL=${CACHE:+$CACHE/$NAME-minbase-${INCLUDE//,/+}.tgz}
 if [ -n "$TARBALL" ]; then
     mkdir -p "$CACHE"
     # One maker at a time: test sessions and debian13.sh may start together.
@@ -53,4 +57,4 @@ if [ -n "$TARBALL" ]; then
 fi
 "${DEBOOTSTRAP[@]}" ${TARBALL:+--unpack-tarball="$TARBALL"} "$SUITE" "$ROOTFS" "$MIRROR" >"$LOG" 2>&1 ||
     { tail -20 "$LOG" >&2; die "debootstrap failed"; }
-echo "debian13_rootfs: Debian $(cat "$ROOTFS/etc/debian_version") in $ROOTFS"
+echo "debian13_rootfs: Debian $SUITE ($(cat "$ROOTFS/etc/debian_version")) in $ROOTFS"

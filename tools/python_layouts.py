@@ -46,6 +46,7 @@ _HEADERS = {
         "pycore_interpframe.h",
     ],
 }
+_HEADERS[(3, 15)] = _HEADERS[(3, 14)]
 
 
 def _off(struct: str, field: str) -> str:
@@ -170,6 +171,7 @@ _OWNERS = {
     (3, 12): (*_OWNER_BASE, "FRAME_OWNED_BY_CSTACK"),
     (3, 13): (*_OWNER_BASE, "FRAME_OWNED_BY_CSTACK"),
     (3, 14): (*_OWNER_BASE, "FRAME_OWNED_BY_INTERPRETER", "FRAME_OWNED_BY_CSTACK"),
+    (3, 15): (*_OWNER_BASE, "FRAME_OWNED_BY_INTERPRETER"),  # CSTACK gone
 }
 
 # Bitfields of PyASCIIObject.state whose positions the decoder needs.
@@ -186,6 +188,8 @@ def _program(v: tuple[int, int]) -> str:
         "int main(void) {",
     ]
     lines.append('printf("{\\"PY_VERSION\\": \\"%s\\",\\n", PY_VERSION);')
+    # A free-threaded build (configure --disable-gil) has its own layout.
+    lines += ["#ifdef Py_GIL_DISABLED", 'printf("\\"free_threaded\\": 1,\\n");', "#endif"]
     for name, expr in layout_fields(v).items():
         lines.append(f'printf("\\"{name}\\": %lu,\\n", (unsigned long)({expr}));')
     for bit in _STATE_BITS:
@@ -207,9 +211,11 @@ def _program(v: tuple[int, int]) -> str:
     return "\n".join(lines)
 
 
-def _include_args(include: str, scratch: str) -> list[str]:
-    """-I flags: the folder, its internal/, and Debian's multiarch pyconfig.h."""
-    args = ["-I", include, "-I", os.path.join(include, "internal")]
+def _include_args(include: str, scratch: str, pyconfig: str | None = None) -> list[str]:
+    """-I flags: the folder holding pyconfig.h when it is elsewhere (a build
+    tree), the folder, its internal/, and Debian's multiarch pyconfig.h."""
+    args = ["-I", pyconfig] if pyconfig else []
+    args += ["-I", include, "-I", os.path.join(include, "internal")]
     name = os.path.basename(os.path.normpath(include))
     multi = os.path.join(os.path.dirname(os.path.normpath(include)), "x86_64-linux-gnu", name)
     if os.path.isdir(multi):
@@ -229,8 +235,9 @@ def header_version(include: str) -> tuple[int, int]:
     return int(major.group(1)), int(minor.group(1))
 
 
-def measure(include: str, cc: str = "gcc") -> dict[str, int | str]:
-    """Compile and run the offsetof program against the headers in include."""
+def measure(include: str, cc: str = "gcc", pyconfig: str | None = None) -> dict[str, int | str]:
+    """Compile and run the offsetof program against the headers in include
+    (and the pyconfig.h in the folder pyconfig, for a build tree's)."""
     v = header_version(include)
     if v not in _HEADERS:
         raise ValueError(f"{include}: CPython {v} has no field list here")
@@ -239,7 +246,7 @@ def measure(include: str, cc: str = "gcc") -> dict[str, int | str]:
         with open(src, "w") as f:
             f.write(_program(v))
         flags = ["-O0", "-w", "-o", exe, src]
-        inc = _include_args(include, os.path.join(tmp, "inc"))
+        inc = _include_args(include, os.path.join(tmp, "inc"), pyconfig)
         subprocess.run([cc, *inc, *flags], check=True, capture_output=True, text=True)
         out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
     result: dict[str, int | str] = json.loads(out)
@@ -256,6 +263,8 @@ def entry(values: dict[str, int | str], source: str) -> str:
         lines.append(
             f"        {name}={'NONE' if val == NONE else hex(val) if val > 0xFF else val},"
         )
+    if values.get("free_threaded"):
+        lines.append("        free_threaded=True,")
     lines.append("    ),")
     return "\n".join(lines)
 
@@ -276,10 +285,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--include", required=True, help="folder holding Python.h and internal/")
     ap.add_argument("--source", default="", help="what the headers are (release tag, commit)")
+    ap.add_argument(
+        "--pyconfig",
+        help="folder of the pyconfig.h to use (a build tree's, e.g. a --disable-gil build)",
+    )
     ap.add_argument("--json", action="store_true", help="print every measured value as JSON")
     ap.add_argument("--debug", action="store_true", help="print the _Py_DebugOffsets entry")
     args = ap.parse_args()
-    values = measure(args.include)
+    values = measure(args.include, pyconfig=args.pyconfig)
     if args.json:
         json.dump(values, sys.stdout, indent=1)
         print()

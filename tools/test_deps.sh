@@ -28,6 +28,7 @@ PACKAGES=(
     openssl   # the certificates deploy/README.md makes (tests/unit/test_tls_docs.py)
     xz-utils gzip   # real stripped Debian programs the unwinder tests profile
     debootstrap   # the kernel tests' Debian 13 userland (tools/debian13_rootfs.sh)
+    make   # tools/python_freethreaded.sh builds a free-threaded CPython
 )
 . tools/apt_wait.sh
 apt_install_missing test_deps "${PACKAGES[@]}"
@@ -39,6 +40,10 @@ apt_install_missing test_deps "${PACKAGES[@]}"
 [ "${GFXBPF_DEBS_ONLY:-0}" = 1 ] && exit 0   # bench/run: its peers, not the viewers nor torch
 apt_install_missing test_deps golang-go golang-github-google-pprof-dev   # pprof, for:
 tools/profile_viewers.sh
+# A free-threaded CPython (3.13t) for tests/kernel/test_python_builds.py: Debian
+# packages none, so it is built from Debian 13's python3.13 source, once, into
+# /var/cache/gfxbpf (a few minutes; the Debian 13 leg shares that cache).
+tools/python_freethreaded.sh >/dev/null
 
 # torch 2.13.0: on this project's machines pip finds its CPU build (a 190 MB
 # wheel, about 850 MB in the venv with its dependencies).

@@ -24,7 +24,9 @@ def check_python(
             )
         return (), None
     files = tuple(
-        pymaps.PythonFile(f.dev, f.ino, f.runtime_off, (f.major, f.minor), f.library)
+        pymaps.PythonFile(
+            f.dev, f.ino, f.runtime_off, (f.major, f.minor), f.library, f.free_threaded
+        )
         for f in params.python_files
     )
     try:

@@ -11,9 +11,10 @@ again and compares. For 3.13+ the interpreter also carries the same offsets in
 _Py_DebugOffsets, which discover.py checks in each binary it finds.
 
 owner_cstack is the owner value of the shim frame the eval loop pushes when
-C code enters it: FRAME_OWNED_BY_CSTACK in 3.12 and 3.13, and in 3.14
+C code enters it: FRAME_OWNED_BY_CSTACK in 3.12 and 3.13, and in 3.14+
 FRAME_OWNED_BY_INTERPRETER (3.14's Python/ceval.c sets that on its entry frame;
-its FRAME_OWNED_BY_CSTACK, 4, is assigned nowhere). It is 3 in all three.
+its FRAME_OWNED_BY_CSTACK, 4, is assigned nowhere; 3.15 has no CSTACK owner
+at all). It is 3 in all four.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import astuple, dataclass
 
-__all__ = ["LAYOUTS", "NONE", "PyLayout", "layout_for"]
+__all__ = ["FREE_THREADED", "LAYOUTS", "NONE", "PyLayout", "all_layouts", "layout_for"]
 
 NONE = 0xFFFFFFFF  # field absent in this version
 
@@ -57,16 +58,25 @@ class PyLayout:
     unicode_compact_data: int  # sizeof(PyCompactUnicodeObject)
     bytes_size: int  # PyVarObject ob_size of PyBytesObject
     bytes_data: int  # offsetof(PyBytesObject, ob_sval)
+    free_threaded: bool = False  # a Py_GIL_DISABLED build ("3.13t"); not packed
 
     def pack(self) -> bytes:
-        """struct py_layout: u32 major<<8|minor, then every field after source."""
-        fields = astuple(self)[2:]
+        """struct py_layout: u32 major<<8|minor, then every field after source
+        up to bytes_data."""
+        fields = astuple(self)[2:-1]
         major, minor = self.version
         return struct.pack(f"<{1 + len(fields)}I", major << 8 | minor, *fields)
 
 
-def layout_for(version: tuple[int, int]) -> PyLayout | None:
-    return LAYOUTS.get((version[0], version[1]))
+def layout_for(version: tuple[int, ...], free_threaded: bool = False) -> PyLayout | None:
+    table = FREE_THREADED if free_threaded else LAYOUTS
+    return table.get((version[0], version[1]))
+
+
+def all_layouts() -> list[PyLayout]:
+    """Every layout in py_layouts slot order: the default builds by version,
+    then the free-threaded ones."""
+    return [LAYOUTS[v] for v in sorted(LAYOUTS)] + [FREE_THREADED[v] for v in sorted(FREE_THREADED)]
 
 
 _PYENV = "pyenv's build of the release tarball: include/python3.X/{,internal/}"
@@ -258,5 +268,77 @@ LAYOUTS: dict[tuple[int, int], PyLayout] = {
         unicode_compact_data=56,
         bytes_size=16,
         bytes_data=32,
+    ),
+    (3, 15): PyLayout(
+        version=(3, 15),
+        source="v3.15.2 (Debian unstable 3.15.2-1); " + _DEBIAN,
+        runtime_interp_head=0x3A8,
+        interp_tstate_head=0x1CA8,
+        tstate_next=8,
+        tstate_thread_id=176,
+        tstate_frame=72,
+        cframe_current_frame=NONE,
+        frame_kind=1,
+        frame_code=0,
+        frame_code_tag_mask=3,
+        frame_previous=8,
+        frame_instr=56,
+        frame_instr_kind=2,
+        frame_owner=74,
+        frame_is_entry=NONE,
+        owner_cstack=3,
+        code_adaptive=208,
+        code_name=120,
+        code_qualname=128,
+        code_filename=112,
+        code_firstlineno=68,
+        code_linetable=136,
+        unicode_state=32,
+        unicode_length=16,
+        unicode_ascii_data=40,
+        unicode_compact_data=56,
+        bytes_size=16,
+        bytes_data=32,
+    ),
+}
+
+# Free-threaded builds (PEP 703, configure --disable-gil): every object head
+# is 16 bytes longer (ob_tid, ob_flags, ob_mutex, ob_gc_bits, ob_ref_local,
+# ob_ref_shared before ob_type), so code, string and bytes fields move; the
+# 3.13 frame and thread state keep the default build's layout. Told apart in
+# a binary by its _Py_DebugOffsets, which match one table or the other.
+FREE_THREADED: dict[tuple[int, int], PyLayout] = {
+    (3, 13): PyLayout(
+        version=(3, 13),
+        source="v3.13.5 (Debian 13's python3.13 source, 3.13.5 orig tarball) configured with "
+        "--disable-gil: Include/{,internal/} + the build's pyconfig.h",
+        runtime_interp_head=0x278,
+        interp_tstate_head=0x1CB0,
+        tstate_next=8,
+        tstate_thread_id=152,
+        tstate_frame=72,
+        cframe_current_frame=NONE,
+        frame_kind=1,
+        frame_code=0,
+        frame_code_tag_mask=0,
+        frame_previous=8,
+        frame_instr=56,
+        frame_instr_kind=2,
+        frame_owner=70,
+        frame_is_entry=NONE,
+        owner_cstack=3,
+        code_adaptive=216,
+        code_name=136,
+        code_qualname=144,
+        code_filename=128,
+        code_firstlineno=84,
+        code_linetable=152,
+        unicode_state=48,
+        unicode_length=32,
+        unicode_ascii_data=56,
+        unicode_compact_data=72,
+        bytes_size=32,
+        bytes_data=48,
+        free_threaded=True,
     ),
 }

@@ -32,27 +32,33 @@ CHROOT_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/"}
 MAKE_TIMEOUT_S = 1200  # a cold cache downloads ~50 MB of packages
 
 
-def make_debian13_root() -> Path:
-    """A fresh Debian 13 userland under /var/tmp (mode 0755); its path."""
+def make_debian13_root(suite: str = "trixie", include: str | None = None) -> Path:
+    """A fresh Debian userland under /var/tmp (mode 0755); its path. Debian 13
+    with the script's packages unless told another suite and package list
+    (Debian unstable's python3.15: suite="sid", include="python3.15")."""
     if os.geteuid() != 0:
-        skip_or_fail("making a Debian 13 userland needs root (debootstrap)")
-    work = Path(tempfile.mkdtemp(prefix="gfxbpf-debian13-root-", dir="/var/tmp"))
+        skip_or_fail("making a Debian userland needs root (debootstrap)")
+    work = Path(tempfile.mkdtemp(prefix=f"gfxbpf-{suite}-root-", dir="/var/tmp"))
     work.chmod(0o755)
     root = work / "root"
+    env = {**os.environ, "GFXBPF_ROOTFS_SUITE": suite}
+    if include is not None:
+        env["GFXBPF_ROOTFS_INCLUDE"] = include
     try:
         r = subprocess.run(
             [str(ROOTFS_SCRIPT), str(root)],
             capture_output=True,
             text=True,
             timeout=MAKE_TIMEOUT_S,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         remove_root(root)
-        skip_or_fail(f"debootstrap of Debian 13 took over {MAKE_TIMEOUT_S} s")
+        skip_or_fail(f"debootstrap of Debian {suite} took over {MAKE_TIMEOUT_S} s")
         raise
     if r.returncode != 0:
         remove_root(root)
-        skip_or_fail(f"cannot make a Debian 13 userland: {r.stderr.strip()[-2000:]}")
+        skip_or_fail(f"cannot make a Debian {suite} userland: {r.stderr.strip()[-2000:]}")
     root.chmod(0o755)
     return root
 

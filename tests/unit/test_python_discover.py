@@ -167,9 +167,11 @@ def test_interpreter_paths_under_a_root(tmp_path: Path) -> None:
     for name in ("python3.12", "python3.12-config", "python3.12d-config", "python3"):
         (tmp_path / "usr/bin" / name).write_text("")
     (tmp_path / "usr/local/bin/python3.14").write_text("")
+    (tmp_path / "usr/local/bin/python3.13t").write_text("")  # free-threaded
     (tmp_path / "usr/local/bin/python3.13").symlink_to(tmp_path / "usr/bin/python3.12")
     assert interpreter_paths(str(tmp_path)) == [
         str(tmp_path / "usr/bin/python3.12"),
+        str(tmp_path / "usr/local/bin/python3.13t"),
         str(tmp_path / "usr/local/bin/python3.14"),
     ]
     host = os.path.realpath("/usr/bin/python3")

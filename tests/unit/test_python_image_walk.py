@@ -1,11 +1,11 @@
 """The reference walk (tests/python_walk.py) on memory images laid out as each
-release 3.9-3.14 lays its objects out (tests/python_image.py, from the
+release 3.9-3.15 lays its objects out (tests/python_image.py, from the
 layout table), with the real line tables each release produced
 (tests/data/python_linetables.json).
 
 What this proves: for every release, the table has every field a walk needs
 and the fields are used consistently (thread list, cframe or not, frame
-links, shim frames and ENTRY marks, the 3.14 tag bits, instruction value to
+links, shim frames and ENTRY marks, the 3.14+ tag bits, instruction value to
 line, 1/2/4-byte and ASCII strings, truncated strings), and the decoders
 agree with the walk. What it does not prove: that the numbers are CPython's;
 the builder follows the same table, so a wrong offset would be wrong on
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gfxbpf.catalog.python.layouts import LAYOUTS, PyLayout
+from gfxbpf.catalog.python.layouts import PyLayout, all_layouts
 from gfxbpf.client.profiles.python.strings import ELLIPSIS
 from tests.python_image import Builder, CodeSpec, FrameSpec
 from tests.python_walk import STRING_BYTES, PyFrame, walk
@@ -59,9 +59,14 @@ def _frame(lay: PyLayout, spec: tuple[CodeSpec, list[int | None]], unit: int, en
     return FrameSpec(code, _instr(lay, unit), entry), want
 
 
-@pytest.mark.parametrize("version", sorted(LAYOUTS), ids=lambda v: ".".join(map(str, v)))
-def test_walk_names_every_frame_of_every_thread(version: tuple[int, int]) -> None:
-    lay, rec = LAYOUTS[version], BY_RELEASE[version]
+def _layout_id(lay: PyLayout) -> str:
+    return ".".join(map(str, lay.version)) + ("t" if lay.free_threaded else "")
+
+
+# Every layout, the free-threaded ones too (their line tables are their release's).
+@pytest.mark.parametrize("lay", all_layouts(), ids=_layout_id)
+def test_walk_names_every_frame_of_every_thread(lay: PyLayout) -> None:
+    rec = BY_RELEASE[lay.version]
     ucs4, latin1 = _specs(rec, rec["filename"]), _specs(rec, "/srv/app/café.py")
     # thread 1, leaf first: a nested function (2-byte qualname), a method, a class body
     # entered from C, the module (4-byte file name); thread 2: two frames, a Latin-1 file name
@@ -78,9 +83,9 @@ def test_walk_names_every_frame_of_every_thread(version: tuple[int, int]) -> Non
     assert all(w.line is not None for ws in wanted.values() for w in ws)
 
 
-@pytest.mark.parametrize("version", sorted(LAYOUTS), ids=lambda v: ".".join(map(str, v)))
-def test_a_long_name_is_cut_and_a_fresh_frame_is_at_its_first_line(version) -> None:
-    lay, rec = LAYOUTS[version], BY_RELEASE[version]
+@pytest.mark.parametrize("lay", all_layouts(), ids=_layout_id)
+def test_a_long_name_is_cut_and_a_fresh_frame_is_at_its_first_line(lay: PyLayout) -> None:
+    version, rec = lay.version, BY_RELEASE[lay.version]
     code, _ = _specs(rec, "x.py")[1]
     long = CodeSpec("n" * 300, "q" * 300, "x.py", code.firstlineno, code.table, code.units)
     # A frame that has not run yet: f_lasti -1 (3.9/3.10), prev_instr one unit before

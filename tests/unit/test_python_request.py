@@ -56,6 +56,20 @@ def test_unknown_versions_are_refused_with_the_known_ones() -> None:
     assert "Python 3.7" in str(e.value) and "3.11" in str(e.value)
 
 
+def test_a_free_threaded_file_gets_its_own_layout_or_a_refusal() -> None:
+    ft = _file(minor=13)
+    ft.free_threaded = True
+    files, _ = _check("stackcopy", pb.AttachParams(python_files=[ft]))
+    assert files == (pymaps.PythonFile(0x800001, 5, 0x63C740, (3, 13), free_threaded=True),)
+    assert pymaps.layout_index((3, 13), True) == len(LAYOUTS)  # after every default build
+    assert pymaps.layout_index((3, 13)) != pymaps.layout_index((3, 13), True)
+    ft = _file(minor=14)
+    ft.free_threaded = True
+    with pytest.raises(BrokerError) as e:
+        _check("stackcopy", pb.AttachParams(python_files=[ft]))
+    assert "Python 3.14t" in str(e.value) and "3.13t" in str(e.value), str(e.value)
+
+
 def test_a_program_without_a_walker_takes_no_files() -> None:
     with pytest.raises(BrokerError) as e:
         _check("profile", pb.AttachParams(python_files=[_file()]))

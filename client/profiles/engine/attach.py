@@ -151,6 +151,7 @@ def python_files(pythons: Interpreters | None) -> list[pb.PythonFile]:
             major=f.version[0],
             minor=f.version[1],
             library=f.is_library,
+            free_threaded=f.free_threaded,
         )
         for f in (pythons.files.values() if pythons else ())
     ]

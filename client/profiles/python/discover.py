@@ -16,6 +16,9 @@ needs to know of each: (dev, ino, runtime_off, version).
   such a build has no _PyRuntime and is not walked itself).
 - debug_offsets_ok (3.13+): the offsets CPython itself wrote into the
   binary's _Py_DebugOffsets agree with catalog/python/layouts.py.
+- free_threaded (3.13+): they agree with the free-threaded build's table
+  (configure --disable-gil, "python3.13t"), whose objects are laid out
+  otherwise; the walker then gets that layout.
 
 Symbols, segments and data are read with gfxbpf.elf (the project's ELF layer).
 """
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gfxbpf.catalog.python import debug_offsets as debug_table
-from gfxbpf.catalog.python.layouts import LAYOUTS, layout_for
+from gfxbpf.catalog.python.layouts import LAYOUTS, PyLayout, layout_for
 from gfxbpf.client.profiles.fileid import open_regular
 from gfxbpf.elf.reader import SHN_UNDEF, ElfError, ElfFile
 
@@ -53,7 +56,7 @@ _DEBUG_SYMBOL = "_Py_NegativeRefcount"
 _SYMBOLS = ("_PyRuntime", "Py_Version", "Py_BytesMain", _DEBUG_SYMBOL)
 _VERSION_STRING = re.compile(rb"(?<![\w.])3\.(\d{1,2})\.(\d{1,3})(?:(?:a|b|rc)\d+)?\+?\x00")
 _NAME = re.compile(r"python(\d+)\.(\d+)")
-_INTERPRETER_NAME = re.compile(r"python\d+\.\d+")
+_INTERPRETER_NAME = re.compile(r"python\d+\.\d+t?")  # python3.13t: free-threaded
 _INTERPRETER_DIRS = ("usr/bin", "usr/local/bin")
 _LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib")
 _LIBPYTHON = re.compile(r"/libpython(\d+)\.(\d+)[a-z]*\.so(?:\.[\d.]+)?$")
@@ -71,6 +74,7 @@ class PythonFile:
     is_library: bool  # a shared object (no PT_INTERP): libpython3.X.so itself
     debug_offsets_ok: bool | None  # 3.13+: _Py_DebugOffsets agree with the table
     debug_build: bool = False  # a Py_DEBUG interpreter (python3.X-dbg): other layouts
+    free_threaded: bool = False  # a Py_GIL_DISABLED build (by its _Py_DebugOffsets)
 
     @property
     def walkable(self) -> bool:
@@ -81,7 +85,7 @@ class PythonFile:
             self.static
             and not self.debug_build
             and self.runtime_off is not None
-            and layout_for((self.version[0], self.version[1])) is not None
+            and layout_for(self.version, self.free_threaded) is not None
             and self.debug_offsets_ok is not False
         )
 
@@ -123,6 +127,7 @@ def _inspect(path: str, fd: int) -> PythonFile | None:
     is_library = not any(p.type == _PT_INTERP for p in elf.segments)
     text = _text_base(elf, is_library)
     runtime_off = runtime[0] - text if static and runtime and text is not None else None
+    debug_ok, free_threaded = _debug_match(elf, version, syms) if static else (None, False)
     return PythonFile(
         path=path,
         version=version,
@@ -132,8 +137,9 @@ def _inspect(path: str, fd: int) -> PythonFile | None:
         ino=st.st_ino,
         static=static,
         is_library=is_library,
-        debug_offsets_ok=_debug_ok(elf, version, syms) if static else None,
+        debug_offsets_ok=debug_ok,
         debug_build=syms.get(_DEBUG_SYMBOL, (0, SHN_UNDEF))[1] != SHN_UNDEF,
+        free_threaded=free_threaded,
     )
 
 
@@ -240,15 +246,24 @@ def _read_debug(elf: ElfFile, runtime: int) -> dict[str, int] | None:
     return {name: struct.unpack_from("<Q", raw, pos)[0] for name, pos in fields.items()}
 
 
-def _debug_ok(
+def _debug_match(
     elf: ElfFile, version: tuple[int, ...], syms: dict[str, tuple[int, int]]
-) -> bool | None:
-    layout = layout_for((version[0], version[1]))
-    if layout is None or layout.version < (3, 13):
-        return None
+) -> tuple[bool | None, bool]:
+    """(the binary's _Py_DebugOffsets agree with a layout, None: not 3.13+
+    or no layout; that layout is the free-threaded build's)."""
+    layouts = [x for x in (layout_for(version), layout_for(version, True)) if x is not None]
+    if not layouts or max(x.version for x in layouts) < (3, 13):
+        return None, False
     found = _read_debug(elf, syms["_PyRuntime"][0])
     if found is None:
-        return False  # a 3.13+ _PyRuntime without the struct: not what the table describes
+        return False, False  # a 3.13+ _PyRuntime without the struct: not what the table describes
+    for layout in layouts:
+        if _agrees(layout, found):
+            return True, layout.free_threaded
+    return False, False
+
+
+def _agrees(layout: PyLayout, found: dict[str, int]) -> bool:
     return all(getattr(layout, k) == v for k, v in found.items() if k != "version")
 
 

@@ -19,7 +19,7 @@ ELLIPSIS = "…"
 
 # (kind shift, kind mask, compact bit, ascii bit) by release; the same in all.
 STATE_BITS: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    v: (2, 7, 1 << 5, 1 << 6) for v in ((3, 9), (3, 10), (3, 11), (3, 12), (3, 13), (3, 14))
+    (3, v): (2, 7, 1 << 5, 1 << 6) for v in range(9, 16)
 }
 
 _CODECS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}

@@ -49,8 +49,13 @@ class Interpreters:
         return f
 
 
+def version_name(f: PythonFile, parts: int = 3) -> str:
+    """ "3.15.2", or "3.13.5t" for a free-threaded build."""
+    return ".".join(map(str, f.version[:parts])) + ("t" if f.free_threaded else "")
+
+
 def why_not(f: PythonFile) -> str:
-    v = ".".join(map(str, f.version[:2]))
+    v = version_name(f, 2)
     if f.debug_build:
         return f"Python {v} is a debug build (other structure layouts)"
     if not f.static:
@@ -149,7 +154,7 @@ def report(
     of the processes whose Python frames came, profiled pid -> (command, the
     files it maps) of every process in the profile."""
     interpreters = [
-        {"path": f.path, "version": ".".join(map(str, f.version))}
+        {"path": f.path, "version": version_name(f)}
         for f in (found.files.values() if found else ())
     ]
     notes = []
