@@ -36,6 +36,7 @@ from bench import (
     python_profile,
     report,
     ringbuf_rate,
+    torch_chains,
     unwind_profile,
 )
 from bench import watchers as watchers_mod
@@ -78,6 +79,12 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "locks": ({"rounds": 5, "seconds": 2.0}, {"rounds": 1, "seconds": 1.0}),
     "memory": ({"rounds": 3, "entries": 1_000_000}, {"rounds": 1, "entries": 300_000}),
     "fixed_cost": ({"rounds": 5}, {"rounds": 1}),
+    # --quick: the stand-in loop (bench/torch_standin.py), no torch: CI's Debian 13
+    # leg has none (tools/test_deps.sh), and torch's start would double the smoke.
+    "torch": (
+        {"rounds": 3, "seconds": 6.0, "workload": "torch"},
+        {"rounds": 1, "seconds": 0.5, "workload": "standin"},
+    ),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -97,6 +104,7 @@ RUNNERS = {
     "locks": locks.run,
     "memory": memory_cost.run,
     "fixed_cost": fixed_cost.run,
+    "torch": torch_chains.run,
 }
 
 NOTES = [
