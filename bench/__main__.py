@@ -192,6 +192,18 @@ NOTES = [
     "(built with BUILD_BPF_SKEL=1; neither Debian 12's perf 6.1 nor Debian 13's 6.12 is). "
     "All keep waits of 1 ms and more. The rounds interleave the tools, and the JSON keeps "
     "each round's time (rounds_s): ping-pong times on a shared VM move by tens of percent.",
+    "PyTorch loop (18): bench/torch_cnn.py (torch 2.13 CPU, a small CNN, a DataLoader with 2 "
+    "workers, one intra-op thread), each step timed by bench/torch_timed.py; gfxclient "
+    "profile as the bench user with only the entries `gfxbpf-admin approve profile` and "
+    "`approve stackcopy` write with --users (the policy reloaded for the row) and no option "
+    "but its output; perf record --call-graph dwarf -k CLOCK_MONOTONIC, py-spy record "
+    "--native and py-spy record (PyPI) as root, starting the loop through setpriv as the "
+    "bench user; all at 99 Hz (gfxclient's default). Under the step: a train_step frame "
+    "(gfxclient, py-spy), the main thread inside a timed step (perf). Whole: reaches "
+    "Py_BytesMain or main with no unwind-stopped marker; py-spy --native hides python3's "
+    "own frames, main among them, so there a root frame in libc. Slowdown: untraced steps/s "
+    "over traced, medians of rounds whose order rotates (the JSON keeps every round). "
+    "bench/torch_chains.py says how each figure is taken.",
     "Locks (16): four threads contend one pthread mutex (bench/locks.py); a contended "
     "operation is a futex wait that slept, as --locks counted them in the same round; the "
     "cost per contended operation is the added time of the workload's median run over "

@@ -21,7 +21,11 @@ Slowdown: the loop's steps/s (first step's start to last step's end) untraced
 over its steps/s under each tool, the runs of a round in a rotating order so
 that drift falls on all. Exit → file: from the loop's last act (its time stamp
 just before os._exit) to the tool's exit with its file written. Bytes per
-sample: perf.data's size over its samples; the others are not measured here.
+sample: perf.data's size over its samples; py-spy's, the bytes its
+process_vm_readv calls returned (bpftrace on the syscall's exit, in one more
+untimed run of each) over its samples; gfxclient's, a bound from its record
+layout (the ring's 8-byte header, struct ustack_rec's header and the default
+copy: a copy is shorter only where the stack ends first) not counted here.
 Memory of unwind tables per 100 MB of mapped code (the loop's executable file
 mappings): gfxclient's compiled tables (its cache, ~/.cache/gfxbpf/unwind,
 emptied before the row's untimed first profile), py-spy --native's peak RSS
@@ -43,10 +47,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import BENCH_USER, REPO, BenchError, Stage, log, sh
+from bench.harness import BENCH_USER, REPO, BenchError, Bpftrace, Stage, log, sh
 from bench.python_profile import find_pyspy, parse_folded
 from bench.stats import median, ratio
 from bench.unwind_profile import reload_policy
+from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES
+from gfxbpf.client.profiles.copies import HEADER as UREC_HEADER
 
 HZ = 99  # gfxclient's default frequency (client/profiles/engine/request.py)
 TOOLS = ("untraced", "gfxclient", "perf_dwarf", "pyspy_native", "pyspy")
@@ -82,19 +88,24 @@ def share(stacks: Stacks, pred: Callable[[list[str]], bool]) -> float | None:
     return round(sum(n for s, n in stacks if pred(s)) / total, 4) if total else None
 
 
-HEADER = re.compile(r"^\s*\S.*?\s(\d+)/(\d+)\s+(\d+\.\d+):")
+PERF_HEADER = re.compile(r"^\s*\S.*?\s(\d+)/(\d+)\s+(\d+\.\d+):")
 
 
 def perf_samples(text: str) -> Iterator[tuple[int, int, float, list[str]]]:
     """(pid, tid, time, frames root first) of `perf script -F comm,pid,tid,time,ip,sym`."""
     for block in text.split("\n\n"):
         lines = [ln for ln in block.splitlines() if ln.strip()]
-        m = HEADER.match(lines[0]) if lines else None
+        m = PERF_HEADER.match(lines[0]) if lines else None
         if m is None:
             continue
-        frames = [p[1].strip() if len(p := ln.split(None, 1)) == 2 else "[unknown]"
-                  for ln in lines[1:]]  # fmt: skip
+        frames = [_perf_symbol(ln) for ln in lines[1:]]
         yield int(m[1]), int(m[2]), float(m[3]), frames[::-1]
+
+
+def _perf_symbol(line: str) -> str:
+    """`\t7f01 conv (/x/lib.so)` -> `conv`: the symbol, without its file if shown."""
+    parts = line.split(None, 1)
+    return re.sub(r" \([^()]*\)$", "", parts[1].strip()) if len(parts) == 2 else "[unknown]"
 
 
 def perf_under_step(text: str, pid: int, spans: list[list[float]]) -> tuple[Stacks, int]:
@@ -185,8 +196,8 @@ class Row:
             p = self.stage.gfxclient(*out, "--", *argv,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         else:
-            p = subprocess.Popen(self._root_tool(tool, tag) + self.stage.setpriv(argv),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            argv = self._root_tool(tool, tag) + self.stage.setpriv(argv)
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out_text, err, done, rss = _wait(p, tool)
         res = self.timing(tag, done) | {"rss_kib": rss, "stderr": err[-300:]}
         if tool == "gfxclient":
@@ -213,6 +224,33 @@ def perf_script(data: Path) -> tuple[str, int]:
             raise BenchError(f"perf script of {data} failed ({p.returncode})")
         f.seek(0)
         return f.read(), usage.ru_maxrss
+
+
+READS = (
+    'tracepoint:syscalls:sys_exit_process_vm_readv /comm == "py-spy" && args->ret > 0/ '
+    "{ @bytes = sum(args->ret); }"
+)
+
+
+def pyspy_counts(stderr: str) -> tuple[int, int]:
+    """(samples, errors) from py-spy record's last words."""
+    m = re.search(r"Samples: (\d+) Errors: (\d+)", stderr)
+    if m is None:
+        raise BenchError(f"py-spy printed no sample count: {stderr[-300:]!r}")
+    return int(m[1]), int(m[2])
+
+
+def pyspy_bytes(row: Row, tool: str) -> dict[str, Any]:
+    """One more (untimed) py-spy run with its process_vm_readv bytes counted."""
+    trace = Bpftrace(READS, row.work / f"{tool}-reads.out")
+    try:
+        trace.wait_attached()
+        res = row.run(tool, f"{tool}-bytes")
+    finally:
+        trace.stop()
+    m = re.search(r"@bytes: (\d+)", trace.output.read_text())
+    samples, _ = pyspy_counts(res["stderr"])
+    return {"bytes_per_sample": round(int(m[1]) / samples) if m and samples else None}
 
 
 def _default_policy(stage: Stage) -> str:
@@ -300,9 +338,16 @@ def run(stage: Stage, rounds: int, seconds: float, workload: str) -> dict[str, A
     out["gfxclient"] |= {
         "tables_bytes": _cache_bytes(stage),
         "tables_mb_per_100mb": round(_cache_bytes(stage) * per100 / 1e6, 2),
+        # ring record header (BPF_RINGBUF_HDR_SZ) + struct ustack_rec's header + the copy
+        "record_bytes": 8 + UREC_HEADER.size + DEFAULT_STACK_BYTES,
         "program": first["summary"]["program"],
         "notes": first["summary"]["notes"],
     }
+    for tool in ("pyspy_native", "pyspy"):
+        counts = [pyspy_counts(r["stderr"]) for r in runs[tool]]
+        out[tool] |= {"samples": median([c[0] for c in counts]),
+                      "errors": median([c[1] for c in counts])}  # fmt: skip
+        out[tool] |= pyspy_bytes(row, tool)
     spy_extra = out["pyspy_native"]["rss_kib"] - out["pyspy"]["rss_kib"]
     out["pyspy_native"]["tables_mb_per_100mb"] = round(spy_extra * 1024 * per100 / 1e6, 2)
     out["perf_dwarf"]["script_mb_per_100mb"] = round(
