@@ -199,7 +199,8 @@ class Row:
             argv = self._root_tool(tool, tag) + self.stage.setpriv(argv)
             p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out_text, err, done, rss = _wait(p, tool)
-        res = self.timing(tag, done) | {"rss_kib": rss, "stderr": err[-300:]}
+        # py-spy's last words (its sample count) are on stdout
+        res = self.timing(tag, done) | {"rss_kib": rss, "said": (out_text + err)[-400:]}
         if tool == "gfxclient":
             res["summary"] = json.loads(out_text)
         return res
@@ -249,7 +250,7 @@ def pyspy_bytes(row: Row, tool: str) -> dict[str, Any]:
     finally:
         trace.stop()
     m = re.search(r"@bytes: (\d+)", trace.output.read_text())
-    samples, _ = pyspy_counts(res["stderr"])
+    samples, _ = pyspy_counts(res["said"])
     return {"bytes_per_sample": round(int(m[1]) / samples) if m and samples else None}
 
 
@@ -344,7 +345,7 @@ def run(stage: Stage, rounds: int, seconds: float, workload: str) -> dict[str, A
         "notes": first["summary"]["notes"],
     }
     for tool in ("pyspy_native", "pyspy"):
-        counts = [pyspy_counts(r["stderr"]) for r in runs[tool]]
+        counts = [pyspy_counts(r["said"]) for r in runs[tool]]
         out[tool] |= {"samples": median([c[0] for c in counts]),
                       "errors": median([c[1] for c in counts])}  # fmt: skip
         out[tool] |= pyspy_bytes(row, tool)
