@@ -217,8 +217,10 @@ class Row:
 def perf_script(data: Path) -> tuple[str, int]:
     """(`perf script` of the data, its peak RSS in KiB)."""
     with open(data.with_suffix(".script"), "w+") as f:
-        p = subprocess.Popen(["perf", "script", "-i", str(data), "-F", "comm,pid,tid,time,ip,sym"],
-                             stdout=f, stderr=subprocess.DEVNULL)  # fmt: skip
+        # --no-inline: inlined frames are found by running addr2line per address,
+        # minutes for libtorch; the chain to main is the same without them
+        argv = ["perf", "script", "--no-inline", "-i", str(data), "-F", "comm,pid,tid,time,ip,sym"]
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.DEVNULL)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         if p.returncode != 0:
