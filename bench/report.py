@@ -856,19 +856,19 @@ def _why_fixed_cost(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> st
 
 
 def _why_torch(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
-    g = r["gfxclient"]
+    g, n = r["gfxclient"], r["pyspy_native"]
     if "whole native chains" in measure:
-        cut = "; ".join(g.get("notes", [])[:3]) or "no note"
         return (
-            f"gfxclient's program was {g['program']} (the default policy's 8 KiB copies, "
-            f"unwound in the client): {_share(g['whole'])} of the step's samples reach "
-            f"Py_BytesMain; its notes: {cut}. Whole chains at the default policy need the "
-            "in-kernel unwinding of issue 33, not built in this tree."
+            f"gfxclient (program {g['program']}) {_share(g['whole'])} whole; its cut samples "
+            f"under the step, all rounds: {g.get('cut')}; py-spy --native "
+            f"{_share(n['whole'])} of the samples it kept, and {n.get('errors', 0)} (median) "
+            "it could not take are not in its file, so a whole share of 100% there does not "
+            "count them."
         )
     runs = r["rounds_steps_per_s"]
     return (
         f"steps/s per round: {runs}; medians of rotating rounds on 2 shared CPUs (the loop, "
-        "its 2 DataLoader workers and the profiler compete for them)."
+        "its 2 DataLoader workers and the profiler compete for them, beside other work)."
     )
 
 

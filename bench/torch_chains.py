@@ -83,6 +83,19 @@ def whole_pyspy_native(frames: list[str]) -> bool:
     return bool(frames) and frames[0].endswith("(libc.so.6)")
 
 
+def cut_by(stacks: Stacks, pred: Callable[[list[str]], bool]) -> dict[str, int]:
+    """Samples whose chain is not whole, by where it ends: the unwind-stopped
+    marker, else the outermost frame named (all rounds together)."""
+    out: dict[str, int] = {}
+    for frames, n in stacks:
+        if pred(frames):
+            continue
+        marks = [f for f in frames if f.startswith(MARKERS)]
+        key = marks[0] if marks else f"ends at {next((f for f in frames if f != '[unknown]'), '?')}"
+        out[key] = out.get(key, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:5])
+
+
 def share(stacks: Stacks, pred: Callable[[list[str]], bool]) -> float | None:
     total = sum(n for _, n in stacks)
     return round(sum(n for s, n in stacks if pred(s)) / total, 4) if total else None
@@ -289,19 +302,23 @@ def _shares(row: Row, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out[tool] = {
             "samples_under_step": median([sum(n for _, n in s) for s in step]),
             "whole": median([share(s, pred) or 0.0 for s in step]) if pred else None,
+            "cut": cut_by([x for s in step for x in s], pred) if pred else None,
         }
     perf: list[tuple[float, int, int, int]] = []
+    cut: Stacks = []
     for r in runs["perf_dwarf"]:
         data = row.work / f"{r['tag']}.data"
         text, script_rss = perf_script(data)
         step, total = perf_under_step(text, r["pid"], r["spans"])
         whole = share(step, whole_native) or 0.0
+        cut.extend(step)
         perf.append((whole, len(step), data.stat().st_size // max(1, total), script_rss))
     out["perf_dwarf"] = {
         "whole": median([p[0] for p in perf]),
         "samples_under_step": median([p[1] for p in perf]),
         "bytes_per_sample": median([p[2] for p in perf]),
         "script_rss_kib": median([p[3] for p in perf]),
+        "cut": cut_by(cut, whole_native),
     }
     return out
 

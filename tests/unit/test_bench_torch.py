@@ -8,6 +8,7 @@ import pytest
 from bench import report
 from bench.harness import BenchError
 from bench.torch_chains import (
+    cut_by,
     perf_samples,
     perf_under_step,
     pyspy_counts,
@@ -108,3 +109,13 @@ def test_pyspy_counts_are_read_from_its_last_line() -> None:
     assert pyspy_counts(err) == (1937, 4)
     with pytest.raises(BenchError):
         pyspy_counts("py-spy> Error: Failed to find python version")
+
+
+def test_cut_chains_are_counted_by_their_marker_or_outermost_named_frame() -> None:
+    stacks = [
+        (["python3", "main", "Py_BytesMain", "f"], 5),
+        (["python3", "[unwind stopped: no CFI]", "f"], 2),
+        (["[unknown]", "PyObject_Call", "f"], 3),
+    ]
+    assert cut_by(stacks, whole_native) == {"ends at PyObject_Call": 3,
+                                            "[unwind stopped: no CFI]": 2}  # fmt: skip
