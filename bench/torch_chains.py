@@ -213,7 +213,7 @@ class Row:
             p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out_text, err, done, rss = _wait(p, tool)
         # py-spy's last words (its sample count) are on stdout
-        res = self.timing(tag, done) | {"rss_kib": rss, "said": (out_text + err)[-400:]}
+        res = self.timing(tag, done) | {"rss_kib": rss, "said": out_text[-400:] + err[-400:]}
         if tool == "gfxclient":
             res["summary"] = json.loads(out_text)
         return res
