@@ -82,7 +82,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # --quick: the stand-in loop (bench/torch_standin.py), no torch: CI's Debian 13
     # leg has none (tools/test_deps.sh), and torch's start would double the smoke.
     "torch": (
-        {"rounds": 3, "seconds": 6.0, "workload": "torch"},
+        {"rounds": 5, "seconds": 5.0, "workload": "torch"},
         {"rounds": 1, "seconds": 0.5, "workload": "standin"},
     ),
 }
@@ -202,7 +202,8 @@ NOTES = [
     "(gfxclient, py-spy), the main thread inside a timed step (perf). Whole: reaches "
     "Py_BytesMain or main with no unwind-stopped marker; py-spy --native hides python3's "
     "own frames, main among them, so there a root frame in libc. Slowdown: untraced steps/s "
-    "over traced, medians of rounds whose order rotates (the JSON keeps every round). "
+    "over traced in the same round, the median over rounds whose order rotates (the JSON "
+    "keeps every round's rates). "
     "bench/torch_chains.py says how each figure is taken.",
     "Locks (16): four threads contend one pthread mutex (bench/locks.py); a contended "
     "operation is a futex wait that slept, as --locks counted them in the same round; the "

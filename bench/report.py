@@ -693,7 +693,7 @@ def _torch(r: dict[str, Any]) -> list[Row]:
             _met(min(g["whole"] - 0.95, g["whole"] - n["whole"]), lambda x: x >= 0),
         ),
         (
-            f"{label}: slowdown, untraced over traced steps/s "
+            f"{label}: slowdown, untraced over traced steps/s in a round, median "
             f"(untraced {r['untraced_steps_per_s']} steps/s)",
             f"×{g['slowdown']}",
             f"perf dwarf ×{d['slowdown']}, py-spy --native ×{n['slowdown']}, "
@@ -722,7 +722,8 @@ def _torch(r: dict[str, Any]) -> list[Row]:
         ),
         (
             f"{label}: unwind tables per 100 MB of mapped code ({r['code_mb']} MB mapped)",
-            f"{g['tables_mb_per_100mb']} MB",
+            f"{g['tables_mb_per_100mb']} MB (compiled, on disk; client peak RSS "
+            f"{g.get('rss_mb', '—')} MB)",
             f"py-spy --native {n['tables_mb_per_100mb']} MB (its RSS over py-spy's); perf "
             f"record none (perf script's RSS {d['script_mb_per_100mb']} MB)",
             str(ratio(g["tables_mb_per_100mb"], n["tables_mb_per_100mb"]))

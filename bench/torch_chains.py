@@ -18,9 +18,10 @@ root frame is libc's (the __libc_start_call_main that calls main). py-spy
 without --native has no native frames: no share.
 
 Slowdown: the loop's steps/s (first step's start to last step's end) untraced
-over its steps/s under each tool, the runs of a round in a rotating order so
-that drift falls on all. Exit → file: from the loop's last act (its time stamp
-just before os._exit) to the tool's exit with its file written. Bytes per
+over its steps/s under each tool in the same round, median over the rounds;
+the runs of a round go in a rotating order so that drift falls on all.
+Exit → file: from the loop's last act (its time stamp just before os._exit)
+to the tool's exit with its file written. Bytes per
 sample: perf.data's size over its samples; py-spy's, the bytes its
 process_vm_readv calls returned (bpftrace on the syscall's exit, in one more
 untimed run of each) over its samples; gfxclient's, a bound from its record
@@ -328,9 +329,13 @@ def _summarise(runs: dict[str, list[dict[str, Any]]], row: dict[str, Any]) -> No
     row["untraced_steps_per_s"] = round(base, 2)
     for tool in TOOLS[1:]:
         rate = median([r["rate"] for r in runs[tool]])
+        # each round's untraced rate over the tool's in the same round: the
+        # machine's load moves both alike, and the median of these is the figure
+        each = [u["rate"] / t["rate"] for u, t in zip(runs["untraced"], runs[tool], strict=True)]
         row[tool] |= {
             "steps_per_s": round(rate, 2),
-            "slowdown": ratio(base, rate),
+            "slowdown": round(median(each), 3),
+            "slowdown_of_medians": ratio(base, rate),
             "to_file_s": round(median([r["to_file_s"] for r in runs[tool]]), 3),
             "rss_kib": median([r["rss_kib"] for r in runs[tool]]),
         }
@@ -357,6 +362,7 @@ def run(stage: Stage, rounds: int, seconds: float, workload: str) -> dict[str, A
     out["code_mb"] = round(code / 1e6, 1)
     out["gfxclient"] |= {
         "tables_bytes": _cache_bytes(stage),
+        "rss_mb": round(out["gfxclient"]["rss_kib"] / 1024, 1),
         "tables_mb_per_100mb": round(_cache_bytes(stage) * per100 / 1e6, 2),
         # ring record header (BPF_RINGBUF_HDR_SZ) + struct ustack_rec's header + the copy
         "record_bytes": 8 + UREC_HEADER.size + DEFAULT_STACK_BYTES,
