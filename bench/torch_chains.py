@@ -178,6 +178,23 @@ def _wait(p: subprocess.Popen[str], what: str) -> tuple[str, str, float, int]:
     return out, err, done, rss.result()
 
 
+TORCH = "torch==2.13.0"  # tools/test_deps.sh's, which bench/run's setup leaves out
+
+
+def ensure_torch(stage: Stage) -> None:
+    """torch in the bench's venv: installed from the registry on first use."""
+    python = str(stage.venv / "bin/python")
+    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
+        return
+    log(f"torch: installing {TORCH} into {stage.venv}")
+    subprocess.run([str(stage.venv / "bin/pip"), "install", "-q", TORCH], check=False)
+    sh(["chmod", "-R", "a+rX", str(stage.venv)])  # the bench user runs the loop with it
+    r = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BenchError(f"torch is not in {stage.venv} and `pip install {TORCH}` failed: "
+                         f"{r.stderr.strip()[-300:]}")  # fmt: skip
+
+
 class Row:
     """The row's files and commands in the stage's work folder."""
 
@@ -191,6 +208,8 @@ class Row:
             (self.work / name).chmod(0o644)
         self.python = str(stage.venv / "bin/python")
         self.pyspy = find_pyspy(stage)
+        if workload == "torch":
+            ensure_torch(stage)
 
     def loop(self, tag: str) -> list[str]:
         extra = ["standin"] if self.workload == "standin" else []
