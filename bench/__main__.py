@@ -36,6 +36,7 @@ from bench import (
     python_profile,
     report,
     ringbuf_rate,
+    torch_chains,
     unwind_profile,
 )
 from bench import watchers as watchers_mod
@@ -78,6 +79,12 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "locks": ({"rounds": 5, "seconds": 2.0}, {"rounds": 1, "seconds": 1.0}),
     "memory": ({"rounds": 3, "entries": 1_000_000}, {"rounds": 1, "entries": 300_000}),
     "fixed_cost": ({"rounds": 5}, {"rounds": 1}),
+    # --quick: the stand-in loop (bench/torch_standin.py), no torch: CI's Debian 13
+    # leg has none (tools/test_deps.sh), and torch's start would double the smoke.
+    "torch": (
+        {"rounds": 5, "seconds": 5.0, "workload": "torch"},
+        {"rounds": 1, "seconds": 0.5, "workload": "standin"},
+    ),
 }
 RUNNERS = {
     "first_data": first_data.run,
@@ -97,6 +104,7 @@ RUNNERS = {
     "locks": locks.run,
     "memory": memory_cost.run,
     "fixed_cost": fixed_cost.run,
+    "torch": torch_chains.run,
 }
 
 NOTES = [
@@ -184,6 +192,19 @@ NOTES = [
     "(built with BUILD_BPF_SKEL=1; neither Debian 12's perf 6.1 nor Debian 13's 6.12 is). "
     "All keep waits of 1 ms and more. The rounds interleave the tools, and the JSON keeps "
     "each round's time (rounds_s): ping-pong times on a shared VM move by tens of percent.",
+    "PyTorch loop (18): bench/torch_cnn.py (torch 2.13 CPU, a small CNN, a DataLoader with 2 "
+    "workers, one intra-op thread), each step timed by bench/torch_timed.py; gfxclient "
+    "profile as the bench user with only the entries `gfxbpf-admin approve profile` and "
+    "`approve stackcopy` write with --users (the policy reloaded for the row) and no option "
+    "but its output; perf record --call-graph dwarf -k CLOCK_MONOTONIC, py-spy record "
+    "--native and py-spy record (PyPI) as root, starting the loop through setpriv as the "
+    "bench user; all at 99 Hz (gfxclient's default). Under the step: a train_step frame "
+    "(gfxclient, py-spy), the main thread inside a timed step (perf). Whole: reaches "
+    "Py_BytesMain or main with no unwind-stopped marker; py-spy --native hides python3's "
+    "own frames, main among them, so there a root frame in libc. Slowdown: untraced steps/s "
+    "over traced in the same round, the median over rounds whose order rotates (the JSON "
+    "keeps every round's rates). "
+    "bench/torch_chains.py says how each figure is taken.",
     "Locks (16): four threads contend one pthread mutex (bench/locks.py); a contended "
     "operation is a futex wait that slept, as --locks counted them in the same round; the "
     "cost per contended operation is the added time of the workload's median run over "

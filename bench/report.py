@@ -665,6 +665,76 @@ def _fixed_cost(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _spy_errors(tool: dict[str, Any]) -> str:
+    """py-spy's samples it could not take (left out of its file), if any."""
+    if not tool.get("errors"):
+        return ""
+    return f" ({tool['errors']} errors in {tool['samples']} samples, left out)"
+
+
+def _bytes(tool: dict[str, Any]) -> str:
+    n = tool.get("bytes_per_sample")
+    return "—" if n is None else f"{n:,} B"
+
+
+def _torch(r: dict[str, Any]) -> list[Row]:
+    g, d, n, p = r["gfxclient"], r["perf_dwarf"], r["pyspy_native"], r["pyspy"]
+    label = f"18 {'PyTorch' if r['workload'] == 'torch' else 'stand-in (no torch)'} loop"
+    worst = max(d["slowdown"], p["slowdown"])
+    return [
+        (
+            f"{label}: whole native chains under the training step ({r['hz']} Hz; "
+            f"{g['samples_under_step']} samples)",
+            _share(g["whole"]),
+            f"py-spy --native {_share(n['whole'])}{_spy_errors(n)}, perf dwarf "
+            f"{_share(d['whole'])} ({d['samples_under_step']} samples)",
+            str(ratio(g["whole"], n["whole"])) if n["whole"] else "—",
+            "≥ 95%, ≥ py-spy --native's",
+            _met(min(g["whole"] - 0.95, g["whole"] - n["whole"]), lambda x: x >= 0),
+        ),
+        (
+            f"{label}: slowdown, untraced over traced steps/s in a round, median "
+            f"(untraced {r['untraced_steps_per_s']} steps/s)",
+            f"×{g['slowdown']}",
+            f"perf dwarf ×{d['slowdown']}, py-spy --native ×{n['slowdown']}, "
+            f"py-spy ×{p['slowdown']}",
+            str(ratio(g["slowdown"], worst)),
+            "≤ perf dwarf's, ≤ py-spy's",
+            _met(g["slowdown"] - min(d["slowdown"], p["slowdown"]), lambda x: x <= 0),
+        ),
+        (
+            f"{label}: program exit → written file",
+            _ms(g["to_file_s"]),
+            f"perf record {_ms(d['to_file_s'])} (perf.data), py-spy --native "
+            f"{_ms(n['to_file_s'])}, py-spy {_ms(p['to_file_s'])}",
+            str(ratio(g["to_file_s"], d["to_file_s"])),
+            "—",
+            "—",
+        ),
+        (
+            f"{label}: bytes moved per sample",
+            f"≤ {g['record_bytes']:,} B (stack record: header + copy)",
+            f"perf dwarf {d['bytes_per_sample']:,} B (perf.data / samples); py-spy --native "
+            f"{_bytes(n)}, py-spy {_bytes(p)} (process_vm_readv)",
+            str(ratio(g["record_bytes"], d["bytes_per_sample"])),
+            "—",
+            "—",
+        ),
+        (
+            f"{label}: unwind tables per 100 MB of mapped code ({r['code_mb']} MB mapped)",
+            f"{g['tables_mb_per_100mb']} MB (compiled, on disk; client peak RSS "
+            f"{g.get('rss_mb', '—')} MB)",
+            f"py-spy --native {n['tables_mb_per_100mb']} MB (its RSS over py-spy's); perf "
+            f"record none (perf script's RSS {d['script_mb_per_100mb']} MB)",
+            str(ratio(g["tables_mb_per_100mb"], n["tables_mb_per_100mb"]))
+            if n["tables_mb_per_100mb"] > 0
+            else "—",
+            "—",
+            "—",
+        ),
+    ]
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "first_data": _first_data,
     "kernel_cost": _kernel_cost,
@@ -683,6 +753,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "locks": _locks,
     "memory": _memory,
     "fixed_cost": _fixed_cost,
+    "torch": _torch,
 }
 
 
@@ -797,6 +868,30 @@ def _why_fixed_cost(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> st
     )
 
 
+def _why_torch(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    g, n = r["gfxclient"], r["pyspy_native"]
+    if "whole native chains" in measure:
+        return (
+            f"gfxclient (program {g['program']}) {_share(g['whole'])} whole; its cut samples "
+            f"under the step, all rounds: {g.get('cut')}; py-spy --native "
+            f"{_share(n['whole'])} of the samples it kept, and {n.get('errors', 0)} (median) "
+            "it could not take are not in its file, so a whole share of 100% there does not "
+            "count them."
+        )
+    runs = r["rounds_steps_per_s"]
+    each = {
+        t: [round(u / x, 2) for u, x in zip(runs["untraced"], runs[t], strict=True)]
+        for t in ("gfxclient", "perf_dwarf", "pyspy")
+    }
+    spread = [min(runs["untraced"]), max(runs["untraced"])]
+    return (
+        f"each round's slowdown (untraced over traced steps/s): {each}; untraced alone moved "
+        f"from {spread[0]} to {spread[1]} steps/s between rounds on 2 CPUs shared with other "
+        "work (the loop, its 2 DataLoader workers and the profiler compete for them), so the "
+        "medians' difference is inside the rounds' spread, not a measured cost."
+    )
+
+
 WHY: dict[str, Why] = {
     "first_data": _why_first_data,
     "kernel_cost": _why_kernel_cost,
@@ -804,6 +899,7 @@ WHY: dict[str, Why] = {
     "ringbuf": _why_ringbuf,
     "profile": _why_profile,
     "fixed_cost": _why_fixed_cost,
+    "torch": _why_torch,
 }
 
 

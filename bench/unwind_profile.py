@@ -450,14 +450,14 @@ def copies_granted(stage: Stage) -> Iterator[None]:
     admin = str(stage.venv / "bin/gfxbpf-admin")
     grant = sh([admin, "approve", "stackcopy", "--users", BENCH_USER, "--scope", "self"]
                + ["--max-frequency", str(max(HZ))]).stdout  # fmt: skip
-    _reload(stage, grant + before)
+    reload_policy(stage, grant + before)
     try:
         yield
     finally:
-        _reload(stage, before)
+        reload_policy(stage, before)
 
 
-def _reload(stage: Stage, text: str) -> None:
+def reload_policy(stage: Stage, text: str) -> None:
     (stage.work / "policy.toml").write_text(text)
     done = _reloads(stage)
     os.kill(stage.broker_pid, signal.SIGHUP)
