@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import ALICE, ROOT, BrokerProcess, ensure_user, policy_for, shared_dir
 from tests.kernel.chroots import make_debian13_root, popen_in, remove_root, user_dir_in
 from tests.kernel.profiling import profile, share, stacks_of
-from tests.kernel.test_python_frames import INNER_BODY, NESTED, THREADS, functions
+from tests.kernel.test_python_frames import NESTED, THREADS, chain_at, functions
 
 pytestmark = pytest.mark.kernel
 
@@ -35,21 +35,6 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
         {"stackcopy": {"users": [ALICE], "scope": "self", "max_frequency": 999}},
         limits={"map_bytes_per_user": 1 << 30},
     )
-
-
-def chain_at(script: str) -> Callable[[list[str]], bool]:
-    """outer, middle, inner last among the Python frames, inner naming script
-    and a line of its loop."""
-
-    def ok(frames: list[str]) -> bool:
-        inner = [f for f in frames if f.startswith(f"inner ({script}:")]
-        return (
-            functions(frames)[-3:] == ["outer", "middle", "inner"]
-            and bool(inner)
-            and int(inner[-1].rpartition(":")[2][:-1]) in INNER_BODY
-        )
-
-    return ok
 
 
 def _check(out: Path, script: str, label: str) -> None:

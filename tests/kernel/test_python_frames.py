@@ -147,6 +147,22 @@ def functions(frames: list[str]) -> list[str]:
     return [f.split(" (", 1)[0] for f in frames if f.endswith(")") and ".py:" in f]
 
 
+def chain_at(script: str, native: bool = False) -> Callable[[list[str]], bool]:
+    """outer, middle, inner last among the Python frames, inner naming script
+    and a line of its loop; native: Py_BytesMain on the native path too."""
+
+    def ok(frames: list[str]) -> bool:
+        inner = [f for f in frames if f.startswith(f"inner ({script}:")]
+        return (
+            functions(frames)[-3:] == ["outer", "middle", "inner"]
+            and (not native or "Py_BytesMain" in frames)
+            and bool(inner)
+            and int(inner[-1].rpartition(":")[2][:-1]) in INNER_BODY
+        )
+
+    return ok
+
+
 def _nested_ok(work: Path, frames: list[str]) -> bool:
     """Py_BytesMain on the native path, then outer, middle, inner in order,
     inner naming its file and a line of its body."""
@@ -416,17 +432,7 @@ def test_python_3_13_in_a_chroot_by_pid(broker: BrokerProcess, work: Path, trixi
         proc.wait()
     assert summary["python"]["processes_walked"] == {str(proc.pid): "3.13"}, summary["python"]
     stacks = stacks_of(out)
-
-    def chain(frames: list[str]) -> bool:
-        inner = [f for f in frames if f.startswith("inner (/w/nested.py:")]
-        return (
-            functions(frames)[-3:] == ["outer", "middle", "inner"]
-            and "Py_BytesMain" in frames
-            and bool(inner)
-            and int(inner[-1].rpartition(":")[2][:-1]) in INNER_BODY
-        )
-
-    got = share(stacks, chain)
+    got = share(stacks, chain_at("/w/nested.py", native=True))
     print(f"3.13 in a chroot: {got:.3f} of {sum(n for _, n in stacks)} samples")
     assert got >= 0.9, (got, sorted(((n, s[-6:]) for s, n in stacks), reverse=True)[:3])
 
