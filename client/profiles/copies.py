@@ -386,6 +386,7 @@ class ProbeCopyReader:
         probed library need not be in the maps: a library loaded and called
         between two snapshots by a process gone before its copy was read."""
         ip, sp, bp = regs
+        whole = 2 if self.by_chain else 1  # frames of a walk that reached a caller
         walked: tuple[tuple[int, ...], str | None, bool] = ((), None, False)
         for refresh in (False, True):  # again with newer maps: a library just mapped
             maps = self.process_maps(tgid, refresh)
@@ -399,7 +400,7 @@ class ProbeCopyReader:
                 )
             # A copy is rare (a row's 1st, 2nd, 4th ... call): one that stops
             # early may have met maps from before an exec; look once more.
-            if len(walked[0]) > self.by_chain and walked[1] is None:
+            if len(walked[0]) >= whole and walked[1] is None:
                 break
         return walked
 
