@@ -27,18 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gfxbpf.client.broker import Broker
-from gfxbpf.client.cli.cuda_python import (
-    NO_PYTHON,
-    NOT_COPIED,
-    Chains,
-    _no_unwind,
-    named_chains,
-)
+from gfxbpf.client.cli.cuda_python import NO_PYTHON
 from gfxbpf.client.cli.display import clip, humanize_count, humanize_ns
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.libcuda import mapped_files
 from gfxbpf.client.printable import printable
+from gfxbpf.client.profiles.copies import NOT_COPIED
 from gfxbpf.client.profiles.read import lost_count
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -128,6 +123,30 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
         acc[0] += n
         acc[1] += ns
     return sorted(out.values(), key=lambda k: (-k.device_ns, k.pid, k.name))
+
+
+# What names a chain's Python frames: (tgid, chain hash) -> root-first names
+Chains = dict[tuple[int, int], tuple[str, ...]]
+
+
+def named_chains(reader: Any) -> Chains:
+    """The Python chains the reader's copies brought (ProbeCopyReader.chains), named root first."""
+    codes = reader.python.codes
+    reader.python.resolve(final=True)
+    if codes is None:  # the program walks no Python: no chain has a name
+        return {}
+    return {
+        key: tuple(codes.name(key[0], f) for f in reversed(frames))
+        for key, frames in reader.chains.items()
+    }
+
+
+def _no_unwind() -> Any:
+    """The reader's unwind tables: never consulted (no process maps are given:
+    the Python frames alone name a chain)."""
+    from gfxbpf.client.profiles.unwind import UnwindTables
+
+    return UnwindTables()
 
 
 def attach(broker: Broker, args: argparse.Namespace) -> KernelTimes:

@@ -1,14 +1,14 @@
 """`gfxclient watch cuda --by-python`: kernel launches per Python function.
 
 Program `cuda` counts per function and process; which Python code made a
-launch is a stack question, so this view attaches `ustackcopy` (the
-program of `profile --stacks-at`) on the launch entries of the cuda
-function table that the target's libcuda defines. ustackcopy counts every
-call exactly per (function, caller, Python chain hash) in its map `calls`
-and sends a few copies per row, each with the Python frames walked in the
-kernel; the profiling engine's copy reader and Python code book turn a chain
-hash into `function (file:line)` names. No native unwinding is done here:
-the Python frames alone name the row.
+launch is a stack question, so this view takes a --stacks-at profile
+(`ustackcopy`) on the launch entries of the cuda function table that the
+target's libcuda defines, through the profiling engine's live profile
+(client/profiles/engine/live.py): one attachment for the whole watch, read
+every interval, so the counts stay exact. ustackcopy counts every call
+exactly per (function, caller, Python chain hash) and sends a few copies per
+row with the Python frames walked in the kernel; this view sums the rows per
+innermost Python frame.
 """
 
 from __future__ import annotations
@@ -16,22 +16,23 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.catalog import cuda_api
-from gfxbpf.client.broker import Broker
 from gfxbpf.client.cli.display import clip, humanize_count
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
-from gfxbpf.client.handle import Attachment
 from gfxbpf.client.printable import printable
-from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS, ProbeCopyReader, rows_of
 from gfxbpf.client.profiles.read import lost_count
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
+if TYPE_CHECKING:
+    from gfxbpf.client.broker import Broker
+    from gfxbpf.client.profiles.engine.live import LiveProfile
+    from gfxbpf.client.profiles.engine.request import ProfileRequest
+    from gfxbpf.client.profiles.model import RawStack
+
 PROGRAM = "ustackcopy"
-STACK_COPIES = "stack_copies"
 NO_PYTHON = "[no Python frame]"  # launched from native code (or a Python it cannot read)
-NOT_COPIED = "[Python chain not copied yet]"  # a row whose copies the reader has not seen
 
 
 def launch_functions(library: str) -> list[str]:
@@ -48,11 +49,9 @@ def launch_functions(library: str) -> list[str]:
 
 
 def attach(broker: Broker, args: argparse.Namespace) -> PythonLaunches:
-    """ustackcopy on the target's libcuda launch functions, walking its Python."""
+    """A live --stacks-at profile of the target's libcuda launch functions."""
     from gfxbpf.client import libcuda
-    from gfxbpf.client.profiles.engine.attach import python_files
-    from gfxbpf.client.profiles.engine.readers import code_book
-    from gfxbpf.client.profiles.python.targets import find
+    from gfxbpf.client.profiles.engine.request import ProfileRequest
 
     if not args.pid:
         raise UsageError("watch cuda --by-python needs --pid PID: a Python process of yours")
@@ -60,53 +59,48 @@ def attach(broker: Broker, args: argparse.Namespace) -> PythonLaunches:
         raise UsageError("--by-python copies your process's stacks: scope self only")
     library = args.library or libcuda.find_libcuda_in_tree(args.pid, not args.no_children)
     functions = launch_functions(library)
-    pythons = find([args.pid], None)
-    att = _attach(broker, args, library, functions, python_files(pythons))
-    codes = code_book(att)
-    if codes is None:
-        att.detach()
-        raise ClientError(f"this broker's {PROGRAM} walks no Python frames (update the broker)")
-    reader = ProbeCopyReader(
-        att.open_events(STACK_COPIES), lambda _pid, _refresh: None, _no_unwind(), codes
+    req = ProfileRequest(
+        pids=[args.pid],
+        command=[],
+        library=library,
+        functions=functions,
+        children=not args.no_children,
+        scope="self",
     )
-    return PythonLaunches(att, reader, library, functions, args.interval)
+    live = _open(broker, req)
+    return PythonLaunches(live, library, functions, args.interval)
 
 
-def _no_unwind() -> Any:
-    """The reader's unwind tables: never consulted (no process maps are given)."""
-    from gfxbpf.client.profiles.unwind import UnwindTables
+def _open(broker: Broker, req: ProfileRequest) -> LiveProfile:
+    """The engine's live profile, with ustackcopy's copies (ustacks' frame-pointer
+    stacks carry no Python frames) walking Python."""
+    from gfxbpf.client.profiles.copies import ProbeCopyReader
+    from gfxbpf.client.profiles.engine.live import open_profile
 
-    return UnwindTables()
-
-
-def _attach(
-    broker: Broker,
-    args: argparse.Namespace,
-    library: str,
-    functions: list[str],
-    files: list[pb.PythonFile],
-) -> Attachment:
     try:
-        return broker.attach(
-            PROGRAM,
-            scope="self",
-            pid=args.pid,
-            library=library,
-            functions=functions,
-            children=not args.no_children,
-            python_files=files,
-        )
+        live = open_profile(req, lambda: broker)
     except BrokerError as e:
         if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
             raise
-        why = (
-            f"watch cuda --by-python needs program {PROGRAM} on {library} "
-            f"({', '.join(functions)}), which the policy does not grant you: ask the "
-            f"administrator to grant {PROGRAM} with that library (scope self); "
-            f"`gfxclient watch cuda` without --by-python needs only program cuda.\n  "
-            f"broker: {e.message}"
-        )
-        raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
+        raise BrokerError(e.code, _refused(req, e.message), e.rule, operation=e.operation) from None
+    copies = live.run.copies
+    if not isinstance(copies, ProbeCopyReader):
+        live.close()
+        raise ClientError(_refused(req, f"it granted {live.run.att.program} instead"))
+    if copies.python.codes is None:
+        live.close()
+        raise ClientError(f"this broker's {PROGRAM} walks no Python frames (update the broker)")
+    return live
+
+
+def _refused(req: ProfileRequest, broker_says: str) -> str:
+    return (
+        f"watch cuda --by-python needs program {PROGRAM} on {req.library} "
+        f"({', '.join(req.functions)}), which the policy does not grant you: ask the "
+        f"administrator to grant {PROGRAM} with that library (scope self); "
+        f"`gfxclient watch cuda` without --by-python needs only program cuda.\n  "
+        f"broker: {broker_says}"
+    )
 
 
 @dataclass
@@ -135,31 +129,25 @@ class Group:
         }
 
 
-# A row of ustackcopy's map calls: (tgid, function index, caller, chain hash,
-# path hash); this view sums rows by their Python chain
-Row = tuple[int, int, int, int, int]
-# What names a row's Python frames: (tgid, chain hash) -> root-first names, or None
-Chains = dict[tuple[int, int], tuple[str, ...]]
-
-
-def group_rows(
-    rows: list[tuple[Row, int, int]], chains: Chains, functions: list[str]
-) -> list[Group]:
-    """Rows (row, calls, ns) summed per (process, innermost Python frame),
-    most launches first."""
+def group_stacks(stacks: list[RawStack], times: list[RawStack]) -> list[Group]:
+    """The live profile's stacks (weighed in calls, and the same rows in
+    nanoseconds) summed per (process, innermost Python frame), most launches first."""
     out: dict[tuple[int, str], Group] = {}
-    for (tgid, fn, _caller, chash, _path), calls, ns in rows:
-        chain = chains.get((tgid, chash)) if chash else ()
-        if chain is None:
-            chain = (NOT_COPIED,)
+    for s, t in zip(stacks, times, strict=True):
+        chain = python_chain(s)
         leaf = chain[-1] if chain else NO_PYTHON
-        g = out.setdefault((tgid, leaf), Group(tgid, leaf))
-        g.calls += calls
-        g.time_ns += ns
-        name = functions[fn] if fn < len(functions) else f"[function {fn}]"
-        g.by_launch[name] = g.by_launch.get(name, 0) + calls
-        g.chains[chain] = g.chains.get(chain, 0) + calls
+        g = out.setdefault((s.pid, leaf), Group(s.pid, leaf))
+        g.calls += s.weight
+        g.time_ns += t.weight
+        name = s.leaf or "[function]"
+        g.by_launch[name] = g.by_launch.get(name, 0) + s.weight
+        g.chains[chain] = g.chains.get(chain, 0) + s.weight
     return sorted(out.values(), key=lambda g: (-g.calls, g.pid, g.function))
+
+
+def python_chain(s: RawStack) -> tuple[str, ...]:
+    """A stack's Python frames root first (NOT_COPIED: a chain no copy named)."""
+    return tuple(name for run in reversed(s.python) for name in run)
 
 
 def table_lines(
@@ -183,18 +171,21 @@ def table_lines(
     return lines
 
 
+_UNCOUNTED = (1).to_bytes(4, "little")  # ustackcopy.bpf.c: lost[1], calls not counted
+
+
 class PythonLaunches:
     """The watch loop's state for --by-python (the interface of cli.Watch)."""
 
     def __init__(
-        self, att: Attachment, reader: Any, library: str, functions: list[str], interval: float
+        self, live: LiveProfile, library: str, functions: list[str], interval: float
     ) -> None:
-        self.att = att
-        self.reader = reader
+        self.live = live
+        self.att = live.run.att
         self.library = library
         self.functions = functions
         self.interval = interval
-        self.maps = [att.map("calls")]
+        self.maps = [self.att.map("calls")]
         self.groups: list[Group] = []
         self.prev: dict[tuple[int, str], int] = {}
         self.rates: dict[tuple[int, str], float] = {}
@@ -211,21 +202,16 @@ class PythonLaunches:
         return lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
 
     def sample(self) -> None:
-        while self.reader.drain():  # the copies name the rows' chains
-            pass
-        calls = rows_of(self.att.map("calls").raw_items(), self.att.reply.since_ns)
-        rows = [_row(k, v) for k, v in calls]
+        self.live.poll()  # the targets' maps, and the copies that name the rows
+        calls, times = self.live.probe_stacks("calls", "time")
         now = time.monotonic()
-        groups = group_rows(rows, self._chains(), self.functions)
+        groups = group_stacks(calls, times)
         cur = {(g.pid, g.function): g.calls for g in groups}
         if self.prev_t:
             self.dt = now - self.prev_t
             self.rates = {k: (n - self.prev.get(k, 0)) / self.dt for k, n in cur.items()}
         self.groups, self.prev, self.prev_t = groups, cur, now
         self.lost = self._uncounted() - self.uncounted_at_attach
-
-    def _chains(self) -> Chains:
-        return named_chains(self.reader)
 
     def json_line(self) -> dict[str, Any]:
         return {
@@ -255,25 +241,3 @@ class PythonLaunches:
         if self.lost:
             lines.append(f"note: {self.lost} launches not counted: the broker's table was full")
         return clip(lines, width, height)
-
-
-_UNCOUNTED = (1).to_bytes(4, "little")  # ustackcopy.bpf.c: lost[1], calls not counted
-
-
-def named_chains(reader: ProbeCopyReader) -> Chains:
-    """The Python chains the reader's copies brought, named root first."""
-    codes = reader.python.codes
-    reader.python.resolve(final=True)
-    if codes is None:  # the program walks no Python: no chain has a name
-        return {}
-    return {
-        key: tuple(codes.name(key[0], f) for f in reversed(frames))
-        for key, frames in reader.chains.items()
-    }
-
-
-def _row(key: bytes, value: Any) -> tuple[Row, int, int]:
-    if len(key) != CALL_KEY.size or not isinstance(value, bytes) or len(value) != CALL_STATS.size:
-        raise ClientError(f"{PROGRAM}'s map 'calls': unexpected sizes (update gfxclient)")
-    calls, ns = CALL_STATS.unpack(value)
-    return CALL_KEY.unpack(key)[:5], calls, ns

@@ -289,6 +289,15 @@ class PythonJoin:
         return tuple((codes.name(tgid, f), codes.first_line(tgid, f)) for f in frames if f[0])
 
 
+# A row's Python chain whose copies were all lost (or not read yet): the hash
+# says the kernel walked Python frames, no copy says which.
+NOT_COPIED = "[Python chain not copied yet]"
+
+
+def _not_copied(chain_hash: int) -> tuple[tuple[str, ...], ...]:
+    return ((NOT_COPIED,),) if chain_hash else ()
+
+
 def _error(stop: str) -> str:
     """Why a sample has no user frame at all, in the summary's words."""
     if stop == NO_MAPS:
@@ -432,9 +441,13 @@ class ProbeCopyReader:
         """A row's RawStack: its path, Python frames and leaf."""
         tgid = row[0]
         user, stop = self._path(row)
-        pyframes = self.pyframes.get(row) or next(
-            (self.pyframes[r] for r in self.siblings.get(row[:4], ())), ()
-        )  # a row's Python chain is its siblings' (the same hash)
+        # A row's Python chain is its siblings' (the same hash), or that of any
+        # copy with the hash whose native walk failed (the chain is still known).
+        pyframes = (
+            self.pyframes.get(row)
+            or next((self.pyframes[r] for r in self.siblings.get(row[:4], ())), ())
+            or self.chains.get((tgid, row[3]), ())
+        )
         return profile.RawStack(
             pid=tgid,
             user=user,
@@ -445,7 +458,7 @@ class ProbeCopyReader:
             unwind_stop=stop if user else None,
             unwind_scanned=bool(user) and row in self.scanned,
             unwound=True,
-            python=self.python.runs(tgid, pyframes),
+            python=self.python.runs(tgid, pyframes) or _not_copied(row[3]),
             python_starts=self.python.starts(tgid, pyframes),
         )
 

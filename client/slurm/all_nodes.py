@@ -11,7 +11,7 @@ and the stacks are merged under one `[node NAME]` root frame per node. The
 report says which nodes answered and why the others did not.
 
 The profiler runs inside the job's cgroup on each node (an srun step): its own
-process is left out of the samples as in every profile (engine.take.not_ours).
+process is left out of the samples as in every profile (engine.live.not_ours).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ as the copy reader gives them)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -16,36 +17,63 @@ from gfxbpf.catalog import cuda_api
 from gfxbpf.client.cli import cuda_python as cp
 from gfxbpf.client.cli.gfxclient import build_parser
 from gfxbpf.client.errors import BrokerError
-from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS
+from gfxbpf.client.profiles.copies import CALL_KEY, CALL_STATS, NOT_COPIED, ProbeCopyReader
+from gfxbpf.client.profiles.engine.live import LiveProfile
+from gfxbpf.client.profiles.engine.request import ProfileRequest
+from gfxbpf.client.profiles.engine.run import Run
+from gfxbpf.client.profiles.engine.snapshots import Maps
+from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.python import records as py
+from gfxbpf.client.profiles.symbolize import Symbolizer
+from gfxbpf.client.profiles.unwind import UnwindTables
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 FUNCS = ["cuLaunchKernel", "cuLaunchKernelEx"]
 A = ("<module> (t.py:9)", "caller_a (t.py:3)")
 B = ("<module> (t.py:10)", "caller_b (t.py:6)")
 B2 = ("<module> (t.py:11)", "caller_b (t.py:6)")  # the same function from elsewhere
-ROWS: list[tuple[cp.Row, int, int]] = [
-    ((100, 0, 0x1000, 11, 1), 1000, 2_000_000),  # caller_a, cuLaunchKernel
-    ((100, 0, 0x1000, 13, 1), 2000, 2_000_000),  # caller_b
-    ((100, 1, 0x1008, 13, 1), 500, 1_000_000),  # caller_b, cuLaunchKernelEx
-    ((100, 0, 0x1000, 15, 1), 500, 0),  # caller_b from another <module> line
-    ((100, 0, 0x2000, 0, 1), 7, 70_000),  # no Python frame
-    ((100, 0, 0x1000, 17, 1), 3, 0),  # a chain whose copy was not read
+
+
+def _stack(chain: tuple[str, ...], leaf: str, weight: int) -> RawStack:
+    """A row as the engine's live profile gives it: Python runs innermost first."""
+    return RawStack(
+        pid=100,
+        user=(0x1000,),
+        kernel=False,
+        weight=weight,
+        leaf=leaf,
+        python=(chain,) if chain else (),
+    )
+
+
+# (root-first chain, launch function, calls, ns) of each row of ustackcopy's calls
+ROWS = [
+    (A, "cuLaunchKernel", 1000, 2_000_000),
+    (B, "cuLaunchKernel", 2000, 2_000_000),
+    (B, "cuLaunchKernelEx", 500, 1_000_000),
+    (B2, "cuLaunchKernel", 500, 0),  # caller_b from another <module> line
+    ((), "cuLaunchKernel", 7, 70_000),  # no Python frame
+    ((NOT_COPIED,), "cuLaunchKernel", 3, 0),  # a chain whose copy was not read
 ]
-CHAINS: cp.Chains = {(100, 11): A, (100, 13): B, (100, 15): B2}
+
+
+def _grouped() -> list[cp.Group]:
+    calls = [_stack(c, f, n) for c, f, n, _ in ROWS]
+    times = [_stack(c, f, ns) for c, f, _, ns in ROWS]
+    return cp.group_stacks(calls, times)
 
 
 def _groups() -> dict[str, cp.Group]:
-    return {g.function: g for g in cp.group_rows(ROWS, CHAINS, FUNCS)}
+    return {g.function: g for g in _grouped()}
 
 
 def test_rows_sum_per_innermost_frame_with_their_chains() -> None:
-    groups = cp.group_rows(ROWS, CHAINS, FUNCS)
+    groups = _grouped()
     assert [(g.function, g.calls) for g in groups] == [
         ("caller_b (t.py:6)", 3000),
         ("caller_a (t.py:3)", 1000),
         (cp.NO_PYTHON, 7),
-        (cp.NOT_COPIED, 3),
+        (NOT_COPIED, 3),
     ]
     b = groups[0]
     assert b.by_launch == {"cuLaunchKernel": 2500, "cuLaunchKernelEx": 500}
@@ -70,7 +98,7 @@ def test_json_has_counts_and_each_chain_root_first() -> None:
 
 
 def test_table_lines_show_counts_rates_means_and_what_was_left_out() -> None:
-    groups = cp.group_rows(ROWS, CHAINS, FUNCS)
+    groups = _grouped()
     lines = cp.table_lines(groups, {(100, "caller_a (t.py:3)"): 250.0}, limit=2)
     assert "python function" in lines[0]
     assert lines[1].split() == ["100", "3000", "1.0µs", "caller_b", "(t.py:6)"]
@@ -114,14 +142,22 @@ class _Refusing:
     def attach(self, name: str, **kw: Any) -> Any:
         raise BrokerError(pb.ERROR_PERMISSION_DENIED, f"no rule grants {name}")
 
+    def close(self) -> None:
+        pass
+
+
+def _request(pids: list[int]) -> ProfileRequest:
+    return ProfileRequest(
+        pids=pids, command=[], library="/x/libcuda.so.1", functions=FUNCS, scope="self"
+    )
+
 
 def test_a_refused_grant_names_the_program_and_library_to_ask_for() -> None:
-    args = _args("--by-python", "--pid", "5")
     with pytest.raises(BrokerError) as e:
-        cp._attach(_Refusing(), args, "/x/libcuda.so.1", FUNCS, [])  # type: ignore[arg-type]
+        cp._open(_Refusing(), _request([os.getpid()]))  # type: ignore[arg-type]
     text = str(e.value)
     assert "needs program ustackcopy on /x/libcuda.so.1" in text
-    assert "ask the administrator" in text and "no rule grants ustackcopy" in text
+    assert "ask the administrator" in text and "broker: no rule grants" in text
     assert e.value.exit_code == 3
 
 
@@ -131,18 +167,19 @@ class _Codes:
     def name(self, tgid: int, frame: py.Frame) -> str:
         return {0xA0: "<module> (t.py:9)", 0xB0: f"caller_a (t.py:{frame[1]})"}[frame[0]]
 
+    def first_line(self, tgid: int, frame: py.Frame) -> int:
+        return 1
 
-class _Reader:
-    def __init__(self, chains: dict[tuple[int, int], tuple[py.Frame, ...]]) -> None:
-        self.chains = chains
-        self.python = self
-        self.codes = _Codes()
-
-    def drain(self, timeout: float = 0.0) -> int:
-        return 0
+    def want(self, tgid: int, frames: Any) -> None:
+        pass
 
     def resolve(self, final: bool = False) -> None:
         pass
+
+
+class _Stream:
+    def poll_raw(self, timeout: float = 0.0) -> list[bytes]:
+        return []
 
 
 class _Map:
@@ -155,6 +192,7 @@ class _Map:
 
 class _Att:
     id = 7
+    program = "ustackcopy"
     maps = {"calls": None, "lost": None}
     reply = pb.AttachReply()  # since_ns 0: every row
 
@@ -168,27 +206,44 @@ class _Att:
         return {"calls": self.calls, "lost": self.lost}[name]
 
 
+def _live(att: _Att, chains: dict[tuple[int, int], tuple[py.Frame, ...]]) -> LiveProfile:
+    """The engine's live profile over a fake attachment, with the real copy
+    reader (no copy read: the rows' chains known by hash, as a copy whose
+    native walk failed leaves them)."""
+    symbolizer = Symbolizer()
+    run = Run(_request([]), att, Maps(symbolizer), None)  # type: ignore[arg-type]
+    reader = ProbeCopyReader(_Stream(), lambda _pid, _refresh: None, UnwindTables(), _Codes())  # type: ignore[arg-type]
+    reader.chains = chains
+    run.copies = reader
+    return LiveProfile(_Refusing(), run, symbolizer)  # type: ignore[arg-type]
+
+
 def test_the_view_names_rows_from_the_readers_chains_root_first() -> None:
     inner_first = ((0xB0, 3, 0), (0xA0, 40, py.FRAME_ENTRY))
     h = py.chain_hash(inner_first)
     rows = [(CALL_KEY.pack(100, 0, 0x1000, h, 0, 1), CALL_STATS.pack(1000, 4_000_000))]
+    rows.append((CALL_KEY.pack(100, 1, 0x1000, h + 2, 0, 1), CALL_STATS.pack(4, 8_000)))
     att = _Att(rows)
     att.lost.rows = []
-    view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
+    view = cp.PythonLaunches(_live(att, {(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)
     att.lost.rows = _Att([]).lost.rows
     view.sample()
-    att.calls.rows = [(rows[0][0], CALL_STATS.pack(1500, 6_000_000))]
+    att.calls.rows[0] = (rows[0][0], CALL_STATS.pack(1500, 6_000_000))
     view.sample()
     doc = view.json_line()
-    assert doc["launches"] == 1500 and doc["library"] == "/x/libcuda.so.1"
+    assert doc["launches"] == 1504 and doc["library"] == "/x/libcuda.so.1"
     assert doc["lost"] == 2 and doc["interval"] > 0  # calls not counted, not copies
-    [g] = doc["python_functions"]
+    g, uncopied = doc["python_functions"]
     assert g["function"] == "caller_a (t.py:3)" and g["launches"] == 1500
     assert g["chains"] == [{"chain": ["<module> (t.py:9)", "caller_a (t.py:3)"], "launches": 1500}]
     assert g["launches_per_s"] > 0  # 500 launches since the last sample
+    assert g["by_launch_function"] == {"cuLaunchKernel": 1500}
+    # A chain hash no copy named: its launches counted, under the marker
+    assert uncopied["function"] == NOT_COPIED and uncopied["launches"] == 4
+    assert uncopied["by_launch_function"] == {"cuLaunchKernelEx": 4}
     text = view.frame(120, None, None)
-    assert text[1].startswith("1500 launches by innermost Python function (2 launch functions")
-    assert text[-2].split()[-2:] == ["caller_a", "(t.py:3)"]
+    assert text[1].startswith("1504 launches by innermost Python function (2 launch functions")
+    assert text[-3].split()[-2:] == ["caller_a", "(t.py:3)"]
     assert text[-1] == "note: 2 launches not counted: the broker's table was full"
 
 
@@ -202,7 +257,7 @@ def test_a_warm_instance_shows_only_the_rows_of_this_attachment() -> None:
     mine = CALL_KEY.pack(100, 0, 0x1000, h, 0, 2)  # the same row, this attachment's
     att = _Att([old, (mine, CALL_STATS.pack(3, 9_000))])  # 3 calls before the client looked
     att.reply = pb.AttachReply(since_ns=2)
-    view = cp.PythonLaunches(att, _Reader({(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)  # type: ignore[arg-type]
+    view = cp.PythonLaunches(_live(att, {(100, h): inner_first}), "/x/libcuda.so.1", FUNCS, 1.0)
     att.calls.rows = [old, (mine, CALL_STATS.pack(10, 30_000))]
     u32, u64 = struct.Struct("<I"), struct.Struct("<Q")
     att.lost.rows = [(u32.pack(0), u64.pack(5)), (u32.pack(1), u64.pack(6))]

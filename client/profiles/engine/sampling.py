@@ -11,6 +11,9 @@ from gfxbpf.client.profiles.engine.request import MEMORY
 from gfxbpf.client.profiles.engine.run import TGID, Run, Stopper
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from gfxbpf.client.profiles.copies import ProbeCopyReader
     from gfxbpf.client.profiles.engine.run import Copies
     from gfxbpf.client.profiles.model import RawStack
 
@@ -71,7 +74,7 @@ def collect(run: Run) -> tuple[list[RawStack], int]:
 
 
 def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
-    from gfxbpf.client.profiles.copies import CopyReader, rows_of
+    from gfxbpf.client.profiles.copies import CopyReader
 
     copies.stream.flush()  # what the ring holds now, past the reading thread
     while copies.drain():  # what came in since the last look
@@ -94,8 +97,16 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
         rows = run.att.map(SITES).raw_items()
         run.memory = totals(rows)
         return memory_stacks(copies, rows, req.live), lost
+    return probe_stacks(run, copies, (req.weight,))[0], lost
+
+
+def probe_stacks(run: Run, copies: ProbeCopyReader, weights: Sequence[str]) -> list[list[RawStack]]:
+    """--stacks-at: the rows of this attachment's calls table (a warm instance
+    holds earlier ones too), one list of stacks per weight, from one read."""
+    from gfxbpf.client.profiles.copies import rows_of
+
     entries = rows_of(run.att.map("calls").raw_items(), run.att.reply.since_ns)
-    return copies.raw_stacks(entries, req.functions, req.weight)[0], lost
+    return [copies.raw_stacks(entries, run.req.functions, w)[0] for w in weights]
 
 
 def counters(run: Run) -> tuple[int, dict[str, int]]:
