@@ -27,8 +27,8 @@ from gfxbpf.client.profiles.elfinfo import read_info
 from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.unwind import UnwindTables, unwind
+from gfxbpf.client.profiles.unwind.compiled import FileTable
 from gfxbpf.client.profiles.unwind.lazy import open_lazy
-from gfxbpf.client.profiles.unwind.table import FileTable
 from gfxbpf.elf.reader import open_elf
 
 LIB_DIRS = ("/usr/lib", "/usr/local/lib")

@@ -20,9 +20,9 @@ from prometheus_client.registry import Collector
 
 from gfxbpf.client import Broker, BrokerUnreachable
 from gfxbpf.exporter import mapping
+from gfxbpf.exporter.attached import Session, connect
 from gfxbpf.exporter.backoff import Backoff
 from gfxbpf.exporter.config import ExporterConfig
-from gfxbpf.exporter.session import Session, connect
 
 # The collector's own metrics (tests derive the emitted names from these).
 UP = "gfxbpf_up"

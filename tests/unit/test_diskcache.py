@@ -15,7 +15,7 @@ import pytest
 
 from gfxbpf.client.profiles import diskcache, symtab
 from gfxbpf.client.profiles.unwind import cache as unwind_cache
-from gfxbpf.client.profiles.unwind.table import NO_RULE, FileTable
+from gfxbpf.client.profiles.unwind.compiled import NO_RULE, FileTable
 
 NOBODY = 65534
 SEGMENTS = ((0, 0, 0x1000),)

@@ -17,9 +17,9 @@ from gfxbpf.client.cli import cuda_view
 from gfxbpf.client.errors import UsageError
 from gfxbpf.exporter import main as exporter_main
 from gfxbpf.exporter import mapping, tables
+from gfxbpf.exporter.attached import Session
 from gfxbpf.exporter.config import ConfigError, parse_config
 from gfxbpf.exporter.mapping import MapShape
-from gfxbpf.exporter.session import Session
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from gfxbpf.client.profiles.elfsyms import function_ranges
 from gfxbpf.client.profiles.fileid import cache_key
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import Stop, UnwindTables, cache
-from gfxbpf.client.profiles.unwind.table import CFA_NONE, NO_RULE, FileTable
+from gfxbpf.client.profiles.unwind.compiled import CFA_NONE, NO_RULE, FileTable
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from gfxbpf.client.profiles.unwind import build, cfi
-from gfxbpf.client.profiles.unwind.table import (
+from gfxbpf.client.profiles.unwind.compiled import (
     CFA_NONE,
     CFA_PLT,
     CFA_RBP,

@@ -20,7 +20,7 @@ from gfxbpf.client.profiles.model import RawStack
 from gfxbpf.client.profiles.procmaps import ProcessMaps
 from gfxbpf.client.profiles.symbolize import Symbolizer
 from gfxbpf.client.profiles.unwind import Stop, UnwindResult, UnwindTables, marker_frame, unwind
-from gfxbpf.client.profiles.unwind.table import CFA_NONE
+from gfxbpf.client.profiles.unwind.compiled import CFA_NONE
 from tests.c_programs import SIGNAL_C
 from tests.conftest import skip_or_fail
 

@@ -22,7 +22,7 @@ from array import array
 from gfxbpf.client.profiles.elfinfo import ElfInfo, open_debug_file, read_info
 from gfxbpf.client.profiles.fileid import open_regular_path
 from gfxbpf.client.profiles.unwind import cfi
-from gfxbpf.client.profiles.unwind.table import (
+from gfxbpf.client.profiles.unwind.compiled import (
     CFA_PLT,
     CFA_RBP,
     CFA_RBP_DEREF,

@@ -15,7 +15,7 @@ from array import array
 
 from gfxbpf.client.profiles import diskcache
 from gfxbpf.client.profiles.diskcache import CACHE_LIMIT
-from gfxbpf.client.profiles.unwind.table import FileTable, Rule
+from gfxbpf.client.profiles.unwind.compiled import FileTable, Rule
 
 __all__ = ["CACHE_LIMIT", "decode", "default_cache_dir", "encode", "load", "store"]
 

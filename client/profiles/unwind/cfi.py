@@ -32,7 +32,7 @@ _U64 = struct.Struct("<Q").unpack_from
 # saved registers of the ucontext the kernel pushed); -4: a frame realigned by
 # GCC's DRAP (the CFA is the word at rbp + offset: DW_OP_breg6 N; DW_OP_deref).
 # A rule: an offset from the CFA (a multiple of 8), or one of the odd markers
-# below (table.py REG_*); _AT_RBP: saved at rbp + 0 (the DRAP frame's rbp).
+# below (compiled.py REG_*); _AT_RBP: saved at rbp + 0 (the DRAP frame's rbp).
 _SAME, _UNDEFINED, _UNKNOWN, _AT_RBP = 1, 3, 5, 7
 _PLT, _EXPR, _SIGNAL, _RBP_DEREF = -1, -2, -3, -4
 State = tuple[int, int, int, int, int]

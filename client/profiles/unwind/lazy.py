@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from gfxbpf.client.profiles.unwind import build, cfi
-from gfxbpf.client.profiles.unwind.table import NO_RULE, Rule, segment_delta, segment_offset
+from gfxbpf.client.profiles.unwind.compiled import NO_RULE, Rule, segment_delta, segment_offset
 from gfxbpf.elf.reader import SHT_NOBITS, ElfError, open_elf
 
 __all__ = ["LAZY_MAX_BYTES", "LAZY_MIN_BYTES", "LazyTable", "open_lazy"]

@@ -26,9 +26,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from gfxbpf.client.profiles.unwind.compiled import CFA_NONE, CFA_SIGNAL, NO_RULE
 from gfxbpf.client.profiles.unwind.result import Stop
 from gfxbpf.client.profiles.unwind.steps import Stack, Step, cfi_step
-from gfxbpf.client.profiles.unwind.table import CFA_NONE, CFA_SIGNAL, NO_RULE
 from gfxbpf.client.profiles.unwind.tables import Located
 
 __all__ = ["CHECK_STEPS", "SCAN_BYTES", "is_indirect_call", "scan_caller"]

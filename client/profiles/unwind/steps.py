@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import struct
 
-from gfxbpf.client.profiles.unwind.result import Stop
-from gfxbpf.client.profiles.unwind.table import (
+from gfxbpf.client.profiles.unwind.compiled import (
     CFA_PLT,
     CFA_RBP,
     CFA_RBP_DEREF,
@@ -19,6 +18,7 @@ from gfxbpf.client.profiles.unwind.table import (
     REG_UNKNOWN,
     Rule,
 )
+from gfxbpf.client.profiles.unwind.result import Stop
 
 __all__ = ["Buffer", "ReadStack", "Stack", "Step", "cfi_step"]
 

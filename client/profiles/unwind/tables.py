@@ -30,9 +30,9 @@ from gfxbpf.client.profiles.fileid import (
 )
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import build, cache
+from gfxbpf.client.profiles.unwind.compiled import NO_RULE, FileTable, Rule, Table
 from gfxbpf.client.profiles.unwind.lazy import LAZY_MAX_BYTES, open_lazy
 from gfxbpf.client.profiles.unwind.result import Stop
-from gfxbpf.client.profiles.unwind.table import NO_RULE, FileTable, Rule, Table
 
 __all__ = ["Located", "UnwindTables"]
 

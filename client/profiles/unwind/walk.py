@@ -14,10 +14,10 @@ walk with a reason (result.Stop).
 from __future__ import annotations
 
 from gfxbpf.client.profiles.procmaps import ProcessMaps
+from gfxbpf.client.profiles.unwind.compiled import CFA_NONE, CFA_SIGNAL
 from gfxbpf.client.profiles.unwind.result import MAX_FRAMES, Stop, UnwindResult, UserRegs
 from gfxbpf.client.profiles.unwind.scan import scan_caller
 from gfxbpf.client.profiles.unwind.steps import Buffer, Stack, Step, cfi_step
-from gfxbpf.client.profiles.unwind.table import CFA_NONE, CFA_SIGNAL
 from gfxbpf.client.profiles.unwind.tables import UnwindTables
 
 __all__ = ["unwind"]
