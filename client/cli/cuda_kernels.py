@@ -20,8 +20,6 @@ out have their own rows, so the totals per kernel stay exact.
 from __future__ import annotations
 
 import argparse
-import os
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,34 +27,26 @@ from typing import Any
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.cli.cuda_python import NO_PYTHON
 from gfxbpf.client.cli.display import clip, humanize_count, humanize_ns
-from gfxbpf.client.errors import BrokerError, ClientError, UsageError
+from gfxbpf.client.errors import UsageError
 from gfxbpf.client.handle import Attachment
-from gfxbpf.client.libcuda import mapped_files
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.copies import NOT_COPIED
+from gfxbpf.client.profiles.gpu.kernels import (
+    LAUNCH_SEEN,
+    NOT_SAMPLED,
+    PROGRAM,
+    UNCOUNTED,
+    Row,
+    Totals,
+    attach_kernels,
+    estimate,
+    find_injection,
+    read_names,
+    read_rows,
+)
 from gfxbpf.client.profiles.read import lost_count
-from gfxbpf.proto import gfxbpf_pb2 as pb
 
-PROGRAM = "cudakernels"
-LIBRARY_PREFIX = "libgfxcupti"
-KERNEL_KEY = struct.Struct("<IIQQII")  # cudakernels.bpf.c struct kernel_key
-KERNEL_STATS = struct.Struct("<QQ")
-LAUNCH_SEEN = 1  # kernel_key.flags
-NOT_SAMPLED = 2  # kernel_key.flags: the library's sampling left its launch out
 NO_LAUNCH = "[launch not seen]"  # the kernel's launch came before attaching
-_UNCOUNTED = (1).to_bytes(4, "little")  # cudakernels.bpf.c: lost[1], kernels not counted
-
-
-def find_injection(pid: int) -> str:
-    """The injection library process pid loaded (CUDA_INJECTION64_PATH)."""
-    for path in mapped_files(pid):
-        if os.path.basename(path).startswith(LIBRARY_PREFIX) and ".so" in path:
-            return path
-    raise UsageError(
-        f"process {pid} has not loaded gfxbpf's CUPTI injection library: start it with "
-        "CUDA_INJECTION64_PATH=/opt/gfxbpf/cupti/libgfxcupti-cu13.so (-cu12 for CUDA 12; "
-        "README.md, GPU time), or give the file with --library PATH"
-    )
 
 
 @dataclass
@@ -87,15 +77,6 @@ class Kernel:
                 for c, (n, ns) in sorted(self.chains.items(), key=lambda t: -t[1][1])
             ],
         }
-
-
-Row = tuple[int, int, int, int, int, int]  # tgid, uid, chain hash, name hash, flags, weight
-
-
-def estimate(row: Row, n: int, ns: int) -> tuple[int, int]:
-    """A row's kernels and device ns for its chain: scaled by its weight."""
-    weight = row[5] if row[4] & LAUNCH_SEEN and row[5] > 1 else 1
-    return n * weight, ns * weight
 
 
 def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chains) -> list[Kernel]:
@@ -174,7 +155,7 @@ def attach_program(broker: Broker, args: argparse.Namespace) -> tuple[Attachment
     if scope != "self" and not args.library:
         raise UsageError("watch cuda --gpu --scope system needs --library (the injection library)")
     library = args.library or find_injection(args.pid)
-    kw: dict[str, Any] = {"scope": scope, "library": library}
+    kw: dict[str, Any] = {}
     if scope == "self":
         # Not its children: following them probes every process that maps the
         # library, which raises its semaphores and makes all of them collect.
@@ -182,67 +163,8 @@ def attach_program(broker: Broker, args: argparse.Namespace) -> tuple[Attachment
         kw["python_files"] = python_files(find([args.pid], None))
     elif args.pid:
         kw["pid"] = args.pid
-    return _attach(broker, library, kw), library
-
-
-def _attach(broker: Broker, library: str, kw: dict[str, Any]) -> Attachment:
-    try:
-        return broker.attach(PROGRAM, **kw)
-    except BrokerError as e:
-        if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
-            raise
-        why = (
-            f"watch cuda --gpu needs program {PROGRAM} on {library} (scope {kw['scope']}), "
-            f"which the policy does not grant you: ask the administrator for it "
-            f"(gfxbpf-admin approve {PROGRAM} --libraries '.../libgfxcupti-cu*.so').\n  "
-            f"broker: {e.message}"
-        )
-        raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
-
-
-def read_rows(att: Attachment) -> list[tuple[Row, int, int]]:
-    out = []
-    for k, v in att.map("kernels").raw_items():
-        if len(k) != KERNEL_KEY.size or not isinstance(v, bytes) or len(v) != KERNEL_STATS.size:
-            raise ClientError(f"{PROGRAM}'s map 'kernels': unexpected sizes (update gfxclient)")
-        n, ns = KERNEL_STATS.unpack(v)
-        out.append((KERNEL_KEY.unpack(k), n, ns))
-    return out
-
-
-@dataclass
-class Totals:
-    """Exact counts over every row, and how many kernels' launches were left out."""
-
-    kernels: int = 0
-    device_ns: int = 0
-    not_sampled: int = 0
-
-    @classmethod
-    def of(cls, rows: list[tuple[Row, int, int]]) -> Totals:
-        t = cls()
-        for row, n, ns in rows:
-            t.kernels += n
-            t.device_ns += ns
-            t.not_sampled += n if row[4] & NOT_SAMPLED else 0
-        return t
-
-    def note(self) -> str | None:
-        if not self.not_sampled:
-            return None
-        return (
-            f"launches came too fast to probe each: {self.not_sampled} of {self.kernels} kernels "
-            "were launched unprobed, so counts and times per launching function (~) are "
-            "estimates from a random sample; the totals are exact"
-        )
-
-
-def read_names(att: Attachment) -> dict[int, str]:
-    out = {}
-    for k, v in att.map("names").raw_items():
-        if len(k) == 8 and isinstance(v, bytes):
-            out[struct.unpack("<Q", k)[0]] = v.split(b"\0", 1)[0].decode(errors="replace")
-    return out
+    kw["scope"] = scope
+    return attach_kernels(broker, "watch cuda --gpu", library, kw), library
 
 
 class KernelTimes:
@@ -277,7 +199,7 @@ class KernelTimes:
             self.rates = {key: (ns - self.prev.get(key, 0)) / self.dt for key, ns in cur.items()}
         self.kernels, self.prev, self.prev_t = kernels, cur, now
         counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] kernels
-        self.lost = lost_count([(k, v) for k, v in counts if k[:4] == _UNCOUNTED])
+        self.lost = lost_count([(k, v) for k, v in counts if k[:4] == UNCOUNTED])
 
     def json_line(self) -> dict[str, Any]:
         return {

@@ -2,12 +2,13 @@
 nanoseconds each kernel ran on the GPU, with the stack that launched it below
 the kernel's name (the leaf).
 
-Program `cudakernels` on the process's CUPTI injection library, as `watch
-cuda --gpu` attaches it (client/cli/cuda_kernels.py): rows of (Python chain,
-kernel) with device time. The launch's stack copies (a few per chain, taken
-at the library's launch probe) are unwound as `profile --stacks-at` unwinds
-ustackcopy's (client/profiles/copies.py, by_chain), with their Python frames
-in place of the interpreter's; the symbolizer names them as in every profile.
+The profiling engine takes it (mode GPU, client/profiles/engine/): program
+`cudakernels` on the process's CUPTI injection library gives rows of (Python
+chain, kernel) with device time (client/profiles/gpu/kernels.py). The
+launch's stack copies (a few per chain, taken at the library's launch probe)
+are unwound as `profile --stacks-at` unwinds ustackcopy's
+(client/profiles/copies.py, by_chain), with their Python frames in place of
+the interpreter's; the symbolizer names them as in every profile.
 The stack runs from the process through Python and the CUDA libraries to the
 CUPTI callback that fired the probe, then the kernel.
 """
@@ -15,11 +16,11 @@ CUPTI callback that fired the probe, then the kernel.
 from __future__ import annotations
 
 import argparse
-import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from gfxbpf.client.cli import profile_cmd
-from gfxbpf.client.cli.session import connect, sleep_renewing
+from gfxbpf.client.cli.session import connect
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK, UsageError
 from gfxbpf.client.printable import printable
@@ -47,61 +48,21 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     if not args.gpu:
         return profile_cmd.command(args, out)
     _check(args)
-    with StopSignal() as stop, connect(args) as broker:
-        prof = take(broker, stop, args.pid[0], args.duration)
+    with StopSignal() as stop:
+        prof = take(lambda: connect(args), stop, args.pid[0], args.duration)
     return _report(prof, args, out)
 
 
-def take(broker: Broker, stop: StopSignal, pid: int, duration: float | None) -> Profile:
-    """Attach, read the launch stack copies as they come until duration or a
-    stop, then weigh each (launch stack, kernel) by its device ns."""
-    from gfxbpf.client.cli import cuda_kernels
-    from gfxbpf.client.profiles.copies import ProbeCopyReader
-    from gfxbpf.client.profiles.engine.readers import code_book, unwind_tables
-    from gfxbpf.client.profiles.engine.snapshots import Maps
-    from gfxbpf.client.profiles.symbolize import Symbolizer
-    from gfxbpf.client.profiles.unwind import MAX_FRAMES
+def take(
+    connect: Callable[[], Broker], stop: StopSignal, pid: int, duration: float | None
+) -> Profile:
+    """The profiling engine's GPU profile of pid: until it exits, duration
+    ends or a stop, each (launch stack, kernel) weighed by its device ns."""
+    from gfxbpf.client.profiles.engine.request import GPU, ProfileRequest
+    from gfxbpf.client.profiles.engine.take import take_profile
 
-    tables = unwind_tables()
-    symbolizer = Symbolizer(unwind_tables=tables)
-    symbolizer.stack_depth = MAX_FRAMES  # the unwinder's limit, not a table's depth
-    maps = Maps(symbolizer)
-    maps.capture([pid])
-    view = argparse.Namespace(pid=pid, scope="self", library=None)
-    att, _ = cuda_kernels.attach_program(broker, view)
-    try:
-        stream = att.open_events("stack_copies")
-        reader = ProbeCopyReader(stream, maps.process, tables, code_book(att), by_chain=True)
-        start, end = time.monotonic(), time.monotonic() + (duration or 1e9)
-        while not stop.stopped and time.monotonic() < end:
-            if sleep_renewing(stop, min(0.5, end - time.monotonic()), broker):
-                break
-            reader.drain()
-        while reader.drain():
-            pass
-        names = cuda_kernels.read_names(att)
-        rows = cuda_kernels.read_rows(att)
-        raw = [  # sampled launches stand for those left out: their estimated ns
-            reader.chain_stack(
-                row[0], row[2], names.get(row[3], f"[kernel {row[3]:#x}]"),
-                cuda_kernels.estimate(row, n, ns)[1],
-            )
-            for row, n, ns in rows
-            if not row[4] & cuda_kernels.NOT_SAMPLED
-        ]  # fmt: skip
-        unprobed = cuda_kernels.Totals.of(rows).note()
-    finally:
-        att.detach()
-    maps.capture([pid])
-    prof = symbolizer.symbolize(raw, "nanoseconds", duration_s=round(time.monotonic() - start, 3))
-    if unprobed:
-        prof.notes.append(unprobed)
-    if not prof.stacks:
-        prof.notes.append(
-            "no kernel ran on the GPU while attached (is the process launching, and was it "
-            "started with CUDA_INJECTION64_PATH?)"
-        )
-    return prof
+    req = ProfileRequest(pids=[pid], command=[], mode=GPU, weight="time", children=False)
+    return take_profile(req, connect, stop, duration).profile
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ import pytest
 from gfxbpf.catalog import entries, objects
 from gfxbpf.client.cli import cuda_kernels as ck
 from gfxbpf.client.errors import UsageError
+from gfxbpf.client.profiles.gpu import kernels as gk
 from gfxbpf.exporter import kernels, mapping
 from gfxbpf.exporter.mapping import MapShape
 
@@ -41,11 +42,11 @@ def test_a_usdt_attach_needs_a_provider_and_name() -> None:
 
 def _rows() -> list[tuple[ck.Row, int, int]]:
     return [
-        ((10, 1000, A, GEMM, ck.LAUNCH_SEEN, 1), 4, 1000),
-        ((10, 1000, B, GEMM, ck.LAUNCH_SEEN, 1), 3, 900),
-        ((10, 1000, B, RELU, ck.LAUNCH_SEEN, 1), 3, 120),
+        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 1), 4, 1000),
+        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 1), 3, 900),
+        ((10, 1000, B, RELU, gk.LAUNCH_SEEN, 1), 3, 120),
         ((10, 1000, 0, RELU, 0, 0), 2, 80),  # launched before attaching
-        ((10, 1000, 0xC1, GEMM, ck.LAUNCH_SEEN, 1), 1, 250),  # chain not copied yet
+        ((10, 1000, 0xC1, GEMM, gk.LAUNCH_SEEN, 1), 1, 250),  # chain not copied yet
     ]
 
 
@@ -74,17 +75,17 @@ def test_sampled_launches_stand_for_those_left_out_and_totals_stay_exact() -> No
     """Launches too fast to probe each: rows of weight 4 scale up; the kernels of
     launches left out have no row of their own in the view but count in the totals."""
     rows: list[tuple[ck.Row, int, int]] = [
-        ((10, 1000, A, GEMM, ck.LAUNCH_SEEN, 4), 25, 2500),
-        ((10, 1000, B, GEMM, ck.LAUNCH_SEEN, 4), 75, 7500),
-        ((10, 1000, 0, GEMM, ck.NOT_SAMPLED, 0), 300, 30000),
+        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 4), 25, 2500),
+        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 4), 75, 7500),
+        ((10, 1000, 0, GEMM, gk.NOT_SAMPLED, 0), 300, 30000),
     ]
     chains = {(10, A): ("a (t.py:2)",), (10, B): ("b (t.py:5)",)}
     got = {k.function: (k.kernels, k.device_ns, k.estimated) for k in ck.group(rows, {}, chains)}
     assert got == {"a (t.py:2)": (100, 10000, True), "b (t.py:5)": (300, 30000, True)}
-    totals = ck.Totals.of(rows)
+    totals = gk.Totals.of(rows)
     assert (totals.kernels, totals.device_ns, totals.not_sampled) == (400, 40000, 300)
     assert "300 of 400 kernels" in (totals.note() or "")
-    assert ck.Totals.of(_rows()).note() is None
+    assert gk.Totals.of(_rows()).note() is None
 
 
 def test_an_unnamed_kernel_shows_its_hash() -> None:
@@ -98,13 +99,13 @@ def test_the_injection_library_is_found_in_the_maps(tmp_path: Path, monkeypatch:
         "7f00-7f01 r-xp 0 08:01 5 /usr/lib/libc.so.6\n"
         "7f02-7f03 r-xp 0 08:01 6 /opt/gfxbpf/cupti/libgfxcupti-cu13.so\n"
     )
-    monkeypatch.setattr(ck, "mapped_files", lambda pid: [
+    monkeypatch.setattr(gk, "mapped_files", lambda pid: [
         ln.split(None, 5)[5] for ln in maps.read_text().splitlines()
     ])  # fmt: skip
-    assert ck.find_injection(1) == "/opt/gfxbpf/cupti/libgfxcupti-cu13.so"
+    assert gk.find_injection(1) == "/opt/gfxbpf/cupti/libgfxcupti-cu13.so"
     maps.write_text("7f00-7f01 r-xp 0 08:01 5 /usr/lib/libc.so.6\n")
     with pytest.raises(UsageError, match="CUDA_INJECTION64_PATH"):
-        ck.find_injection(1)
+        gk.find_injection(1)
 
 
 def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:

@@ -10,7 +10,14 @@ import pwd
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError
-from gfxbpf.client.profiles.engine.request import LOCKS, MEMORY, OFF_CPU, WALL, ProfileRequest
+from gfxbpf.client.profiles.engine.request import (
+    GPU,
+    LOCKS,
+    MEMORY,
+    OFF_CPU,
+    WALL,
+    ProfileRequest,
+)
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
@@ -52,6 +59,8 @@ def attach(
         return copies
     if req.mode == MEMORY:
         return _attach_memory(broker, req, pid, children, files)
+    if req.mode == GPU:
+        return _attach_gpu(broker, req, pid, files)
     if req.probes:
         return _attach_probes(broker, req, pid, children, files)
     sampling: dict[str, Any] = {"frequency": req.frequency, "children": children}
@@ -96,6 +105,21 @@ def _attach_memory(
             f"--users {user_name()} --scope self --libraries {req.library}`"
         )
     return copies
+
+
+def _attach_gpu(
+    broker: Broker, req: ProfileRequest, pid: int | None, files: list[pb.PythonFile]
+) -> Attachment:
+    """cudakernels on the process's CUPTI injection library (req.library is set
+    here). Not its children: following them probes every process that maps the
+    library, which raises its semaphores and makes all of them collect."""
+    from gfxbpf.client.profiles.gpu.kernels import attach_kernels, find_injection
+
+    if pid is None:
+        raise ClientError("--gpu needs one process: one --pid")
+    req.library = req.library or find_injection(pid)
+    where = {"scope": "self", "pid": pid, "python_files": files}
+    return attach_kernels(broker, "profile --gpu", req.library, where)
 
 
 def _probes_refused(req: ProfileRequest, e: BrokerError) -> str:

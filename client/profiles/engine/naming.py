@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.profiles.engine.attach import user_name
-from gfxbpf.client.profiles.engine.request import LOCKS, MEMORY, OFF_CPU, WALL
+from gfxbpf.client.profiles.engine.request import GPU, LOCKS, MEMORY, OFF_CPU, WALL
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -28,20 +28,8 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
-    if req.mode == LOCKS:
-        from gfxbpf.client.profiles.locks.shape import reshape
-
-        reshape(prof)  # each lock at the root, its waiters and holders under it
-    if req.wakers:
-        from gfxbpf.client.profiles.locks.wakers import join_wakers
-
-        join_wakers(symbolizer, r, prof)  # each wait's waker above its wait frame
-    if req.mode == MEMORY:
-        from gfxbpf.client.profiles.memory.stacks import notes
-
-        prof.space_kind = "inuse_space" if req.live else "alloc_space"
-        untracked = (r.memory or {}).get("untracked", 0)
-        prof.notes.extend(notes(req.library or "", req.live, req.cuda, req.sample_bytes, untracked))
+    _by_kind(symbolizer, r, prof)
+    prof.notes.extend(r.notes)
     _python_notes(r, prof)
     _copies_hint(r, prof)
     waits = r.wait_reader
@@ -71,6 +59,30 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             "table was full (profile fewer processes, or for a shorter time)"
         )
     return prof
+
+
+def _by_kind(symbolizer: Symbolizer, r: Run, prof: Profile) -> None:
+    """What a kind of profile adds: its shape (locks, wakers), its space and notes."""
+    req = r.req
+    if req.mode == LOCKS:
+        from gfxbpf.client.profiles.locks.shape import reshape
+
+        reshape(prof)  # each lock at the root, its waiters and holders under it
+    if req.wakers:
+        from gfxbpf.client.profiles.locks.wakers import join_wakers
+
+        join_wakers(symbolizer, r, prof)  # each wait's waker above its wait frame
+    if req.mode == MEMORY:
+        from gfxbpf.client.profiles.memory.stacks import notes
+
+        prof.space_kind = "inuse_space" if req.live else "alloc_space"
+        untracked = (r.memory or {}).get("untracked", 0)
+        prof.notes.extend(notes(req.library or "", req.live, req.cuda, req.sample_bytes, untracked))
+    if req.mode == GPU and not prof.stacks:
+        prof.notes.append(
+            "no kernel ran on the GPU while attached (is the process launching, and was it "
+            "started with CUDA_INJECTION64_PATH?)"
+        )
 
 
 # What the frame-pointer advice of stackcheck.py says (built without frame pointers).

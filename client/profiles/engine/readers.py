@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from gfxbpf.client.profiles.engine.request import LOCKS, OFF_CPU, WALL
+from gfxbpf.client.profiles.engine.request import GPU, LOCKS, OFF_CPU, WALL
 
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
@@ -32,8 +32,8 @@ def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
     symbolizer.stack_depth = MAX_FRAMES  # the unwinder's frame limit, not a table's depth
     stream = r.att.open_events(STACK_COPIES)
     codes = code_book(r.att)
-    if r.req.probes:
-        return ProbeCopyReader(stream, r.maps.process, tables, codes)
+    if r.req.probes:  # --gpu: copies taken inside the launch, joined by Python chain
+        return ProbeCopyReader(stream, r.maps.process, tables, codes, by_chain=r.req.mode == GPU)
     req = r.req
     if req.mode == LOCKS:
         from gfxbpf.client.profiles.locks.reader import LockReader

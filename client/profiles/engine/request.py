@@ -13,6 +13,7 @@ WALL_MIN_BLOCK_US = 100
 # bytes allocated per stack (--memory, --memory-live).
 CPU, OFF_CPU, WALL, MEMORY = "cpu", "off-cpu", "wall", "memory"
 LOCKS = "locks"  # time waiting on user-space locks, per lock (program locks)
+GPU = "gpu"  # device ns per launch stack and kernel (program cudakernels; profile --gpu)
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ProfileRequest:
     @property
     def timed(self) -> bool:
         """Weighed in nanoseconds of wall-clock time (off-CPU or wall)."""
-        return self.mode not in (CPU, MEMORY)
+        return self.mode not in (CPU, MEMORY, GPU)
 
     @property
     def probes(self) -> bool:

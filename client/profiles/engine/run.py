@@ -58,6 +58,7 @@ class Run:
     python_summary: dict[str, Any] | None = None
     py_counts: dict[str, int] = field(default_factory=dict)  # the program's py_counts
     memory: dict[str, int] | None = None  # --memory: memstacks' sums (stacks.totals)
+    notes: list[str] = field(default_factory=list)  # for the profile, from collecting
     # (lost, py_counts) when attached (sampling.counters): reported as differences
     counters_at_attach: tuple[int, dict[str, int]] = (0, {})
 

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.client.profiles import read as profile_read
-from gfxbpf.client.profiles.engine.request import MEMORY
+from gfxbpf.client.profiles.engine.request import GPU, MEMORY
 from gfxbpf.client.profiles.engine.run import TGID, Run, Stopper
 
 if TYPE_CHECKING:
@@ -97,6 +97,12 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
         rows = run.att.map(SITES).raw_items()
         run.memory = totals(rows)
         return memory_stacks(copies, rows, req.live), lost
+    if req.mode == GPU:
+        from gfxbpf.client.profiles.gpu.kernels import launch_stacks
+
+        raw, note = launch_stacks(copies, run.att)
+        run.notes.extend([note] if note else [])
+        return raw, lost
     return probe_stacks(run, copies, (req.weight,))[0], lost
 
 
