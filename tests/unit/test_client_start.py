@@ -114,3 +114,17 @@ def test_protobufs_pure_python_module_still_loads_when_used() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("argv", [["--help", "dump"], ["-h", "watch"], ["--he", "list"]])
+def test_the_main_help_before_a_command_still_lists_every_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A named command's parser is built alone, unless a help flag before it
+    prints the main help: that lists them all."""
+    from gfxbpf.client.cli.gfxclient import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    listed = capsys.readouterr().out.split("COMMAND", 2)[-1]
+    assert [n for n in COMMANDS if f"    {n} " not in listed] == []
