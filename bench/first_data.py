@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from bench.harness import BenchError, Stage, log
+from bench.map_reads import python_floor
 from bench.stats import median, percentile, ratio
 
 SYSCOUNT_BT = "tracepoint:raw_syscalls:sys_enter { @[args->id] = count(); }"
@@ -63,13 +64,15 @@ def _bpftrace_once() -> float:
 
 
 def run(stage: Stage, rounds: int, attaches: int) -> dict[str, Any]:
-    once, short, first, peer = [], [], [], []
+    once, short, first, peer, floor = [], [], [], [], []
     for i in range(rounds):  # interleaved, so drift hits both tools alike
         log(f"first data: round {i + 1}/{rounds}")
         once.append(_gfxclient_once(stage))
         short.append(_gfxclient_once(stage, "--interval", "0.1"))
         first.append(_gfxclient_first_view(stage))
         peer.append(_bpftrace_once())
+        # What any Python client pays before its first request: the split of the first view.
+        floor.append(python_floor(stage))
     log(f"attach latency: {attaches} fresh loads, {attaches} joins")
     seen = len(stage.audit())
     client = stage.clientside_result("attach-latency", "syscount", str(attaches))
@@ -93,6 +96,7 @@ def run(stage: Stage, rounds: int, attaches: int) -> dict[str, Any]:
         "gfxclient_once_interval_0.1_s": round(median(short), 4),
         "gfxclient_first_view_s": round(median(first), 4),
         "bpftrace_s": round(bt, 4),
+        "python_protobuf_floor_s": round(median(floor), 4),
         "ratio_once": ratio(gfx_once, bt),
         "ratio_once_interval_0.1": ratio(median(short), bt),
         "ratio_first_view": ratio(median(first), bt),

@@ -6,8 +6,8 @@ reads it decoded (BTF -> dicts) through its read-only fd with batch lookups,
 and through the broker's gRPC ReadMap; root runs `bpftool map dump` on the
 same map. Whole commands are timed too: `gfxclient dump` (a new Python
 process that attaches, reads, prints) against bpftool, `gfxclient dump
---help`, its start alone, and a Python that only loads the protobuf messages
-of the broker's wire, the floor of any Python client.
+--help`, its start alone, a Python that only loads the protobuf messages
+of the broker's wire, the floor of any Python client, and Python's bare start.
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ def _gfxclient_dump(stage: Stage) -> tuple[float, int]:
     return dt, len(data["maps"]["counts"]["entries"])
 
 
-def _python_floor(stage: Stage) -> float:
-    """Seconds of the venv's Python that only loads the protobuf runtime and the
-    session's messages (gfxbpf_pb2), as the bench user: the floor under any
-    command of a Python client that speaks the broker's wire."""
-    argv = [str(stage.venv / "bin/python"), "-c", "import gfxbpf.proto.gfxbpf_pb2"]
+def python_floor(stage: Stage, code: str = "import gfxbpf.proto.gfxbpf_pb2") -> float:
+    """Seconds of the venv's Python running code, as the bench user. The default
+    only loads the protobuf runtime and the session's messages (gfxbpf_pb2):
+    the floor under any command of a Python client that speaks the broker's
+    wire; "pass" is Python's own start."""
+    argv = [str(stage.venv / "bin/python"), "-c", code]
     t0 = time.perf_counter()
     p = stage.as_bench_user(argv, stdout=subprocess.DEVNULL)
     if p.wait(timeout=120) != 0:
-        raise BenchError("python -c 'import gfxbpf.proto.gfxbpf_pb2' failed")
+        raise BenchError(f"python -c {code!r} failed")
     return time.perf_counter() - t0
 
 
@@ -62,7 +63,7 @@ def run(stage: Stage, entries: int, rounds: int) -> dict[str, Any]:
         # Each round runs every reader once, one after the other: on a shared
         # machine the load moves between rounds, not between the two sides.
         log("map reads: bpftool map dump, gfxclient dump, the client library (fd, gRPC)")
-        plain, as_json, cmd, start, floor = [], [], [], [], []
+        plain, as_json, cmd, start, floor, bare = [], [], [], [], [], []
         assert client.stdin is not None
         for _ in range(rounds):
             plain.append(_bpftool_dump(map_id))
@@ -73,7 +74,8 @@ def run(stage: Stage, entries: int, rounds: int) -> dict[str, Any]:
             cmd.append(_gfxclient_dump(stage))
             # Its start alone: Python, the imports of dump, the parser; no work.
             start.append(stage.timed_gfxclient("dump", "--help")[0])
-            floor.append(_python_floor(stage))
+            floor.append(python_floor(stage))
+            bare.append(python_floor(stage, "pass"))
     finally:
         client.communicate(timeout=120)
     res = {k: [r[k] for r in reads] for k in reads[-1]}
@@ -96,6 +98,7 @@ def run(stage: Stage, entries: int, rounds: int) -> dict[str, Any]:
         "gfxclient_dump_cmd_ms": round(median([t for t, _ in cmd]) * 1000, 2),
         "gfxclient_start_ms": round(median(start) * 1000, 2),
         "python_protobuf_floor_ms": round(median(floor) * 1000, 2),
+        "python_start_ms": round(median(bare) * 1000, 2),
         "bpftool_speedup_fd": ratio(bt, fd),
         "bpftool_speedup_grpc": ratio(bt, median(res["grpc_decoded_s"])),
         "bpftool_speedup_gfxclient_cmd": ratio(bt, median([t for t, _ in cmd])),

@@ -766,10 +766,20 @@ def _why_first_data(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> st
     view, bt = r["gfxclient_first_view_s"], r["bpftrace_s"]
     if "interval 0.1" not in measure:
         return None
-    return (
+    text = (
         f"`--once --interval 0.1` is the first view ({_s(view)}: Python's start, imports, "
         f"connect, attach, first read) plus the 0.1 s interval; against bpftrace's {_s(bt)}, "
         f"0.4x leaves {_s(0.4 * bt - 0.1)} for the first view."
+    )
+    floor = r.get("python_protobuf_floor_s")
+    if floor is None:  # a results file from before the floor was measured here
+        return text
+    fresh = r["client_attach_ms"]["fresh"]["p50"]
+    return text + (
+        f" Of the first view, {_s(floor)} is a Python that only loads the protobuf runtime "
+        f"and the wire's messages (the floor of a Python client); the other {_s(view - floor)} "
+        f"are gfxclient's own imports and parser, connect, the attach (a fresh load: "
+        f"{fresh:.0f} ms p50 at the client in this run), the first read and its output."
     )
 
 
@@ -800,6 +810,8 @@ def _why_map_reads(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str
             f"dict and a str per row) {dec:.1f} ms for {r['entries']['fd']} rows; 12x needs "
             f"the whole under {bt / 12:.1f} ms."
         )
+    if "whole command" in measure and "python_start_ms" in r:
+        return _dump_parts(r)
     if "whole command" in measure and "gfxclient_start_ms" in r:
         return (
             f"of gfxclient's {r['gfxclient_dump_cmd_ms']:.0f} ms, "
@@ -810,15 +822,40 @@ def _why_map_reads(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str
     return None
 
 
+def _dump_parts(r: dict[str, Any]) -> str:
+    """Where gfxclient dump's time goes, each part the difference of two
+    commands timed in the same rounds (medians)."""
+    cmd, start = r["gfxclient_dump_cmd_ms"], r["gfxclient_start_ms"]
+    floor, bare = r["python_protobuf_floor_ms"], r["python_start_ms"]
+    return (
+        f"of gfxclient's {cmd:.0f} ms, {bare:.0f} ms are Python's own start (`python -c "
+        f"pass`), {floor - bare:.0f} ms the protobuf runtime and the wire's messages (`python "
+        f"-c 'import gfxbpf.proto.gfxbpf_pb2'`), {start - floor:.0f} ms the rest of `dump`'s "
+        f"imports and parser (`gfxclient dump --help`) and {cmd - start:.0f} ms its work "
+        f"(connect, attach, read and decode {r['entries']['gfxclient_dump']} rows, JSON, "
+        f"exit), each timed in the same rounds; bpftool, one C process, took "
+        f"{r['bpftool_dump_ms']:.0f} ms." + _python_floor(r)
+    )
+
+
 def _python_floor(r: dict[str, Any]) -> str:
     floor = r.get("python_protobuf_floor_ms")
     if floor is None:  # a results file from before the floor was measured
         return ""
-    return (
+    bt = r["bpftool_dump_ms"]
+    text = (
         f" A Python that only loads the protobuf runtime and the wire's messages takes "
-        f"{floor:.0f} ms ({floor / r['bpftool_dump_ms']:.2f}x bpftool): a Python client that "
-        "speaks protobuf cannot reach 1.0x; that needs a client whose start loads no protobuf "
-        "runtime (a compiled `dump`, or the session's few messages read without it)."
+        f"{floor:.0f} ms ({floor / bt:.2f}x bpftool)"
+    )
+    if floor >= bt:
+        return text + (
+            ": a Python client that speaks protobuf cannot reach 1.0x; that needs a client "
+            "whose start loads no protobuf runtime (a compiled `dump`, or the session's few "
+            "messages read without it)."
+        )
+    return text + (
+        f": 1.0x leaves {bt - floor:.0f} ms for all of `dump`'s own imports, parser and work, "
+        f"which take {r['gfxclient_dump_cmd_ms'] - floor:.0f} ms."
     )
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import PERCPU_MAP_TYPES, MapType
@@ -35,16 +34,16 @@ class CursorError(ValueError):
     """A read_page cursor that this map did not hand out."""
 
 
-@dataclass(frozen=True)
-class Page:
+# NamedTuples, not dataclasses: importing dataclasses (and inspect with it)
+# costs every gfxclient command ~5 ms before any work (issue 37).
+class Page(NamedTuple):
     """One read_page: the pairs, and the cursor of the next page (b"": no more)."""
 
     items: list[tuple[bytes, Value]]
     cursor: bytes
 
 
-@dataclass(frozen=True)
-class RawPage:
+class RawPage(NamedTuple):
     """One page as the kernel hands it over: n keys back to back, n values back
     to back (per-CPU maps: ncpus slots of `stride` bytes per value), and the
     cursor of the next page. Decoders walk these buffers in one pass instead of

@@ -13,8 +13,8 @@ import errno as _errno
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from functools import cache
+from typing import NamedTuple
 
 from gfxbpf.bpf.consts import (
     BPF_ANY,
@@ -455,23 +455,22 @@ def _log_text(buf: ctypes.Array) -> str:
 # --- object info ---
 
 
-@dataclass
-class ProgInfo:
+# NamedTuples, not dataclasses: see bpf/maps.py's Page.
+class ProgInfo(NamedTuple):
     type: int
     id: int
     tag: bytes
     name: str
     xlated_prog_len: int
     nr_map_ids: int
-    map_ids: list[int] = field(default_factory=list)
+    map_ids: list[int]
     btf_id: int = 0
     run_time_ns: int = 0
     run_cnt: int = 0
     recursion_misses: int = 0
 
 
-@dataclass
-class MapInfo:
+class MapInfo(NamedTuple):
     type: int
     id: int
     key_size: int

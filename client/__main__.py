@@ -1,7 +1,5 @@
 """python -m gfxbpf.client: the gfxclient command."""
 
-import sys
+from gfxbpf.client.cli.gfxclient import run
 
-from gfxbpf.client.cli.gfxclient import main
-
-sys.exit(main())
+run()

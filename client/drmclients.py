@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gfxbpf.client.printable import printable
 
@@ -24,8 +24,7 @@ __all__ = ["DrmClient", "DrmClientNames", "scan"]
 MAX_FDINFO = 64 * 1024
 
 
-@dataclass(frozen=True)
-class DrmClient:
+class DrmClient(NamedTuple):  # not a dataclass: see bpf/maps.py's Page
     client_id: int
     pid: int
     comm: str

@@ -7,8 +7,7 @@ grpc (about 45 ms) unless a gRPC connection is made.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gfxbpf.client.errors import UsageError
 
@@ -22,8 +21,7 @@ def default_grpc() -> str:
     return os.environ.get("GFXBPF_GRPC") or DEFAULT_GRPC
 
 
-@dataclass(frozen=True)
-class TlsFiles:
+class TlsFiles(NamedTuple):  # not a dataclass: see bpf/maps.py's Page
     """PEM files for an mTLS connection to a host:port gRPC address."""
 
     ca: str | None = None  # server CA; None = the system roots

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -28,16 +27,40 @@ def sum_cpus(value: Any) -> Any:
     return value
 
 
-@dataclass
 class MapData:
     """One map's decoded entries (per-CPU values already summed) and how to show it."""
 
-    name: str
-    show: str = "counter"
-    unit: str = ""
-    key_label: str = ""
-    description: str = ""
-    entries: list[tuple[Any, Any]] = field(default_factory=list)
+    # A plain class, not a dataclass: importing dataclasses (and inspect with
+    # it) costs every gfxclient command ~5 ms before any work (issue 37).
+    __slots__ = ("name", "show", "unit", "key_label", "description", "entries")
+
+    def __init__(
+        self,
+        name: str,
+        show: str = "counter",
+        unit: str = "",
+        key_label: str = "",
+        description: str = "",
+        entries: list[tuple[Any, Any]] | None = None,
+    ) -> None:
+        self.name = name
+        self.show = show
+        self.unit = unit
+        self.key_label = key_label
+        self.description = description
+        self.entries: list[tuple[Any, Any]] = [] if entries is None else entries
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is MapData and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"MapData({inner})"
 
     @classmethod
     def from_client_map(cls, cmap: Any, per_cpu_sum: bool = True) -> MapData:

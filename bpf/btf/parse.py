@@ -10,8 +10,7 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NoReturn, TypeAlias
+from typing import NamedTuple, NoReturn, TypeAlias
 
 from gfxbpf.bpf.btf.kinds import (
     BTF_HEADER_LEN,
@@ -86,8 +85,7 @@ _FIXED_TAIL = {
 BtfBytes: TypeAlias = bytes | mmap.mmap
 
 
-@dataclass(slots=True)
-class ParsedBlob:
+class ParsedBlob(NamedTuple):  # not a dataclass: see bpf/maps.py's Page
     types: list[BtfType]
     strings: bytes
     version: int

@@ -12,20 +12,22 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.client.cli import stack_view
 from gfxbpf.client.cli.arguments import add_attach_arguments, count, function_names, positive_number
-from gfxbpf.client.cli.display import Screen, clip, entries_json, rates, render_map
-from gfxbpf.client.cli.output import dump_json, key_formatter, load_cuda_view, write_lines
 from gfxbpf.client.cli.session import CUDA_PROGRAM, attach, connect, sleep_renewing
 from gfxbpf.client.cli.stopping import StopSignal
-from gfxbpf.client.drmclients import DrmClientNames
 from gfxbpf.client.errors import EXIT_OK, UsageError
 from gfxbpf.client.handle import Attachment, ClientMap
 from gfxbpf.client.mapdata import MapData
+
+# The view's modules (display, output: json, key names, DRM clients) load in
+# prepare(), after the first sample: inside the first interval, which is
+# sleep otherwise, not on the way to the attach (issue 37: `watch --once`).
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
     from gfxbpf.client.cli.cuda_kernels import KernelTimes
     from gfxbpf.client.cli.cuda_python import PythonLaunches
     from gfxbpf.client.cli.cuda_view import CudaWatch
+    from gfxbpf.client.cli.display import Screen
 
 
 EXAMPLES = """\
@@ -94,23 +96,39 @@ class Watch:
         self.maps = maps
         self.left_out = left_out or []  # stack tables: a pointer, not rows
         self.functions = function_names(args)
-        drm_clients = DrmClientNames()
-        self.fmts = {m.name: key_formatter(att, m, self.functions, drm_clients) for m in maps}
+        self.fmts: dict[str, Any] = {}
         self.prev: dict[str, MapData] | None = None
         self.prev_t = 0.0
         self.cur: dict[str, MapData] = {}
         self.rates: dict[str, dict[str, Any]] = {}
         self.dt = 0.0
 
+    def prepare(self) -> None:
+        """The view's key formatters (and the modules of the view with them)."""
+        if self.fmts:
+            return
+        from gfxbpf.client.cli.output import key_formatter
+        from gfxbpf.client.drmclients import DrmClientNames
+
+        drm_clients = DrmClientNames()
+        self.fmts = {
+            m.name: key_formatter(self.att, m, self.functions, drm_clients) for m in self.maps
+        }
+
     def sample(self) -> None:
         now = time.monotonic()
         cur = _snapshot(self.maps)
         if self.prev is not None:
+            from gfxbpf.client.cli.display import rates
+
             self.dt = now - self.prev_t
             self.rates = {n: rates(self.prev.get(n), d, self.dt) for n, d in cur.items()}
         self.prev, self.prev_t, self.cur = cur, now, cur
 
     def frame(self, width: int, height: int | None, limit: int | None) -> list[str]:
+        from gfxbpf.client.cli.display import clip, render_map
+
+        self.prepare()
         a = self.att
         head = (
             f"gfxclient watch {a.program} · scope {a.scope} · attachment {a.id} · "
@@ -135,6 +153,9 @@ class Watch:
         return clip(lines, width, height)
 
     def json_line(self) -> dict[str, Any]:
+        from gfxbpf.client.cli.display import entries_json
+
+        self.prepare()
         return {
             "timestamp": time.time(),
             "program": self.att.program,
@@ -187,6 +208,8 @@ def _make_watch(
     if not maps:
         raise UsageError(f"{att.program} reports only events: use `gfxclient stream {args.name}`")
     if att.program == CUDA_PROGRAM and not args.map:
+        from gfxbpf.client.cli.output import load_cuda_view
+
         return load_cuda_view().CudaWatch(att, maps, args.interval, args.library or "")
     return Watch(args, att, maps, stack_tables)
 
@@ -195,10 +218,16 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     tty = out.isatty() and not args.json and not args.once
     with StopSignal() as stop, connect(args) as broker:
         w = _make_watch(broker, args)
-        screen = Screen(out) if tty else None
+        screen = None
+        if tty:
+            from gfxbpf.client.cli.display import Screen
+
+            screen = Screen(out)
         start = time.monotonic()
         try:
             w.sample()
+            if isinstance(w, Watch):
+                w.prepare()  # counted in the first interval
             if screen is not None:
                 screen.start()
             if not args.once:
@@ -219,6 +248,8 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
                     break
         finally:
             if screen is not None:
+                from gfxbpf.client.cli.output import write_lines
+
                 screen.stop()
                 # Leave the last view on the normal screen, like bpftrace prints maps at exit.
                 width = shutil.get_terminal_size((100, 40)).columns
@@ -235,6 +266,8 @@ def _emit(
     out: TextIO,
     screen: Screen | None,
 ) -> None:
+    from gfxbpf.client.cli.output import dump_json, write_lines
+
     if args.json:
         dump_json(w.json_line(), out)
         return
