@@ -8,9 +8,9 @@ from typing import Any, TextIO
 
 from gfxbpf.client.cli import stack_view
 from gfxbpf.client.cli.arguments import add_attach_arguments, function_names, nonnegative_number
+from gfxbpf.client.cli.connecting import attach, connect, sleep_renewing
 from gfxbpf.client.cli.display import format_key, format_plain, format_value, histogram_lines
 from gfxbpf.client.cli.output import dump_json, key_formatter, write_lines
-from gfxbpf.client.cli.session import attach, connect, sleep_renewing
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK, UsageError
 from gfxbpf.client.handle import Attachment, ClientMap

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from gfxbpf.client.cli import profile_cmd
-from gfxbpf.client.cli.session import connect
+from gfxbpf.client.cli.connecting import connect
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK, UsageError
 from gfxbpf.client.printable import printable

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from gfxbpf.client.cli.connecting import connect
 from gfxbpf.client.cli.list_cmd import listing_json
 from gfxbpf.client.cli.output import dump_json
-from gfxbpf.client.cli.session import connect
 from gfxbpf.client.errors import EXIT_OK
 from gfxbpf.client.handle import scope_name
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
+from gfxbpf.client.cli.connecting import connect
 from gfxbpf.client.cli.output import dump_json
-from gfxbpf.client.cli.session import connect
 from gfxbpf.client.errors import EXIT_OK
 from gfxbpf.client.handle import scope_name
 from gfxbpf.proto import gfxbpf_pb2 as pb

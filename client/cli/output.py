@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, TextIO
 
+from gfxbpf.client.cli.connecting import CUDA_PROGRAM
 from gfxbpf.client.cli.display import format_key, json_line
-from gfxbpf.client.cli.session import CUDA_PROGRAM
 from gfxbpf.client.drmclients import DrmClientNames
 from gfxbpf.client.handle import Attachment, ClientMap
 from gfxbpf.client.mapdata import MapData

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.client import profiles as profile
-from gfxbpf.client.cli import kinds, session
+from gfxbpf.client.cli import connecting, kinds
 from gfxbpf.client.cli.arguments import process_id
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import ClientError, UsageError
@@ -306,7 +306,7 @@ def _parse_stacks_at(req: Request, items: list[str]) -> None:
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """gfxclient profile; Ctrl-C ends the sampling, not the command."""
     with StopSignal() as stop:
-        return run(args, out, session.connect, stop)
+        return run(args, out, connecting.connect, stop)
 
 
 def run(args: argparse.Namespace, out: TextIO, connect: Connect, stop: Stopper) -> int:

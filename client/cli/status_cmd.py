@@ -11,9 +11,9 @@ from typing import Any, TextIO
 from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.client.broker import client_version
 from gfxbpf.client.cli.arguments import nonnegative_number
+from gfxbpf.client.cli.connecting import connect, sleep_renewing
 from gfxbpf.client.cli.display import humanize_ns
 from gfxbpf.client.cli.output import dump_json
-from gfxbpf.client.cli.session import connect, sleep_renewing
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK
 from gfxbpf.client.handle import Attachment

@@ -9,8 +9,8 @@ import time
 from typing import Any, TextIO
 
 from gfxbpf.client.cli.arguments import PROG, add_attach_arguments, count, positive_number
+from gfxbpf.client.cli.connecting import attach, connect
 from gfxbpf.client.cli.display import format_event, jsonable
-from gfxbpf.client.cli.session import attach, connect
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK
 from gfxbpf.client.printable import json_printable, printable

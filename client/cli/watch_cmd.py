@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.client.cli import stack_view
 from gfxbpf.client.cli.arguments import add_attach_arguments, count, function_names, positive_number
-from gfxbpf.client.cli.session import CUDA_PROGRAM, attach, connect, sleep_renewing
+from gfxbpf.client.cli.connecting import CUDA_PROGRAM, attach, connect, sleep_renewing
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK, UsageError
 from gfxbpf.client.handle import Attachment, ClientMap

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from gfxbpf.client.cli import profile_cmd, session
+from gfxbpf.client.cli import connecting, profile_cmd
 from gfxbpf.client.cli.arguments import add_job_argument
 from gfxbpf.client.cli.kinds import locks as lock_profile
 from gfxbpf.client.cli.stopping import StopSignal
@@ -63,7 +63,7 @@ def profile(args: argparse.Namespace, out: TextIO) -> int:
     by Ctrl-C, --duration or the job's end, whichever comes first."""
     with StopSignal() as signal:
         stop = JobStop(signal, args.job)
-        code = profile_cmd.run(args, out, session.connect, stop)
+        code = profile_cmd.run(args, out, connecting.connect, stop)
     if stop.ended:
         print(
             f"gfxclient: Slurm job {args.job} ended: the profile stopped with it", file=sys.stderr

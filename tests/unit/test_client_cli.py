@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gfxbpf.client.cli import dump_cmd, session
+from gfxbpf.client.cli import connecting, dump_cmd
 from gfxbpf.client.cli import gfxclient as cli
 from gfxbpf.client.cli.arguments import function_names
 from gfxbpf.client.cli.stopping import StopSignal
@@ -169,14 +169,14 @@ def test_long_sleeps_renew_grpc_leases(monkeypatch: pytest.MonkeyPatch) -> None:
         via = "grpc"
         attachments = [Att()]
 
-    monkeypatch.setattr(session, "RENEW_EVERY", 0.05)
+    monkeypatch.setattr(connecting, "RENEW_EVERY", 0.05)
     with StopSignal() as stop:
-        assert session.sleep_renewing(stop, 0.3, FakeBroker()) is False  # type: ignore[arg-type]
+        assert connecting.sleep_renewing(stop, 0.3, FakeBroker()) is False  # type: ignore[arg-type]
     assert len(renewed) >= 3
     FakeBroker.via = "fd"
     renewed.clear()
     with StopSignal() as stop:
-        session.sleep_renewing(stop, 0.2, FakeBroker())  # type: ignore[arg-type]
+        connecting.sleep_renewing(stop, 0.2, FakeBroker())  # type: ignore[arg-type]
     assert renewed == []  # Unix sessions have no lease
 
 

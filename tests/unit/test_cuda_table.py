@@ -15,7 +15,7 @@ from gfxbpf.catalog import cuda_api, function_tables, memory_api
 from gfxbpf.catalog import entries as catalog
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.client import libcuda
-from gfxbpf.client.cli import cuda_view, session
+from gfxbpf.client.cli import connecting, cuda_view
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.mapdata import MapData
 
@@ -152,4 +152,4 @@ def test_dump_keys_name_the_function() -> None:
 
 def test_cli_names_the_cuda_program_as_the_view_does() -> None:
     # gfxclient imports cuda_view only when the program is this one.
-    assert session.CUDA_PROGRAM == libcuda.PROGRAM
+    assert connecting.CUDA_PROGRAM == libcuda.PROGRAM

@@ -20,7 +20,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gfxbpf.client.cli import gpu_profile, profile_cmd, session
+from gfxbpf.client.cli import connecting, gpu_profile, profile_cmd
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import ClientError, UsageError
 from gfxbpf.client.printable import printable
@@ -60,7 +60,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     if not args.locks:
         return gpu_profile.command(args, out)
     with StopSignal() as stop:
-        return run(args, out, session.connect, stop)
+        return run(args, out, connecting.connect, stop)
 
 
 def run(args: argparse.Namespace, out: TextIO, connect: Connect, stop: Stopper) -> int:
