@@ -163,6 +163,10 @@ def _share(path: Path, share: Callable[..., float] = chain_share) -> float:
     return round(share(parse_folded(path.read_text().splitlines())), 4)
 
 
+def _outside(path: Path) -> int:
+    return sum(c for f, c in parse_folded(path.read_text().splitlines()) if not in_script(f))
+
+
 def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
     pyspy = find_pyspy(stage)
     script, n, work = _prepare(stage, seconds)
@@ -194,5 +198,8 @@ def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
         "gfxbpf_to_flamegraph_s": round(median([r["exit"] - r["end"] for r in gfx]), 3),
         "pyspy_to_flamegraph_s": round(median([r["exit"] - r["end"] for r in spy]), 3),
         "gfxbpf_samples": median([r["summary"].get("total", 0) for r in gfx]),
+        # Samples with no frame of the script (the interpreter's start-up and
+        # shutdown, which gfxclient samples from exec), per round.
+        "gfxbpf_outside_script": [_outside(work / f"gfx-{i}.folded") for i in range(rounds)],
         "interpreters": gfx[-1]["summary"].get("interpreters"),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -847,12 +848,79 @@ def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
 def _why_profile(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
     hz = "999" if "999 Hz" in measure else "99"
     t = r["hz"][hz]
-    diff = (t["gfxbpf_s"] - t["perf_s"]) * 1000
-    return (
+    diff = t["gfxbpf_s"] - t["perf_s"]
+    text = (
         f"at {hz} Hz the workload ran {t['gfxbpf_s']:.3f} s under gfxclient and "
-        f"{t['perf_s']:.3f} s under perf record -g ({diff:+.0f} ms; untraced "
-        f"{r['untraced_s']:.3f} s): medians of the rounds in the JSON, on a VM shared with "
-        "other work; not analysed further in this run."
+        f"{t['perf_s']:.3f} s under perf record -g ({diff * 1000:+.0f} ms; untraced "
+        f"{r['untraced_s']:.3f} s), medians of the rounds"
+    )
+    if "rounds_s" not in t:  # a results file from before the rounds were kept
+        return text + " on a VM shared with other work; not analysed further in this run."
+    each = t["rounds_s"]
+    return text + _against_spread(
+        diff,
+        r["untraced_rounds_s"],
+        f"gfxclient {each['gfxbpf']}, perf record -g {each['perf']}",
+        "the sampling program (`profile`) records frame-pointer stacks in the kernel and "
+        "the client reads the maps once a second",
+    )
+
+
+def _against_spread(diff: float, plain: list[float], rounds: str, cost: str) -> str:
+    """The medians' difference weighed against the untraced runs' own spread."""
+    spread = max(plain) - min(plain)
+    text = f". Each round (s): untraced {plain}, {rounds}; the untraced runs alone spread over "
+    text += f"{spread * 1000:.0f} ms"
+    if abs(diff) <= spread:
+        return text + (
+            f", more than the medians' difference: on this shared 2-CPU VM the difference is "
+            f"inside the rounds' noise, not a measured cost ({cost})."
+        )
+    return text + f", less than the medians' difference ({cost})."
+
+
+def _why_unwind(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    found = re.match(r"11 (.+): workload at (\d+) Hz", measure)
+    if found is None:
+        return None
+    w = r["workloads"][found[1]]
+    c = w["hz"][found[2]]
+    g, d = c["gfxclient"], c["perf_dwarf"]
+    diff = g["s"] - d["s"]
+    text = (
+        f"at {found[2]} Hz the workload ran {g['s']:.3f} s under gfxclient and {d['s']:.3f} s "
+        f"under perf --call-graph dwarf ({diff * 1000:+.0f} ms; untraced {w['untraced_s']:.3f} "
+        f"s), medians of the rounds; its own CPU time ×{g['cpu_slowdown']} against "
+        f"×{d['cpu_slowdown']}"
+    )
+    if "rounds" not in c:  # a results file from before the rounds were kept
+        return text + "; not analysed further in this run."
+    each = c["rounds"]
+    cpu = (
+        f"the client used {each['gfxclient']['tool_cpu_s']} s of CPU per round (reading and "
+        f"unwinding the copies as they come), perf record {each['perf_dwarf']['tool_cpu_s']} s "
+        "(writing them out, unwound after the run by perf script); on 2 CPUs that CPU competes "
+        "with the workload and with other sessions' work"
+    )
+    return text + _against_spread(
+        diff,
+        each["untraced"]["s"],
+        f"gfxclient {each['gfxclient']['s']}, perf dwarf {each['perf_dwarf']['s']}",
+        cpu,
+    )
+
+
+def _why_python(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    if "whole chain" not in measure or "gfxbpf_outside_script" not in r:
+        return None
+    return (
+        f"gfxclient samples the interpreter from exec: {r['gfxbpf_outside_script']} samples per "
+        f"round (of about {r['gfxbpf_samples']}) hold no frame of loop.py (the interpreter's "
+        "start-up before the script's first line and its shutdown after the last), so no chain "
+        f"can be there; of the samples taken in the script {r['gfxbpf_script_share']:.1%} hold "
+        f"the whole chain (py-spy {r['pyspy_script_share']:.1%}). py-spy's file holds only "
+        f"samples with the chain ({r['pyspy_chain_share']:.1%} of them whole), so none of "
+        "start-up or shutdown."
     )
 
 
@@ -898,6 +966,8 @@ WHY: dict[str, Why] = {
     "map_reads": _why_map_reads,
     "ringbuf": _why_ringbuf,
     "profile": _why_profile,
+    "python": _why_python,
+    "unwind": _why_unwind,
     "fixed_cost": _why_fixed_cost,
     "torch": _why_torch,
 }
