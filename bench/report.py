@@ -849,11 +849,7 @@ def _why_profile(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str |
     hz = "999" if "999 Hz" in measure else "99"
     t = r["hz"][hz]
     diff = t["gfxbpf_s"] - t["perf_s"]
-    text = (
-        f"at {hz} Hz the workload ran {t['gfxbpf_s']:.3f} s under gfxclient and "
-        f"{t['perf_s']:.3f} s under perf record -g ({diff * 1000:+.0f} ms; untraced "
-        f"{r['untraced_s']:.3f} s), medians of the rounds"
-    )
+    text = _medians(hz, t["gfxbpf_s"], "perf record -g", t["perf_s"], r["untraced_s"])
     if "rounds_s" not in t:  # a results file from before the rounds were kept
         return text + " on a VM shared with other work; not analysed further in this run."
     each = t["rounds_s"]
@@ -863,6 +859,13 @@ def _why_profile(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str |
         f"gfxclient {each['gfxbpf']}, perf record -g {each['perf']}",
         "the sampling program (`profile`) records frame-pointer stacks in the kernel and "
         "the client reads the maps once a second",
+    )
+
+
+def _medians(hz: str, ours: float, peer: str, theirs: float, plain: float) -> str:
+    return (
+        f"at {hz} Hz the workload ran {ours:.3f} s under gfxclient and {theirs:.3f} s under "
+        f"{peer} ({(ours - theirs) * 1000:+.0f} ms; untraced {plain:.3f} s), medians of the rounds"
     )
 
 
@@ -887,12 +890,8 @@ def _why_unwind(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
     c = w["hz"][found[2]]
     g, d = c["gfxclient"], c["perf_dwarf"]
     diff = g["s"] - d["s"]
-    text = (
-        f"at {found[2]} Hz the workload ran {g['s']:.3f} s under gfxclient and {d['s']:.3f} s "
-        f"under perf --call-graph dwarf ({diff * 1000:+.0f} ms; untraced {w['untraced_s']:.3f} "
-        f"s), medians of the rounds; its own CPU time ×{g['cpu_slowdown']} against "
-        f"×{d['cpu_slowdown']}"
-    )
+    text = _medians(found[2], g["s"], "perf --call-graph dwarf", d["s"], w["untraced_s"])
+    text += f"; its own CPU time ×{g['cpu_slowdown']} against ×{d['cpu_slowdown']}"
     if "rounds" not in c:  # a results file from before the rounds were kept
         return text + "; not analysed further in this run."
     each = c["rounds"]
