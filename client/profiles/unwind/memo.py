@@ -32,7 +32,7 @@ from gfxbpf.client.profiles.unwind.walk import stack_top, unwind
 __all__ = ["UnwindMemo"]
 
 MAX_ENTRIES = 8192  # remembered states: ~1 KiB each at most
-SEEN_MAX = 1 << 16  # states met once, before one is remembered
+SEEN_MAX = 2 * MAX_ENTRIES  # states met once, before one is remembered (cleared when full)
 
 # A walk as the readers keep it: frames, why it stopped (stop_text; None:
 # complete), whether a stack scan found a frame.
