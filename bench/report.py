@@ -853,10 +853,10 @@ def _why_profile(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str |
     if "rounds_s" not in t:  # a results file from before the rounds were kept
         return text + " on a VM shared with other work; not analysed further in this run."
     each = t["rounds_s"]
+    runs = {"untraced": r["untraced_rounds_s"], "gfxclient": each["gfxbpf"]}
     return text + _against_spread(
         diff,
-        r["untraced_rounds_s"],
-        f"gfxclient {each['gfxbpf']}, perf record -g {each['perf']}",
+        runs | {"perf record -g": each["perf"]},
         "the sampling program (`profile`) records frame-pointer stacks in the kernel and "
         "the client reads the maps once a second",
     )
@@ -869,12 +869,15 @@ def _medians(hz: str, ours: float, peer: str, theirs: float, plain: float) -> st
     )
 
 
-def _against_spread(diff: float, plain: list[float], rounds: str, cost: str) -> str:
-    """The medians' difference weighed against the untraced runs' own spread."""
-    spread = max(plain) - min(plain)
-    text = f". Each round (s): untraced {plain}, {rounds}; the untraced runs alone spread over "
-    text += f"{spread * 1000:.0f} ms"
-    if abs(diff) <= spread:
+def _against_spread(diff: float, runs: dict[str, list[float]], cost: str) -> str:
+    """The medians' difference weighed against the spread of each tool's own
+    rounds (untraced included): the noise of the machine they ran on."""
+    spread = {name: max(r) - min(r) for name, r in runs.items()}
+    each = ", ".join(f"{name} {r}" for name, r in runs.items())
+    widest = max(spread, key=lambda name: spread[name])
+    text = f". Each round (s): {each}; the {widest} rounds alone spread over "
+    text += f"{spread[widest] * 1000:.0f} ms"
+    if abs(diff) <= spread[widest]:
         return text + (
             f", more than the medians' difference: on this shared 2-CPU VM the difference is "
             f"inside the rounds' noise, not a measured cost ({cost})."
@@ -901,12 +904,8 @@ def _why_unwind(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
         "(writing them out, unwound after the run by perf script); on 2 CPUs that CPU competes "
         "with the workload and with other sessions' work"
     )
-    return text + _against_spread(
-        diff,
-        each["untraced"]["s"],
-        f"gfxclient {each['gfxclient']['s']}, perf dwarf {each['perf_dwarf']['s']}",
-        cpu,
-    )
+    runs = {t: each[k]["s"] for t, k in (("untraced", "untraced"), ("gfxclient", "gfxclient"))}
+    return text + _against_spread(diff, runs | {"perf dwarf": each["perf_dwarf"]["s"]}, cpu)
 
 
 def _why_python(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
