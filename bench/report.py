@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -909,17 +910,26 @@ def _why_unwind(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
 
 
 def _why_python(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
-    if "whole chain" not in measure or "gfxbpf_outside_script" not in r:
+    if "gfxbpf_cut_in_script" not in r:  # a results file from before these counts
         return None
-    return (
-        f"gfxclient samples the interpreter from exec: {r['gfxbpf_outside_script']} samples per "
-        f"round (of about {r['gfxbpf_samples']}) hold no frame of loop.py (the interpreter's "
-        "start-up before the script's first line and its shutdown after the last), so no chain "
-        f"can be there; of the samples taken in the script {r['gfxbpf_script_share']:.1%} hold "
-        f"the whole chain (py-spy {r['pyspy_script_share']:.1%}). py-spy's file holds only "
-        f"samples with the chain ({r['pyspy_chain_share']:.1%} of them whole), so none of "
-        "start-up or shutdown."
+    cut, spy = r["gfxbpf_cut_in_script"], r["pyspy_cut_in_script"]
+    ours, theirs = [c[0] for c in cut], [c[0] for c in spy]
+    apart = abs(statistics.median(ours) - statistics.median(theirs))
+    change = max(max(ours) - min(ours), max(theirs) - min(theirs))
+    text = (
+        f"in the script gfxclient's samples without the whole chain per round were {ours} of "
+        f"{[c[1] for c in cut]} (the commonest ends {cut[0][2] or '-'}), py-spy's {theirs} of "
+        f"{[c[1] for c in spy]}: medians {apart:g} sample(s) apart, "
+        + ("within" if apart <= change else "beyond")
+        + f" the {change} by which one tool's count changed between rounds"
     )
+    if "whole chain" in measure:
+        text += (
+            f"; and {r['gfxbpf_outside_script']} samples per round hold no frame of loop.py "
+            "(gfxclient samples the interpreter from exec: its start-up before the script's "
+            "first line and its shutdown after the last), where no chain can be"
+        )
+    return text + "."
 
 
 def _why_fixed_cost(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
