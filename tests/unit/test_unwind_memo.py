@@ -35,6 +35,12 @@ class Walker:
         assert got == (plain.frames, stop, plain.scanned > 0)
         return got
 
+    def again(self, times: int, ip: int = LIB + LEAF + 4, words: dict[int, int] = NO_FP,
+              **kw: int) -> None:  # fmt: skip
+        """The same sample `times` times (the second one makes its states' entries)."""
+        for _ in range(times):
+            self.walk(ip, words, **kw)
+
     @property
     def counts(self) -> tuple[int, int, int]:
         return self.memo.walks, self.memo.hits, self.memo.joined
@@ -52,15 +58,13 @@ def test_samples_at_other_leaf_pcs_take_the_callers_walk() -> None:
 
 def test_a_sample_met_again_is_answered_whole() -> None:
     w = Walker()
-    for _ in range(3):
-        w.walk(LIB + LEAF + 4, NO_FP)
+    w.again(3)
     assert w.counts == (2, 1, 0)
 
 
 def test_a_changed_return_address_walks_again() -> None:
     w = Walker()
-    for _ in range(2):
-        w.walk(LIB + LEAF + 4, NO_FP)
+    w.again(2)
     other = w.walk(LIB + LEAF + 4, NO_FP | {32: LIB + ROOT + 0x18})  # mid's caller moved
     assert other[0][-1] == LIB + ROOT + 0x18 and w.counts == (3, 0, 0)
 
@@ -105,8 +109,7 @@ def test_a_snapshot_that_gained_a_mapping_walks_again() -> None:
     # refresh merged the library into the same snapshot: the stale result
     # must not come back (CI: every --stacks-at copy of a ctypes call lost).
     w = Walker()
-    for _ in range(3):
-        w.walk(LIB + LEAF + 4, NO_FP)
+    w.again(3)
     assert w.counts == (2, 1, 0)
     w.maps.mappings = list(w.maps.mappings)  # ProcessMaps.merge replaces the list
     w.walk(LIB + LEAF + 4, NO_FP)
@@ -115,8 +118,7 @@ def test_a_snapshot_that_gained_a_mapping_walks_again() -> None:
 
 def test_another_snapshot_never_shares_a_walk() -> None:
     w = Walker()
-    for _ in range(2):
-        w.walk(LIB + LEAF + 4, NO_FP)
+    w.again(2)
     w.maps = maps()
     w.walk(LIB + LEAF + 4, NO_FP)
     assert w.counts == (3, 0, 0)
