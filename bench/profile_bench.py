@@ -181,22 +181,23 @@ def run(stage: Stage, rounds: int, seconds: float, fold_hz: int, fold_seconds: f
     n, spin = _calibrate(stage, prog, seconds)
     log(f"profile: workload {FANOUT**2} paths x {n} rounds (~{seconds} s untraced)")
     out: dict[str, Any] = {"workload": f"{FANOUT**2} distinct stacks x {n} rounds", "hz": {}}
-    base = median([untraced(stage, prog, n, spin) for _ in range(rounds)])
+    plain = [untraced(stage, prog, n, spin) for _ in range(rounds)]
+    base = median(plain)
     out["untraced_s"] = round(base, 4)
+    out["untraced_rounds_s"] = [round(x, 4) for x in plain]
     for hz in (99, 999):
         log(f"profile: {hz} Hz, gfxclient / perf record / bpftrace")
-        gfx = median([under_gfxclient(stage, prog, n, spin, hz)[0] for _ in range(rounds)])
         data = stage.work / f"perf-{hz}.data"
-        perf = median([under_perf(stage, prog, n, spin, hz, data) for _ in range(rounds)])
-        bt = median([under_bpftrace(stage, prog, n, spin, hz) for _ in range(rounds)])
-        out["hz"][str(hz)] = {
-            "gfxbpf_s": round(gfx, 4),
-            "perf_s": round(perf, 4),
-            "bpftrace_s": round(bt, 4),
-            "gfxbpf_slowdown": ratio(gfx, base),
-            "perf_slowdown": ratio(perf, base),
-            "bpftrace_slowdown": ratio(bt, base),
-        }
+        # Rounds interleave the tools, so that the machine's other load falls on all alike.
+        runs: dict[str, list[float]] = {"gfxbpf": [], "perf": [], "bpftrace": []}
+        for _ in range(rounds):
+            runs["gfxbpf"].append(under_gfxclient(stage, prog, n, spin, hz)[0])
+            runs["perf"].append(under_perf(stage, prog, n, spin, hz, data))
+            runs["bpftrace"].append(under_bpftrace(stage, prog, n, spin, hz))
+        cell: dict[str, Any] = {f"{t}_s": round(median(v), 4) for t, v in runs.items()}
+        cell |= {f"{t}_slowdown": ratio(median(v), base) for t, v in runs.items()}
+        cell["rounds_s"] = {t: [round(x, 4) for x in v] for t, v in runs.items()}
+        out["hz"][str(hz)] = cell
     out["flamegraph"] = _flamegraph(stage, prog, spin, fold_hz, fold_seconds, base / n)
     return out
 

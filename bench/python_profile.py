@@ -163,6 +163,17 @@ def _share(path: Path, share: Callable[..., float] = chain_share) -> float:
     return round(share(parse_folded(path.read_text().splitlines())), 4)
 
 
+def _outside(path: Path) -> int:
+    return sum(c for f, c in parse_folded(path.read_text().splitlines()) if not in_script(f))
+
+
+def _cut(path: Path) -> tuple[int, int, str]:
+    mine = [(f, c) for f, c in parse_folded(path.read_text().splitlines()) if in_script(f)]
+    cut = sorted(((c, f) for f, c in mine if not holds_chain(f)), reverse=True)
+    top = ";".join(frame_name(f) for f in cut[0][1][-3:]) if cut else ""
+    return sum(c for c, _ in cut), sum(c for _, c in mine), top
+
+
 def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
     pyspy = find_pyspy(stage)
     script, n, work = _prepare(stage, seconds)
@@ -194,5 +205,12 @@ def run(stage: Stage, rounds: int, seconds: float) -> dict[str, Any]:
         "gfxbpf_to_flamegraph_s": round(median([r["exit"] - r["end"] for r in gfx]), 3),
         "pyspy_to_flamegraph_s": round(median([r["exit"] - r["end"] for r in spy]), 3),
         "gfxbpf_samples": median([r["summary"].get("total", 0) for r in gfx]),
+        # Samples with no frame of the script (the interpreter's start-up and
+        # shutdown, which gfxclient samples from exec), per round.
+        "gfxbpf_outside_script": [_outside(work / f"gfx-{i}.folded") for i in range(rounds)],
+        # Samples in the script without the whole chain, per round: (count, of samples
+        # in the script, the innermost frames of the commonest such stack).
+        "gfxbpf_cut_in_script": [_cut(work / f"gfx-{i}.folded") for i in range(rounds)],
+        "pyspy_cut_in_script": [_cut(work / f"spy-{i}.txt") for i in range(rounds)],
         "interpreters": gfx[-1]["summary"].get("interpreters"),
     }

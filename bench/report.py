@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -884,13 +886,87 @@ def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
 def _why_profile(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
     hz = "999" if "999 Hz" in measure else "99"
     t = r["hz"][hz]
-    diff = (t["gfxbpf_s"] - t["perf_s"]) * 1000
-    return (
-        f"at {hz} Hz the workload ran {t['gfxbpf_s']:.3f} s under gfxclient and "
-        f"{t['perf_s']:.3f} s under perf record -g ({diff:+.0f} ms; untraced "
-        f"{r['untraced_s']:.3f} s): medians of the rounds in the JSON, on a VM shared with "
-        "other work; not analysed further in this run."
+    diff = t["gfxbpf_s"] - t["perf_s"]
+    text = _medians(hz, t["gfxbpf_s"], "perf record -g", t["perf_s"], r["untraced_s"])
+    if "rounds_s" not in t:  # a results file from before the rounds were kept
+        return text + " on a VM shared with other work; not analysed further in this run."
+    each = t["rounds_s"]
+    runs = {"untraced": r["untraced_rounds_s"], "gfxclient": each["gfxbpf"]}
+    return text + _against_spread(
+        diff,
+        runs | {"perf record -g": each["perf"]},
+        "the sampling program (`profile`) records frame-pointer stacks in the kernel and "
+        "the client reads the maps once a second",
     )
+
+
+def _medians(hz: str, ours: float, peer: str, theirs: float, plain: float) -> str:
+    return (
+        f"at {hz} Hz the workload ran {ours:.3f} s under gfxclient and {theirs:.3f} s under "
+        f"{peer} ({(ours - theirs) * 1000:+.0f} ms; untraced {plain:.3f} s), medians of the rounds"
+    )
+
+
+def _against_spread(diff: float, runs: dict[str, list[float]], cost: str) -> str:
+    """The medians' difference weighed against the spread of each tool's own
+    rounds (untraced included): the noise of the machine they ran on."""
+    spread = {name: max(r) - min(r) for name, r in runs.items()}
+    each = ", ".join(f"{name} {r}" for name, r in runs.items())
+    widest = max(spread, key=lambda name: spread[name])
+    text = f". Each round (s): {each}; the {widest} rounds alone spread over "
+    text += f"{spread[widest] * 1000:.0f} ms"
+    if abs(diff) <= spread[widest]:
+        return text + (
+            f", more than the medians' difference: on this shared 2-CPU VM the difference is "
+            f"inside the rounds' noise, not a measured cost ({cost})."
+        )
+    return text + f", less than the medians' difference ({cost})."
+
+
+def _why_unwind(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    found = re.match(r"11 (.+): workload at (\d+) Hz", measure)
+    if found is None:
+        return None
+    w = r["workloads"][found[1]]
+    c = w["hz"][found[2]]
+    g, d = c["gfxclient"], c["perf_dwarf"]
+    diff = g["s"] - d["s"]
+    text = _medians(found[2], g["s"], "perf --call-graph dwarf", d["s"], w["untraced_s"])
+    text += f"; its own CPU time ×{g['cpu_slowdown']} against ×{d['cpu_slowdown']}"
+    if "rounds" not in c:  # a results file from before the rounds were kept
+        return text + "; not analysed further in this run."
+    each = c["rounds"]
+    cpu = (
+        f"the client used {each['gfxclient']['tool_cpu_s']} s of CPU per round (reading and "
+        f"unwinding the copies as they come), perf record {each['perf_dwarf']['tool_cpu_s']} s "
+        "(writing them out, unwound after the run by perf script); on 2 CPUs that CPU competes "
+        "with the workload and with other sessions' work"
+    )
+    runs = {t: each[k]["s"] for t, k in (("untraced", "untraced"), ("gfxclient", "gfxclient"))}
+    return text + _against_spread(diff, runs | {"perf dwarf": each["perf_dwarf"]["s"]}, cpu)
+
+
+def _why_python(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
+    if "gfxbpf_cut_in_script" not in r:  # a results file from before these counts
+        return None
+    cut, spy = r["gfxbpf_cut_in_script"], r["pyspy_cut_in_script"]
+    ours, theirs = [c[0] for c in cut], [c[0] for c in spy]
+    apart = abs(statistics.median(ours) - statistics.median(theirs))
+    change = max(max(ours) - min(ours), max(theirs) - min(theirs))
+    text = (
+        f"in the script gfxclient's samples without the whole chain per round were {ours} of "
+        f"{[c[1] for c in cut]} (the commonest ends {cut[0][2] or '-'}), py-spy's {theirs} of "
+        f"{[c[1] for c in spy]}: medians {apart:g} sample(s) apart, "
+        + ("within" if apart <= change else "beyond")
+        + f" the {change} by which one tool's count changed between rounds"
+    )
+    if "whole chain" in measure:
+        text += (
+            f"; and {r['gfxbpf_outside_script']} samples per round hold no frame of loop.py "
+            "(gfxclient samples the interpreter from exec: its start-up before the script's "
+            "first line and its shutdown after the last), where no chain can be"
+        )
+    return text + "."
 
 
 def _why_fixed_cost(_doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | None:
@@ -935,6 +1011,8 @@ WHY: dict[str, Why] = {
     "map_reads": _why_map_reads,
     "ringbuf": _why_ringbuf,
     "profile": _why_profile,
+    "python": _why_python,
+    "unwind": _why_unwind,
     "fixed_cost": _why_fixed_cost,
     "torch": _why_torch,
 }

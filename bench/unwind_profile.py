@@ -383,6 +383,15 @@ def measure(stage: Stage, work: Path, wl: Workload, rounds: int, seconds: float)
             cell[tool] |= {"s": round(s, 4), "slowdown": ratio(s, base)}
             cell[tool] |= {"cpu_s": round(cpu, 4), "cpu_slowdown": ratio(cpu, base_cpu)}
             cell[tool]["tool_cpu_s"] = round(median([t.tool_cpu for t in times[tool]]), 3)
+        # Every round's, in the order run (untraced, gfxclient, perf dwarf, perf -g):
+        # what "Goals missed, and why" weighs a median's difference against.
+        cell["rounds"] = {
+            tool: {
+                "s": [round(t.wall, 4) for t in ts],
+                "tool_cpu_s": [round(t.tool_cpu, 3) for t in ts],
+            }
+            for tool, ts in times.items()
+        }
         row["hz"][str(hz)] = cell
     row["flamegraph"] = _flamegraph(stage, work, wl, argv, row["hz"][str(HZ[-1])])
     return row

@@ -98,6 +98,9 @@ class RingBuffer:
         self._data: mmap.mmap | None = None
         self._epoll: select.epoll | None = None
         self._tick = WAKE_TICK  # poll()'s longest wait between looks, now
+        # ... and its first after records came: a consumer that takes them in
+        # batches anyway raises it, so the reader wakes less often.
+        self.min_tick = _TICK_MIN
         self.records = 0  # records handed out so far
         self.discarded = 0  # records the producer discarded (skipped)
         # Records the producer could not reserve are not knowable here: the
@@ -145,7 +148,7 @@ class RingBuffer:
         rb._fd, rb._owns_fd, rb._epoll = -1, False, None
         rb._cons, rb._data = cons, data
         rb.records = rb.discarded = 0
-        rb._tick = WAKE_TICK
+        rb._tick, rb.min_tick = WAKE_TICK, _TICK_MIN
         rb.max_entries, rb._mask, rb._page = max_entries, max_entries - 1, mmap.PAGESIZE
         return rb
 
@@ -277,7 +280,7 @@ class RingBuffer:
         """
         records = self.drain()
         if records:
-            self._tick = _TICK_MIN
+            self._tick = self.min_tick
             return records
         ep = self._epoll
         if ep is None:
@@ -300,7 +303,7 @@ class RingBuffer:
                 self._tick = min(2 * tick, WAKE_TICK)
             records = self.drain()
             if records:
-                self._tick = _TICK_MIN
+                self._tick = self.min_tick
                 return records
 
     def __iter__(self) -> Iterator[bytes]:

@@ -154,6 +154,12 @@ class EventStream:
                 self._backlog += sum(map(len, records))
             self._queue.put(records)
 
+    def pace(self, seconds: float) -> None:
+        """Records are taken about every `seconds` (fd path): the ring's reader
+        looks that often while they flow, not every millisecond."""
+        if self._ring is not None:
+            self._ring.min_tick = min(seconds, _PUMP_WAIT_S)
+
     def flush(self, timeout: float = 2.0) -> None:
         """Have what the ring holds now queued, so the next poll() returns it
         (fd path; over gRPC the broker sends records as it reads them)."""

@@ -70,3 +70,21 @@ def test_python_rows_compare_with_pyspy() -> None:
     assert rows[0][1] == "97.0%" and "95.0%" in rows[0][2]
     r["gfxbpf_chain_share"] = 0.5
     assert report.SECTIONS["python"](r)[0][5] == "**no**"
+
+
+def test_a_missed_whole_chain_share_counts_the_samples_outside_the_script() -> None:
+    r = {
+        "hz": 99, "untraced_s": 5.0, "gfxbpf_chain_share": 0.99, "pyspy_chain_share": 1.0,
+        "pyspy_nonblocking_chain_share": 1.0, "gfxbpf_script_share": 1.0,
+        "pyspy_script_share": 1.0, "gfxbpf_slowdown": 0.9, "pyspy_slowdown": 1.0,
+        "pyspy_nonblocking_slowdown": 1.0, "gfxbpf_to_flamegraph_s": 0.08,
+        "pyspy_to_flamegraph_s": 0.02, "gfxbpf_samples": 300, "gfxbpf_outside_script": [3, 3, 2],
+        "gfxbpf_cut_in_script": [[1, 290, "middle;PyObject_Call;x"], [0, 291, ""], [0, 290, ""]],
+        "pyspy_cut_in_script": [[0, 280, ""], [1, 281, "middle"], [0, 280, ""]],
+    }  # fmt: skip
+    (why,) = report.missed({"results": {"python": r}})
+    assert why.startswith("12 Python: samples with the whole chain")
+    assert "without the whole chain per round were [1, 0, 0] of [290, 291, 290]" in why
+    assert "the commonest ends middle;PyObject_Call;x), py-spy's [0, 1, 0] of [280, 281" in why
+    assert "medians 0 sample(s) apart, within the 1 by which" in why
+    assert "and [3, 3, 2] samples per round hold no frame of loop.py" in why

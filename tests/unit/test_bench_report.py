@@ -312,3 +312,15 @@ def test_missing_figures_names_rows_without_one_and_results_that_break_the_table
     assert problems[1].startswith("attach: no row")
     # The table still renders, with those rows saying why they hold no figure.
     assert "| fixed_cost: cannot be formatted" in report.markdown(_doc({"fixed_cost": broken}))
+
+
+def test_a_missed_profile_slowdown_is_weighed_against_the_untraced_rounds() -> None:
+    r = {
+        "untraced_s": 5.1, "untraced_rounds_s": [5.0, 5.1, 5.3],
+        "hz": {"99": {"gfxbpf_s": 5.0, "perf_s": 4.9, "rounds_s": {
+            "gfxbpf": [5.0, 5.2, 4.9], "perf": [4.9, 5.0, 4.8], "bpftrace": [5.0, 5.0, 5.0]}}},
+    }  # fmt: skip
+    why = report._why_profile({}, r, "9 workload slowdown at 99 Hz vs perf record -g")
+    assert why is not None and "+100 ms" in why
+    assert "untraced [5.0, 5.1, 5.3], gfxclient [5.0, 5.2, 4.9], perf record -g [4.9" in why
+    assert "the untraced rounds alone spread over 300 ms, more than the medians'" in why

@@ -111,3 +111,29 @@ def test_the_unwind_rows_say_what_was_met() -> None:
     assert "4.5 µs" in at["11 xz: BPF time per sample at 999 Hz"][1]
     assert "2.04 MiB" in at["11 kernel memory of stackcopy's maps"][1]
     assert "first parse 1250 ms, cached 13 ms" in text and "table 6.7 MB" in text
+
+
+def _with_rounds(cell: dict[str, Any], rounds: dict[str, list[float]]) -> dict[str, Any]:
+    cpu = {"untraced": 0.0, "gfxclient": 0.5, "perf_dwarf": 0.3, "perf_fp": 0.1}
+    cell["rounds"] = {t: {"s": s, "tool_cpu_s": [cpu[t]] * len(s)} for t, s in rounds.items()}
+    return cell
+
+
+def test_a_missed_slowdown_is_weighed_against_the_untraced_rounds_spread() -> None:
+    flame = {"hz": 999, "gfxclient_svg_s": 0.01, "perf_script_fold_s": 0.3, "ratio_vs_perf": 0.03}
+    noisy = {"untraced": [2.0, 2.3, 2.1], "gfxclient": [2.3, 2.2, 2.4],
+             "perf_dwarf": [2.2, 2.2, 2.1], "perf_fp": [2.1, 2.1, 2.1]}  # fmt: skip
+    steady = {**noisy, "untraced": [2.0, 2.01, 2.0], "gfxclient": [2.6, 2.6, 2.55]}
+    workloads = {
+        "xz": {"untraced_s": 2.0, "flamegraph": flame,
+               "hz": {"99": _cell(2.0), "999": _with_rounds(_cell(2.3), noisy)}},
+        "chain": {"untraced_s": 2.0, "flamegraph": flame,
+                  "hz": {"99": _cell(2.0), "999": _with_rounds(_cell(2.6), steady)}},
+    }  # fmt: skip
+    why = report.missed({"results": {"unwind": {"workloads": workloads, "largest_library": {}}}})
+    xz, chain = why
+    assert xz.startswith("11 xz: workload at 999 Hz") and "+100 ms" in xz
+    assert "the untraced rounds alone spread over 300 ms, more than the medians' difference" in xz
+    assert "the client used [0.5, 0.5, 0.5] s of CPU per round" in xz
+    assert chain.startswith("11 chain: workload at 999 Hz") and "+400 ms" in chain
+    assert "the perf dwarf rounds alone spread over 100 ms, less than the medians'" in chain

@@ -1,99 +1,132 @@
-"""The walk memo (client/profiles/unwind/memo.py) reuses a result only where
-the walk would read the same words: a copy that differs in a word the walk
-never read hits, one that differs in a word it read walks again."""
+"""The walk memo (client/profiles/unwind/memo.py) reuses the rest of a walk
+from a frame on only where the walk would read the same words from there: a
+copy that differs in a word the rest never reads (a local, the rbp that code
+without frame pointers keeps data in) takes it, one that differs in a word
+it reads walks again. Every answer is checked against a plain walk, on the
+synthetic process of test_unwind_walk."""
 
 from __future__ import annotations
 
-import struct
-from typing import Any
+from gfxbpf.client.profiles.unwind import UserRegs, unwind
+from gfxbpf.client.profiles.unwind.memo import UnwindMemo, Walk
+from gfxbpf.client.profiles.unwind.result import stop_text
+from tests.unit.test_unwind_walk import FP, LEAF, LIB, MID, ROOT, SP, FakeTables, maps, stack
 
-import pytest
-
-from gfxbpf.client.profiles.unwind import memo as memo_mod
-from gfxbpf.client.profiles.unwind.result import Stop, UnwindResult
-from gfxbpf.client.profiles.unwind.steps import Stack
-
-SP = 0x7FFF0000
-
-
-NO_TABLES: Any = None  # fake_unwind reads no table
-
-
-class Maps:
-    def __init__(self) -> None:
-        self.mappings: list[object] = []
-
-    def find(self, addr: int) -> None:
-        return None
+RA_MID, RA_FP, RA_ROOT = LIB + MID + 0x10, LIB + FP + 0x20, LIB + ROOT + 0x10
+# leaf (CFA sp+8) <- mid (CFA sp+32, rbx saved) <- root: no step reads rbp.
+NO_FP = {0: RA_MID, 32: RA_ROOT}
+# leaf <- mid <- fp (CFA rbp+16, rbp saved at 0x40) <- root: fp's step reads
+# the rbp the sample had (leaf and mid leave it as it was).
+FP_RBP = SP + 0x40
+WITH_FP = {0: RA_MID, 32: RA_FP, 0x40: 0x1234, 0x48: RA_ROOT}
 
 
-def _maps() -> Any:
-    return Maps()
+class Walker:
+    """A memo over one snapshot of the synthetic process; each walk checked."""
+
+    def __init__(self, max_entries: int = 8192) -> None:
+        self.memo, self.maps, self.tables = UnwindMemo(max_entries), maps(), FakeTables()
+
+    def walk(self, ip: int, words: dict[int, int], bp: int = 0, size: int = 0x400) -> Walk:
+        data = stack(words, size)
+        got = self.memo.walk(ip, SP, bp, data, self.maps, self.tables)
+        plain = unwind(UserRegs(ip, SP, bp), data, self.maps, FakeTables())
+        stop = None if plain.stop is None else stop_text(plain.stop, plain.where)
+        assert got == (plain.frames, stop, plain.scanned > 0)
+        return got
+
+    def again(self, times: int, ip: int = LIB + LEAF + 4, words: dict[int, int] = NO_FP,
+              **kw: int) -> None:  # fmt: skip
+        """The same sample `times` times (the second one makes its states' entries)."""
+        for _ in range(times):
+            self.walk(ip, words, **kw)
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        return self.memo.walks, self.memo.hits, self.memo.joined
 
 
-def fake_unwind(
-    regs: Any, stack: Any, maps: Any, tables: Any, mem: Stack, exact: bool = True
-) -> UnwindResult:
-    """Reads the word at sp + 8 (a return address) and, if it is odd, the one at sp + 24."""
-    ra = mem.u64(SP + 8)
-    assert ra is not None
-    if ra & 1:
-        return UnwindResult((regs.ip, ra, mem.u64(SP + 24) or 0), None, 0)
-    return UnwindResult((regs.ip, ra), Stop.TRUNCATED, 0)
+def test_samples_at_other_leaf_pcs_take_the_callers_walk() -> None:
+    w = Walker()
+    first = w.walk(LIB + LEAF + 4, NO_FP)
+    assert first == ((LIB + LEAF + 4, RA_MID, RA_ROOT), None, False)
+    w.walk(LIB + LEAF + 8, NO_FP)  # mid's frame met again: remembered from now on
+    assert w.counts == (2, 0, 0)
+    got = w.walk(LIB + LEAF + 12, NO_FP | {8: 77, 16: 78})  # mid's locals changed
+    assert got[0] == (LIB + LEAF + 12, RA_MID, RA_ROOT) and w.counts == (3, 0, 1)
 
 
-def copy(*words: int) -> bytes:
-    return struct.pack(f"<{len(words)}Q", *words)
+def test_a_sample_met_again_is_answered_whole() -> None:
+    w = Walker()
+    w.again(3)
+    assert w.counts == (2, 1, 0)
 
 
-def test_a_copy_with_the_same_words_read_reuses_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memo_mod, "unwind", fake_unwind)
-    m, maps = memo_mod.UnwindMemo(), _maps()
-    first = m.walk(0x1000, SP, 0, copy(7, 0x4000, 99, 5), maps, NO_TABLES)
-    assert first[0] == (0x1000, 0x4000) and first[1] is not None and m.walks == 1
-    # Words 0 and 2 changed (a local, a counter): never read, the same walk.
-    assert m.walk(0x1000, SP, 0, copy(8, 0x4000, 100, 5), maps, NO_TABLES) == first
-    assert (m.walks, m.hits) == (1, 1)
-    # The word read changed: walked again, and now it reads sp + 24 too.
-    again = m.walk(0x1000, SP, 0, copy(8, 0x4001, 100, 5), maps, NO_TABLES)
-    assert again == ((0x1000, 0x4001, 5), None, False) and m.walks == 2
-    # ... so a copy that differs only at sp + 24 walks again as well.
-    other = m.walk(0x1000, SP, 0, copy(8, 0x4001, 100, 6), maps, NO_TABLES)
-    assert other[0] == (0x1000, 0x4001, 6) and m.walks == 3
+def test_a_changed_return_address_walks_again() -> None:
+    w = Walker()
+    w.again(2)
+    other = w.walk(LIB + LEAF + 4, NO_FP | {32: LIB + ROOT + 0x18})  # mid's caller moved
+    assert other[0][-1] == LIB + ROOT + 0x18 and w.counts == (3, 0, 0)
 
 
-def test_other_registers_sizes_or_maps_never_share_a_walk(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(memo_mod, "unwind", fake_unwind)
-    m, maps = memo_mod.UnwindMemo(), _maps()
-    data = copy(7, 0x4000, 99, 5)
-    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
-    m.walk(0x1008, SP, 0, data, maps, NO_TABLES)  # another ip
-    m.walk(0x1000, SP, 16, data, maps, NO_TABLES)  # another rbp
-    m.walk(0x1000, SP, 0, data + copy(1), maps, NO_TABLES)  # a longer copy
-    m.walk(0x1000, SP, 0, data, _maps(), NO_TABLES)  # a newer snapshot of the maps
-    assert (m.walks, m.hits) == (5, 0)
+def test_rbp_counts_only_where_a_step_reads_it() -> None:
+    # Without frame pointers rbp holds data: samples that differ only there share.
+    w = Walker()
+    for bp in (1, 2, 3):
+        w.walk(LIB + LEAF + 4, NO_FP, bp=bp)
+    assert w.counts == (2, 1, 0)
+    # fp's frame is found through the rbp the sample had: another rbp walks again.
+    w = Walker()
+    for _ in range(2):
+        assert w.walk(LIB + LEAF + 4, WITH_FP, bp=FP_RBP)[1] is None
+    w.walk(LIB + LEAF + 4, WITH_FP, bp=FP_RBP)
+    assert w.counts == (2, 1, 0)
+    w.walk(LIB + LEAF + 4, WITH_FP, bp=FP_RBP + 0x10)  # the CFA moves: another walk
+    assert w.counts == (3, 1, 0)
 
 
-def test_a_snapshot_that_gained_a_mapping_walks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_saved_rbp_nothing_reads_later_is_not_compared() -> None:
+    # fp saved its caller's rbp (0x1234) and root never reads it: another value
+    # there is the same walk; fp's return address is compared.
+    w = Walker()
+    for saved in (0x1234, 0x5678, 0x9ABC):
+        w.walk(LIB + LEAF + 4, WITH_FP | {0x40: saved}, bp=FP_RBP)
+    assert w.counts == (2, 1, 0)
+
+
+def test_a_walk_that_ran_past_the_copy_holds_only_for_a_copy_that_ends_there() -> None:
+    w = Walker()
+    for _ in range(2):
+        assert w.walk(LIB + LEAF + 4, {0: RA_MID}, size=24)[1] == "truncated"  # mid's ra at 32
+    w.walk(LIB + LEAF + 4, {0: RA_MID}, size=24)
+    assert w.counts == (2, 1, 0)
+    assert w.walk(LIB + LEAF + 4, NO_FP, size=0x400)[1] is None  # a longer copy walks on
+    assert w.counts == (3, 1, 0)
+
+
+def test_a_snapshot_that_gained_a_mapping_walks_again() -> None:
     # A copy read before the maps showed its library ("not code"), then the
     # refresh merged the library into the same snapshot: the stale result
     # must not come back (CI: every --stacks-at copy of a ctypes call lost).
-    monkeypatch.setattr(memo_mod, "unwind", fake_unwind)
-    m, maps = memo_mod.UnwindMemo(), _maps()
-    data = copy(7, 0x4000, 99, 5)
-    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
-    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
-    assert (m.walks, m.hits) == (1, 1)
-    maps.mappings = [object()]  # ProcessMaps.merge replaces the list
-    m.walk(0x1000, SP, 0, data, maps, NO_TABLES)
-    assert (m.walks, m.hits) == (2, 1)
+    w = Walker()
+    w.again(3)
+    assert w.counts == (2, 1, 0)
+    w.maps.mappings = list(w.maps.mappings)  # ProcessMaps.merge replaces the list
+    w.walk(LIB + LEAF + 4, NO_FP)
+    assert w.counts == (3, 1, 0)
 
 
-def test_the_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(memo_mod, "unwind", fake_unwind)
-    m, maps = memo_mod.UnwindMemo(max_entries=4), _maps()
-    for ip in range(10):
-        m.walk(ip, SP, 0, copy(7, 0x4000), maps, NO_TABLES)
-    assert len(m._entries) == 4
+def test_another_snapshot_never_shares_a_walk() -> None:
+    w = Walker()
+    w.again(2)
+    w.maps = maps()
+    w.walk(LIB + LEAF + 4, NO_FP)
+    assert w.counts == (3, 0, 0)
+
+
+def test_the_memo_is_bounded() -> None:
+    w = Walker(max_entries=4)
+    for _ in range(2):
+        for i in range(10):
+            w.walk(LIB + LEAF + i, NO_FP)
+    assert len(w.memo.entries) == 4

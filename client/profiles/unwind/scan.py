@@ -31,7 +31,7 @@ from gfxbpf.client.profiles.unwind.result import Stop
 from gfxbpf.client.profiles.unwind.steps import Stack, Step, cfi_step
 from gfxbpf.client.profiles.unwind.tables import Located
 
-__all__ = ["CHECK_STEPS", "SCAN_BYTES", "is_indirect_call", "scan_caller"]
+__all__ = ["CHECK_STEPS", "SCAN_BYTES", "CodeBefore", "Resolve", "is_indirect_call", "scan_caller"]
 
 # How far above sp the scan looks (64 slots), and how many CFI steps beyond
 # a candidate must succeed.

@@ -45,19 +45,23 @@ class Stack:
 
 
 class ReadStack(Stack):
-    """A Stack that notes the offset of every word read from the copy, so a
-    walk's result can be reused for a copy that holds the same words there."""
+    """A Stack that notes the offset of every word read from the copy, and
+    counts the reads that fell outside it, so a walk's result can be reused
+    for a copy that holds the same words there (and, if a read missed, ends
+    where this one ends)."""
 
-    __slots__ = ("offsets",)
+    __slots__ = ("missed", "offsets")
 
     def __init__(self, sp: int, data: Buffer, top: int) -> None:
         super().__init__(sp, data, top)
         self.offsets: list[int] = []
+        self.missed = 0
 
     def u64(self, addr: int) -> int | None:
         if self.base <= addr and addr + 8 <= self.end:
             self.offsets.append(addr - self.base)
             return int(_U64(self.data, addr - self.base)[0])
+        self.missed += 1
         return None
 
 
