@@ -16,36 +16,56 @@ import time
 from typing import Any
 
 from bench import ownprogs
-from bench.harness import BenchError, Bpftrace, Stage, go, log, read_json_line
+from bench.harness import (
+    BenchError,
+    Bpftrace,
+    Stage,
+    bpf_stats_enabled,
+    go,
+    log,
+    read_json_line,
+)
 from bench.stats import median, ratio
 
 
-def _ours(stage: Stage, n: int, ring_bytes: int) -> dict[str, Any]:
+def _ours(
+    stage: Stage, n: int, ring_bytes: int, *, reader: bool = True, wake_each: int = 0
+) -> dict[str, Any]:
+    """One traced run. reader=False: no consumer (the ring holds the whole
+    run), the kernel's cost alone; wake_each=1: a wake-up per record."""
     wl = stage.gated_workload("getppid", n)
+    knobs = {"target_pid": wl.pid, "wake_each": wake_each}
+    got: dict[str, Any] = {}
     try:
-        with ownprogs.attached(
-            stage.bench_object, ["stream_sys_enter"], {"target_pid": wl.pid}, ring_bytes
-        ) as obj:
+        with ownprogs.attached(stage.bench_object, ["stream_sys_enter"], knobs, ring_bytes) as obj:
             ring_fd = obj.map("records").fileno()
-            consumer = stage.clientside("consume", str(ring_fd), "1.0", pass_fds=(ring_fd,))
-            read_json_line(consumer.stdout, consumer, "consume")
+            if reader:
+                consumer = stage.clientside("consume", str(ring_fd), "1.0", pass_fds=(ring_fd,))
+                read_json_line(consumer.stdout, consumer, "consume")
             res = go(wl)
-            got = read_json_line(consumer.stdout, consumer, "consume")
-            consumer.communicate(timeout=30)
+            if reader:
+                got = read_json_line(consumer.stdout, consumer, "consume")
+                consumer.communicate(timeout=30)
             written, lost = ownprogs.tally(obj)
+            prog_ns = ownprogs.run_time(obj, "stream_sys_enter")
     finally:
         if wl.poll() is None:
             wl.kill()
+    out = {"ring_bytes": ring_bytes, "wake_each": bool(wake_each), "lost_in_kernel": lost,
+           "workload_s": round(res["elapsed"], 4), "written": written}  # fmt: skip
+    if prog_ns is not None:
+        out["program_ns_per_record"] = round(prog_ns[1] / max(1, prog_ns[0]), 1)
+    if not reader:
+        return out
     if got["received"] != written:
         raise BenchError(f"the kernel wrote {written} records, the client got {got['received']}")
     span = got["last_at"] - res["start"]
-    return {
-        "ring_bytes": ring_bytes,
+    out |= {
         "events": got["received"],
-        "lost_in_kernel": lost,
-        "workload_s": round(res["elapsed"], 4),
         "delivered_per_s": round(got["received"] / span) if span > 0 else None,
+        "reader_ns_per_record": round(got["reader_cpu_s"] / max(1, got["received"]) * 1e9, 1),
     }
+    return out
 
 
 def _bpftrace(stage: Stage, n: int) -> dict[str, Any]:
@@ -87,6 +107,12 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
     log("ring buffer: gfxbpf reader, 64 MiB ring")
     big = [_ours(stage, n, 64 << 20) for _ in range(rounds)]
     best = sorted(big, key=lambda r: r["delivered_per_s"] or 0)[len(big) // 2]
+    log("ring buffer: no reader (the kernel's side alone), a wake-up per record")
+    alone = [_ours(stage, n, 64 << 20, reader=False) for _ in range(rounds)]
+    woken = [_ours(stage, n, 64 << 20, wake_each=1) for _ in range(rounds)]
+    log("ring buffer: the program's own time per record (kernel.bpf_stats)")
+    with bpf_stats_enabled():
+        timed = _ours(stage, n, 64 << 20, reader=False)
     log("ring buffer: gfxbpf reader, 256 KiB ring")
     small = _ours(stage, n, 256 << 10)
     log("ring buffer: bpftrace printf (slow: it holds the workload back)")
@@ -95,6 +121,9 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
         "workload": f"getppid x {n}",
         "untraced_s": round(base, 4),
         "gfxbpf": best,
+        "gfxbpf_no_reader_s": median([r["workload_s"] for r in alone]),
+        "gfxbpf_wake_each": sorted(woken, key=lambda r: r["workload_s"])[len(woken) // 2],
+        "program_ns_per_record": timed.get("program_ns_per_record"),
         "gfxbpf_small_ring": small,
         "bpftrace": peer,
         "gfxbpf_workload_slowdown": ratio(best["workload_s"], base),
