@@ -53,7 +53,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"counts": [1, 2], "n": 100_000, "rounds": 1},
     ),
     "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 1_000, "rounds": 1}),
-    "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 50_000, "rounds": 1}),
+    "ringbuf": ({"n": 2_000_000, "rounds": 5}, {"n": 50_000, "rounds": 1}),
     "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 10, "window": 1.0}),
     "cuda": (
         {

@@ -102,14 +102,22 @@ def _bpftrace(stage: Stage, n: int) -> dict[str, Any]:
 
 
 def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
-    log(f"ring buffer: untraced baseline, getppid x {n}")
-    base = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
-    log("ring buffer: gfxbpf reader, 64 MiB ring")
-    big = [_ours(stage, n, 64 << 20) for _ in range(rounds)]
+    log(f"ring buffer: getppid x {n} untraced; with a 64 MiB ring: gfxbpf reader; no reader; "
+        "a wake-up per record")  # fmt: skip
+    # Rounds interleave the four, each first in turn: a shared machine's load drifts.
+    variants: list[dict[str, Any] | None] = [None, {}, {"reader": False}, {"wake_each": 1}]
+    got: list[list[dict[str, Any]]] = [[] for _ in variants]
+    for i in range(rounds):
+        for k in range(len(variants)):
+            v = (i + k) % len(variants)
+            knobs = variants[v]
+            if knobs is None:
+                got[v].append({"workload_s": stage.workload("getppid", n)["elapsed"]})
+            else:
+                got[v].append(_ours(stage, n, 64 << 20, **knobs))
+    untraced, big, alone, woken = got
+    base = median([r["workload_s"] for r in untraced])
     best = sorted(big, key=lambda r: r["delivered_per_s"] or 0)[len(big) // 2]
-    log("ring buffer: no reader (the kernel's side alone), a wake-up per record")
-    alone = [_ours(stage, n, 64 << 20, reader=False) for _ in range(rounds)]
-    woken = [_ours(stage, n, 64 << 20, wake_each=1) for _ in range(rounds)]
     log("ring buffer: the program's own time per record (kernel.bpf_stats)")
     with bpf_stats_enabled():
         timed = _ours(stage, n, 64 << 20, reader=False)
@@ -122,6 +130,10 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
         "untraced_s": round(base, 4),
         "gfxbpf": best,
         "gfxbpf_no_reader_s": median([r["workload_s"] for r in alone]),
+        "rounds_s": {  # each round's workload time, per variant
+            name: [round(r["workload_s"], 4) for r in rs]
+            for name, rs in zip(("untraced", "reader", "no_reader", "wake_each"), got, strict=True)
+        },
         "gfxbpf_wake_each": sorted(woken, key=lambda r: r["workload_s"])[len(woken) // 2],
         "program_ns_per_record": timed.get("program_ns_per_record"),
         "gfxbpf_small_ring": small,
