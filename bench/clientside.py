@@ -180,9 +180,10 @@ def profile(spec: str) -> None:
 _RECORD = struct.Struct("=QQ")
 
 
-def consume(fd: int, idle: float) -> None:
+def consume(fd: int, idle: float, every: float = 0.0) -> None:
     """Decode records from a ring buffer this process holds only the fd of,
-    in runs (RingBuffer.poll_runs), and time the reader's own CPU."""
+    in runs (RingBuffer.poll_runs), and time the reader's own CPU. every: read
+    at most once per that many seconds (a periodic reader), else as they come."""
     received = 0
     first_at = last_at = 0.0
     say({"ready": True})
@@ -201,6 +202,8 @@ def consume(fd: int, idle: float) -> None:
             for run in runs:
                 received += len(run.unpack(_RECORD))
             last_at = now
+            if every:
+                time.sleep(every)
     say({"received": received, "first_at": first_at, "last_at": last_at,
          "reader_cpu_s": time.process_time() - cpu0})  # fmt: skip
 
@@ -224,6 +227,7 @@ def main() -> None:
     c = sub.add_parser("consume")
     c.add_argument("fd", type=int)
     c.add_argument("idle", type=float)
+    c.add_argument("every", type=float, nargs="?", default=0.0)
     sub.add_parser("profile").add_argument("spec")
     args = p.parse_args()
     if args.cmd == "attach-latency":
@@ -237,7 +241,7 @@ def main() -> None:
     elif args.cmd == "profile":
         profile(args.spec)
     else:
-        consume(args.fd, args.idle)
+        consume(args.fd, args.idle, args.every)
 
 
 if __name__ == "__main__":

@@ -261,6 +261,24 @@ def _ringbuf_parts(r: dict[str, Any]) -> list[Row]:
             "—",
             "—",
         ),
+        *_ringbuf_periodic(r),
+    ]
+
+
+def _ringbuf_periodic(r: dict[str, Any]) -> list[Row]:
+    p = r.get("gfxbpf_periodic")
+    if p is None:
+        return []
+    return [
+        (
+            f"5 workload slowdown, the reader reading once per {r['periodic_read_s'] * 1000:g} ms "
+            "(its CPU per record in brackets)",
+            f"{ratio(p['workload_s'], r['untraced_s'])}x [{p['reader_ns_per_record']} ns]",
+            "—",
+            "—",
+            "—",
+            "—",
+        )
     ]
 
 
@@ -882,9 +900,14 @@ def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
     parts = (
         f"getppid takes {per_call:.0f} ns untraced; a record reserved and submitted per call "
         f"adds {added:.0f} ns with the reader on the other CPU, {alone:.0f} ns with no "
-        f"reader at all{prog_txt}{floor_txt}, and {woken:.0f} ns with the reader woken per "
+        f"reader at all{prog_txt}{floor_txt}, {woken:.0f} ns with the reader woken per "
         "record (no suppression)"
     )
+    if p := r.get("gfxbpf_periodic"):
+        parts += (
+            f", {(p['workload_s'] - r['untraced_s']) / n * 1e9:.0f} ns with the reader reading "
+            f"once per {r['periodic_read_s'] * 1000:g} ms"
+        )
     if "slowdown" in measure:
         verdict = "is past it" if alone > 0.5 * per_call else "is within it, the reader's share not"
         return (
@@ -907,10 +930,12 @@ def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
             f"{g['workload_s'] * 1000:.0f} ms), so records "
             "arrive as fast as the traced workload makes them"
         )
-    return (
-        f"{reader}. {parts}. 4 M/s is 250 ns per traced call, {250 - per_call:.0f} ns over "
-        "the untraced one."
+    room = (
+        f"{250 - per_call:.0f} ns over the untraced one"
+        if per_call < 250
+        else "less than an untraced call took in this run"
     )
+    return f"{reader}. {parts}. 4 M/s is 250 ns per traced call, {room}."
 
 
 def _why_ringbuf_before(

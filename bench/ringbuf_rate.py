@@ -27,12 +27,23 @@ from bench.harness import (
 )
 from bench.stats import median, ratio
 
+# The periodic reader's pause between reads, seconds: a 64 MiB ring holds the
+# whole run, so it loses nothing however long it waits.
+PERIODIC_READ_S = 0.01
+
 
 def _ours(
-    stage: Stage, n: int, ring_bytes: int, *, reader: bool = True, wake_each: int = 0
+    stage: Stage,
+    n: int,
+    ring_bytes: int,
+    *,
+    reader: bool = True,
+    wake_each: int = 0,
+    every: float = 0.0,
 ) -> dict[str, Any]:
     """One traced run. reader=False: no consumer (the ring holds the whole
-    run), the kernel's cost alone; wake_each=1: a wake-up per record."""
+    run), the kernel's cost alone; wake_each=1: a wake-up per record; every:
+    the reader reads at most once per that many seconds."""
     wl = stage.gated_workload("getppid", n)
     knobs = {"target_pid": wl.pid, "wake_each": wake_each}
     got: dict[str, Any] = {}
@@ -40,7 +51,9 @@ def _ours(
         with ownprogs.attached(stage.bench_object, ["stream_sys_enter"], knobs, ring_bytes) as obj:
             ring_fd = obj.map("records").fileno()
             if reader:
-                consumer = stage.clientside("consume", str(ring_fd), "1.0", pass_fds=(ring_fd,))
+                consumer = stage.clientside(
+                    "consume", str(ring_fd), "1.0", str(every), pass_fds=(ring_fd,)
+                )
                 read_json_line(consumer.stdout, consumer, "consume")
             res = go(wl)
             if reader:
@@ -105,7 +118,13 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
     log(f"ring buffer: getppid x {n} untraced; with a 64 MiB ring: gfxbpf reader; no reader; "
         "a wake-up per record")  # fmt: skip
     # Rounds interleave the four, each first in turn: a shared machine's load drifts.
-    variants: list[dict[str, Any] | None] = [None, {}, {"reader": False}, {"wake_each": 1}]
+    variants: list[dict[str, Any] | None] = [
+        None,
+        {},
+        {"reader": False},
+        {"wake_each": 1},
+        {"every": PERIODIC_READ_S},
+    ]
     got: list[list[dict[str, Any]]] = [[] for _ in variants]
     for i in range(rounds):
         for k in range(len(variants)):
@@ -115,7 +134,7 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
                 got[v].append({"workload_s": stage.workload("getppid", n)["elapsed"]})
             else:
                 got[v].append(_ours(stage, n, 64 << 20, **knobs))
-    untraced, big, alone, woken = got
+    untraced, big, alone, woken, periodic = got
     base = median([r["workload_s"] for r in untraced])
     best = sorted(big, key=lambda r: r["delivered_per_s"] or 0)[len(big) // 2]
     log("ring buffer: the program's own time per record (kernel.bpf_stats)")
@@ -132,9 +151,13 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
         "gfxbpf_no_reader_s": median([r["workload_s"] for r in alone]),
         "rounds_s": {  # each round's workload time, per variant
             name: [round(r["workload_s"], 4) for r in rs]
-            for name, rs in zip(("untraced", "reader", "no_reader", "wake_each"), got, strict=True)
+            for name, rs in zip(
+                ("untraced", "reader", "no_reader", "wake_each", "periodic"), got, strict=True
+            )
         },
         "gfxbpf_wake_each": sorted(woken, key=lambda r: r["workload_s"])[len(woken) // 2],
+        "gfxbpf_periodic": sorted(periodic, key=lambda r: r["workload_s"])[len(periodic) // 2],
+        "periodic_read_s": PERIODIC_READ_S,
         "program_ns_per_record": timed.get("program_ns_per_record"),
         "gfxbpf_small_ring": small,
         "bpftrace": peer,
