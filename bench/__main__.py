@@ -53,7 +53,7 @@ PLANS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"counts": [1, 2], "n": 100_000, "rounds": 1},
     ),
     "map_reads": ({"entries": 10_000, "rounds": 5}, {"entries": 1_000, "rounds": 1}),
-    "ringbuf": ({"n": 2_000_000, "rounds": 3}, {"n": 50_000, "rounds": 1}),
+    "ringbuf": ({"n": 2_000_000, "rounds": 5}, {"n": 50_000, "rounds": 1}),
     "footprint": ({"sessions": 100, "window": 10.0}, {"sessions": 10, "window": 1.0}),
     "cuda": (
         {
@@ -138,9 +138,12 @@ NOTES = [
     "every 50 ms): a wake-up per record ran inside the program's timed run (an irq_work "
     "self-IPI) and cost about 19 us per exec on these VMs (issue #15).",
     "Ring buffer: the reader is gfxbpf.bpf.RingBuffer in a Python process holding only the "
-    "ring fd, fed by bench/bench.bpf.c (one 16-byte record per system call of the workload); "
+    "ring fd, fed by bench/bench.bpf.c (one 16-byte record per system call of the workload), "
+    "decoding each record's two fields in runs (RingBuffer.poll_runs, RecordRun.unpack); "
     "lost records are counted by the program in the kernel. bpftrace's rate is its output "
-    "lines over the time until its output stopped growing.",
+    "lines over the time until its output stopped growing. The parts: the same workload with "
+    "the program and no reader, with a wake-up per record (bench.bpf.c's wake_each), and "
+    "the program's own run per record (kernel.bpf_stats, a round of its own).",
     "cuda: the stand-in libcuda (bench/cuda_standin.c) does no work, so a launch costs a few "
     "ns untraced and the traced figure is the price of one uprobe and one uretprobe trap plus "
     "the BPF programs. Uprobe traps are slow in a VM: ucalls on the same function costs as "

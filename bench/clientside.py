@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import struct
 import sys
 import threading
 import time
@@ -175,25 +176,36 @@ def profile(spec: str) -> None:
          "wall_s": wall_s})  # fmt: skip
 
 
-def consume(fd: int, idle: float) -> None:
-    """Count records from a ring buffer this process holds only the fd of."""
+# bench.bpf.c's struct record {u64 ts; u64 nr;}, as a client decodes it.
+_RECORD = struct.Struct("=QQ")
+
+
+def consume(fd: int, idle: float, every: float = 0.0) -> None:
+    """Decode records from a ring buffer this process holds only the fd of,
+    in runs (RingBuffer.poll_runs), and time the reader's own CPU. every: read
+    at most once per that many seconds (a periodic reader), else as they come."""
     received = 0
     first_at = last_at = 0.0
     say({"ready": True})
+    cpu0 = time.process_time()
     with RingBuffer(fd) as rb:
         hard_stop = time.monotonic() + 600
         while time.monotonic() < hard_stop:
-            got = rb.poll(idle)  # [] only after `idle` seconds with nothing committed
+            runs = rb.poll_runs(idle)  # [] only after `idle` seconds with nothing committed
             now = time.monotonic()
-            if not got:
+            if not runs:
                 if received:
                     break  # quiet: the producer is done
                 continue
             if not received:
                 first_at = now
-            received += len(got)
+            for run in runs:
+                received += len(run.unpack(_RECORD))
             last_at = now
-    say({"received": received, "first_at": first_at, "last_at": last_at})
+            if every:
+                time.sleep(every)
+    say({"received": received, "first_at": first_at, "last_at": last_at,
+         "reader_cpu_s": time.process_time() - cpu0})  # fmt: skip
 
 
 def main() -> None:
@@ -215,6 +227,7 @@ def main() -> None:
     c = sub.add_parser("consume")
     c.add_argument("fd", type=int)
     c.add_argument("idle", type=float)
+    c.add_argument("every", type=float, nargs="?", default=0.0)
     sub.add_parser("profile").add_argument("spec")
     args = p.parse_args()
     if args.cmd == "attach-latency":
@@ -228,7 +241,7 @@ def main() -> None:
     elif args.cmd == "profile":
         profile(args.spec)
     else:
-        consume(args.fd, args.idle)
+        consume(args.fd, args.idle, args.every)
 
 
 if __name__ == "__main__":

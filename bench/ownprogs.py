@@ -22,6 +22,15 @@ def tally(obj: LoadedObject) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
+def run_time(obj: LoadedObject, program: str) -> tuple[int, int] | None:
+    """(run_cnt, run_time_ns) of one loaded program; None unless
+    kernel.bpf_stats_enabled counted them."""
+    fd = obj.programs[program].fd
+    info = dict(line.split(":", 1) for line in open(f"/proc/self/fdinfo/{fd}") if ":" in line)
+    cnt, ns = int(info.get("run_cnt", 0)), int(info.get("run_time_ns", 0))
+    return (cnt, ns) if cnt else None
+
+
 @contextlib.contextmanager
 def attached(
     obj_path: Path,

@@ -224,6 +224,63 @@ def _ringbuf(r: dict[str, Any]) -> list[Row]:
             "—",
             "—",
         ),
+        *_ringbuf_parts(r),
+    ]
+
+
+def _ringbuf_parts(r: dict[str, Any]) -> list[Row]:
+    """Where a traced getppid's time goes: the reader's CPU, the kernel's side
+    alone, the program's own run, and what a wake-up per record would cost."""
+    if "gfxbpf_wake_each" not in r:  # runs before these were measured
+        return []
+    g, w, base = r["gfxbpf"], r["gfxbpf_wake_each"], r["untraced_s"]
+    prog = r.get("program_ns_per_record")
+    return [
+        (
+            "5 the reader's CPU per record (RingBuffer.poll_runs, decoded in runs; its polls "
+            "while caught up included)",
+            f"{g['reader_ns_per_record']} ns",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        (
+            "5 workload slowdown with no reader (the kernel's side alone; program's "
+            "run per record, bpf_stats, in brackets)",
+            f"{ratio(r['gfxbpf_no_reader_s'], base)}x"
+            + (f" [{prog} ns]" if prog is not None else ""),
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        (
+            "5 workload slowdown with a wake-up per record (bpf_ringbuf_submit flags 0)",
+            f"{ratio(w['workload_s'], base)}x, {w['delivered_per_s'] or 0:,} /s",
+            "—",
+            "—",
+            "—",
+            "—",
+        ),
+        *_ringbuf_periodic(r),
+    ]
+
+
+def _ringbuf_periodic(r: dict[str, Any]) -> list[Row]:
+    p = r.get("gfxbpf_periodic")
+    if p is None:
+        return []
+    return [
+        (
+            f"5 workload slowdown, the reader reading once per {r['periodic_read_s'] * 1000:g} ms "
+            "(its CPU per record in brackets)",
+            f"{ratio(p['workload_s'], r['untraced_s'])}x [{p['reader_ns_per_record']} ns]",
+            "—",
+            "—",
+            "—",
+            "—",
+        )
     ]
 
 
@@ -868,6 +925,61 @@ def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
     added = (g["workload_s"] - r["untraced_s"]) / n * 1e9
     floor = doc.get("kernel_cost", {}).get("syscount", {}).get("ns_per_event", {}).get("empty")
     floor_txt = f"; an empty program on sys_enter alone costs {floor:.0f} ns" if floor else ""
+    if "gfxbpf_wake_each" not in r:  # runs before the parts were measured
+        return _why_ringbuf_before(r, measure, per_call, added, floor_txt)
+    alone = (r["gfxbpf_no_reader_s"] - r["untraced_s"]) / n * 1e9
+    woken = (r["gfxbpf_wake_each"]["workload_s"] - r["untraced_s"]) / n * 1e9
+    prog = r.get("program_ns_per_record")
+    prog_txt = (
+        f" (the program's own run, timed by kernel.bpf_stats in a round of its own, "
+        f"{prog:.0f} ns with the stats' clock reads)"
+        if prog
+        else ""
+    )
+    parts = (
+        f"getppid takes {per_call:.0f} ns untraced; a record reserved and submitted per call "
+        f"adds {added:.0f} ns with the reader on the other CPU, {alone:.0f} ns with no "
+        f"reader at all{prog_txt}{floor_txt}, {woken:.0f} ns with the reader woken per "
+        "record (no suppression)"
+    )
+    if p := r.get("gfxbpf_periodic"):
+        parts += (
+            f", {(p['workload_s'] - r['untraced_s']) / n * 1e9:.0f} ns with the reader reading "
+            f"once per {r['periodic_read_s'] * 1000:g} ms"
+        )
+    if "slowdown" in measure:
+        verdict = "is past it" if alone > 0.5 * per_call else "is within it, the reader's share not"
+        return (
+            f"{parts}. 1.5x allows {0.5 * per_call:.0f} ns added per call: the kernel's side "
+            f"alone {verdict}; a record per system call this cheap needs the counting done "
+            "in the kernel (the catalog's counting programs)."
+        )
+    # The last record read this long after the workload's end: the reader's lag.
+    lag = n / max(1, g["delivered_per_s"]) - g["workload_s"]
+    if lag > 0.1 * g["workload_s"]:
+        reader = (
+            f"the reader fell behind: its last record came {lag * 1000:.0f} ms after the "
+            f"workload's end; it spends {g['reader_ns_per_record']:.0f} ns of CPU per record"
+        )
+    else:
+        reader = (
+            f"the reader is not the bound: it spends {g['reader_ns_per_record']:.0f} ns of CPU "
+            "per record (decoded in runs; polling while caught up included) and its last "
+            f"record came {lag * 1000:.0f} ms after the workload's end ({n:,} records in "
+            f"{g['workload_s'] * 1000:.0f} ms), so records "
+            "arrive as fast as the traced workload makes them"
+        )
+    room = (
+        f"{250 - per_call:.0f} ns over the untraced one"
+        if per_call < 250
+        else "less than an untraced call took in this run"
+    )
+    return f"{reader}. {parts}. 4 M/s is 250 ns per traced call, {room}."
+
+
+def _why_ringbuf_before(
+    r: dict[str, Any], measure: str, per_call: float, added: float, floor_txt: str
+) -> str:
     if "slowdown" in measure:
         return (
             f"getppid takes {per_call:.0f} ns untraced; tracing it (a record reserved and "
@@ -876,10 +988,10 @@ def _why_ringbuf(doc: dict[str, Any], r: dict[str, Any], measure: str) -> str | 
             "system call this cheap cannot meet."
         )
     return (
-        f"the Python reader takes {1e9 / max(1, g['delivered_per_s']):.0f} ns per record "
-        "(a bytes object each, read from the shared pages by gfxbpf.bpf.RingBuffer); 4 M/s "
-        "is 250 ns per record, which needs the records decoded in batches in C, or counted "
-        "in the kernel instead of sent (what the catalog's counting programs do)."
+        f"the Python reader takes {1e9 / max(1, r['gfxbpf']['delivered_per_s']):.0f} ns per "
+        "record (a bytes object each, read from the shared pages by gfxbpf.bpf.RingBuffer); "
+        "4 M/s is 250 ns per record, which needs the records decoded in batches in C, or "
+        "counted in the kernel instead of sent (what the catalog's counting programs do)."
     )
 
 

@@ -16,36 +16,69 @@ import time
 from typing import Any
 
 from bench import ownprogs
-from bench.harness import BenchError, Bpftrace, Stage, go, log, read_json_line
+from bench.harness import (
+    BenchError,
+    Bpftrace,
+    Stage,
+    bpf_stats_enabled,
+    go,
+    log,
+    read_json_line,
+)
 from bench.stats import median, ratio
 
+# The periodic reader's pause between reads, seconds: a 64 MiB ring holds the
+# whole run, so it loses nothing however long it waits.
+PERIODIC_READ_S = 0.01
 
-def _ours(stage: Stage, n: int, ring_bytes: int) -> dict[str, Any]:
+
+def _ours(
+    stage: Stage,
+    n: int,
+    ring_bytes: int,
+    *,
+    reader: bool = True,
+    wake_each: int = 0,
+    every: float = 0.0,
+) -> dict[str, Any]:
+    """One traced run. reader=False: no consumer (the ring holds the whole
+    run), the kernel's cost alone; wake_each=1: a wake-up per record; every:
+    the reader reads at most once per that many seconds."""
     wl = stage.gated_workload("getppid", n)
+    knobs = {"target_pid": wl.pid, "wake_each": wake_each}
+    got: dict[str, Any] = {}
     try:
-        with ownprogs.attached(
-            stage.bench_object, ["stream_sys_enter"], {"target_pid": wl.pid}, ring_bytes
-        ) as obj:
+        with ownprogs.attached(stage.bench_object, ["stream_sys_enter"], knobs, ring_bytes) as obj:
             ring_fd = obj.map("records").fileno()
-            consumer = stage.clientside("consume", str(ring_fd), "1.0", pass_fds=(ring_fd,))
-            read_json_line(consumer.stdout, consumer, "consume")
+            if reader:
+                consumer = stage.clientside(
+                    "consume", str(ring_fd), "1.0", str(every), pass_fds=(ring_fd,)
+                )
+                read_json_line(consumer.stdout, consumer, "consume")
             res = go(wl)
-            got = read_json_line(consumer.stdout, consumer, "consume")
-            consumer.communicate(timeout=30)
+            if reader:
+                got = read_json_line(consumer.stdout, consumer, "consume")
+                consumer.communicate(timeout=30)
             written, lost = ownprogs.tally(obj)
+            prog_ns = ownprogs.run_time(obj, "stream_sys_enter")
     finally:
         if wl.poll() is None:
             wl.kill()
+    out = {"ring_bytes": ring_bytes, "wake_each": bool(wake_each), "lost_in_kernel": lost,
+           "workload_s": round(res["elapsed"], 4), "written": written}  # fmt: skip
+    if prog_ns is not None:
+        out["program_ns_per_record"] = round(prog_ns[1] / max(1, prog_ns[0]), 1)
+    if not reader:
+        return out
     if got["received"] != written:
         raise BenchError(f"the kernel wrote {written} records, the client got {got['received']}")
     span = got["last_at"] - res["start"]
-    return {
-        "ring_bytes": ring_bytes,
+    out |= {
         "events": got["received"],
-        "lost_in_kernel": lost,
-        "workload_s": round(res["elapsed"], 4),
         "delivered_per_s": round(got["received"] / span) if span > 0 else None,
+        "reader_ns_per_record": round(got["reader_cpu_s"] / max(1, got["received"]) * 1e9, 1),
     }
+    return out
 
 
 def _bpftrace(stage: Stage, n: int) -> dict[str, Any]:
@@ -82,11 +115,31 @@ def _bpftrace(stage: Stage, n: int) -> dict[str, Any]:
 
 
 def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
-    log(f"ring buffer: untraced baseline, getppid x {n}")
-    base = median([stage.workload("getppid", n)["elapsed"] for _ in range(rounds)])
-    log("ring buffer: gfxbpf reader, 64 MiB ring")
-    big = [_ours(stage, n, 64 << 20) for _ in range(rounds)]
+    log(f"ring buffer: getppid x {n} untraced; with a 64 MiB ring: gfxbpf reader; no reader; "
+        "a wake-up per record")  # fmt: skip
+    # Rounds interleave the four, each first in turn: a shared machine's load drifts.
+    variants: list[dict[str, Any] | None] = [
+        None,
+        {},
+        {"reader": False},
+        {"wake_each": 1},
+        {"every": PERIODIC_READ_S},
+    ]
+    got: list[list[dict[str, Any]]] = [[] for _ in variants]
+    for i in range(rounds):
+        for k in range(len(variants)):
+            v = (i + k) % len(variants)
+            knobs = variants[v]
+            if knobs is None:
+                got[v].append({"workload_s": stage.workload("getppid", n)["elapsed"]})
+            else:
+                got[v].append(_ours(stage, n, 64 << 20, **knobs))
+    untraced, big, alone, woken, periodic = got
+    base = median([r["workload_s"] for r in untraced])
     best = sorted(big, key=lambda r: r["delivered_per_s"] or 0)[len(big) // 2]
+    log("ring buffer: the program's own time per record (kernel.bpf_stats)")
+    with bpf_stats_enabled():
+        timed = _ours(stage, n, 64 << 20, reader=False)
     log("ring buffer: gfxbpf reader, 256 KiB ring")
     small = _ours(stage, n, 256 << 10)
     log("ring buffer: bpftrace printf (slow: it holds the workload back)")
@@ -95,6 +148,17 @@ def run(stage: Stage, n: int, rounds: int) -> dict[str, Any]:
         "workload": f"getppid x {n}",
         "untraced_s": round(base, 4),
         "gfxbpf": best,
+        "gfxbpf_no_reader_s": median([r["workload_s"] for r in alone]),
+        "rounds_s": {  # each round's workload time, per variant
+            name: [round(r["workload_s"], 4) for r in rs]
+            for name, rs in zip(
+                ("untraced", "reader", "no_reader", "wake_each", "periodic"), got, strict=True
+            )
+        },
+        "gfxbpf_wake_each": sorted(woken, key=lambda r: r["workload_s"])[len(woken) // 2],
+        "gfxbpf_periodic": sorted(periodic, key=lambda r: r["workload_s"])[len(periodic) // 2],
+        "periodic_read_s": PERIODIC_READ_S,
+        "program_ns_per_record": timed.get("program_ns_per_record"),
         "gfxbpf_small_ring": small,
         "bpftrace": peer,
         "gfxbpf_workload_slowdown": ratio(best["workload_s"], base),

@@ -14,8 +14,8 @@ import os
 import select
 import struct
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from gfxbpf.bpf import syscall as bpfsys
 from gfxbpf.bpf.consts import MapType
@@ -60,24 +60,82 @@ def _same(data: Any, off: int, length: int, step: int) -> bool:
     )
 
 
-class _Frames:
-    """struct.Structs that read a record's payload out of its whole frame
-    (header, payload, padding), by (frame payload room, payload length)."""
+class _Layouts:
+    """struct.Structs that cut one value out of each frame of a run: the frame's
+    first `skip` bytes, then `fmt`'s fields, then padding to `stride` bytes."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, int], struct.Struct] = {}
+        self._cache: dict[tuple[str, int, int], struct.Struct] = {}
 
-    def get(self, room: int, length: int) -> struct.Struct:
-        st = self._cache.get((room, length))
+    def get(self, fmt: str, skip: int, stride: int) -> struct.Struct:
+        st = self._cache.get((fmt, skip, stride))
         if st is None:
             if len(self._cache) > 64:  # many record sizes: keep it bounded
                 self._cache.clear()
-            st = struct.Struct(f"<{HDR_SIZE}x{length}s{room - length}x")
-            self._cache[(room, length)] = st
+            order, body = (fmt[0], fmt[1:]) if fmt[:1] in ("@", "=", "<", ">", "!") else ("@", fmt)
+            pad = stride - struct.calcsize(f"{order}{skip}x{body}")
+            if pad < 0:
+                raise ValueError(f"layout {fmt!r} does not fit in {stride - skip} bytes")
+            st = struct.Struct(f"{order}{skip}x{body}{pad}x")
+            self._cache[(fmt, skip, stride)] = st
         return st
 
 
-_FRAMES = _Frames()
+_LAYOUTS = _Layouts()
+
+
+class RecordRun(NamedTuple):
+    """`n` committed records of `length` bytes each, in ring order, copied
+    out in one piece: record i's payload is data[i * stride + skip:][:length].
+
+    RingBuffer.read_runs() hands these out: a run of one record size keeps its
+    frames (headers and padding) as the ring held them, so one C pass of
+    struct cuts or decodes all of them (unpack, payloads); a record that
+    starts no run is a run of one (stride = length, skip = 0).
+    """
+
+    length: int
+    n: int  # records in the run
+    data: bytes
+    stride: int
+    skip: int
+
+    def payloads(self) -> list[bytes]:
+        """Each record's payload as a bytes object."""
+        if self.n == 1:
+            return [self.data[self.skip : self.skip + self.length]]
+        cut = _LAYOUTS.get(f"{self.length}s", self.skip, self.stride)
+        return [p for (p,) in cut.iter_unpack(self.data)]
+
+    def unpack(self, layout: struct.Struct) -> list[tuple[Any, ...]]:
+        """Each record's leading fields, decoded by layout (its byte order and
+        fields; the record may be longer) in one pass."""
+        if layout.size > self.length:
+            raise ValueError(
+                f"layout {layout.format!r} needs {layout.size} bytes; these records hold "
+                f"{self.length}"
+            )
+        if self.n == 1:
+            return [layout.unpack_from(self.data, self.skip)]
+        return list(_LAYOUTS.get(layout.format, self.skip, self.stride).iter_unpack(self.data))
+
+
+def _run(data: Any, off: int, length: int, step: int, k: int) -> RecordRun:
+    """The committed records of `length` bytes that follow each other from
+    `off` (at most k; the first one is known committed), copied out as one run.
+
+    Streams of one record type come as such runs: their headers are read in
+    one strided pass and the frames copied in one piece, instead of a header
+    read and a slice per record.
+    """
+    with memoryview(data) as whole:
+        view = whole[off : off + k * step]
+        hdrs = view.cast("I")[:: step // 4].tolist()
+        if hdrs.count(length) != k:  # a BUSY, discarded or other-sized record
+            k = next(i for i, h in enumerate(hdrs) if h != length)
+        frames = view[: k * step].tobytes()
+        view.release()
+    return RecordRun(length, k, frames, step, HDR_SIZE)
 
 
 class RingBufferError(OSError, KernelError):
@@ -200,20 +258,28 @@ class RingBuffer:
         about one ring's worth of data, so memory stays bounded while a
         producer keeps writing.
         """
+        return self._take(flat=True)
+
+    def read_runs(self) -> list[RecordRun]:
+        """What drain() takes, as runs of records of one size (RecordRun), for
+        readers that decode many records per call: a stream of one record
+        type comes as a few runs, each cut or decoded in one pass of C."""
+        return self._take(flat=False)
+
+    def _take(self, flat: bool) -> list[Any]:
+        """The records drain() and read_runs() hand out: payloads (flat) or runs."""
         cons_map, data = self._maps()
         u32_at = _U32.unpack_from
         u64_at = _U64.unpack_from
         mask = self._mask
         page = self._page  # data starts one page into this mapping
-        limit = self.max_entries
-        max_len = limit - HDR_SIZE  # BUSY/DISCARD set make a header exceed it too
-        out: list[bytes] = []
+        max_len = self.max_entries - HDR_SIZE  # BUSY/DISCARD set make a header exceed it too
+        out: list[Any] = []
         append = out.append
-        discarded = 0
+        records = discarded = skip = 0
         cons = u64_at(cons_map, 0)[0]
-        end = cons + limit  # at most one ring's worth per call
+        end = cons + self.max_entries  # at most one ring's worth per call
         busy = False
-        skip = 0
         while not busy:
             prod = min(u64_at(data, 0)[0], end)
             if cons >= prod:
@@ -226,13 +292,19 @@ class RingBuffer:
                     if skip:
                         skip -= 1
                     elif prod - cons >= _RUN_MIN * step and _same(data, off, hdr, step):
-                        run = self._run(data, off, hdr, step, min((prod - cons) // step, _RUN_MAX))
-                        out += run
-                        cons += len(run) * step
+                        run = _run(data, off, hdr, step, min((prod - cons) // step, _RUN_MAX))
+                        if flat:
+                            out += run.payloads()
+                        else:
+                            append(run)
+                        records += run.n
+                        cons += run.n * step
                         continue
                     else:  # mixed sizes: look for a run again after a while
                         skip = _RUN_SKIP
-                    append(data[off + HDR_SIZE : off + HDR_SIZE + hdr])
+                    payload = data[off + HDR_SIZE : off + HDR_SIZE + hdr]
+                    append(payload if flat else RecordRun(hdr, 1, payload, hdr, 0))
+                    records += 1
                     cons += step
                     continue
                 # rare: busy, discarded or corrupt
@@ -246,29 +318,12 @@ class RingBuffer:
                     )
                 discarded += 1
                 cons += (hdr + HDR_SIZE + 7) & ~7
-            # Publish after each batch so the producer can reuse the space.
+            # Publish once per pass (the records are copied out by now), so
+            # the producer can reuse the space.
             _U64.pack_into(cons_map, 0, cons)
-        self.records += len(out)
+        self.records += records
         self.discarded += discarded
         return out
-
-    def _run(self, data: Any, off: int, length: int, step: int, k: int) -> list[bytes]:
-        """The payloads of the committed records of `length` bytes that follow
-        each other from `off` (at most k; the first one is known committed).
-
-        Streams of one record type come as such runs: their headers are read
-        in one strided pass and their payloads cut by one struct.Struct over
-        the run, instead of a header read and a slice per record.
-        """
-        with memoryview(data) as whole:
-            view = whole[off : off + k * step]
-            hdrs = view.cast("I")[:: step // 4].tolist()
-            if hdrs.count(length) != k:  # a BUSY, discarded or other-sized record
-                k = next(i for i, h in enumerate(hdrs) if h != length)
-            frames = _FRAMES.get(step - HDR_SIZE, length)
-            records = [p for (p,) in frames.iter_unpack(view[: k * step])]
-            view.release()
-        return records
 
     def poll(self, timeout: float | None = None) -> list[bytes]:
         """Records available now, or wait up to timeout seconds (None: forever) for some.
@@ -278,7 +333,14 @@ class RingBuffer:
         an empty ring. A record committed without a wake-up is seen within
         WAKE_TICK seconds.
         """
-        records = self.drain()
+        return self._wait(self.drain, timeout)
+
+    def poll_runs(self, timeout: float | None = None) -> list[RecordRun]:
+        """poll(), as read_runs() hands records out."""
+        return self._wait(self.read_runs, timeout)
+
+    def _wait(self, take: Callable[[], list[Any]], timeout: float | None) -> list[Any]:
+        records = take()
         if records:
             self._tick = self.min_tick
             return records
@@ -301,7 +363,7 @@ class RingBuffer:
             else:
                 ep.poll(tick if left is None else min(left, tick))
                 self._tick = min(2 * tick, WAKE_TICK)
-            records = self.drain()
+            records = take()
             if records:
                 self._tick = self.min_tick
                 return records

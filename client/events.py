@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from gfxbpf.bpf.btf.facade import Btf, BtfError
-from gfxbpf.bpf.ringbuf import RingBuffer, RingBufferError
+from gfxbpf.bpf.ringbuf import RecordRun, RingBuffer, RingBufferError
 from gfxbpf.client.errors import ClientError
 from gfxbpf.client.transport import EventCall, Transport
 from gfxbpf.proto import gfxbpf_pb2 as pb
@@ -131,28 +131,30 @@ class EventStream:
             flushes = []
             while not self._flushes.empty():
                 flushes.append(self._flushes.get())
-            records: list[bytes] = []
+            runs: list[RecordRun] = []
             try:
                 if flushes:
-                    records = ring.drain()
+                    runs = ring.read_runs()
                 elif self._backlog > MAX_BACKLOG_BYTES:  # far behind: let the ring fill
                     self._stop.wait(_PUMP_WAIT_S)
                 else:
-                    records = ring.poll(_PUMP_WAIT_S)
+                    runs = ring.poll_runs(_PUMP_WAIT_S)
             except InterruptedError:
                 pass
             except Exception as e:  # noqa: BLE001 - handed to the consumer thread
                 self._queue.put(e)
                 failed = True
-            self._put(records)
+            self._put(runs)
             for done in flushes:  # only once their records are in the queue
                 done.set()
 
-    def _put(self, records: list[bytes]) -> None:
-        if records:
+    def _put(self, runs: list[RecordRun]) -> None:
+        """Queue what the ring gave as it came: runs of records, copied out in
+        one piece each, cut into records by the consumer (poll_raw)."""
+        if runs:
             with self._backlog_lock:
-                self._backlog += sum(map(len, records))
-            self._queue.put(records)
+                self._backlog += sum(len(run.data) for run in runs)
+            self._queue.put(runs)
 
     def pace(self, seconds: float) -> None:
         """Records are taken about every `seconds` (fd path): the ring's reader
@@ -196,10 +198,11 @@ class EventStream:
             if isinstance(item, Exception):
                 self.ended = True
                 raise item
-            if isinstance(item, list):  # a batch off the ring (fd path)
+            if isinstance(item, list):  # runs off the ring (fd path)
                 with self._backlog_lock:
-                    self._backlog -= sum(map(len, item))
-                out.extend(item)
+                    self._backlog -= sum(len(run.data) for run in item)
+                for run in item:
+                    out += run.payloads()
                 continue
             self.lost = max(self.lost, item.lost)
             out.extend(e.data for e in item.events)

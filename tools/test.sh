@@ -3,7 +3,7 @@
 # Kernel tests need root; with CI=true a skipped kernel test is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+tools/setup.sh --dev   # with the test and lint tools (pytest, ruff, mypy)
 export GFXBPF_VENV=${GFXBPF_VENV:-/opt/gfxbpf/venv}
 tools/test_deps.sh   # pprof, speedscope and torch: only the tests use them
 VENV=$GFXBPF_VENV

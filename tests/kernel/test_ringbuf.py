@@ -133,6 +133,31 @@ def test_discarded_records_are_skipped() -> None:
         p.close()
 
 
+def test_read_runs_hand_out_what_drain_does(small: Producer) -> None:
+    # The kernel's own layout: sizes that do not divide the ring, records
+    # straddling its end, read as runs and cut back into payloads.
+    with RingBuffer(small.ring_fd, 4096) as rb:
+        got: list[bytes] = []
+        for _ in range(30):
+            small.run(50)
+            got += [p for run in rb.read_runs() for p in run.payloads()]
+        assert got == [seq_record(n) for n in range(1, 1501)] and rb.records == 1500
+
+
+def test_read_runs_skip_discarded_records() -> None:
+    p = Producer(4096, discard_odd=True)
+    try:
+        with RingBuffer(p.ring_fd) as rb:
+            got = []
+            for _ in range(5):  # wraps the ring, a discarded record between each two
+                p.run(100)
+                got += [n for run in rb.read_runs() for (n,) in run.unpack(struct.Struct("<Q"))]
+            assert got == list(range(2, 501, 2))
+            assert rb.discarded == 250 and rb.records == 250
+    finally:
+        p.close()
+
+
 def test_raw_tracepoint_counts_own_syscalls() -> None:
     ring_fd = bpfsys.map_create(MapType.RINGBUF, 0, 0, 1 << 16, name="t_sysring")
     pid = os.getpid()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gfxbpf.bpf.ringbuf import RecordRun
 from gfxbpf.client import events
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
@@ -49,6 +50,13 @@ class Ring:
         while not (out := self.drain()) and time.monotonic() < deadline:
             time.sleep(0.001)
         return out
+
+    # What the pump calls: RingBuffer's runs (here each record a run of one).
+    def read_runs(self) -> list[RecordRun]:
+        return [RecordRun(len(r), 1, r, len(r), 0) for r in self.drain()]
+
+    def poll_runs(self, timeout: float | None = None) -> list[RecordRun]:
+        return [RecordRun(len(r), 1, r, len(r), 0) for r in self.poll(timeout)]
 
     def close(self) -> None:
         self.closed = True

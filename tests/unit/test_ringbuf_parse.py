@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gfxbpf.bpf.ringbuf import BUSY_BIT, DISCARD_BIT, RingBuffer, RingBufferError
+from gfxbpf.bpf.ringbuf import BUSY_BIT, DISCARD_BIT, RecordRun, RingBuffer, RingBufferError
 
 PAGE = mmap.PAGESIZE
 SIZE = 4096
@@ -171,3 +171,72 @@ def test_a_run_stops_at_a_record_of_another_size() -> None:
         f.put(r)
     assert f.rb.drain() == recs + [b"\x10\0\0\0\0\0\0\0"] + recs
     assert f.consumer_pos == f.prod and f.rb.records == 25
+
+
+# --- read_runs(): records handed out as runs of one size, decoded in one pass ---
+
+PAIR = struct.Struct("<QQ")
+
+
+def flat(runs: list[RecordRun]) -> list[bytes]:
+    return [p for run in runs for p in run.payloads()]
+
+
+def test_read_runs_cuts_a_run_that_wraps_across_the_double_mapping() -> None:
+    f = FakeRing()
+    f.put(b"p" * (SIZE - 8 - 24 * 5))  # leave room for 5 frames before the end
+    assert len(f.rb.read_runs()) == 1
+    pairs = [(i, i * 3) for i in range(40)]  # 40 frames: the run wraps after 5
+    for p in pairs:
+        f.put(PAIR.pack(*p))
+    runs = f.rb.read_runs()
+    assert [(r.length, r.n) for r in runs] == [(16, 40)]
+    assert runs[0].unpack(PAIR) == pairs
+    assert f.consumer_pos == f.prod and f.rb.records == 41
+
+
+def test_read_runs_skips_a_discarded_record_and_stops_at_a_busy_one() -> None:
+    f = FakeRing()
+    for i in range(10):
+        f.put(PAIR.pack(i, 0))
+    f.put(PAIR.pack(99, 99), DISCARD_BIT)
+    for i in range(10, 20):
+        f.put(PAIR.pack(i, 0))
+    busy = f.put(PAIR.pack(20, 0), BUSY_BIT)
+    for i in range(21, 30):
+        f.put(PAIR.pack(i, 0))
+    runs = f.rb.read_runs()
+    assert [x for r in runs for (x, _) in r.unpack(PAIR)] == list(range(20))
+    assert all(r.length == 16 for r in runs)
+    assert f.consumer_pos == busy and f.rb.discarded == 1
+    assert f.rb.read_runs() == []  # the head is still BUSY
+    f.set_flags(busy, 0, 16)
+    assert [x for r in f.rb.read_runs() for (x, _) in r.unpack(PAIR)] == list(range(20, 30))
+    assert f.consumer_pos == f.prod
+
+
+def test_read_runs_of_mixed_lengths_keep_order_and_payloads() -> None:
+    f = FakeRing()
+    want = []
+    for n in range(96):  # 2304 bytes of frames: fits the ring
+        payload = bytes([n]) * (n // 12 * 4)  # runs of 12 records of one size
+        f.put(payload)
+        want.append(payload)
+    want.append(b"tail")
+    f.put(b"tail")
+    runs = f.rb.read_runs()
+    assert flat(runs) == want and sum(r.n for r in runs) == 97
+    assert any(r.n > 1 for r in runs)  # same-sized records came as runs
+    assert f.rb.drain() == [] and f.consumer_pos == f.prod
+
+
+def test_unpack_reads_leading_fields_and_refuses_a_layout_too_long() -> None:
+    f = FakeRing()
+    for i in range(12):
+        f.put(struct.pack("<IIQ", i, 7, i << 40) + b"rest")  # 20-byte records
+    f.put(b"\x05\0\0\0")  # one 4-byte record: a run of one
+    runs = f.rb.read_runs()
+    assert [r.unpack(struct.Struct("<I")) for r in runs] == [[(i,) for i in range(12)], [(5,)]]
+    assert runs[0].unpack(struct.Struct("<IIQ"))[3] == (3, 7, 3 << 40)
+    with pytest.raises(ValueError, match="needs 8 bytes"):
+        runs[1].unpack(struct.Struct("<Q"))
