@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import report
+from bench import why as bench_why
 from bench.stats import median, percentile, ratio
 
 
@@ -320,7 +321,7 @@ def test_a_missed_profile_slowdown_is_weighed_against_the_untraced_rounds() -> N
         "hz": {"99": {"gfxbpf_s": 5.0, "perf_s": 4.9, "rounds_s": {
             "gfxbpf": [5.0, 5.2, 4.9], "perf": [4.9, 5.0, 4.8], "bpftrace": [5.0, 5.0, 5.0]}}},
     }  # fmt: skip
-    why = report._why_profile({}, r, "9 workload slowdown at 99 Hz vs perf record -g")
+    why = bench_why._why_profile({}, r, "9 workload slowdown at 99 Hz vs perf record -g")
     assert why is not None and "+100 ms" in why
     assert "untraced [5.0, 5.1, 5.3], gfxclient [5.0, 5.2, 4.9], perf record -g [4.9" in why
     assert "the untraced rounds alone spread over 300 ms, more than the medians'" in why
