@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.cli.cuda_python import NO_PYTHON
@@ -45,6 +45,9 @@ from gfxbpf.client.profiles.gpu.kernels import (
     read_rows,
 )
 from gfxbpf.client.profiles.read import lost_count
+
+if TYPE_CHECKING:
+    from gfxbpf.client.profiles.copies import ProbeCopyReader
 
 NO_LAUNCH = "[launch not seen]"  # the kernel's launch came before attaching
 
@@ -110,8 +113,8 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
 Chains = dict[tuple[int, int], tuple[str, ...]]
 
 
-def named_chains(reader: Any) -> Chains:
-    """The Python chains the reader's copies brought (ProbeCopyReader.chains), named root first."""
+def named_chains(reader: ProbeCopyReader) -> Chains:
+    """The Python chains the reader's copies brought, named root first."""
     codes = reader.python.codes
     reader.python.resolve(final=True)
     if codes is None:  # the program walks no Python: no chain has a name

@@ -310,6 +310,12 @@ def _error(stop: str) -> str:
 Row = tuple[int, int, int, int, int]
 
 
+def call_weight(value: bytes, weight: str) -> int:
+    """A calls-map value (CALL_STATS) weighed as --stacks-at asks: "calls" or "time" (ns)."""
+    ncalls, total_ns = CALL_STATS.unpack(value)
+    return int(ncalls if weight == "calls" else total_ns)
+
+
 def rows_of(calls: Iterable[tuple[bytes, Any]], since_ns: int) -> list[tuple[bytes, Any]]:
     """The rows of ustackcopy's calls table counted for one attachment: those
     whose key holds its since_ns (AttachReply.since_ns). An instance the
@@ -473,10 +479,9 @@ class ProbeCopyReader:
                 raise ProtocolError("ustackcopy's map 'calls': unexpected sizes (update gfxclient)")
             row: Row = CALL_KEY.unpack(key)[:5]
             function = row[1]
-            ncalls, total_ns = CALL_STATS.unpack(value)
             uncopied += not self.paths.get(row)
             leaf = functions[function] if function < len(functions) else f"[function {function}]"
-            w = ncalls if weight == "calls" else total_ns
+            w = call_weight(value, weight)
             out.append(self._raw(row, leaf, w, "no user stack (unreadable return address)"))
         return out, uncopied
 

@@ -4,6 +4,7 @@ or sent: the stacks a profile holds, as RawStacks."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.client.profiles import read as profile_read
@@ -114,11 +115,17 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
 
 def probe_stacks(run: Run, copies: ProbeCopyReader, weights: Sequence[str]) -> list[list[RawStack]]:
     """--stacks-at: the rows of this attachment's calls table (a warm instance
-    holds earlier ones too), one list of stacks per weight, from one read."""
-    from gfxbpf.client.profiles.copies import rows_of
+    holds earlier ones too), one list of stacks per weight, from one read. The
+    rows' paths are found once: the other weights only re-weigh those stacks."""
+    from gfxbpf.client.profiles.copies import call_weight, rows_of
 
     entries = rows_of(run.att.map("calls").raw_items(), run.att.reply.since_ns)
-    return [copies.raw_stacks(entries, run.req.functions, w)[0] for w in weights]
+    first = copies.raw_stacks(entries, run.req.functions, weights[0])[0]
+    # raw_stacks gives one stack per entry, in order
+    return [first] + [
+        [replace(s, weight=call_weight(v, w)) for s, (_, v) in zip(first, entries, strict=True)]
+        for w in weights[1:]
+    ]
 
 
 def counters(run: Run) -> tuple[int, dict[str, int]]:
