@@ -189,7 +189,10 @@ class KernelTimes:
     def sample(self) -> None:
         chains: Chains = {}
         if self.reader is not None:
-            while self.reader.drain():  # the copies name the rows' chains
+            # The copies name the rows' chains: take all the ring holds now, so
+            # a row read below finds the copy its launch sent before it.
+            self.reader.stream.flush()
+            while self.reader.drain():
                 pass
             chains = named_chains(self.reader)
         now = time.monotonic()

@@ -246,6 +246,10 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
                     break
                 if args.duration is not None and time.monotonic() - start >= args.duration - 1e-3:
                     break
+            if stop.stopped and not args.once:
+                # Stopped between intervals: what came since the last view is not lost.
+                w.sample()
+                _emit(w, args, out, screen)
         finally:
             if screen is not None:
                 from gfxbpf.client.cli.output import write_lines
