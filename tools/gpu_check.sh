@@ -362,7 +362,7 @@ print("| profile | Python function | gfxclient (bytes) | memory_stats (bytes) |\
 for phase in ("alloc", "live"):
     try:
         truth = json.load(open(f"{d}/mem-{phase}.json"))
-        rows = [l.rsplit(" ", 1) for l in open(f"{d}/{phase}.folded").read().splitlines()]
+        rows = [l.rsplit(" ", 1) for l in open(f"{d}/{phase}.folded").read().split("\n") if l]
     except OSError as e:
         print(f"| {phase} | — | {e} | — |"); continue
     for fn in ("big", "small"):
@@ -539,7 +539,9 @@ def records(name):  # one JSON document, or one per line (watch)
 
 def folded(name):
     rows = []
-    for line in text(f"out2/{name}.folded").splitlines():
+    for line in text(f"out2/{name}.folded").split("\n"):  # one stack a line: not splitlines()
+        if not line:
+            continue
         stack, _, count = line.rpartition(" ")
         rows.append((stack.split(";"), int(count)))
     return rows

@@ -124,6 +124,19 @@ def test_decode_code_and_name_a_frame() -> None:
     assert not cut.complete and len(cut.table) == py.TABLE_BYTES
 
 
+def test_a_code_object_read_mid_change_is_named_as_such_not_printed() -> None:
+    """Seen on an H200: a frame being set up under PyIter_Next named a "code
+    object" whose name was stack bytes (NUL, \\x1e, C1); printed, it split a
+    folded line and broke the readers of every line-based format."""
+    garbage = "\x1e\xdd=\xc6z{\x9b\xfe\x00\x00"
+    for name, filename in ((garbage, "/w/s.py"), ("f", "/w/\x00s.py")):
+        info = py.decode_code(code_value(name, filename, 1, ONE_LINE_PLUS_1))
+        got = py._frame_name(info, 0x7F00, 2)
+        assert got == "[python code 0x7f00: not a code object when read]", got
+    latin = py.decode_code(code_value("café", "/w/é.py", 1, ONE_LINE_PLUS_1))
+    assert not py._frame_name(latin, 0x7F00, 2).startswith("[python code")
+
+
 def test_code_book_reads_each_code_once_and_names_frames() -> None:
     key = py.CODE_KEY.pack(7, 5, 0x1000)
     table = {key: code_value("inner", "/w/s.py", 6, ONE_LINE_PLUS_1)}

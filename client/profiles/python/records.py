@@ -12,6 +12,7 @@ them through the map's fd and names each frame `function (file:line)`.
 
 from __future__ import annotations
 
+import re
 import struct
 import time
 from collections.abc import Callable, Iterable
@@ -184,9 +185,17 @@ class CodeBook:
         return info.firstlineno if info is not None else 0
 
 
+# C0 and C1 control characters: no function or file name holds one, and one
+# read from a code object copied mid-change (a frame being set up) must not
+# reach a line-based format (seen on an H200, 1 sample in 3000).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _frame_name(info: CodeInfo | None, code: int, instr: int) -> str:
     if info is None:
         return f"[python code {code:#x}]"
+    if _CONTROL.search(info.name) or _CONTROL.search(info.filename):
+        return f"[python code {code:#x}: not a code object when read]"
     line = info.line(instr)
     return f"{info.name} ({info.filename}:{line if line is not None else '?'})"
 
