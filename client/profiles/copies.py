@@ -164,6 +164,7 @@ class CopyReader:
         self.records = 0  # every record read, those of unwanted pids included
         self.samples = 0  # records kept
         self.short = 0  # records whose stack ended before the copy's size
+        self.largest = 0  # bytes of the largest copy seen (the notes' advice)
         self.before = 0  # offcpu: waits under way when the profile began (seen at their end)
         self._comms: dict[bytes, str] = {}
         self.python = PythonJoin(codes)
@@ -198,6 +199,7 @@ class CopyReader:
         """The record's stack, unwound, as a key of the counts."""
         tgid, tid, flags, size, ip, sp, bp, _ts, _e, _f, _pad, comm = parse_header(rec)
         self.short += bool(flags & FLAG_SHORT)
+        self.largest = max(self.largest, size)
         name = self._comms.get(comm)
         if name is None:
             name = self._comms[comm] = comm.split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -363,6 +365,7 @@ class ProbeCopyReader:
         # (tgid, chain hash) -> the Python frames, unwound or not (watch cuda --by-python)
         self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
         self.records = 0
+        self.largest = 0  # bytes of the largest copy seen (the notes' advice)
 
     def drain(self, timeout: float = 0.0) -> int:
         records = self.stream.poll_raw(timeout)
@@ -376,6 +379,7 @@ class ProbeCopyReader:
             return
         tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, _comm = parse_header(rec)
         self.records += 1
+        self.largest = max(self.largest, size)
         pyframes = self.python.frames_of(tgid, tid, ts)
         if pyframes:
             self.chains[(tgid, py.chain_hash(pyframes))] = pyframes

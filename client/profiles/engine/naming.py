@@ -32,6 +32,7 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     prof.notes.extend(r.notes)
     _python_notes(r, prof)
     _copies_hint(r, prof)
+    _largest_copy_hint(r, prof)
     waits = r.wait_reader
     if before := getattr(waits, "before", 0):
         prof.notes.append(
@@ -105,6 +106,18 @@ def _copies_hint(r: Run, prof: Profile) -> None:
                 "unwinds your processes' stacks from copies by their call-frame information, "
                 "with no frame pointers needed."
             )
+
+
+def _largest_copy_hint(r: Run, prof: Profile) -> None:
+    """Stacks cut at the end of their copy: --stack-bytes helps only where the
+    copies were smaller than the most a record holds (a cuBLAS launch sits
+    70 KiB deep on an H200: docs/gpu-hosts.md)."""
+    from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+    from gfxbpf.client.profiles.unwind.result import TRUNCATED_ADVICE, TRUNCATED_AT_MOST
+
+    if r.copies is None or r.copies.largest < MAX_STACK_BYTES:
+        return
+    prof.notes[:] = [n.replace(TRUNCATED_ADVICE, TRUNCATED_AT_MOST) for n in prof.notes]
 
 
 def _python_notes(r: Run, prof: Profile) -> None:

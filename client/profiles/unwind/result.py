@@ -91,10 +91,15 @@ _EXPLAIN = {
 
 
 # What the user can do about a reason, where there is something.
-_ADVICE = {
-    Stop.TRUNCATED: f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "
-    "max_stack_bytes allows it",
-}
+TRUNCATED_ADVICE = (
+    f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's max_stack_bytes allows it"
+)
+# ... and what is said instead where the copies were already that large.
+TRUNCATED_AT_MOST = (
+    f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf takes at most, so the "
+    "frames deeper in the stack are not shown (Python frames are: the kernel walks them)"
+)
+_ADVICE = {Stop.TRUNCATED: TRUNCATED_ADVICE}
 
 
 def marker_frame(stop: Stop | str) -> str:
