@@ -64,7 +64,7 @@ static int warned;
  *   GFX_CUPTI_NO_CALLBACKS=1  no launch callbacks (kernels without launch stacks)
  *   GFX_CUPTI_NO_ACTIVITY=1   launch callbacks only, no activity records
  *   GFX_CUPTI_LAUNCH_EVERY=N  sample 1 launch in N (a power of two), not adapting */
-static int always, no_callbacks, no_activity;
+static int always, no_callbacks, no_activity, report_depth;
 
 /* Launch sampling. The launch probe walks the launching thread's stacks (a
  * uprobe trap and the Python walk: 2-8 us on an H200 against a 7-11 us
@@ -361,6 +361,32 @@ static void fire_launch(uint32_t runtime, uint32_t driver)
 	}
 }
 
+/* GFX_CUPTI_DEPTH (a diagnostic): once per launch function, how far below
+ * the driver API's parameters (in the driver's own frame) CUPTI calls this
+ * callback, and how far the thread's stack reaches above it: what a stack
+ * copy taken at the launch probe must span to reach the thread's first frame. */
+static void say_depth(const CUpti_CallbackData *cb, CUpti_CallbackId cbid)
+{
+	static _Atomic uint64_t said[16];  /* a bit per callback id below 1024 */
+	uintptr_t here = (uintptr_t)__builtin_frame_address(0), params = (uintptr_t)cb->functionParams;
+	uintptr_t top = 0;
+	pthread_attr_t attr;
+	void *low;
+	size_t size;
+	uint64_t bit = 1ull << (cbid % 64);
+
+	if (cbid < 1024 && (atomic_fetch_or(&said[cbid / 64], bit) & bit))
+		return;
+	if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+		if (pthread_attr_getstack(&attr, &low, &size) == 0)
+			top = (uintptr_t)low + size;
+		pthread_attr_destroy(&attr);
+	}
+	fprintf(stderr, "gfxcupti: depth: %s: callback %ld bytes below the driver's parameters, "
+		"%ld below the stack's top\n", cb->functionName ? cb->functionName : "?",
+		(long)(params - here), top ? (long)(top - here) : -1L);
+}
+
 /* A runtime launch fires the probe when it calls the driver's launch (both
  * ids known, the kernel not yet queued), or at its exit if it called none; a
  * driver launch called directly fires at its entry. */
@@ -371,7 +397,6 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 	int enter = cb->callbackSite == CUPTI_API_ENTER;
 
 	(void)userdata;
-	(void)cbid;
 	if (thread_session != atomic_load(&session)) {
 		thread_session = atomic_load(&session);
 		in_runtime_launch = 0;
@@ -390,6 +415,8 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			fire_launch(runtime_corr, driver_corr);
 		}
 	} else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter) {
+		if (report_depth)
+			say_depth(cb, cbid);
 		if (!in_runtime_launch)
 			decide();
 		mark(cb->correlationId, left_out_now);
@@ -520,6 +547,7 @@ EXPORT int InitializeInjection(void)
 	always = getenv("GFX_CUPTI_ALWAYS") != NULL;
 	no_callbacks = getenv("GFX_CUPTI_NO_CALLBACKS") != NULL;
 	no_activity = getenv("GFX_CUPTI_NO_ACTIVITY") != NULL;
+	report_depth = getenv("GFX_CUPTI_DEPTH") != NULL;
 	env = getenv("GFX_CUPTI_LAUNCH_EVERY");
 	if (env)  /* rounded up to a power of two; 1: every launch, always */
 		for (fixed_every = 1; fixed_every < strtoul(env, NULL, 10) && fixed_every < (1u << 16);)
