@@ -20,10 +20,13 @@ which gives overhead_pct_in_process:
                         up to GFX_CUPTI_LAUNCH_RATE, then 1 in N at random)
   listened_every_N      the launch probe fired for 1 launch in N (1: every launch)
   listened_no_launch    `cudakernels` attached, no launch callbacks (no launch stacks)
+  listened_duty_P       as listened_python, CUPTI on for P% of the time only
+                        (GFX_CUPTI_DUTY=ON/20 ms): what a duty cycle would cost
   torch_profiler        torch.profiler with CUDA activities, no library
 
 The parts come from the library's bench knobs (GFX_CUPTI_ALWAYS,
-GFX_CUPTI_NO_CALLBACKS, GFX_CUPTI_NO_ACTIVITY, GFX_CUPTI_LAUNCH_EVERY; see
+GFX_CUPTI_NO_CALLBACKS, GFX_CUPTI_NO_ACTIVITY, GFX_CUPTI_LAUNCH_EVERY,
+GFX_CUPTI_DUTY; see
 gpu/cupti/inject.c). `cudakernels` is attached here from the catalog, as root,
 without a broker: the program's cost is the same either way.
 """
@@ -130,6 +133,7 @@ def configurations() -> list[tuple[str, dict[str, str], str]]:
         ("listened_no_launch", {"GFX_CUPTI_NO_CALLBACKS": "1"}, "plain"),
     ]
     rows += [(f"listened_every_{n}", {"GFX_CUPTI_LAUNCH_EVERY": str(n)}, "python") for n in EVERY]
+    rows += [(f"listened_duty_{p}", {"GFX_CUPTI_DUTY": f"{p // 5}/20"}, "python") for p in (10, 25)]
     return rows
 
 
@@ -140,23 +144,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--user", default=None, help="run the workload as this user (default: root)")
     ap.add_argument("--launches", type=int, default=20000)
     ap.add_argument("--out", default=None, help="write the results here as JSON")
+    ap.add_argument(
+        "--only",
+        default="",
+        metavar="NAMES",
+        help="only these configurations (comma-separated names from the list above)",
+    )
     ap.add_argument("--workload", default=gk.SOURCE, help=argparse.SUPPRESS)  # the stand-in's
     args = ap.parse_args(argv)
+    only = {n for n in args.only.split(",") if n}
+    unknown = only - {name for name, _, _ in configurations()} - {"torch_profiler"}
+    if unknown:
+        ap.error(f"--only: no configuration {', '.join(sorted(unknown))} (see --help)")
     gk.Workload.source = args.workload
     uid = gk.uid_of(args.user)
     t0 = time.monotonic()
     res: dict[str, Any] = {"no_library": measure(args, uid, {})}
     for name, env, listen in configurations():
+        if only and name not in only:
+            continue
         try:
             res[name] = measure(args, uid, env, listen)
         except Exception as e:  # one part failing must not lose the others
             res[name] = {"error": f"{type(e).__name__}: {e}"}
         print(f"{time.monotonic() - t0:6.1f} s {name}: {res[name]}", file=sys.stderr, flush=True)
-    plain = gk.Workload(args.python, args.user, None)
-    try:
-        res["torch_profiler"] = gk.per_launch(plain, args.launches, "profile")
-    finally:
-        plain.close()
+    if not only or "torch_profiler" in only:
+        plain = gk.Workload(args.python, args.user, None)
+        try:
+            res["torch_profiler"] = gk.per_launch(plain, args.launches, "profile")
+        finally:
+            plain.close()
     base = res["no_library"]["median_us"]
     res["overhead_pct"] = {
         k: round(100.0 * (v["median_us"] - base) / base, 1)

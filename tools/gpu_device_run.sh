@@ -13,7 +13,8 @@
 #                                       and leaves everything in $OUT
 #   tools/gpu_device_run.sh --parts     there: the same set-up, then only
 #                                       bench/gpu_overhead_parts.py (the cost of
-#                                       listening, part by part) into $OUT/parts.json
+#                                       listening, part by part) into $OUT/parts.json;
+#                                       GFX_PARTS_ONLY=a,b runs only those parts
 #
 # $OUT (default /tmp/gpu-out) gets: run.log (this script), gpu_check.log (the
 # report, with step 6's JSON), gpu_check.tgz (the work folder), kernels.json,
@@ -108,7 +109,8 @@ INJECT=/tmp/gfxcupti/libgfxcupti-cu13.so
 if [ "$PARTS" = 1 ]; then
     say "bench/gpu_overhead_parts.py"
     timeout 400 "$PY" bench/gpu_overhead_parts.py --inject "$INJECT" --python "$PY" \
-        --launches "${GFX_LAUNCHES:-20000}" --out "$OUT/parts.json" > "$OUT/parts.log" 2>&1
+        --launches "${GFX_LAUNCHES:-20000}" --only "${GFX_PARTS_ONLY:-}" \
+        --out "$OUT/parts.json" > "$OUT/parts.log" 2>&1
     echo "gpu_overhead_parts.py exit $?"
     tail -40 "$OUT/parts.log"
     say "done"
