@@ -25,8 +25,8 @@
 #     from two Python functions a known number of times each, and the user
 #     runs `watch cuda --by-python` (exact launches per Python function), a
 #     `profile --stacks-at libcuda:<launch function>` (native and Python launch
-#     stacks), CPU profiles of a Python loop that launches (8 and 16 KiB
-#     stack copies), and off-CPU and wall-clock profiles of one that waits
+#     stacks), CPU profiles of a Python loop that launches (the
+#     default stack copy, 24 KiB as `approve` writes it, and 8 KiB), and off-CPU and wall-clock profiles of one that waits
 #     for the GPU; it prints the shares found;
 #  7. device memory per Python line: a PyTorch workload allocates tensors
 #     from two Python functions under `profile --memory --cuda` and
@@ -133,8 +133,7 @@ LIBS="$LIBCUDA,$(dirname "$LIBCUDA")/libcuda.so*"
     python3 -m gfxbpf.broker.admin approve cuda --users "$USERNAME" --scope self --libraries "$LIBS"
     # step 5: launch stacks (ustackcopy), CPU samples (stackcopy), waits (offcpu)
     python3 -m gfxbpf.broker.admin approve ustackcopy --users "$USERNAME" --scope self --libraries "$LIBS"
-    python3 -m gfxbpf.broker.admin approve stackcopy --users "$USERNAME" --scope self \
-        --max-stack-bytes 16384
+    python3 -m gfxbpf.broker.admin approve stackcopy --users "$USERNAME" --scope self
     python3 -m gfxbpf.broker.admin approve offcpu --users "$USERNAME" --scope self
     # step 7: device memory per Python line (memstacks on libcuda)
     python3 -m gfxbpf.broker.admin approve memstacks --users "$USERNAME" --scope self \
@@ -381,8 +380,8 @@ PYEOF
 # (1) launch_a N times and launch_b 3N times, counted exactly by
 # `watch cuda --by-python`; (2) the same two functions in turns for PHASE
 # seconds, under `profile --stacks-at libcuda:FUNC`; (3) a Python loop that
-# computes and launches (spin), under two CPU profiles (8 and 16 KiB stack
-# copies); (4) matrix products and synchronizations (wait_gpu), under
+# computes and launches (spin), under two CPU profiles (the default 24 KiB
+# and 8 KiB stack copies); (4) matrix products and synchronizations (wait_gpu), under
 # `profile --off-cpu` and `--wall`. The workload's context blocks in synchronizations (CU_CTX_SCHED_BLOCKING_SYNC): with the
 # default on a host of many cores the CPU spins in them and no wait shows.
 cat > "$WORK/pyframes.py" <<'PYEOF'
@@ -452,7 +451,7 @@ while time.perf_counter() < end:
     launch_b(300)
 torch.cuda.synchronize()
 step("done2", "go3")
-spin(2 * phase + 4)  # two profiles: 8 and 16 KiB stack copies
+spin(2 * phase + 4)  # two profiles: 24 and 8 KiB stack copies
 step("done3", "go4")
 wait_gpu(2 * phase + 4)  # two profiles: --off-cpu and --wall
 with open(f"{work}/done4", "w"):
@@ -509,7 +508,7 @@ print(max(by, key=by.get) if by else "cuLaunchKernel")' "$WORK/bypy.json" 2>/dev
     profile_phase go2 launch --stacks-at "$LIBCUDA:$fn"
     wait_for "$O2/done2" 60 || return 1
     profile_phase go3 cpu --frequency 499
-    profile_phase go3 cpu16k --frequency 499 --stack-bytes 16384
+    profile_phase go3 cpu8k --frequency 499 --stack-bytes 8192
     wait_for "$O2/done3" 60 || return 1
     profile_phase go4 offcpu --off-cpu
     profile_phase go4 wall --wall --frequency 99
@@ -591,7 +590,7 @@ print(f"| --stacks-at libcuda:{fn} | calls | {t} |")
 print(f"| | share under launch_a or launch_b | {s:.1f}% |")
 print(f"| | launch_b : launch_a (truth 3) | {b / a if a else 0:.2f} |")
 print(f"| | share reaching Py_BytesMain | {share(rows, has('Py_BytesMain'))[0]:.1f}% |")
-for name, copy in (("cpu", "8 KiB"), ("cpu16k", "16 KiB")):
+for name, copy in (("cpu", "the policy's default, 24 KiB"), ("cpu8k", "8 KiB")):
     rows = folded(name)
     s, t = share(rows, has("spin ("))
     print(f"| CPU at 499 Hz, a Python loop that launches ({copy} stack copies) | samples | {t} |")
@@ -614,7 +613,7 @@ waits = share(rows, lambda st: st[-1].startswith("[wait"))[0]
 print(f"| wall clock, 99 Hz, the same loop | time | {t / 1e9:.2f} s over {len(threads)} threads |")
 print(f"| | share under wait_gpu | {s:.1f}% |")
 print(f"| | share waiting (off the CPU) | {waits:.1f}% |")
-for name in ("launch", "cpu", "cpu16k", "offcpu", "wall"):
+for name in ("launch", "cpu", "cpu8k", "offcpu", "wall"):
     t = text(f"{name}.time").split()
     if len(t) == 2:
         print(f"\n{name}: gfxclient ran {float(t[1]) - float(t[0]):.2f} s "
