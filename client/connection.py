@@ -16,6 +16,7 @@ import stat
 import threading
 from collections.abc import Sequence
 
+from gfxbpf.client.addresses import DEFAULT_SOCKET
 from gfxbpf.client.errors import (
     EXIT_DENIED,
     START_HINT,
@@ -28,7 +29,6 @@ from gfxbpf.client.transport import EventCall
 from gfxbpf.proto import framing
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
-DEFAULT_SOCKET = "/run/gfxbpf/control.sock"
 # Attach may verify and load several programs: allow the broker time.
 DEFAULT_TIMEOUT = 120.0
 

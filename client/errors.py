@@ -6,7 +6,10 @@ gfxclient exits with (documented in `gfxclient --help`).
 
 from __future__ import annotations
 
-from gfxbpf.proto import gfxbpf_pb2 as pb
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where a broker's error is read: gfxclient --help needs no protobuf
+    from gfxbpf.proto import gfxbpf_pb2 as pb
 
 # Exit codes of gfxclient (cli/gfxclient.py documents them in --help).
 EXIT_OK = 0
@@ -60,6 +63,8 @@ class BrokerError(ClientError):
 
     @property
     def code_name(self) -> str:
+        from gfxbpf.proto import gfxbpf_pb2 as pb
+
         try:
             return pb.ErrorCode.Name(self.code)
         except ValueError:
@@ -67,6 +72,8 @@ class BrokerError(ClientError):
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
+        from gfxbpf.proto import gfxbpf_pb2 as pb
+
         if self.code in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_UNAUTHENTICATED):
             return EXIT_DENIED
         if self.code == pb.ERROR_UNAVAILABLE:
@@ -76,6 +83,8 @@ class BrokerError(ClientError):
         return EXIT_BROKER
 
     def _text(self) -> str:
+        from gfxbpf.proto import gfxbpf_pb2 as pb
+
         message = self.message or self.code_name
         if self.code == pb.ERROR_PERMISSION_DENIED:
             text = f"permission denied: {message}"

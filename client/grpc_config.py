@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, NamedTuple
 
+from gfxbpf.client.addresses import DEFAULT_GRPC
 from gfxbpf.client.errors import UsageError
 
 if TYPE_CHECKING:
     import grpc
-
-DEFAULT_GRPC = "unix:/run/gfxbpf/grpc.sock"
 
 
 def default_grpc() -> str:

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, TextIO
 
+from gfxbpf.client.addresses import DEFAULT_GRPC, DEFAULT_SOCKET
 from gfxbpf.client.cli.arguments import PROG, function_names
-from gfxbpf.client.connection import DEFAULT_SOCKET
 from gfxbpf.client.errors import (
     EXIT_BROKER,
     EXIT_DENIED,
@@ -32,7 +32,6 @@ from gfxbpf.client.errors import (
     ClientError,
     UsageError,
 )
-from gfxbpf.client.grpc_config import DEFAULT_GRPC
 
 EPILOG = f"""\
 transport:

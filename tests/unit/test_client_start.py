@@ -94,6 +94,16 @@ def test_the_list_of_commands_loads_no_command_module() -> None:
     )
     assert [m for m in (_command_module(n) for n in COMMANDS) if m in loaded] == []
     assert "grpc" not in loaded
+    # Nor protobuf (the broker's messages): the package and the errors load it
+    # where a broker is reached, not at the start of every command.
+    assert [m for m in loaded if m.startswith(("google.protobuf", "gfxbpf.proto."))] == []
+
+
+def test_the_package_names_still_resolve_on_first_use() -> None:
+    import gfxbpf.client as client
+
+    for name in client.__all__:
+        assert getattr(client, name).__name__ == name
 
 
 def test_protobufs_pure_python_module_still_loads_when_used() -> None:
