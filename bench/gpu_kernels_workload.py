@@ -9,6 +9,9 @@ One command per line on stdin, one JSON line back per command:
               product launches (torch.profiler is not used: it would take CUPTI)
   loop N      N launches of a tiny kernel back to back (launch-bound): seconds per launch
   profile N   the same loop under torch.profiler (CUDA activities): seconds per launch
+  train N     N training steps of a small transformer (two encoder layers, AdamW):
+              seconds per step in `s_per_launch` (a realistic launch rate, for
+              the cost of listening beside the launch-bound loop's)
   stats       the injection library's counters (records collected, launches seen)
   exit
 """
@@ -92,6 +95,34 @@ def loop(n: int) -> dict[str, Any]:
     return {"launches": n, "s_per_launch": dt / n, "check": float(x[0].item())}
 
 
+TRAIN: list[Any] = []  # model, optimizer, batch: built at the first `train`
+DEVICE = os.environ.get("GFX_TORCH_DEVICE", "cuda")  # "cpu": a smoke test without a GPU
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    model(x).float().pow(2).mean().backward()
+    opt.step()
+
+
+def train(n: int) -> dict[str, Any]:
+    if not TRAIN:
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(DEVICE)
+        TRAIN[:] = [model, torch.optim.AdamW(model.parameters(), lr=1e-4),
+                    torch.randn(16, 128, 512, device=DEVICE)]  # fmt: skip
+        for _ in range(3):  # cuBLAS and the allocator settle before any window
+            _train_step(*TRAIN)
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    for _ in range(n):
+        _train_step(*TRAIN)
+    sync()
+    return {"steps": n, "s_per_launch": (time.perf_counter() - t) / n}
+
+
 def profile(n: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -114,6 +145,8 @@ def main() -> int:
             reply = loop(int(arg))
         elif cmd == "profile":
             reply = profile(int(arg))
+        elif cmd == "train":
+            reply = train(int(arg))
         elif cmd == "stats":
             reply = {"records": lib.gfx_cupti_records() if lib else None,
                      "launches": lib.gfx_cupti_launches() if lib else None,

@@ -1,7 +1,7 @@
 """What listening to the CUPTI injection library costs, part by part (run as root on a GPU host).
 
   python3 bench/gpu_overhead_parts.py --inject LIB [--python PY] [--user NAME]
-      [--launches N] [--out FILE.json]
+      [--launches N] [--measure loop|train] [--steps N] [--only NAMES] [--out FILE.json]
 
 The launch-bound loop of bench/gpu_kernels_check.py (N tiny kernels back to
 back, median of 5) in one fresh process per configuration, against a process
@@ -23,6 +23,10 @@ which gives overhead_pct_in_process:
   listened_duty_P       as listened_python, CUPTI on for P% of the time only
                         (GFX_CUPTI_DUTY=ON/20 ms): what a duty cycle would cost
   torch_profiler        torch.profiler with CUDA activities, no library
+
+With --measure train each timing is --steps training steps of a small
+transformer (bench/gpu_kernels_workload.py `train`: two encoder layers, AdamW)
+instead of the loop, so the same parts are priced at a realistic launch rate.
 
 The parts come from the library's bench knobs (GFX_CUPTI_ALWAYS,
 GFX_CUPTI_NO_CALLBACKS, GFX_CUPTI_NO_ACTIVITY, GFX_CUPTI_LAUNCH_EVERY,
@@ -74,6 +78,13 @@ class Attached:
         self.inst.close()
 
 
+def timed(w: gk.Workload, args: argparse.Namespace) -> dict[str, float]:
+    """The launch-bound loop's µs per launch, or with --measure train µs per training step."""
+    if args.measure == "train":
+        return gk.per_launch(w, args.steps, "train")
+    return gk.per_launch(w, args.launches)
+
+
 def measure(args: argparse.Namespace, uid: int, env: dict[str, str], listen: str = "") -> Any:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -89,7 +100,7 @@ def measure(args: argparse.Namespace, uid: int, env: dict[str, str], listen: str
         if env.get("GFX_CUPTI_ALWAYS"):
             gk.wait_collecting(w, 1, 10)
         if not listen:
-            got = gk.per_launch(w, args.launches)
+            got = timed(w, args)
             got["stats"] = w.ask("stats")
             return got
         return alternate(args, uid, w, listen)
@@ -103,10 +114,10 @@ def alternate(args: argparse.Namespace, uid: int, w: gk.Workload, listen: str) -
     processes on an H200), so the overhead is taken against its own."""
     quiet, heard = [], []
     for _ in range(ROUNDS):
-        quiet.append(gk.per_launch(w, args.launches)["median_us"])
+        quiet.append(timed(w, args)["median_us"])
         att = Attached(w, uid, args.inject, walk=listen == "python")
         try:
-            heard.append(gk.per_launch(w, args.launches)["median_us"])
+            heard.append(timed(w, args)["median_us"])
         finally:
             att.close()
         gk.wait_collecting(w, 0, 15)
@@ -145,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20000)
     ap.add_argument("--out", default=None, help="write the results here as JSON")
     ap.add_argument(
+        "--measure",
+        choices=("loop", "train"),
+        default="loop",
+        help="loop: N tiny kernels back to back (per launch, the default); train: --steps "
+        "training steps of a small transformer (per step: a realistic launch rate)",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=40, help="training steps a timing (--measure train)"
+    )
+    ap.add_argument(
         "--only",
         default="",
         metavar="NAMES",
@@ -168,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # one part failing must not lose the others
             res[name] = {"error": f"{type(e).__name__}: {e}"}
         print(f"{time.monotonic() - t0:6.1f} s {name}: {res[name]}", file=sys.stderr, flush=True)
-    if not only or "torch_profiler" in only:
+    if args.measure == "loop" and (not only or "torch_profiler" in only):
         plain = gk.Workload(args.python, args.user, None)
         try:
             res["torch_profiler"] = gk.per_launch(plain, args.launches, "profile")

@@ -14,7 +14,9 @@
 #   tools/gpu_device_run.sh --parts     there: the same set-up, then only
 #                                       bench/gpu_overhead_parts.py (the cost of
 #                                       listening, part by part) into $OUT/parts.json;
-#                                       GFX_PARTS_ONLY=a,b runs only those parts
+#                                       GFX_PARTS_ONLY=a,b runs only those parts,
+#                                       GFX_PARTS_MEASURE=train times training
+#                                       steps instead of the launch-bound loop
 #
 # $OUT (default /tmp/gpu-out) gets: run.log (this script), gpu_check.log (the
 # report, with step 6's JSON), gpu_check.tgz (the work folder), kernels.json,
@@ -110,6 +112,7 @@ if [ "$PARTS" = 1 ]; then
     say "bench/gpu_overhead_parts.py"
     timeout 400 "$PY" bench/gpu_overhead_parts.py --inject "$INJECT" --python "$PY" \
         --launches "${GFX_LAUNCHES:-20000}" --only "${GFX_PARTS_ONLY:-}" \
+        --measure "${GFX_PARTS_MEASURE:-loop}" \
         --out "$OUT/parts.json" > "$OUT/parts.log" 2>&1
     echo "gpu_overhead_parts.py exit $?"
     tail -40 "$OUT/parts.log"
