@@ -252,6 +252,46 @@ def test_watch_counts_my_syscalls(broker: BrokerProcess, via: str) -> None:
     assert values == sorted(values, reverse=True)
 
 
+def test_watch_stopped_between_intervals_prints_what_came_since(broker: BrokerProcess) -> None:
+    """Ctrl-C (SIGINT) 58 s before the next interval: the counts since the
+    first view are printed at the stop, not lost, and the watch exits 0."""
+    n = 300
+    maker = run_as(
+        ALICE,
+        [VENV_PYTHON, "-c", SYSCALL_MAKER],
+        background=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    watch = run_as(
+        ALICE,
+        client_argv(broker, "fd", "watch", "syscount", "--interval", "60", "--json"),
+        background=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        maker_out = Lines(maker.stdout)
+        assert maker_out.next() == "ready\n"
+        out = Lines(watch.stdout)
+        first = json.loads(out.next())
+        maker.stdin.write(f"{n}\n")
+        maker.stdin.flush()
+        assert maker_out.next() == "done\n"
+        watch.send_signal(signal.SIGINT)
+        rest = [json.loads(line) for line in out.rest()]
+        assert watch.wait(30) == 0, watch.stderr.read()
+    finally:
+        for p in (maker, watch):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert len(rest) == 1, rest
+    assert _count(rest[0], GETPPID) - _count(first, GETPPID) >= n
+
+
 @pytest.mark.parametrize("via", VIAS)
 def test_watch_vmabind_is_unavailable_here(broker: BrokerProcess, via: str) -> None:
     r = gfxclient(broker, via, "watch", "vmabind")
