@@ -208,9 +208,12 @@ def test_status(broker: BrokerProcess, via: str) -> None:
 # ------------------------------------------------------------------ watch
 
 
-@pytest.mark.parametrize("via", VIAS)
-def test_watch_counts_my_syscalls(broker: BrokerProcess, via: str) -> None:
-    n = 500
+def _watched_syscalls(
+    broker: BrokerProcess, via: str, n: int, watch_args: list[str], stop: bool = False
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """alice's `watch syscount --json` (watch_args) while her process makes n
+    getppid calls after its first view; stop: then SIGINT (Ctrl-C). The first
+    view and the ones after it, once the watch exited 0."""
     maker = run_as(
         ALICE,
         [VENV_PYTHON, "-c", SYSCALL_MAKER],
@@ -221,7 +224,7 @@ def test_watch_counts_my_syscalls(broker: BrokerProcess, via: str) -> None:
     )
     watch = run_as(
         ALICE,
-        client_argv(broker, via, "watch", "syscount", "--duration", "2", "--json"),
+        client_argv(broker, via, "watch", "syscount", "--json", *watch_args),
         background=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -231,10 +234,12 @@ def test_watch_counts_my_syscalls(broker: BrokerProcess, via: str) -> None:
         maker_out = Lines(maker.stdout)
         assert maker_out.next() == "ready\n"
         out = Lines(watch.stdout)
-        baseline = json.loads(out.next())  # printed right after attaching
+        first = json.loads(out.next())  # printed right after attaching
         maker.stdin.write(f"{n}\n")
         maker.stdin.flush()
         assert maker_out.next() == "done\n"
+        if stop:
+            watch.send_signal(signal.SIGINT)
         rest = [json.loads(line) for line in out.rest()]
         assert watch.wait(30) == 0, watch.stderr.read()
     finally:
@@ -242,6 +247,13 @@ def test_watch_counts_my_syscalls(broker: BrokerProcess, via: str) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    return first, rest
+
+
+@pytest.mark.parametrize("via", VIAS)
+def test_watch_counts_my_syscalls(broker: BrokerProcess, via: str) -> None:
+    n = 500
+    baseline, rest = _watched_syscalls(broker, via, n, ["--duration", "2"])
     assert len(rest) == 2  # one object per interval: t=1 s and t=2 s
     last = rest[-1]
     assert last["program"] == "syscount" and last["scope"] == "self"
@@ -256,38 +268,7 @@ def test_watch_stopped_between_intervals_prints_what_came_since(broker: BrokerPr
     """Ctrl-C (SIGINT) 58 s before the next interval: the counts since the
     first view are printed at the stop, not lost, and the watch exits 0."""
     n = 300
-    maker = run_as(
-        ALICE,
-        [VENV_PYTHON, "-c", SYSCALL_MAKER],
-        background=True,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    watch = run_as(
-        ALICE,
-        client_argv(broker, "fd", "watch", "syscount", "--interval", "60", "--json"),
-        background=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        maker_out = Lines(maker.stdout)
-        assert maker_out.next() == "ready\n"
-        out = Lines(watch.stdout)
-        first = json.loads(out.next())
-        maker.stdin.write(f"{n}\n")
-        maker.stdin.flush()
-        assert maker_out.next() == "done\n"
-        watch.send_signal(signal.SIGINT)
-        rest = [json.loads(line) for line in out.rest()]
-        assert watch.wait(30) == 0, watch.stderr.read()
-    finally:
-        for p in (maker, watch):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    first, rest = _watched_syscalls(broker, "fd", n, ["--interval", "60"], stop=True)
     assert len(rest) == 1, rest
     assert _count(rest[0], GETPPID) - _count(first, GETPPID) >= n
 
