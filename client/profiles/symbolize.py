@@ -108,11 +108,15 @@ class Symbolizer:
         unit: str,
         period_ns: int | None = None,
         duration_s: float | None = None,
+        copied: int = 0,
     ) -> Profile:
+        """copied: bytes of the largest stack copy the stacks were unwound from
+        (the notes then know whether --stack-bytes could give more)."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
         threads: dict[tuple[Thread, tuple[str, ...]], int] = {}
         check = StackCheck(max_depth=self.stack_depth)
+        check.stops.copied = copied
         python: dict[str, int] = {}  # the Python frames' names -> their functions' first lines
         for r in raw:
             key = (self._thread(r), self._stack(r, check))

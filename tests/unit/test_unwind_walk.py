@@ -5,7 +5,6 @@ Every way a walk can end, and that no frame is ever made of a data value."""
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 import pytest
 
@@ -253,17 +252,15 @@ def test_cut_copies_already_the_largest_get_no_advice_to_copy_more() -> None:
     """--stack-bytes helps only where the copies were smaller than the most a
     record holds: on an H200, 24 KiB launch copies still stopped in cuBLASLt
     (70 KiB deep) and the note said to ask for 24 KiB."""
-    from types import SimpleNamespace
-
     from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
-    from gfxbpf.client.profiles.engine.naming import _largest_copy_hint
-    from gfxbpf.client.profiles.model import Profile
-    from gfxbpf.client.profiles.unwind.result import TRUNCATED_ADVICE, TRUNCATED_AT_MOST
 
     counts = StopCounts()
     counts.add(Stop.TRUNCATED, 10)
-    for largest, advice in ((8192, TRUNCATED_ADVICE), (MAX_STACK_BYTES, TRUNCATED_AT_MOST)):
-        prof = Profile({}, "samples", notes=counts.notes())
-        run: Any = SimpleNamespace(copies=SimpleNamespace(largest=largest))
-        _largest_copy_hint(run, prof)
-        assert len(prof.notes) == 1 and prof.notes[0].endswith(advice), prof.notes
+    for copied, advice in (
+        (8192, f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "),
+        (MAX_STACK_BYTES, f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf takes"),
+    ):
+        counts.copied = copied
+        notes = counts.notes()
+        assert len(notes) == 1 and advice in notes[0], notes
+        assert ("--stack-bytes" in notes[0]) == (copied < MAX_STACK_BYTES), notes

@@ -25,14 +25,16 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
         unit, period = "samples", 1_000_000_000 // req.frequency
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
-    prof = symbolizer.symbolize(raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3))
+    copied = r.copies.largest if r.copies is not None else 0
+    prof = symbolizer.symbolize(
+        raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3), copied=copied
+    )
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
     _by_kind(symbolizer, r, prof)
     prof.notes.extend(r.notes)
     _python_notes(r, prof)
     _copies_hint(r, prof)
-    _largest_copy_hint(r, prof)
     waits = r.wait_reader
     if before := getattr(waits, "before", 0):
         prof.notes.append(
@@ -106,18 +108,6 @@ def _copies_hint(r: Run, prof: Profile) -> None:
                 "unwinds your processes' stacks from copies by their call-frame information, "
                 "with no frame pointers needed."
             )
-
-
-def _largest_copy_hint(r: Run, prof: Profile) -> None:
-    """Stacks cut at the end of their copy: --stack-bytes helps only where the
-    copies were smaller than the most a record holds (a cuBLAS launch sits
-    70 KiB deep on an H200: docs/gpu-hosts.md)."""
-    from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
-    from gfxbpf.client.profiles.unwind.result import TRUNCATED_ADVICE, TRUNCATED_AT_MOST
-
-    if r.copies is None or r.copies.largest < MAX_STACK_BYTES:
-        return
-    prof.notes[:] = [n.replace(TRUNCATED_ADVICE, TRUNCATED_AT_MOST) for n in prof.notes]
 
 
 def _python_notes(r: Run, prof: Profile) -> None:

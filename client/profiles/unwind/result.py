@@ -91,15 +91,17 @@ _EXPLAIN = {
 
 
 # What the user can do about a reason, where there is something.
-TRUNCATED_ADVICE = (
-    f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's max_stack_bytes allows it"
-)
-# ... and what is said instead where the copies were already that large.
-TRUNCATED_AT_MOST = (
-    f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf takes at most, so the "
-    "frames deeper in the stack are not shown (Python frames are: the kernel walks them)"
-)
-_ADVICE = {Stop.TRUNCATED: TRUNCATED_ADVICE}
+_ADVICE = {
+    Stop.TRUNCATED: f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "
+    "max_stack_bytes allows it",
+}
+# ... and what is said instead where the copies were already that large (a
+# cuBLAS launch sits 70 KiB deep on an H200: docs/gpu-hosts.md).
+_AT_MOST = {
+    Stop.TRUNCATED: f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf takes at "
+    "most, so the frames deeper in the stack are not shown (Python frames are: the kernel "
+    "walks them)",
+}
 
 
 def marker_frame(stop: Stop | str) -> str:
@@ -144,6 +146,7 @@ class StopCounts:
     complete: int = 0
     stopped: Counter[Stop] = field(default_factory=Counter)
     scanned: int = 0  # weight of stacks (complete or not) with a frame found by a stack scan
+    copied: int = 0  # bytes of the largest stack copy unwound (0: not known)
 
     def add(self, stop: Stop | str | None, weight: int = 1) -> None:
         if stop is None:
@@ -173,11 +176,12 @@ class StopCounts:
         """One line per reason holding at least min_share of the weight (of
         total if given: the profile's whole user-stack weight)."""
         total = total if total is not None else self.total()
+        advice = _AT_MOST if self.copied >= MAX_STACK_BYTES else _ADVICE
         out = []
         for stop, w in self.stopped.most_common():
             if total and w / total >= min_share:
                 out.append(
                     f"{w * 100 / total:.1f}% of the user stacks stop early at {_EXPLAIN[stop]}: "
-                    f"they end in a {marker_frame(stop)} frame{_ADVICE.get(stop, '')}"
+                    f"they end in a {marker_frame(stop)} frame{advice.get(stop, '')}"
                 )
         return out
