@@ -26,7 +26,8 @@
 #     runs `watch cuda --by-python` (exact launches per Python function), a
 #     `profile --stacks-at libcuda:<launch function>` (native and Python launch
 #     stacks), CPU profiles of a Python loop that launches (the
-#     default stack copy, 24 KiB as `approve` writes it, and 8 KiB), and off-CPU and wall-clock profiles of one that waits
+#     default stack copy, 24 KiB as `approve` writes it, and 8 KiB), and
+#     off-CPU and wall-clock profiles of one that waits
 #     for the GPU; it prints the shares found;
 #  7. device memory per Python line: a PyTorch workload allocates tensors
 #     from two Python functions under `profile --memory --cuda` and
