@@ -49,19 +49,25 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         return profile_cmd.command(args, out)
     _check(args)
     with StopSignal() as stop:
-        prof = take(lambda: connect(args), stop, args.pid[0], args.duration)
+        prof = take(lambda: connect(args), stop, args.pid[0], args.duration, args.stack_bytes)
     return _report(prof, args, out)
 
 
 def take(
-    connect: Callable[[], Broker], stop: StopSignal, pid: int, duration: float | None
+    connect: Callable[[], Broker],
+    stop: StopSignal,
+    pid: int,
+    duration: float | None,
+    stack_bytes: int = 0,
 ) -> Profile:
     """The profiling engine's GPU profile of pid: until it exits, duration
-    ends or a stop, each (launch stack, kernel) weighed by its device ns."""
+    ends or a stop, each (launch stack, kernel) weighed by its device ns.
+    stack_bytes: the launch copies' size (0: the policy's max_stack_bytes)."""
     from gfxbpf.client.profiles.engine.request import GPU, ProfileRequest
     from gfxbpf.client.profiles.engine.take import take_profile
 
     req = ProfileRequest(pids=[pid], command=[], mode=GPU, weight="time", children=False)
+    req.stack_bytes = stack_bytes
     return take_profile(req, connect, stop, duration).profile
 
 

@@ -118,7 +118,9 @@ def _attach_gpu(
     if pid is None:
         raise ClientError("--gpu needs one process: one --pid")
     req.library = req.library or find_injection(pid)
-    where = {"scope": "self", "pid": pid, "python_files": files}
+    where: dict[str, Any] = {"scope": "self", "pid": pid, "python_files": files}
+    if req.stack_bytes:  # the launch copies' size
+        where["stack_bytes"] = req.stack_bytes
     return attach_kernels(broker, "profile --gpu", req.library, where)
 
 

@@ -56,6 +56,8 @@ def attach_kernels(broker: Broker, what: str, library: str, kw: dict[str, Any]) 
     except BrokerError as e:
         if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
             raise
+        if "max_stack_bytes" in (e.rule or ""):
+            raise  # granted, but not a copy this large: the broker's words say so
         why = (
             f"{what} needs program {PROGRAM} on {library} (scope {kw['scope']}), "
             f"which the policy does not grant you: ask the administrator for it "
