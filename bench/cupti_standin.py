@@ -32,6 +32,8 @@ COPY_BYTES = 4096
 #   a N     N launches of "gemm" from launch_a (line 12), straight to the driver
 #   b N     N of "gemm" and N of "relu" from launch_b (lines 15, 16), through the
 #           runtime (cudaLaunchKernel: two correlation ids, the record has the runtime's)
+#   deep N  N of "gemm" from launch_deep (line 19) through the runtime, from under
+#           the stand-in's 40 KiB frame (a cuBLASLt launch's depth)
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   stats   "records R launches L collecting C": the injection library's counters
@@ -52,6 +54,10 @@ def launch_b(n):
     for _ in range(n):
         cupti.gfx_standin_launch_runtime(GEMM, 250000, 64, 128)
         cupti.gfx_standin_launch_runtime(RELU, 40000, 32, 1024)
+def launch_deep(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch_deep(GEMM, 250000, 64, 128)
+cupti.gfx_standin_launch_deep.argtypes = cupti.gfx_standin_launch.argtypes
 for f in ("gfx_cupti_records", "gfx_cupti_launches"):
     getattr(lib, f).restype = C
 print("ready", flush=True)
@@ -61,6 +67,8 @@ for line in sys.stdin:
         launch_a(int(arg))
     elif cmd == "b":
         launch_b(int(arg))
+    elif cmd == "deep":
+        launch_deep(int(arg))
     elif cmd == "copy":
         for _ in range(int(arg)):
             cupti.gfx_standin_memcpy(4096, 1, 7000)
@@ -116,8 +124,8 @@ for line in sys.stdin:
     print(json.dumps(reply), flush=True)
 """
 GPU_CHECK_NS = 1_000_000
-A_LINE, B_GEMM_LINE, B_RELU_LINE = 12, 15, 16  # in SCRIPT, for the tests
-MODULE_A_LINE, MODULE_B_LINE = 23, 25
+A_LINE, B_GEMM_LINE, B_RELU_LINE, DEEP_LINE = 12, 15, 16, 19  # in SCRIPT, for the tests
+MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE = 27, 29, 31
 
 
 def cupti_dir() -> Path:

@@ -240,7 +240,16 @@ def profile_check(w: Workload, args: argparse.Namespace, n: int) -> dict[str, An
     if proc.returncode:
         return {"error": err[-2000:]}
     got = json.loads(out)
-    return {"total_ns": got["total_ns"], "stacks": got["stacks"][:4], "notes": got["notes"]}
+    total = got["total_ns"]
+    # Launch stacks whole down to the process's start: cuBLASLt launches ~70 KiB
+    # deep, which the 72 KiB copy `approve` writes for cudakernels reaches.
+    whole = sum(s["device_ns"] for s in got["stacks"] if "Py_BytesMain" in s["stack"])
+    return {
+        "total_ns": total,
+        "whole_pct": round(100.0 * whole / total, 1) if total else None,
+        "stacks": got["stacks"][:4],
+        "notes": got["notes"],
+    }
 
 
 def listen(w: Workload, args: argparse.Namespace, uid: int, res: dict[str, Any]) -> Any:
@@ -316,6 +325,7 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "kernels_per_product": mm["kernels_total"] / products if products else None,
         "records_while_not_listened": res.get("records_while_not_listened"),
         "records_after_detach": res.get("records_after_detach"),
+        "profile_gpu_whole_pct": (res.get("profile_gpu") or {}).get("whole_pct"),
     }
 
 

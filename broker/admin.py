@@ -21,7 +21,13 @@ from gfxbpf.bpf.object import MAX_OBJECT_SIZE, object_name
 from gfxbpf.broker.review import checks
 from gfxbpf.catalog.entries import Catalog, CatalogError, CatalogKeyError, Program, load_catalog
 from gfxbpf.catalog.objects import check_object
-from gfxbpf.catalog.stack_copies import APPROVED_STACK_BYTES, MAX_STACK_BYTES
+from gfxbpf.catalog.stack_copies import (
+    APPROVED_STACK_BYTES,
+    DEEP_STACK_BYTES,
+    LARGEST_STACK_BYTES,
+    MAX_STACK_BYTES,
+    most_stack_bytes,
+)
 
 PROG = "gfxbpf-admin"
 
@@ -90,6 +96,13 @@ def approve(args: argparse.Namespace) -> int:
     if args.max_stack_bytes is not None and not entry.stack_bytes_knob:
         print(f"{PROG}: program {args.name!r} copies no stack (--max-stack-bytes)", file=sys.stderr)
         return 2
+    if (args.max_stack_bytes or 0) > (most := most_stack_bytes(entry.name)):
+        print(
+            f"{PROG}: program {args.name!r} copies at most {most} bytes of stack "
+            f"(--max-stack-bytes {args.max_stack_bytes}): give {most} or less",
+            file=sys.stderr,
+        )
+        return 2
     print("\n".join(_entry_lines(args, entry, report, users, groups, scopes)))
     return 0
 
@@ -143,8 +156,10 @@ def audit_cmd(args: argparse.Namespace) -> int:
 
 
 def _stack_bytes(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) <= MAX_STACK_BYTES:
-        raise argparse.ArgumentTypeError(f"not a stack copy size (1-{MAX_STACK_BYTES}): {text!r}")
+    if not text.isdigit() or not 0 < int(text) <= LARGEST_STACK_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"not a stack copy size (1-{LARGEST_STACK_BYTES}): {text!r}"
+        )
     return int(text)
 
 
@@ -176,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_stack_bytes,
         metavar="N",
         help=f"user stack bytes a stack copy takes unless the client asks for less (stackcopy, "
-        f"ustackcopy, offcpu; 1-{MAX_STACK_BYTES}); default: {MAX_STACK_BYTES} for stackcopy and "
-        "ustackcopy (deep C++ stacks such as PyTorch's, whole), the object's 8192 for offcpu",
+        f"ustackcopy, memstacks, offcpu: 1-{MAX_STACK_BYTES}; cudakernels: 1-{DEEP_STACK_BYTES}); "
+        f"default: {MAX_STACK_BYTES} for stackcopy, ustackcopy and memstacks (deep C++ stacks "
+        f"such as PyTorch's, whole), {DEEP_STACK_BYTES} for cudakernels (launches from under "
+        "cuBLASLt), the object's 8192 for offcpu",
     )
     a.add_argument(
         "--allow-no-btf",

@@ -50,7 +50,7 @@ from gfxbpf.broker.policy.model import (
     ProgramEntry,
     TlsClient,
 )
-from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+from gfxbpf.catalog.stack_copies import most_stack_bytes
 from gfxbpf.tomlcheck import checks
 from gfxbpf.tomlcheck.checks import Entry, Problems, is_integer, show, shown, toml_type
 
@@ -174,8 +174,9 @@ def _parse_program(
         functions = at.strings(table, "functions")
     max_frequency = at.integer(table, "max_frequency", 1, MAX_FREQUENCY, "samples per second")
     allow_no_btf = at.boolean(table, "allow_no_btf", False)
+    most = most_stack_bytes(name if isinstance(name, str) else "")
     max_stack_bytes = at.integer(
-        table, "max_stack_bytes", 0, MAX_STACK_BYTES, "bytes of user stack per stack copy"
+        table, "max_stack_bytes", 0, most, "bytes of user stack per stack copy"
     )
     max_python_frames = at.integer(
         table, "max_python_frames", 1, MAX_PYTHON_FRAMES, "Python frames per stack"

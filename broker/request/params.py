@@ -24,7 +24,7 @@ from gfxbpf.broker.request.slurmjob import JobCgroup, check_job
 from gfxbpf.catalog import entries, function_tables
 from gfxbpf.catalog.instance import DEFAULT_FREQUENCY
 from gfxbpf.catalog.pymaps import PythonFile
-from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES
+from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, most_stack_bytes
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 MAX_FUNCTIONS = 64  # ucalls keys its maps by function index (bpf cookie)
@@ -125,10 +125,11 @@ def _check_stack_bytes(res: Resolved, asked: int) -> int | None:
                 f"program {entry.name!r} copies no stack: it takes no stack_bytes",
             )
         return None
-    if asked > MAX_STACK_BYTES:
+    most = most_stack_bytes(entry.name)
+    if asked > most:
         raise BrokerError(
             pb.ERROR_INVALID_ARGUMENT,
-            f"stack_bytes {asked} is above the {MAX_STACK_BYTES} bytes {entry.name!r} can copy",
+            f"stack_bytes {asked} is above the {most} bytes {entry.name!r} can copy",
         )
     cap = pe.max_stack_bytes
     if asked > DEFAULT_STACK_BYTES and cap is None:

@@ -68,6 +68,13 @@ ALLOWED_HELPERS = frozenset(
         "ringbuf_discard",
         "ringbuf_output",
         "ringbuf_query",
+        # A ring buffer record of a size known only at run time (a deep stack
+        # copy, gfx_udeep.h), written through its dynptr: still the program's
+        # own ring, bounds checked by the kernel at every write.
+        "ringbuf_reserve_dynptr",
+        "ringbuf_submit_dynptr",
+        "ringbuf_discard_dynptr",
+        "dynptr_write",
         "perf_event_output",
         # Stack ids into a stack_trace map (the addresses stay in that map,
         # which the catalog keeps broker-only).

@@ -27,11 +27,14 @@
  * Scope system (target_uid GFX_ANY): no Python walk and no stack copy (those
  * read process memory); rows per process and user, chain 0.
  */
-#define GFX_UREC_RING_BYTES (1 << 20)
+#define GFX_UREC_RING_BYTES (2 << 20)
+/* Launch copies go straight into the ring (gfx_udeep.h): up to 72 KiB
+ * reaches past cuBLASLt's 68-70 KiB to the Python that launched. */
+#define GFX_DEEP_COPY_MAX 73728
 #define GFX_PY_CODES 512
 #include "gfx_tree.h"
 #include "gfx_pychain.h"
-#include "gfx_ucopy.h"
+#include "gfx_udeep.h"
 #include "gfx_cupti.h"
 #include <linux/ptrace.h>
 #include <stdbool.h>
@@ -183,8 +186,7 @@ static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __
 	r->sp = ctx->rsp;
 	r->bp = ctx->rbp;
 	r->entry_ns = ts;
-	gfx_urec_copy(r);
-	gfx_urec_send(r);
+	gfx_udeep_send(r);
 }
 
 /* Remember the launch's chain under both ids: the kernel's record names one

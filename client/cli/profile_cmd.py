@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
-from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+from gfxbpf.catalog.stack_copies import DEEP_STACK_BYTES, MAX_STACK_BYTES
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.cli import connecting, kinds
 from gfxbpf.client.cli.arguments import process_id
@@ -137,9 +137,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_stack_bytes,
         default=0,
         metavar="N",
-        help=f"user stack bytes copied per sample for unwinding (1-{MAX_STACK_BYTES}; default: "
-        "the policy's max_stack_bytes, 8192 where it sets none; more only where "
-        "max_stack_bytes allows it): less costs less, more reaches deeper",
+        help=f"user stack bytes copied per sample for unwinding (1-{MAX_STACK_BYTES}, --gpu "
+        f"1-{DEEP_STACK_BYTES}; default: the policy's max_stack_bytes, 8192 where it sets none; "
+        "more only where max_stack_bytes allows it): less costs less, more reaches deeper",
     )
     _add_time_arguments(p)
     p.add_argument(
@@ -185,10 +185,9 @@ def _add_time_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _stack_bytes(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) <= MAX_STACK_BYTES:
-        raise argparse.ArgumentTypeError(
-            f"not a stack copy size (1-{MAX_STACK_BYTES} bytes): {text!r}"
-        )
+    if not text.isdigit() or not 0 < int(text) <= DEEP_STACK_BYTES:
+        most = f"1-{MAX_STACK_BYTES} bytes, --gpu 1-{DEEP_STACK_BYTES}"
+        raise argparse.ArgumentTypeError(f"not a stack copy size ({most}): {text!r}")
     return int(text)
 
 

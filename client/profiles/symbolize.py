@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
+from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.client.profiles import fileid, symtab
 from gfxbpf.client.profiles.demangle import demangle
 from gfxbpf.client.profiles.elfinfo import DEBUG_ROOT, DebugFile, open_debug_file, read_info
@@ -109,14 +110,16 @@ class Symbolizer:
         period_ns: int | None = None,
         duration_s: float | None = None,
         copied: int = 0,
+        most: int = MAX_STACK_BYTES,
     ) -> Profile:
-        """copied: bytes of the largest stack copy the stacks were unwound from
-        (the notes then know whether --stack-bytes could give more)."""
+        """copied: bytes of the largest stack copy the stacks were unwound from,
+        most: the most their program copies (the notes then know whether
+        --stack-bytes could give more)."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
         threads: dict[tuple[Thread, tuple[str, ...]], int] = {}
         check = StackCheck(max_depth=self.stack_depth)
-        check.stops.copied = copied
+        check.stops.copied, check.stops.most = copied, most
         python: dict[str, int] = {}  # the Python frames' names -> their functions' first lines
         for r in raw:
             key = (self._thread(r), self._stack(r, check))

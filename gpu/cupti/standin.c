@@ -16,6 +16,8 @@
  *   gfx_standin_launch_runtime(...)       the same through a cudaLaunchKernel: runtime
  *                                         callbacks around the driver's, two ids, the
  *                                         record carrying the runtime's
+ *   gfx_standin_launch_deep(...)          the same from under a 40 KiB frame, as a
+ *                                         cuBLASLt launch sits deep in its library
  *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY)
  *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
  *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
@@ -272,6 +274,23 @@ API unsigned gfx_standin_launch_runtime(const char *name, unsigned long long ns,
 	driver_callback(drv, CUPTI_API_EXIT);
 	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", rt, CUPTI_API_EXIT);
 	return rt;
+}
+
+/* cuBLASLt's launches sit 68-70 KiB below the stack's top on an H200: a launch
+ * stack copy must reach past a library's deep frames to the Python above.
+ * Every page of the frame is written, as a real one's would be (a stack page
+ * never touched is not there to copy). */
+API unsigned gfx_standin_launch_deep(const char *name, unsigned long long ns, int grid,
+				     int block)
+{
+	volatile char frame[40 << 10];
+	unsigned rt;
+	size_t i;
+
+	for (i = 0; i < sizeof(frame); i += 4096)
+		frame[i] = 1;
+	rt = gfx_standin_launch_runtime(name, ns, grid, block);
+	return rt + frame[0] - 1;  /* the frame stays live across the call */
 }
 
 static void kernel_record(const char *name, unsigned long long ns, int grid, int block,

@@ -18,13 +18,19 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import cupti_standin as cs
+from gfxbpf.catalog.stack_copies import (
+    APPROVED_STACK_BYTES,
+    DEEP_STACK_BYTES,
+    MAX_STACK_BYTES,
+)
+from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
@@ -65,7 +71,13 @@ def broker_policy(request: pytest.FixtureRequest) -> str:
     return policy_for(
         {
             "cudakernels": [
-                {"users": [ALICE, BOB], "scope": "self", "libraries": lib},
+                # approve's default copy for the program (72 KiB, under cuBLASLt)
+                {
+                    "users": [ALICE, BOB],
+                    "scope": "self",
+                    "libraries": lib,
+                    "max_stack_bytes": APPROVED_STACK_BYTES["cudakernels"],
+                },
                 {"users": [MALLORY], "scope": "system", "libraries": lib},
             ]
         },
@@ -210,9 +222,11 @@ def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Bui
     assert err.count("gfxcupti: not collecting GPU activity: another CUPTI client") == 1, err
 
 
-def test_profile_gpu_weighs_launch_stacks_by_device_ns(
-    broker: BrokerProcess, built: cs.Built
-) -> None:
+def _profile_gpu(
+    broker: BrokerProcess, built: cs.Built, work: Callable[[cs.Workload], None], *args: str
+) -> tuple[dict[str, Any], Path]:
+    """`profile --gpu` of alice's workload while `work` runs: its --json summary
+    and its folded file."""
     out = built.script.parent / "alice"
     out.mkdir(exist_ok=True)
     shutil.chown(out, ALICE)
@@ -223,19 +237,26 @@ def test_profile_gpu_weighs_launch_stacks_by_device_ns(
         prof = run_as(
             ALICE,
             [*argv, "profile", "--gpu", "--pid", str(mine.pid), "--duration", "120",
-             "-o", str(folded)],
+             "-o", str(folded), *args],
             background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
             _collecting(mine, 1)
-            _work(mine)
+            work(mine)
             prof.terminate()  # handed over: a stop, not a window that races a loaded machine
             got, err = prof.communicate(timeout=60)
         finally:
             if prof.poll() is None:
                 prof.kill()
     assert prof.returncode == 0, err
-    summary = json.loads(got)
+    summary: dict[str, Any] = json.loads(got)
+    return summary, folded
+
+
+def test_profile_gpu_weighs_launch_stacks_by_device_ns(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    summary, folded = _profile_gpu(broker, built, _work)
     script = str(built.script)
     a = [f"<module> ({script}:{cs.MODULE_A_LINE})", f"launch_a ({script}:{cs.A_LINE})"]
     b = f"<module> ({script}:{cs.MODULE_B_LINE})"
@@ -258,6 +279,31 @@ def test_profile_gpu_weighs_launch_stacks_by_device_ns(
     assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
     folded_a = [ln for ln in folded.read_text().splitlines() if ";".join(a) in ln]
     assert len(folded_a) == 1 and folded_a[0].endswith(f";gemm {N * cs.NS['gemm']}"), folded_a
+
+
+@pytest.mark.parametrize("stack_bytes", [0, MAX_STACK_BYTES])
+def test_profile_gpu_reaches_python_from_under_a_deep_library(
+    broker: BrokerProcess, built: cs.Built, stack_bytes: int
+) -> None:
+    """A launch from under the stand-in's 40 KiB frame (cuBLASLt's depth on an
+    H200): the copy the policy approve writes allows (72 KiB, reserved in the
+    ring) unwinds from the kernel to the process's first frame; a copy of the
+    24 KiB a scratch record holds stops inside the library."""
+    k = 12
+    args = ("--stack-bytes", str(stack_bytes)) if stack_bytes else ()
+    summary, _ = _profile_gpu(broker, built, lambda w: w.command(f"deep {k}"), *args)
+    script = str(built.script)
+    (st,) = [tuple(s["stack"]) for s in summary["stacks"]]
+    assert f"launch_deep ({script}:{cs.DEEP_LINE})" in st, st  # the kernel walks Python
+    assert st[-1] == "gemm" and summary["total_ns"] == k * cs.NS["gemm"], summary
+    cut = marker_frame(Stop.TRUNCATED)
+    if stack_bytes:
+        assert cut in st and "Py_BytesMain" not in st, st
+        # the note's advice names the most this program copies, not the scratch's 24 KiB
+        assert any(f"--stack-bytes {DEEP_STACK_BYTES} " in n for n in summary["notes"]), summary
+    else:
+        assert "Py_BytesMain" in st and cut not in st, st
+        assert "gfx_standin_launch_deep" in st, st
 
 
 @pytest.mark.parametrize("listener", ["catalog", "gfxclient"])
@@ -285,6 +331,7 @@ def test_gpu_check_step6_measures_the_standin_exactly(
         assert prof["total_ns"] == 40 * cs.GPU_CHECK_NS, prof
         assert {s["stack"][-1] for s in prof["stacks"]} == {"gemm"}
         assert any(f.startswith("mm_b (") for f in prof["stacks"][0]["stack"]), prof
+        assert prof["whole_pct"] == 100.0 and s["profile_gpu_whole_pct"] == 100.0, prof
         where = {k[1].split(" (")[0] for k in rows}
         assert where == {"mm_a", "mm_b"}, rows
         assert sorted(r["kernels"] for r in rows.values()) == [10, 30]

@@ -1,8 +1,11 @@
-"""The size of stack copies (stackcopy, ustackcopy): the policy's
+"""The size of stack copies (stackcopy, ustackcopy, cudakernels ...): the policy's
 max_stack_bytes key, the size a client asks for (params.stack_bytes), and
 the knob the broker writes from them."""
 
 from __future__ import annotations
+
+import json
+import sys
 
 import pytest
 
@@ -13,7 +16,11 @@ from gfxbpf.broker.request.params import check_params
 from gfxbpf.broker.request.resolve import Resolved
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.catalog.instance import Params, prepare
-from gfxbpf.catalog.stack_copies import DEFAULT_STACK_BYTES, MAX_STACK_BYTES
+from gfxbpf.catalog.stack_copies import (
+    DEEP_STACK_BYTES,
+    DEFAULT_STACK_BYTES,
+    MAX_STACK_BYTES,
+)
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 SHA = "a" * 64
@@ -28,9 +35,13 @@ def _policy(name: str, extra: str) -> Policy:
 
 
 def _target(name: str, extra: str, asked: int = 0) -> int | None:
+    params = pb.AttachParams(stack_bytes=asked)
+    if name == "cudakernels":  # probes a library: any file stands in for the CUPTI one
+        params.library = sys.executable
+        extra += f"libraries = [{json.dumps(sys.executable)}]\n"
     policy = _policy(name, extra)
     res = Resolved(b"", SHA, load_catalog().get(name), policy.programs[0], "self", "r", name)
-    return check_params(policy, CALLER, res, pb.AttachParams(stack_bytes=asked)).stack_bytes
+    return check_params(policy, CALLER, res, params).stack_bytes
 
 
 def test_the_policy_sets_the_default_copy_size() -> None:
@@ -65,6 +76,14 @@ def test_more_than_the_default_where_the_policy_allows_it() -> None:
         ("stackcopy", "max_stack_bytes = 12288\n", 16384, pb.ERROR_PERMISSION_DENIED),
         ("stackcopy", "max_stack_bytes = 16384\n", 16385, pb.ERROR_PERMISSION_DENIED),
         ("stackcopy", "", MAX_STACK_BYTES + 1, pb.ERROR_INVALID_ARGUMENT),  # > object
+        # cudakernels copies deeper, straight into its ring (gfx_udeep.h), and no further
+        ("cudakernels", "", DEEP_STACK_BYTES + 1, pb.ERROR_INVALID_ARGUMENT),
+        (
+            "cudakernels",
+            f"max_stack_bytes = {MAX_STACK_BYTES}\n",
+            MAX_STACK_BYTES + 1,
+            pb.ERROR_PERMISSION_DENIED,
+        ),  # fmt: skip
         ("profile", "", 1024, pb.ERROR_INVALID_ARGUMENT),  # copies no stack
     ],
 )
@@ -74,11 +93,27 @@ def test_sizes_the_broker_refuses(name: str, extra: str, asked: int, code: int) 
     assert e.value.code == code, e.value
 
 
-@pytest.mark.parametrize("bad", ["-1", '"8k"', str(MAX_STACK_BYTES + 1), "true"])
-def test_policy_refuses_bad_max_stack_bytes(bad: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        *[("stackcopy", bad) for bad in ["-1", '"8k"', str(MAX_STACK_BYTES + 1), "true"]],
+        ("cudakernels", str(DEEP_STACK_BYTES + 1)),
+    ],
+)
+def test_policy_refuses_bad_max_stack_bytes(name: str, bad: str) -> None:
     with pytest.raises(PolicyError) as e:
-        _policy("stackcopy", f"max_stack_bytes = {bad}\n")
+        _policy(name, f"max_stack_bytes = {bad}\n")
     assert "max_stack_bytes" in str(e.value) and "bytes of user stack" in str(e.value)
+
+
+def test_launch_copies_go_deeper_than_the_scratch_holds() -> None:
+    """cudakernels' copies are reserved in its ring (72 KiB: past cuBLASLt's
+    frames), by the policy and by a request; the scratch programs' are not."""
+    most = f"max_stack_bytes = {DEEP_STACK_BYTES}\n"
+    assert _target("cudakernels", most) == DEEP_STACK_BYTES
+    assert _target("cudakernels", most, asked=40000) == 40000
+    with pytest.raises(PolicyError):
+        _policy("stackcopy", most)
 
 
 @pytest.mark.parametrize("name", ["stackcopy", "ustackcopy"])
@@ -97,13 +132,21 @@ def test_admin_approve_writes_max_stack_bytes(capsys: pytest.CaptureFixture[str]
     assert Policy.parse(capsys.readouterr().out, path="p.toml").programs[0].max_stack_bytes == 16384
     assert admin.main(["approve", "profile", "--users", "alice", "--max-stack-bytes", "4096"]) == 2
     assert "copies no stack" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        admin.main(["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "24577"])
+    argv = ["approve", "stackcopy", "--users", "alice", "--max-stack-bytes", "24577"]
+    assert admin.main(argv) == 2  # more than this program copies: says its most
+    assert "copies at most 24576 bytes of stack" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # more than any program copies
+        admin.main(["approve", "cudakernels", "--users", "alice", "--max-stack-bytes", "73729"])
 
 
 @pytest.mark.parametrize(
     ("name", "want"),
-    [("stackcopy", MAX_STACK_BYTES), ("ustackcopy", MAX_STACK_BYTES), ("offcpu", None)],
+    [
+        ("stackcopy", MAX_STACK_BYTES),
+        ("ustackcopy", MAX_STACK_BYTES),
+        ("cudakernels", DEEP_STACK_BYTES),
+        ("offcpu", None),
+    ],
 )
 def test_admin_approve_lets_cpu_samples_copy_whole_stacks_by_default(
     capsys: pytest.CaptureFixture[str], name: str, want: int | None
@@ -130,3 +173,5 @@ def test_the_bounds_are_the_objects_own() -> None:
     assert re.search(r"#define GFX_COPY_MAX (\d+)", header)[1] == str(MAX_STACK_BYTES)  # type: ignore[index]
     knob = re.search(r"const volatile __u32 stack_bytes = (\d+);", header)
     assert knob is not None and int(knob[1]) == DEFAULT_STACK_BYTES
+    cuda = (Path(gfxbpf.catalog.__file__).parent / "programs" / "cudakernels.bpf.c").read_text()
+    assert re.search(r"#define GFX_DEEP_COPY_MAX (\d+)", cuda)[1] == str(DEEP_STACK_BYTES)  # type: ignore[index]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gfxbpf.catalog.stack_copies import most_stack_bytes
 from gfxbpf.client.profiles.engine.attach import user_name
 from gfxbpf.client.profiles.engine.request import GPU, LOCKS, MEMORY, OFF_CPU, WALL
 
@@ -27,7 +28,12 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
     copied = r.copies.largest if r.copies is not None else 0
     prof = symbolizer.symbolize(
-        raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3), copied=copied
+        raw,
+        unit,
+        period_ns=period,
+        duration_s=round(r.elapsed(), 3),
+        copied=copied,
+        most=most_stack_bytes(r.att.program),
     )
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"

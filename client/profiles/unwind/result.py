@@ -90,15 +90,15 @@ _EXPLAIN = {
 }
 
 
-# What the user can do about a reason, where there is something.
+# What the user can do about a reason, where there is something ({most}: the
+# most the program copies) ...
 _ADVICE = {
-    Stop.TRUNCATED: f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "
+    Stop.TRUNCATED: "; --stack-bytes {most} copies more where the policy's "
     "max_stack_bytes allows it",
 }
-# ... and what is said instead where the copies were already that large (a
-# cuBLAS launch sits 70 KiB deep on an H200: docs/gpu-hosts.md).
+# ... and what is said instead where the copies were already that large.
 _AT_MOST = {
-    Stop.TRUNCATED: f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf takes at "
+    Stop.TRUNCATED: "; the copies were already the {most} bytes gfxbpf takes at "
     "most, so the frames deeper in the stack are not shown (Python frames are: the kernel "
     "walks them)",
 }
@@ -147,6 +147,7 @@ class StopCounts:
     stopped: Counter[Stop] = field(default_factory=Counter)
     scanned: int = 0  # weight of stacks (complete or not) with a frame found by a stack scan
     copied: int = 0  # bytes of the largest stack copy unwound (0: not known)
+    most: int = MAX_STACK_BYTES  # the most the program copies (catalog/stack_copies.py)
 
     def add(self, stop: Stop | str | None, weight: int = 1) -> None:
         if stop is None:
@@ -176,12 +177,13 @@ class StopCounts:
         """One line per reason holding at least min_share of the weight (of
         total if given: the profile's whole user-stack weight)."""
         total = total if total is not None else self.total()
-        advice = _AT_MOST if self.copied >= MAX_STACK_BYTES else _ADVICE
+        advice = _AT_MOST if self.copied >= self.most else _ADVICE
         out = []
         for stop, w in self.stopped.most_common():
             if total and w / total >= min_share:
                 out.append(
                     f"{w * 100 / total:.1f}% of the user stacks stop early at {_EXPLAIN[stop]}: "
-                    f"they end in a {marker_frame(stop)} frame{advice.get(stop, '')}"
+                    f"they end in a {marker_frame(stop)} frame"
+                    + advice.get(stop, "").format(most=self.most)
                 )
         return out
