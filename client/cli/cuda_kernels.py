@@ -147,6 +147,10 @@ def attach(broker: Broker, args: argparse.Namespace) -> KernelTimes:
     return KernelTimes(att, reader, library, args.interval)
 
 
+# The least copy the program sends with each launch's Python record: one word.
+WATCH_STACK_BYTES = 8
+
+
 def attach_program(broker: Broker, args: argparse.Namespace) -> tuple[Attachment, str]:
     """The attachment (scope self: --pid's Python walked) and the library it probes."""
     from gfxbpf.client.profiles.engine.attach import python_files
@@ -164,6 +168,9 @@ def attach_program(broker: Broker, args: argparse.Namespace) -> tuple[Attachment
         # library, which raises its semaphores and makes all of them collect.
         kw["pid"] = args.pid
         kw["python_files"] = python_files(find([args.pid], None))
+        # The view names a row by its Python record; the launch's native copy
+        # (up to 72 KiB where the policy allows) is never unwound here.
+        kw["stack_bytes"] = WATCH_STACK_BYTES
     elif args.pid:
         kw["pid"] = args.pid
     kw["scope"] = scope

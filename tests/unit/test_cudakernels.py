@@ -4,6 +4,8 @@ found in a process's maps, and the exporter's labels (pid, uid, kernel)."""
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +140,21 @@ def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:
         "gfxbpf_cudakernels_kernels_kernels": 1,
         "gfxbpf_cudakernels_kernels_device_seconds": 1,
     }
+
+
+def test_watch_asks_for_the_least_launch_copy() -> None:
+    """watch cuda --gpu names rows by their Python records and never unwinds
+    the native copy: it asks for one word of it, not the policy's 72 KiB."""
+
+    class Broker:
+        kw: dict[str, Any] = {}
+
+        def attach(self, name: str, **kw: Any) -> str:
+            self.kw = {"name": name, **kw}
+            return "attached"
+
+    broker = Broker()
+    args = argparse.Namespace(scope=None, pid=os.getpid(), library="/opt/libgfxcupti-cu13.so")
+    assert ck.attach_program(broker, args) == ("attached", args.library)  # type: ignore[arg-type]
+    assert broker.kw["name"] == "cudakernels" and broker.kw["scope"] == "self"
+    assert broker.kw["stack_bytes"] == ck.WATCH_STACK_BYTES == 8
