@@ -54,7 +54,7 @@ class Limits:
     # parked warm or kept alive through fds after detaching, and those created
     # per window (churn). 256 MiB: ten instances of any catalog program at once
     # with 256 possible CPUs (per-CPU maps grow with them; the largest,
-    # cudakernels, 19.6 MiB there), attachments_per_user of any on 16 CPUs.
+    # memstacks, 22.2 MiB there), attachments_per_user of any on 16 CPUs.
     map_bytes_per_user: int = 256 * 1024 * 1024
     map_churn_bytes_per_user: int = 1024 * 1024 * 1024
     map_bytes_window_seconds: int = 600
