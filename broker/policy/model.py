@@ -85,7 +85,8 @@ class ProgramEntry:
     # Load even if the kernel refuses the object's BTF (maps lose their types,
     # subprograms their names); without it such a load fails with the BTF log.
     allow_no_btf: bool = False
-    # Stack copies (stackcopy, ustackcopy): user stack bytes per record (None: 8 KiB)
+    # Stack copies (stackcopy, ustackcopy, memstacks, offcpu, cudakernels): user
+    # stack bytes per record, at most catalog/stack_copies.py's (None: 8 KiB)
     max_stack_bytes: int | None = None
     # offcpu: the shortest wait (microseconds) a client may have recorded
     # (None: broker/request/params.py's MIN_BLOCK_FLOOR_US)
