@@ -76,8 +76,8 @@ class Profile:
     period_ns: int | None = None  # sampling period (1e9 / frequency) for "samples"
     duration_s: float | None = None
     notes: list[str] = field(default_factory=list)  # e.g. frame-pointer warnings for the user
-    # For unit "nanoseconds": what the time is ("off_cpu", "wall"; None: time in calls),
-    # pprof's sample type.
+    # For unit "nanoseconds": what the time is ("off_cpu", "wall", "gpu": device
+    # time of kernels, "lock_wait"; None: time in calls), pprof's sample type.
     time_kind: str | None = None
     # For unit "bytes": "alloc_space" (allocated) or "inuse_space" (still held), pprof's.
     space_kind: str | None = None

@@ -44,6 +44,7 @@ from tests.kernel.brokerenv import (
     setpriv_user_argv,
     shared_dir,
 )
+from tests.viewers import need_pprof, pprof, pprof_top
 
 pytestmark = pytest.mark.kernel
 PYTHON = "/usr/bin/python3"
@@ -223,14 +224,18 @@ def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Bui
 
 
 def _profile_gpu(
-    broker: BrokerProcess, built: cs.Built, work: Callable[[cs.Workload], None], *args: str
+    broker: BrokerProcess,
+    built: cs.Built,
+    work: Callable[[cs.Workload], None],
+    *args: str,
+    output: str = "gpu.folded",
 ) -> tuple[dict[str, Any], Path]:
     """`profile --gpu` of alice's workload while `work` runs: its --json summary
-    and its folded file."""
+    and the file it wrote (its format by output's name)."""
     out = built.script.parent / "alice"
     out.mkdir(exist_ok=True)
     shutil.chown(out, ALICE)
-    folded = out / "gpu.folded"
+    folded = out / output
     assert broker.grpc is not None
     argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
     with _workload(built, ALICE) as mine:
@@ -291,7 +296,9 @@ def test_profile_gpu_reaches_python_from_under_a_deep_library(
     24 KiB a scratch record holds stops inside the library."""
     k = 12
     args = ("--stack-bytes", str(stack_bytes)) if stack_bytes else ()
-    summary, _ = _profile_gpu(broker, built, lambda w: w.command(f"deep {k}"), *args)
+    summary, written = _profile_gpu(
+        broker, built, lambda w: w.command(f"deep {k}"), *args, output="gpu.pb.gz"
+    )
     script = str(built.script)
     (st,) = [tuple(s["stack"]) for s in summary["stacks"]]
     assert f"launch_deep ({script}:{cs.DEEP_LINE})" in st, st  # the kernel walks Python
@@ -304,6 +311,11 @@ def test_profile_gpu_reaches_python_from_under_a_deep_library(
     else:
         assert "Py_BytesMain" in st and cut not in st, st
         assert "gfx_standin_launch_deep" in st, st
+    # Google's pprof reads the device time as its own sample type.
+    need_pprof()
+    assert "Samples:\ngpu/nanoseconds" in pprof(written, "-raw")
+    rows = pprof_top(written, "-sample_index=gpu", "-unit=ns")
+    assert (f"{k * cs.NS['gemm']}ns", "gemm") in rows, rows
 
 
 @pytest.mark.parametrize("listener", ["catalog", "gfxclient"])

@@ -37,6 +37,8 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
     )
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
+    elif req.mode == GPU:
+        prof.time_kind = "gpu"  # the kernels' device time: pprof -sample_index=gpu
     _by_kind(symbolizer, r, prof)
     prof.notes.extend(r.notes)
     _python_notes(r, prof)
