@@ -34,6 +34,8 @@ COPY_BYTES = 4096
 #           runtime (cudaLaunchKernel: two correlation ids, the record has the runtime's)
 #   deep N  N of "gemm" from launch_deep (line 19) through the runtime, from under
 #           the stand-in's 40 KiB frame (a cuBLASLt launch's depth)
+#   pair N  N of "gemm" (deep) and N of "relu" (direct) from one line of
+#           launch_pair (line 23): one Python chain, two native launch paths
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   stats   "records R launches L collecting C": the injection library's counters
@@ -58,6 +60,10 @@ def launch_deep(n):
     for _ in range(n):
         cupti.gfx_standin_launch_deep(GEMM, 250000, 64, 128)
 cupti.gfx_standin_launch_deep.argtypes = cupti.gfx_standin_launch.argtypes
+def launch_pair(n):
+    for _ in range(n):
+        cupti.gfx_standin_launch_pair(GEMM, RELU, 250000, 40000)
+cupti.gfx_standin_launch_pair.argtypes = [ctypes.c_char_p, ctypes.c_char_p, C, C]
 for f in ("gfx_cupti_records", "gfx_cupti_launches"):
     getattr(lib, f).restype = C
 print("ready", flush=True)
@@ -69,6 +75,8 @@ for line in sys.stdin:
         launch_b(int(arg))
     elif cmd == "deep":
         launch_deep(int(arg))
+    elif cmd == "pair":
+        launch_pair(int(arg))
     elif cmd == "copy":
         for _ in range(int(arg)):
             cupti.gfx_standin_memcpy(4096, 1, 7000)
@@ -124,8 +132,8 @@ for line in sys.stdin:
     print(json.dumps(reply), flush=True)
 """
 GPU_CHECK_NS = 1_000_000
-A_LINE, B_GEMM_LINE, B_RELU_LINE, DEEP_LINE = 12, 15, 16, 19  # in SCRIPT, for the tests
-MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE = 27, 29, 31
+A_LINE, B_GEMM_LINE, B_RELU_LINE, DEEP_LINE, PAIR_LINE = 12, 15, 16, 19, 23  # in SCRIPT
+MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE = 31, 33, 35
 
 
 def cupti_dir() -> Path:

@@ -6,14 +6,17 @@
  * probes (records in gfx_cupti.h); attaching raises their semaphores, which
  * is what makes the library collect at all.
  *
- * gfxcupti:launch(runtime id, driver id, weight) fires on the launching
- * thread, for every launch or, when launches come fast, for 1 in `weight`
- * drawn at random by the library (gfx_cupti.h). In scope self it walks the
- * Python frames there (gfx_python.h), remembers the chain's hash under (tgid,
- * correlation id) for each id, counts the launch per (tgid, chain) and, when
- * that count reaches a power of two, sends the Python record and a stack copy
- * (gfx_ucopy.h) that the client unwinds into the native launch stack, as
- * ustackcopy does for a uprobe. gfxcupti:kernels(records, n) fires later,
+ * gfxcupti:launch(runtime id, driver id, weight, kernel) fires on the
+ * launching thread, for every launch or, when launches come fast, for 1 in
+ * `weight` drawn at random by the library (gfx_cupti.h). In scope self it
+ * walks the Python frames there (gfx_python.h), remembers the chain's hash
+ * under (tgid, correlation id) for each id, counts the launch per (tgid,
+ * chain, kernel name hash) and, when that count reaches a power of two,
+ * sends the Python record and a stack copy (gfx_udeep.h, the name hash in
+ * its `elapsed`) that the client unwinds into the native launch stack, as
+ * ustackcopy does for a uprobe: per kernel, since one Python line (or a
+ * thread with none, such as autograd's) launches kernels through different
+ * native paths. gfxcupti:kernels(records, n) fires later,
  * from the library's thread, once per batch of kernels the GPU ran; for each
  * record it takes the launch's chain by correlation id and adds one
  * kernel and its device nanoseconds (end - start) to the row (tgid, uid,
@@ -84,6 +87,7 @@ struct chain_key {
 	__u32 tgid;
 	__u32 pad;
 	__u64 python;
+	__u64 kernel;  /* the kernel's name hash (0: not known) */
 };
 
 struct copy_key {
@@ -140,7 +144,7 @@ struct {
 	__type(value, struct launch_seen);
 } pending SEC(".maps");
 
-/* (tgid, chain) -> launches, which picks the launches that send a stack copy */
+/* (tgid, chain, kernel) -> launches, which picks the launches that send a stack copy */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_ROWS);
@@ -167,8 +171,11 @@ static __always_inline int count_launch(struct chain_key *ck)
 	return (v & (v - 1)) == 0;
 }
 
-/* The launch's stack copy, as ustackcopy sends one (entry_ns joins the Python record). */
-static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __u64 python)
+/* The launch's stack copy, as ustackcopy sends one (entry_ns joins the
+ * Python record; `elapsed` carries the kernel's name hash, as ustackcopy's
+ * carries its path hash). */
+static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __u64 python,
+				      __u64 kernel)
 {
 	__u32 zero = 0;
 	struct ustack_rec *r;
@@ -186,13 +193,14 @@ static __always_inline void send_copy(struct pt_regs *ctx, struct py_rec *py, __
 	r->sp = ctx->rsp;
 	r->bp = ctx->rbp;
 	r->entry_ns = ts;
+	r->elapsed = kernel;
 	gfx_udeep_send(r);
 }
 
 /* Remember the launch's chain under both ids: the kernel's record names one
  * (the other entry ages out of the LRU map). */
 SEC("usdt")
-int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id, __u32 weight)
+int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id, __u32 weight, __u64 kernel)
 {
 	struct launch_seen seen = {.weight = weight ? weight : 1};
 	struct launch_key lk = {};
@@ -221,8 +229,9 @@ int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id, __u32 weight)
 		return 0;
 	ck.tgid = lk.tgid;
 	ck.python = python;
+	ck.kernel = kernel;
 	if (count_launch(&ck))
-		send_copy(ctx, py, python);
+		send_copy(ctx, py, python, kernel);
 	return 0;
 }
 

@@ -8,7 +8,7 @@
  *       GFX_CUPTI_BATCH) at a time, from the library's own thread
  *   gfxcupti:memcpy(struct gfx_cupti_copy *rec)
  *   gfxcupti:memset(struct gfx_cupti_copy *rec)
- *   gfxcupti:launch(__u32 runtime_id, __u32 driver_id, __u32 weight)  -- on the
+ *   gfxcupti:launch(__u32 runtime_id, __u32 driver_id, __u32 weight, __u64 kernel)  -- on the
  *       launching thread, once per probed launch: in a runtime launch
  *       (cudaLaunchKernel*, cudaGraphLaunch) at the entry of the driver launch it
  *       makes, with both ids (or at its exit with driver id 0 if it made none);
@@ -16,7 +16,9 @@
  *       kernel's record carries one of the two. weight: 1 while every launch
  *       fires the probe; N (a power of two) while launches come too fast and 1
  *       in N, drawn at random, does.
- *       The kernels of the others carry GFX_CUPTI_NOT_SAMPLED.
+ *       The kernels of the others carry GFX_CUPTI_NOT_SAMPLED. kernel: the
+ *       launched kernel's name hash, as its record's name_hash (0: unknown, a
+ *       graph launch or a library before this argument).
  *
  * Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns's clock): the
  * library maps CUPTI's GPU timestamps onto it.

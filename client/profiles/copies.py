@@ -339,7 +339,10 @@ class ProbeCopyReader:
 
     by_chain (cudakernels: copies taken at a USDT probe inside a callback, no
     function entry, no caller on top of the stack): rows are (tgid, 0, 0,
-    chain hash, 0) and a copy's whole unwound path, from the probe out, is kept."""
+    chain hash, kernel name hash) and a copy's whole unwound path, from the
+    probe out, is kept: one Python chain launches kernels through different
+    native paths (a PyTorch line's cuBLAS product and elementwise kernel;
+    autograd's thread, which has no Python frames, every backward kernel)."""
 
     def __init__(
         self,
@@ -390,8 +393,9 @@ class ProbeCopyReader:
         if walked is None:
             return
         frames, stop, scanned = walked
-        if self.by_chain and frames:
-            self._keep((tgid, 0, 0, py.chain_hash(pyframes), 0), frames, stop, scanned, pyframes)
+        if self.by_chain and frames:  # `path`: the launched kernel's name hash here
+            row = (tgid, 0, 0, py.chain_hash(pyframes), path)
+            self._keep(row, frames, stop, scanned, pyframes)
         elif not self.by_chain and frames and frames[0] == caller:  # the row's caller
             row = (tgid, function, caller, py.chain_hash(pyframes), path)
             self._keep(row, frames, stop, scanned, pyframes)
@@ -437,10 +441,14 @@ class ProbeCopyReader:
         if scanned:
             self.scanned.add(row)
 
-    def chain_stack(self, tgid: int, chain: int, leaf: str, weight: int) -> profile.RawStack:
-        """by_chain: the launch stack of a (process, Python chain) with this leaf."""
+    def chain_stack(
+        self, tgid: int, chain: int, kernel: int, leaf: str, weight: int
+    ) -> profile.RawStack:
+        """by_chain: the launch stack of a (process, Python chain, kernel name
+        hash) with this leaf; a kernel none of whose copies came takes its
+        chain's other kernels' (their shared frames where they differ)."""
         self.python.resolve(final=True)
-        return self._raw((tgid, 0, 0, chain, 0), leaf, weight, "no launch stack copied yet")
+        return self._raw((tgid, 0, 0, chain, kernel), leaf, weight, "no launch stack copied yet")
 
     def row_stack(self, row: Row, leaf: str, weight: int) -> profile.RawStack:
         """A row of another table with the same key (memstacks' sites): its

@@ -294,6 +294,7 @@ static void drain_buffers(void)
  * (kept here from its entry) and the driver's; a driver launch called
  * directly has runtime id 0. */
 static __thread uint32_t runtime_corr, driver_corr;
+static __thread const char *runtime_symbol;  /* the runtime launch's kernel name */
 static __thread int in_runtime_launch;
 /* Collection sessions: a thread inside a launch when collection stopped never
  * saw its exit; its nesting count is from an older session and starts over. */
@@ -358,14 +359,39 @@ static void decide(void)
 	atomic_fetch_add(&launches, 1);
 }
 
-static void fire_launch(uint32_t runtime, uint32_t driver)
+/* The kernel's name hash (as its record's name_hash), per name pointer: a
+ * launch callback's symbolName points into the driver's function, the same
+ * string at every launch of it, so a probed launch hashes a name once. */
+#define NAME_SLOTS 64
+static __thread struct {
+	const char *name;
+	uint64_t hash;
+} names[NAME_SLOTS];
+
+static uint64_t kernel_hash(const char *name)
+{
+	unsigned slot;
+
+	if (!name)
+		return 0;
+	slot = (unsigned)(((uintptr_t)name >> 4) % NAME_SLOTS);
+	if (names[slot].name != name) {
+		names[slot].hash = fnv1a(name);
+		names[slot].name = name;
+	}
+	return names[slot].hash;
+}
+
+static void fire_launch(uint32_t runtime, uint32_t driver, const char *symbol)
 {
 	fired = 1;
 	if (!left_out_now && gfxcupti_launch_semaphore) {
 		uint32_t weight = every;
+		uint64_t kernel = kernel_hash(symbol);
 
-		__asm__("" : "+r"(weight));  /* a register operand, not a TLS one readers cannot take */
-		STAP_PROBE3(gfxcupti, launch, runtime, driver, weight);
+		/* register operands, not TLS ones readers cannot take */
+		__asm__("" : "+r"(weight), "+r"(kernel));
+		STAP_PROBE4(gfxcupti, launch, runtime, driver, weight, kernel);
 	}
 }
 
@@ -417,10 +443,11 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			if (in_runtime_launch++ == 0)
 				decide();
 			runtime_corr = cb->correlationId;
+			runtime_symbol = cb->symbolName;
 			driver_corr = 0;
 			mark(runtime_corr, left_out_now);
 		} else if (in_runtime_launch > 0 && --in_runtime_launch == 0 && !fired) {
-			fire_launch(runtime_corr, driver_corr);
+			fire_launch(runtime_corr, driver_corr, runtime_symbol);
 		}
 	} else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter) {
 		if (report_depth)
@@ -429,9 +456,9 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			decide();
 		mark(cb->correlationId, left_out_now);
 		if (!in_runtime_launch)
-			fire_launch(0, cb->correlationId);
+			fire_launch(0, cb->correlationId, cb->symbolName);
 		else if (!fired)
-			fire_launch(runtime_corr, driver_corr = cb->correlationId);
+			fire_launch(runtime_corr, driver_corr = cb->correlationId, cb->symbolName);
 	}
 }
 

@@ -18,6 +18,7 @@
  *                                         record carrying the runtime's
  *   gfx_standin_launch_deep(...)          the same from under a 40 KiB frame, as a
  *                                         cuBLASLt launch sits deep in its library
+ *   gfx_standin_launch_pair(a, b, ...)    kernel a deep, kernel b direct, in one call
  *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY)
  *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
  *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
@@ -222,8 +223,9 @@ static uint64_t run_on_gpu(uint64_t ns)
 	return start;
 }
 
+/* A launch callback: symbol is the kernel's name, as CUPTI's symbolName. */
 static void api_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const char *name,
-			 uint32_t corr, int site)
+			 const char *symbol, uint32_t corr, int site)
 {
 	CUpti_CallbackData cb = {0};
 	CUpti_CallbackFunc fn;
@@ -237,14 +239,15 @@ static void api_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, con
 		return;
 	cb.callbackSite = site;
 	cb.functionName = name;
+	cb.symbolName = symbol;
 	cb.correlationId = corr;
 	fn(callback_data, domain, cbid, &cb);
 }
 
-static void driver_callback(uint32_t corr, int site)
+static void driver_callback(const char *kernel, uint32_t corr, int site)
 {
 	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-		     "cuLaunchKernel", corr, site);
+		     "cuLaunchKernel", kernel, corr, site);
 }
 
 static void kernel_record(const char *name, unsigned long long ns, int grid, int block,
@@ -254,9 +257,9 @@ API unsigned gfx_standin_launch(const char *name, unsigned long long ns, int gri
 {
 	uint32_t corr = __atomic_fetch_add(&next_correlation, 1, __ATOMIC_RELAXED);
 
-	driver_callback(corr, CUPTI_API_ENTER);
+	driver_callback(name, corr, CUPTI_API_ENTER);
 	kernel_record(name, ns, grid, block, corr);
-	driver_callback(corr, CUPTI_API_EXIT);
+	driver_callback(name, corr, CUPTI_API_EXIT);
 	return corr;
 }
 
@@ -268,11 +271,13 @@ API unsigned gfx_standin_launch_runtime(const char *name, unsigned long long ns,
 	uint32_t rt = __atomic_fetch_add(&next_correlation, 2, __ATOMIC_RELAXED), drv = rt + 1;
 	CUpti_CallbackId cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
 
-	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", rt, CUPTI_API_ENTER);
-	driver_callback(drv, CUPTI_API_ENTER);
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", name, rt,
+		     CUPTI_API_ENTER);
+	driver_callback(name, drv, CUPTI_API_ENTER);
 	kernel_record(name, ns, grid, block, rt);
-	driver_callback(drv, CUPTI_API_EXIT);
-	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", rt, CUPTI_API_EXIT);
+	driver_callback(name, drv, CUPTI_API_EXIT);
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", name, rt,
+		     CUPTI_API_EXIT);
 	return rt;
 }
 
@@ -291,6 +296,17 @@ API unsigned gfx_standin_launch_deep(const char *name, unsigned long long ns, in
 		frame[i] = 1;
 	rt = gfx_standin_launch_runtime(name, ns, grid, block);
 	return rt + frame[0] - 1;  /* the frame stays live across the call */
+}
+
+/* Two kernels from one call, so from one Python line, through two native
+ * paths: `deep` from under gfx_standin_launch_deep's frame, `direct` straight
+ * through the runtime (as one PyTorch line launches cuBLAS's product and its
+ * own elementwise kernel, or autograd's thread every backward kernel). */
+API void gfx_standin_launch_pair(const char *deep, const char *direct, unsigned long long ns_deep,
+				 unsigned long long ns_direct)
+{
+	gfx_standin_launch_deep(deep, ns_deep, 64, 128);
+	gfx_standin_launch_runtime(direct, ns_direct, 32, 1024);
 }
 
 static void kernel_record(const char *name, unsigned long long ns, int grid, int block,

@@ -318,6 +318,26 @@ def test_profile_gpu_reaches_python_from_under_a_deep_library(
     assert (f"{k * cs.NS['gemm']}ns", "gemm") in rows, rows
 
 
+def test_profile_gpu_gives_each_kernel_of_a_line_its_own_launch_path(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    """One Python line launches "gemm" from under a deep frame and "relu"
+    straight through the runtime (as a PyTorch line launches cuBLAS's product
+    and its own elementwise kernel): each kernel keeps its own native path,
+    not one merged stack for the line's chain."""
+    k = 9
+    summary, _ = _profile_gpu(broker, built, lambda w: w.command(f"pair {k}"))
+    stacks = {s["stack"][-1]: tuple(s["stack"]) for s in summary["stacks"]}
+    assert sorted(stacks) == ["gemm", "relu"], summary
+    line = f"launch_pair ({built.script}:{cs.PAIR_LINE})"
+    merged = marker_frame(Stop.MERGED)
+    for name, st in stacks.items():
+        assert line in st and "Py_BytesMain" in st and merged not in st, st
+        assert ("gfx_standin_launch_deep" in st) == (name == "gemm"), st
+        assert "gfx_standin_launch_pair" in st, st
+    assert summary["total_ns"] == k * (cs.NS["gemm"] + cs.NS["relu"])
+
+
 @pytest.mark.parametrize("listener", ["catalog", "gfxclient"])
 def test_gpu_check_step6_measures_the_standin_exactly(
     broker: BrokerProcess, built: cs.Built, listener: str, tmp_path: Path

@@ -128,7 +128,11 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
     rows = read_rows(att)
     raw = [
         copies.chain_stack(
-            row[0], row[2], names.get(row[3], f"[kernel {row[3]:#x}]"), estimate(row, n, ns)[1]
+            row[0],
+            row[2],
+            row[3],
+            names.get(row[3], f"[kernel {row[3]:#x}]"),
+            estimate(row, n, ns)[1],
         )
         for row, n, ns in rows
         if not row[4] & NOT_SAMPLED
