@@ -221,8 +221,10 @@ def matmul_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
     }
 
 
-def profile_check(w: Workload, args: argparse.Namespace, n: int) -> dict[str, Any]:
-    """`gfxclient profile --gpu` over n more products: the launch stacks, whole."""
+def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str, Any]:
+    """`gfxclient profile --gpu` while the workload runs `work` ("matmul N",
+    "train N"): the heaviest launch stacks, and the shares of device time
+    whose stack is whole and whose stack merged several native paths."""
     prefix = ["runuser", "-u", args.user, "--"] if args.user else []
     env = ["env", f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"]
     argv = [sys.executable, "-m", "gfxbpf.client", "--socket", args.socket, "--json",
@@ -232,7 +234,7 @@ def profile_check(w: Workload, args: argparse.Namespace, n: int) -> dict[str, An
     )
     try:
         wait_collecting(w, 1, 30)  # attached: the library collects again
-        w.ask(f"matmul {n}")
+        w.ask(work)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -243,10 +245,17 @@ def profile_check(w: Workload, args: argparse.Namespace, n: int) -> dict[str, An
     total = got["total_ns"]
     # Launch stacks whole down to the process's start: cuBLASLt launches ~70 KiB
     # deep, which the 72 KiB copy `approve` writes for cudakernels reaches.
+    from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
+
     whole = sum(s["device_ns"] for s in got["stacks"] if "Py_BytesMain" in s["stack"])
+    several = marker_frame(Stop.MERGED)
+    merged = sum(s["device_ns"] for s in got["stacks"] if several in s["stack"])
     return {
         "total_ns": total,
         "whole_pct": round(100.0 * whole / total, 1) if total else None,
+        # a Python chain (or autograd's thread, which has none) whose kernels'
+        # copies unwound to different paths: launch stacks are per kernel
+        "merged_pct": round(100.0 * merged / total, 1) if total else None,
         "stacks": got["stacks"][:4],
         "notes": got["notes"],
     }
@@ -291,8 +300,11 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
             listener.close()
         res["stopped_after_s"] = round(wait_collecting(w, 0, 15), 3)
         if args.socket:
-            res["profile_gpu"] = profile_check(w, args, args.matmuls)
+            res["profile_gpu"] = profile_check(w, args, f"matmul {args.matmuls}")
             wait_collecting(w, 0, 15)
+            if args.workload == SOURCE:  # PyTorch's (the stand-in has no training step)
+                res["profile_gpu_train"] = profile_check(w, args, "train 5")
+                wait_collecting(w, 0, 15)
         before = w.ask("stats")["records"]
         w.ask(f"loop {args.launches}")
         res["records_after_detach"] = w.ask("stats")["records"] - before
@@ -326,6 +338,8 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "records_while_not_listened": res.get("records_while_not_listened"),
         "records_after_detach": res.get("records_after_detach"),
         "profile_gpu_whole_pct": (res.get("profile_gpu") or {}).get("whole_pct"),
+        "profile_gpu_train_whole_pct": (res.get("profile_gpu_train") or {}).get("whole_pct"),
+        "profile_gpu_train_merged_pct": (res.get("profile_gpu_train") or {}).get("merged_pct"),
     }
 
 

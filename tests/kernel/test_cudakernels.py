@@ -364,6 +364,7 @@ def test_gpu_check_step6_measures_the_standin_exactly(
         assert {s["stack"][-1] for s in prof["stacks"]} == {"gemm"}
         assert any(f.startswith("mm_b (") for f in prof["stacks"][0]["stack"]), prof
         assert prof["whole_pct"] == 100.0 and s["profile_gpu_whole_pct"] == 100.0, prof
+        assert prof["merged_pct"] == 0.0 and "profile_gpu_train" not in res, prof
         where = {k[1].split(" (")[0] for k in rows}
         assert where == {"mm_a", "mm_b"}, rows
         assert sorted(r["kernels"] for r in rows.values()) == [10, 30]
