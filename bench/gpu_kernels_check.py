@@ -241,12 +241,12 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
             proc.kill()
     if proc.returncode:
         return {"error": err[-2000:]}
+    from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
+
     got = json.loads(out)
     total = got["total_ns"]
     # Launch stacks whole down to the process's start: cuBLASLt launches ~70 KiB
     # deep, which the 72 KiB copy `approve` writes for cudakernels reaches.
-    from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
-
     whole = sum(s["device_ns"] for s in got["stacks"] if "Py_BytesMain" in s["stack"])
     several = marker_frame(Stop.MERGED)
     merged = sum(s["device_ns"] for s in got["stacks"] if several in s["stack"])

@@ -66,8 +66,9 @@ def take(
     from gfxbpf.client.profiles.engine.request import GPU, ProfileRequest
     from gfxbpf.client.profiles.engine.take import take_profile
 
-    req = ProfileRequest(pids=[pid], command=[], mode=GPU, weight="time", children=False)
-    req.stack_bytes = stack_bytes
+    req = ProfileRequest(
+        pids=[pid], command=[], mode=GPU, weight="time", children=False, stack_bytes=stack_bytes
+    )
     return take_profile(req, connect, stop, duration).profile
 
 
