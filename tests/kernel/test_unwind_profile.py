@@ -363,7 +363,9 @@ def test_the_policy_caps_the_stack_copy_size(work: Path) -> None:
         "import os, struct, subprocess, sys\n"
         "from gfxbpf.client.broker import Broker\n"
         "b = Broker.connect(socket=os.environ['SOCK'], via='fd')\n"
-        "p = subprocess.Popen([sys.argv[1], '3000'])\n"
+        # The copy ends where the stack does: 8 KiB of environment puts the
+        # stack's top well above sp whatever ASLR's gap below the strings.
+        "p = subprocess.Popen([sys.argv[1], '3000'], env={'PAD': 'x' * 8192})\n"
         "a = b.attach('stackcopy', pid=p.pid, frequency=499, stack_bytes=int(sys.argv[2]))\n"
         "ring = a.open_events('stack_copies')\n"
         "sizes = []\n"
