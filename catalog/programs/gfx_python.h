@@ -356,9 +356,8 @@ static __always_inline void gfx_py_find_lib(struct task_struct___gfxpy *task, st
 		return;
 	for (i = 0; i < GFX_PY_SCAN_BYTES / 8; i++) {
 		w = words[i];
-		if (w < 0x10000 || w >= 0x800000000000ULL)
-			continue;
-		bpf_find_vma((void *)task, w, gfx_py_vma, found, 0);
+		if (w >= 0x10000 && w < 0x800000000000ULL)
+			bpf_find_vma((void *)task, w, gfx_py_vma, found, 0);
 		if (found->runtime)
 			return;
 	}
@@ -609,16 +608,25 @@ static __always_inline void gfx_py_str(__u64 s, struct py_layout *l, __u32 *stat
 }
 
 /* Copy one code object into py_codes unless it is there (the client names
- * its frames from it). Global, as gfx_py_frame: checked once. */
-__attribute__((noinline)) int gfx_py_copy_code(struct py_code_key *k, struct py_code *c,
+ * its frames from it). Global, as gfx_py_frame: checked once. The key is
+ * built on the stack and the value taken from the scratch map here, not
+ * passed in: a global function's pointer arguments are plain memory to the
+ * verifier, which Linux 6.1 refuses as a map key or value. */
+__attribute__((noinline)) int gfx_py_copy_code(__u32 tgid, __u32 tag, __u64 code,
 						struct py_layout *l)
 {
-	__u64 code, name, file, table, size = 0;
-	__u32 fault = 0;
+	struct py_code_key k = {.tgid = tgid, .tag = tag, .code = code};
+	__u64 name, file, table, size = 0;
+	__u32 fault = 0, zero = 0;
+	struct py_scratch *s;
+	struct py_code *c;
 
-	if (!k || !c || !l || bpf_map_lookup_elem(&py_codes, k))
+	if (!l || bpf_map_lookup_elem(&py_codes, &k))
 		return 0;
-	code = k->code;
+	s = bpf_map_lookup_elem(&py_scratch, &zero);
+	if (!s)
+		return 0;
+	c = &s->code;
 
 	c->version = l->version;
 	c->firstlineno = 0;
@@ -641,7 +649,7 @@ __attribute__((noinline)) int gfx_py_copy_code(struct py_code_key *k, struct py_
 		    bpf_probe_read_user(c->table, size, (void *)(table + l->bytes_data)))
 			c->table_len = 0;
 	}
-	if (bpf_map_update_elem(&py_codes, k, c, BPF_NOEXIST) && !bpf_map_lookup_elem(&py_codes, k))
+	if (bpf_map_update_elem(&py_codes, &k, c, BPF_NOEXIST) && !bpf_map_lookup_elem(&py_codes, &k))
 		gfx_py_count(GFX_PYC_CODE_LOST);
 	return 0;
 }
@@ -649,20 +657,14 @@ __attribute__((noinline)) int gfx_py_copy_code(struct py_code_key *k, struct py_
 /* Copy the code objects of r's frames that py_codes does not hold yet. */
 static __always_inline void gfx_py_codes(struct py_rec *r, struct py_layout *l)
 {
-	struct py_code_key k = {};
-	struct py_scratch *s;
-	__u32 i, zero = 0;
+	__u32 i;
 
-	s = bpf_map_lookup_elem(&py_scratch, &zero);
-	if (!s)
-		return;
-	k.tgid = r->tgid;
 	for (i = 0; i < GFX_PY_MAX_FRAMES; i++) {
 		if (i >= r->nframes)
 			break;
-		k.code = r->frames[i & (GFX_PY_MAX_FRAMES - 1)].code;
-		k.tag = r->frames[i & (GFX_PY_MAX_FRAMES - 1)].flags >> GFX_PYF_TAG_SHIFT;
-		gfx_py_copy_code(&k, &s->code, l);
+		gfx_py_copy_code(r->tgid,
+				 r->frames[i & (GFX_PY_MAX_FRAMES - 1)].flags >> GFX_PYF_TAG_SHIFT,
+				 r->frames[i & (GFX_PY_MAX_FRAMES - 1)].code, l);
 	}
 }
 
