@@ -8,6 +8,7 @@ into `.rodata`, load, and attach every program of that variant.
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gfxbpf.bpf.consts import BPF_TRACE_UPROBE_MULTI
 from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
+from gfxbpf.bpf.externs import kconfig
 from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import attach as bpfattach
 from gfxbpf.bpf.link import tracefs, tracing, usdt
@@ -234,6 +236,7 @@ def prepare(
         raise type(e)(f"needs {entry.requires}: {e}") from None
     _scalar_knobs(spec, entry, params)
     _python_knobs(spec, entry, params)
+    require_uprobe_multi(entry)
     use_uprobe_multi(spec, entry)
     return spec, variant
 
@@ -271,11 +274,34 @@ def _python_knobs(spec: ObjectSpec, entry: Program, params: Params) -> None:
         _set_knob(spec, entry.python_frames_knob, params.python_frames)
 
 
+# uprobe_multi links came with Linux 6.6; before it a uprobe needs the perf PMU.
+UPROBE_MULTI_SINCE = "6.6"
+_UPROBE_KINDS = ("uprobe", "uretprobe", "usdt")
+
+
+def require_uprobe_multi(entry: Program, release: str | None = None) -> None:
+    """Refuse, before any load, a uprobe or USDT program on a kernel without
+    uprobe_multi links: the attach would fail with a bare EINVAL."""
+    if not any(a.kind in _UPROBE_KINDS for a in entry.attach):
+        return
+    release = release or platform.release()
+    try:
+        old = kconfig.kernel_version(release) < kconfig.kernel_version(UPROBE_MULTI_SINCE)
+    except kconfig.KconfigError:
+        return  # an unparsable release: let the kernel answer
+    if old:
+        raise Unavailable(
+            f"program {entry.name!r} attaches with uprobe_multi links, which Linux "
+            f"{UPROBE_MULTI_SINCE} added, and this kernel is {release}: boot Linux "
+            f"{UPROBE_MULTI_SINCE} or later (Debian 12 packages 6.12: linux-image-6.12-amd64)"
+        )
+
+
 def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:
     """Uprobe programs attach through uprobe_multi links, which need the attach type
     at load time (the uprobe perf PMU would need CAP_SYS_ADMIN)."""
     for a in entry.attach:
-        if a.kind in ("uprobe", "uretprobe", "usdt"):
+        if a.kind in _UPROBE_KINDS:
             with _must_match_catalog():
                 prog = spec.programs[a.program]
             prog.expected_attach_type = BPF_TRACE_UPROBE_MULTI

@@ -138,3 +138,19 @@ def test_a_knob_the_object_lacks_is_a_catalog_mismatch() -> None:
     assert isinstance(ei.value, ValueError) and isinstance(ei.value.__cause__, KeyError)
     assert str(ei.value) == str(ei.value.__cause__)  # the broker's message is unchanged
     assert "has no global variable 'no_such_knob'" in str(ei.value)
+
+
+@pytest.mark.parametrize("release", ["6.1.0-56-amd64", "6.5.13"])
+def test_uprobe_programs_are_refused_before_linux_6_6_with_the_reason(release: str) -> None:
+    """Before 6.6 there are no uprobe_multi links (tests/kernel/test_stock_kernels.py
+    shows 6.1's EINVAL): the broker says so instead of passing the bare errno on."""
+    for name in ("ucalls", "cuda", "cudakernels", "memstacks"):
+        with pytest.raises(instance.Unavailable, match=f"'{name}'.*Linux 6.6.*{release}"):
+            instance.require_uprobe_multi(CATALOG.get(name), release)
+    for name in ("stackcopy", "offcpu", "profile", "syscount"):  # perf events, tracepoints
+        instance.require_uprobe_multi(CATALOG.get(name), release)
+
+
+@pytest.mark.parametrize("release", ["6.6.0", "6.12.117+deb12-amd64", "6.18.44-fc-v657"])
+def test_uprobe_programs_are_taken_from_linux_6_6(release: str) -> None:
+    instance.require_uprobe_multi(CATALOG.get("ucalls"), release)
