@@ -29,6 +29,7 @@ PACKAGES=(
     xz-utils gzip   # real stripped Debian programs the unwinder tests profile
     debootstrap   # the kernel tests' Debian 13 userland (tools/debian13_rootfs.sh)
     make   # tools/python_freethreaded.sh builds a free-threaded CPython
+    qemu-system-x86   # boots Debian's own kernels (tools/stock_kernels.py)
 )
 . tools/apt_wait.sh
 apt_install_missing test_deps "${PACKAGES[@]}"
