@@ -113,8 +113,11 @@ def _unpooled(names: list[str]) -> int:
 def _thread_names(broker: BrokerProcess) -> list[str]:
     names = []
     for tid in os.listdir(f"/proc/{broker.pid}/task"):
-        with open(f"/proc/{broker.pid}/task/{tid}/comm") as f:
-            names.append(f.read().strip())
+        try:
+            with open(f"/proc/{broker.pid}/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            continue  # the thread ended between the listing and the read: not there
     return sorted(names)
 
 
