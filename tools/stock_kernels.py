@@ -239,10 +239,8 @@ def boot(kernel: Path, initrd: Path) -> tuple[str, list[dict[str, Any]]]:
     return str(rows[0]["kernel"]), rows[1:]
 
 
-def check(release: str) -> dict[str, Any]:
-    kernel = kernel_image(release)
-    with tempfile.TemporaryDirectory(prefix="gfxbpf-vm-") as tmp:
-        release_name, rows = boot(kernel, initramfs(Path(tmp)))
+def check(release: str, initrd: Path) -> dict[str, Any]:
+    release_name, rows = boot(kernel_image(release), initrd)
     return {"release": release, "kernel": release_name, "objects": rows}
 
 
@@ -252,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = ap.parse_args(argv)
     results = []
-    for release in args.release or sorted(RELEASES):
-        print(f"stock_kernels: booting {release}'s kernel ...", file=sys.stderr, flush=True)
-        results.append(check(release))
+    with tempfile.TemporaryDirectory(prefix="gfxbpf-vm-") as tmp:
+        initrd = initramfs(Path(tmp))  # the same for every kernel
+        for release in args.release or sorted(RELEASES):
+            print(f"stock_kernels: booting {release}'s kernel ...", file=sys.stderr, flush=True)
+            results.append(check(release, initrd))
     refused = [(r["release"], o) for r in results for o in r["objects"] if not o["ok"]]
     if args.json:
         print(json.dumps(results, indent=1))
