@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # imported where they are used (gRPC only with --grpc)
     from gfxbpf.broker.grpc.server import GrpcServer
     from gfxbpf.broker.policy.rules import Policy
     from gfxbpf.broker.service import Service
+    from gfxbpf.catalog.entries import Catalog
 
 PROG = "gfxbpf-broker"
 SD_LISTEN_FDS_START = 3
@@ -276,6 +277,33 @@ def _check_unprivileged_bpf(audit: AuditLog) -> None:
         audit.error("host_check", detail="cannot read kernel.unprivileged_bpf_disabled")
 
 
+def _check_perf_paranoid(audit: AuditLog, catalog: Catalog) -> None:
+    """Say at start when the kernel lets only CAP_SYS_ADMIN open perf events
+    (Debian's default level 3): every perf_event and classic tracepoint attach
+    would then fail, and the policy may well grant them."""
+    from gfxbpf.bpf.link import perf
+
+    level = perf.perf_event_paranoid()
+    if level is None or level < perf.PARANOID_ADMIN_ONLY:
+        return
+    names = ", ".join(perf_event_programs(catalog))
+    audit.error(
+        "host_check",
+        detail=f"{perf.admin_only_message(level)}. Until then these programs cannot attach: "
+        f"{names} (deploy/sysctl.d/60-gfxbpf.conf; deploy/README.md, Security)",
+    )
+
+
+def perf_event_programs(catalog: Catalog) -> list[str]:
+    """The programs every variant of which attaches through perf_event_open."""
+    kinds = ("perf_event", "tracepoint")
+    return [
+        p.name
+        for p in catalog
+        if all(any(a.kind in kinds for a in p.attach_for(v)) for v in (p.variants or (None,)))
+    ]
+
+
 def _check_bpffs(audit: AuditLog) -> None:
     """Say at start when any user may pin in a bpffs (mode 1777): a pinned map
     outlives its session and the broker, its memory charged to the broker."""
@@ -389,6 +417,7 @@ def run(config: BrokerConfig, audit: AuditLog) -> int:
 
     audit.ok("start", detail=privileges.summary(), uid=privileges.uid, pid=os.getpid())
     _check_unprivileged_bpf(audit)
+    _check_perf_paranoid(audit, catalog)
     _check_bpffs(audit)
     audit.set_rate(policy.limits.audit_lines_per_second)
     service = Service(policy, catalog, audit)

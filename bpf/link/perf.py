@@ -146,8 +146,35 @@ def _describe(attr: PerfEventAttr) -> str:
     return f"type={attr.type}, config={attr.config:#x}"
 
 
+PARANOID = "/proc/sys/kernel/perf_event_paranoid"
+# Debian's and Ubuntu's kernels add levels above upstream's 2, at which
+# perf_event_open asks for CAP_SYS_ADMIN itself: CAP_PERFMON is not enough.
+PARANOID_ADMIN_ONLY = 3
+
+
+def perf_event_paranoid() -> int | None:
+    """The sysctl kernel.perf_event_paranoid; None if unreadable."""
+    try:
+        with open(PARANOID) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def admin_only_message(level: int) -> str:
+    """Why a holder of CAP_PERFMON is refused at such a level, and the way out."""
+    return (
+        f"kernel.perf_event_paranoid is {level}: at {PARANOID_ADMIN_ONLY} and above, a level "
+        "Debian's and Ubuntu's kernels add, only CAP_SYS_ADMIN may open perf events "
+        "(CAP_PERFMON is not enough); an administrator sets it to 2, upstream's default"
+    )
+
+
 def _hint(err: int) -> str:
     if err in (errno.EACCES, errno.EPERM):
+        level = perf_event_paranoid()
+        if level is not None and level >= PARANOID_ADMIN_ONLY:
+            return f" ({admin_only_message(level)})"
         return " (needs CAP_PERFMON or root, or a lower kernel.perf_event_paranoid)"
     if err == errno.ENOENT:
         return " (no such event on this kernel)"

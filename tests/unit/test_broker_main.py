@@ -124,3 +124,54 @@ def test_admin_audit(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "type raw_tracepoint" in out and "verdict: accepted" in out
     assert admin.main(["audit", "/nonexistent.bpf.o"]) == 1
+
+
+def _paranoid_file(tmp_path: Path, level: str) -> str:
+    path = tmp_path / "perf_event_paranoid"
+    path.write_text(level + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("level", ["3", "4"])
+def test_debians_paranoid_levels_are_named_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: str
+) -> None:
+    """Level 3 (Debian's default) and Ubuntu's 4 refuse CAP_PERFMON: the start
+    line says so and names the programs that cannot attach."""
+    from io import StringIO
+
+    from gfxbpf.bpf.link import perf
+    from gfxbpf.broker.auditlog import AuditLog
+
+    monkeypatch.setattr(perf, "PARANOID", _paranoid_file(tmp_path, level))
+    buf = StringIO()
+    main._check_perf_paranoid(AuditLog(buf), load_catalog())
+    line = buf.getvalue()
+    assert '"op":"host_check"' in line and '"result":"error"' in line, line
+    assert f"kernel.perf_event_paranoid is {level}" in line and "CAP_SYS_ADMIN" in line
+    for name in ("stackcopy", "profile", "vmabind", "clonecount"):
+        assert name in line
+    # tp_btf and raw tracepoints need no perf event: not named.
+    for name in ("offcpu", "syscount", "execsnoop"):
+        assert f" {name}," not in line and not line.endswith(name)
+
+
+@pytest.mark.parametrize("level", ["-1", "2", "junk"])
+def test_upstream_paranoid_levels_say_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: str
+) -> None:
+    from io import StringIO
+
+    from gfxbpf.bpf.link import perf
+    from gfxbpf.broker.auditlog import AuditLog
+
+    monkeypatch.setattr(perf, "PARANOID", _paranoid_file(tmp_path, level))
+    buf = StringIO()
+    main._check_perf_paranoid(AuditLog(buf), load_catalog())
+    assert buf.getvalue() == ""
+
+
+def test_perf_event_programs_are_those_without_another_way() -> None:
+    names = main.perf_event_programs(load_catalog())
+    assert {"stackcopy", "profile", "cgroupcpu", "vmabind", "clonecount"} <= set(names)
+    assert not {"offcpu", "syscount", "execsnoop", "ucalls", "locks"} & set(names)
