@@ -59,6 +59,14 @@ else
     mount -t tracefs -o nosuid,nodev,noexec,gid="$SERVICE_GID",mode=0750 nodev /sys/kernel/tracing
 fi
 
+# Debian's kernels default to 3, at which only CAP_SYS_ADMIN opens perf events:
+# the broker's CAP_PERFMON could then attach no profile and no tracepoint.
+PARANOID=$(cat /proc/sys/kernel/perf_event_paranoid)
+if [ "$PARANOID" -gt 2 ]; then
+    say "kernel.perf_event_paranoid $PARANOID -> 2 (upstream's default), until reboot; deploy/sysctl.d/60-gfxbpf.conf keeps it"
+    echo 2 >/proc/sys/kernel/perf_event_paranoid
+fi
+
 USERS=$(IFS=,; echo "$DEMO_USER${EXTRA_USERS[*]:+,${EXTRA_USERS[*]}}")
 say "policy: $USERS may watch syscount, execsnoop, clonecount (own events) and vmabind, and profile own processes (CPU, probes, waits)"
 install -d -m 0750 -g "$SERVICE_USER" /etc/gfxbpf
