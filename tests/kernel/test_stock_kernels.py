@@ -1,18 +1,29 @@
-"""Every catalog object loads on the kernels Debian ships, not only on this
-machine's: 6.1 (Debian 12) and 6.12 (Debian 13), each booted under qemu by
-tools/stock_kernels.py. Their verifiers are older than 6.18's; 6.1 refused
-six of the stack-copy programs until their loops and gfx_py_copy_code's
-arguments were shaped for it. 6.1 has no uprobe_multi links either, so the
-broker refuses uprobe and USDT programs there, saying why
-(docs/ARCHITECTURE.md, "Kernels")."""
+"""gfxbpf on the kernels Debian ships, not only on this machine's: 6.1
+(Debian 12) and 6.12 (Debian 13), each booted under qemu by
+tools/stock_kernels.py, with Debian's own settings.
+
+Every catalog object loads there. Their verifiers are older than 6.18's; 6.1
+refused six of the stack-copy programs until their loops and
+gfx_py_copy_code's arguments were shaped for it. 6.1 has no uprobe_multi
+links either, so the broker refuses uprobe and USDT programs there, saying
+why.
+
+The product runs there as on a host: the broker started with --user, an
+ordinary user's gfxclient. At Debian's kernel.perf_event_paranoid = 3 only
+CAP_SYS_ADMIN may open perf events, so her CPU profile and a tracepoint
+watch are refused, and the broker and the client say why; with
+deploy/sysctl.d/60-gfxbpf.conf applied her profile shows her Python
+functions (docs/ARCHITECTURE.md, "Kernels")."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 from gfxbpf.catalog.entries import load_catalog
 from tests.conftest import skip_or_fail
@@ -56,4 +67,58 @@ def test_every_catalog_object_loads_on_debians_stock_kernels() -> None:
         else:
             assert objects["ucalls"]["uprobe_multi"] == "attached"
             assert unavailable == set()
+        check_the_product(guest)
     assert r.returncode == 0
+
+
+def _weights(folded: str, chain: str | None = None) -> int:
+    """The weight of the folded stacks that match chain (all: None)."""
+    total = 0
+    for line in folded.splitlines():
+        stack, weight = line.rsplit(" ", 1)
+        total += int(weight) if chain is None or re.search(chain, stack) else 0
+    return total
+
+
+def _share(folded: str, chain: str) -> float:
+    """The weight of the stacks that match chain, over all the profile's."""
+    return _weights(folded, chain) / max(1, _weights(folded))
+
+
+def check_the_product(guest: dict[str, Any]) -> None:
+    where = f"Linux {guest['kernel']}"
+    assert guest["errors"] == [], guest["errors"]
+    assert guest["sysctl"]["perf_event_paranoid"] == "3", guest["sysctl"]  # Debian's default
+    steps = {s["run"]: s for s in guest["runs"] if "run" in s}
+    (applied,) = [s for s in guest["runs"] if "applied" in s]
+    assert applied["sysctl"]["perf_event_paranoid"] == "2"
+    # On Debian's settings: refused, and the user is told why.
+    for name in ("cpu_stock", "tracepoint_stock"):
+        step = steps[name]
+        assert step["rc"] not in (0, "timeout"), (where, step)
+        assert "kernel.perf_event_paranoid is 3" in step["stderr"], (where, step["stderr"])
+        assert "only CAP_SYS_ADMIN" in step["stderr"]
+    (stopped,) = guest["broker"]
+    assert stopped["broker"] == "stopped" and stopped["rc"] == 0, stopped
+    said = " ".join(json.loads(x)["detail"] for x in stopped["host_checks"])
+    assert "kernel.perf_event_paranoid is 3" in said and "stackcopy" in said, said
+    # With deploy/'s sysctl file: her Python functions, her waits, her tracepoint.
+    for name in ("cpu", "tracepoint", "offcpu"):
+        assert steps[name]["rc"] == 0, (where, steps[name])
+    cpu = _share(steps["cpu"]["out"], r"gfx_outer \(/tmp/alice/cpu\.py:6\);gfx_leaf \(")
+    assert cpu >= 0.5, (where, steps["cpu"]["out"])
+    waits = _share(
+        steps["offcpu"]["out"],
+        r"gfx_waiter \(/tmp/alice/offcpu\.py:6\);gfx_nap \(.*\[wait: clock_nanosleep\]$",
+    )
+    assert waits >= 0.5, (where, steps["offcpu"]["out"])
+    assert '"program": "clonecount"' in steps["tracepoint"]["stdout"]
+    # Her stacks at a libc function: exact counts per Python caller, where the
+    # kernel has uprobe_multi links; before 6.6 the broker's reason reaches her.
+    at = steps["stacks_at"]
+    if guest["kernel"].startswith("6.1."):
+        assert at["rc"] not in (0, "timeout") and "Linux 6.6" in at["stderr"], (where, at)
+    else:
+        assert at["rc"] == 0, (where, at)
+        calls = _weights(at["out"], r"gfx_caller \(/tmp/alice/stacks_at\.py:6\);gfx_ask \(")
+        assert calls == 1000, (where, at["out"])
