@@ -296,11 +296,10 @@ def _check_perf_paranoid(audit: AuditLog, catalog: Catalog) -> None:
 
 def perf_event_programs(catalog: Catalog) -> list[str]:
     """The programs every variant of which attaches through perf_event_open."""
-    kinds = ("perf_event", "tracepoint")
+    from gfxbpf.catalog.instance import attaches_through_perf
+
     return [
-        p.name
-        for p in catalog
-        if all(any(a.kind in kinds for a in p.attach_for(v)) for v in (p.variants or (None,)))
+        p.name for p in catalog if all(attaches_through_perf(p, v) for v in (p.variants or (None,)))
     ]
 
 

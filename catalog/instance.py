@@ -19,7 +19,7 @@ from gfxbpf.bpf.errors import GfxBpfError, HostError, InputError
 from gfxbpf.bpf.externs import kconfig
 from gfxbpf.bpf.kernel import vmlinux as kernel_btf
 from gfxbpf.bpf.link import attach as bpfattach
-from gfxbpf.bpf.link import tracefs, tracing, usdt
+from gfxbpf.bpf.link import perf, tracefs, tracing, usdt
 from gfxbpf.bpf.loader import LoadedObject, load
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.catalog import pymaps
@@ -172,6 +172,11 @@ def availability(
             field_knobs(entry, variant, read_format)
     except (HostError, tracefs.FormatError) as e:  # Unavailable, tracefs, a bad format
         return f"needs {entry.requires}: {e}" if entry.requires else str(e)
+    try:  # what this kernel and its settings offer any program of the kind
+        require_uprobe_multi(entry)
+        require_perf_events(entry, variant)
+    except Unavailable as e:
+        return str(e)
     return None
 
 
@@ -237,6 +242,7 @@ def prepare(
     _scalar_knobs(spec, entry, params)
     _python_knobs(spec, entry, params)
     require_uprobe_multi(entry)
+    require_perf_events(entry, variant)
     use_uprobe_multi(spec, entry)
     return spec, variant
 
@@ -295,6 +301,24 @@ def require_uprobe_multi(entry: Program, release: str | None = None) -> None:
             f"{UPROBE_MULTI_SINCE} added, and this kernel is {release}: boot Linux "
             f"{UPROBE_MULTI_SINCE} or later (Debian 12 packages 6.12: linux-image-6.12-amd64)"
         )
+
+
+_PERF_KINDS = ("perf_event", "tracepoint")  # attached through perf_event_open
+
+
+def attaches_through_perf(entry: Program, variant: str | None) -> bool:
+    return any(a.kind in _PERF_KINDS for a in entry.attach_for(variant))
+
+
+def require_perf_events(entry: Program, variant: str | None) -> None:
+    """Refuse, before any load, a program that attaches through a perf event
+    where the kernel opens none to this process (Debian's perf_event_paranoid
+    3 asks for CAP_SYS_ADMIN): the attach would fail with a bare EACCES."""
+    if not attaches_through_perf(entry, variant):
+        return
+    reason = perf.perf_events_refused()
+    if reason:
+        raise Unavailable(f"program {entry.name!r} attaches through perf events, and {reason}")
 
 
 def use_uprobe_multi(spec: ObjectSpec, entry: Program) -> None:

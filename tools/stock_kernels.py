@@ -100,10 +100,13 @@ WATCH = ["watch", "clonecount", "--socket", "{socket}", "--duration", "2", "--js
 # settings, then again after the host settings of deploy/ are applied.
 CPU = {"name": "cpu", "argv": PROFILE + ["{python}", "{script}"], "script": CPU_SCRIPT}
 OFFCPU = {"argv": ["profile", "--off-cpu"] + PROFILE[1:] + ["{python}", "{script}"]}
+LIST = ["list", "--socket", "{socket}", "--json"]
 STEPS: list[dict[str, Any]] = [
+    {"name": "list_stock", "argv": LIST},
     dict(CPU, name="cpu_stock"),
     {"name": "tracepoint_stock", "argv": WATCH},
     {"sysctl_file": "/etc/sysctl.d/60-gfxbpf.conf"},
+    {"name": "list", "argv": LIST},
     CPU,
     {"name": "tracepoint", "argv": WATCH},
     dict(OFFCPU, name="offcpu", script=NAP_SCRIPT),

@@ -140,7 +140,7 @@ def run_as_user(run):
             "sysctl": sysctls(),
             "rc": rc,
             "seconds": round(time.monotonic() - started, 1),
-            "stdout": stdout[-6000:],
+            "stdout": stdout[-200_000:],  # a whole `list --json`
             "stderr": stderr[-3000:],
             "out": tail(out, 20000) if os.path.exists(out) else None,
         }

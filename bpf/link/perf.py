@@ -170,6 +170,28 @@ def admin_only_message(level: int) -> str:
     )
 
 
+CAP_SYS_ADMIN = 21
+STATUS = "/proc/self/status"
+
+
+def _holds_cap_sys_admin() -> bool:
+    try:
+        with open(STATUS) as f:
+            eff = next(line for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(eff.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+
+
+def perf_events_refused() -> str | None:
+    """Why this process can open no perf event at all (a level that asks for
+    CAP_SYS_ADMIN, which it lacks); None when the level lets it try."""
+    level = perf_event_paranoid()
+    if level is None or level < PARANOID_ADMIN_ONLY or _holds_cap_sys_admin():
+        return None
+    return admin_only_message(level)
+
+
 def _hint(err: int) -> str:
     if err in (errno.EACCES, errno.EPERM):
         level = perf_event_paranoid()

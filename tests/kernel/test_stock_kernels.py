@@ -71,6 +71,12 @@ def test_every_catalog_object_loads_on_debians_stock_kernels() -> None:
     assert r.returncode == 0
 
 
+def _listed(step: dict[str, Any]) -> dict[str, str | None]:
+    """`gfxclient list --json`: each program's reason it cannot run (None: it can)."""
+    assert step["rc"] == 0, step
+    return {p["name"]: p["unavailable_reason"] for p in json.loads(step["stdout"])["programs"]}
+
+
 def _weights(folded: str, chain: str | None = None) -> int:
     """The weight of the folded stacks that match chain (all: None)."""
     total = 0
@@ -92,7 +98,15 @@ def check_the_product(guest: dict[str, Any]) -> None:
     steps = {s["run"]: s for s in guest["runs"] if "run" in s}
     (applied,) = [s for s in guest["runs"] if "applied" in s]
     assert applied["sysctl"]["perf_event_paranoid"] == "2"
-    # On Debian's settings: refused, and the user is told why.
+    # On Debian's settings: `gfxclient list` says what cannot run and why ...
+    here = _listed(steps["list_stock"])
+    assert "kernel.perf_event_paranoid is 3" in here["stackcopy"], here
+    assert here["offcpu"] is None and here["clonecount"], here  # tp_btf; a tracepoint
+    uprobe = here["ustackcopy"]
+    assert ("Linux 6.6" in uprobe) if where.startswith("Linux 6.1.") else uprobe is None, here
+    after = _listed(steps["list"])
+    assert after["stackcopy"] is None and after["clonecount"] is None, after
+    # ... and what she runs anyway is refused with the same reason.
     for name in ("cpu_stock", "tracepoint_stock"):
         step = steps[name]
         assert step["rc"] not in (0, "timeout"), (where, step)

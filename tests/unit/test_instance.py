@@ -154,3 +154,48 @@ def test_uprobe_programs_are_refused_before_linux_6_6_with_the_reason(release: s
 @pytest.mark.parametrize("release", ["6.6.0", "6.12.117+deb12-amd64", "6.18.44-fc-v657"])
 def test_uprobe_programs_are_taken_from_linux_6_6(release: str) -> None:
     instance.require_uprobe_multi(CATALOG.get("ucalls"), release)
+
+
+def _host(tmp: Path, monkeypatch: pytest.MonkeyPatch, level: int, cap_eff: int) -> None:
+    """A kernel at perf_event_paranoid level, this process with CapEff cap_eff."""
+    from gfxbpf.bpf.link import perf
+
+    (tmp / "paranoid").write_text(f"{level}\n")
+    (tmp / "status").write_text(f"Name:\tpython3\nCapEff:\t{cap_eff:016x}\n")
+    monkeypatch.setattr(perf, "PARANOID", str(tmp / "paranoid"))
+    monkeypatch.setattr(perf, "STATUS", str(tmp / "status"))
+
+
+BROKER_CAPS = 1 << 38 | 1 << 39  # CAP_PERFMON, CAP_BPF
+
+
+def test_perf_programs_are_unavailable_at_debians_level_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 3 perf_event_open asks for CAP_SYS_ADMIN: the broker says so in
+    `gfxclient list` and refuses before loading, instead of a bare EACCES."""
+    _host(tmp_path, monkeypatch, 3, BROKER_CAPS)
+    for name in ("stackcopy", "profile", "cgroupcpu", "clonecount"):
+        reason = instance.availability(CATALOG.get(name), lambda s, e: True)
+        assert reason and f"'{name}' attaches through perf events" in reason
+        assert "kernel.perf_event_paranoid is 3" in reason and "CAP_SYS_ADMIN" in reason
+    with pytest.raises(instance.Unavailable, match="perf_event_paranoid is 3"):
+        entry = CATALOG.get("stackcopy")
+        instance.prepare(entry, read_object(entry), instance.Params(), exists=lambda s, e: True)
+    # BPF links need no perf event: tp_btf, raw tracepoints.
+    for name in ("offcpu", "syscount", "execsnoop"):
+        assert instance.availability(CATALOG.get(name), lambda s, e: True) is None
+    # execsnoop's build for kernels without BTF is on a tracepoint: it does.
+    instance.require_perf_events(CATALOG.get("execsnoop"), "btf")
+    with pytest.raises(instance.Unavailable, match="'execsnoop' attaches through perf events"):
+        instance.require_perf_events(CATALOG.get("execsnoop"), "tracefs")
+
+
+@pytest.mark.parametrize(("level", "cap_eff"), [(2, BROKER_CAPS), (-1, 0), (3, 1 << 21)])
+def test_perf_programs_are_available_where_the_kernel_lets_this_process_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: int, cap_eff: int
+) -> None:
+    """Upstream's levels, or CAP_SYS_ADMIN (root's tests, bench) at 3."""
+    _host(tmp_path, monkeypatch, level, cap_eff)
+    assert instance.availability(CATALOG.get("stackcopy"), lambda s, e: True) is None
+    instance.require_perf_events(CATALOG.get("clonecount"), None)
