@@ -37,7 +37,7 @@ def mount_all():
         ("proc", "/proc", "proc", None),
         ("sys", "/sys", "sysfs", None),
         ("dev", "/dev", "devtmpfs", None),
-        ("bpf", "/sys/fs/bpf", "bpf", None),
+        ("bpf", "/sys/fs/bpf", "bpf", "mode=0700"),  # as systemd mounts it
         # As tools/demo.sh and deploy/ mount it: the broker's group only.
         ("nodev", "/sys/kernel/tracing", "tracefs", f"gid={gid},mode=0750"),
         ("run", "/run", "tmpfs", "mode=0755"),
