@@ -22,14 +22,11 @@ prunes nearly everything: it is the floor of a load, not the same work.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, BenchError, Stage, log
+from bench.harness import REPO, BenchError, Stage, bpftool_pins, log
 from bench.stats import median
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -76,16 +73,13 @@ def _profile(stage: Stage, program: str, pid: int, stack_bytes: int) -> tuple[fl
 
 def _bpftool_ms(program: str) -> float:
     obj = REPO / "catalog" / "programs" / f"{program}.bpf.o"
-    pin = Path(tempfile.mkdtemp(prefix="gfxbpf-bench-", dir="/sys/fs/bpf"))
-    try:
+    with bpftool_pins() as pins:
         t0 = time.perf_counter()
-        r = subprocess.run(["bpftool", "prog", "loadall", str(obj), str(pin)], capture_output=True)
+        r = subprocess.run(["bpftool", "prog", "loadall", str(obj), str(pins)], capture_output=True)
         dt = (time.perf_counter() - t0) * 1000
-        if r.returncode != 0:
-            raise BenchError(f"bpftool prog loadall {obj} failed: {r.stderr.decode().strip()}")
-        return dt
-    finally:
-        shutil.rmtree(pin, ignore_errors=True)
+    if r.returncode != 0:
+        raise BenchError(f"bpftool prog loadall {obj} failed: {r.stderr.decode().strip()}")
+    return dt
 
 
 def run(stage: Stage, rounds: int) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 from typing import Any
 
 from bench.exporter_scrape import attachable_programs
-from bench.harness import REPO, BenchError, Stage, log, read_json_line, rss_kib
+from bench.harness import REPO, BenchError, Stage, bpftool_pins, log, read_json_line, rss_kib
 from bench.procs import stop as stop_process
 from bench.stats import median
 from gfxbpf.bpf import syscall as bpfsys
@@ -43,7 +42,6 @@ from gfxbpf.catalog.objects import object_path
 
 CORE_PROGRAM = "execsnoop"  # its tp_btf build: CO-RE and a BTF attach target
 CORE_BUILD = "process_exec_btf"  # the program of that build
-BPFFS = "/sys/fs/bpf"
 
 
 def _restart_broker(stage: Stage) -> int:
@@ -89,21 +87,16 @@ def _attach_each(stage: Stage, programs: list[str]) -> list[dict[str, Any]]:
 
 def _libbpf_loadall(obj: str) -> tuple[float, float]:
     """(wall s, CPU s) of `bpftool prog loadall` (libbpf) for obj, as one process."""
-    pins = tempfile.mkdtemp(prefix="gfxbench_", dir=BPFFS)
-    os.rmdir(pins)  # bpftool creates it
-    try:
-        with tempfile.TemporaryFile() as err:
-            t0 = time.perf_counter()
-            p = subprocess.Popen(["bpftool", "prog", "loadall", obj, pins], stderr=err)
-            _, status, usage = os.wait4(p.pid, 0)  # its own CPU time, as the kernel counted it
-            dt = time.perf_counter() - t0
-            p.returncode = os.waitstatus_to_exitcode(status)
-            if p.returncode != 0:
-                err.seek(0)
-                raise BenchError(f"bpftool prog loadall {obj} failed: {err.read().decode()}")
-        return dt, usage.ru_utime + usage.ru_stime
-    finally:
-        shutil.rmtree(pins, ignore_errors=True)
+    with bpftool_pins() as pins, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(["bpftool", "prog", "loadall", obj, str(pins)], stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)  # its own CPU time, as the kernel counted it
+        dt = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            raise BenchError(f"bpftool prog loadall {obj} failed: {err.read().decode()}")
+    return dt, usage.ru_utime + usage.ru_stime
 
 
 def _cold(stage: Stage, obj: str) -> dict[str, float]:

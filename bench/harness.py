@@ -110,6 +110,23 @@ def mount_tracefs() -> None:
         sh(["mount", "-t", "tracefs", "-o", f"nosuid,nodev,noexec,{opts}", "nodev", TRACEFS])
 
 
+@contextlib.contextmanager
+def bpftool_pins() -> Iterator[Path]:
+    """A path for `bpftool prog loadall` to pin in (it creates it), on a bpffs
+    of the bench's own (mode 0700), unmounted after, which drops the pins:
+    the host's /sys/fs/bpf may not be mounted (no systemd), and a plain mount
+    there would be one every user may write."""
+    where = Path(tempfile.mkdtemp(prefix="gfxbench-bpffs-"))
+    try:
+        sh(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", str(where)])
+        try:
+            yield where / "pins"
+        finally:
+            subprocess.run(["umount", str(where)], capture_output=True, check=False)
+    finally:
+        where.rmdir()
+
+
 @dataclass
 class Stage:
     venv: Path

@@ -33,7 +33,9 @@ def ensure_bpffs() -> str:
     if shutil.which("bpftool") is None:
         skip_or_fail("bpftool is not installed (apt-get install bpftool)")
     if not os.path.ismount(BPFFS):
-        subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], check=True)
+        # As systemd mounts it: a plain mount is one every user may pin in,
+        # which every broker started later in the suite reports (host_check).
+        subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", "bpf", BPFFS], check=True)
     return BPFFS
 
 
