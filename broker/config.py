@@ -169,6 +169,24 @@ def _load_catalog(catalog: str | None) -> Any:
     return load_catalog(catalog)
 
 
+def _host_warnings(policy: Policy, programs: Any) -> list[str]:
+    """Entries this host's kernel settings stop: Debian's perf_event_paranoid 3
+    opens no perf event to the broker (it never holds CAP_SYS_ADMIN)."""
+    from gfxbpf.bpf.link import perf
+    from gfxbpf.catalog.instance import perf_event_programs
+
+    level = perf.perf_event_paranoid()
+    if level is None or level < perf.PARANOID_ADMIN_ONLY:
+        return []
+    stopped = set(perf_event_programs(programs))
+    why = f"{perf.admin_only_message(level)} (deploy/sysctl.d/60-gfxbpf.conf)"
+    return [
+        f"{e.where}: program {e.name!r} cannot attach on this host: {why}"
+        for e in policy.programs
+        if e.name in stopped
+    ]
+
+
 def check_policy(
     path: str, out: TextIO | None = None, *, catalog: str | None = None, use_catalog: bool = True
 ) -> int:
@@ -189,7 +207,9 @@ def check_policy(
     warnings = report.check_warnings(policy)
     if use_catalog:
         try:
-            warnings += report.catalog_warnings(policy, _load_catalog(catalog))
+            programs = _load_catalog(catalog)
+            warnings += report.catalog_warnings(policy, programs)
+            warnings += _host_warnings(policy, programs)
         except Exception as e:  # a broken catalog is the catalog's problem, not the policy's
             warnings.append(f"catalog not checked: {e}")
     for w in warnings:

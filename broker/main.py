@@ -282,6 +282,7 @@ def _check_perf_paranoid(audit: AuditLog, catalog: Catalog) -> None:
     (Debian's default level 3): every perf_event and classic tracepoint attach
     would then fail, and the policy may well grant them."""
     from gfxbpf.bpf.link import perf
+    from gfxbpf.catalog.instance import perf_event_programs
 
     level = perf.perf_event_paranoid()
     if level is None or level < perf.PARANOID_ADMIN_ONLY:
@@ -292,15 +293,6 @@ def _check_perf_paranoid(audit: AuditLog, catalog: Catalog) -> None:
         detail=f"{perf.admin_only_message(level)}. Until then these programs cannot attach: "
         f"{names} (deploy/sysctl.d/60-gfxbpf.conf; deploy/README.md, Security)",
     )
-
-
-def perf_event_programs(catalog: Catalog) -> list[str]:
-    """The programs every variant of which attaches through perf_event_open."""
-    from gfxbpf.catalog.instance import attaches_through_perf
-
-    return [
-        p.name for p in catalog if all(attaches_through_perf(p, v) for v in (p.variants or (None,)))
-    ]
 
 
 def _check_bpffs(audit: AuditLog) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -308,6 +308,15 @@ _PERF_KINDS = ("perf_event", "tracepoint")  # attached through perf_event_open
 
 def attaches_through_perf(entry: Program, variant: str | None) -> bool:
     return any(a.kind in _PERF_KINDS for a in entry.attach_for(variant))
+
+
+def perf_event_programs(programs: Iterable[Program]) -> list[str]:
+    """The programs every variant of which attaches through perf_event_open."""
+    return [
+        p.name
+        for p in programs
+        if all(attaches_through_perf(p, v) for v in (p.variants or (None,)))
+    ]
 
 
 def require_perf_events(entry: Program, variant: str | None) -> None:

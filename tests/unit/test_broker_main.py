@@ -172,6 +172,40 @@ def test_upstream_paranoid_levels_say_nothing(
 
 
 def test_perf_event_programs_are_those_without_another_way() -> None:
-    names = main.perf_event_programs(load_catalog())
+    from gfxbpf.catalog.instance import perf_event_programs
+
+    names = perf_event_programs(load_catalog())
     assert {"stackcopy", "profile", "cgroupcpu", "vmabind", "clonecount"} <= set(names)
     assert not {"offcpu", "syscount", "execsnoop", "ucalls", "locks"} & set(names)
+
+
+def admin_approve(name: str) -> str:
+    """What `gfxbpf-admin approve NAME --users 1001 --scope self` prints."""
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    out = StringIO()
+    with redirect_stdout(out):
+        assert admin.main(["approve", name, "--users", "1001", "--scope", "self"]) == 0
+    return out.getvalue()
+
+
+def test_check_policy_warns_of_entries_the_hosts_paranoid_level_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from io import StringIO
+
+    from gfxbpf.bpf.link import perf
+    from gfxbpf.broker.config import check_policy
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "".join(admin_approve(name) for name in ("stackcopy", "offcpu", "clonecount"))
+    )
+    for level, stopped in (("3", ["stackcopy", "clonecount"]), ("2", [])):
+        monkeypatch.setattr(perf, "PARANOID", _paranoid_file(tmp_path, level))
+        out = StringIO()
+        assert check_policy(str(policy), out) == 0
+        said = [w for w in out.getvalue().splitlines() if "cannot attach on this host" in w]
+        assert [w.split("'")[1] for w in said] == stopped, out.getvalue()
+        assert all("kernel.perf_event_paranoid is 3" in w for w in said)
