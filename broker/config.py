@@ -175,8 +175,8 @@ def _host_warnings(policy: Policy, programs: Any) -> list[str]:
     from gfxbpf.bpf.link import perf
     from gfxbpf.catalog.instance import perf_event_programs
 
-    level = perf.perf_event_paranoid()
-    if level is None or level < perf.PARANOID_ADMIN_ONLY:
+    level = perf.admin_only_level()
+    if level is None:
         return []
     stopped = set(perf_event_programs(programs))
     why = f"{perf.admin_only_message(level)} (deploy/sysctl.d/60-gfxbpf.conf)"

@@ -284,8 +284,8 @@ def _check_perf_paranoid(audit: AuditLog, catalog: Catalog) -> None:
     from gfxbpf.bpf.link import perf
     from gfxbpf.catalog.instance import perf_event_programs
 
-    level = perf.perf_event_paranoid()
-    if level is None or level < perf.PARANOID_ADMIN_ONLY:
+    level = perf.admin_only_level()
+    if level is None:
         return
     names = ", ".join(perf_event_programs(catalog))
     audit.error(

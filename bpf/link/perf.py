@@ -161,6 +161,12 @@ def perf_event_paranoid() -> int | None:
         return None
 
 
+def admin_only_level() -> int | None:
+    """The paranoid level when it is one that asks for CAP_SYS_ADMIN; None otherwise."""
+    level = perf_event_paranoid()
+    return level if level is not None and level >= PARANOID_ADMIN_ONLY else None
+
+
 def admin_only_message(level: int) -> str:
     """Why a holder of CAP_PERFMON is refused at such a level, and the way out."""
     return (
@@ -186,16 +192,16 @@ def _holds_cap_sys_admin() -> bool:
 def perf_events_refused() -> str | None:
     """Why this process can open no perf event at all (a level that asks for
     CAP_SYS_ADMIN, which it lacks); None when the level lets it try."""
-    level = perf_event_paranoid()
-    if level is None or level < PARANOID_ADMIN_ONLY or _holds_cap_sys_admin():
+    level = admin_only_level()
+    if level is None or _holds_cap_sys_admin():
         return None
     return admin_only_message(level)
 
 
 def _hint(err: int) -> str:
     if err in (errno.EACCES, errno.EPERM):
-        level = perf_event_paranoid()
-        if level is not None and level >= PARANOID_ADMIN_ONLY:
+        level = admin_only_level()
+        if level is not None:
             return f" ({admin_only_message(level)})"
         return " (needs CAP_PERFMON or root, or a lower kernel.perf_event_paranoid)"
     if err == errno.ENOENT:
