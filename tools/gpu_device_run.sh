@@ -21,7 +21,8 @@
 # $OUT (default /tmp/gpu-out) gets: run.log (this script), gpu_check.log (the
 # report, with step 6's JSON), gpu_check.tgz (the work folder), kernels.json,
 # env.txt (driver, GPU, Python, CUPTI found). Meant to finish in about 5
-# minutes: GFX_LAUNCHES (default 20000) and GFX_SKIP_PYTHON=1 shorten it.
+# minutes: GFX_LAUNCHES (default 20000) and GFX_SKIP_PYTHON=1 shorten it;
+# GFX_CHECK_TIMEOUT (default 330 s) bounds gpu_check.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GPU=.gpu
@@ -124,7 +125,7 @@ fi
 say "tools/gpu_check.sh with step 6"
 SKIP=()
 [ "${GFX_SKIP_PYTHON:-0}" = 1 ] && SKIP=(--skip-python)
-timeout 330 tools/gpu_check.sh --site /tmp/site --python "$PY" --launches "${GFX_LAUNCHES:-20000}" \
+timeout "${GFX_CHECK_TIMEOUT:-330}" tools/gpu_check.sh --site /tmp/site --python "$PY" --launches "${GFX_LAUNCHES:-20000}" \
     --inject "$INJECT" --keep --out "$OUT" "${SKIP[@]}" > "$OUT/gpu_check.log" 2>&1
 echo "gpu_check.sh exit $?"
 cp /tmp/gfxbpf-gpu-check.*/kernels.json "$OUT/" 2>/dev/null
