@@ -109,9 +109,15 @@ class ProcessMaps:
 
     def merge(self, later: ProcessMaps) -> bool:
         """Add what a later snapshot of the same process saw (new libraries, new JIT code).
-        A range seen in both keeps the later mapping. True if anything changed."""
-        kept = {(m.start, m.end): m for m in self.mappings}
-        kept.update({(m.start, m.end): m for m in later.mappings})
+        An earlier mapping that a later one overlaps is dropped: it was unmapped
+        or replaced in between (an exec, a library mapped where another was), and
+        find() needs ranges that do not overlap. One the later snapshot does not
+        overlap is kept (a library unloaded since: older samples still name it).
+        True if anything changed."""
+        later_maps = sorted(later.mappings, key=lambda m: m.start)
+        starts = [m.start for m in later_maps]
+        kept = {(m.start, m.end): m for m in self.mappings if not _overlaps(later_maps, starts, m)}
+        kept.update({(m.start, m.end): m for m in later_maps})
         mappings = sorted(kept.values(), key=lambda m: m.start)
         perf = {(e.start, e.size): e for e in self.perf_map}
         perf.update({(e.start, e.size): e for e in later.perf_map})
@@ -123,6 +129,12 @@ class ProcessMaps:
         self.mappings, self.perf_map, self.perf_map_path = mappings, perf_map, path
         self._index()
         return True
+
+
+def _overlaps(mappings: list[Mapping], starts: list[int], m: Mapping) -> bool:
+    """Whether m overlaps one of mappings (sorted, not overlapping; starts: theirs)."""
+    i = bisect.bisect_left(starts, m.end) - 1  # the last one starting below m's end
+    return i >= 0 and mappings[i].end > m.start
 
 
 def parse_maps(text: str) -> list[Mapping]:

@@ -7,6 +7,7 @@ process's maps are parsed again only when what they are read from changed."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import subprocess
 import sys
 import time
@@ -39,6 +40,27 @@ def test_merge_says_whether_a_snapshot_changed_anything() -> None:
     assert m.merge(_maps(STACK)) is False, "a range seen before is kept, not new"
     jit = PerfMapEntry(0x1100, 0x10, "jitted")
     assert m.merge(_maps(perf=(jit,))) is True and m.find_perf(0x1104) == jit
+
+
+def test_merge_drops_earlier_mappings_a_later_snapshot_overlaps() -> None:
+    """A mapping gone since an earlier snapshot (memory unmapped, then a library
+    mapped over its range; the loader's steps while it maps one) was kept
+    beside its replacement: find() took the one starting last below an
+    address, and a leftover starting inside a library's text hid the rest of
+    that text ("not code")."""
+    libc_text = Mapping(0x7000, 0x9000, "r-xp", 0x26000, "00:02", 17, "/lib/libc.so.6")
+    held = [
+        Mapping(0x7400, 0x7800, "rw-p", 0, "00:00", 0, ""),  # inside libc's text later
+        Mapping(0x6000, 0x7100, "r-xp", 0, "00:02", 30, "/lib/libgrpc.so"),  # straddles it
+        Mapping(0xC000, 0xD000, "r-xp", 0, "00:02", 31, "/lib/libold.so"),  # overlapped by none
+    ]
+    m = _maps(*held)
+    assert m.merge(_maps(HEAP, libc_text)) is True
+    assert m.find(0x7500) == libc_text and m.find(0x8F00) == libc_text
+    assert m.find(0x6800) is None, "the straddling mapping was replaced"
+    assert m.find(0xC800) == held[2], "a mapping nothing replaced still names older samples"
+    pairs = itertools.pairwise(m.mappings)
+    assert all(a.end <= b.start for a, b in pairs), "find() needs sorted ranges that do not overlap"
 
 
 def test_warm_names_ahead_and_a_changed_snapshot_renames() -> None:
