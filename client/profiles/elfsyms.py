@@ -53,6 +53,15 @@ def _table(elf: ElfFile, name: str, max_name_bytes: int) -> set[tuple[int, int, 
         table = elf.symbol_table(name)
         if table is None:
             return set()
-        return table.function_ranges(elf.machine == _EM_ARM, max(max_name_bytes, 0))
+        got = table.function_ranges(elf.machine == _EM_ARM, max(max_name_bytes, 0))
     except (ElfError, SymbolFormatError):
         return set()  # a corrupt or oversized table: the other one may still serve
+    return {(at, size, _unversioned(n)) for at, size, n in got}
+
+
+def _unversioned(name: str) -> str:
+    """A .symtab names each version of a symbol with it ("clock_gettime@GLIBC_2.2.5",
+    "clock_gettime@@GLIBC_2.17"; 862 in glibc's debug file): a profile names the
+    function, as .dynsym does. No C, C++, Rust or Go symbol holds '@' otherwise."""
+    base, at, _ = name.partition("@")
+    return base if at and base else name

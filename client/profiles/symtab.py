@@ -20,7 +20,9 @@ from gfxbpf.client.profiles import diskcache
 
 __all__ = ["SymbolTable", "default_cache_dir", "load", "store"]
 
-_MAGIC = b"GFXSYM1\n"
+# 2: names without their symbol versions (elfsyms._unversioned): tables cached
+# before hold "clock_gettime@GLIBC_2.2.5" and are parsed again.
+_MAGIC = b"GFXSYM2\n"
 _HEADER = struct.Struct("<8sII")  # magic, number of segments, number of symbols
 _NESTED = 8  # how many symbols back lookup() looks for one that covers an address
 

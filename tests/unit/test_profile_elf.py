@@ -59,6 +59,29 @@ def test_agrees_with_readelf(path: str, prog: Path) -> None:
     assert ours == theirs
 
 
+def test_versioned_symbols_are_named_as_their_function(tmp_path: Path) -> None:
+    """A .symtab holds a symbol's versions as names of their own (glibc's debug
+    file: "clock_gettime@GLIBC_2.2.5" beside "clock_gettime@@GLIBC_2.17"): the
+    profile names the function, whichever alias sorts last."""
+    if shutil.which("gcc") is None:
+        skip_or_fail("gcc is needed (apt-get install gcc)")
+    (tmp_path / "v.c").write_text(
+        "int f_old(void) { return 1; }\nint f_new(void) { return 2; }\n"
+        '__asm__(".symver f_old, f@VER_1");\n__asm__(".symver f_new, f@@VER_2");\n'
+    )
+    (tmp_path / "v.map").write_text("VER_1 { local: *; };\nVER_2 { global: f; } VER_1;\n")
+    lib = tmp_path / "libv.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,--version-script", tmp_path / "v.map",
+         "-o", lib, tmp_path / "v.c"],
+        check=True,
+    )  # fmt: skip
+    assert "f@VER_1" in _readelf("-sW", str(lib)), "the .symtab holds the versioned name"
+    names = {n for _, _, n in function_ranges(str(lib))}
+    assert not any("@" in n for n in names), names
+    assert {"f", "f_old", "f_new"} <= names
+
+
 def test_corrupt_files_are_refused_quietly(prog: Path, tmp_path: Path) -> None:
     data = prog.read_bytes()
     rng = random.Random(7)

@@ -42,7 +42,9 @@ def test_cache_round_trip(tmp_path) -> None:
     assert list(back.starts) == list(t.starts) and list(back.sizes) == list(t.sizes)
     assert back.names == t.names and back.lookup(0x401401) == "línea rota"
     assert symtab.load(str(tmp_path), "missing") is None
-    (tmp_path / "bad").write_bytes(b"GFXSYM1\n" + b"\xff" * 20)
+    (tmp_path / "bad").write_bytes(symtab._MAGIC + b"\xff" * 20)
+    (tmp_path / "old").write_bytes(b"GFXSYM1\n" + t.encode()[8:])
+    assert symtab.load(str(tmp_path), "old") is None, "a table of the format before is parsed again"
     assert symtab.load(str(tmp_path), "bad") is None, "a corrupt file is a miss, not a crash"
 
 
