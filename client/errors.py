@@ -71,6 +71,18 @@ class BrokerError(ClientError):
             return f"ERROR_{self.code}"
 
     @property
+    def refuses_program(self) -> bool:
+        """The program is not this caller's to run here: the policy's refusal (it
+        names its rule) or a catalog without it. False for a refusal of the
+        request itself (another user's process, one that is gone), which a
+        fallback to another program would only hide behind that one's refusal."""
+        from gfxbpf.proto import gfxbpf_pb2 as pb
+
+        if self.code == pb.ERROR_PERMISSION_DENIED:
+            return bool(self.rule)
+        return self.code == pb.ERROR_NOT_FOUND and self.message.startswith("no program ")
+
+    @property
     def exit_code(self) -> int:  # type: ignore[override]
         from gfxbpf.proto import gfxbpf_pb2 as pb
 

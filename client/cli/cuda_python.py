@@ -23,7 +23,6 @@ from gfxbpf.client.cli.display import clip, humanize_count
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.read import lost_count
-from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
@@ -80,8 +79,8 @@ def _open(broker: Broker, req: ProfileRequest) -> LiveProfile:
     try:
         live = open_profile(req, lambda: broker)
     except BrokerError as e:
-        if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
-            raise
+        if not e.refuses_program:
+            raise  # the process's fault (not yours, gone), not the grant's
         raise BrokerError(e.code, _refused(req, e.message), e.rule, operation=e.operation) from None
     copies = live.run.copies
     if not isinstance(copies, ProbeCopyReader):

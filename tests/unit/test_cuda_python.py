@@ -140,7 +140,8 @@ def test_launch_functions_are_those_the_library_defines(tmp_path: Path) -> None:
 
 class _Refusing:
     def attach(self, name: str, **kw: Any) -> Any:
-        raise BrokerError(pb.ERROR_PERMISSION_DENIED, f"no rule grants {name}")
+        # as the policy refuses: its rule named (decide() always gives one)
+        raise BrokerError(pb.ERROR_PERMISSION_DENIED, f"no rule grants {name}", "default deny")
 
     def close(self) -> None:
         pass

@@ -243,11 +243,45 @@ def test_stacks_at_refused_says_which_grant_is_missing() -> None:
         "--libraries /lib/libc.so.6 --functions malloc`"
     ) in text
     assert "broker: you may not run program 'ustacks'" in text
-    # A refusal that is not the policy's (no rule: e.g. not your process) is left as it is.
+    # A refusal that is not the policy's (no rule: e.g. not your process) is left
+    # as it is, and no other program is tried behind it.
     broker = _Broker([], grant=False, rule="")
     with pytest.raises(BrokerError) as e:
         _taken(broker, req)
-    assert e.value.message == "you may not run program 'ustacks': no entry names it"
+    assert e.value.message == "you may not run program 'ustackcopy': no entry names it"
+    assert [a for a, _ in broker.asked] == ["ustackcopy"]
+
+
+class _TargetRefused(_Broker):
+    """Refuses the target process itself, as the broker's pid check does."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__([])
+        self.refusal = BrokerError(code, why)
+
+    def attach(self, name: str, **kw: Any) -> _Attachment:
+        self.asked.append((name, kw))
+        raise self.refusal
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (pb.ERROR_PERMISSION_DENIED, "process 1 belongs to uid 0 (effective 0), not to you"),
+        (pb.ERROR_NOT_FOUND, "no process 999999"),
+    ],
+)
+def test_a_refused_target_is_said_not_hidden_behind_another_program(code: int, why: str) -> None:
+    """`profile --pid 1` said "you may not run program 'profile'" to a user
+    granted stackcopy: the fallback to frame-pointer stacks hid the broker's
+    refusal of the process, which no other program would accept either."""
+    broker = _TargetRefused(code, why)
+    with pytest.raises(BrokerError) as e:
+        _taken(broker, ProfileRequest(pids=[1], command=[]))
+    assert e.value.message == why and [a for a, _ in broker.asked] == ["stackcopy"]
+    assert not BrokerError(code, why).refuses_program
+    assert BrokerError(pb.ERROR_PERMISSION_DENIED, "you may not", "default deny").refuses_program
+    assert BrokerError(pb.ERROR_NOT_FOUND, "no program 'x' in the broker's catalog").refuses_program
 
 
 def test_the_collector_is_as_it_was_after_the_call(sleeper: subprocess.Popen[bytes]) -> None:

@@ -80,7 +80,7 @@ def _attach_probes(
     try:
         return broker.attach("ustacks", scope=req.scope, pid=pid, children=children, **where)
     except BrokerError as e:
-        if e.code != pb.ERROR_PERMISSION_DENIED or not e.rule:
+        if not e.refuses_program:
             raise  # not the policy's refusal (the process exited, or is not yours)
         why = _probes_refused(req, e)
         raise BrokerError(e.code, why, e.rule, operation=e.operation) from None
@@ -202,7 +202,7 @@ def _attach_offcpu(
             req.min_block_us = kw["min_block_us"] = 0
             return broker.attach(name, scope="self", python_files=files, **kw)
     except BrokerError as e:
-        if e.code == pb.ERROR_NOT_FOUND:
+        if e.code == pb.ERROR_NOT_FOUND and e.refuses_program:  # not "no process N"
             raise ClientError(
                 f"--{req.mode} needs program {name}, which this broker does not offer "
                 f"(or the policy does not grant you): {e}"
@@ -230,6 +230,8 @@ def _try_copies(
                 raise
             return broker.attach(name, scope=scope, **kw)
     except BrokerError as e:
-        if stack_bytes or e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
-            raise  # --stack-bytes asks for copies: no quiet fallback to frame pointers
+        if stack_bytes or not e.refuses_program:
+            # --stack-bytes asks for copies: no quiet fallback to frame pointers;
+            # nor when the target was refused (not yours, gone): said as it is
+            raise
         return None

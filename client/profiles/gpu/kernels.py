@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.libcuda import mapped_files
-from gfxbpf.proto import gfxbpf_pb2 as pb
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
@@ -54,8 +53,8 @@ def attach_kernels(broker: Broker, what: str, library: str, kw: dict[str, Any]) 
     try:
         return broker.attach(PROGRAM, library=library, **kw)
     except BrokerError as e:
-        if e.code not in (pb.ERROR_PERMISSION_DENIED, pb.ERROR_NOT_FOUND):
-            raise
+        if not e.refuses_program:
+            raise  # the process's fault (not yours, gone), not the grant's
         if "max_stack_bytes" in (e.rule or ""):
             raise  # granted, but not a copy this large: the broker's words say so
         why = (

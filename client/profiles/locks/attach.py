@@ -25,7 +25,7 @@ def attach_locks(
     try:
         return broker.attach(PROGRAM, scope="self", **kw)
     except BrokerError as e:
-        if e.code == pb.ERROR_NOT_FOUND:
+        if e.code == pb.ERROR_NOT_FOUND and e.refuses_program:  # not "no process N"
             raise ClientError(
                 f"--locks needs program {PROGRAM}, which this broker does not offer "
                 f"(or the policy does not grant you): {e}"
