@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from gfxbpf.bpf.consts import SCOPES
+from gfxbpf.client.errors import UsageError
+from gfxbpf.client.printable import printable
 
 PROG = "gfxclient"
 
@@ -94,3 +96,26 @@ def function_names(args: argparse.Namespace) -> list[str]:
     for item in getattr(args, "functions", []) or []:
         out.extend(f.strip() for f in item.split(",") if f.strip())
     return out
+
+
+def format_of_output(output: str | None) -> str | None:
+    """-o FILE's format, from its name; UsageError where the name names none."""
+    from gfxbpf.client.profiles.writers import FORMATS, format_of
+
+    try:
+        return format_of(output) if output else None
+    except ValueError as e:
+        raise UsageError(f"-o: {e}, or give --format {'|'.join(FORMATS)}") from None
+
+
+def check_output(path: str) -> None:
+    """-o FILE can be written: found out before the profile, not after it."""
+    from gfxbpf.client.profiles.writers import check_writable
+
+    try:
+        check_writable(path)
+    except OSError as e:
+        raise UsageError(
+            f"-o: cannot write {printable(path)}: {e.strerror or e} (checked before "
+            "profiling, so that nothing is lost)"
+        ) from None

@@ -19,10 +19,10 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from gfxbpf.client.cli import profile_cmd
+from gfxbpf.client.cli import arguments, profile_cmd
 from gfxbpf.client.cli.connecting import connect
 from gfxbpf.client.cli.stopping import StopSignal
-from gfxbpf.client.errors import EXIT_OK, UsageError
+from gfxbpf.client.errors import EXIT_OK, ClientError, UsageError
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.model import Profile
 
@@ -78,6 +78,10 @@ def _check(args: argparse.Namespace) -> None:
     given = [f"--{k.replace('_', '-')}" for k in _OTHER_KINDS if getattr(args, k, None)]
     if given:
         raise UsageError(f"profile --gpu does not go with {', '.join(given)}")
+    if args.output:  # before the profile, as for every other kind
+        if not args.format:
+            arguments.format_of_output(args.output)
+        arguments.check_output(args.output)
 
 
 def _report(prof: Profile, args: argparse.Namespace, out: TextIO) -> int:
@@ -85,11 +89,11 @@ def _report(prof: Profile, args: argparse.Namespace, out: TextIO) -> int:
     from gfxbpf.client.profiles import writers
 
     if args.output:
+        fmt = args.format or writers.format_of(args.output)  # checked by _check
         try:
-            fmt = args.format or writers.format_of(args.output)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        writers.write_profile(prof, fmt, args.output)
+            writers.write_profile(prof, fmt, args.output)
+        except OSError as e:
+            raise ClientError(f"cannot write {args.output}: {e.strerror or e}") from None
     total = prof.total()
     if args.json:
         ranked = sorted(prof.stacks.items(), key=lambda t: -t[1])

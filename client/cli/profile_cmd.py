@@ -28,7 +28,7 @@ from gfxbpf.bpf.consts import SCOPES
 from gfxbpf.catalog.stack_copies import DEEP_STACK_BYTES, MAX_STACK_BYTES
 from gfxbpf.client import profiles as profile
 from gfxbpf.client.cli import connecting, kinds
-from gfxbpf.client.cli.arguments import process_id
+from gfxbpf.client.cli.arguments import check_output, format_of_output, process_id
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import ClientError, UsageError
 from gfxbpf.client.printable import printable
@@ -245,9 +245,11 @@ def parse_request(args: argparse.Namespace) -> Request:
     req.scope, req.stack_bytes, req.job = args.scope, args.stack_bytes, args.job or ""
     req.weight, req.children = args.weight, not args.no_children
     req.frequency = args.frequency or DEFAULT_FREQUENCY
-    req.fmt = args.format or _format_of(args.output)
+    req.fmt = args.format or format_of_output(args.output)
     if args.format and not args.output:
         req.output = DEFAULT_FILES[args.format]
+    if req.output:
+        check_output(req.output)
     _parse_mode(req, args)
     if args.stacks_at:
         _parse_stacks_at(req, args.stacks_at)
@@ -259,13 +261,6 @@ def parse_request(args: argparse.Namespace) -> Request:
         raise UsageError("--weight is for --stacks-at (sampling weighs by samples)")
     kinds.memory.apply(req, args)
     return req
-
-
-def _format_of(output: str | None) -> str | None:
-    try:
-        return profile.format_of(output) if output else None
-    except ValueError as e:
-        raise UsageError(f"-o: {e}, or give --format {'|'.join(FORMATS)}") from None
 
 
 def _parse_mode(req: Request, args: argparse.Namespace) -> None:

@@ -11,7 +11,15 @@ from gfxbpf.client.profiles.top import format_top, top_functions
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import Profile
 
-__all__ = ["FORMATS", "format_of", "format_top", "render", "top_functions", "write_profile"]
+__all__ = [
+    "FORMATS",
+    "check_writable",
+    "format_of",
+    "format_top",
+    "render",
+    "top_functions",
+    "write_profile",
+]
 
 FORMATS = ("folded", "pprof", "speedscope", "svg")
 # A file name's ending -> the format written under it (longest endings first).
@@ -83,6 +91,18 @@ def write_profile(profile: Profile, fmt: str, path: str) -> None:
         except OSError:
             pass
         raise
+
+
+def check_writable(path: str) -> None:
+    """Raise OSError now if write_profile could not write path: checked before
+    a profile is taken, so that a mistyped folder does not lose a long run's
+    profile at its end. The check is what writing does: a file made in the
+    folder (then removed), and path not a folder."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "it is a folder; give a file name in it")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".gfxbpf-check-")
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _umask() -> int:

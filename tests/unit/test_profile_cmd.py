@@ -222,3 +222,23 @@ def test_the_cli_refuses_an_unknown_ending_before_connecting(
     assert main(["--socket", "/nonexistent", "profile", "-o", "x.html", "--pid", "1"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "cannot tell the format of 'x.html'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("gpu", [[], ["--gpu"]])
+def test_an_output_that_cannot_be_written_is_refused_before_profiling(
+    gpu: list[str], tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-o in a missing folder was found out after the profile (a long training
+    run's profile lost at its end): now before connecting, for --gpu too."""
+    missing = os.path.join(tmp_path, "no-such-folder", "x.svg")
+    for path, why in ((missing, "No such file or directory"), (str(tmp_path), "it is a folder")):
+        argv = ["--socket", "/nonexistent", "profile", *gpu, "--pid", "1", "-o", path]
+        if path == str(tmp_path):
+            argv += ["--format", "svg"]
+        assert main(argv) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"-o: cannot write {path}: {why}" in err and "nothing is lost" in err, err
+        assert "Traceback" not in err and "connect" not in err
+    assert os.listdir(tmp_path) == [], "the check leaves no file behind"
+    _req("-o", os.path.join(tmp_path, "ok.svg"))
+    assert os.listdir(tmp_path) == []
