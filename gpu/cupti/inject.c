@@ -326,9 +326,13 @@ static void mark(uint32_t id, unsigned char left_out)
 		atomic_store_explicit(&skipped[id % SKIP_SLOTS], left_out, memory_order_relaxed);
 }
 
-/* After each BURST launches of this thread, or its first launch after a
- * pause: 1 in how many to probe, from the launches' rate since the last time. */
-static void adapt_sampling(void)
+/* After each BURST launches of this thread: 1 in how many to probe, from the
+ * launches' rate since the last time. At its first launch after a pause (two
+ * polls since: at least a poll period) a burst starts whole again, as the
+ * header says: the last burst's rate would otherwise leave out launches of a
+ * burst shorter than BURST (a few dozen launches in a few ms, a pause in which
+ * two polls fell, and the next few dozen were sampled at that rate). */
+static void adapt_sampling(int pause)
 {
 	uint64_t now = mono_ns(), dt = now - burst_start_ns;
 
@@ -336,7 +340,7 @@ static void adapt_sampling(void)
 		every = fixed_every;
 	} else {
 		every = 1;
-		while (burst_start_ns && every < (1u << 16) &&
+		while (!pause && burst_start_ns && every < (1u << 16) &&
 		       (uint64_t)in_burst * 1000000000ull > (uint64_t)launch_rate * every * dt)
 			every <<= 1;
 	}
@@ -351,8 +355,10 @@ static __thread unsigned char left_out_now, fired;
 
 static void decide(void)
 {
-	if (in_burst == BURST || atomic_load_explicit(&polls, memory_order_relaxed) - burst_poll > 1)
-		adapt_sampling();
+	if (atomic_load_explicit(&polls, memory_order_relaxed) - burst_poll > 1)
+		adapt_sampling(1);
+	else if (in_burst == BURST)
+		adapt_sampling(0);
 	in_burst++;
 	left_out_now = every > 1 && (draw() & (every - 1)) != 0;
 	fired = 0;
