@@ -120,8 +120,13 @@ def check_the_product(guest: dict[str, Any]) -> None:
     # With deploy/'s sysctl file: her Python functions, her waits, her tracepoint.
     for name in ("cpu", "tracepoint", "offcpu"):
         assert steps[name]["rc"] == 0, (where, steps[name])
-    cpu = _share(steps["cpu"]["out"], r"gfx_outer \(/tmp/alice/cpu\.py:6\);gfx_leaf \(")
+    chain = r"gfx_outer \(/tmp/alice/cpu\.py:6\);gfx_leaf \("
+    cpu = _share(steps["cpu"]["out"], chain)
     assert cpu >= 0.5, (where, steps["cpu"]["out"])
+    # ... whole: from the process's entry through libc and the interpreter's C
+    # frames (once, every stack stopped as "not code" above Py_BytesMain).
+    whole = _weights(steps["cpu"]["out"], r"^python3[.0-9]*;_start;__libc_start_main;.*" + chain)
+    assert whole >= 0.8 * _weights(steps["cpu"]["out"], chain), (where, steps["cpu"]["out"])
     waits = _share(
         steps["offcpu"]["out"],
         r"gfx_waiter \(/tmp/alice/offcpu\.py:6\);gfx_nap \(.*\[wait: clock_nanosleep\]$",
