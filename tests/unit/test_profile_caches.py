@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import subprocess
 import sys
 import time
@@ -175,3 +176,39 @@ def test_polled_maps_are_parsed_only_when_they_changed(monkeypatch: pytest.Monke
         _map_more(child)
         maps.capture([child.pid])
         assert parsed == [child.pid] * 2 and child.pid in maps.procs
+
+
+_LOADER = (
+    "import mmap,os,sys; input(); fd=os.open('/bin/true',os.O_RDONLY);"
+    "m=mmap.mmap(fd,0,prot=mmap.PROT_READ|mmap.PROT_EXEC); print(1,flush=True); input()"
+)
+
+
+def test_the_watcher_keeps_maps_the_sampling_loop_was_too_slow_to_read() -> None:
+    """The sampling loop can be held up for seconds (a large file's first unwind
+    tables on a slow machine): a process that mapped its libraries and exited
+    meanwhile was named from its snapshot before them ("not code" above
+    Py_BytesMain in a guest on Linux 6.1). The thread read them while it lived."""
+    maps = snapshots.Maps(Symbolizer(cache_dir="/nonexistent"))
+    with subprocess.Popen([sys.executable, "-c", _LOADER], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as child:  # fmt: skip
+        time.sleep(0.2)
+        maps.watched = (child.pid,)
+        maps.capture([child.pid])  # before the "library"
+        first = maps.procs[child.pid]
+        assert not any(m.path == os.path.realpath("/bin/true") for m in first.mappings)
+        maps.watch()
+        try:
+            _map_more(child)  # now it maps it ...
+            deadline = time.monotonic() + 30  # ... while this loop is busy elsewhere
+            while not maps._waiting.get(child.pid) and time.monotonic() < deadline:
+                time.sleep(snapshots.WATCH_S)
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait()  # ... and is gone before the loop looks again
+            maps.capture([child.pid])
+        finally:
+            maps.stop_watching()
+    true = os.path.realpath("/bin/true")
+    assert any(m.path == true and m.executable for m in maps.procs[child.pid].mappings)
+    assert maps.procs[child.pid] is first, "merged into the picture the unwinder holds"

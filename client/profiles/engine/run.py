@@ -102,7 +102,9 @@ class Run:
         if self.targets:
             if self.req.children:
                 self.family |= family.descendants(self.targets)
-            self.maps.capture(self.targets + sorted(self.family))
+            watched = self.targets + sorted(self.family)
+            self.maps.watched = tuple(watched)
+            self.maps.capture(watched)
         if self.copies is not None:
             from gfxbpf.client.profiles.copies import CopyReader  # imported by copy_reader
 

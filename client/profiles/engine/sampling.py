@@ -28,7 +28,17 @@ COPY_PUMP_S = COPY_READ_S / 2
 
 
 def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | None) -> None:
-    """Until the targets exit, the duration ends or Ctrl-C; maps captured all along."""
+    """Until the targets exit, the duration ends or Ctrl-C; maps captured all
+    along, by this loop and by a thread that is never held up by it."""
+    run.maps.watched = tuple(run.targets)
+    run.maps.watch()
+    try:
+        _sample(run, stop, duration, progress)
+    finally:
+        run.maps.stop_watching()
+
+
+def _sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | None) -> None:
     last_count = 0.0
     while not run.done(duration) and not stop.stopped:
         now = time.monotonic()

@@ -4,7 +4,9 @@ symbolizer names their frames from these, the unwinder finds their files."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from gfxbpf.client.profiles.procmaps import capture, snapshot_state
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.symbolize import Symbolizer
 
 REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
+WATCH_S = 0.05  # how often the watcher thread reads the targets' maps
+WATCH_KEPT = 64  # snapshots a process may have waiting (a JIT remaps all the time)
 
 
 class Maps:
@@ -28,21 +32,36 @@ class Maps:
         self.procs: dict[int, ProcessMaps] = {}
         self.refreshed: dict[int, float] = {}  # pid -> when process() last captured it
         self.states: dict[int, SnapshotState] = {}  # pid -> what its last snapshot was taken from
+        self.taken: dict[int, float] = {}  # pid -> when that state was read
+        # The watcher thread's: the pids it reads (a tuple, replaced whole), and
+        # per pid the (time read, state) it saw change, for capture() to apply.
+        self.watched: tuple[int, ...] = ()
+        self._waiting: dict[int, deque[tuple[float, SnapshotState]]] = {}
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def capture(self, pids: list[int] | set[int]) -> None:
         for pid in pids:
+            waiting = self._waiting.get(pid)
+            while waiting:  # what the watcher read since, oldest first
+                self._apply(pid, *waiting.popleft())
+            read_at = time.monotonic()
             state = snapshot_state(pid)
-            if state is None or state == self.states.get(pid):
-                continue  # gone, or the snapshot would be the last one again
-            maps = capture(pid, text=state[0])
-            if maps is not None and maps.mappings:  # a zombie has none
-                self.states[pid] = state
-                self.procs.setdefault(pid, maps)
-                self.symbolizer.add_process(pid, maps)
-                self.seen.add(pid)
-                with contextlib.suppress(OSError):
-                    with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                        self.comms[pid] = f.read().strip()
+            if state is not None:
+                self._apply(pid, read_at, state)
+
+    def _apply(self, pid: int, read_at: float, state: SnapshotState) -> None:
+        if state == self.states.get(pid) or read_at < self.taken.get(pid, 0.0):
+            return  # the last snapshot again, or one older than it
+        maps = capture(pid, text=state[0])
+        if maps is not None and maps.mappings:  # a zombie has none
+            self.states[pid], self.taken[pid] = state, read_at
+            self.procs.setdefault(pid, maps)
+            self.symbolizer.add_process(pid, maps)
+            self.seen.add(pid)
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                    self.comms[pid] = f.read().strip()
 
     def process(self, pid: int, refresh: bool = False) -> ProcessMaps | None:
         """The process's maps, captured now if never seen (scope-wide runs) or if
@@ -53,3 +72,32 @@ class Maps:
             self.refreshed[pid] = now
             self.capture([pid])
         return self.procs.get(pid)
+
+    def watch(self) -> None:
+        """Read the watched processes' maps on a thread of its own while the
+        profile runs. The sampling loop captures them too, but it can be held
+        up for seconds (a large file's first unwind tables on a slow or loaded
+        machine): a process that exits meanwhile was left with its snapshot from
+        before its loader mapped libc, and every stack stopped there. The
+        thread only reads /proc; capture() applies what it read, in order."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="gfxbpf-maps", daemon=True)
+            self._watcher.start()
+
+    def stop_watching(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+
+    def _watch(self) -> None:
+        last: dict[int, SnapshotState] = {}
+        while not self._stop.wait(WATCH_S):
+            for pid in self.watched:
+                read_at = time.monotonic()
+                state = snapshot_state(pid)
+                if state is None or not state[0] or state == last.get(pid):
+                    continue  # gone, a zombie (no maps left), or unchanged
+                last[pid] = state
+                if pid not in self._waiting:
+                    self._waiting[pid] = deque(maxlen=WATCH_KEPT)
+                self._waiting[pid].append((read_at, state))
