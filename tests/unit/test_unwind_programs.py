@@ -202,7 +202,10 @@ def test_debian_gzip_reaches_libc_start_main(folder: Path) -> None:
     _debian("/usr/bin/gzip")
     data = (folder / "random.bin").open("wb")
     with open("/dev/urandom", "rb") as rnd:
-        data.write(rnd.read(12 << 20))  # about a second of gzip -9
+        # About a second of gzip -9 (12 MiB took 0.24 s: 62 samples of the
+        # ITIMER_PROF sampler, which the kernel's tick paces; 47 on a machine
+        # with three CPU burners, under the floor of 50): 48 MiB give ~250.
+        data.write(rnd.read(48 << 20))
     data.close()
     cap = sample_run(["/usr/bin/gzip", "-9", "-c", str(folder / "random.bin")], folder)
     assert cap.returncode == 0
