@@ -382,7 +382,25 @@ def test_a_setuid_program_the_user_runs_is_never_sampled(
     assert summary["exit_status"] == 0 and summary["duration_s"] >= 1.0, summary
     # A sample or two of the client's own child before its exec may show.
     text = out.read_text()
-    assert "suidspin" not in text and "burn" not in text, text
+    assert not _sampled_after_exec(text, "suidspin") and "burn" not in text, text
+
+
+# What a sample taken inside execve() may show: the kernel names the task
+# after the new program before it commits the new credentials, so the uid
+# check still passes while the old memory is gone (one such sample in a CI
+# dry run with three CPU burners). It holds no frame of either program.
+EXEC_MARKERS = {"[user stack lost]", "[kernel]"}
+
+
+def _sampled_after_exec(folded_text: str, comm: str) -> list[str]:
+    """The folded lines of comm that hold anything of its memory: a frame
+    other than the markers of a sample taken inside execve()."""
+    return [
+        line
+        for line in folded_text.splitlines()
+        if line.split(";", 1)[0] == comm
+        and not set(line.rsplit(" ", 1)[0].split(";")[1:]) <= EXEC_MARKERS
+    ]
 
 
 @pytest.mark.parametrize("which", ["broker", "slow_broker"])
@@ -409,7 +427,7 @@ def test_a_process_that_execs_a_setuid_program_later_is_not_sampled_after(
     if which == "slow_broker":
         assert last_attach_ms(broker, "stackcopy") >= 1000
     assert "prespin;" in text and ";main;burn" in text, text  # the user's own half
-    assert "suidspin" not in text, text  # nothing after the exec
+    assert not _sampled_after_exec(text, "suidspin"), text  # nothing after the exec
     assert json.loads(r.stdout)["total"] == sum(folded(out).values())
 
 
