@@ -212,3 +212,25 @@ def test_the_watcher_keeps_maps_the_sampling_loop_was_too_slow_to_read() -> None
     true = os.path.realpath("/bin/true")
     assert any(m.path == true and m.executable for m in maps.procs[child.pid].mappings)
     assert maps.procs[child.pid] is first, "merged into the picture the unwinder holds"
+
+
+def test_the_watcher_stays_idle_while_the_loop_polls() -> None:
+    """No second read of every target while the sampling loop keeps up (a
+    family of hundreds of processes would pay it twice)."""
+    maps = snapshots.Maps(Symbolizer(cache_dir="/nonexistent"))
+    with _idle_child() as child:
+        time.sleep(0.2)
+        maps.poll([child.pid])
+        maps.polled_at = time.monotonic() + 3600  # a loop that has just polled, always
+        maps.watch()
+        try:
+            _map_more(child)
+            time.sleep(4 * snapshots.WATCH_S)
+            assert not maps._waiting.get(child.pid), "read while the loop keeps up"
+            maps.polled_at = 0.0  # the loop stalls
+            deadline = time.monotonic() + 30
+            while not maps._waiting.get(child.pid) and time.monotonic() < deadline:
+                time.sleep(snapshots.WATCH_S)
+            assert maps._waiting.get(child.pid), "the watcher reads once the loop stalls"
+        finally:
+            maps.stop_watching()

@@ -102,9 +102,7 @@ class Run:
         if self.targets:
             if self.req.children:
                 self.family |= family.descendants(self.targets)
-            watched = self.targets + sorted(self.family)
-            self.maps.watched = tuple(watched)
-            self.maps.capture(watched)
+            self.maps.poll(self.targets + sorted(self.family))
         if self.copies is not None:
             from gfxbpf.client.profiles.copies import CopyReader  # imported by copy_reader
 

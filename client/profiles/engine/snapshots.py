@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.symbolize import Symbolizer
 
 REFRESH_S = 0.02  # least time between two snapshots of one process asked by the unwinder
-WATCH_S = 0.05  # how often the watcher thread reads the targets' maps
+WATCH_S = 0.05  # how often the watcher thread reads the targets' maps ...
+STALL_S = 0.5  # ... once the sampling loop has not for this long (it polls every 50-250 ms)
 WATCH_KEPT = 64  # snapshots a process may have waiting (a JIT remaps all the time)
 
 
@@ -36,6 +37,7 @@ class Maps:
         # The watcher thread's: the pids it reads (a tuple, replaced whole), and
         # per pid the (time read, state) it saw change, for capture() to apply.
         self.watched: tuple[int, ...] = ()
+        self.polled_at = 0.0  # when the sampling loop last captured them itself
         self._waiting: dict[int, deque[tuple[float, SnapshotState]]] = {}
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -73,13 +75,21 @@ class Maps:
             self.capture([pid])
         return self.procs.get(pid)
 
+    def poll(self, pids: list[int]) -> None:
+        """The sampling loop's capture of the targets: the watcher thread reads
+        them only while the loop has not done so for STALL_S."""
+        self.watched = tuple(pids)
+        self.polled_at = time.monotonic()
+        self.capture(pids)
+
     def watch(self) -> None:
         """Read the watched processes' maps on a thread of its own while the
         profile runs. The sampling loop captures them too, but it can be held
         up for seconds (a large file's first unwind tables on a slow or loaded
         machine): a process that exits meanwhile was left with its snapshot from
         before its loader mapped libc, and every stack stopped there. The
-        thread only reads /proc; capture() applies what it read, in order."""
+        thread reads only while the loop has not polled for STALL_S, and only
+        /proc; capture() applies what it read, in order."""
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="gfxbpf-maps", daemon=True)
             self._watcher.start()
@@ -92,6 +102,8 @@ class Maps:
     def _watch(self) -> None:
         last: dict[int, SnapshotState] = {}
         while not self._stop.wait(WATCH_S):
+            if time.monotonic() - self.polled_at < STALL_S:
+                continue  # the loop keeps up: no second read of each process
             for pid in self.watched:
                 read_at = time.monotonic()
                 state = snapshot_state(pid)
