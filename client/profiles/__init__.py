@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.symbolize import Symbolizer
     from gfxbpf.client.profiles.writers import (
         FORMATS,
-        check_writable,
         format_of,
         format_top,
         top_functions,
@@ -40,7 +39,6 @@ _HOMES = {
     "snapshot_state": "procmaps",
     "Symbolizer": "symbolize",
     "FORMATS": "writers",
-    "check_writable": "writers",
     "format_of": "writers",
     "format_top": "writers",
     "top_functions": "writers",
@@ -59,7 +57,6 @@ __all__ = [
     "RawStack",
     "Symbolizer",
     "capture",
-    "check_writable",
     "format_of",
     "format_top",
     "snapshot_state",

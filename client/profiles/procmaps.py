@@ -114,10 +114,11 @@ class ProcessMaps:
         find() needs ranges that do not overlap. One the later snapshot does not
         overlap is kept (a library unloaded since: older samples still name it).
         True if anything changed."""
-        later_maps = sorted(later.mappings, key=lambda m: m.start)
-        starts = [m.start for m in later_maps]
-        kept = {(m.start, m.end): m for m in self.mappings if not _overlaps(later_maps, starts, m)}
-        kept.update({(m.start, m.end): m for m in later_maps})
+        starts = [m.start for m in later.mappings]  # sorted, as parse_maps gives them
+        kept = {
+            (m.start, m.end): m for m in self.mappings if not _overlaps(later.mappings, starts, m)
+        }
+        kept.update({(m.start, m.end): m for m in later.mappings})
         mappings = sorted(kept.values(), key=lambda m: m.start)
         perf = {(e.start, e.size): e for e in self.perf_map}
         perf.update({(e.start, e.size): e for e in later.perf_map})

@@ -29,8 +29,8 @@ COPY_PUMP_S = COPY_READ_S / 2
 
 def sample(run: Run, stop: Stopper, duration: float | None, progress: TextIO | None) -> None:
     """Until the targets exit, the duration ends or Ctrl-C; maps captured all
-    along, by this loop and by a thread that is never held up by it."""
-    run.maps.watched = tuple(run.targets)
+    along, by this loop and by a thread that is never held up by it (the
+    loop's first tick tells it the targets)."""
     run.maps.watch()
     try:
         _sample(run, stop, duration, progress)

@@ -3,7 +3,6 @@ symbolizer names their frames from these, the unwinder finds their files."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -61,9 +60,8 @@ class Maps:
             self.procs.setdefault(pid, maps)
             self.symbolizer.add_process(pid, maps)
             self.seen.add(pid)
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                    self.comms[pid] = f.read().strip()
+            if state[2]:  # the command name, read with the maps (gone by now, maybe)
+                self.comms[pid] = state[2]
 
     def process(self, pid: int, refresh: bool = False) -> ProcessMaps | None:
         """The process's maps, captured now if never seen (scope-wide runs) or if
