@@ -36,6 +36,10 @@ COPY_BYTES = 4096
 #           the stand-in's 40 KiB frame (a cuBLASLt launch's depth)
 #   pair N  N of "gemm" (deep) and N of "relu" (direct) from one line of
 #           launch_pair (line 23): one Python chain, two native launch paths
+#   twice N N of "gemm" deep and N direct from one line of <module> (line 40): one
+#           chain, one kernel, two native paths (as autograd's thread launches
+#           one backward kernel from many backward functions)
+#   thread  one "gemm" from a thread whose stack lies right below other readable memory
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   stats   "records R launches L collecting C": the injection library's counters
@@ -77,6 +81,12 @@ for line in sys.stdin:
         launch_deep(int(arg))
     elif cmd == "pair":
         launch_pair(int(arg))
+    elif cmd == "twice":
+        for _ in range(int(arg)):
+            cupti.gfx_standin_launch_pair(GEMM, GEMM, 250000, 250000)
+    elif cmd == "thread":
+        cupti.gfx_standin_launch_below_data.argtypes = [ctypes.c_char_p, C]
+        assert cupti.gfx_standin_launch_below_data(GEMM, 250000) == 0
     elif cmd == "copy":
         for _ in range(int(arg)):
             cupti.gfx_standin_memcpy(4096, 1, 7000)
@@ -133,7 +143,7 @@ for line in sys.stdin:
 """
 GPU_CHECK_NS = 1_000_000
 A_LINE, B_GEMM_LINE, B_RELU_LINE, DEEP_LINE, PAIR_LINE = 12, 15, 16, 19, 23  # in SCRIPT
-MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE = 31, 33, 35
+MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE, MODULE_TWICE_LINE = 31, 33, 35, 40
 
 
 def cupti_dir() -> Path:

@@ -41,7 +41,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "gpu_kernels_workload.py")
-KERNEL_KEY = struct.Struct("<IIQQII")  # cudakernels.bpf.c struct kernel_key
+KERNEL_KEY = struct.Struct("<IIQQIIQ")  # cudakernels.bpf.c struct kernel_key
 KERNEL_STATS = struct.Struct("<QQ")
 REPEATS = 5
 
@@ -132,7 +132,7 @@ class Direct:
         }
         out: dict[tuple[str, str], dict[str, int]] = {}
         for k, v in self.inst.obj.map("kernels").items():
-            _tgid, _uid, _py, name_hash, flags, _weight = KERNEL_KEY.unpack(k)
+            _tgid, _uid, _py, name_hash, flags, _weight, _sp = KERNEL_KEY.unpack(k)
             n, ns = KERNEL_STATS.unpack(v)
             seen = {1: "launch seen", 2: "launch not sampled"}.get(flags, "not seen")
             key = (names.get(name_hash, hex(name_hash)), seen)

@@ -1,7 +1,8 @@
 """GPU kernel time per user, process and kernel: program cudakernels' keys as labels.
 
 cudakernels (catalog/programs/cudakernels.bpf.c) keys its `kernels` table by
-(tgid, uid, Python chain hash, kernel name hash, flags, sampling weight); the names live
+(tgid, uid, Python chain hash, kernel name hash, flags, sampling weight, launch
+stack pointer); the names live
 in its `names` map. For the exporter (scope system: no chain) a series is
 labelled pid, uid and kernel: the kernel's name demangled and cut to
 NAME_MAX characters, so that label values stay bounded too (series whose
@@ -21,10 +22,10 @@ from gfxbpf.client.profiles.demangle import demangle
 PROGRAM = "cudakernels"
 NAME_MAX = 120
 # Key members that name no series: padding, the chain (0 in scope system),
-# the join flag and the launch sampling's weight (a row counts what it saw:
-# summed over them, a kernel's series is exact); the name hash becomes the
-# kernel's name.
-DROPPED = frozenset({"pad", "python", "flags", "weight"})
+# the join flag, the launch sampling's weight and the launch path's stack
+# pointer (0 in scope system) (a row counts what it saw: summed over them, a
+# kernel's series is exact); the name hash becomes the kernel's name.
+DROPPED = frozenset({"pad", "python", "flags", "weight", "sp"})
 
 
 def kernel_names(att: Attachment) -> dict[int, str]:

@@ -10,27 +10,34 @@
  * launching thread, for every launch or, when launches come fast, for 1 in
  * `weight` drawn at random by the library (gfx_cupti.h). In scope self it
  * walks the Python frames there (gfx_python.h), remembers the chain's hash
- * under (tgid, correlation id) for each id, counts the launch per (tgid,
- * chain, kernel name hash) and, when that count reaches a power of two,
- * sends the Python record and a stack copy (gfx_udeep.h, the name hash in
- * its `elapsed`) that the client unwinds into the native launch stack, as
- * ustackcopy does for a uprobe: per kernel, since one Python line (or a
- * thread with none, such as autograd's) launches kernels through different
- * native paths. gfxcupti:kernels(records, n) fires later,
+ * and the stack pointer under (tgid, correlation id) for each id, counts the
+ * launch per (tgid, chain, kernel name hash, stack pointer) and, when that
+ * count reaches a power of two, sends the Python record and a stack copy
+ * (gfx_udeep.h, the name hash in its `elapsed`) that the client unwinds into
+ * the native launch stack, as ustackcopy does for a uprobe. Why the kernel
+ * and the stack pointer: one Python line (or a thread with none, such as
+ * autograd's) launches one kernel through different native paths, and the
+ * depth of the stack at the probe tells those paths apart where the 1 KiB
+ * ustackcopy hashes cannot (they differ 10-70 KiB up, above cuBLAS's frames);
+ * a path met on two threads is two rows that the client joins by the path
+ * its copies unwind to. gfxcupti:kernels(records, n) fires later,
  * from the library's thread, once per batch of kernels the GPU ran; for each
- * record it takes the launch's chain by correlation id and adds one
- * kernel and its device nanoseconds (end - start) to the row (tgid, uid,
- * chain, name hash,
- * weight), and keeps the name once per hash. Rows hold exact counts of what
+ * record it takes the launch's chain and stack pointer by correlation id and
+ * adds one kernel and its device nanoseconds (end - start) to the row (tgid,
+ * uid, chain, name hash, weight, stack pointer), and keeps the name once per
+ * hash. Rows hold exact counts of what
  * they saw; a row's weight scales them into an estimate for its chain. The
  * kernels of launches the library left out go to rows flagged ROW_NOT_SAMPLED
  * (chain 0, weight 0): per kernel name, all rows together are exact. Copies (memcpy, memset) count per
  * (tgid, uid, kind) with bytes and device time.
  *
- * Scope system (target_uid GFX_ANY): no Python walk and no stack copy (those
- * read process memory); rows per process and user, chain 0.
+ * Scope system (target_uid GFX_ANY): no Python walk, no stack copy and no
+ * stack pointer (those read or reveal process memory); rows per process and
+ * user, chain 0.
  */
-#define GFX_UREC_RING_BYTES (2 << 20)
+/* 4 MiB: a training step's first pass makes a few hundred rows in milliseconds,
+ * each sending a copy of up to 72 KiB; 2 MiB lost 35 of them on an H200. */
+#define GFX_UREC_RING_BYTES (4 << 20)
 /* Launch copies go straight into the ring (gfx_udeep.h): up to 72 KiB
  * reaches past cuBLASLt's 68-70 KiB to the Python that launched. */
 #define GFX_DEEP_COPY_MAX 73728
@@ -44,7 +51,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 
-/* Rows are (process, Python chain, kernel): a training loop has some hundreds.
+/* Rows are (process, Python chain, kernel, launch path): a training loop has some hundreds.
  * Sized so that many attachments fit a user's map budget (tests/unit/test_budget.py). */
 #define MAX_ROWS 4096
 #define MAX_NAMES 1024
@@ -64,6 +71,7 @@ struct kernel_key {
 	__u64 name_hash;  /* FNV-1a 64 of the kernel's name (gfx_cupti.h) */
 	__u32 flags;      /* ROW_LAUNCHED, ROW_NOT_SAMPLED */
 	__u32 weight;     /* launches each sampled one stands for (ROW_LAUNCHED rows) */
+	__u64 sp;         /* the stack pointer at the launch probe: its native path (0: none) */
 };
 
 /* What a launch left for its kernel's record. */
@@ -71,6 +79,7 @@ struct launch_seen {
 	__u64 python;
 	__u32 weight;
 	__u32 pad;
+	__u64 sp;
 };
 
 struct kernel_stats {
@@ -88,6 +97,7 @@ struct chain_key {
 	__u32 pad;
 	__u64 python;
 	__u64 kernel;  /* the kernel's name hash (0: not known) */
+	__u64 sp;      /* the stack pointer at the probe */
 };
 
 struct copy_key {
@@ -144,7 +154,7 @@ struct {
 	__type(value, struct launch_seen);
 } pending SEC(".maps");
 
-/* (tgid, chain, kernel) -> launches, which picks the launches that send a stack copy */
+/* (tgid, chain, kernel, sp) -> launches, which picks the launches that send a stack copy */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_ROWS);
@@ -215,6 +225,7 @@ int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id, __u32 weight, __u6
 		py = gfx_py_record();
 		if (py && gfx_py_walk(py))
 			python = gfx_py_chain_hash(py);
+		seen.sp = ctx->rsp;
 	}
 	seen.python = python;
 	if (runtime_id) {
@@ -230,6 +241,7 @@ int BPF_USDT(cupti_launch, __u32 runtime_id, __u32 driver_id, __u32 weight, __u6
 	ck.tgid = lk.tgid;
 	ck.python = python;
 	ck.kernel = kernel;
+	ck.sp = seen.sp;
 	if (count_launch(&ck))
 		send_copy(ctx, py, python, kernel);
 	return 0;
@@ -274,6 +286,7 @@ __attribute__((noinline)) int count_kernel(__u64 at, __u32 tgid, __u32 uid)
 	if (seen) {
 		key.python = seen->python;
 		key.weight = seen->weight;
+		key.sp = seen->sp;
 		key.flags = ROW_LAUNCHED;
 		bpf_map_delete_elem(&pending, &lk);
 	} else if (rec.flags & GFX_CUPTI_NOT_SAMPLED) {

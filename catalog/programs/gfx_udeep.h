@@ -4,8 +4,8 @@
  * 1st, 2nd, 4th ... launch) from deep under a library: cuBLASLt launches
  * 68-70 KiB below the stack's top on an H200 (docs/gpu-hosts.md), past the
  * GFX_COPY_MAX a per-CPU scratch record holds (gfx_ucopy.h). The record is
- * reserved in the ring itself, sized to the stack that exists (a walk of its
- * pages first), and filled a page at a time through the scratch record's
+ * reserved in the ring itself, sized to the stack that exists (up to the end
+ * of sp's mapping, then a walk of its pages), and filled a page at a time through the scratch record's
  * stack; the header goes in last. The record's layout is gfx_ucopy.h's, so
  * clients read both alike.
  *
@@ -16,10 +16,36 @@
 #define GFX_UDEEP_H
 
 #include "gfx_ucopy.h"
+#include <bpf/bpf_core_read.h>
 
 #ifndef GFX_DEEP_COPY_MAX
 #error "define GFX_DEEP_COPY_MAX before including gfx_udeep.h"
 #endif
+
+struct vm_area_struct___gfxdeep {
+	unsigned long vm_end;
+} __attribute__((preserve_access_index));
+
+/* bpf_find_vma's callback: where the mapping that holds sp ends. */
+static long gfx_udeep_vma_cb(void *task, struct vm_area_struct___gfxdeep *vma, __u64 *end)
+{
+	*end = BPF_CORE_READ(vma, vm_end);
+	return 0;
+}
+
+/* Bytes from sp to the end of its mapping, the thread's stack (its top and
+ * TLS), up to want: a thread's stack may lie below other readable memory,
+ * which a copy need not take (a PyTorch launch 15 KiB deep would copy 72).
+ * want itself where the lookup fails (the mm's lock busy). */
+static __always_inline __u32 gfx_udeep_stack_left(__u64 sp, __u32 want)
+{
+	__u64 end = 0;
+
+	bpf_find_vma(bpf_get_current_task_btf(), sp, gfx_udeep_vma_cb, &end, 0);
+	if (end > sp && end - sp < want)
+		return (__u32)(end - sp);
+	return want;
+}
 
 /* Bytes readable from sp, up to want: one byte per page, since a page is
  * readable whole or not at all. */
@@ -43,7 +69,7 @@ static __always_inline __u32 gfx_udeep_readable(__u64 sp, __u32 want)
 static __always_inline void gfx_udeep_send(struct ustack_rec *r)
 {
 	__u32 want = stack_bytes < GFX_DEEP_COPY_MAX ? stack_bytes : GFX_DEEP_COPY_MAX;
-	__u32 have = gfx_udeep_readable(r->sp, want);
+	__u32 have = gfx_udeep_readable(r->sp, gfx_udeep_stack_left(r->sp, want));
 	__u32 off = 0, chunk = GFX_PAGE - (__u32)(r->sp & (GFX_PAGE - 1));
 	__u64 n, o, avail, mark, wake = BPF_RB_NO_WAKEUP;
 	struct bpf_dynptr rec;

@@ -4,7 +4,8 @@ Program `cudakernels` reads the records of gfxbpf's CUPTI injection library
 (gpu/cupti; the process runs with CUDA_INJECTION64_PATH naming it): each
 kernel's start and end on the GPU, joined in the kernel to the Python chain
 that launched it by CUPTI's correlation id. Its map `kernels` counts kernels
-and device nanoseconds per (process, user, chain hash, kernel name hash);
+and device nanoseconds per (process, user, chain hash, kernel name hash,
+launch stack pointer: the native path, summed over here);
 `names` holds the names; the stack copies sent at a few launches per chain
 carry the Python records that name the chains (the reader and code book of
 `watch cuda --by-python`). In scope system (administrators) there is no
@@ -88,7 +89,7 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
     sampled peers' estimates, not in rows of their own."""
     out: dict[tuple[int, str, str], Kernel] = {}
     for row, raw_n, raw_ns in rows:
-        tgid, uid, chash, nhash, flags, weight = row
+        tgid, uid, chash, nhash, flags, weight, _sp = row
         if flags & NOT_SAMPLED:
             continue
         n, ns = estimate(row, raw_n, raw_ns)

@@ -338,11 +338,13 @@ class ProbeCopyReader:
     Rows whose copies unwind to one path are one stack of the profile.
 
     by_chain (cudakernels: copies taken at a USDT probe inside a callback, no
-    function entry, no caller on top of the stack): rows are (tgid, 0, 0,
-    chain hash, kernel name hash) and a copy's whole unwound path, from the
-    probe out, is kept: one Python chain launches kernels through different
-    native paths (a PyTorch line's cuBLAS product and elementwise kernel;
-    autograd's thread, which has no Python frames, every backward kernel)."""
+    function entry, no caller on top of the stack): rows are (tgid, 0, stack
+    pointer at the probe, chain hash, kernel name hash) and a copy's whole
+    unwound path, from the probe out, is kept: one Python chain launches
+    kernels, and even one kernel, through different native paths (a PyTorch
+    line's cuBLAS product and elementwise kernel; autograd's thread, which has
+    no Python frames, one backward kernel from many backward functions), which
+    the stack pointer tells apart."""
 
     def __init__(
         self,
@@ -367,6 +369,8 @@ class ProbeCopyReader:
         self.siblings: dict[tuple[int, int, int, int], set[Row]] = {}
         # (tgid, chain hash) -> the Python frames, unwound or not (watch cuda --by-python)
         self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
+        # by_chain: (tgid, chain hash) -> its rows with a copy, at any stack pointer
+        self.chain_rows: dict[tuple[int, int], set[Row]] = {}
         self.records = 0
         self.largest = 0  # bytes of the largest copy seen (the notes' advice)
 
@@ -394,7 +398,7 @@ class ProbeCopyReader:
             return
         frames, stop, scanned = walked
         if self.by_chain and frames:  # `path`: the launched kernel's name hash here
-            row = (tgid, 0, 0, py.chain_hash(pyframes), path)
+            row = (tgid, 0, sp, py.chain_hash(pyframes), path)
             self._keep(row, frames, stop, scanned, pyframes)
         elif not self.by_chain and frames and frames[0] == caller:  # the row's caller
             row = (tgid, function, caller, py.chain_hash(pyframes), path)
@@ -438,17 +442,21 @@ class ProbeCopyReader:
         self.paths.setdefault(row, set()).add((path, stop))
         self.pyframes[row] = pyframes
         self.siblings.setdefault(row[:4], set()).add(row)
+        if self.by_chain:
+            self.chain_rows.setdefault((row[0], row[3]), set()).add(row)
         if scanned:
             self.scanned.add(row)
 
     def chain_stack(
-        self, tgid: int, chain: int, kernel: int, leaf: str, weight: int
+        self, tgid: int, chain: int, kernel: int, sp: int, leaf: str, weight: int
     ) -> profile.RawStack:
         """by_chain: the launch stack of a (process, Python chain, kernel name
-        hash) with this leaf; a kernel none of whose copies came takes its
-        chain's other kernels' (their shared frames where they differ)."""
+        hash, stack pointer at the probe) with this leaf; a row none of whose
+        copies came takes those of the chain's other kernels launched at the
+        same stack pointer, else those of all the chain's rows (their shared
+        frames where they differ)."""
         self.python.resolve(final=True)
-        return self._raw((tgid, 0, 0, chain, kernel), leaf, weight, "no launch stack copied yet")
+        return self._raw((tgid, 0, sp, chain, kernel), leaf, weight, "no launch stack copied yet")
 
     def row_stack(self, row: Row, leaf: str, weight: int) -> profile.RawStack:
         """A row of another table with the same key (memstacks' sites): its
@@ -497,6 +505,9 @@ class ProbeCopyReader:
             out.append(self._raw(row, leaf, w, "no user stack (unreadable return address)"))
         return out, uncopied
 
+    def _paths_of(self, rows: Iterable[Row]) -> set[tuple[tuple[int, ...], str | None]]:
+        return set().union(*(self.paths[r] for r in rows))
+
     def _same_functions(
         self, tgid: int, paths: set[tuple[tuple[int, ...], str | None]]
     ) -> tuple[tuple[int, ...], str | None] | None:
@@ -520,11 +531,12 @@ class ProbeCopyReader:
         """The row's calling stack: its copies' unwound path when they agree; where
         they differ, the frames they share and a marker (never one path picked).
         A row with no copy (lost on a full ring: a path hash met once sends
-        one) takes its siblings' paths, as one row of theirs would have."""
-        caller = row[2]
-        paths = self.paths.get(row) or set().union(
-            *(self.paths[r] for r in self.siblings.get(row[:4], ()))
-        )
+        one) takes its siblings' paths, as one row of theirs would have; by_chain,
+        failing those, all its chain's."""
+        caller = 0 if self.by_chain else row[2]  # by_chain: the stack pointer there
+        paths = self.paths.get(row) or self._paths_of(self.siblings.get(row[:4], ()))
+        if not paths and self.by_chain:
+            paths = self._paths_of(self.chain_rows.get((row[0], row[3]), ()))
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:

@@ -19,6 +19,9 @@
  *   gfx_standin_launch_deep(...)          the same from under a 40 KiB frame, as a
  *                                         cuBLASLt launch sits deep in its library
  *   gfx_standin_launch_pair(a, b, ...)    kernel a deep, kernel b direct, in one call
+ *   gfx_standin_launch_below_data(n, ns)  the same as _runtime from a thread whose 64 KiB
+ *                                         stack lies right below 64 KiB of other readable
+ *                                         memory
  *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY)
  *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
  *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define API __attribute__((visibility("default")))
@@ -307,6 +311,48 @@ API void gfx_standin_launch_pair(const char *deep, const char *direct, unsigned 
 {
 	gfx_standin_launch_deep(deep, ns_deep, 64, 128);
 	gfx_standin_launch_runtime(direct, ns_direct, 32, 1024);
+}
+
+struct thread_launch {
+	const char *name;
+	unsigned long long ns;
+};
+
+static void *launch_on_thread(void *arg)
+{
+	struct thread_launch *l = arg;
+
+	gfx_standin_launch_runtime(l->name, l->ns, 1, 32);
+	return NULL;
+}
+
+/* A launch from a thread whose stack (64 KiB) lies right below 64 KiB of
+ * readable memory of another mapping, as a thread's stack may lie below a
+ * library or a heap: a copy of the launch's stack ends with the stack's
+ * mapping, not at the first unreadable page. 0, or -1 when it could not. */
+API int gfx_standin_launch_below_data(const char *name, unsigned long long ns)
+{
+	const size_t half = 64 << 10;
+	struct thread_launch l = {name, ns};
+	pthread_attr_t attr;
+	pthread_t thread;
+	char *region;
+	int err;
+
+	region = mmap(NULL, 2 * half, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (region == MAP_FAILED)
+		return -1;
+	memset(region + half, 1, half);  /* pages that exist, so a copy could read them */
+	err = mprotect(region + half, half, PROT_READ);  /* a mapping of its own */
+	err = err ? err : pthread_attr_init(&attr);
+	if (!err) {
+		err = pthread_attr_setstack(&attr, region, half);
+		err = err ? err : pthread_create(&thread, &attr, launch_on_thread, &l);
+		err = err ? err : pthread_join(thread, NULL);
+		pthread_attr_destroy(&attr);
+	}
+	munmap(region, 2 * half);
+	return err ? -1 : 0;
 }
 
 static void kernel_record(const char *name, unsigned long long ns, int grid, int block,

@@ -43,6 +43,7 @@ from tests.kernel.brokerenv import (
     run_as,
     setpriv_user_argv,
     shared_dir,
+    uid_of,
 )
 from tests.viewers import need_pprof, pprof, pprof_top
 
@@ -336,6 +337,57 @@ def test_profile_gpu_gives_each_kernel_of_a_line_its_own_launch_path(
         assert ("gfx_standin_launch_deep" in st) == (name == "gemm"), st
         assert "gfx_standin_launch_pair" in st, st
     assert summary["total_ns"] == k * (cs.NS["gemm"] + cs.NS["relu"])
+
+
+def test_profile_gpu_gives_one_kernel_of_a_line_each_of_its_launch_paths(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    """One Python line launches "gemm" through two native paths (autograd's
+    thread launches one backward kernel from many backward functions, with no
+    Python frame to tell them apart): each path keeps its own stack and its
+    exact device time, never one stack cut at a [several call paths] marker."""
+    k = 7
+    summary, _ = _profile_gpu(broker, built, lambda w: w.command(f"twice {k}"))
+    line = f"<module> ({built.script}:{cs.MODULE_TWICE_LINE})"
+    merged = marker_frame(Stop.MERGED)
+    by_path = {}
+    for s in summary["stacks"]:
+        st = tuple(s["stack"])
+        assert line in st and "Py_BytesMain" in st and merged not in st, st
+        assert st[-1] == "gemm" and "gfx_standin_launch_pair" in st, st
+        by_path["gfx_standin_launch_deep" in st] = (
+            by_path.get("gfx_standin_launch_deep" in st, 0) + s["device_ns"]
+        )
+    assert by_path == {True: k * cs.NS["gemm"], False: k * cs.NS["gemm"]}, summary
+    assert summary["total_ns"] == 2 * k * cs.NS["gemm"]
+
+
+def test_a_launch_copy_ends_with_its_threads_stack(built: cs.Built) -> None:
+    """A launch from a thread whose 64 KiB stack lies right below other
+    readable memory: the copy takes the stack up to its mapping's end, not the
+    72 KiB a copy may take (cudakernels' ring holds so many more of them)."""
+    from gfxbpf.bpf.ringbuf import RingBuffer
+    from gfxbpf.catalog import entries, instance, objects
+    from gfxbpf.client.profiles.copies import HEADER, parse_header
+
+    entry = entries.load_catalog().get("cudakernels")
+    with _workload(built, ALICE) as w:
+        params = instance.Params(
+            uid=uid_of(ALICE), pid=w.pid, library=str(built.inject), stack_bytes=DEEP_STACK_BYTES
+        )
+        inst = instance.start(entry, objects.read_object(entry), params)
+        try:
+            ring = RingBuffer(inst.obj.map("stack_copies").fd)
+            _collecting(w, 1)
+            w.command("thread")
+            w.command("deep 1")  # the main thread, from under a 40 KiB frame: 40 KiB and more
+            records = [r for r in ring.poll(5.0) + ring.poll(0.5) if len(r) >= HEADER.size]
+            ring.close()
+        finally:
+            inst.close()
+    sizes = sorted(parse_header(r)[3] for r in records)
+    assert len(sizes) == 2, sizes
+    assert sizes[0] < 16 << 10 and sizes[1] > 40 << 10, sizes
 
 
 @pytest.mark.parametrize("listener", ["catalog", "gfxclient"])

@@ -44,11 +44,13 @@ def test_a_usdt_attach_needs_a_provider_and_name() -> None:
 
 def _rows() -> list[tuple[ck.Row, int, int]]:
     return [
-        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 1), 4, 1000),
-        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 1), 3, 900),
-        ((10, 1000, B, RELU, gk.LAUNCH_SEEN, 1), 3, 120),
-        ((10, 1000, 0, RELU, 0, 0), 2, 80),  # launched before attaching
-        ((10, 1000, 0xC1, GEMM, gk.LAUNCH_SEEN, 1), 1, 250),  # chain not copied yet
+        # one kernel of one chain through two native paths (stack pointers): one row of the view
+        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 3, 750),
+        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFD6000), 1, 250),
+        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 3, 900),
+        ((10, 1000, B, RELU, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 3, 120),
+        ((10, 1000, 0, RELU, 0, 0, 0), 2, 80),  # launched before attaching
+        ((10, 1000, 0xC1, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 1, 250),  # chain not copied yet
     ]
 
 
@@ -77,9 +79,9 @@ def test_sampled_launches_stand_for_those_left_out_and_totals_stay_exact() -> No
     """Launches too fast to probe each: rows of weight 4 scale up; the kernels of
     launches left out have no row of their own in the view but count in the totals."""
     rows: list[tuple[ck.Row, int, int]] = [
-        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 4), 25, 2500),
-        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 4), 75, 7500),
-        ((10, 1000, 0, GEMM, gk.NOT_SAMPLED, 0), 300, 30000),
+        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 4, 0x7FFE0000), 25, 2500),
+        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 4, 0x7FFE0000), 75, 7500),
+        ((10, 1000, 0, GEMM, gk.NOT_SAMPLED, 0, 0), 300, 30000),
     ]
     chains = {(10, A): ("a (t.py:2)",), (10, B): ("b (t.py:5)",)}
     got = {k.function: (k.kernels, k.device_ns, k.estimated) for k in ck.group(rows, {}, chains)}

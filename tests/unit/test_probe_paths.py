@@ -50,6 +50,21 @@ def test_a_row_whose_copy_was_lost_takes_its_siblings_path() -> None:
     assert r._path((7, 0, 0x500, 2, 0xB)) == ((0x500,), None)
 
 
+def test_launch_rows_fall_back_to_the_same_stack_pointer_then_to_the_chain() -> None:
+    """cudakernels' rows (tgid, 0, stack pointer, chain, kernel): a kernel whose
+    copy was lost takes the path of the chain's kernels launched at the same
+    stack pointer (the same native path); failing those, the chain's paths,
+    merged where they differ; never the stack pointer as a frame."""
+    r = ProbeCopyReader(None, lambda tgid, refresh=False: object(), Tables(), by_chain=True)  # type: ignore[arg-type]
+    deep, direct = (0x300F, 0x2000, 0x1010), (0x100F, 0x2000, 0x1010)
+    r._keep((7, 0, 0x7F00, 1, 0xA), deep, None, False, ())
+    r._keep((7, 0, 0x7F80, 1, 0xB), direct, None, False, ())
+    assert r._path((7, 0, 0x7F00, 1, 0xC)) == (deep, None)
+    assert r._path((7, 0, 0x7F80, 1, 0xC)) == (direct, None)
+    assert r._path((7, 0, 0x7E00, 1, 0xC)) == ((), MERGED)  # no common innermost frame
+    assert r._path((7, 0, 0x7E00, 2, 0xC)) == ((), None)  # a chain with no copy at all
+
+
 def test_a_copy_from_a_library_the_maps_never_showed_still_names_its_row() -> None:
     # --stacks-at a library the process loaded, called and left between two
     # snapshots of its maps, read after it exited (CI: ctypes.CDLL, 4000 calls,

@@ -1,5 +1,5 @@
 """Program `cudakernels`' tables: kernels and device nanoseconds per (process,
-user, Python chain hash, kernel name hash), the kernels' names, and what the
+user, Python chain hash, kernel name hash, launch stack pointer), the kernels' names, and what the
 injection library's launch sampling makes of a row.
 
 When launches come faster than the library's launch rate
@@ -27,13 +27,14 @@ if TYPE_CHECKING:
 
 PROGRAM = "cudakernels"
 LIBRARY_PREFIX = "libgfxcupti"
-KERNEL_KEY = struct.Struct("<IIQQII")  # cudakernels.bpf.c struct kernel_key
+KERNEL_KEY = struct.Struct("<IIQQIIQ")  # cudakernels.bpf.c struct kernel_key
 KERNEL_STATS = struct.Struct("<QQ")
 LAUNCH_SEEN = 1  # kernel_key.flags
 NOT_SAMPLED = 2  # kernel_key.flags: the library's sampling left its launch out
 UNCOUNTED = (1).to_bytes(4, "little")  # cudakernels.bpf.c: lost[1], kernels not counted
 
-Row = tuple[int, int, int, int, int, int]  # tgid, uid, chain hash, name hash, flags, weight
+# tgid, uid, chain hash, name hash, flags, weight, stack pointer at the launch probe
+Row = tuple[int, int, int, int, int, int, int]
 
 
 def find_injection(pid: int) -> str:
@@ -130,6 +131,7 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
             row[0],
             row[2],
             row[3],
+            row[6],
             names.get(row[3], f"[kernel {row[3]:#x}]"),
             estimate(row, n, ns)[1],
         )
