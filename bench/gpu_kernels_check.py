@@ -211,9 +211,14 @@ def matmul_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
         {"kernel": name, "launched_from": where, "kernels": r["kernels"], "device_ns": r["ns"]}
         for (name, where), r in sorted(got.items(), key=lambda t: -t[1]["ns"])
     ]
+    # The workload's spacers (_gpu_busy: the GPU kept busy while the host
+    # launches each product) are outside the events: not the products' kernels.
+    spacers = [r for r in rows if r["launched_from"].startswith("_gpu_busy ")]
+    rows = [r for r in rows if r not in spacers]
     total = sum(r["device_ns"] for r in rows)
     return {
         "truth": truth,
+        "spacer_kernels": sum(r["kernels"] for r in spacers),
         "rows": rows,
         "kernels_total": sum(r["kernels"] for r in rows),
         "device_ns_total": total,
@@ -250,9 +255,18 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
     whole = sum(s["device_ns"] for s in got["stacks"] if "Py_BytesMain" in s["stack"])
     several = marker_frame(Stop.MERGED)
     merged = sum(s["device_ns"] for s in got["stacks"] if several in s["stack"])
+    # Unbroken: no marker of a stop, so the unwind reached its thread's first
+    # frame: Py_BytesMain's chain, or a thread's start (autograd's backward
+    # kernels, whose thread has no Python frame).
+    unbroken = sum(
+        s["device_ns"]
+        for s in got["stacks"]
+        if not any(f == several or f.startswith("[unwind stopped") for f in s["stack"])
+    )
     return {
         "total_ns": total,
         "whole_pct": round(100.0 * whole / total, 1) if total else None,
+        "unbroken_pct": round(100.0 * unbroken / total, 1) if total else None,
         # a Python chain (or autograd's thread, which has none) whose kernels'
         # copies unwound to different paths: launch stacks are per kernel
         "merged_pct": round(100.0 * merged / total, 1) if total else None,
@@ -340,6 +354,7 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "profile_gpu_whole_pct": (res.get("profile_gpu") or {}).get("whole_pct"),
         "profile_gpu_train_whole_pct": (res.get("profile_gpu_train") or {}).get("whole_pct"),
         "profile_gpu_train_merged_pct": (res.get("profile_gpu_train") or {}).get("merged_pct"),
+        "profile_gpu_train_unbroken_pct": (res.get("profile_gpu_train") or {}).get("unbroken_pct"),
     }
 
 

@@ -4,8 +4,9 @@ One command per line on stdin, one JSON line back per command:
 
   prep        allocates the matrices and runs one product (cuBLAS picks and loads its kernel)
   matmul N    N matrix products of a fixed size, N/4 from `mm_a` and 3N/4 from
-              `mm_b`, each between two CUDA events: the truth of their device
-              time (torch.cuda.Event.elapsed_time), and how many kernels one
+              `mm_b`, each between two CUDA events recorded while the GPU is
+              busy (a spacer kernel from `_gpu_busy` first): the truth of their
+              device time (torch.cuda.Event.elapsed_time), and how many kernels one
               product launches (torch.profiler is not used: it would take CUPTI)
   loop N      N launches of a tiny kernel back to back (launch-bound): seconds per launch
   profile N   the same loop under torch.profiler (CUDA activities): seconds per launch
@@ -40,8 +41,22 @@ def _lib() -> Any:
     return lib
 
 
+# GPU clock cycles of the spacer before each timed product (~2 ms at 2 GHz):
+# longer than the host takes to launch the product, listened to or not.
+SPACER_CYCLES = int(os.environ.get("GFX_SPACER_CYCLES", "4000000"))
+
+
+def _gpu_busy() -> None:
+    """Keep the GPU busy while the host launches the product, so that the start
+    event runs right before the product's kernel: on an idle GPU it runs at
+    once, and the events then also time the host's launch (tens of µs, more
+    with a launch probe), which is no kernel's device time."""
+    torch._C._cuda_sleep(SPACER_CYCLES)  # torch.cuda._sleep's own call: this line launches
+
+
 def _timed(a: torch.Tensor, b: torch.Tensor, out: list[float]) -> None:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    _gpu_busy()
     start.record()
     torch.mm(a, b)
     end.record()
