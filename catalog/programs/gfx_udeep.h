@@ -5,9 +5,9 @@
  * 68-70 KiB below the stack's top on an H200 (docs/gpu-hosts.md), past the
  * GFX_COPY_MAX a per-CPU scratch record holds (gfx_ucopy.h). The record is
  * reserved in the ring itself, sized to the stack that exists (up to the end
- * of sp's mapping, then a walk of its pages), and filled a page at a time through the scratch record's
- * stack; the header goes in last. The record's layout is gfx_ucopy.h's, so
- * clients read both alike.
+ * of sp's mapping, then a walk of its pages), and filled a page at a time
+ * through the scratch record's stack; the header goes in last. The record's
+ * layout is gfx_ucopy.h's, so clients read both alike.
  *
  * The includer defines GFX_DEEP_COPY_MAX (a multiple of GFX_PAGE): the most
  * a copy takes, whatever stack_bytes says.
