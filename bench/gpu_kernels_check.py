@@ -3,13 +3,15 @@
 tools/gpu_check.sh's step 6; also runs alone:
 
   python3 bench/gpu_kernels_check.py --inject LIB [--python PY] [--user NAME]
-      [--launches N] [--matmuls N] [--out FILE.json] [--socket SOCKET]
+      [--launches N] [--matmuls N] [--pairs K] [--out FILE.json] [--socket SOCKET]
 
 LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
 (bench/gpu_kernels_workload.py) runs as --user with PyTorch. Measured:
   1. a launch-bound loop (N tiny kernels) in a process without the library,
      with it loaded but not listened to, and listened to (the `cudakernels`
      program attached to that process), and under torch.profiler: time per launch;
+     and, for the not-listened cost across processes, K processes without the
+     library and K with it loaded, alternately (median over processes);
   2. while nothing listens, the library's own counter of records collected (0);
   3. listened, N matrix products of a fixed size, each between CUDA events:
      kernels counted and device ns per kernel from the `cudakernels` maps
@@ -293,8 +295,33 @@ def listen(w: Workload, args: argparse.Namespace, uid: int, res: dict[str, Any])
     return direct
 
 
+def interleaved(args: argparse.Namespace) -> dict[str, Any]:
+    """The library loaded and not listened to, against none, across processes:
+    `--pairs` processes of each, started alternately, each timing the loop.
+    One process per figure cannot resolve 1%: on an H200 the same loop took
+    6.6 µs a launch in one process and 10.6 in another (docs/gpu-hosts.md);
+    the median over processes is steadier."""
+    plain: list[float] = []
+    loaded: list[float] = []
+    for _ in range(args.pairs):
+        for inject, out in ((None, plain), (args.inject, loaded)):
+            w = Workload(args.python, args.user, inject)
+            try:
+                out.append(per_launch(w, args.launches)["median_us"])
+            finally:
+                w.close()
+    base, got = statistics.median(plain), statistics.median(loaded)
+    return {
+        "no_library_us": plain,
+        "loaded_us": loaded,
+        "overhead_pct": round(100.0 * (got - base) / base, 2) if base else None,
+    }
+
+
 def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
     res: dict[str, Any] = {}
+    if args.pairs:
+        res["not_listened_interleaved"] = interleaved(args)
     plain = Workload(args.python, args.user, None)
     try:
         res["no_library"] = per_launch(plain, args.launches)
@@ -342,6 +369,9 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
     return {
         "launch_us_no_library": (res.get("no_library") or {}).get("median_us"),
         "overhead_pct_loaded_not_listened": pct("loaded_not_listened"),
+        "overhead_pct_loaded_interleaved": (res.get("not_listened_interleaved") or {}).get(
+            "overhead_pct"
+        ),
         "overhead_pct_listened": pct("listened"),
         # Against the same process not listened to: processes' own launch times
         # differ by up to ±30% on an H200 (docs/gpu-hosts.md), one process does not.
@@ -365,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--user", default=None, help="run the workload as this user (default: root)")
     ap.add_argument("--launches", type=int, default=20000)
     ap.add_argument("--matmuls", type=int, default=200)
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="processes without the library and with it loaded, alternately, for the\n"
+        "not-listened overhead across processes (0: none)",
+    )
     ap.add_argument("--out", default=None, help="write the results here as JSON")
     ap.add_argument("--socket", default=None, help="a broker's socket: listen with gfxclient")
     ap.add_argument("--workload", default=SOURCE, help=argparse.SUPPRESS)  # tests: a stand-in
