@@ -284,7 +284,7 @@ def _check_perf_paranoid(audit: AuditLog, catalog: Catalog) -> None:
     from gfxbpf.bpf.link import perf
     from gfxbpf.catalog.instance import perf_event_programs
 
-    level = perf.admin_only_level()
+    level = perf.refusing_level()
     if level is None:
         return
     names = ", ".join(perf_event_programs(catalog))

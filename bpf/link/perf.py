@@ -33,6 +33,7 @@ PERF_TYPE_HARDWARE = 0
 PERF_TYPE_SOFTWARE = 1
 PERF_TYPE_TRACEPOINT = 2
 PERF_COUNT_SW_CPU_CLOCK = 0
+PERF_COUNT_SW_DUMMY = 9
 
 PERF_FLAG_FD_NO_GROUP = 1 << 0
 PERF_FLAG_FD_OUTPUT = 1 << 1
@@ -149,6 +150,8 @@ def _describe(attr: PerfEventAttr) -> str:
 PARANOID = "/proc/sys/kernel/perf_event_paranoid"
 # Debian's and Ubuntu's kernels add levels above upstream's 2, at which
 # perf_event_open asks for CAP_SYS_ADMIN itself: CAP_PERFMON is not enough.
+# Debian's is 3, Ubuntu's 4 (its 3 acts as upstream's 2): the kernel is asked
+# (_may_open_perf_events) before a refusal is blamed on the level.
 PARANOID_ADMIN_ONLY = 3
 
 
@@ -170,8 +173,8 @@ def admin_only_level() -> int | None:
 def admin_only_message(level: int) -> str:
     """Why a holder of CAP_PERFMON is refused at such a level, and the way out."""
     return (
-        f"kernel.perf_event_paranoid is {level}: at {PARANOID_ADMIN_ONLY} and above, a level "
-        "Debian's and Ubuntu's kernels add, only CAP_SYS_ADMIN may open perf events "
+        f"kernel.perf_event_paranoid is {level}: at this level, which Debian's (3) and "
+        "Ubuntu's (4) kernels add, only CAP_SYS_ADMIN may open perf events "
         "(CAP_PERFMON is not enough); an administrator sets it to 2, upstream's default"
     )
 
@@ -189,18 +192,37 @@ def _holds_cap_sys_admin() -> bool:
     return bool(int(eff.split()[1], 16) >> CAP_SYS_ADMIN & 1)
 
 
-def perf_events_refused() -> str | None:
-    """Why this process can open no perf event at all (a level that asks for
-    CAP_SYS_ADMIN, which it lacks); None when the level lets it try."""
+def _may_open_perf_events() -> bool:
+    """Whether the kernel opens this process a perf event at all: a dummy
+    software event on itself, user space only, which every level up to 2
+    allows. False only for a refusal (EACCES, EPERM)."""
+    attr = PerfEventAttr(type=PERF_TYPE_SOFTWARE, config=PERF_COUNT_SW_DUMMY)
+    attr.disabled = attr.exclude_kernel = attr.exclude_hv = 1
+    fd = _open(attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC)  # not perf_event_open: its hint asks here
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0 or -fd not in (errno.EACCES, errno.EPERM)
+
+
+def refusing_level() -> int | None:
+    """The paranoid level when it keeps this process from opening any perf
+    event (a level above 2, no CAP_SYS_ADMIN, and the kernel says no); None
+    otherwise."""
     level = admin_only_level()
-    if level is None or _holds_cap_sys_admin():
+    if level is None or _holds_cap_sys_admin() or _may_open_perf_events():
         return None
-    return admin_only_message(level)
+    return level
+
+
+def perf_events_refused() -> str | None:
+    """Why this process can open no perf event at all; None when it can."""
+    level = refusing_level()
+    return None if level is None else admin_only_message(level)
 
 
 def _hint(err: int) -> str:
     if err in (errno.EACCES, errno.EPERM):
-        level = admin_only_level()
+        level = refusing_level()
         if level is not None:
             return f" ({admin_only_message(level)})"
         return " (needs CAP_PERFMON or root, or a lower kernel.perf_event_paranoid)"
@@ -215,16 +237,8 @@ def _hint(err: int) -> str:
     return ""
 
 
-def perf_event_open(
-    attr: PerfEventAttr,
-    pid: int,
-    cpu: int,
-    group_fd: int = -1,
-    flags: int = PERF_FLAG_FD_CLOEXEC,
-    *,
-    name: str | None = None,
-) -> int:
-    """Open a perf event; returns its fd. `name` is used in error messages."""
+def _open(attr: PerfEventAttr, pid: int, cpu: int, group_fd: int, flags: int) -> int:
+    """The system call: the fd, or -errno."""
     if attr.size == 0:
         attr.size = ctypes.sizeof(PerfEventAttr)
     fd = _syscall(
@@ -235,8 +249,22 @@ def perf_event_open(
         ctypes.c_int(group_fd),
         ctypes.c_ulong(flags),
     )
+    return int(fd) if fd >= 0 else -ctypes.get_errno()
+
+
+def perf_event_open(
+    attr: PerfEventAttr,
+    pid: int,
+    cpu: int,
+    group_fd: int = -1,
+    flags: int = PERF_FLAG_FD_CLOEXEC,
+    *,
+    name: str | None = None,
+) -> int:
+    """Open a perf event; returns its fd. `name` is used in error messages."""
+    fd = _open(attr, pid, cpu, group_fd, flags)
     if fd < 0:
-        err = ctypes.get_errno()
+        err = -fd
         what = name or f"perf event ({_describe(attr)})"
         raise OSError(
             err,
