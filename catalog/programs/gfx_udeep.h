@@ -15,23 +15,12 @@
 #ifndef GFX_UDEEP_H
 #define GFX_UDEEP_H
 
+#include "gfx_pathhash.h"  /* gfx_path_vma_cb: the mapping that holds an address */
 #include "gfx_ucopy.h"
-#include <bpf/bpf_core_read.h>
 
 #ifndef GFX_DEEP_COPY_MAX
 #error "define GFX_DEEP_COPY_MAX before including gfx_udeep.h"
 #endif
-
-struct vm_area_struct___gfxdeep {
-	unsigned long vm_end;
-} __attribute__((preserve_access_index));
-
-/* bpf_find_vma's callback: where the mapping that holds sp ends. */
-static long gfx_udeep_vma_cb(void *task, struct vm_area_struct___gfxdeep *vma, __u64 *end)
-{
-	*end = BPF_CORE_READ(vma, vm_end);
-	return 0;
-}
 
 /* Bytes from sp to the end of its mapping, the thread's stack (its top and
  * TLS), up to want: a thread's stack may lie below other readable memory,
@@ -39,11 +28,11 @@ static long gfx_udeep_vma_cb(void *task, struct vm_area_struct___gfxdeep *vma, _
  * want itself where the lookup fails (the mm's lock busy). */
 static __always_inline __u32 gfx_udeep_stack_left(__u64 sp, __u32 want)
 {
-	__u64 end = 0;
+	struct gfx_path_vma seen = {};
 
-	bpf_find_vma(bpf_get_current_task_btf(), sp, gfx_udeep_vma_cb, &end, 0);
-	if (end > sp && end - sp < want)
-		return (__u32)(end - sp);
+	bpf_find_vma(bpf_get_current_task_btf(), sp, gfx_path_vma_cb, &seen, 0);
+	if (seen.end > sp && seen.end - sp < want)
+		return (__u32)(seen.end - sp);
 	return want;
 }
 
