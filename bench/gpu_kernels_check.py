@@ -43,8 +43,6 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "gpu_kernels_workload.py")
-KERNEL_KEY = struct.Struct("<IIQQIIQ")  # cudakernels.bpf.c struct kernel_key
-KERNEL_STATS = struct.Struct("<QQ")
 REPEATS = 5
 
 
@@ -128,6 +126,8 @@ class Direct:
 
     def rows(self) -> dict[tuple[str, str], dict[str, int]]:
         """(kernel name, launch seen) -> kernels, ns, summed over the rows."""
+        from gfxbpf.client.profiles.gpu.kernels import KERNEL_KEY, KERNEL_STATS
+
         names = {
             struct.unpack("<Q", k)[0]: v.split(b"\0", 1)[0].decode(errors="replace")
             for k, v in self.inst.obj.map("names").items()
