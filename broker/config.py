@@ -171,11 +171,12 @@ def _load_catalog(catalog: str | None) -> Any:
 
 def _host_warnings(policy: Policy, programs: Any) -> list[str]:
     """Entries this host's kernel settings stop: Debian's perf_event_paranoid 3
-    opens no perf event to the broker (it never holds CAP_SYS_ADMIN)."""
+    opens no perf event to the broker (it never holds CAP_SYS_ADMIN); Ubuntu's 3
+    acts as upstream's 2, so the kernel is asked."""
     from gfxbpf.bpf.link import perf
     from gfxbpf.catalog.instance import perf_event_programs
 
-    level = perf.admin_only_level()
+    level = perf.refusing_level_for_broker()
     if level is None:
         return []
     stopped = set(perf_event_programs(programs))

@@ -101,12 +101,18 @@ WATCH = ["watch", "clonecount", "--socket", "{socket}", "--duration", "2", "--js
 CPU = {"name": "cpu", "argv": PROFILE + ["{python}", "{script}"], "script": CPU_SCRIPT}
 OFFCPU = {"argv": ["profile", "--off-cpu"] + PROFILE[1:] + ["{python}", "{script}"]}
 LIST = ["list", "--socket", "{socket}", "--json"]
+# The administrator's check of the policy, as root (whose CAP_SYS_ADMIN must
+# not hide what the kernel refuses the broker).
+CHECK = {"tool": "gfxbpf-broker", "as_root": True}
+CHECK["argv"] = ["--check-policy", "--policy", "/etc/gfxbpf/policy.toml"]
 STEPS: list[dict[str, Any]] = [
+    dict(CHECK, name="check_policy_stock"),
     {"name": "list_stock", "argv": LIST},
     dict(CPU, name="cpu_stock"),
     {"name": "tracepoint_stock", "argv": WATCH},
     {"sysctl_file": "/etc/sysctl.d/60-gfxbpf.conf"},
     {"name": "list", "argv": LIST},
+    dict(CHECK, name="check_policy"),
     CPU,
     {"name": "tracepoint", "argv": WATCH},
     dict(OFFCPU, name="offcpu", script=NAP_SCRIPT),

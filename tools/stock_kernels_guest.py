@@ -107,7 +107,9 @@ def start_broker():
 
 
 def run_as_user(run):
-    """One gfxclient command as the ordinary user ({script}: her program)."""
+    """One gfxclient command as the ordinary user ({script}: her program), or
+    another of gfxbpf's commands as root ("tool", "as_root": an
+    administrator's check)."""
     home = f"/tmp/{CONF['user']}"
     os.makedirs(home, exist_ok=True)
     os.chown(home, CONF["user_uid"], CONF["user_uid"])
@@ -116,8 +118,10 @@ def run_as_user(run):
     with open(script, "w") as f:
         f.write(run.get("script", ""))
     words = {"{socket}": SOCKET, "{out}": out, "{script}": script, "{python}": sys.executable}
-    argv = [sys.executable, "/opt/bin/gfxclient"] + [words.get(w, w) for w in run["argv"]]
+    tool = "/opt/bin/" + run.get("tool", "gfxclient")
+    argv = [sys.executable, tool] + [words.get(w, w) for w in run["argv"]]
     env = dict(ENV, HOME=home, USER=CONF["user"])
+    who = {"user": CONF["user_uid"], "group": CONF["user_uid"], "extra_groups": []}
     started = time.monotonic()
     try:
         r = subprocess.run(
@@ -126,10 +130,8 @@ def run_as_user(run):
             text=True,
             env=env,
             cwd=home,
-            user=CONF["user_uid"],
-            group=CONF["user_uid"],
-            extra_groups=[],
             timeout=CONF["client_s"],
+            **({} if run.get("as_root") else who),
         )
         rc, stdout, stderr = r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:

@@ -214,6 +214,42 @@ def refusing_level() -> int | None:
     return level
 
 
+NOBODY = 65534
+
+
+def _may_open_without_admin() -> bool | None:
+    """_may_open_perf_events asked as the broker is (not root, no
+    CAP_SYS_ADMIN), by a child that becomes nobody: a root shell's check of a
+    policy must not answer with its own CAP_SYS_ADMIN. None when the child
+    cannot drop to nobody (no CAP_SETUID)."""
+    pid = os.fork()
+    if pid == 0:  # the child: no Python cleanup, only its verdict
+        code = 2
+        try:
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)  # leaving uid 0 clears every capability
+            code = 0 if not _holds_cap_sys_admin() and _may_open_perf_events() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return None if code not in (0, 1) else code == 0
+
+
+def refusing_level_for_broker() -> int | None:
+    """The paranoid level when it keeps the broker (CAP_BPF and CAP_PERFMON,
+    never CAP_SYS_ADMIN) from opening perf events, asked of the kernel even
+    from root; None otherwise. Where the question cannot be put to a child,
+    every level above 2 counts as refusing."""
+    level = admin_only_level()
+    if level is None:
+        return None
+    if not _holds_cap_sys_admin():
+        return None if _may_open_perf_events() else level
+    return None if _may_open_without_admin() else level
+
+
 def perf_events_refused() -> str | None:
     """Why this process can open no perf event at all; None when it can."""
     level = refusing_level()

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
     ALICE,
     BOB,
@@ -657,6 +658,54 @@ def test_check_policy_good_and_broken(tmp_path: Path) -> None:
     assert "field 'sha256'" in r.stdout and "field 'users'" in r.stdout
     assert "INVALID" in r.stdout
     assert "Traceback" not in r.stdout + r.stderr
+
+
+PARANOID = "/proc/sys/kernel/perf_event_paranoid"
+# A dummy software event on itself, user space only, as nobody: what any
+# level up to 2 allows, and what the broker's perf events need.
+NOBODY_OPENS = """
+import ctypes, os, struct, sys
+attr = bytearray(128)
+struct.pack_into("<IIQ", attr, 0, 1, len(attr), 9)  # PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY
+struct.pack_into("<Q", attr, 40, 1 | 1 << 5 | 1 << 6)  # disabled, exclude_kernel, exclude_hv
+buf = ctypes.create_string_buffer(bytes(attr), len(attr))
+fd = ctypes.CDLL(None, use_errno=True).syscall(298, buf, 0, -1, -1, 8)
+sys.exit(0 if fd >= 0 else 1)
+"""
+
+
+def test_check_policy_asks_the_kernel_what_the_level_refuses(tmp_path: Path) -> None:
+    """At level 3 a Debian kernel opens no perf event without CAP_SYS_ADMIN;
+    upstream's and Ubuntu's 3 act as 2. Run by root, --check-policy must warn
+    of the perf-event programs exactly when the broker would be refused: the
+    kernel says so to a process that is not root (it once went by the level
+    alone, and warned of every such entry on Ubuntu)."""
+    if os.geteuid() != 0:
+        skip_or_fail("setting kernel.perf_event_paranoid needs root")
+    good = tmp_path / "good.toml"
+    good.write_text(main_policy())
+    with open(PARANOID) as f:
+        before = f.read().strip()
+    try:
+        with open(PARANOID, "w") as f:
+            f.write("3")
+        refused = subprocess.run(
+            [VENV_PYTHON, "-c", NOBODY_OPENS], user=65534, group=65534, extra_groups=[]
+        ).returncode
+        r = subprocess.run(
+            _broker_cmd("--check-policy", "--policy", str(good)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        with open(PARANOID, "w") as f:
+            f.write(before)
+    assert r.returncode == 0, r.stdout + r.stderr
+    warned = sorted(
+        line.split("'")[1] for line in r.stdout.splitlines() if "cannot attach on this host" in line
+    )
+    assert warned == (["clonecount", "vmabind"] if refused else []), r.stdout
 
 
 def test_start_errors_are_one_line(world_dir: Path) -> None:

@@ -98,6 +98,14 @@ def check_the_product(guest: dict[str, Any]) -> None:
     steps = {s["run"]: s for s in guest["runs"] if "run" in s}
     (applied,) = [s for s in guest["runs"] if "applied" in s]
     assert applied["sysctl"]["perf_event_paranoid"] == "2"
+    # Root's --check-policy warns of the entries the kernel refuses the broker.
+    for name, stopped in (
+        ("check_policy_stock", ["clonecount", "stackcopy"]),
+        ("check_policy", []),
+    ):
+        said = steps[name]["stdout"].splitlines()
+        warned = sorted(x.split("'")[1] for x in said if "cannot attach on this host" in x)
+        assert steps[name]["rc"] == 0 and warned == stopped, (where, steps[name])
     # On Debian's settings: `gfxclient list` says what cannot run and why ...
     here = _listed(steps["list_stock"])
     assert "kernel.perf_event_paranoid is 3" in here["stackcopy"], here

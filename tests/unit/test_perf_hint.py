@@ -87,6 +87,34 @@ def test_the_kernel_is_asked_for_real() -> None:
     level = perf.perf_event_paranoid()
     if os.geteuid() == 0 or (level is not None and level <= 2):
         assert perf._may_open_perf_events()
+    if os.geteuid() == 0 and level is not None and level <= 2:
+        assert perf._may_open_without_admin() is True  # nobody, too
+
+
+@pytest.mark.parametrize("opens", [True, False])
+def test_a_check_run_by_root_asks_as_the_broker_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opens: bool
+) -> None:
+    """--check-policy runs as root, whose CAP_SYS_ADMIN opens perf events at
+    every level: the kernel is asked by a child that became nobody (forked:
+    it answers with the probe patched here)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("becoming nobody needs root")  # the kernel suite runs as root
+    _level(tmp_path, monkeypatch, "3\n")
+    monkeypatch.setattr(perf, "_may_open_perf_events", lambda: opens)
+    assert perf._may_open_without_admin() is opens
+    assert perf.refusing_level_for_broker() == (None if opens else 3)
+
+
+def test_a_child_that_cannot_become_nobody_counts_the_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _level(tmp_path, monkeypatch, "4\n")
+    monkeypatch.setattr(perf, "_holds_cap_sys_admin", lambda: True)
+    monkeypatch.setattr(perf, "_may_open_without_admin", lambda: None)
+    assert perf.refusing_level_for_broker() == 4
 
 
 def test_an_unreadable_sysctl_is_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
