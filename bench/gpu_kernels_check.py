@@ -18,7 +18,9 @@ LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
      against the events' total;
   4. with --socket SOCKET (a broker whose policy grants the user
      `cudakernels`), listened to through `gfxclient watch cuda --gpu --json`, as
-     the user: rows per kernel and launching Python function.
+     the user: rows per kernel and launching Python function;
+  5. last, torch.profiler beside a watch, both ways round (coexist): the
+     kernels each side still sees.
 Without --socket the program is attached here, as root, straight from the
 catalog (no broker): the figures are the program's own maps.
 """
@@ -350,9 +352,58 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
         w.ask(f"loop {args.launches}")
         res["records_after_detach"] = w.ask("stats")["records"] - before
         res["torch_profiler_with_library_loaded"] = per_launch(w, args.launches, "profile")
+        res["coexist"] = coexist(w, args, uid)
     finally:
         w.close()
     return res
+
+
+COEXIST_LAUNCHES = 2000
+
+
+def coexist(w: Workload, args: argparse.Namespace, uid: int) -> dict[str, Any]:
+    """torch.profiler and a listened watch in one process, both ways round.
+    torch.profiler's Kineto registers its own activity buffers and enables
+    and, when done, disables the kernel records, even when CUPTI refused it
+    a subscription: (a) torch.profiler run while the watch listens: the
+    kernels its trace holds, and the records the library still collects
+    afterwards; (b) a torch.profiler session that outlives the watch: the
+    kernels its trace holds once the library let go. Last in the run: what
+    CUPTI does then is what this measures."""
+    out: dict[str, Any] = {}
+    n = COEXIST_LAUNCHES
+    listener = None
+    started: dict[str, Any] = {}
+    try:
+        listener = listen(w, args, uid, {})
+        before = w.ask("stats")["records"]
+        out["profiler_while_listened"] = w.ask(f"profile_count {n}")
+        time.sleep(0.5)  # the library hands records over at its polls
+        during = w.ask("stats")["records"]
+        w.ask(f"loop {n}")
+        time.sleep(0.5)
+        out["records_during_profiler"] = during - before
+        out["records_after_profiler"] = w.ask("stats")["records"] - during
+        out["launches_after_profiler"] = n + 1000
+        started = w.ask("profiler_start")
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if listener is not None:
+            listener.close()
+    if started.get("started"):
+        try:
+            wait_collecting(w, 0, 15)
+            out["profiler_after_watch_ended"] = w.ask(f"profiler_stop {n}")
+        except (RuntimeError, OSError, ValueError) as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _pct(part: Any, whole: Any) -> float | None:
+    if not isinstance(part, int) or not isinstance(whole, int) or not whole:
+        return None
+    return round(100.0 * part / whole, 1)
 
 
 def summary(res: dict[str, Any]) -> dict[str, Any]:
@@ -366,6 +417,9 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
 
     mm = res.get("matmul") or {}
     products = (mm.get("truth") or {}).get("products")
+    both = res.get("coexist") or {}
+    while_listened = both.get("profiler_while_listened") or {}
+    outlived = both.get("profiler_after_watch_ended") or {}
     return {
         "launch_us_no_library": (res.get("no_library") or {}).get("median_us"),
         "overhead_pct_loaded_not_listened": pct("loaded_not_listened"),
@@ -385,6 +439,16 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "profile_gpu_train_whole_pct": (res.get("profile_gpu_train") or {}).get("whole_pct"),
         "profile_gpu_train_merged_pct": (res.get("profile_gpu_train") or {}).get("merged_pct"),
         "profile_gpu_train_unbroken_pct": (res.get("profile_gpu_train") or {}).get("unbroken_pct"),
+        # torch.profiler beside a watch (coexist): each side's share of the kernels
+        "torch_profiler_kernels_pct_while_listened": _pct(
+            while_listened.get("profiler_kernels"), while_listened.get("launches")
+        ),
+        "records_pct_after_torch_profiler": _pct(
+            both.get("records_after_profiler"), both.get("launches_after_profiler")
+        ),
+        "torch_profiler_kernels_pct_after_watch_ended": _pct(
+            outlived.get("profiler_kernels"), outlived.get("launches")
+        ),
     }
 
 

@@ -10,6 +10,10 @@ One command per line on stdin, one JSON line back per command:
               product launches (torch.profiler is not used: it would take CUPTI)
   loop N      N launches of a tiny kernel back to back (launch-bound): seconds per launch
   profile N   the same loop under torch.profiler (CUDA activities): seconds per launch
+  profile_count N   the same, and the kernels torch.profiler's trace holds
+  profiler_start / profiler_stop N   a torch.profiler session left open across
+              other commands (a watch that ends meanwhile), then the loop and
+              the kernels its trace holds
   train N     N training steps of a small transformer (two encoder layers, AdamW):
               seconds per step in `s_per_launch` (a realistic launch rate, for
               the cost of listening beside the launch-bound loop's)
@@ -146,6 +150,44 @@ def profile(n: int) -> dict[str, Any]:
         return loop(n)
 
 
+PROFILER: list[Any] = []  # a torch.profiler session left open (profiler_start)
+
+
+def _profiler_kernels(prof: Any) -> int:
+    """Kernels in torch.profiler's trace (its CUDA events)."""
+    from torch.autograd import DeviceType
+
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+
+def profile_count(n: int) -> dict[str, Any]:
+    """The loop under torch.profiler, and how many of its kernels the trace holds."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        loop(n)
+    return {"launches": n + 1000, "profiler_kernels": _profiler_kernels(prof)}
+
+
+def profiler_start() -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof.__enter__()
+    PROFILER[:] = [prof]
+    return {"started": True}
+
+
+def profiler_stop(n: int) -> dict[str, Any]:
+    """The loop, then the session profiler_start opened ends."""
+    loop(n)
+    prof = PROFILER.pop()
+    prof.__exit__(None, None, None)
+    return {"launches": n + 1000, "profiler_kernels": _profiler_kernels(prof)}
+
+
 def main() -> int:
     torch.zeros(1, device="cuda")  # cuInit: the driver loads CUDA_INJECTION64_PATH here
     lib = _lib()
@@ -162,6 +204,12 @@ def main() -> int:
             reply = profile(int(arg))
         elif cmd == "train":
             reply = train(int(arg))
+        elif cmd == "profile_count":
+            reply = profile_count(int(arg))
+        elif cmd == "profiler_start":
+            reply = profiler_start()
+        elif cmd == "profiler_stop":
+            reply = profiler_stop(int(arg))
         elif cmd == "stats":
             reply = {"records": lib.gfx_cupti_records() if lib else None,
                      "launches": lib.gfx_cupti_launches() if lib else None,

@@ -426,6 +426,9 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     else:
         assert list(rows) == [("gemm", "launch seen")]
     assert all(r["device_ns"] == r["kernels"] * cs.GPU_CHECK_NS for r in rows.values())
+    # Beside torch.profiler (none on the stand-in): listened to again, every record.
+    both = res["coexist"]
+    assert "error" not in both and both["records_after_profiler"] == 2000, both
 
 
 def _watched(broker: BrokerProcess, built: cs.Built, env: dict[str, str], n: int) -> dict[str, Any]:
