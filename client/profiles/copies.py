@@ -371,6 +371,9 @@ class ProbeCopyReader:
         self.chains: dict[tuple[int, int], tuple[py.Frame, ...]] = {}
         # by_chain: (tgid, chain hash) -> its rows with a copy, at any stack pointer
         self.chain_rows: dict[tuple[int, int], set[Row]] = {}
+        # by_chain: row -> (thread id, thread name) of its copies: a launch stack's
+        # root names its thread, as a CPU profile's does (autograd's pt_autograd_N)
+        self.threads: dict[Row, set[tuple[int, str]]] = {}
         self.records = 0
         self.largest = 0  # bytes of the largest copy seen (the notes' advice)
 
@@ -384,7 +387,7 @@ class ProbeCopyReader:
     def add(self, rec: bytes) -> None:
         if self.python.held(rec):
             return
-        tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, _comm = parse_header(rec)
+        tgid, tid, _flags, size, ip, sp, bp, ts, path, function, _pad, comm = parse_header(rec)
         self.records += 1
         self.largest = max(self.largest, size)
         pyframes = self.python.frames_of(tgid, tid, ts)
@@ -399,7 +402,8 @@ class ProbeCopyReader:
         frames, stop, scanned = walked
         if self.by_chain and frames:  # `path`: the launched kernel's name hash here
             row = (tgid, 0, sp, py.chain_hash(pyframes), path)
-            self._keep(row, frames, stop, scanned, pyframes)
+            thread = (tid, comm.split(b"\0", 1)[0].decode(errors="replace"))
+            self._keep(row, frames, stop, scanned, pyframes, thread)
         elif not self.by_chain and frames and frames[0] == caller:  # the row's caller
             row = (tgid, function, caller, py.chain_hash(pyframes), path)
             self._keep(row, frames, stop, scanned, pyframes)
@@ -438,8 +442,11 @@ class ProbeCopyReader:
         stop: str | None,
         scanned: bool,
         pyframes: tuple[py.Frame, ...],
+        thread: tuple[int, str] | None = None,
     ) -> None:
         self.paths.setdefault(row, set()).add((path, stop))
+        if thread is not None:  # by_chain: (thread id, name) of the copy
+            self.threads.setdefault(row, set()).add(thread)
         self.pyframes[row] = pyframes
         self.siblings.setdefault(row[:4], set()).add(row)
         if self.by_chain:
@@ -467,6 +474,7 @@ class ProbeCopyReader:
         """A row's RawStack: its path, Python frames and leaf."""
         tgid = row[0]
         user, stop = self._path(row)
+        thread, tid = self._thread(row) if self.by_chain else ("", 0)
         # A row's Python chain is its siblings' (the same hash), or that of any
         # copy with the hash whose native walk failed (the chain is still known).
         pyframes = (
@@ -479,6 +487,8 @@ class ProbeCopyReader:
             user=user,
             kernel=False,
             weight=weight,
+            comm=thread,
+            tid=tid,
             user_error=None if user else error,
             leaf=leaf,
             unwind_stop=stop if user else None,
@@ -504,6 +514,20 @@ class ProbeCopyReader:
             w = call_weight(value, weight)
             out.append(self._raw(row, leaf, w, "no user stack (unreadable return address)"))
         return out, uncopied
+
+    def _thread(self, row: Row) -> tuple[str, int]:
+        """by_chain: the name and id of the thread whose copies give the row its
+        path (as _path picks them), where they agree ("", 0: the process's)."""
+        rows = (
+            {row}
+            if row in self.paths
+            else self.siblings.get(row[:4]) or self.chain_rows.get((row[0], row[3]), set())
+        )
+        seen = set().union(*(self.threads.get(r, set()) for r in rows))
+        names = {name for _, name in seen}
+        tids = {tid for tid, _ in seen}
+        name = next(iter(names)) if len(names) == 1 else ""
+        return name, next(iter(tids)) if name and len(tids) == 1 else 0
 
     def _paths_of(self, rows: Iterable[Row]) -> set[tuple[tuple[int, ...], str | None]]:
         return set().union(*(self.paths[r] for r in rows))

@@ -318,10 +318,15 @@ struct thread_launch {
 	unsigned long long ns;
 };
 
+/* Named as PyTorch names autograd's device threads (pt_autograd_N): a
+ * launch stack shows the thread that launched. */
+#define LAUNCHER_NAME "gfx_autograd_0"
+
 static void *launch_on_thread(void *arg)
 {
 	struct thread_launch *l = arg;
 
+	pthread_setname_np(pthread_self(), LAUNCHER_NAME);
 	gfx_standin_launch_runtime(l->name, l->ns, 1, 32);
 	return NULL;
 }

@@ -362,6 +362,29 @@ def test_profile_gpu_gives_one_kernel_of_a_line_each_of_its_launch_paths(
     assert summary["total_ns"] == 2 * k * cs.NS["gemm"]
 
 
+def test_profile_gpu_roots_each_launch_stack_at_its_thread(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    """A kernel launched from a thread of its own (named as PyTorch names
+    autograd's, which launches every backward kernel and runs no Python) is
+    rooted at that thread's name, as a CPU profile roots its samples; the
+    main thread's launches at the process's name."""
+
+    def work(w: cs.Workload) -> None:
+        w.command("thread")
+        w.command("a 3")
+
+    summary, folded = _profile_gpu(broker, built, work)
+    roots = {s["stack"][0]: s for s in summary["stacks"]}
+    assert len(roots) == 2 and "gfx_autograd_0" in roots, summary
+    own = roots.pop("gfx_autograd_0")
+    assert not any(" (" in f for f in own["stack"]), own  # no Python frame
+    assert own["stack"][-1] == "gemm" and own["device_ns"] == 250000, own
+    ((main, launched),) = roots.items()
+    assert main.startswith("python") and any(f.startswith("launch_a (") for f in launched["stack"])
+    assert any(ln.startswith("gfx_autograd_0;") for ln in folded.read_text().splitlines())
+
+
 def test_a_launch_copy_ends_with_its_threads_stack(built: cs.Built) -> None:
     """A launch from a thread whose 64 KiB stack lies right below other
     readable memory: the copy takes the stack up to its mapping's end, not the

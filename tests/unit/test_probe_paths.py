@@ -65,6 +65,24 @@ def test_launch_rows_fall_back_to_the_same_stack_pointer_then_to_the_chain() -> 
     assert r._path((7, 0, 0x7E00, 2, 0xC)) == ((), None)  # a chain with no copy at all
 
 
+def test_launch_rows_name_the_thread_their_path_came_from() -> None:
+    """A launch stack's root is its thread's name, as in a CPU profile
+    (autograd's pt_autograd_0 beside the main thread), taken from the copies
+    that give the row its path; threads that disagree leave the process's."""
+    r = ProbeCopyReader(None, lambda tgid, refresh=False: object(), Tables(), by_chain=True)  # type: ignore[arg-type]
+    path = (0x100F, 0x2000)
+    r._keep((7, 0, 0x7F00, 0, 0xA), path, None, False, (), (9, "pt_autograd_0"))
+    r._keep((7, 0, 0x7F80, 1, 0xA), path, None, False, (), (7, "python3"))
+    r._keep((7, 0, 0x7F80, 1, 0xA), path, None, False, (), (8, "python3"))
+    assert r._thread((7, 0, 0x7F00, 0, 0xA)) == ("pt_autograd_0", 9)
+    assert r._thread((7, 0, 0x7F00, 0, 0xB)) == ("pt_autograd_0", 9)  # its copy lost
+    assert r._thread((7, 0, 0x7F80, 1, 0xA)) == ("python3", 0)  # one name, two threads
+    r._keep((7, 0, 0x7F00, 0, 0xC), path, None, False, (), (10, "pt_autograd_1"))
+    assert r._thread((7, 0, 0x7F00, 0, 0xB)) == ("", 0)  # siblings from two threads
+    stack = r.chain_stack(7, 0, 0xA, 0x7F00, "gemm", 5)
+    assert (stack.comm, stack.tid) == ("pt_autograd_0", 9)
+
+
 def test_a_copy_from_a_library_the_maps_never_showed_still_names_its_row() -> None:
     # --stacks-at a library the process loaded, called and left between two
     # snapshots of its maps, read after it exited (CI: ctypes.CDLL, 4000 calls,

@@ -176,6 +176,11 @@ def test_processes_seen_sum_per_process_heaviest_first() -> None:
     ]
     seen = processes_seen(raw, {12: "worker"})
     assert seen == [(11, "prog", 45), (12, "worker", 7), (10, "sh", 3)]
+    # Another thread's name (autograd's) never hides the process's own.
+    autograd = RawStack(pid=11, user=(), kernel=False, weight=1, comm="pt_autograd_0", tid=13)
+    main = RawStack(pid=11, user=(), kernel=False, weight=1, comm="python3", tid=11)
+    for rows in ([main, autograd], [autograd, main]):
+        assert processes_seen(rows) == [(11, "python3", 2)]
 
 
 def test_no_children_flag_and_its_default() -> None:

@@ -146,10 +146,13 @@ def processes_seen(
     raw: list[RawStack], comms: dict[int, str] | None = None
 ) -> list[tuple[int, str, int]]:
     """(pid, command, weight) of each process in the profile, heaviest first;
-    comms names the processes whose rows carry no command (probes)."""
+    comms names the processes whose rows carry no command (probes). A row's
+    command is its thread's name: another thread's (pt_autograd_0) names the
+    process only while nothing better does."""
     by_pid: dict[int, list[Any]] = {}
     for s in raw:
         row = by_pid.setdefault(s.pid, [(comms or {}).get(s.pid, ""), 0])
-        row[0] = s.comm or row[0]
+        if s.comm and (s.tid in (0, s.pid) or not row[0]):
+            row[0] = s.comm
         row[1] += s.weight
     return sorted(((p, c, w) for p, (c, w) in by_pid.items()), key=lambda t: (-t[2], t[0]))
