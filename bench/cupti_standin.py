@@ -120,7 +120,7 @@ def loop(n):
     t = time.perf_counter()
     for _ in range(n):
         cupti.gfx_standin_launch_runtime(ADD, 1000, 1, 32)
-    return {"launches": n, "s_per_launch": (time.perf_counter() - t) / n}
+    return {"launches": n, "launched": n, "s_per_launch": (time.perf_counter() - t) / n}
 print(json.dumps({"ready": os.getpid(), "injected": lib is not None}), flush=True)
 for line in sys.stdin:
     cmd, _, arg = line.strip().partition(" ")

@@ -380,11 +380,11 @@ def coexist(w: Workload, args: argparse.Namespace, uid: int) -> dict[str, Any]:
         out["profiler_while_listened"] = w.ask(f"profile_count {n}")
         time.sleep(0.5)  # the library hands records over at its polls
         during = w.ask("stats")["records"]
-        w.ask(f"loop {n}")
+        after = w.ask(f"loop {n}")
         time.sleep(0.5)
         out["records_during_profiler"] = during - before
         out["records_after_profiler"] = w.ask("stats")["records"] - during
-        out["launches_after_profiler"] = n + 1000
+        out["launches_after_profiler"] = after.get("launched")
         started = w.ask("profiler_start")
     except (RuntimeError, OSError, ValueError, KeyError) as e:
         out["error"] = f"{type(e).__name__}: {e}"

@@ -103,15 +103,19 @@ def launch_loop(x: torch.Tensor, n: int) -> None:
         x.add_(1)
 
 
+WARMUP = 1000  # launches of `loop` before its timed ones
+
+
 def loop(n: int) -> dict[str, Any]:
     x = torch.zeros(16, device="cuda")
-    launch_loop(x, 1000)
+    launch_loop(x, WARMUP)
     torch.cuda.synchronize()
     t = time.perf_counter()
     launch_loop(x, n)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t
-    return {"launches": n, "s_per_launch": dt / n, "check": float(x[0].item())}
+    return {"launches": n, "launched": WARMUP + n, "s_per_launch": dt / n,
+            "check": float(x[0].item())}  # fmt: skip
 
 
 TRAIN: list[Any] = []  # model, optimizer, batch: built at the first `train`
@@ -142,11 +146,16 @@ def train(n: int) -> dict[str, Any]:
     return {"steps": n, "s_per_launch": (time.perf_counter() - t) / n}
 
 
-def profile(n: int) -> dict[str, Any]:
+def _torch_profiler() -> Any:
+    """torch.profiler as a user runs it on a GPU: CPU and CUDA activities."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+    return torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+def profile(n: int) -> dict[str, Any]:
+    with _torch_profiler():
         return loop(n)
 
 
@@ -160,32 +169,26 @@ def _profiler_kernels(prof: Any) -> int:
     return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
 
 
-def profile_count(n: int) -> dict[str, Any]:
-    """The loop under torch.profiler, and how many of its kernels the trace holds."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        loop(n)
-    return {"launches": n + 1000, "profiler_kernels": _profiler_kernels(prof)}
-
-
 def profiler_start() -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof = _torch_profiler()
     prof.__enter__()
     PROFILER[:] = [prof]
     return {"started": True}
 
 
 def profiler_stop(n: int) -> dict[str, Any]:
-    """The loop, then the session profiler_start opened ends."""
-    loop(n)
+    """The loop, then the session profiler_start opened ends: the kernels the
+    loop launched, and how many of them the trace holds."""
+    launched = loop(n)["launched"]
     prof = PROFILER.pop()
     prof.__exit__(None, None, None)
-    return {"launches": n + 1000, "profiler_kernels": _profiler_kernels(prof)}
+    return {"launches": launched, "profiler_kernels": _profiler_kernels(prof)}
+
+
+def profile_count(n: int) -> dict[str, Any]:
+    """The loop under torch.profiler, and how many of its kernels the trace holds."""
+    profiler_start()
+    return profiler_stop(n)
 
 
 def main() -> int:

@@ -103,8 +103,11 @@ OFFCPU = {"argv": ["profile", "--off-cpu"] + PROFILE[1:] + ["{python}", "{script
 LIST = ["list", "--socket", "{socket}", "--json"]
 # The administrator's check of the policy, as root (whose CAP_SYS_ADMIN must
 # not hide what the kernel refuses the broker).
-CHECK = {"tool": "gfxbpf-broker", "as_root": True}
-CHECK["argv"] = ["--check-policy", "--policy", "/etc/gfxbpf/policy.toml"]
+CHECK = {
+    "tool": "gfxbpf-broker",
+    "as_root": True,
+    "argv": ["--check-policy", "--policy", "/etc/gfxbpf/policy.toml"],
+}
 STEPS: list[dict[str, Any]] = [
     dict(CHECK, name="check_policy_stock"),
     {"name": "list_stock", "argv": LIST},

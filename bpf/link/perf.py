@@ -242,12 +242,10 @@ def refusing_level_for_broker() -> int | None:
     never CAP_SYS_ADMIN) from opening perf events, asked of the kernel even
     from root; None otherwise. Where the question cannot be put to a child,
     every level above 2 counts as refusing."""
-    level = admin_only_level()
-    if level is None:
-        return None
     if not _holds_cap_sys_admin():
-        return None if _may_open_perf_events() else level
-    return None if _may_open_without_admin() else level
+        return refusing_level()  # this process is asked as the broker would be
+    level = admin_only_level()
+    return None if level is None or _may_open_without_admin() else level
 
 
 def perf_events_refused() -> str | None:

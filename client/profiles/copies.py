@@ -518,16 +518,22 @@ class ProbeCopyReader:
     def _thread(self, row: Row) -> tuple[str, int]:
         """by_chain: the name and id of the thread whose copies give the row its
         path (as _path picks them), where they agree ("", 0: the process's)."""
-        rows = (
-            {row}
-            if row in self.paths
-            else self.siblings.get(row[:4]) or self.chain_rows.get((row[0], row[3]), set())
-        )
-        seen = set().union(*(self.threads.get(r, set()) for r in rows))
+        seen = set().union(*(self.threads.get(r, set()) for r in self._sources(row)))
         names = {name for _, name in seen}
         tids = {tid for tid, _ in seen}
         name = next(iter(names)) if len(names) == 1 else ""
         return name, next(iter(tids)) if name and len(tids) == 1 else 0
+
+    def _sources(self, row: Row) -> set[Row]:
+        """The rows whose copies give row its path: its own; a row with none
+        (lost on a full ring: a path hash met once sends one), its siblings';
+        by_chain, failing those, all its chain's."""
+        if row in self.paths:
+            return {row}
+        siblings = self.siblings.get(row[:4])
+        if siblings or not self.by_chain:
+            return siblings or set()
+        return self.chain_rows.get((row[0], row[3]), set())
 
     def _paths_of(self, rows: Iterable[Row]) -> set[tuple[tuple[int, ...], str | None]]:
         return set().union(*(self.paths[r] for r in rows))
@@ -558,9 +564,7 @@ class ProbeCopyReader:
         one) takes its siblings' paths, as one row of theirs would have; by_chain,
         failing those, all its chain's."""
         caller = 0 if self.by_chain else row[2]  # by_chain: the stack pointer there
-        paths = self.paths.get(row) or self._paths_of(self.siblings.get(row[:4], ()))
-        if not paths and self.by_chain:
-            paths = self._paths_of(self.chain_rows.get((row[0], row[3]), ()))
+        paths = self._paths_of(self._sources(row))
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:
