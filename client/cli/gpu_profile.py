@@ -29,6 +29,8 @@ from gfxbpf.client.profiles.model import Profile
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
 
+NO_PYTHON = "[no Python frame]"
+
 # Flags of the other kinds of profile that --gpu does not take.
 _OTHER_KINDS = ("stacks_at", "off_cpu", "wall", "min_block", "frequency", "memory", "memory_live")
 
@@ -72,6 +74,20 @@ def take(
     return take_profile(req, connect, stop, duration).profile
 
 
+def launch_rows(prof: Profile) -> list[tuple[int, str, str, str]]:
+    """(device ns, thread, launching Python line, kernel), heaviest first: the
+    stacks summed over the native paths between the line and the kernel, which
+    the text report leaves to the flame graph. A launch with no Python frame
+    (autograd's backward thread) shows NO_PYTHON."""
+    rows: dict[tuple[str, str, str], int] = {}
+    for stack, ns in prof.stacks.items():
+        info = prof.frames
+        python = [f for f in stack[1:-1] if f in info and info[f].file]
+        key = (stack[0], python[-1] if python else NO_PYTHON, stack[-1])
+        rows[key] = rows.get(key, 0) + ns
+    return sorted(((ns, *k) for k, ns in rows.items()), key=lambda r: (-r[0], r[1:]))
+
+
 def _check(args: argparse.Namespace) -> None:
     if len(args.pid) != 1 or args.argv:
         raise UsageError("profile --gpu takes one --pid PID (a process of yours), no COMMAND")
@@ -100,13 +116,27 @@ def _report(prof: Profile, args: argparse.Namespace, out: TextIO) -> int:
         stacks = [{"stack": list(s), "device_ns": ns} for s, ns in ranked]
         summary = {"kind": "gpu", "unit": prof.unit, "total_ns": total}
         summary.update(duration_s=prof.duration_s, output=args.output, notes=prof.notes)
-        dump_json({**summary, "stacks": stacks}, out)
+        keys = ("device_ns", "thread", "line", "kernel")
+        launches = [dict(zip(keys, row, strict=True)) for row in launch_rows(prof)]
+        dump_json({**summary, "launches": launches, "stacks": stacks}, out)
         return EXIT_OK
     out.write(f"GPU time: {total / 1e9:.6f} s in {len(prof.stacks)} stacks over "
               f"{prof.duration_s} s\n")  # fmt: skip
-    for stack, ns in sorted(prof.stacks.items(), key=lambda t: -t[1])[: args.top]:
-        share = 100.0 * ns / total if total else 0.0
-        out.write(f"{share:6.2f}%  {ns / 1e6:12.3f} ms  {printable(' ; '.join(stack[1:]))}\n")
+    rows = [
+        (ns, printable(thread), printable(line), printable(kernel))
+        for ns, thread, line, kernel in launch_rows(prof)[: args.top]
+    ]
+    if rows:
+        wt = max(len("THREAD"), *(len(r[1]) for r in rows))
+        wl = max(len("LAUNCHED FROM"), *(len(r[2]) for r in rows))
+        out.write(
+            f"{'SHARE':>7}  {'DEVICE ms':>10}  {'THREAD':<{wt}}  {'LAUNCHED FROM':<{wl}}  KERNEL\n"
+        )
+        for ns, thread, line, kernel in rows:
+            share = 100.0 * ns / total if total else 0.0
+            out.write(f"{share:6.2f}%  {ns / 1e6:10.3f}  {thread:<{wt}}  {line:<{wl}}  {kernel}\n")
+        if not args.output:
+            out.write("whole launch stacks: --json, or -o FILE for a flame graph\n")
     for note in prof.notes:
         out.write(f"note: {printable(note)}\n")
     if args.output:

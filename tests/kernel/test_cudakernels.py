@@ -383,6 +383,10 @@ def test_profile_gpu_roots_each_launch_stack_at_its_thread(
     ((main, launched),) = roots.items()
     assert main.startswith("python") and any(f.startswith("launch_a (") for f in launched["stack"])
     assert any(ln.startswith("gfx_autograd_0;") for ln in folded.read_text().splitlines())
+    # The terminal's rows, in the JSON too: the thread's launch has no Python line.
+    rows = {(r["thread"], r["kernel"]): r for r in summary["launches"]}
+    assert rows[("gfx_autograd_0", "gemm")]["line"] == "[no Python frame]", rows
+    assert rows[(main, "gemm")]["line"].startswith("launch_a ("), rows
 
 
 def test_a_launch_copy_ends_with_its_threads_stack(built: cs.Built) -> None:
