@@ -39,7 +39,8 @@ COPY_BYTES = 4096
 #   twice N N of "gemm" deep and N direct from one line of <module> (line 40): one
 #           chain, one kernel, two native paths (as autograd's thread launches
 #           one backward kernel from many backward functions)
-#   thread  one "gemm" from a thread whose stack lies right below other readable memory
+#   thread  one "gemm" from a thread (no Python of its own; the main thread waits
+#           in the call, line 43) whose stack lies right below other readable memory
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   stats   "records R launches L collecting C": the injection library's counters
@@ -144,6 +145,7 @@ for line in sys.stdin:
 GPU_CHECK_NS = 1_000_000
 A_LINE, B_GEMM_LINE, B_RELU_LINE, DEEP_LINE, PAIR_LINE = 12, 15, 16, 19, 23  # in SCRIPT
 MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE, MODULE_TWICE_LINE = 31, 33, 35, 40
+MODULE_THREAD_LINE = 43  # where the main thread waits while the thread launches
 
 
 def cupti_dir() -> Path:

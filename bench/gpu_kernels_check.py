@@ -250,6 +250,7 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
             proc.kill()
     if proc.returncode:
         return {"error": err[-2000:]}
+    from gfxbpf.client.profiles.python.records import MAIN_FRAME, parse_frame_name
     from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
 
     got = json.loads(out)
@@ -267,9 +268,17 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
         for s in got["stacks"]
         if not any(f == several or f.startswith("[unwind stopped") for f in s["stack"])
     )
+    # A Python line above the launch: the launching thread's, or for autograd's
+    # thread (no Python of its own) the main thread's, under MAIN_FRAME.
+    python = sum(
+        s["device_ns"] for s in got["stacks"] if any(parse_frame_name(f) for f in s["stack"])
+    )
+    main = sum(s["device_ns"] for s in got["stacks"] if MAIN_FRAME in s["stack"])
     return {
         "total_ns": total,
         "whole_pct": round(100.0 * whole / total, 1) if total else None,
+        "python_line_pct": round(100.0 * python / total, 1) if total else None,
+        "main_thread_pct": round(100.0 * main / total, 1) if total else None,
         "unbroken_pct": round(100.0 * unbroken / total, 1) if total else None,
         # a Python chain (or autograd's thread, which has none) whose kernels'
         # copies unwound to different paths: launch stacks are per kernel
@@ -439,6 +448,12 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "profile_gpu_train_whole_pct": (res.get("profile_gpu_train") or {}).get("whole_pct"),
         "profile_gpu_train_merged_pct": (res.get("profile_gpu_train") or {}).get("merged_pct"),
         "profile_gpu_train_unbroken_pct": (res.get("profile_gpu_train") or {}).get("unbroken_pct"),
+        "profile_gpu_train_python_line_pct": (res.get("profile_gpu_train") or {}).get(
+            "python_line_pct"
+        ),
+        "profile_gpu_train_main_thread_pct": (res.get("profile_gpu_train") or {}).get(
+            "main_thread_pct"
+        ),
         # torch.profiler beside a watch (coexist): each side's share of the kernels
         "torch_profiler_kernels_pct_while_listened": _pct(
             while_listened.get("profiler_kernels"), while_listened.get("launches")

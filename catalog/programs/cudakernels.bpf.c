@@ -42,6 +42,9 @@
  * reaches past cuBLASLt's 68-70 KiB to the Python that launched. */
 #define GFX_DEEP_COPY_MAX 73728
 #define GFX_PY_CODES 512
+/* A launch from a thread with no Python frame (autograd's) takes the main
+ * thread's, marked as such (gfx_python.h). */
+#define GFX_PY_BORROW_MAIN 1
 #include "gfx_tree.h"
 #include "gfx_pychain.h"
 #include "gfx_udeep.h"

@@ -53,6 +53,8 @@
 #define GFX_UREC_PYTHON 16
 /* py_rec.flags beside GFX_UREC_PYTHON */
 #define GFX_PY_TRUNCATED 32       /* more frames than python_frames */
+#define GFX_PY_MAIN 64            /* the main thread's frames: this thread ran none
+				   * (GFX_PY_BORROW_MAIN, below) */
 /* py_frame.flags: bit 0, and the code object's tag in bits 8-31 */
 #define GFX_PYF_ENTRY 1           /* the last frame run by one C call of the eval loop */
 #define GFX_PYF_TAG_SHIFT 8
@@ -423,15 +425,20 @@ static __always_inline __u64 gfx_py_runtime(struct py_layout **layout)
 
 /* This thread's thread state: the cached one if its thread_id still is this
  * thread's, else found by a bounded walk of the main interpreter's list.
+ * main: the process's main thread's instead (its pthread_self() is the
+ * thread group leader's fs base).
  * Global functions (not static, noinline; this one, gfx_py_frame,
  * gfx_py_copy_code, gfx_py_walk) are verified once each, on their own, with
  * their pointer arguments possibly NULL: inlined, the walk cost the verifier
  * 260,000 instructions and 0.3-0.5 s per load, now 45,000. */
-__attribute__((noinline)) __u64 gfx_py_tstate(__u64 runtime, struct py_layout *l, __u32 *fault)
+__attribute__((noinline)) __u64 gfx_py_tstate(__u64 runtime, struct py_layout *l, __u32 *fault,
+					      __u32 main)
 {
 	struct task_struct___gfxpy *task = (void *)bpf_get_current_task_btf();
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 self = BPF_CORE_READ(task, thread.fsbase);
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = main ? (__u32)(id >> 32) : (__u32)id;  /* the main thread's tid is the tgid */
+	__u64 self = main ? BPF_CORE_READ(task, group_leader, thread.fsbase)
+			  : BPF_CORE_READ(task, thread.fsbase);
 	__u64 *cached = bpf_map_lookup_elem(&py_threads, &tid);
 	__u64 ts, interp;
 	int i;
@@ -537,6 +544,32 @@ __attribute__((noinline)) __u64 gfx_py_frame(struct py_rec *r, struct py_layout 
 	return gfx_py_u64(f + l->frame_previous, &r->pad);
 }
 
+#ifdef GFX_PY_BORROW_MAIN
+/*
+ * A program that defines GFX_PY_BORROW_MAIN (cudakernels) walks, for a
+ * thread that runs no Python frame, the main thread's frames instead, and
+ * marks the record GFX_PY_MAIN: autograd's device threads (pt_autograd_N)
+ * launch every backward kernel with no Python of their own while the main
+ * thread waits in loss.backward(), so that line names the backward pass.
+ * What the main thread runs at that moment, not a cause: the client shows
+ * the frames under a marker saying whose they are. The innermost frame (0:
+ * none) of the main thread's thread state.
+ */
+static __always_inline __u64 gfx_py_main_frame(__u64 runtime, struct py_layout *l,
+					       struct py_rec *r)
+{
+	__u32 fault = 0;
+	__u64 ts = gfx_py_tstate(runtime, l, &fault, 1), f;
+
+	if (!ts)
+		return 0;
+	f = gfx_py_top_frame(ts, l, &r->pad);
+	if (f)
+		r->flags |= GFX_PY_MAIN;
+	return f;
+}
+#endif
+
 /*
  * Fill r with the current task's Python frames, innermost first; the
  * number of frames (0: not a Python task, or no frame running). The frame
@@ -556,13 +589,15 @@ static __always_inline __u32 gfx_py_frames(struct py_rec *r, struct py_layout **
 		return 0;
 	*lp = l;
 	r->version = l->version;
-	ts = gfx_py_tstate(runtime, l, &tfault);
-	if (!ts) {
+	ts = gfx_py_tstate(runtime, l, &tfault, 0);
+	if (!ts)
 		gfx_py_count(tfault ? GFX_PYC_FAULT : GFX_PYC_NO_THREAD);
-		return 0;
-	}
 	r->pad = 0;  /* the fault flag during the walk */
-	f = gfx_py_top_frame(ts, l, &r->pad);
+	f = ts ? gfx_py_top_frame(ts, l, &r->pad) : 0;
+#ifdef GFX_PY_BORROW_MAIN
+	if (!f && !r->pad && r->tid != r->tgid)
+		f = gfx_py_main_frame(runtime, l, r);
+#endif
 	for (i = 0; i < GFX_PY_MAX_FRAMES && f; i++) {
 		if (r->nframes >= limit || r->pad)
 			break;

@@ -45,12 +45,16 @@ from gfxbpf.client.profiles.gpu.kernels import (
     read_names,
     read_rows,
 )
+from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.client.profiles.read import lost_count
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.copies import ProbeCopyReader
 
 NO_LAUNCH = "[launch not seen]"  # the kernel's launch came before attaching
+# Before the innermost frame of a launch from a thread with no Python of its
+# own (autograd's): the main thread's frame at the launch.
+MAIN_THREAD = "[main thread]"
 
 
 @dataclass
@@ -99,6 +103,8 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
             got = chains.get((tgid, chash)) if chash else ()
             chain = (NOT_COPIED,) if got is None else got
         leaf = chain[-1] if chain else NO_PYTHON
+        if len(chain) > 1 and chain[0] == MAIN_FRAME:  # what the main thread ran, not a caller
+            leaf = f"{MAIN_THREAD} {leaf}"
         name = names.get(nhash, f"[kernel {nhash:#x}]")
         k = out.setdefault((tgid, name, leaf), Kernel(tgid, uid, name, leaf))
         k.estimated |= flags & LAUNCH_SEEN != 0 and weight > 1

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from gfxbpf.client.cli import arguments, profile_cmd
 from gfxbpf.client.cli.connecting import connect
+from gfxbpf.client.cli.cuda_python import NO_PYTHON
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK, ClientError, UsageError
 from gfxbpf.client.printable import printable
@@ -28,8 +29,6 @@ from gfxbpf.client.profiles.model import Profile
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
-
-NO_PYTHON = "[no Python frame]"
 
 # Flags of the other kinds of profile that --gpu does not take.
 _OTHER_KINDS = ("stacks_at", "off_cpu", "wall", "min_block", "frequency", "memory", "memory_live")
@@ -77,8 +76,9 @@ def take(
 def launch_rows(prof: Profile) -> list[tuple[int, str, str, str]]:
     """(device ns, thread, launching Python line, kernel), heaviest first: the
     stacks summed over the native paths between the line and the kernel, which
-    the text report leaves to the flame graph. A launch with no Python frame
-    (autograd's backward thread) shows NO_PYTHON."""
+    the text report leaves to the flame graph. Under autograd's backward
+    thread the line is the main thread's (records.MAIN_FRAME); a launch with
+    no Python frame at all shows NO_PYTHON."""
     rows: dict[tuple[str, str, str], int] = {}
     for stack, ns in prof.stacks.items():
         info = prof.frames

@@ -271,7 +271,7 @@ class PythonJoin:
         r = self._pending.pop(tid, None)
         if r is None or (r.tgid, r.ts) != (tgid, ts):
             return ()
-        return r.frames + ((0, 0, py.FRAME_CUT),) if r.truncated else r.frames
+        return r.marked()
 
     def resolve(self, final: bool = False) -> None:
         if self.codes is not None:

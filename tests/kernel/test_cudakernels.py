@@ -30,6 +30,7 @@ from gfxbpf.catalog.stack_copies import (
     DEEP_STACK_BYTES,
     MAX_STACK_BYTES,
 )
+from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
 from tests.conftest import skip_or_fail
 from tests.kernel.brokerenv import (
@@ -368,7 +369,9 @@ def test_profile_gpu_roots_each_launch_stack_at_its_thread(
     """A kernel launched from a thread of its own (named as PyTorch names
     autograd's, which launches every backward kernel and runs no Python) is
     rooted at that thread's name, as a CPU profile roots its samples; the
-    main thread's launches at the process's name."""
+    main thread's launches at the process's name. The thread's stack shows
+    the main thread's Python frames (waiting in the call that made the
+    thread, as in loss.backward()) under a marker that says whose they are."""
 
     def work(w: cs.Workload) -> None:
         w.command("thread")
@@ -378,14 +381,19 @@ def test_profile_gpu_roots_each_launch_stack_at_its_thread(
     roots = {s["stack"][0]: s for s in summary["stacks"]}
     assert len(roots) == 2 and "gfx_autograd_0" in roots, summary
     own = roots.pop("gfx_autograd_0")
-    assert not any(" (" in f for f in own["stack"]), own  # no Python frame
+    waiting = f"<module> ({built.script}:{cs.MODULE_THREAD_LINE})"
+    assert own["stack"][1:3] == [MAIN_FRAME, waiting], own  # then the thread's native frames
+    assert [f for f in own["stack"] if " (" in f] == [waiting], own
+    assert "launch_on_thread" in own["stack"][3:], own
     assert own["stack"][-1] == "gemm" and own["device_ns"] == 250000, own
+    share = 100.0 * own["device_ns"] / summary["total_ns"]
+    assert any(n.startswith(f"{share:.1f}% of the device time") for n in summary["notes"])
     ((main, launched),) = roots.items()
     assert main.startswith("python") and any(f.startswith("launch_a (") for f in launched["stack"])
     assert any(ln.startswith("gfx_autograd_0;") for ln in folded.read_text().splitlines())
-    # The terminal's rows, in the JSON too: the thread's launch has no Python line.
+    # The terminal's rows, in the JSON too: the thread's launch names the waiting line.
     rows = {(r["thread"], r["kernel"]): r for r in summary["launches"]}
-    assert rows[("gfx_autograd_0", "gemm")]["line"] == "[no Python frame]", rows
+    assert rows[("gfx_autograd_0", "gemm")]["line"] == waiting, rows
     assert rows[(main, "gemm")]["line"].startswith("launch_a ("), rows
 
 
@@ -396,6 +404,7 @@ def test_a_launch_copy_ends_with_its_threads_stack(built: cs.Built) -> None:
     from gfxbpf.bpf.ringbuf import RingBuffer
     from gfxbpf.catalog import entries, instance, objects
     from gfxbpf.client.profiles.copies import HEADER, parse_header
+    from gfxbpf.client.profiles.python.records import is_python
 
     entry = entries.load_catalog().get("cudakernels")
     with _workload(built, ALICE) as w:
@@ -408,7 +417,8 @@ def test_a_launch_copy_ends_with_its_threads_stack(built: cs.Built) -> None:
             _collecting(w, 1)
             w.command("thread")
             w.command("deep 1")  # the main thread, from under a 40 KiB frame: 40 KiB and more
-            records = [r for r in ring.poll(5.0) + ring.poll(0.5) if len(r) >= HEADER.size]
+            got = ring.poll(5.0) + ring.poll(0.5)
+            records = [r for r in got if len(r) >= HEADER.size and not is_python(r)]
             ring.close()
         finally:
             inst.close()
@@ -447,6 +457,7 @@ def test_gpu_check_step6_measures_the_standin_exactly(
         assert any(f.startswith("mm_b (") for f in prof["stacks"][0]["stack"]), prof
         assert prof["whole_pct"] == 100.0 and s["profile_gpu_whole_pct"] == 100.0, prof
         assert prof["merged_pct"] == 0.0 and "profile_gpu_train" not in res, prof
+        assert prof["python_line_pct"] == 100.0 and prof["main_thread_pct"] == 0.0, prof
         where = {k[1].split(" (")[0] for k in rows}
         assert where == {"mm_a", "mm_b"}, rows
         assert sorted(r["kernels"] for r in rows.values()) == [10, 30]

@@ -15,6 +15,7 @@ from gfxbpf.catalog import entries, objects
 from gfxbpf.client.cli import cuda_kernels as ck
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.profiles.gpu import kernels as gk
+from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.exporter import kernels, mapping
 from gfxbpf.exporter.mapping import MapShape
 
@@ -90,6 +91,16 @@ def test_sampled_launches_stand_for_those_left_out_and_totals_stay_exact() -> No
     assert (totals.kernels, totals.device_ns, totals.not_sampled) == (400, 40000, 300)
     assert "300 of 400 kernels" in (totals.note() or "")
     assert gk.Totals.of(_rows()).note() is None
+
+
+def test_a_threads_launch_names_the_main_threads_frame_as_such() -> None:
+    """Autograd's thread runs no Python: its chain is the main thread's frames
+    under the marker, and the view says the function is the main thread's."""
+    borrowed = (MAIN_FRAME, "<module> (t.py:9)", "backward (t.py:4)")
+    rows = [((10, 1000, 0xD1, GEMM, gk.LAUNCH_SEEN, 1, 0x7F000000), 2, 500)]
+    (got,) = ck.group(rows, {GEMM: "gemm"}, {(10, 0xD1): borrowed})
+    assert got.function == "[main thread] backward (t.py:4)"
+    assert got.as_json()["chains"][0]["chain"] == list(borrowed)
 
 
 def test_an_unnamed_kernel_shows_its_hash() -> None:

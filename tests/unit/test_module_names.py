@@ -24,9 +24,9 @@ from tests.imports import PRODUCT_FOLDERS, ROOT
 
 REFERENCE = re.compile(r"(?<![\w./*-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_][\w-]*\.(?:py|bpf\.c|h))\b")
 # Other projects' files: system headers by their include path, the kernel's
-# sources, CUDA's header, and the scripts a user profiles in the examples
-# (pyframes.py: the Python program of docs/gpu-hosts.md's check).
-OTHER_PREFIXES = ("linux/", "asm/", "sys/", "bpf/bpf_", "include/", "drivers/")
+# sources, PyTorch's modules, CUDA's header, and the scripts a user profiles
+# in the examples (pyframes.py: the Python program of docs/gpu-hosts.md's check).
+OTHER_PREFIXES = ("linux/", "asm/", "sys/", "bpf/bpf_", "include/", "drivers/", "torch/")
 OTHER_PROJECTS = {"bpf_helper_defs.h", "cuda.h", "vmlinux.h", "train.py", "s.py", "pyframes.py"}
 
 

@@ -4,6 +4,9 @@ catalog/programs/gfx_python.h, tested live in tests/kernel/test_python_frames.py
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from gfxbpf.client.errors import ProtocolError
@@ -261,3 +264,41 @@ def test_a_cut_chain_ends_in_a_marker_at_its_root() -> None:
     assert stack.python == ((py.CUT_FRAME, "inner (s.py:7)"),)
     # the marker is not part of ustackcopy's row key
     assert py.chain_hash([(0x1000, 2, 0), (0, 0, py.FRAME_CUT)]) == py.chain_hash([(0x1000, 2, 0)])
+
+
+def test_the_main_threads_frames_come_under_a_marker() -> None:
+    """cudakernels' record of the main thread's frames, taken for a thread
+    that ran none (FLAG_MAIN): the marker above its outermost frame says
+    whose they are; they go before the thread's native frames, which hold no
+    evaluation loop."""
+    key = py.CODE_KEY.pack(7, 0, 0x1000)
+    table = {key: code_value("<module>", "train.py", 6, ONE_LINE_PLUS_1)}
+    book = py.CodeBook(lambda ks: [(k, table[k]) for k in ks if k in table], lambda: [])
+    records = [py_record(7, 9, [(0x1000, 2, 0)], flags=py.FLAG_MAIN), stack_record(7, 9)]
+    reader = CopyReader(Records(records), lambda tgid, refresh: None, None, codes=book)  # type: ignore[arg-type]
+    reader.drain()
+    (stack,) = reader.raw_stacks()
+    assert stack.python == ((py.MAIN_FRAME, "<module> (train.py:7)"),)
+    native = ("clone3", "start_thread", "mm_mat1_backward", "cuLaunchKernel")
+    assert mix(native, stack.python) == (py.MAIN_FRAME, "<module> (train.py:7)", *native)
+
+
+def test_the_main_threads_chain_has_a_row_key_of_its_own() -> None:
+    """The salt keeps a borrowed chain apart from the main thread's own
+    launches from the same frames, as gfx_pychain.h does."""
+    frames = [(0x1000, 2, 0)]
+    own, borrowed = py.chain_hash(frames), py.chain_hash([*frames, (0, 0, py.FRAME_MAIN)])
+    assert borrowed & 1 and own & 1 and borrowed != own
+    cut = [*frames, (0, 0, py.FRAME_CUT), (0, 0, py.FRAME_MAIN)]
+    assert py.chain_hash(cut) == borrowed
+    record = py.parse(py_record(7, 9, frames, flags=py.FLAG_MAIN | py.FLAG_TRUNCATED))
+    assert record.main and record.marked() == tuple(cut)
+
+
+def test_the_flag_and_salt_are_the_bpf_headers() -> None:
+    src = Path(__file__).resolve().parents[2] / "catalog" / "programs"
+    python_h = (src / "gfx_python.h").read_text()
+    chain_h = (src / "gfx_pychain.h").read_text()
+    assert re.search(rf"#define GFX_PY_MAIN {py.FLAG_MAIN}\b", python_h)
+    salt = re.search(r"#define GFX_PY_MAIN_SALT (0x[0-9a-f]+)ull", chain_h)
+    assert salt and int(salt.group(1), 16) == py._MAIN_SALT

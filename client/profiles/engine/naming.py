@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gfxbpf.catalog.stack_copies import most_stack_bytes
 from gfxbpf.client.profiles.engine.attach import user_name
 from gfxbpf.client.profiles.engine.request import GPU, LOCKS, MEMORY, OFF_CPU, WALL
+from gfxbpf.client.profiles.python.records import MAIN_FRAME
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -94,6 +95,19 @@ def _by_kind(symbolizer: Symbolizer, r: Run, prof: Profile) -> None:
             "no kernel ran on the GPU while attached (is the process launching, and was it "
             "started with CUDA_INJECTION64_PATH?)"
         )
+    if req.mode == GPU and (borrowed := _under_main_frame(prof)):
+        prof.notes.append(
+            f"{borrowed:.1f}% of the device time came from threads that ran no Python "
+            f"(autograd's pt_autograd_N): under '{MAIN_FRAME}' their stacks show what the "
+            "main thread ran at each launch (typically its loss.backward() line), not a caller"
+        )
+
+
+def _under_main_frame(prof: Profile) -> float:
+    """The share (%) of the weight whose stack borrowed the main thread's frames."""
+    total = prof.total()
+    borrowed = sum(w for stack, w in prof.stacks.items() if MAIN_FRAME in stack)
+    return 100.0 * borrowed / total if total else 0.0
 
 
 # What the frame-pointer advice of stackcheck.py says (built without frame pointers).

@@ -25,12 +25,22 @@ from gfxbpf.client.profiles.python.strings import decode_unicode
 
 FLAG_PYTHON = 16  # struct py_rec: a Python record (never set in a stack record)
 FLAG_TRUNCATED = 32  # more Python frames than the program's python_frames
+# The main thread's frames, taken for a thread that ran none (cudakernels:
+# autograd's thread launches backward kernels while the main thread waits).
+FLAG_MAIN = 64
 FRAME_ENTRY = 1  # the last frame one C call of the evaluation loop ran
 TAG_SHIFT = 8  # frame flags >> TAG_SHIFT: the code object's tag (py_codes key)
 # The client's own marker, after the outermost frame of a chain cut at the
 # program's python_frames: (0, 0, FRAME_CUT) names CUT_FRAME (no code is at 0).
 FRAME_CUT = 2
 CUT_FRAME = "[python frames cut at the depth limit]"
+# The same for a record of the main thread's frames (FLAG_MAIN): (0, 0,
+# FRAME_MAIN) after its outermost frame names MAIN_FRAME, so the stack says
+# whose Python it shows.
+FRAME_MAIN = 4
+MAIN_FRAME = "[main thread's Python]"
+# chain_hash() of such a record: gfx_pychain.h's GFX_PY_MAIN_SALT.
+_MAIN_SALT = 0x6D61696E746872
 
 HEADER = struct.Struct("<6IQ")  # tgid, tid, flags, nframes, version, pad, ts
 FRAME = struct.Struct("<QII")  # code, instr, flags
@@ -53,6 +63,13 @@ class PyRecord:
     frames: tuple[Frame, ...]
     truncated: bool
     ts: int  # the stack record it goes with has the same (ustack_rec.entry_ns)
+    main: bool = False  # FLAG_MAIN: the main thread's frames, not this thread's
+
+    def marked(self) -> tuple[Frame, ...]:
+        """The frames with the client's markers after the outermost: a chain
+        cut at the depth limit, the main thread's frames."""
+        marks = ((0, 0, FRAME_CUT),) if self.truncated else ()
+        return self.frames + marks + (((0, 0, FRAME_MAIN),) if self.main else ())
 
 
 def is_python(rec: bytes) -> bool:
@@ -68,7 +85,9 @@ def parse(rec: bytes) -> PyRecord:
         raise ProtocolError(f"a Python record of {n} frames in {len(rec)} bytes (update gfxclient)")
     frames = tuple(FRAME.unpack_from(rec, HEADER.size + i * FRAME.size) for i in range(n))
     ver = (version >> 8, version & 0xFF)
-    return PyRecord(tgid, tid, ver, frames, bool(flags & FLAG_TRUNCATED), ts)
+    return PyRecord(
+        tgid, tid, ver, frames, bool(flags & FLAG_TRUNCATED), ts, bool(flags & FLAG_MAIN)
+    )
 
 
 _FNV_OFFSET, _FNV_PRIME, _U64 = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
@@ -77,11 +96,12 @@ _FNV_OFFSET, _FNV_PRIME, _U64 = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
 def chain_hash(frames: Iterable[Frame]) -> int:
     """ustackcopy's row key for a Python chain (python_hash() in
     ustackcopy.bpf.c): FNV-1a over each frame's code and instruction value,
-    low bit set; 0 for no frame."""
+    low bit set, salted for the main thread's frames; 0 for no frame."""
     h, n = _FNV_OFFSET, 0
-    for code, instr, _ in frames:
-        if not code:
-            continue  # the client's cut marker: not a frame the program saw
+    for code, instr, flags in frames:
+        if not code:  # the client's markers: not frames the program saw
+            h ^= _MAIN_SALT if flags & FRAME_MAIN else 0
+            continue
         h = ((h ^ code) * _FNV_PRIME) & _U64
         h = ((h ^ instr) * _FNV_PRIME) & _U64
         n += 1
@@ -170,7 +190,7 @@ class CodeBook:
         """`function (file:line)`; a code object never read: its address."""
         code, instr, flags = frame
         if not code:
-            return CUT_FRAME
+            return MAIN_FRAME if flags & FRAME_MAIN else CUT_FRAME
         key = (tgid, flags >> TAG_SHIFT, code, instr)
         got = self._names.get(key)
         if got is None:
