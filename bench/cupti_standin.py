@@ -43,7 +43,8 @@ COPY_BYTES = 4096
 #           in the call, line 43) whose stack lies right below other readable memory
 #   copy N  N host-to-device copies of COPY_BYTES
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
-#   stats   "records R launches L collecting C": the injection library's counters
+#   release that client lets go
+#   stats   "records R launches L collecting C refused F": the injection library's counters
 SCRIPT = """\
 import ctypes, os, sys
 C = ctypes.c_ulonglong
@@ -69,7 +70,7 @@ def launch_pair(n):
     for _ in range(n):
         cupti.gfx_standin_launch_pair(GEMM, RELU, 250000, 40000)
 cupti.gfx_standin_launch_pair.argtypes = [ctypes.c_char_p, ctypes.c_char_p, C, C]
-for f in ("gfx_cupti_records", "gfx_cupti_launches"):
+for f in ("gfx_cupti_records", "gfx_cupti_launches", "gfx_cupti_refusals"):
     getattr(lib, f).restype = C
 print("ready", flush=True)
 for line in sys.stdin:
@@ -93,9 +94,12 @@ for line in sys.stdin:
             cupti.gfx_standin_memcpy(4096, 1, 7000)
     elif cmd == "hold":
         cupti.gfx_standin_hold(1)
+    elif cmd == "release":
+        cupti.gfx_standin_hold(0)
     elif cmd == "stats":
         print("records", lib.gfx_cupti_records(), "launches", lib.gfx_cupti_launches(),
-              "collecting", lib.gfx_cupti_collecting(), flush=True)
+              "collecting", lib.gfx_cupti_collecting(), "refused", lib.gfx_cupti_refusals(),
+              flush=True)
     lib.gfx_cupti_poll()
     print("ok", flush=True)
 """

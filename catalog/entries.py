@@ -69,6 +69,8 @@ class Attach:
     kind: str  # one of ATTACH_KINDS
     target: str | None = None  # "system/event", (raw/tp_btf) tracepoint name; None: at attach
     variant: str | None = None
+    # usdt only: a probe an older build of the library lacks is left out, not an error
+    optional: bool = False
 
     @property
     def tracepoint(self) -> tuple[str, str]:
@@ -279,7 +281,7 @@ _PROGRAM_KEYS = (
     "requires",
     "function_table",
 )
-_ATTACH_KEYS = ("program", "kind", "target", "variant")
+_ATTACH_KEYS = ("program", "kind", "target", "variant", "optional")
 _FIELD_KEYS = ("knob", "tracepoint", "field", "size_knob", "variant", "optional")
 _MAP_KEYS = (
     "name", "visible", "show", "unit", "key_label", "description", "event_type",
@@ -496,12 +498,17 @@ def _parse_attach(at: Entry, t: dict[str, Any]) -> Attach | None:
     kind = at.choice(t, "kind", ATTACH_KINDS, True)
     target = at.string(t, "target")
     variant = at.string(t, "variant")
+    optional = at.boolean(t, "optional", False)
     if kind is not None:
         _check_attach_target(at, kind, target)
+    if optional and kind != "usdt":
+        at.add("optional", "only a usdt probe may be optional (one a library may lack)")
     if not at.ok:
         return None
     assert program is not None and kind is not None
-    return Attach(program=program, kind=kind, target=target, variant=variant)
+    return Attach(
+        program=program, kind=kind, target=target, variant=variant, optional=bool(optional)
+    )
 
 
 def _check_attach_target(at: Entry, kind: str, target: str | None) -> None:

@@ -452,7 +452,9 @@ def attach_entry(
             )
         )
     elif a.kind == "usdt":
-        inst.attachments.append(_attach_usdt(inst, prog.fd, a, params, library_path))
+        att = _attach_usdt(inst, prog.fd, a, params, library_path)
+        if att is not None:
+            inst.attachments.append(att)
     elif a.kind == "perf_event":
         freq = params.frequency or DEFAULT_FREQUENCY
         inst.attachments.append(bpfattach.attach_perf_event(prog.fd, freq))
@@ -462,20 +464,22 @@ def attach_entry(
 
 def _attach_usdt(
     inst: Instance, prog_fd: int, a: Attach, params: Params, library_path: str | None
-) -> bpfattach.Attachment:
+) -> bpfattach.Attachment | None:
     """A catalog USDT probe ("provider:name") in the request's library: every
     site, one uprobe_multi link, each site's semaphore raised while attached in
-    each process probed (following children: every process that maps it)."""
+    each process probed (following children: every process that maps it).
+    None: an optional probe this build of the library lacks."""
     if not params.library:
         raise ParameterError(f"program {inst.entry.name!r} needs a library")
     assert a.target  # the catalog checks usdt targets
     provider, name = a.target.split(":", 1)
+    path = library_path or params.library
+    if a.optional and not usdt.has_probe(path, provider, name):
+        return None
     pid = params.pid if params.pid is not None and not params.children else -1
     with _must_match_catalog():
         specs = inst.obj.map(usdt.SPECS_MAP)
-    return usdt.attach_usdt(
-        prog_fd, specs, library_path or params.library, provider, name, pid=pid, multi=True
-    )
+    return usdt.attach_usdt(prog_fd, specs, path, provider, name, pid=pid, multi=True)
 
 
 def open_program(

@@ -212,6 +212,11 @@ def _free_ids(specs: Map, ids: Iterable[int]) -> None:
     _IN_USE.get(specs.fileno(), set()).difference_update(ids)
 
 
+def has_probe(path: str, provider: str, name: str) -> bool:
+    """Whether the binary at path has a site of USDT probe provider:name."""
+    return any((p.provider, p.name) == (provider, name) for p in read_probes(os.path.abspath(path)))
+
+
 def attach_usdt(
     prog_fd: int,
     specs: Map,

@@ -29,7 +29,9 @@
  * they saw; a row's weight scales them into an estimate for its chain. The
  * kernels of launches the library left out go to rows flagged ROW_NOT_SAMPLED
  * (chain 0, weight 0): per kernel name, all rows together are exact. Copies (memcpy, memset) count per
- * (tgid, uid, kind) with bytes and device time.
+ * (tgid, uid, kind) with bytes and device time. gfxcupti:refused, at each of
+ * the library's polls while another CUPTI client keeps it from collecting,
+ * counts in `refused` per process, so the client can say why nothing comes.
  *
  * Scope system (target_uid GFX_ANY): no Python walk, no stack copy and no
  * stack pointer (those read or reveal process memory); rows per process and
@@ -370,6 +372,44 @@ SEC("usdt")
 int BPF_USDT(cupti_memset, void *record)
 {
 	return count_copy(record, 1);
+}
+
+/* Why a process's library collects nothing: another CUPTI client holds CUPTI. */
+struct refusal {
+	__u64 polls;    /* polls refused while attached */
+	__u64 last_ns;  /* the last try (CLOCK_MONOTONIC): a current refusal is recent */
+	__s32 result;   /* its CUptiResult: 0, it subscribed at last (collects now) */
+	__u32 poll_ms;  /* the library's poll period */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);  /* tgid */
+	__type(value, struct refusal);
+} refused SEC(".maps");
+
+SEC("usdt")
+int BPF_USDT(cupti_refused, __s32 result, __u32 poll_ms)
+{
+	__u32 tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+	struct refusal first = {.polls = 1, .result = result, .poll_ms = poll_ms}, *r;
+
+	if (!in_scope())
+		return 0;
+	first.last_ns = bpf_ktime_get_ns();
+	r = bpf_map_lookup_elem(&refused, &tgid);
+	if (!r) {
+		if (result)  /* 0: subscribed after refusals this program never saw */
+			bpf_map_update_elem(&refused, &tgid, &first, BPF_NOEXIST);
+		return 0;
+	}
+	if (result)
+		__sync_fetch_and_add(&r->polls, 1);
+	r->last_ns = first.last_ns;
+	r->result = result;
+	r->poll_ms = poll_ms;
+	return 0;
 }
 
 char LICENSE[] SEC("license") = "GPL";

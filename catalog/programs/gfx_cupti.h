@@ -19,6 +19,11 @@
  *       The kernels of the others carry GFX_CUPTI_NOT_SAMPLED. kernel: the
  *       launched kernel's name hash, as its record's name_hash (0: unknown, a
  *       graph launch or a library before this argument).
+ *   gfxcupti:refused(__s32 result, __u32 poll_ms)  -- from the library's thread, at
+ *       each poll (every poll_ms) while a probe is attached but another CUPTI
+ *       client (torch.profiler, Nsight) holds CUPTI: cuptiSubscribe's result, so
+ *       nothing is collected; and with result 0 when a try succeeds after a
+ *       refused one (it collects now). Libraries before 2026-11-29 lack it.
  *
  * Times are CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns's clock): the
  * library maps CUPTI's GPU timestamps onto it.

@@ -45,6 +45,7 @@ from gfxbpf.client.profiles.gpu.kernels import (
     read_names,
     read_rows,
 )
+from gfxbpf.client.profiles.gpu.refusals import Refusal, read_refusals
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.client.profiles.read import lost_count
 
@@ -199,6 +200,7 @@ class KernelTimes:
         self.prev_t = self.dt = 0.0
         self.lost = 0
         self.totals = Totals()
+        self.refused: list[Refusal] = []  # processes whose library another CUPTI client blocks
 
     def sample(self) -> None:
         chains: Chains = {}
@@ -220,6 +222,7 @@ class KernelTimes:
         self.kernels, self.prev, self.prev_t = kernels, cur, now
         counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] kernels
         self.lost = lost_count([(k, v) for k, v in counts if k[:4] == UNCOUNTED])
+        self.refused = read_refusals(self.att)
 
     def json_line(self) -> dict[str, Any]:
         return {
@@ -234,6 +237,7 @@ class KernelTimes:
             "device_ns": self.totals.device_ns,
             "kernels_launched_unprobed": self.totals.not_sampled,
             "lost": self.lost,
+            "refused": [r.as_json(time.monotonic_ns()) for r in self.refused],
             "by_kernel": [k.as_json() for k in self.kernels],
         }
 
@@ -268,4 +272,6 @@ class KernelTimes:
             lines.append(f"note: {self.lost} kernels not counted: the broker's table was full")
         if self.totals.note():
             lines.append(f"note: {self.totals.note()}")
+        now = time.monotonic_ns()
+        lines += [f"note: {r.note(now)}" for r in self.refused]
         return clip(lines, width, height)

@@ -13,7 +13,8 @@
  * callbacks. When the last probe goes, it flushes, disables and unsubscribes,
  * so a profiler started later (torch.profiler, Nsight) can subscribe. If
  * another CUPTI client already holds the subscription, it says so once on
- * stderr and collects nothing.
+ * stderr, and at every poll to the listener (gfxcupti:refused), and
+ * collects nothing.
  *
  * CUPTI's timestamps are mapped onto CLOCK_MONOTONIC by an offset measured
  * (cuptiGetTimestamp between two clock_gettime calls, the tightest of a few)
@@ -46,6 +47,9 @@ EXPORT unsigned short gfxcupti_kernels_semaphore __attribute__((section(".probes
 EXPORT unsigned short gfxcupti_memcpy_semaphore __attribute__((section(".probes")));
 EXPORT unsigned short gfxcupti_memset_semaphore __attribute__((section(".probes")));
 EXPORT unsigned short gfxcupti_launch_semaphore __attribute__((section(".probes")));
+/* Not one that asks for collection (listened() leaves it out): it says why
+ * there is none, at each poll while another CUPTI client holds CUPTI. */
+EXPORT unsigned short gfxcupti_refused_semaphore __attribute__((section(".probes")));
 
 static atomic_ullong records;   /* activity records CUPTI handed us */
 static atomic_ullong launches;  /* launch callbacks seen */
@@ -57,6 +61,9 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static CUpti_SubscriberHandle subscriber;
 static int collecting;
 static int warned;
+static int refused;  /* the last try to subscribe was refused */
+static atomic_ullong refusals;  /* tries refused while listened to */
+static long poll_ms = 100;  /* GFX_CUPTI_POLL_MS */
 
 /* Knobs for bench/gpu_overhead_parts.py, which takes the cost of listening
  * apart on a GPU host; read once at InitializeInjection, unset in production.
@@ -96,6 +103,7 @@ EXPORT unsigned long long gfx_cupti_launches(void) { return atomic_load(&launche
 EXPORT unsigned long long gfx_cupti_dropped(void) { return atomic_load(&dropped); }
 EXPORT unsigned long long gfx_cupti_incomplete(void) { return atomic_load(&incomplete); }
 EXPORT int gfx_cupti_collecting(void) { return __atomic_load_n(&collecting, __ATOMIC_RELAXED); }
+EXPORT unsigned long long gfx_cupti_refusals(void) { return atomic_load(&refusals); }
 
 static volatile unsigned short *const semaphores[] = {
 	&gfxcupti_kernels_semaphore, &gfxcupti_memcpy_semaphore,
@@ -508,12 +516,28 @@ static void set_active(int on)
 	duty_active = on;
 }
 
+/* gfxcupti:refused: the subscription's result, at each refused try and at
+ * the first success after one (0), so the listener learns it too. */
+static void tell_refused(CUptiResult r)
+{
+	if (gfxcupti_refused_semaphore && (r != CUPTI_SUCCESS || refused)) {
+		int32_t result = (int32_t)r;
+		uint32_t period = (uint32_t)poll_ms;
+
+		__asm__("" : "+r"(result), "+r"(period));  /* register operands for the probe */
+		STAP_PROBE2(gfxcupti, refused, result, period);
+	}
+	refused = r != CUPTI_SUCCESS;
+}
+
 static void start_collecting(void)
 {
 	const char *why = NULL;
 	CUptiResult r = cuptiSubscribe(&subscriber, (CUpti_CallbackFunc)on_api, NULL);
 
+	tell_refused(r);
 	if (r != CUPTI_SUCCESS) {
+		atomic_fetch_add(&refusals, 1);
 		if (!warned) {
 			cuptiGetResultString(r, &why);
 			fprintf(stderr, "gfxcupti: not collecting GPU activity: another CUPTI client "
@@ -635,6 +659,7 @@ EXPORT int InitializeInjection(void)
 	ms = env ? strtol(env, NULL, 10) : 100;
 	if (ms < 1 || ms > 10000)
 		ms = 100;
+	poll_ms = ms;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	if (pthread_create(&thread, &attr, poller, (void *)(intptr_t)ms)) {

@@ -112,6 +112,18 @@ def _collecting(w: cs.Workload, want: int, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+# CUptiResult: cuptiSubscribe's answer while another client subscribes
+MULTIPLE_SUBSCRIBERS = 39
+
+
+def _refused(w: cs.Workload, timeout: float = 10.0) -> None:
+    """Until the library, probed, has tried to subscribe and been refused twice."""
+    deadline = time.monotonic() + timeout
+    while w.stats()["refused"] < 2:
+        assert time.monotonic() < deadline, "the library never tried to collect"
+        time.sleep(0.02)
+
+
 def _first(watch: subprocess.Popen[str]) -> dict[str, Any]:
     """The first view, right after attaching (or what gfxclient said instead)."""
     assert watch.stdout is not None
@@ -207,12 +219,14 @@ def test_system_scope_sees_every_user_per_process(broker: BrokerProcess, built: 
 
 
 def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Built) -> None:
+    """A profiler holds CUPTI: the library collects nothing, says so once on
+    the process's stderr, and the watch (in another terminal) says so too."""
     prefix = setpriv_user_argv(ALICE, [])
     with cs.Workload(built, PYTHON, prefix, env=BASE_ENV, cwd="/", stderr=subprocess.PIPE) as mine:
         mine.command("hold")  # a profiler holds CUPTI before anyone attaches
         watch = _watch(broker, ALICE, "--pid", str(mine.pid), "--duration", "2")
         try:
-            _finish(watch, stop=False)
+            lines = _finish(watch, stop=False)
         finally:
             if watch.poll() is None:
                 watch.kill()
@@ -223,6 +237,36 @@ def test_another_cupti_client_is_left_alone(broker: BrokerProcess, built: cs.Bui
     assert stats["collecting"] == 0 and stats["records"] == 0
     # Said once, however often the library tried while the probes were attached.
     assert err.count("gfxcupti: not collecting GPU activity: another CUPTI client") == 1, err
+    # The watch learns it from the library's probe, at each refused poll.
+    (refused,) = lines[-1]["refused"]
+    assert refused["pid"] == mine.pid and refused["result"] == MULTIPLE_SUBSCRIBERS, refused
+    assert refused["polls"] >= 2 and refused["current"], refused
+
+
+def test_the_library_collects_once_the_other_client_lets_go(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    """profile --gpu while a profiler holds CUPTI, which lets go during the
+    profile: the kernels after that count, and the notes say why the time
+    before had none."""
+
+    pid = 0
+
+    def work(w: cs.Workload) -> None:
+        nonlocal pid
+        pid = w.pid
+        w.command("release")
+        _collecting(w, 1)
+        w.command("a 3")
+
+    def hold(w: cs.Workload) -> None:
+        w.command("hold")
+
+    summary, _ = _profile_gpu(broker, built, work, before=hold)
+    assert summary["total_ns"] == 3 * cs.NS["gemm"], summary
+    (note,) = [n for n in summary["notes"] if "held CUPTI" in n]
+    assert note.startswith(f"pid {pid}: its CUPTI injection library collected nothing"), note
+    assert note.endswith("it collects again since that client let go"), note
 
 
 def _profile_gpu(
@@ -231,9 +275,11 @@ def _profile_gpu(
     work: Callable[[cs.Workload], None],
     *args: str,
     output: str = "gpu.folded",
+    before: Callable[[cs.Workload], None] | None = None,
 ) -> tuple[dict[str, Any], Path]:
     """`profile --gpu` of alice's workload while `work` runs: its --json summary
-    and the file it wrote (its format by output's name)."""
+    and the file it wrote (its format by output's name). before: what the
+    workload does first (the library then need not collect when attached)."""
     out = built.script.parent / "alice"
     out.mkdir(exist_ok=True)
     shutil.chown(out, ALICE)
@@ -241,6 +287,8 @@ def _profile_gpu(
     assert broker.grpc is not None
     argv = [VENV_PYTHON, "-m", "gfxbpf.client", "--socket", broker.socket, "--json"]
     with _workload(built, ALICE) as mine:
+        if before is not None:
+            before(mine)
         prof = run_as(
             ALICE,
             [*argv, "profile", "--gpu", "--pid", str(mine.pid), "--duration", "120",
@@ -248,7 +296,10 @@ def _profile_gpu(
             background=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            _collecting(mine, 1)
+            if before is None:
+                _collecting(mine, 1)
+            else:  # attached: the library's refused polls count
+                _refused(mine)
             work(mine)
             prof.terminate()  # handed over: a stop, not a window that races a loaded machine
             got, err = prof.communicate(timeout=60)

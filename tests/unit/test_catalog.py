@@ -718,3 +718,45 @@ def test_tp_btf_attach_kind(tmp_path: Path) -> None:
     bad = text.replace('target = "sched_process_exec"', 'target = "sched/x"', 1)
     with pytest.raises(cat.CatalogError, match="not a tracepoint name"):
         cat.load_catalog(_write(tmp_path, bad))
+
+
+def test_only_a_usdt_probe_may_be_optional(tmp_path: Path) -> None:
+    """optional on an attach: a USDT probe that older builds of a library lack."""
+    bad = GOOD.replace(
+        'target = "sched/sched_process_exec"',
+        'target = "sched/sched_process_exec"\noptional = true',
+    )
+    with pytest.raises(cat.CatalogError, match="only a usdt probe may be optional"):
+        cat.load_catalog(_write(tmp_path, bad))
+    refused = cat.load_catalog().get("cudakernels")
+    assert [a.target for a in refused.attach if a.optional] == ["gfxcupti:refused"]
+
+
+def test_an_optional_probe_the_library_lacks_is_left_out() -> None:
+    """A library without the probe (here /bin/true): nothing to attach, no
+    error, and the maps are never asked for; a required one fails."""
+    from gfxbpf.bpf.link.usdt import SPEC_SIZE, SPECS_MAP, UsdtError
+    from gfxbpf.catalog import instance
+
+    asked: list[str] = []
+
+    class Specs:
+        value_size = SPEC_SIZE
+
+    class Object:
+        def map(self, name: str) -> Specs:
+            asked.append(name)
+            return Specs()
+
+    class Inst:
+        entry = cat.load_catalog().get("cudakernels")
+        obj = Object()
+
+    params = instance.Params(library="/bin/true")
+    probe = cat.Attach("cupti_refused", "usdt", "gfxcupti:refused", optional=True)
+    assert instance._attach_usdt(Inst(), -1, probe, params, None) is None  # type: ignore[arg-type]
+    assert asked == []
+    required = cat.Attach("cupti_refused", "usdt", "gfxcupti:refused")
+    with pytest.raises(UsdtError, match="has no USDT probe gfxcupti:refused"):
+        instance._attach_usdt(Inst(), -1, required, params, None)  # type: ignore[arg-type]
+    assert asked == [SPECS_MAP]

@@ -31,6 +31,7 @@ def test_the_catalog_attaches_each_probe_of_the_injection_library() -> None:
         "cupti_kernels": "gfxcupti:kernels",
         "cupti_memcpy": "gfxcupti:memcpy",
         "cupti_memset": "gfxcupti:memset",
+        "cupti_refused": "gfxcupti:refused",
     }
     assert entry.scopes == ("self", "system")
     assert objects.check_object(entry) == []
@@ -171,3 +172,41 @@ def test_watch_asks_for_the_least_launch_copy() -> None:
     assert ck.attach_program(broker, args) == ("attached", args.library)  # type: ignore[arg-type]
     assert broker.kw["name"] == "cudakernels" and broker.kw["scope"] == "self"
     assert broker.kw["stack_bytes"] == ck.WATCH_STACK_BYTES == 8
+
+
+def test_a_refused_library_is_told_now_and_after() -> None:
+    """Map `refused`: another CUPTI client holds CUPTI now (a refusal within
+    two polls), held it for a while (the library subscribed since: result 0),
+    or the tries stopped (the probe went) while still refused."""
+    from gfxbpf.client.profiles.gpu import refusals as rf
+
+    now = 50 * 10**9
+    held = rf.Refusal(pid=7, polls=20, last_ns=now - 10**8, result=39, poll_ms=100)
+    assert held.current(now) and held.seconds() == 2.0
+    assert "collects nothing now (about 2.0 s while attached)" in held.note(now)
+    assert "(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED); it retries" in held.note(now)
+    let_go = rf.Refusal(pid=7, polls=20, last_ns=now - 10**8, result=0, poll_ms=100)
+    assert not let_go.current(now)
+    assert let_go.note(now).endswith("held CUPTI; it collects again since that client let go")
+    stale = rf.Refusal(pid=7, polls=20, last_ns=now - 3 * 10**9, result=39, poll_ms=100)
+    assert not stale.current(now) and stale.note(now).endswith(
+        "(CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)"
+    )
+    assert stale.as_json(now) == {
+        "pid": 7, "polls": 20, "seconds": 2.0, "result": 39, "current": False
+    }  # fmt: skip
+
+
+def test_refusals_are_read_from_the_map_if_the_program_has_it() -> None:
+    from gfxbpf.client.profiles.gpu import refusals as rf
+
+    class Map:
+        def raw_items(self) -> list[tuple[bytes, bytes]]:
+            return [(rf.KEY.pack(9), rf.REFUSAL.pack(3, 5, 39, 100)), (b"bad", b"")]
+
+    class Att:
+        maps: dict[str, Any] = {"refused": Map()}
+
+    assert rf.read_refusals(Att()) == [rf.Refusal(9, 3, 5, 39, 100)]  # type: ignore[arg-type]
+    Att.maps = {}  # a broker whose cudakernels has no such map
+    assert rf.read_refusals(Att()) == []  # type: ignore[arg-type]

@@ -90,11 +90,6 @@ def _by_kind(symbolizer: Symbolizer, r: Run, prof: Profile) -> None:
         prof.space_kind = "inuse_space" if req.live else "alloc_space"
         untracked = (r.memory or {}).get("untracked", 0)
         prof.notes.extend(notes(req.library or "", req.live, req.cuda, req.sample_bytes, untracked))
-    if req.mode == GPU and not prof.stacks:
-        prof.notes.append(
-            "no kernel ran on the GPU while attached (is the process launching, and was it "
-            "started with CUDA_INJECTION64_PATH?)"
-        )
     if req.mode == GPU and (borrowed := _under_main_frame(prof)):
         prof.notes.append(
             f"{borrowed:.1f}% of the device time came from threads that ran no Python "

@@ -117,8 +117,8 @@ def _collect_copies(run: Run, copies: Copies) -> tuple[list[RawStack], int]:
     if req.mode == GPU:
         from gfxbpf.client.profiles.gpu.kernels import launch_stacks
 
-        raw, note = launch_stacks(copies, run.att)
-        run.notes.extend([note] if note else [])
+        raw, notes = launch_stacks(copies, run.att)
+        run.notes.extend(notes)
         return raw, lost
     return probe_stacks(run, copies, (req.weight,))[0], lost
 

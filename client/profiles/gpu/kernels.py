@@ -120,10 +120,13 @@ class Totals:
         )
 
 
-def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawStack], str | None]:
+def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawStack], list[str]]:
     """profile --gpu: each (launch stack, kernel) weighed by its device ns, the
     kernel's name as leaf (sampled launches stand for those left out: their
-    estimated ns); and the note on launch sampling, if it sampled."""
+    estimated ns); and the notes: on launch sampling, if it sampled, and on
+    why no kernel came, if none did."""
+    from gfxbpf.client.profiles.gpu import refusals
+
     names = read_names(att)
     rows = read_rows(att)
     raw = [
@@ -138,4 +141,11 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
         for row, n, ns in rows
         if not row[4] & NOT_SAMPLED
     ]
-    return raw, Totals.of(rows).note()
+    sampled = Totals.of(rows).note()
+    notes = ([sampled] if sampled else []) + refusals.notes(att)
+    if not raw and not notes:
+        notes.append(
+            "no kernel ran on the GPU while attached (is the process launching, and was it "
+            "started with CUDA_INJECTION64_PATH?)"
+        )
+    return raw, notes
