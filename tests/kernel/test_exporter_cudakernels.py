@@ -57,7 +57,9 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
     with (
         cs.Workload(built, PYTHON, prefix[ALICE], env=BASE_ENV, cwd="/") as alices,
         cs.Workload(built, PYTHON, prefix[BOB], env=BASE_ENV, cwd="/") as bobs,
+        cs.Workload(built, PYTHON, prefix[ALICE], env=BASE_ENV, cwd="/") as profiled,
     ):
+        profiled.command("hold")  # her torch.profiler holds CUPTI there
         with open(log, "wb") as err:
             exporter = run_as(MALLORY, [EXPORTER, "--config", str(config)], background=True,
                               stdout=subprocess.DEVNULL, stderr=err,
@@ -75,6 +77,9 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
             _collecting(bobs, 1)
             alices.command(f"a {N}")
             bobs.command(f"b {M}")
+            profiled.command(f"a {N}")  # not seen: the metrics say why
+            refused = "gfxbpf_cudakernels_refused_polls_total{" + f'pid="{profiled.pid}"'
+            assert wait_until(lambda: refused in scrape(), 30), scrape()
             text = scrape()
         finally:
             exporter.terminate()
@@ -92,3 +97,6 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
     assert kernels == {str(uid_of(ALICE)): N, str(uid_of(BOB)): 2 * M}
     labels = {tuple(sorted(dict(k))) for (_, k) in got}
     assert labels == {("kernel", "pid", "uid")}  # no chain, flags or padding
+    polls = by(series(text, "gfxbpf_cudakernels_refused_polls"),
+               "gfxbpf_cudakernels_refused_polls_total", "pid")  # fmt: skip
+    assert list(polls) == [str(profiled.pid)] and polls[str(profiled.pid)] >= 1, polls
