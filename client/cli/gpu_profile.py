@@ -16,6 +16,7 @@ CUPTI callback that fired the probe, then the kernel.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
@@ -73,17 +74,26 @@ def take(
     return take_profile(req, connect, stop, duration).profile
 
 
+# Files of installed code, not the user's: packages, the standard library,
+# frozen modules. The line shown is the innermost Python line outside them.
+_INSTALLED = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+t?/|^<frozen ")
+
+
 def launch_rows(prof: Profile) -> list[tuple[int, str, str, str]]:
     """(device ns, thread, launching Python line, kernel), heaviest first: the
     stacks summed over the native paths between the line and the kernel, which
-    the text report leaves to the flame graph. Under autograd's backward
-    thread the line is the main thread's (records.MAIN_FRAME); a launch with
-    no Python frame at all shows NO_PYTHON."""
+    the text report leaves to the flame graph. The line is the innermost one
+    of the user's own code (PyTorch's `forward (linear.py:125)` says only that
+    some Linear launched; the model's line says which), else the innermost.
+    Under autograd's backward thread it is the main thread's (typically
+    loss.backward()'s; records.MAIN_FRAME); with no Python frame, NO_PYTHON."""
     rows: dict[tuple[str, str, str], int] = {}
+    info = prof.frames
     for stack, ns in prof.stacks.items():
-        info = prof.frames
         python = [f for f in stack[1:-1] if f in info and info[f].file]
-        key = (stack[0], python[-1] if python else NO_PYTHON, stack[-1])
+        own = [f for f in python if not _INSTALLED.search(info[f].file)]
+        line = (own or python or [NO_PYTHON])[-1]
+        key = (stack[0], line, stack[-1])
         rows[key] = rows.get(key, 0) + ns
     return sorted(((ns, *k) for k, ns in rows.items()), key=lambda r: (-r[0], r[1:]))
 

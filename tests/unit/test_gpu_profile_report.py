@@ -76,3 +76,27 @@ def test_json_holds_the_rows_and_the_whole_stacks() -> None:
         "kernel": "gemm",
     }
     assert len(got["launches"]) == 3 and len(got["stacks"]) == 4  # --top is the text's
+
+
+def test_the_line_is_the_users_own_innermost() -> None:
+    """PyTorch's frames (site-packages) and the standard library's are passed
+    over for the model's line; a stack with only installed frames keeps its
+    innermost."""
+    torch = "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py"
+    lib = "/usr/local/lib/python3.13/threading.py"
+    frames = {
+        "<module> (train.py:30)": FrameInfo("<module>", file="train.py", line=30),
+        "forward (model.py:22)": FrameInfo("forward", file="/home/a/model.py", line=22),
+        "forward (linear.py:125)": FrameInfo("forward", file=torch, line=125),
+        "run (threading.py:9)": FrameInfo("run", file=lib, line=9),
+    }
+    stacks = {
+        ("python3", "<module> (train.py:30)", "forward (model.py:22)",
+         "forward (linear.py:125)", "cuLaunchKernel", "gemm"): 7,
+        ("python3", "run (threading.py:9)", "forward (linear.py:125)", "gemm"): 3,
+    }  # fmt: skip
+    prof = Profile(stacks, "nanoseconds", time_kind="gpu", frames=frames)
+    assert gpu_profile.launch_rows(prof) == [
+        (7, "python3", "forward (model.py:22)", "gemm"),
+        (3, "python3", "forward (linear.py:125)", "gemm"),
+    ]
