@@ -83,8 +83,9 @@ def launch_rows(prof: Profile) -> list[tuple[int, str, str, str]]:
     """(device ns, thread, launching Python line, kernel), heaviest first: the
     stacks summed over the native paths between the line and the kernel, which
     the text report leaves to the flame graph. The line is the innermost one
-    of the user's own code (PyTorch's `forward (linear.py:125)` says only that
-    some Linear launched; the model's line says which), else the innermost.
+    of the user's own code (PyTorch's forward in torch/nn/modules/linear.py
+    says only that some Linear launched; the model's line says which), else
+    the innermost.
     Under autograd's backward thread it is the main thread's (typically
     loss.backward()'s; records.MAIN_FRAME); with no Python frame, NO_PYTHON."""
     rows: dict[tuple[str, str, str], int] = {}
