@@ -105,7 +105,9 @@ for line in sys.stdin:
 """
 # bench/gpu_kernels_workload.py's protocol on the stand-in, for tests of
 # bench/gpu_kernels_check.py (gpu_check.sh step 6): "matmul" launches 1 ms
-# products from mm_a (a quarter) and mm_b, whose "events" say exactly that.
+# products from mm_a (a quarter) and mm_b, whose "events" say exactly that;
+# "profiler_start"/"profiler_stop" stand for a torch.profiler session as a
+# client that holds CUPTI's subscription (its trace is not modelled: None).
 GPU_CHECK_SCRIPT = """\
 import ctypes, json, os, sys, time
 C = ctypes.c_ulonglong
@@ -139,9 +141,16 @@ for line in sys.stdin:
         reply = {"products": n, "event_ns_total": n * NS, "event_ns_mean": NS}
     elif cmd in ("loop", "profile"):
         reply = loop(int(arg))
+    elif cmd == "profiler_start":  # a profiler that holds CUPTI's subscription
+        cupti.gfx_standin_hold(1)
+        reply = {"started": True}
+    elif cmd == "profiler_stop":
+        reply = {**loop(int(arg)), "profiler_kernels": None}
+        cupti.gfx_standin_hold(0)
     elif cmd == "stats":
         reply = {"records": lib.gfx_cupti_records(), "launches": lib.gfx_cupti_launches(),
-                 "collecting": lib.gfx_cupti_collecting()} if lib else {"records": None}
+                 "collecting": lib.gfx_cupti_collecting(),
+                 "refused": lib.gfx_cupti_refusals()} if lib else {"records": None}
     if lib:
         lib.gfx_cupti_poll()
     print(json.dumps(reply), flush=True)

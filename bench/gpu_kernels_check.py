@@ -20,7 +20,8 @@ LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
      `cudakernels`), listened to through `gfxclient watch cuda --gpu --json`, as
      the user: rows per kernel and launching Python function;
   5. last, torch.profiler beside a watch, both ways round (coexist): the
-     kernels each side still sees.
+     kernels each side still sees, and with the profiler first whether the
+     library is refused CUPTI (its `refused` count).
 Without --socket the program is attached here, as root, straight from the
 catalog (no broker): the figures are the program's own maps.
 """
@@ -404,8 +405,32 @@ def coexist(w: Workload, args: argparse.Namespace, uid: int) -> dict[str, Any]:
         try:
             wait_collecting(w, 0, 15)
             out["profiler_after_watch_ended"] = w.ask(f"profiler_stop {n}")
+            out.update(_profiler_first(w, args, uid))
         except (RuntimeError, OSError, ValueError) as e:
             out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _profiler_first(w: Workload, args: argparse.Namespace, uid: int) -> dict[str, Any]:
+    """(c) A torch.profiler session open before the watch starts: whether
+    Kineto holds CUPTI's subscription (the library refused: `refusals` rises,
+    `collecting` stays 0, and the watch says so) or only its activity records."""
+    out: dict[str, Any] = {}
+    w.ask("profiler_start")
+    watch: Direct | ClientWatch = (
+        ClientWatch(w.pid, args.user, args.socket)
+        if args.socket
+        else Direct(w.pid, uid, args.inject)
+    )
+    try:
+        time.sleep(2.0)  # some of the library's polls
+        stats = w.ask("stats")
+        out["collecting_with_profiler_first"] = stats.get("collecting")
+        out["refusals_with_profiler_first"] = stats.get("refused")
+    finally:
+        watch.close()
+    wait_collecting(w, 0, 15)
+    out["profiler_first"] = w.ask(f"profiler_stop {COEXIST_LAUNCHES}")
     return out
 
 
@@ -463,6 +488,12 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         ),
         "torch_profiler_kernels_pct_after_watch_ended": _pct(
             outlived.get("profiler_kernels"), outlived.get("launches")
+        ),
+        # (c) torch.profiler first: the library refused CUPTI (> 0), or not (0)
+        "library_refusals_with_profiler_first": both.get("refusals_with_profiler_first"),
+        "torch_profiler_kernels_pct_with_profiler_first": _pct(
+            (both.get("profiler_first") or {}).get("profiler_kernels"),
+            (both.get("profiler_first") or {}).get("launches"),
         ),
     }
 

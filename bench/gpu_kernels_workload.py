@@ -185,6 +185,18 @@ def profiler_stop(n: int) -> dict[str, Any]:
     return {"launches": launched, "profiler_kernels": _profiler_kernels(prof)}
 
 
+def _refusals(lib: Any) -> int | None:
+    """The library's refused tries (None: no library, or one built before the count)."""
+    try:
+        count = lib.gfx_cupti_refusals if lib else None
+    except AttributeError:
+        return None
+    if count is None:
+        return None
+    count.restype = ctypes.c_ulonglong
+    return int(count())
+
+
 def profile_count(n: int) -> dict[str, Any]:
     """The loop under torch.profiler, and how many of its kernels the trace holds."""
     profiler_start()
@@ -216,7 +228,8 @@ def main() -> int:
         elif cmd == "stats":
             reply = {"records": lib.gfx_cupti_records() if lib else None,
                      "launches": lib.gfx_cupti_launches() if lib else None,
-                     "collecting": lib.gfx_cupti_collecting() if lib else None}  # fmt: skip
+                     "collecting": lib.gfx_cupti_collecting() if lib else None,
+                     "refused": _refusals(lib)}  # fmt: skip
         elif cmd == "exit":
             return 0
         else:

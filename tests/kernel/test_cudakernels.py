@@ -518,6 +518,10 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     # Beside torch.profiler (none on the stand-in): listened to again, every record.
     both = res["coexist"]
     assert "error" not in both and both["records_after_profiler"] == 2000, both
+    # The stand-in's "profiler" holds CUPTI's subscription: started first, it
+    # keeps the library out, which counts its refused tries.
+    assert both["collecting_with_profiler_first"] == 0, both
+    assert s["library_refusals_with_profiler_first"] >= 1, s
 
 
 def _watched(broker: BrokerProcess, built: cs.Built, env: dict[str, str], n: int) -> dict[str, Any]:
