@@ -42,6 +42,8 @@ def _lib() -> Any:
     lib = ctypes.CDLL(path)  # the copy the driver loaded: same handle
     for name in ("gfx_cupti_records", "gfx_cupti_launches"):
         getattr(lib, name).restype = ctypes.c_ulonglong
+    if hasattr(lib, "gfx_cupti_refusals"):  # libraries built before 2026-11-29 lack it
+        lib.gfx_cupti_refusals.restype = ctypes.c_ulonglong
     return lib
 
 
@@ -185,18 +187,6 @@ def profiler_stop(n: int) -> dict[str, Any]:
     return {"launches": launched, "profiler_kernels": _profiler_kernels(prof)}
 
 
-def _refusals(lib: Any) -> int | None:
-    """The library's refused tries (None: no library, or one built before the count)."""
-    try:
-        count = lib.gfx_cupti_refusals if lib else None
-    except AttributeError:
-        return None
-    if count is None:
-        return None
-    count.restype = ctypes.c_ulonglong
-    return int(count())
-
-
 def profile_count(n: int) -> dict[str, Any]:
     """The loop under torch.profiler, and how many of its kernels the trace holds."""
     profiler_start()
@@ -229,7 +219,8 @@ def main() -> int:
             reply = {"records": lib.gfx_cupti_records() if lib else None,
                      "launches": lib.gfx_cupti_launches() if lib else None,
                      "collecting": lib.gfx_cupti_collecting() if lib else None,
-                     "refused": _refusals(lib)}  # fmt: skip
+                     "refused": lib.gfx_cupti_refusals()
+                     if lib and hasattr(lib, "gfx_cupti_refusals") else None}  # fmt: skip
         elif cmd == "exit":
             return 0
         else:

@@ -105,11 +105,19 @@ def _watch(broker: BrokerProcess, user: str, *args: str) -> subprocess.Popen[str
     )
 
 
-def _collecting(w: cs.Workload, want: int, timeout: float = 10.0) -> None:
+def _stats_until(
+    w: cs.Workload, ok: Callable[[dict[str, int]], bool], never: str, timeout: float = 10.0
+) -> None:
+    """Until the library's counters satisfy ok; never: what failing says."""
     deadline = time.monotonic() + timeout
-    while w.stats()["collecting"] != want:
-        assert time.monotonic() < deadline, f"the library never reached collecting={want}"
+    while not ok(w.stats()):
+        assert time.monotonic() < deadline, never
         time.sleep(0.02)
+
+
+def _collecting(w: cs.Workload, want: int, timeout: float = 10.0) -> None:
+    never = f"the library never reached collecting={want}"
+    _stats_until(w, lambda s: s["collecting"] == want, never, timeout)
 
 
 # CUptiResult: cuptiSubscribe's answer while another client subscribes
@@ -118,10 +126,7 @@ MULTIPLE_SUBSCRIBERS = 39
 
 def _refused(w: cs.Workload, timeout: float = 10.0) -> None:
     """Until the library, probed, has tried to subscribe and been refused twice."""
-    deadline = time.monotonic() + timeout
-    while w.stats()["refused"] < 2:
-        assert time.monotonic() < deadline, "the library never tried to collect"
-        time.sleep(0.02)
+    _stats_until(w, lambda s: s["refused"] >= 2, "the library never tried to collect", timeout)
 
 
 def _first(watch: subprocess.Popen[str]) -> dict[str, Any]:
