@@ -34,6 +34,8 @@ def catalog_map_description(m: MapEntry) -> pb.MapDescription:
         description=m.description,
         event_type=m.event_type or "",
         fd_index=-1,
+        metrics=m.metrics or (),
+        metrics_listed=m.metrics is not None,
     )
 
 

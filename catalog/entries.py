@@ -102,6 +102,9 @@ class MapEntry:
     unit: str | None = None  # one of UNITS
     key_label: str | None = None
     event_type: str | None = None  # BTF struct of ring-buffer records (show = "events")
+    # show = "table": the value members gfxbpf-exporter turns into metrics;
+    # None: every numeric member (a lookup table lists none)
+    metrics: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -284,7 +287,7 @@ _PROGRAM_KEYS = (
 _ATTACH_KEYS = ("program", "kind", "target", "variant", "optional")
 _FIELD_KEYS = ("knob", "tracepoint", "field", "size_knob", "variant", "optional")
 _MAP_KEYS = (
-    "name", "visible", "show", "unit", "key_label", "description", "event_type",
+    "name", "visible", "show", "unit", "key_label", "description", "event_type", "metrics",
 )  # fmt: skip
 _PARAMETER_KEYS = ("name", "type", "required", "description")
 _C_IDENT = "a C identifier"
@@ -592,6 +595,7 @@ def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
     event_type = _ident(at, t, "event_type", shows == "events")
     if event_type is not None and shows != "events":
         at.add("event_type", "only a map with show = 'events' has an event_type")
+    metrics = _metrics(at, t, shows)
     if not at.ok:
         return None
     assert name is not None and visible is not None and description is not None
@@ -603,7 +607,26 @@ def _parse_map(at: Entry, t: dict[str, Any]) -> MapEntry | None:
         unit=unit,
         key_label=key_label,
         event_type=event_type,
+        metrics=metrics,
     )
+
+
+def _metrics(at: Entry, t: dict[str, Any], shows: str | None) -> tuple[str, ...] | None:
+    """A table's `metrics`: C identifiers (its value's members), each once."""
+    if "metrics" not in t:
+        return None
+    if shows != "table":
+        at.add("metrics", "only a map with show = 'table' lists its metrics")
+        return None
+    names = at.strings(t, "metrics")
+    if names is None:
+        return None
+    for n in names:
+        if not _IDENT.match(n):
+            at.add("metrics", f"{show(n)} is not {_C_IDENT} (a member of the map's value)")
+    if len(set(names)) != len(names):
+        at.add("metrics", "a member is listed twice")
+    return names
 
 
 def _parse_parameter(at: Entry, t: dict[str, Any]) -> Parameter | None:

@@ -74,10 +74,13 @@ class ProgramState:
 
 
 def shape_of(program: str, cmap: ClientMap) -> mapping.MapShape:
-    """The map's catalog role, plus (tables) its value's numeric members from BTF."""
+    """The map's catalog role, plus (tables) the value's numeric members from BTF
+    that the catalog lists as metrics (all of them where it lists none)."""
     members: tuple[str, ...] = ()
     if cmap.show == "table" and cmap.desc.value_size:
-        members = mapping.numeric_members(cmap.decode_value(bytes(cmap.desc.value_size)))
+        listed = tuple(cmap.desc.metrics) if cmap.desc.metrics_listed else None
+        zero = cmap.decode_value(bytes(cmap.desc.value_size))
+        members = mapping.table_members(zero, listed)
     return mapping.MapShape(
         program, cmap.name, cmap.show, cmap.unit, cmap.key_label, members, cmap.description
     )

@@ -14,7 +14,9 @@ Names are `gfxbpf_<program>_<map>` (a map named `<program>_x` gives
   2^(s+1) (slot s counts 2^s <= v < 2^(s+1)); `_count` is the +Inf bucket. No
   `_sum`: a log2 histogram does not keep one, and an estimate would mislead.
 - "table": one metric per numeric member of the value struct (BTF member
-  names): a counter (the catalog's tables accumulate) unless the member is
+  names; where the catalog lists the map's `metrics`, only those: a lookup
+  table such as py_codes lists none, cudakernels' refused only its polls and
+  the time of the last): a counter (the catalog's tables accumulate) unless the member is
   named like a level (one of its `_`-separated words is in LEVEL_WORDS: cur,
   live, peak, depth, max, ...), which becomes a gauge (cuda's memory live
   and peak). A member with `bytes` in its name gets the `_bytes` unit; a
@@ -121,8 +123,8 @@ def _member_unit(member: str) -> tuple[str, str, float]:
     if member.endswith("_ns"):
         return member[: -len("_ns")], "seconds", 1e-9
     if "bytes" in member.split("_"):
-        rest = "_".join(p for p in member.split("_") if p != "bytes")
-        return rest or "bytes", "bytes", 1.0
+        # bound_bytes -> bound + _bytes; bytes alone -> _bytes, not _bytes_bytes
+        return "_".join(p for p in member.split("_") if p != "bytes"), "bytes", 1.0
     return member, "", 1.0
 
 
@@ -153,7 +155,7 @@ def metric_specs(shape: MapShape) -> list[MetricSpec]:
         for member in shape.value_members:
             base, suffix, scale = _member_unit(member)
             kind = "gauge" if LEVEL_WORDS & set(member.lower().split("_")) else "counter"
-            name = _join(shape.base, sanitize(base), suffix)
+            name = _join(shape.base, sanitize(base) if base else "", suffix)
             specs.append(MetricSpec(kind, name, f"{where} ({member})", member, scale))
         return specs
     return []
@@ -166,6 +168,13 @@ def numeric_members(value: Any) -> tuple[str, ...]:
     return tuple(
         k for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)
     )
+
+
+def table_members(value: Any, listed: Sequence[str] | None) -> tuple[str, ...]:
+    """A table's metrics: its value's numeric members, only those the catalog
+    lists (in its order) where it lists some (`metrics`; None: it lists none)."""
+    members = numeric_members(value)
+    return members if listed is None else tuple(m for m in listed if m in members)
 
 
 # ------------------------------------------------------------------ labels

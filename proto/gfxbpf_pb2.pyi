@@ -200,7 +200,7 @@ class AttachRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., object: _Optional[bytes] = ..., scope: _Optional[_Union[Scope, str]] = ..., params: _Optional[_Union[AttachParams, _Mapping]] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
 
 class MapDescription(_message.Message):
-    __slots__ = ("name", "show", "unit", "key_label", "description", "map_type", "key_size", "value_size", "max_entries", "per_cpu", "fd_index", "btf_key_type_id", "btf_value_type_id", "event_type", "btf_event_type_id")
+    __slots__ = ("name", "show", "unit", "key_label", "description", "map_type", "key_size", "value_size", "max_entries", "per_cpu", "fd_index", "btf_key_type_id", "btf_value_type_id", "event_type", "btf_event_type_id", "metrics", "metrics_listed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHOW_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,8 @@ class MapDescription(_message.Message):
     BTF_VALUE_TYPE_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     BTF_EVENT_TYPE_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_LISTED_FIELD_NUMBER: _ClassVar[int]
     name: str
     show: str
     unit: str
@@ -231,7 +233,9 @@ class MapDescription(_message.Message):
     btf_value_type_id: int
     event_type: str
     btf_event_type_id: int
-    def __init__(self, name: _Optional[str] = ..., show: _Optional[str] = ..., unit: _Optional[str] = ..., key_label: _Optional[str] = ..., description: _Optional[str] = ..., map_type: _Optional[int] = ..., key_size: _Optional[int] = ..., value_size: _Optional[int] = ..., max_entries: _Optional[int] = ..., per_cpu: _Optional[bool] = ..., fd_index: _Optional[int] = ..., btf_key_type_id: _Optional[int] = ..., btf_value_type_id: _Optional[int] = ..., event_type: _Optional[str] = ..., btf_event_type_id: _Optional[int] = ...) -> None: ...
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    metrics_listed: bool
+    def __init__(self, name: _Optional[str] = ..., show: _Optional[str] = ..., unit: _Optional[str] = ..., key_label: _Optional[str] = ..., description: _Optional[str] = ..., map_type: _Optional[int] = ..., key_size: _Optional[int] = ..., value_size: _Optional[int] = ..., max_entries: _Optional[int] = ..., per_cpu: _Optional[bool] = ..., fd_index: _Optional[int] = ..., btf_key_type_id: _Optional[int] = ..., btf_value_type_id: _Optional[int] = ..., event_type: _Optional[str] = ..., btf_event_type_id: _Optional[int] = ..., metrics: _Optional[_Iterable[str]] = ..., metrics_listed: _Optional[bool] = ...) -> None: ...
 
 class ProgramDescription(_message.Message):
     __slots__ = ("name", "section", "prog_type", "prog_id", "fd_index")

@@ -100,3 +100,12 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
     polls = by(series(text, "gfxbpf_cudakernels_refused_polls"),
                "gfxbpf_cudakernels_refused_polls_total", "pid")  # fmt: skip
     assert list(polls) == [str(profiled.pid)] and polls[str(profiled.pid)] >= 1, polls
+    # The catalog lists the tables' metrics (the broker's reply carries them):
+    # refused only its polls, and the lookup table of code objects none.
+    families = {
+        line.split()[2].removesuffix("_total")
+        for line in text.splitlines()
+        if line.startswith("# TYPE ")
+    }
+    assert {f for f in families if "_refused_" in f} == {"gfxbpf_cudakernels_refused_polls"}
+    assert not [f for f in families if "py_codes" in f], families

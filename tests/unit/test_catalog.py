@@ -16,6 +16,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from gfxbpf.bpf.asm import SLOT
+from gfxbpf.broker.replies import catalog_map_description
 from gfxbpf.catalog import entries as cat
 from gfxbpf.catalog import objects as catobj
 
@@ -553,6 +554,20 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_a_table_lists_its_metrics_and_the_broker_says_so(tmp_path: Path) -> None:
+    table = GOOD.replace('show = "counter"\nunit = "count"', 'show = "table"')
+    assert cat.load_catalog(_write(tmp_path, table)).get("demo").map("counts").metrics is None
+    listed = table.replace('description = "d"', 'description = "d"\nmetrics = ["n"]')
+    m = cat.load_catalog(_write(tmp_path, listed)).get("demo").map("counts")
+    assert m.metrics == ("n",)
+    desc = catalog_map_description(m)
+    assert desc.metrics_listed and list(desc.metrics) == ["n"]
+    none = table.replace('description = "d"', 'description = "d"\nmetrics = []')
+    m = cat.load_catalog(_write(tmp_path, none)).get("demo").map("counts")
+    desc = catalog_map_description(m)
+    assert m.metrics == () and desc.metrics_listed and not desc.metrics
+
+
 def test_minimal_catalog_loads(tmp_path: Path) -> None:
     c = cat.load_catalog(_write(tmp_path, GOOD))
     p = c.get("demo")
@@ -596,6 +611,21 @@ def test_minimal_catalog_loads(tmp_path: Path) -> None:
         ('unit = "count"', 'unit = "furlongs"', "[[program.map]] #1: field 'unit': \"furlongs\""),
         ('unit = "count"\n', "", "[[program.map]] #1: field 'unit': missing"),
         ('show = "counter"', 'show = "events"', "[[program.map]] #1: field 'event_type': missing"),
+        (
+            'description = "d"',
+            'description = "d"\nmetrics = ["polls"]',
+            "[[program.map]] #1: field 'metrics': only a map with show = 'table' lists",
+        ),
+        (
+            'show = "counter"\nunit = "count"',
+            'show = "table"\nmetrics = ["polls", "polls"]',
+            "field 'metrics': a member is listed twice",
+        ),
+        (
+            'show = "counter"\nunit = "count"',
+            'show = "table"\nmetrics = ["a-b"]',
+            "field 'metrics': \"a-b\" is not a C identifier",
+        ),
         (
             "visible = true",
             'visible = "yes"',

@@ -48,7 +48,7 @@ def catalog_shapes() -> list[mapping.MapShape]:
             # (a stack-trace map) has no columns.
             if m.show == "table" and spec.btf is not None and kmap.value_type_id:
                 zero = spec.btf.decode(kmap.value_type_id, bytes(kmap.value_size))
-                members = mapping.numeric_members(zero)
+                members = mapping.table_members(zero, m.metrics)
             shapes.append(
                 mapping.MapShape(
                     entry.name, m.name, m.show or "", m.unit or "", m.key_label or "", members
@@ -115,6 +115,28 @@ def test_every_catalog_map_maps_and_names_are_unique() -> None:
     assert "gfxbpf_vmabind_vm_stats_bound_bytes_total" in names
     families = [s.name for shape in catalog_shapes() for s in mapping.metric_specs(shape)]
     assert len(families) == len(set(families)), "two maps map to one metric name"
+
+
+def test_listed_metrics_are_numeric_members_and_lookup_tables_emit_none() -> None:
+    listed = 0
+    for entry in load_catalog():
+        spec = ObjectSpec.from_file(str(object_path(entry)))
+        for m in entry.visible_maps:
+            if m.metrics is None:
+                continue
+            listed += 1
+            kmap = spec.maps[m.name]
+            assert spec.btf is not None and kmap.value_type_id, (entry.name, m.name)
+            zero = spec.btf.decode(kmap.value_type_id, bytes(kmap.value_size))
+            missing = set(m.metrics) - set(mapping.numeric_members(zero))
+            assert not missing, f"{entry.name}/{m.name} lists {missing}: not numeric members"
+    assert listed >= 7  # the six py_codes and cudakernels' refused
+    names = emitted_names()
+    assert not [n for n in names if "_py_codes_" in n]
+    assert {n for n in names if "_refused_" in n} == {"gfxbpf_cudakernels_refused_polls_total"}
+    # a member named just `bytes` carries the unit once
+    assert "gfxbpf_cudakernels_copies_bytes_total" in names
+    assert not [n for n in names if "_bytes_bytes" in n]
 
 
 def test_dashboard_parses_and_queries_only_emitted_metrics() -> None:

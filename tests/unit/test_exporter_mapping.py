@@ -95,6 +95,16 @@ def test_table_members_are_counters_unless_named_as_levels() -> None:
     }
 
 
+def test_a_table_lists_its_metrics_and_a_bytes_member_is_named_once() -> None:
+    zero = {"polls": 0, "last_ns": 0, "result": 0, "poll_ms": 0, "name": "x"}
+    assert mapping.table_members(zero, None) == ("polls", "last_ns", "result", "poll_ms")
+    assert mapping.table_members(zero, ("poll_ms", "polls", "gone")) == ("poll_ms", "polls")
+    assert mapping.table_members(zero, ()) == ()
+    shape = MapShape("cudakernels", "copies", "table", "", "pid", ("copies", "bytes"))
+    names = [s.name for s in mapping.metric_specs(shape)]
+    assert names == ["gfxbpf_cudakernels_copies_copies", "gfxbpf_cudakernels_copies_bytes"]
+
+
 def test_counter_keys_become_labels_with_syscall_names() -> None:
     built = mapping.build(SYSCOUNT, [(110, 7), (39, 3), (9999, 1)], limit=10)
     (family,) = built.families
