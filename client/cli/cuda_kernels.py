@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.cli.cuda_python import NO_PYTHON
-from gfxbpf.client.cli.display import clip, humanize_count, humanize_ns
+from gfxbpf.client.cli.display import clip, humanize_bytes, humanize_count, humanize_ns
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.handle import Attachment
 from gfxbpf.client.printable import printable
@@ -46,6 +46,7 @@ from gfxbpf.client.profiles.gpu.kernels import (
     read_rows,
 )
 from gfxbpf.client.profiles.gpu.refusals import Refusal, read_refusals
+from gfxbpf.client.profiles.gpu.transfers import Transfer, read_transfers
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.client.profiles.read import lost_count
 
@@ -201,6 +202,7 @@ class KernelTimes:
         self.lost = 0
         self.totals = Totals()
         self.refused: list[Refusal] = []  # processes whose library another CUPTI client blocks
+        self.transfers: list[Transfer] = []  # copies and memsets per process and kind
 
     def sample(self) -> None:
         chains: Chains = {}
@@ -223,6 +225,7 @@ class KernelTimes:
         counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] kernels
         self.lost = lost_count([(k, v) for k, v in counts if k[:4] == UNCOUNTED])
         self.refused = read_refusals(self.att)
+        self.transfers = read_transfers(self.att)
 
     def json_line(self) -> dict[str, Any]:
         return {
@@ -239,6 +242,7 @@ class KernelTimes:
             "lost": self.lost,
             "refused": [r.as_json(time.monotonic_ns()) for r in self.refused],
             "by_kernel": [k.as_json() for k in self.kernels],
+            "copies": [t.as_json() for t in self.transfers],
         }
 
     def frame(self, width: int, height: int | None, limit: int | None) -> list[str]:
@@ -268,6 +272,7 @@ class KernelTimes:
             )
         if len(shown) < len(self.kernels):
             lines.append(f"  … {len(self.kernels) - len(shown)} more rows")
+        lines += transfer_lines(self.transfers, limit)
         if self.lost:
             lines.append(f"note: {self.lost} kernels not counted: the broker's table was full")
         if self.totals.note():
@@ -275,3 +280,24 @@ class KernelTimes:
         now = time.monotonic_ns()
         lines += [f"note: {r.note(now)}" for r in self.refused]
         return clip(lines, width, height)
+
+
+def transfer_lines(transfers: list[Transfer], limit: int | None) -> list[str]:
+    """Copies and memsets per process and kind, with their rate on the device."""
+    if not transfers:
+        return []
+    lines = [
+        "copies and memsets, by process and kind (GPU time, and bytes per second of it):",
+        f"  {'pid':>8}  {'count':>9}  {'bytes':>9}  {'GPU time':>9}  {'rate':>10}  kind",
+    ]
+    shown = transfers if limit is None else transfers[:limit]
+    for t in shown:
+        rate = t.bandwidth()
+        per_s = "-" if rate is None else humanize_bytes(rate) + "/s"
+        lines.append(
+            f"  {t.pid:>8}  {humanize_count(t.copies):>9}  {humanize_bytes(t.bytes):>9}  "
+            f"{humanize_ns(t.device_ns):>9}  {per_s:>10}  {t.kind}"
+        )
+    if len(shown) < len(transfers):
+        lines.append(f"  … {len(transfers) - len(shown)} more rows")
+    return lines

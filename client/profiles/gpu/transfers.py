@@ -1,0 +1,55 @@
+"""The GPU's own time in copies and memsets: program `cudakernels`' map
+`copies`, which the injection library's memcpy and memset records fill per
+(process, user, kind) with their count, bytes and device nanoseconds."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gfxbpf.catalog.cupti_kinds import copy_kind
+
+if TYPE_CHECKING:
+    from gfxbpf.client.handle import Attachment
+
+MAP = "copies"
+KEY = struct.Struct("<IIII")  # cudakernels.bpf.c struct copy_key: tgid, uid, kind, pad
+STATS = struct.Struct("<QQQ")  # struct copy_stats: copies, bytes, device_ns
+
+
+@dataclass(frozen=True)
+class Transfer:
+    pid: int
+    uid: int
+    kind: str  # htod, dtoh, dtod, ..., memset (gfxbpf.catalog.cupti_kinds)
+    copies: int
+    bytes: int
+    device_ns: int
+
+    def bandwidth(self) -> float | None:
+        """Bytes per second of device time (None: no time measured)."""
+        return self.bytes * 1e9 / self.device_ns if self.device_ns else None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "pid": self.pid,
+            "uid": self.uid,
+            "kind": self.kind,
+            "copies": self.copies,
+            "bytes": self.bytes,
+            "device_ns": self.device_ns,
+        }
+
+
+def read_transfers(att: Attachment) -> list[Transfer]:
+    """The map's rows, most device time first ([] from a program without it)."""
+    m = att.maps.get(MAP)
+    if m is None:
+        return []
+    out = []
+    for k, v in m.raw_items():
+        if len(k) == KEY.size and isinstance(v, bytes) and len(v) == STATS.size:
+            pid, uid, kind, _pad = KEY.unpack(k)
+            out.append(Transfer(pid, uid, copy_kind(kind), *STATS.unpack(v)))
+    return sorted(out, key=lambda t: (-t.device_ns, t.pid, t.kind))
