@@ -4,18 +4,23 @@ cudakernels (catalog/programs/cudakernels.bpf.c) keys its `kernels` table by
 (tgid, uid, Python chain hash, kernel name hash, flags, sampling weight, launch
 stack pointer); the names live
 in its `names` map. For the exporter (scope system: no chain) a series is
-labelled pid, uid and kernel: the kernel's name demangled and cut to
-NAME_MAX characters, so that label values stay bounded too (series whose
-names agree in those characters add up). How many series a metric keeps at
-all is the exporter's per-program `limit`, the largest first.
+labelled pid, uid, user (the uid's name, so a dashboard groups by people)
+and kernel: the kernel's name demangled and cut to NAME_MAX characters, so
+that label values stay bounded too (series whose names agree in those
+characters add up). The `copies` table's kind is named (htod, dtoh, ...,
+memset) as gfxclient names it. How many series a metric keeps at all is the
+exporter's per-program `limit`, the largest first.
 """
 
 from __future__ import annotations
 
+import functools
+import pwd
 import struct
 from collections.abc import Sequence
 from typing import Any
 
+from gfxbpf.catalog.cupti_kinds import copy_kind
 from gfxbpf.client import Attachment
 from gfxbpf.client.profiles.demangle import demangle
 
@@ -43,15 +48,28 @@ def cut(name: str) -> str:
     return name if len(name) <= NAME_MAX else name[: NAME_MAX - 1] + "…"
 
 
+@functools.lru_cache(maxsize=4096)
+def user_name(uid: int) -> str:
+    """The uid's login name; the number where the host has none for it."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
 def relabel(entries: Sequence[tuple[Any, Any]], names: dict[int, str]) -> list[tuple[Any, Any]]:
     """A cudakernels table's decoded entries with keys as labels: `kernels` by
-    pid, uid and kernel; `copies` by pid, uid and kind."""
+    pid, uid, user and kernel; `copies` by pid, uid, user and kind."""
     out = []
     for key, value in entries:
         if not isinstance(key, dict):
             out.append((key, value))
             continue
         labels = {k: v for k, v in key.items() if k not in DROPPED and k != "name_hash"}
+        if isinstance(labels.get("uid"), int):
+            labels["user"] = user_name(labels["uid"])
+        if isinstance(labels.get("kind"), int):
+            labels["kind"] = copy_kind(labels["kind"])
         if "name_hash" in key:
             h = key["name_hash"]
             labels["kernel"] = names.get(h, f"{h:#x}") if isinstance(h, int) else str(h)

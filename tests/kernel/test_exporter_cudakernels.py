@@ -76,6 +76,7 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
             _collecting(alices, 1)
             _collecting(bobs, 1)
             alices.command(f"a {N}")
+            alices.command("copy 3")
             bobs.command(f"b {M}")
             profiled.command(f"a {N}")  # not seen: the metrics say why
             refused = "gfxbpf_cudakernels_refused_polls_total{" + f'pid="{profiled.pid}"'
@@ -96,10 +97,18 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
                  "gfxbpf_cudakernels_kernels_kernels_total", "uid")  # fmt: skip
     assert kernels == {str(uid_of(ALICE)): N, str(uid_of(BOB)): 2 * M}
     labels = {tuple(sorted(dict(k))) for (_, k) in got}
-    assert labels == {("kernel", "pid", "uid")}  # no chain, flags or padding
+    assert labels == {("kernel", "pid", "uid", "user")}  # no chain, flags or padding
+    users = by(got, name + "_total", "user")
+    assert users == pytest.approx({ALICE: N * cs.NS["gemm"] / 1e9,
+                                   BOB: M * (cs.NS["gemm"] + cs.NS["relu"]) / 1e9})  # fmt: skip
     polls = by(series(text, "gfxbpf_cudakernels_refused_polls"),
                "gfxbpf_cudakernels_refused_polls_total", "pid")  # fmt: skip
     assert list(polls) == [str(profiled.pid)] and polls[str(profiled.pid)] >= 1, polls
+    copied = series(text, "gfxbpf_cudakernels_copies_bytes")
+    assert {tuple(sorted(k)): v for (_, k), v in copied.items()} == {
+        (("kind", "htod"), ("pid", str(alices.pid)), ("uid", str(uid_of(ALICE))),
+         ("user", ALICE)): 3 * cs.COPY_BYTES
+    }  # fmt: skip
     # The catalog lists the tables' metrics (the broker's reply carries them):
     # refused only its polls, and the lookup table of code objects none.
     families = {

@@ -129,7 +129,7 @@ def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:
     raw = [
         ({"tgid": 10, "uid": 1000, "python": 0, "name_hash": GEMM, "flags": 1, "pad": 0},
          {"kernels": 4, "device_ns": 2_000_000_000}),
-        ({"tgid": 11, "uid": 1001, "python": 0, "name_hash": RELU, "flags": 0, "pad": 0},
+        ({"tgid": 11, "uid": 0, "python": 0, "name_hash": RELU, "flags": 0, "pad": 0},
          {"kernels": 1, "device_ns": 5_000_000}),
     ]  # fmt: skip
     cut = kernels.cut("k" * 300)
@@ -140,8 +140,9 @@ def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:
         for f in built.families
         for s in f.samples
     }
-    gemm = (("kernel", "gemm"), ("pid", "10"), ("uid", "1000"))
-    other = (("kernel", cut), ("pid", "11"), ("uid", "1001"))
+    user = kernels.user_name(1000)  # a test host may have no such user: then "1000"
+    gemm = (("kernel", "gemm"), ("pid", "10"), ("uid", "1000"), ("user", user))
+    other = (("kernel", cut), ("pid", "11"), ("uid", "0"), ("user", "root"))
     assert got == {
         ("gfxbpf_cudakernels_kernels_kernels_total", gemm): 4.0,
         ("gfxbpf_cudakernels_kernels_device_seconds_total", gemm): 2.0,
@@ -154,6 +155,50 @@ def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:
         "gfxbpf_cudakernels_kernels_kernels": 1,
         "gfxbpf_cudakernels_kernels_device_seconds": 1,
     }
+
+
+def test_copies_are_labelled_by_kind_and_user_and_read_by_the_watch() -> None:
+    from gfxbpf.client.cli.cuda_kernels import transfer_lines
+    from gfxbpf.client.profiles.gpu import transfers as tr
+
+    shape = MapShape("cudakernels", "copies", "table", "", "k", ("copies", "bytes", "device_ns"))
+    raw = [
+        ({"tgid": 10, "uid": 0, "kind": 1, "pad": 0},
+         {"copies": 2, "bytes": 8192, "device_ns": 4_000}),
+        ({"tgid": 10, "uid": 0, "kind": 0x100, "pad": 0},
+         {"copies": 1, "bytes": 64, "device_ns": 0}),
+    ]  # fmt: skip
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in mapping.build(shape, kernels.relabel(raw, {}), 100).families
+        for s in f.samples
+    }
+    htod = (("kind", "htod"), ("pid", "10"), ("uid", "0"), ("user", "root"))
+    assert got[("gfxbpf_cudakernels_copies_bytes_total", htod)] == 8192.0
+    memset = (("kind", "memset"), ("pid", "10"), ("uid", "0"), ("user", "root"))
+    assert got[("gfxbpf_cudakernels_copies_copies_total", memset)] == 1.0
+
+    class Map:
+        def raw_items(self) -> list[tuple[bytes, bytes]]:
+            return [
+                (tr.KEY.pack(7, 0, 0x100, 0), tr.STATS.pack(1, 64, 0)),
+                (tr.KEY.pack(7, 0, 2, 0), tr.STATS.pack(3, 3 << 20, 1_000_000)),
+                (tr.KEY.pack(7, 0, 99, 0), tr.STATS.pack(1, 1, 5)),
+                (b"bad", b""),
+            ]
+
+    class Att:
+        maps: dict[str, Any] = {"copies": Map()}
+
+    rows = tr.read_transfers(Att())  # type: ignore[arg-type]
+    assert [r.kind for r in rows] == ["dtoh", "kind 99", "memset"]  # most device time first
+    assert rows[0].bandwidth() == pytest.approx(3 * 2**20 * 1000)
+    lines = transfer_lines(rows, 2)
+    assert lines[2].split() == ["7", "3", "3.00", "MiB", "1.00", "ms", "2.93", "GiB/s", "dtoh"]
+    assert lines[3].endswith("kind 99") and lines[4] == "  … 1 more rows"
+    assert transfer_lines([], None) == []
+    Att.maps = {}  # a broker whose cudakernels has no such map
+    assert tr.read_transfers(Att()) == []  # type: ignore[arg-type]
 
 
 def test_watch_asks_for_the_least_launch_copy() -> None:

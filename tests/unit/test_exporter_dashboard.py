@@ -16,7 +16,7 @@ from typing import Any
 from gfxbpf.bpf.object import ObjectSpec
 from gfxbpf.catalog.entries import load_catalog
 from gfxbpf.catalog.objects import object_path
-from gfxbpf.exporter import mapping, tables
+from gfxbpf.exporter import kernels, mapping, tables
 from gfxbpf.exporter.collector import STATUS_SAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,3 +224,48 @@ def test_the_cuda_panels_use_labels_and_values_the_exporter_emits() -> None:
                 assert label == "instance" or label in labels, (label, q)
         for label, value in re.findall(r'(\w+)="([^"$]*)"', q):
             assert value in labels.get(label, set()), (label, value, q)
+
+
+def gpu_time_series_labels() -> dict[str, dict[str, set[str]]]:
+    """{sample name: {label: values}} the exporter gives cudakernels' maps: keys
+    decoded from the object's BTF, relabelled as the exporter relabels them."""
+    out: dict[str, dict[str, set[str]]] = {}
+    (entry,) = [e for e in load_catalog() if e.name == kernels.PROGRAM]
+    spec = ObjectSpec.from_file(str(object_path(entry)))
+    assert spec.btf is not None
+    for shape in catalog_shapes():
+        if shape.program != kernels.PROGRAM or not mapping.metric_specs(shape):
+            continue
+        kmap = spec.maps[shape.map]
+        key: Any = 4242  # a key without BTF (an array's index) reads as a number
+        if kmap.key_type_id:
+            key = spec.btf.decode(kmap.key_type_id, bytes(kmap.key_size))
+        if isinstance(key, dict):
+            key.update({k: 1 for k in ("tgid", "uid", "kind", "name_hash") if k in key})
+        value = dict.fromkeys(shape.value_members, 1)
+        for family in mapping.build(shape, kernels.relabel([(key, value)], {}), 10).families:
+            for s in family.samples:
+                labels = out.setdefault(s.name, {})
+                for k, v in s.labels.items():
+                    labels.setdefault(k, set()).add(v)
+    return out
+
+
+def test_the_gpu_time_panels_group_by_labels_the_exporter_emits() -> None:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    row = [p for p in panels if p["title"] == "GPU time (program cudakernels)"]
+    assert row, "no GPU time row"
+    below = sorted(
+        (p for p in panels if p["gridPos"]["y"] > row[0]["gridPos"]["y"]),
+        key=lambda p: p["gridPos"]["y"],
+    )
+    gpu = [p for p in below[: next(i for i, p in enumerate(below) if p["type"] == "row")]]
+    assert {p["title"] for p in gpu} >= {"GPU busy by user", "Top 10 kernels by GPU time"}
+    emitted = gpu_time_series_labels()
+    assert emitted["gfxbpf_cudakernels_copies_bytes_total"]["kind"] == {"htod"}
+    for q in (q for p in gpu for q in exprs(p)):
+        (name,) = metric_names(q)
+        assert name in emitted, q
+        for group in re.findall(r"\bby \(([^)]*)\)", q):
+            for label in (g.strip() for g in group.split(",")):
+                assert label == "instance" or label in emitted[name], (label, q)
