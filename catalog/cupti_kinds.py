@@ -1,6 +1,6 @@
 """What program `cudakernels`' map `copies` keys a transfer by: its kind.
 
-A memcpy record's kind is CUPTI's CUpti_ActivityMemcpyKind (cupti_activity.h:
+A memcpy record's kind is CUPTI's CUpti_ActivityMemcpyKind (its activity header:
 host, device, array and peer memory, source to destination); a memset's is
 MEMSET, which the program sets itself (cudakernels.bpf.c, count_copy). The
 client's view and the exporter's label read them with the same names.

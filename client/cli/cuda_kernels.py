@@ -1,4 +1,5 @@
-"""`gfxclient watch cuda --gpu`: the GPU's own time per kernel, per launching Python code.
+"""`gfxclient watch cuda --gpu`: the GPU's own time per kernel, per launching Python code,
+and in copies and memsets (map `copies`, per process and kind).
 
 Program `cudakernels` reads the records of gfxbpf's CUPTI injection library
 (gpu/cupti; the process runs with CUDA_INJECTION64_PATH naming it): each
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.broker import Broker
 from gfxbpf.client.cli.cuda_python import NO_PYTHON
-from gfxbpf.client.cli.display import clip, humanize_bytes, humanize_count, humanize_ns
+from gfxbpf.client.cli.display import clip
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.handle import Attachment
+from gfxbpf.client.humanize import humanize_bytes, humanize_count, humanize_ns
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.copies import NOT_COPIED
 from gfxbpf.client.profiles.gpu.kernels import (

@@ -67,9 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--gpu",
         action="store_true",
         help="cuda only: the GPU's own time per kernel, per launching Python function of "
-        "--pid PID (scope self) or per process and user (--scope system --library LIB); "
-        "the process must run with gfxbpf's CUPTI injection library "
-        "(CUDA_INJECTION64_PATH) and the policy grant program cudakernels on it",
+        "--pid PID (scope self) or per process and user (--scope system --library LIB), "
+        "and its copies and memsets by kind; the process must run with gfxbpf's CUPTI "
+        "injection library (CUDA_INJECTION64_PATH) and the policy grant program "
+        "cudakernels on it",
     )
 
 

@@ -347,6 +347,9 @@ def test_profile_gpu_weighs_launch_stacks_by_device_ns(
     assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
     folded_a = [ln for ln in folded.read_text().splitlines() if ";".join(a) in ln]
     assert len(folded_a) == 1 and folded_a[0].endswith(f";gemm {N * cs.NS['gemm']}"), folded_a
+    # The copies' GPU time is not drawn (no launch stack), and a note says how much.
+    (note,) = [n for n in summary["notes"] if n.startswith("copies and memsets")]
+    assert note.endswith(f"htod {COPIES} (24.0 KiB, 42.0 µs)"), note
 
 
 @pytest.mark.parametrize("stack_bytes", [0, MAX_STACK_BYTES])

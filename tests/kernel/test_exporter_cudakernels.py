@@ -101,12 +101,17 @@ def test_gpu_seconds_per_user_process_and_kernel(broker: BrokerProcess, built: c
     users = by(got, name + "_total", "user")
     assert users == pytest.approx({ALICE: N * cs.NS["gemm"] / 1e9,
                                    BOB: M * (cs.NS["gemm"] + cs.NS["relu"]) / 1e9})  # fmt: skip
+    _check_the_rest(text, alices.pid, profiled.pid)
+
+
+def _check_the_rest(text: str, alices: int, profiled: int) -> None:
+    """The blocked process's polls, Alice's copies, and no meaningless family."""
     polls = by(series(text, "gfxbpf_cudakernels_refused_polls"),
                "gfxbpf_cudakernels_refused_polls_total", "pid")  # fmt: skip
-    assert list(polls) == [str(profiled.pid)] and polls[str(profiled.pid)] >= 1, polls
+    assert list(polls) == [str(profiled)] and polls[str(profiled)] >= 1, polls
     copied = series(text, "gfxbpf_cudakernels_copies_bytes")
     assert {tuple(sorted(k)): v for (_, k), v in copied.items()} == {
-        (("kind", "htod"), ("pid", str(alices.pid)), ("uid", str(uid_of(ALICE))),
+        (("kind", "htod"), ("pid", str(alices)), ("uid", str(uid_of(ALICE))),
          ("user", ALICE)): 3 * cs.COPY_BYTES
     }  # fmt: skip
     # The catalog lists the tables' metrics (the broker's reply carries them):

@@ -93,6 +93,7 @@ ALLOWED_BPF = {
     "gfxbpf.catalog.function_tables",
     "gfxbpf.catalog.python",  # data only: per-release CPython layouts the decoders follow
     "gfxbpf.catalog.stack_copies",  # data only: the stack-copy programs' size bounds
+    "gfxbpf.catalog.cupti_kinds",  # data only: the names of cudakernels' copy kinds
     "gfxbpf.catalog.proctree",  # world-readable /proc files only: the tree gfx_tree.h follows
 }
 FORBIDDEN_TOP = {"broker", "prctl", "ctypes"}

@@ -197,6 +197,11 @@ def test_copies_are_labelled_by_kind_and_user_and_read_by_the_watch() -> None:
     assert lines[2].split() == ["7", "3", "3.00", "MiB", "1.00", "ms", "2.93", "GiB/s", "dtoh"]
     assert lines[3].endswith("kind 99") and lines[4] == "  … 1 more rows"
     assert transfer_lines([], None) == []
+    assert tr.note(rows) == (
+        "copies and memsets took GPU time too, not drawn above (no launch stack is kept for "
+        "them): dtoh 3 (3.00 MiB, 1.00 ms), kind 99 1 (1 B, 5 ns), memset 1 (64 B, 0 ns)"
+    )
+    assert tr.note([]) is None
     Att.maps = {}  # a broker whose cudakernels has no such map
     assert tr.read_transfers(Att()) == []  # type: ignore[arg-type]
 

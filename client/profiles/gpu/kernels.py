@@ -125,7 +125,7 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
     kernel's name as leaf (sampled launches stand for those left out: their
     estimated ns); and the notes: on launch sampling, if it sampled, and on
     why no kernel came, if none did."""
-    from gfxbpf.client.profiles.gpu import refusals
+    from gfxbpf.client.profiles.gpu import refusals, transfers
 
     names = read_names(att)
     rows = read_rows(att)
@@ -148,4 +148,5 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
             "no kernel ran on the GPU while attached (is the process launching, and was it "
             "started with CUDA_INJECTION64_PATH?)"
         )
-    return raw, notes
+    moved = transfers.note(transfers.read_transfers(att))
+    return raw, notes + ([moved] if moved else [])

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gfxbpf.catalog.cupti_kinds import copy_kind
+from gfxbpf.client.humanize import humanize_bytes, humanize_ns
 
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
@@ -53,3 +54,24 @@ def read_transfers(att: Attachment) -> list[Transfer]:
             pid, uid, kind, _pad = KEY.unpack(k)
             out.append(Transfer(pid, uid, copy_kind(kind), *STATS.unpack(v)))
     return sorted(out, key=lambda t: (-t.device_ns, t.pid, t.kind))
+
+
+def note(transfers: list[Transfer]) -> str | None:
+    """profile --gpu's word on them: their GPU time by kind, which the flame
+    graph leaves out (the program keeps no launch stack for a copy)."""
+    if not transfers:
+        return None
+    kinds: dict[str, list[int]] = {}
+    for t in transfers:
+        k = kinds.setdefault(t.kind, [0, 0, 0])
+        k[0] += t.copies
+        k[1] += t.bytes
+        k[2] += t.device_ns
+    parts = ", ".join(
+        f"{kind} {n} ({humanize_bytes(b)}, {humanize_ns(ns)})"
+        for kind, (n, b, ns) in sorted(kinds.items(), key=lambda kv: -kv[1][2])
+    )
+    return (
+        f"copies and memsets took GPU time too, not drawn above (no launch stack is kept "
+        f"for them): {parts}"
+    )
