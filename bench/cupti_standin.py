@@ -106,6 +106,7 @@ for line in sys.stdin:
 # bench/gpu_kernels_workload.py's protocol on the stand-in, for tests of
 # bench/gpu_kernels_check.py (gpu_check.sh step 6): "matmul" launches 1 ms
 # products from mm_a (a quarter) and mm_b, whose "events" say exactly that;
+# "copies" makes 8 MiB copies each way in 1 ms, and says so;
 # "profiler_start"/"profiler_stop" stand for a torch.profiler session as a
 # client that holds CUPTI's subscription (its trace is not modelled: None).
 GPU_CHECK_SCRIPT = """\
@@ -141,6 +142,13 @@ for line in sys.stdin:
         reply = {"products": n, "event_ns_total": n * NS, "event_ns_mean": NS}
     elif cmd in ("loop", "profile"):
         reply = loop(int(arg))
+    elif cmd == "copies":  # htod (CUPTI kind 1) and dtoh (2), 8 MiB in 1 ms each
+        cupti.gfx_standin_memcpy.argtypes = [C, ctypes.c_uint, C]
+        for _ in range(int(arg)):
+            cupti.gfx_standin_memcpy(8 << 20, 1, NS)
+            cupti.gfx_standin_memcpy(8 << 20, 2, NS)
+        reply = {"copies": int(arg), "bytes": 8 << 20,
+                 "event_ns": {"htod": int(arg) * NS, "dtoh": int(arg) * NS}}
     elif cmd == "profiler_start":  # a profiler that holds CUPTI's subscription
         cupti.gfx_standin_hold(1)
         reply = {"started": True}

@@ -15,7 +15,8 @@ LIB is gfxbpf's CUPTI injection library (gpu/cupti/build.sh). The workload
   2. while nothing listens, the library's own counter of records collected (0);
   3. listened, N matrix products of a fixed size, each between CUDA events:
      kernels counted and device ns per kernel from the `cudakernels` maps
-     against the events' total;
+     against the events' total; then copies each way between pinned host
+     memory and the GPU: counted, their bytes, their GPU time against events;
   4. with --socket SOCKET (a broker whose policy grants the user
      `cudakernels`), listened to through `gfxclient watch cuda --gpu --json`, as
      the user: rows per kernel and launching Python function;
@@ -146,8 +147,26 @@ class Direct:
             row["ns"] += ns
         return out
 
+    def copies(self) -> dict[str, dict[str, int]]:
+        """kind -> copies, bytes, ns, summed over the map's rows."""
+        from gfxbpf.catalog.cupti_kinds import copy_kind
+        from gfxbpf.client.profiles.gpu.transfers import KEY, STATS
+
+        out: dict[str, dict[str, int]] = {}
+        for k, v in self.inst.obj.map("copies").items():
+            n, nbytes, ns = STATS.unpack(v)
+            _add_copies(out, copy_kind(KEY.unpack(k)[2]), n, nbytes, ns)
+        return out
+
     def close(self) -> None:
         self.inst.close()
+
+
+def _add_copies(out: dict[str, dict[str, int]], kind: str, n: int, nbytes: int, ns: int) -> None:
+    row = out.setdefault(kind, {"copies": 0, "bytes": 0, "ns": 0})
+    row["copies"] += n
+    row["bytes"] += nbytes
+    row["ns"] += ns
 
 
 class ClientWatch:
@@ -184,6 +203,16 @@ class ClientWatch:
             (r["kernel"], r["function"]): {"kernels": r["kernels"], "ns": r["device_ns"]}
             for r in rows
         }
+
+    def copies(self) -> dict[str, dict[str, int]]:
+        """kind -> copies, bytes, ns, from the watch's last view (`copies`)."""
+        self.rows()  # waits for a view after the last change
+        with self.lock:
+            rows = (self.last or {}).get("copies", [])
+        out: dict[str, dict[str, int]] = {}
+        for r in rows:
+            _add_copies(out, r["kind"], r["copies"], r["bytes"], r["device_ns"])
+        return out
 
     def close(self) -> None:
         # runuser passes no SIGINT on: the group (gfxclient with it) gets it
@@ -228,6 +257,33 @@ def matmul_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
         "kernels_total": sum(r["kernels"] for r in rows),
         "device_ns_total": total,
         "ratio_to_events": total / truth["event_ns_total"] if truth["event_ns_total"] else None,
+    }
+
+
+def copies_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
+    """N copies each way: counted and their bytes exactly, their GPU time
+    against the CUDA events around each."""
+    before = listener.copies()
+    truth = w.ask(f"copies {n}")
+    if "error" in truth:
+        return {"error": truth["error"], "exact": None}
+    time.sleep(0.5)  # the library hands records over at its next poll
+    after = listener.copies()
+    got = {}
+    for kind, row in after.items():
+        old = before.get(kind, {})
+        delta = {k: v - old.get(k, 0) for k, v in row.items()}
+        if delta["copies"]:
+            got[kind] = delta
+    want = {kind: (n, n * truth["bytes"]) for kind in ("htod", "dtoh")}
+    events = truth["event_ns"]
+    return {
+        "truth": truth,
+        "got": got,
+        "exact": {k: (v["copies"], v["bytes"]) for k, v in got.items()} == want,
+        "ns_over_events": {
+            k: round(v["ns"] / events[k], 4) if events.get(k) else None for k, v in got.items()
+        },
     }
 
 
@@ -348,6 +404,7 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
         try:
             res["listened"] = per_launch(w, args.launches)
             res["matmul"] = matmul_check(w, listener, args.matmuls)
+            res["copies"] = copies_check(w, listener, COPIES)
             res["stats_listened"] = w.ask("stats")
         finally:
             listener.close()
@@ -369,6 +426,7 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
 
 
 COEXIST_LAUNCHES = 2000
+COPIES = 20  # each way
 
 
 def coexist(w: Workload, args: argparse.Namespace, uid: int) -> dict[str, Any]:
@@ -467,6 +525,9 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "overhead_pct_torch_profiler": pct("torch_profiler"),
         "device_ns_over_events": mm.get("ratio_to_events"),
         "kernels_per_product": mm["kernels_total"] / products if products else None,
+        # copies each way: counted with their bytes exactly, and their GPU time
+        "copies_exact": (res.get("copies") or {}).get("exact"),
+        "copy_ns_over_events": (res.get("copies") or {}).get("ns_over_events"),
         "records_while_not_listened": res.get("records_while_not_listened"),
         "records_after_detach": res.get("records_after_detach"),
         "profile_gpu_whole_pct": (res.get("profile_gpu") or {}).get("whole_pct"),

@@ -14,6 +14,9 @@ One command per line on stdin, one JSON line back per command:
   profiler_start / profiler_stop N   a torch.profiler session left open across
               other commands (a watch that ends meanwhile), then the loop and
               the kernels its trace holds
+  copies N    N host-to-device and N device-to-host copies of COPY_BYTES between
+              pinned host memory and the GPU, each between CUDA events: the truth
+              of the copies `cudakernels` counts (count, bytes) and their time
   train N     N training steps of a small transformer (two encoder layers, AdamW):
               seconds per step in `s_per_launch` (a realistic launch rate, for
               the cost of listening beside the launch-bound loop's)
@@ -98,6 +101,25 @@ def matmul(n: int) -> dict[str, Any]:
     return {"size": SIZE, "products": len(ns), "from_mm_a": n // 4, "from_mm_b": n - n // 4,
             "event_ns_total": sum(ns), "event_ns_mean": sum(ns) / len(ns),
             "event_ns_min": min(ns), "event_ns_max": max(ns)}  # fmt: skip
+
+
+COPY_BYTES = 8 << 20
+
+
+def copies(n: int) -> dict[str, Any]:
+    host = torch.empty(COPY_BYTES, dtype=torch.uint8).pin_memory()  # a host copy, not CUDA's
+    dev = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    ns = {"htod": 0.0, "dtoh": 0.0}
+    for _ in range(n):
+        for kind, dst, src in (("htod", dev, host), ("dtoh", host, dev)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            ns[kind] += start.elapsed_time(end) * 1e6  # ms -> ns
+    return {"copies": n, "bytes": COPY_BYTES, "event_ns": ns}
 
 
 def launch_loop(x: torch.Tensor, n: int) -> None:
@@ -207,6 +229,11 @@ def main() -> int:
             reply = loop(int(arg))
         elif cmd == "profile":
             reply = profile(int(arg))
+        elif cmd == "copies":
+            try:  # new in the check: its failure must not end the run's other steps
+                reply = copies(int(arg))
+            except (RuntimeError, ValueError) as e:
+                reply = {"error": f"{type(e).__name__}: {e}"}
         elif cmd == "train":
             reply = train(int(arg))
         elif cmd == "profile_count":

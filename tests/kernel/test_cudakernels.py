@@ -510,6 +510,8 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     s = res["summary"]
     assert s["records_while_not_listened"] == 0 and s["records_after_detach"] == 0
     assert s["device_ns_over_events"] == 1.0 and s["kernels_per_product"] == 1.0
+    assert s["copies_exact"] is True, res["copies"]
+    assert s["copy_ns_over_events"] == {"htod": 1.0, "dtoh": 1.0}, res["copies"]
     pairs = res["not_listened_interleaved"]
     assert len(pairs["no_library_us"]) == len(pairs["loaded_us"]) == 3, pairs
     assert s["overhead_pct_loaded_interleaved"] == pairs["overhead_pct"] is not None
