@@ -193,12 +193,17 @@ def cuda_series_labels() -> dict[str, dict[str, set[str]]]:
                 key["tgid"] = 4242
             value = dict.fromkeys(shape.value_members, 1) if shape.show == "table" else 1
             entries.append((key, value))
-        for family in mapping.build(shape, entries, 1000, tables.CUDA).families:
-            for s in family.samples:
-                labels = out.setdefault(s.name, {})
-                for k, v in s.labels.items():
-                    labels.setdefault(k, set()).add(v)
+        _collect_labels(out, mapping.build(shape, entries, 1000, tables.CUDA))
     return out
+
+
+def _collect_labels(out: dict[str, dict[str, set[str]]], built: mapping.Built) -> None:
+    """Add each sample's label values to out, by sample name and label."""
+    for family in built.families:
+        for s in family.samples:
+            labels = out.setdefault(s.name, {})
+            for k, v in s.labels.items():
+                labels.setdefault(k, set()).add(v)
 
 
 def test_the_cuda_panels_use_labels_and_values_the_exporter_emits() -> None:
@@ -243,11 +248,7 @@ def gpu_time_series_labels() -> dict[str, dict[str, set[str]]]:
         if isinstance(key, dict):
             key.update({k: 1 for k in ("tgid", "uid", "kind", "name_hash") if k in key})
         value = dict.fromkeys(shape.value_members, 1)
-        for family in mapping.build(shape, kernels.relabel([(key, value)], {}), 10).families:
-            for s in family.samples:
-                labels = out.setdefault(s.name, {})
-                for k, v in s.labels.items():
-                    labels.setdefault(k, set()).add(v)
+        _collect_labels(out, mapping.build(shape, kernels.relabel([(key, value)], {}), 10))
     return out
 
 
