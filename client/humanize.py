@@ -1,9 +1,12 @@
 """Numbers for people: bytes, durations and counts with three significant
-digits and a unit (the watch's tables, the profiles' notes)."""
+digits and a unit (the watch's tables, the profiles' notes), and a uid's
+login name."""
 
 from __future__ import annotations
 
+import functools
 import math
+import pwd
 
 BINARY = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -57,3 +60,13 @@ def humanize_count(n: float) -> str:
     if isinstance(n, float) and not n.is_integer():
         return f"{n:,.1f}"
     return f"{int(n):,}"
+
+
+@functools.lru_cache(maxsize=4096)
+def user_name(uid: int) -> str:
+    """The uid's login name; the number where the host has none for it
+    (cached: an LDAP lookup is not repeated per row or per scrape)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)

@@ -14,14 +14,13 @@ exporter's per-program `limit`, the largest first.
 
 from __future__ import annotations
 
-import functools
-import pwd
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 from gfxbpf.catalog.cupti_kinds import copy_kind
 from gfxbpf.client import Attachment
+from gfxbpf.client.humanize import user_name
 from gfxbpf.client.profiles.demangle import demangle
 
 PROGRAM = "cudakernels"
@@ -46,15 +45,6 @@ def kernel_names(att: Attachment) -> dict[int, str]:
 def cut(name: str) -> str:
     """At most NAME_MAX characters (a label value)."""
     return name if len(name) <= NAME_MAX else name[: NAME_MAX - 1] + "…"
-
-
-@functools.lru_cache(maxsize=4096)
-def user_name(uid: int) -> str:
-    """The uid's login name; the number where the host has none for it."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, OverflowError):
-        return str(uid)
 
 
 def relabel(entries: Sequence[tuple[Any, Any]], names: dict[int, str]) -> list[tuple[Any, Any]]:

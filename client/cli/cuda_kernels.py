@@ -31,7 +31,7 @@ from gfxbpf.client.cli.cuda_python import NO_PYTHON
 from gfxbpf.client.cli.display import clip
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.handle import Attachment
-from gfxbpf.client.humanize import humanize_bytes, humanize_count, humanize_ns
+from gfxbpf.client.humanize import humanize_bytes, humanize_count, humanize_ns, user_name
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.copies import NOT_COPIED
 from gfxbpf.client.profiles.gpu.kernels import (
@@ -254,12 +254,14 @@ class KernelTimes:
             f"{self.totals.kernels} kernels, {humanize_ns(self.totals.device_ns)} of GPU time, "
             "by kernel and innermost launching Python function:",
         ]
+        # Scope system walks no Python: each row's user says whose GPU time it is.
+        by_user = self.att.scope != "self"
         if not self.kernels:
             lines.append("  (no kernel seen yet)")
         else:
             lines.append(
                 f"  {'pid':>8}  {'kernels':>9}  {'GPU time':>9}  {'busy':>6}  {'mean':>9}  "
-                "kernel · python function"
+                f"kernel · {'user' if by_user else 'python function'}"
             )
         shown = self.kernels if limit is None else self.kernels[:limit]
         for k in shown:
@@ -270,11 +272,12 @@ class KernelTimes:
             lines.append(
                 f"  {k.pid:>8}  {approx + humanize_count(k.kernels):>9}  "
                 f"{approx + humanize_ns(k.device_ns):>9}"
-                f"  {busy:>6}  {mean:>9}  {printable(k.name)} · {printable(k.function)}"
+                f"  {busy:>6}  {mean:>9}  {printable(k.name)} · "
+                f"{user_name(k.uid) if by_user else printable(k.function)}"
             )
         if len(shown) < len(self.kernels):
             lines.append(f"  … {len(self.kernels) - len(shown)} more rows")
-        lines += transfer_lines(self.transfers, limit)
+        lines += transfer_lines(self.transfers, limit, by_user)
         if self.lost:
             lines.append(f"note: {self.lost} kernels not counted: the broker's table was full")
         if self.totals.note():
@@ -284,13 +287,15 @@ class KernelTimes:
         return clip(lines, width, height)
 
 
-def transfer_lines(transfers: list[Transfer], limit: int | None) -> list[str]:
-    """Copies and memsets per process and kind, with their rate on the device."""
+def transfer_lines(transfers: list[Transfer], limit: int | None, by_user: bool) -> list[str]:
+    """Copies and memsets per process and kind, with their rate on the device
+    (by_user: and whose they are, in scope system)."""
     if not transfers:
         return []
     lines = [
         "copies and memsets, by process and kind (GPU time, and bytes per second of it):",
-        f"  {'pid':>8}  {'count':>9}  {'bytes':>9}  {'GPU time':>9}  {'rate':>10}  kind",
+        f"  {'pid':>8}  {'count':>9}  {'bytes':>9}  {'GPU time':>9}  {'rate':>10}  "
+        f"kind{' · user' if by_user else ''}",
     ]
     shown = transfers if limit is None else transfers[:limit]
     for t in shown:
@@ -299,6 +304,7 @@ def transfer_lines(transfers: list[Transfer], limit: int | None) -> list[str]:
         lines.append(
             f"  {t.pid:>8}  {humanize_count(t.copies):>9}  {humanize_bytes(t.bytes):>9}  "
             f"{humanize_ns(t.device_ns):>9}  {per_s:>10}  {t.kind}"
+            + (f" · {user_name(t.uid)}" if by_user else "")
         )
     if len(shown) < len(transfers):
         lines.append(f"  … {len(transfers) - len(shown)} more rows")

@@ -5,7 +5,6 @@ attachments and their programs' run counts.
 from __future__ import annotations
 
 import argparse
-import pwd
 from typing import Any, TextIO
 
 from gfxbpf.bpf.consts import SCOPES
@@ -17,6 +16,7 @@ from gfxbpf.client.cli.output import dump_json
 from gfxbpf.client.cli.stopping import StopSignal
 from gfxbpf.client.errors import EXIT_OK
 from gfxbpf.client.handle import Attachment
+from gfxbpf.client.humanize import user_name
 from gfxbpf.proto import gfxbpf_pb2 as pb
 
 
@@ -36,13 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="after --attach (default 1)",
     )
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
@@ -66,7 +59,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         f"kernel      {hello.kernel_release or '?'}, {hello.possible_cpus} possible CPUs",
         f"features    direct map reads: {yn[hello.features.direct_map_reads]}, "
         f"bpf stats: {yn[hello.features.bpf_stats]}",
-        f"you         uid {hello.uid} ({_user_name(hello.uid)}), gid {hello.gid}"
+        f"you         uid {hello.uid} ({user_name(hello.uid)}), gid {hello.gid}"
         + (f", pid {hello.pid}" if hello.pid else ""),
         f"transport   {broker.via} ({where}), gfxclient {client_version()}",
     ]

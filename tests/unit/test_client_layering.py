@@ -282,6 +282,7 @@ EXPORTER_CLIENT_API = {
     "gfxbpf.client.libcuda",  # where a process maps libcuda; cuda key names
     "gfxbpf.client.syscalls",  # the generated system-call name table
     "gfxbpf.client.profiles.demangle",  # C++ names as people read them (CUDA kernels)
+    "gfxbpf.client.humanize",  # a uid's login name (the `user` label)
 }
 EXPORTER_FILES = _module_files("exporter")
 

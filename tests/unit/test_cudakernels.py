@@ -14,6 +14,7 @@ import pytest
 from gfxbpf.catalog import entries, objects
 from gfxbpf.client.cli import cuda_kernels as ck
 from gfxbpf.client.errors import UsageError
+from gfxbpf.client.humanize import user_name
 from gfxbpf.client.profiles.gpu import kernels as gk
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.exporter import kernels, mapping
@@ -140,7 +141,7 @@ def test_the_exporter_labels_gpu_time_by_pid_user_and_kernel() -> None:
         for f in built.families
         for s in f.samples
     }
-    user = kernels.user_name(1000)  # a test host may have no such user: then "1000"
+    user = user_name(1000)  # a test host may have no such user: then "1000"
     gemm = (("kernel", "gemm"), ("pid", "10"), ("uid", "1000"), ("user", user))
     other = (("kernel", cut), ("pid", "11"), ("uid", "0"), ("user", "root"))
     assert got == {
@@ -193,10 +194,11 @@ def test_copies_are_labelled_by_kind_and_user_and_read_by_the_watch() -> None:
     rows = tr.read_transfers(Att())  # type: ignore[arg-type]
     assert [r.kind for r in rows] == ["dtoh", "kind 99", "memset"]  # most device time first
     assert rows[0].bandwidth() == pytest.approx(3 * 2**20 * 1000)
-    lines = transfer_lines(rows, 2)
+    lines = transfer_lines(rows, 2, False)
     assert lines[2].split() == ["7", "3", "3.00", "MiB", "1.00", "ms", "2.93", "GiB/s", "dtoh"]
     assert lines[3].endswith("kind 99") and lines[4] == "  … 1 more rows"
-    assert transfer_lines([], None) == []
+    assert transfer_lines([], None, True) == []
+    assert transfer_lines(rows, 1, True)[2].endswith("dtoh · root")  # scope system: whose
     assert tr.note(rows) == (
         "copies and memsets took GPU time too, not drawn above (no launch stack is kept for "
         "them): dtoh 3 (3.00 MiB, 1.00 ms), kind 99 1 (1 B, 5 ns), memset 1 (64 B, 0 ns)"
@@ -204,6 +206,27 @@ def test_copies_are_labelled_by_kind_and_user_and_read_by_the_watch() -> None:
     assert tr.note([]) is None
     Att.maps = {}  # a broker whose cudakernels has no such map
     assert tr.read_transfers(Att()) == []  # type: ignore[arg-type]
+
+
+def test_the_watch_frame_names_the_python_function_or_in_scope_system_the_user() -> None:
+    from gfxbpf.client.profiles.gpu.transfers import Transfer
+
+    class Att:
+        id, scope = 3, "self"
+
+        def map(self, name: str) -> None:
+            return None
+
+    view = ck.KernelTimes(Att(), None, "/lib/libgfxcupti-cu13.so", 1.0)  # type: ignore[arg-type]
+    view.kernels = [ck.Kernel(42, 0, "gemm", "step (train.py:31)", 4, 2_000_000)]
+    view.transfers = [Transfer(42, 0, "htod", 2, 4096, 1000)]
+    mine = view.frame(200, None, None)
+    assert mine[3].endswith("gemm · step (train.py:31)"), mine
+    assert mine[-1].endswith("htod"), mine
+    Att.scope = "system"
+    admins = view.frame(200, None, None)
+    assert admins[2].endswith("kernel · user") and admins[3].endswith("gemm · root"), admins
+    assert admins[-1].endswith("htod · root"), admins
 
 
 def test_watch_asks_for_the_least_launch_copy() -> None:
