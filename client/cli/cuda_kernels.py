@@ -248,14 +248,15 @@ class KernelTimes:
         }
 
     def frame(self, width: int, height: int | None, limit: int | None) -> list[str]:
+        # Scope system walks no Python: each row's user says whose GPU time it is.
+        by_user = self.att.scope != "self"
         lines = [
             f"gfxclient watch cuda --gpu · {self.library} · attachment {self.att.id} · "
             f"every {self.interval:g}s · {time.strftime('%H:%M:%S')}",
             f"{self.totals.kernels} kernels, {humanize_ns(self.totals.device_ns)} of GPU time, "
-            "by kernel and innermost launching Python function:",
-        ]
-        # Scope system walks no Python: each row's user says whose GPU time it is.
-        by_user = self.att.scope != "self"
+            + ("by process, kernel and user:" if by_user else
+               "by kernel and innermost launching Python function:"),
+        ]  # fmt: skip
         if not self.kernels:
             lines.append("  (no kernel seen yet)")
         else:

@@ -225,6 +225,7 @@ def test_the_watch_frame_names_the_python_function_or_in_scope_system_the_user()
     assert mine[-1].endswith("htod"), mine
     Att.scope = "system"
     admins = view.frame(200, None, None)
+    assert admins[1].endswith("by process, kernel and user:"), admins
     assert admins[2].endswith("kernel · user") and admins[3].endswith("gemm · root"), admins
     assert admins[-1].endswith("htod · root"), admins
 
