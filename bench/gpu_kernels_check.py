@@ -225,12 +225,16 @@ class ClientWatch:
             self.proc.wait()
 
 
-def diff(after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]]) -> dict[Any, Any]:
+def diff(
+    after: dict[Any, dict[str, int]], before: dict[Any, dict[str, int]], count: str = "kernels"
+) -> dict[Any, Any]:
+    """What each row gained between two readings; rows whose `count` did not move left out."""
     out = {}
     for key, row in after.items():
-        old = before.get(key, {"kernels": 0, "ns": 0})
-        if row["kernels"] != old["kernels"]:
-            out[key] = {"kernels": row["kernels"] - old["kernels"], "ns": row["ns"] - old["ns"]}
+        old = before.get(key, {})
+        delta = {k: v - old.get(k, 0) for k, v in row.items()}
+        if delta[count]:
+            out[key] = delta
     return out
 
 
@@ -268,13 +272,7 @@ def copies_check(w: Workload, listener: Any, n: int) -> dict[str, Any]:
     if "error" in truth:
         return {"error": truth["error"], "exact": None}
     time.sleep(0.5)  # the library hands records over at its next poll
-    after = listener.copies()
-    got = {}
-    for kind, row in after.items():
-        old = before.get(kind, {})
-        delta = {k: v - old.get(k, 0) for k, v in row.items()}
-        if delta["copies"]:
-            got[kind] = delta
+    got = diff(listener.copies(), before, "copies")
     want = {kind: (n, n * truth["bytes"]) for kind in ("htod", "dtoh")}
     events = truth["event_ns"]
     return {
