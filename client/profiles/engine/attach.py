@@ -6,10 +6,10 @@ walks."""
 from __future__ import annotations
 
 import os
-import pwd
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError
+from gfxbpf.client.humanize import user_name
 from gfxbpf.client.profiles.engine.request import (
     GPU,
     LOCKS,
@@ -102,7 +102,7 @@ def _attach_memory(
         raise ClientError(
             f"--memory needs program memstacks on {req.library}, which the policy does not "
             f"grant you: the administrator can grant it with `gfxbpf-admin approve memstacks "
-            f"--users {user_name()} --scope self --libraries {req.library}`"
+            f"--users {user_name(os.getuid())} --scope self --libraries {req.library}`"
         )
     return copies
 
@@ -135,17 +135,10 @@ def _probes_refused(req: ProfileRequest, e: BrokerError) -> str:
         what = f"program ustacks in scope {scope}, which the policy does not grant"
     return (
         f"--stacks-at on {req.library} (functions {functions}) needs {what} for this library: "
-        f"the administrator can grant it with `gfxbpf-admin approve {name} --users {user_name()} "
-        f"--scope {scope} --libraries {req.library} --functions {functions}`\n  broker: {e.message}"
+        f"the administrator can grant it with `gfxbpf-admin approve {name} "
+        f"--users {user_name(os.getuid())} --scope {scope} --libraries {req.library} "
+        f"--functions {functions}`\n  broker: {e.message}"
     )
-
-
-def user_name() -> str:
-    """This user's name, for the grant an administrator would write."""
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
 
 
 def attach_waits(

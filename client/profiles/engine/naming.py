@@ -3,10 +3,11 @@ unit and the notes the run calls for, and the processes it holds."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.catalog.stack_copies import most_stack_bytes
-from gfxbpf.client.profiles.engine.attach import user_name
+from gfxbpf.client.humanize import user_name
 from gfxbpf.client.profiles.engine.request import GPU, LOCKS, MEMORY, OFF_CPU, WALL
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
 
@@ -121,8 +122,8 @@ def _copies_hint(r: Run, prof: Profile) -> None:
         if FRAME_POINTER_ADVICE in note:
             prof.notes[i] = (
                 f"{note} Or ask the administrator to grant you program {name} (`gfxbpf-admin "
-                f"approve {name} --users {user_name()} --scope self{on}`): gfxclient then "
-                "unwinds your processes' stacks from copies by their call-frame information, "
+                f"approve {name} --users {user_name(os.getuid())} --scope self{on}`): gfxclient "
+                "then unwinds your processes' stacks from copies by their call-frame information, "
                 "with no frame pointers needed."
             )
 
