@@ -599,11 +599,12 @@ EXPORT void gfx_cupti_poll(void)
 
 static void *poller(void *arg)
 {
-	long ms = (long)(intptr_t)arg;
+	long ms = poll_ms;  /* set before this thread starts */
 	struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L};
 
 	struct timespec step = {0, 1000000L};
 
+	(void)arg;
 	if (duty_period_ms)  /* the duty cycle's switches by the millisecond, polls as before */
 		for (long t = 0;; t++) {
 			if (t % ms == 0)
@@ -662,7 +663,7 @@ EXPORT int InitializeInjection(void)
 	poll_ms = ms;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&thread, &attr, poller, (void *)(intptr_t)ms)) {
+	if (pthread_create(&thread, &attr, poller, NULL)) {
 		fprintf(stderr, "gfxcupti: cannot start its thread; collecting nothing\n");
 		return 1;  /* the program runs on untouched */
 	}
