@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gfxbpf.client.profiles.gpu.maprows import struct_rows
+
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
 
@@ -63,14 +65,8 @@ class Refusal:
 
 def read_refusals(att: Attachment) -> list[Refusal]:
     """The map's rows, by pid ([] from a broker whose program has no such map)."""
-    m = att.maps.get(MAP)
-    if m is None:
-        return []
-    out = []
-    for k, v in m.raw_items():
-        if len(k) == KEY.size and isinstance(v, bytes) and len(v) == REFUSAL.size:
-            out.append(Refusal(KEY.unpack(k)[0], *REFUSAL.unpack(v)))
-    return sorted(out, key=lambda r: r.pid)
+    rows = struct_rows(att, MAP, KEY, REFUSAL)
+    return sorted((Refusal(k[0], *v) for k, v in rows), key=lambda r: r.pid)
 
 
 def notes(att: Attachment) -> list[str]:

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from gfxbpf.catalog.cupti_kinds import copy_kind
 from gfxbpf.client.humanize import humanize_bytes, humanize_ns
+from gfxbpf.client.profiles.gpu.maprows import struct_rows
 
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
@@ -33,26 +34,13 @@ class Transfer:
         return self.bytes * 1e9 / self.device_ns if self.device_ns else None
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "pid": self.pid,
-            "uid": self.uid,
-            "kind": self.kind,
-            "copies": self.copies,
-            "bytes": self.bytes,
-            "device_ns": self.device_ns,
-        }
+        return asdict(self)
 
 
 def read_transfers(att: Attachment) -> list[Transfer]:
     """The map's rows, most device time first ([] from a program without it)."""
-    m = att.maps.get(MAP)
-    if m is None:
-        return []
-    out = []
-    for k, v in m.raw_items():
-        if len(k) == KEY.size and isinstance(v, bytes) and len(v) == STATS.size:
-            pid, uid, kind, _pad = KEY.unpack(k)
-            out.append(Transfer(pid, uid, copy_kind(kind), *STATS.unpack(v)))
+    rows = struct_rows(att, MAP, KEY, STATS)
+    out = [Transfer(pid, uid, copy_kind(kind), *v) for (pid, uid, kind, _pad), v in rows]
     return sorted(out, key=lambda t: (-t.device_ns, t.pid, t.kind))
 
 
