@@ -142,11 +142,11 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
         if not row[4] & NOT_SAMPLED
     ]
     sampled = Totals.of(rows).note()
-    notes = ([sampled] if sampled else []) + refusals.notes(att)
+    moved = transfers.note(transfers.read_transfers(att))
+    notes = [n for n in (sampled, moved) if n] + refusals.notes(att)
     if not raw and not notes:
         notes.append(
             "no kernel ran on the GPU while attached (is the process launching, and was it "
             "started with CUDA_INJECTION64_PATH?)"
         )
-    moved = transfers.note(transfers.read_transfers(att))
-    return raw, notes + ([moved] if moved else [])
+    return raw, notes
