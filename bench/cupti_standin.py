@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "gpu" / "cupti"
 MAJOR = 13
 # Device times the workload's kernels take on the stand-in (SCRIPT).
-NS = {"gemm": 250_000, "relu": 40_000, "copy": 7_000}
-COPY_BYTES = 4096
+NS = {"gemm": 250_000, "relu": 40_000, "copy": 7_000, "memset": 3_000}
+COPY_BYTES, MEMSET_BYTES = 4096, 1024
 # The workload: what the CUDA driver does at cuInit (load CUDA_INJECTION64_PATH
 # through the stand-in's gfx_standin_init), then one command per stdin line,
 # each answered "ok" after the library's poll (records handed to the probes):
@@ -41,7 +41,8 @@ COPY_BYTES = 4096
 #           one backward kernel from many backward functions)
 #   thread  one "gemm" from a thread (no Python of its own; the main thread waits
 #           in the call, line 43) whose stack lies right below other readable memory
-#   copy N  N host-to-device copies of COPY_BYTES
+#   copy N  N host-to-device copies of COPY_BYTES (cudaMemcpyAsync, line 46)
+#   memset N N memsets of MEMSET_BYTES (cudaMemsetAsync, line 50)
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   release that client lets go
 #   stats   "records R launches L collecting C refused F": the injection library's counters
@@ -92,6 +93,10 @@ for line in sys.stdin:
     elif cmd == "copy":
         for _ in range(int(arg)):
             cupti.gfx_standin_memcpy(4096, 1, 7000)
+    elif cmd == "memset":
+        cupti.gfx_standin_memset.argtypes = [C, C]
+        for _ in range(int(arg)):
+            cupti.gfx_standin_memset(1024, 3000)
     elif cmd == "hold":
         cupti.gfx_standin_hold(1)
     elif cmd == "release":
@@ -167,6 +172,7 @@ GPU_CHECK_NS = 1_000_000
 A_LINE, B_GEMM_LINE, B_RELU_LINE, DEEP_LINE, PAIR_LINE = 12, 15, 16, 19, 23  # in SCRIPT
 MODULE_A_LINE, MODULE_B_LINE, MODULE_DEEP_LINE, MODULE_TWICE_LINE = 31, 33, 35, 40
 MODULE_THREAD_LINE = 43  # where the main thread waits while the thread launches
+MODULE_COPY_LINE, MODULE_MEMSET_LINE = 46, 50
 
 
 def cupti_dir() -> Path:

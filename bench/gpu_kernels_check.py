@@ -305,10 +305,14 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
             proc.kill()
     if proc.returncode:
         return {"error": err[-2000:]}
+    return _shares(json.loads(out))
+
+
+def _shares(got: dict[str, Any]) -> dict[str, Any]:
+    """A profile --gpu --json's shares of device time: see profile_check."""
     from gfxbpf.client.profiles.python.records import MAIN_FRAME, parse_frame_name
     from gfxbpf.client.profiles.unwind.result import Stop, marker_frame
 
-    got = json.loads(out)
     total = got["total_ns"]
     # Launch stacks whole down to the process's start: cuBLASLt launches ~70 KiB
     # deep, which the 72 KiB copy `approve` writes for cudakernels reaches.
@@ -329,6 +333,11 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
         s["device_ns"] for s in got["stacks"] if any(parse_frame_name(f) for f in s["stack"])
     )
     main = sum(s["device_ns"] for s in got["stacks"] if MAIN_FRAME in s["stack"])
+    # Copies and memsets drawn under their call ([memcpy KIND], [memset] leaves),
+    # and how much of that reaches a Python line (`.item()`, `.to("cuda")`).
+    moved = [s for s in got["stacks"] if s["stack"][-1].startswith(("[memcpy ", "[memset]"))]
+    moved_ns = sum(s["device_ns"] for s in moved)
+    moved_py = sum(s["device_ns"] for s in moved if any(parse_frame_name(f) for f in s["stack"]))
     return {
         "total_ns": total,
         "whole_pct": round(100.0 * whole / total, 1) if total else None,
@@ -338,6 +347,8 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
         # a Python chain (or autograd's thread, which has none) whose kernels'
         # copies unwound to different paths: launch stacks are per kernel
         "merged_pct": round(100.0 * merged / total, 1) if total else None,
+        "copy_ns": moved_ns,
+        "copy_python_line_pct": round(100.0 * moved_py / moved_ns, 1) if moved_ns else None,
         "stacks": got["stacks"][:4],
         "notes": got["notes"],
     }
@@ -409,6 +420,8 @@ def overhead(args: argparse.Namespace, uid: int) -> dict[str, Any]:
         res["stopped_after_s"] = round(wait_collecting(w, 0, 15), 3)
         if args.socket:
             res["profile_gpu"] = profile_check(w, args, f"matmul {args.matmuls}")
+            wait_collecting(w, 0, 15)
+            res["profile_gpu_copies"] = profile_check(w, args, f"copies {COPIES}")
             wait_collecting(w, 0, 15)
             if args.workload == SOURCE:  # PyTorch's (the stand-in has no training step)
                 res["profile_gpu_train"] = profile_check(w, args, "train 5")
@@ -496,6 +509,23 @@ def _pct(part: Any, whole: Any) -> float | None:
     return round(100.0 * part / whole, 1)
 
 
+def _profile_figures(res: dict[str, Any]) -> dict[str, Any]:
+    """profile --gpu's shares: of the products, of the copies, of training steps."""
+    products = res.get("profile_gpu") or {}
+    moved = res.get("profile_gpu_copies") or {}
+    train = res.get("profile_gpu_train") or {}
+    return {
+        "profile_gpu_whole_pct": products.get("whole_pct"),
+        # copies drawn under the Python line that made them (`copies N`: all of them)
+        "profile_gpu_copy_python_line_pct": moved.get("copy_python_line_pct"),
+        **{
+            f"profile_gpu_train_{k}": train.get(k)
+            for k in ("whole_pct", "merged_pct", "unbroken_pct", "python_line_pct")
+        },
+        "profile_gpu_train_main_thread_pct": train.get("main_thread_pct"),
+    }
+
+
 def summary(res: dict[str, Any]) -> dict[str, Any]:
     """The figures to compare with the acceptance: overheads in %, device time / events."""
 
@@ -528,16 +558,7 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         "copy_ns_over_events": (res.get("copies") or {}).get("ns_over_events"),
         "records_while_not_listened": res.get("records_while_not_listened"),
         "records_after_detach": res.get("records_after_detach"),
-        "profile_gpu_whole_pct": (res.get("profile_gpu") or {}).get("whole_pct"),
-        "profile_gpu_train_whole_pct": (res.get("profile_gpu_train") or {}).get("whole_pct"),
-        "profile_gpu_train_merged_pct": (res.get("profile_gpu_train") or {}).get("merged_pct"),
-        "profile_gpu_train_unbroken_pct": (res.get("profile_gpu_train") or {}).get("unbroken_pct"),
-        "profile_gpu_train_python_line_pct": (res.get("profile_gpu_train") or {}).get(
-            "python_line_pct"
-        ),
-        "profile_gpu_train_main_thread_pct": (res.get("profile_gpu_train") or {}).get(
-            "main_thread_pct"
-        ),
+        **_profile_figures(res),
         # torch.profiler beside a watch (coexist): each side's share of the kernels
         "torch_profiler_kernels_pct_while_listened": _pct(
             while_listened.get("profiler_kernels"), while_listened.get("launches")

@@ -29,7 +29,10 @@
  * they saw; a row's weight scales them into an estimate for its chain. The
  * kernels of launches the library left out go to rows flagged ROW_NOT_SAMPLED
  * (chain 0, weight 0): per kernel name, all rows together are exact. Copies (memcpy, memset) count per
- * (tgid, uid, kind) with bytes and device time. gfxcupti:refused, at each of
+ * (tgid, uid, kind) with bytes and device time; in scope self also per launch
+ * (`copy_stacks`, as `kernels` with the kind for the name): the library fires
+ * the launch probe for a copy or memset API too, with kernel
+ * GFX_CUPTI_COPY_LAUNCH, so its stack copy joins the copy's row. gfxcupti:refused, at each of
  * the library's polls while another CUPTI client keeps it from collecting,
  * counts in `refused` per process, so the client can say why nothing comes.
  *
@@ -118,6 +121,18 @@ struct copy_stats {
 	__u64 device_ns;
 };
 
+/* A copy's row by its launch, as kernel_key with the kind for the name. */
+struct copy_stack_key {
+	__u32 tgid;
+	__u32 uid;
+	__u32 kind;    /* as copy_key's */
+	__u32 flags;   /* ROW_LAUNCHED, ROW_NOT_SAMPLED */
+	__u64 python;
+	__u64 sp;
+	__u32 weight;
+	__u32 pad;
+};
+
 struct kernel_name {
 	char name[GFX_CUPTI_NAME_MAX];
 };
@@ -142,6 +157,13 @@ struct {
 	__type(key, struct copy_key);
 	__type(value, struct copy_stats);
 } copies SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct copy_stack_key);
+	__type(value, struct copy_stats);
+} copy_stacks SEC(".maps");
 
 /* The name being copied (too large for the BPF stack): one per CPU. */
 struct {
@@ -332,9 +354,49 @@ int BPF_USDT(cupti_kernels, __u64 recs, __u32 n)
 	return 0;
 }
 
+/* Add one copy to a row of `copies` or `copy_stacks`. */
+static __always_inline void add_copy(void *map, void *key, __u64 bytes, __u64 ns)
+{
+	struct copy_stats first = {.copies = 1, .bytes = bytes, .device_ns = ns}, *st;
+
+	st = bpf_map_lookup_elem(map, key);
+	if (!st) {
+		if (bpf_map_update_elem(map, key, &first, BPF_NOEXIST) == 0)
+			return;
+		st = bpf_map_lookup_elem(map, key);  /* another CPU made it, or it is full */
+		if (!st)
+			return;
+	}
+	__sync_fetch_and_add(&st->copies, 1);
+	__sync_fetch_and_add(&st->bytes, bytes);
+	__sync_fetch_and_add(&st->device_ns, ns);
+}
+
+/* A copy's row by its launch (scope self): the launch probe's chain, as a
+ * kernel's. Its pending entry stays (the LRU ages it out): a runtime copy may
+ * make more than one record under its id. */
+static __always_inline void count_copy_stack(struct gfx_cupti_copy *rec, struct copy_key *key,
+					     __u64 ns)
+{
+	struct copy_stack_key sk = {.tgid = key->tgid, .uid = key->uid, .kind = key->kind};
+	struct launch_key lk = {.tgid = key->tgid, .correlation_id = rec->correlation_id};
+	struct launch_seen *seen = bpf_map_lookup_elem(&pending, &lk);
+
+	if (seen) {
+		sk.python = seen->python;
+		sk.weight = seen->weight;
+		sk.sp = seen->sp;
+		sk.flags = ROW_LAUNCHED;
+	} else if (rec->flags & GFX_CUPTI_NOT_SAMPLED) {
+		sk.flags = ROW_NOT_SAMPLED;
+	} else {
+		return;  /* launched before the attach, or by a library without the probe */
+	}
+	add_copy(&copy_stacks, &sk, rec->bytes, ns);
+}
+
 static __always_inline int count_copy(void *record, __u32 set)
 {
-	struct copy_stats first = {}, *st;
 	struct gfx_cupti_copy rec;
 	struct copy_key key = {};
 	__u64 ns;
@@ -345,20 +407,9 @@ static __always_inline int count_copy(void *record, __u32 set)
 	key.uid = (__u32)bpf_get_current_uid_gid();
 	key.kind = set ? 0x100 : (rec.kind & 0xff);
 	ns = rec.end_ns > rec.start_ns ? rec.end_ns - rec.start_ns : 0;
-	st = bpf_map_lookup_elem(&copies, &key);
-	if (!st) {
-		first.copies = 1;
-		first.bytes = rec.bytes;
-		first.device_ns = ns;
-		if (bpf_map_update_elem(&copies, &key, &first, BPF_NOEXIST) == 0)
-			return 0;
-		st = bpf_map_lookup_elem(&copies, &key);
-		if (!st)
-			return 0;
-	}
-	__sync_fetch_and_add(&st->copies, 1);
-	__sync_fetch_and_add(&st->bytes, rec.bytes);
-	__sync_fetch_and_add(&st->device_ns, ns);
+	add_copy(&copies, &key, rec.bytes, ns);
+	if (target_uid != GFX_ANY)
+		count_copy_stack(&rec, &key, ns);
 	return 0;
 }
 

@@ -18,7 +18,10 @@
  *       in N, drawn at random, does.
  *       The kernels of the others carry GFX_CUPTI_NOT_SAMPLED. kernel: the
  *       launched kernel's name hash, as its record's name_hash (0: unknown, a
- *       graph launch or a library before this argument).
+ *       graph launch or a library before this argument; GFX_CUPTI_COPY_LAUNCH:
+ *       a copy or memset API, cuMemcpy*, cuMemset*, cudaMemcpy*, cudaMemset*,
+ *       whose record carries one of the ids as a kernel's does; libraries
+ *       before 2026-11-29 fire no probe for copies).
  *   gfxcupti:refused(__s32 result, __u32 poll_ms)  -- from the library's thread, at
  *       each poll (every poll_ms) while a probe is attached but another CUPTI
  *       client (torch.profiler, Nsight) holds CUPTI: cuptiSubscribe's result, so
@@ -34,7 +37,8 @@
 #include <linux/types.h>
 
 #define GFX_CUPTI_NAME_MAX 256  /* kernel name bytes a reader keeps, NUL included */
-#define GFX_CUPTI_NOT_SAMPLED 1  /* gfx_cupti_kernel.flags: its launch fired no probe */
+#define GFX_CUPTI_NOT_SAMPLED 1  /* gfx_cupti_kernel and _copy .flags: its launch fired no probe */
+#define GFX_CUPTI_COPY_LAUNCH 1  /* gfxcupti:launch's kernel for a copy or memset API */
 #define GFX_CUPTI_BATCH 256      /* kernel records per gfxcupti:kernels probe, at most */
 
 struct gfx_cupti_kernel {
@@ -61,7 +65,7 @@ struct gfx_cupti_copy {
 	__u32 context;
 	__u32 stream;
 	__u32 kind;  /* memcpy: CUpti_ActivityMemcpyKind (1 HtoD, 2 DtoH, 8 DtoD, ...); memset: 0 */
-	__u32 pad;
+	__u32 flags;  /* GFX_CUPTI_NOT_SAMPLED (0 from libraries before 2026-11-29) */
 };
 
 #endif /* GFX_CUPTI_H */

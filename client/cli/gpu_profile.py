@@ -1,6 +1,7 @@
 """`gfxclient profile --gpu --pid PID`: a flame graph of GPU time, weighted by the
 nanoseconds each kernel ran on the GPU, with the stack that launched it below
-the kernel's name (the leaf).
+the kernel's name (the leaf); copies and memsets the same, their kind the leaf
+([memcpy htod], [memset]).
 
 The profiling engine takes it (mode GPU, client/profiles/engine/): program
 `cudakernels` on the process's CUPTI injection library gives rows of (Python
@@ -39,8 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu",
         action="store_true",
-        help="GPU time per kernel, in ns from the GPU's clock, under the Python code that "
-        "launched it (one --pid, run with gfxbpf's CUPTI injection library: "
+        help="GPU time per kernel (and copy, memset), in ns from the GPU's clock, under the "
+        "Python code that launched it (one --pid, run with gfxbpf's CUPTI injection library: "
         "CUDA_INJECTION64_PATH; program cudakernels)",
     )
 

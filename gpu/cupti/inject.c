@@ -9,8 +9,8 @@
  * thread looks at the probes' USDT semaphores (the kernel raises them while a
  * uprobe holds them) every GFX_CUPTI_POLL_MS (default 100) ms, and only while
  * one is raised does the library subscribe to CUPTI, enable the kernel
- * (CONCURRENT_KERNEL), memcpy and memset activity kinds and the launch
- * callbacks. When the last probe goes, it flushes, disables and unsubscribes,
+ * (CONCURRENT_KERNEL), memcpy and memset activity kinds and the callbacks of
+ * the launch, copy and memset APIs (the launch probe, which takes the stack). When the last probe goes, it flushes, disables and unsubscribes,
  * so a profiler started later (torch.profiler, Nsight) can subscribe. If
  * another CUPTI client already holds the subscription, it says so once on
  * stderr, and at every poll to the listener (gfxcupti:refused), and
@@ -41,6 +41,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define BUFFER_BYTES (1 << 20)
 #define ALIGN 8
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 /* The semaphores dtrace -G would make; the kernel counts attached uprobes here. */
 EXPORT unsigned short gfxcupti_kernels_semaphore __attribute__((section(".probes")));
@@ -52,7 +53,7 @@ EXPORT unsigned short gfxcupti_launch_semaphore __attribute__((section(".probes"
 EXPORT unsigned short gfxcupti_refused_semaphore __attribute__((section(".probes")));
 
 static atomic_ullong records;   /* activity records CUPTI handed us */
-static atomic_ullong launches;  /* launch callbacks seen */
+static atomic_ullong launches;  /* launches (and copy or memset calls) seen */
 static atomic_ullong dropped;   /* records CUPTI says it dropped */
 static atomic_ullong incomplete;  /* kernel records without an end time (not counted) */
 static atomic_llong clock_offset;  /* CLOCK_MONOTONIC minus CUPTI time, ns */
@@ -200,10 +201,12 @@ static void emit_kernel(const CUpti_ActivityKernel9 *k)
 static void emit_copy(uint64_t start, uint64_t end, uint64_t bytes, uint32_t corr,
 		      uint32_t dev, uint32_t ctx, uint32_t stream, uint32_t kind, int is_set)
 {
+	unsigned char left_out = atomic_load_explicit(&skipped[corr % SKIP_SLOTS],
+						      memory_order_relaxed);
 	struct gfx_cupti_copy rec = {
 		.start_ns = to_mono(start), .end_ns = to_mono(end), .bytes = bytes,
 		.correlation_id = corr, .device = dev, .context = ctx, .stream = stream,
-		.kind = kind,
+		.kind = kind, .flags = left_out ? GFX_CUPTI_NOT_SAMPLED : 0,
 	};
 
 	if (is_set && gfxcupti_memset_semaphore)
@@ -303,7 +306,7 @@ static void drain_buffers(void)
  * directly has runtime id 0. */
 static __thread uint32_t runtime_corr, driver_corr;
 static __thread const char *runtime_symbol;  /* the runtime launch's kernel name */
-static __thread int in_runtime_launch;
+static __thread int in_runtime_launch, runtime_copy;
 /* Collection sessions: a thread inside a launch when collection stopped never
  * saw its exit; its nesting count is from an older session and starts over. */
 static atomic_uint session;
@@ -396,12 +399,12 @@ static uint64_t kernel_hash(const char *name)
 	return names[slot].hash;
 }
 
-static void fire_launch(uint32_t runtime, uint32_t driver, const char *symbol)
+static void fire_launch(uint32_t runtime, uint32_t driver, const char *symbol, int copy)
 {
 	fired = 1;
 	if (!left_out_now && gfxcupti_launch_semaphore) {
 		uint32_t weight = every;
-		uint64_t kernel = kernel_hash(symbol);
+		uint64_t kernel = copy ? GFX_CUPTI_COPY_LAUNCH : kernel_hash(symbol);
 
 		/* register operands, not TLS ones readers cannot take */
 		__asm__("" : "+r"(weight), "+r"(kernel));
@@ -435,14 +438,53 @@ static void say_depth(const CUpti_CallbackData *cb, CUpti_CallbackId cbid)
 		(long)(params - here), top ? (long)(top - here) : -1L);
 }
 
+/* Which API callbacks make a copy or a memset: found by name once, from
+ * CUPTI's own table (cuptiGetCallbackName), so that every variant (_v2,
+ * Async, _ptds, 2D, 3D, Peer, ToSymbol) of this header is in. Their records
+ * carry a correlation id as a kernel's do, and their launch probe joins the
+ * copy's device time to the stack that asked for it. */
+static unsigned char copy_driver[CUPTI_DRIVER_TRACE_CBID_SIZE];
+static unsigned char copy_runtime[CUPTI_RUNTIME_TRACE_CBID_SIZE];
+
+static int named(CUpti_CallbackDomain domain, uint32_t cbid, const char *a, const char *b)
+{
+	const char *name = NULL;
+
+	if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || !name)
+		return 0;
+	return !strncmp(name, a, strlen(a)) || !strncmp(name, b, strlen(b));
+}
+
+static void find_copy_apis(void)
+{
+	static int found;
+
+	if (found)
+		return;
+	found = 1;
+	for (uint32_t i = 1; i < COUNT(copy_driver); i++)
+		copy_driver[i] = (unsigned char)named(CUPTI_CB_DOMAIN_DRIVER_API, i, "cuMemcpy", "cuMemset");
+	for (uint32_t i = 1; i < COUNT(copy_runtime); i++)
+		copy_runtime[i] = (unsigned char)named(CUPTI_CB_DOMAIN_RUNTIME_API, i, "cudaMemcpy",
+						       "cudaMemset");
+}
+
+static int is_copy(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+	if (domain == CUPTI_CB_DOMAIN_DRIVER_API)
+		return cbid < COUNT(copy_driver) && copy_driver[cbid];
+	return cbid < COUNT(copy_runtime) && copy_runtime[cbid];
+}
+
 /* A runtime launch fires the probe when it calls the driver's launch (both
  * ids known, the kernel not yet queued), or at its exit if it called none; a
- * driver launch called directly fires at its entry. */
+ * driver launch called directly fires at its entry. A copy or memset API
+ * does the same, as a launch of GFX_CUPTI_COPY_LAUNCH. */
 static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
 			    const void *data)
 {
 	const CUpti_CallbackData *cb = data;
-	int enter = cb->callbackSite == CUPTI_API_ENTER;
+	int enter = cb->callbackSite == CUPTI_API_ENTER, copy = is_copy(domain, cbid);
 
 	(void)userdata;
 	if (thread_session != atomic_load(&session)) {
@@ -457,11 +499,12 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			if (in_runtime_launch++ == 0)
 				decide();
 			runtime_corr = cb->correlationId;
-			runtime_symbol = cb->symbolName;
+			runtime_symbol = copy ? NULL : cb->symbolName;
+			runtime_copy = copy;
 			driver_corr = 0;
 			mark(runtime_corr, left_out_now);
 		} else if (in_runtime_launch > 0 && --in_runtime_launch == 0 && !fired) {
-			fire_launch(runtime_corr, driver_corr, runtime_symbol);
+			fire_launch(runtime_corr, driver_corr, runtime_symbol, runtime_copy);
 		}
 	} else if (domain == CUPTI_CB_DOMAIN_DRIVER_API && enter) {
 		if (report_depth)
@@ -470,9 +513,10 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			decide();
 		mark(cb->correlationId, left_out_now);
 		if (!in_runtime_launch)
-			fire_launch(0, cb->correlationId, cb->symbolName);
+			fire_launch(0, cb->correlationId, copy ? NULL : cb->symbolName, copy);
 		else if (!fired)
-			fire_launch(runtime_corr, driver_corr = cb->correlationId, cb->symbolName);
+			fire_launch(runtime_corr, driver_corr = cb->correlationId,
+				    runtime_copy ? NULL : cb->symbolName, runtime_copy);
 	}
 }
 
@@ -500,7 +544,6 @@ static const CUpti_CallbackId driver_launches[] = {
 static const CUpti_ActivityKind kinds[] = {
 	CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
 };
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 /* CUPTI's launch callbacks and activity records on or off (the subscription stays). */
 static void set_active(int on)
@@ -509,6 +552,14 @@ static void set_active(int on)
 		cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
 	for (size_t i = 0; i < COUNT(driver_launches) && !no_callbacks; i++)
 		cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
+	if (!no_callbacks)
+		find_copy_apis();
+	for (uint32_t i = 0; i < COUNT(copy_runtime) && !no_callbacks; i++)
+		if (copy_runtime[i])
+			cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, i);
+	for (uint32_t i = 0; i < COUNT(copy_driver) && !no_callbacks; i++)
+		if (copy_driver[i])
+			cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, i);
 	for (size_t i = 0; i < COUNT(kinds) && !no_activity; i++)
 		(on ? cuptiActivityEnable : cuptiActivityDisable)(kinds[i]);
 	if (on)  /* a launch cut off by the last switch: threads start their state over */

@@ -22,7 +22,10 @@
  *   gfx_standin_launch_below_data(n, ns)  the same as _runtime from a thread whose 64 KiB
  *                                         stack lies right below 64 KiB of other readable
  *                                         memory
- *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY)
+ *   gfx_standin_memcpy(bytes, kind, ns)   the same for a copy (MEMCPY) through a
+ *                                         cudaMemcpyAsync and its driver call
+ *                                         (cuMemcpyHtoDAsync_v2 for kind 1, ...)
+ *   gfx_standin_memset(bytes, ns)         a cudaMemsetAsync (cuMemsetD32Async, MEMSET)
  *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
  *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   gfx_standin_records()                 records produced so far
@@ -109,6 +112,31 @@ API CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
 	memset(runtime_enabled, 0, sizeof(runtime_enabled));
 	pthread_mutex_unlock(&lock);
 	return CUPTI_SUCCESS;
+}
+
+/* The names of the callbacks this stand-in makes (CUPTI's own table has all). */
+static const char *const driver_names[CUPTI_DRIVER_TRACE_CBID_SIZE] = {
+	[CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel] = "cuLaunchKernel",
+	[CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2] = "cuMemcpyHtoDAsync_v2",
+	[CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2] = "cuMemcpyDtoHAsync_v2",
+	[CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2] = "cuMemcpyDtoDAsync_v2",
+	[CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync] = "cuMemcpyAsync",
+	[CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async] = "cuMemsetD32Async",
+};
+static const char *const runtime_names[CUPTI_RUNTIME_TRACE_CBID_SIZE] = {
+	[CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000] = "cudaLaunchKernel_v7000",
+	[CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020] = "cudaMemcpyAsync_v3020",
+	[CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020] = "cudaMemsetAsync_v3020",
+};
+
+API CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid, const char **name)
+{
+	*name = NULL;
+	if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE)
+		*name = driver_names[cbid];
+	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE)
+		*name = runtime_names[cbid];
+	return *name ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_PARAMETER;
 }
 
 API CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
@@ -382,9 +410,76 @@ static void kernel_record(const char *name, unsigned long long ns, int grid, int
 	pthread_mutex_unlock(&lock);
 }
 
+static void copy_record(unsigned long long bytes, unsigned kind, unsigned long long ns,
+			uint32_t corr);
+static void set_record(unsigned long long bytes, unsigned long long ns, uint32_t corr);
+
+/* A runtime copy or memset call (cbid in the runtime domain) around its
+ * driver call, two ids, the record carrying the runtime's, as a launch's. */
+static uint32_t runtime_call(CUpti_CallbackId rt_cbid, const char *rt_name,
+			     CUpti_CallbackId drv_cbid, const char *drv_name)
+{
+	uint32_t rt = __atomic_fetch_add(&next_correlation, 2, __ATOMIC_RELAXED), drv = rt + 1;
+
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, rt_name, NULL, rt, CUPTI_API_ENTER);
+	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, drv_cbid, drv_name, NULL, drv, CUPTI_API_ENTER);
+	return rt;
+}
+
+static void runtime_return(uint32_t rt, CUpti_CallbackId rt_cbid, const char *rt_name,
+			   CUpti_CallbackId drv_cbid, const char *drv_name)
+{
+	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, drv_cbid, drv_name, NULL, rt + 1, CUPTI_API_EXIT);
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, rt_name, NULL, rt, CUPTI_API_EXIT);
+}
+
 API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigned long long ns)
 {
-	uint32_t corr = __atomic_fetch_add(&next_correlation, 1, __ATOMIC_RELAXED);
+	CUpti_CallbackId rt_cbid = CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020;
+	CUpti_CallbackId drv = kind == 1   ? CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2
+			       : kind == 2 ? CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2
+			       : kind == 8 ? CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2
+					   : CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync;
+	uint32_t rt = runtime_call(rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv]);
+
+	copy_record(bytes, kind, ns, rt);
+	runtime_return(rt, rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv]);
+	return rt;
+}
+
+API unsigned gfx_standin_memset(unsigned long long bytes, unsigned long long ns)
+{
+	CUpti_CallbackId rt_cbid = CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020;
+	CUpti_CallbackId drv = CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async;
+	uint32_t rt = runtime_call(rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async");
+
+	set_record(bytes, ns, rt);
+	runtime_return(rt, rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async");
+	return rt;
+}
+
+static void set_record(unsigned long long bytes, unsigned long long ns, uint32_t corr)
+{
+	CUpti_ActivityMemset4 *m;
+
+	pthread_mutex_lock(&lock);
+	if (__atomic_load_n(&kind_enabled[CUPTI_ACTIVITY_KIND_MEMSET], __ATOMIC_RELAXED) &&
+	    (m = append_locked(sizeof(*m)))) {
+		m->kind = CUPTI_ACTIVITY_KIND_MEMSET;
+		m->bytes = bytes;
+		m->start = run_on_gpu(ns);
+		m->end = m->start + ns;
+		m->deviceId = DEVICE;
+		m->contextId = CONTEXT;
+		m->streamId = STREAM;
+		m->correlationId = corr;
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+static void copy_record(unsigned long long bytes, unsigned kind, unsigned long long ns,
+			uint32_t corr)
+{
 	CUpti_ActivityMemcpy6 *m;
 
 	pthread_mutex_lock(&lock);
@@ -401,7 +496,6 @@ API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigne
 		m->correlationId = corr;
 	}
 	pthread_mutex_unlock(&lock);
-	return corr;
 }
 
 API void gfx_standin_hold(int on)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from bench import cupti_standin as cs
+from bench.gpu_kernels_check import COPIES as COPIES_CHECK
 from gfxbpf.catalog.stack_copies import (
     APPROVED_STACK_BYTES,
     DEEP_STACK_BYTES,
@@ -51,7 +52,7 @@ from tests.viewers import need_pprof, pprof, pprof_top
 pytestmark = pytest.mark.kernel
 PYTHON = "/usr/bin/python3"
 CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_kernels_check.py"
-N, M, COPIES = 40, 25, 6
+N, M, COPIES, MEMSETS = 40, 25, 6, 4
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +325,11 @@ def _profile_gpu(
 def test_profile_gpu_weighs_launch_stacks_by_device_ns(
     broker: BrokerProcess, built: cs.Built
 ) -> None:
-    summary, folded = _profile_gpu(broker, built, _work)
+    def work(w: cs.Workload) -> None:
+        _work(w)
+        w.command(f"memset {MEMSETS}")
+
+    summary, folded = _profile_gpu(broker, built, work)
     script = str(built.script)
     a = [f"<module> ({script}:{cs.MODULE_A_LINE})", f"launch_a ({script}:{cs.A_LINE})"]
     b = f"<module> ({script}:{cs.MODULE_B_LINE})"
@@ -333,23 +338,36 @@ def test_profile_gpu_weighs_launch_stacks_by_device_ns(
     stacks = {tuple(s["stack"]): s["device_ns"] for s in summary["stacks"]}
     python = {st: tuple(f for f in st if f.startswith(("<module> (", "launch_"))) for st in stacks}
     by_python = {(*python[st], st[-1]): ns for st, ns in stacks.items()}
+    copied = f"<module> ({script}:{cs.MODULE_COPY_LINE})"
+    set_line = f"<module> ({script}:{cs.MODULE_MEMSET_LINE})"
     assert by_python == {
         (*a, "gemm"): N * cs.NS["gemm"],
         (b, f"launch_b ({script}:{cs.B_GEMM_LINE})", "gemm"): M * cs.NS["gemm"],
         (b, f"launch_b ({script}:{cs.B_RELU_LINE})", "relu"): M * cs.NS["relu"],
+        # copies and memsets under the line that asked for them, their kind the leaf
+        (copied, "[memcpy htod]"): COPIES * cs.NS["copy"],
+        (set_line, "[memset]"): MEMSETS * cs.NS["memset"],
     }
+    calls = {"launch_a": "gfx_standin_launch", "[memcpy htod]": "gfx_standin_memcpy"}
+    calls["[memset]"] = "gfx_standin_memset"
     for st in stacks:
         assert "Py_BytesMain" in st, st  # whole: the process's first frames
-        launch = (
-            "gfx_standin_launch" if "launch_a" in python[st][-1] else "gfx_standin_launch_runtime"
-        )
+        launch = calls.get(st[-1]) or calls.get(python[st][-1].split(" (")[0])
+        launch = launch or "gfx_standin_launch_runtime"
         assert st.index(python[st][-1]) < st.index(launch) < len(st) - 1, st
-    assert summary["total_ns"] == (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
+    kernels_ns = (N + M) * cs.NS["gemm"] + M * cs.NS["relu"]
+    moved_ns = COPIES * cs.NS["copy"] + MEMSETS * cs.NS["memset"]
+    assert summary["total_ns"] == kernels_ns + moved_ns
     folded_a = [ln for ln in folded.read_text().splitlines() if ";".join(a) in ln]
     assert len(folded_a) == 1 and folded_a[0].endswith(f";gemm {N * cs.NS['gemm']}"), folded_a
-    # The copies' GPU time is not drawn (no launch stack), and a note says how much.
+    # Every copy's launch was seen: the note only sums them up by kind.
     (note,) = [n for n in summary["notes"] if n.startswith("copies and memsets")]
-    assert note.endswith(f"htod {COPIES} (24.0 KiB, 42.0 µs)"), note
+    assert note == (
+        "copies and memsets are drawn as [memcpy KIND] and [memset] leaves: "
+        f"htod {COPIES} (24.0 KiB, 42.0 µs), memset {MEMSETS} (4.00 KiB, 12.0 µs)"
+    ), note
+    rows = {(r["line"], r["kernel"]): r["device_ns"] for r in summary["launches"]}
+    assert rows[(copied, "[memcpy htod]")] == COPIES * cs.NS["copy"], rows
 
 
 @pytest.mark.parametrize("stack_bytes", [0, MAX_STACK_BYTES])
@@ -524,6 +542,10 @@ def test_gpu_check_step6_measures_the_standin_exactly(
         assert prof["whole_pct"] == 100.0 and s["profile_gpu_whole_pct"] == 100.0, prof
         assert prof["merged_pct"] == 0.0 and "profile_gpu_train" not in res, prof
         assert prof["python_line_pct"] == 100.0 and prof["main_thread_pct"] == 0.0, prof
+        moved = res["profile_gpu_copies"]  # each way, under the workload's `copies`
+        assert {s["stack"][-1] for s in moved["stacks"]} == {"[memcpy htod]", "[memcpy dtoh]"}
+        assert moved["copy_ns"] == moved["total_ns"] == 2 * COPIES_CHECK * cs.GPU_CHECK_NS
+        assert s["profile_gpu_copy_python_line_pct"] == 100.0, moved
         where = {k[1].split(" (")[0] for k in rows}
         assert where == {"mm_a", "mm_b"}, rows
         assert sorted(r["kernels"] for r in rows.values()) == [10, 30]

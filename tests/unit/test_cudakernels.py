@@ -199,13 +199,59 @@ def test_copies_are_labelled_by_kind_and_user_and_read_by_the_watch() -> None:
     assert lines[3].endswith("kind 99") and lines[4] == "  … 1 more rows"
     assert transfer_lines([], None, True) == []
     assert transfer_lines(rows, 1, True)[2].endswith("dtoh · root")  # scope system: whose
-    assert tr.note(rows) == (
-        "copies and memsets took GPU time too, not drawn above (no launch stack is kept for "
-        "them): dtoh 3 (3.00 MiB, 1.00 ms), kind 99 1 (1 B, 5 ns), memset 1 (64 B, 0 ns)"
+    assert tr.note(rows, []) == (
+        f"copies and memsets took GPU time too: {PARTS}; 5 of them (1.00 ms) are not drawn, "
+        "as their calls came before the attach or from an injection library older than "
+        "gfxclient (no launch stack)"
     )
-    assert tr.note([]) is None
-    Att.maps = {}  # a broker whose cudakernels has no such map
-    assert tr.read_transfers(Att()) == []  # type: ignore[arg-type]
+    Att.maps = {}  # a broker whose cudakernels has no such maps
+    assert tr.read_transfers(Att()) == [] and tr.read_launched(Att()) == []  # type: ignore[arg-type]
+
+
+PARTS = "dtoh 3 (3.00 MiB, 1.00 ms), kind 99 1 (1 B, 5 ns), memset 1 (64 B, 0 ns)"
+
+
+def test_copies_by_launch_are_drawn_and_the_rest_told() -> None:
+    """copy_stacks: the rows profile --gpu draws; its note counts what they miss."""
+    from gfxbpf.client.profiles.gpu import transfers as tr
+
+    rows = [
+        tr.Transfer(7, 0, "dtoh", 3, 3 << 20, 1_000_000),
+        tr.Transfer(7, 0, "kind 99", 1, 1, 5),
+        tr.Transfer(7, 0, "memset", 1, 64, 0),
+    ]
+
+    class Stacks:  # two dtoh seen (weight 2), one left out by the sampling
+        def raw_items(self) -> list[tuple[bytes, bytes]]:
+            return [
+                (tr.STACK_KEY.pack(7, 0, 2, 1, 0xC4A1, 0x7FF0, 2, 0), tr.STATS.pack(2, 2, 600)),
+                (tr.STACK_KEY.pack(7, 0, 2, 2, 0, 0, 0, 0), tr.STATS.pack(1, 1, 400_000)),
+                (b"short", b""),
+            ]
+
+    class Att:
+        maps: dict[str, Any] = {"copy_stacks": Stacks()}
+
+    seen, left_out = tr.read_launched(Att())  # type: ignore[arg-type]
+    assert (seen.kind, seen.chain, seen.sp, seen.leaf(), seen.estimated_ns()) == (
+        "dtoh",
+        0xC4A1,
+        0x7FF0,
+        "[memcpy dtoh]",
+        1200,
+    )
+    assert left_out.flags == tr.NOT_SAMPLED and left_out.estimated_ns() == 400_000
+    assert tr.note(rows, [seen, left_out]) == (
+        f"copies and memsets took GPU time too: {PARTS}; 2 of them (599 µs) are not drawn, "
+        "as their calls came before the attach or from an injection library older than "
+        "gfxclient (no launch stack)"
+    )
+    every = [tr.LaunchedCopies(7, t.kind, 1, 0, 0, 1, t.copies, t.bytes, t.device_ns) for t in rows]
+    assert tr.note(rows, every) == (
+        f"copies and memsets are drawn as [memcpy KIND] and [memset] leaves: {PARTS}"
+    )
+    assert tr.LaunchedCopies(7, "memset", 1, 0, 0, 1, 1, 1, 1).leaf() == "[memset]"
+    assert tr.note([], []) is None
 
 
 def test_the_watch_frame_names_the_python_function_or_in_scope_system_the_user() -> None:

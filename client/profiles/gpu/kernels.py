@@ -123,7 +123,8 @@ class Totals:
 def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawStack], list[str]]:
     """profile --gpu: each (launch stack, kernel) weighed by its device ns, the
     kernel's name as leaf (sampled launches stand for those left out: their
-    estimated ns); and the notes: on launch sampling, if it sampled, and on
+    estimated ns), and each copy's or memset's the same way with its kind as
+    leaf; and the notes: on launch sampling, if it sampled, and on
     why no kernel came, if none did."""
     from gfxbpf.client.profiles.gpu import refusals, transfers
 
@@ -141,8 +142,14 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
         for row, n, ns in rows
         if not row[4] & NOT_SAMPLED
     ]
+    launched = transfers.read_launched(att)
+    raw += [
+        copies.chain_stack(c.pid, c.chain, transfers.COPY_LAUNCH, c.sp, c.leaf(), c.estimated_ns())
+        for c in launched
+        if c.flags & transfers.LAUNCH_SEEN
+    ]
     sampled = Totals.of(rows).note()
-    moved = transfers.note(transfers.read_transfers(att))
+    moved = transfers.note(transfers.read_transfers(att), launched)
     notes = [n for n in (sampled, moved) if n] + refusals.notes(att)
     if not raw and not notes:
         notes.append(

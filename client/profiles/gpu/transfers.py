@@ -1,6 +1,8 @@
 """The GPU's own time in copies and memsets: program `cudakernels`' map
 `copies`, which the injection library's memcpy and memset records fill per
-(process, user, kind) with their count, bytes and device nanoseconds."""
+(process, user, kind) with their count, bytes and device nanoseconds; and, in
+scope self, `copy_stacks`, the same per launch (Python chain and stack
+pointer at the copy or memset call), which profile --gpu draws."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ if TYPE_CHECKING:
 MAP = "copies"
 KEY = struct.Struct("<IIII")  # cudakernels.bpf.c struct copy_key: tgid, uid, kind, pad
 STATS = struct.Struct("<QQQ")  # struct copy_stats: copies, bytes, device_ns
+STACK_MAP = "copy_stacks"
+# struct copy_stack_key: tgid, uid, kind, flags, Python chain, stack pointer, weight, pad
+STACK_KEY = struct.Struct("<IIIIQQII")
+LAUNCH_SEEN, NOT_SAMPLED = 1, 2  # its flags, as kernel_key's
+COPY_LAUNCH = 1  # gfx_cupti.h GFX_CUPTI_COPY_LAUNCH: the kernel a copy's stack copy carries
 
 
 @dataclass(frozen=True)
@@ -44,9 +51,42 @@ def read_transfers(att: Attachment) -> list[Transfer]:
     return sorted(out, key=lambda t: (-t.device_ns, t.pid, t.kind))
 
 
-def note(transfers: list[Transfer]) -> str | None:
-    """profile --gpu's word on them: their GPU time by kind, which the flame
-    graph leaves out (the program keeps no launch stack for a copy)."""
+@dataclass(frozen=True)
+class LaunchedCopies:
+    """A row of `copy_stacks`: the copies of one kind from one launch path."""
+
+    pid: int
+    kind: str
+    flags: int
+    chain: int
+    sp: int
+    weight: int
+    copies: int
+    bytes: int
+    device_ns: int
+
+    def leaf(self) -> str:
+        """The flame graph's leaf, where a kernel has its name."""
+        return "[memset]" if self.kind == "memset" else f"[memcpy {self.kind}]"
+
+    def estimated_ns(self) -> int:
+        """Its device time for its chain: a sampled launch stands for `weight`."""
+        return self.device_ns * (self.weight if self.weight > 1 else 1)
+
+
+def read_launched(att: Attachment) -> list[LaunchedCopies]:
+    """The rows of `copy_stacks` ([] from a broker whose program lacks it)."""
+    rows = struct_rows(att, STACK_MAP, STACK_KEY, STATS)
+    return [
+        LaunchedCopies(pid, copy_kind(kind), flags, chain, sp, weight, *v)
+        for (pid, _uid, kind, flags, chain, sp, weight, _pad), v in rows
+    ]
+
+
+def note(transfers: list[Transfer], launched: list[LaunchedCopies]) -> str | None:
+    """profile --gpu's word on them: their GPU time by kind, and how much of
+    it the flame graph leaves out: copies whose launch the program did not
+    see (made before the attach, or by an older injection library)."""
     if not transfers:
         return None
     kinds: dict[str, list[int]] = {}
@@ -59,7 +99,13 @@ def note(transfers: list[Transfer]) -> str | None:
         f"{kind} {n} ({humanize_bytes(b)}, {humanize_ns(ns)})"
         for kind, (n, b, ns) in sorted(kinds.items(), key=lambda kv: -kv[1][2])
     )
+    total = sum(t.copies for t in transfers)
+    unseen = total - sum(c.copies for c in launched)
+    unseen_ns = sum(t.device_ns for t in transfers) - sum(c.device_ns for c in launched)
+    if unseen <= 0:
+        return f"copies and memsets are drawn as [memcpy KIND] and [memset] leaves: {parts}"
     return (
-        f"copies and memsets took GPU time too, not drawn above (no launch stack is kept "
-        f"for them): {parts}"
+        f"copies and memsets took GPU time too: {parts}; {unseen} of them "
+        f"({humanize_ns(max(unseen_ns, 0))}) are not drawn, as their calls came before the "
+        "attach or from an injection library older than gfxclient (no launch stack)"
     )
