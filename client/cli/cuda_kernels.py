@@ -1,5 +1,6 @@
 """`gfxclient watch cuda --gpu`: the GPU's own time per kernel, per launching Python code,
-and in copies and memsets (map `copies`, per process and kind).
+and in copies and memsets (map `copies`, per process and kind; in scope self
+also per innermost Python function that made them, from `copy_stacks`).
 
 Program `cudakernels` reads the records of gfxbpf's CUPTI injection library
 (gpu/cupti; the process runs with CUDA_INJECTION64_PATH naming it): each
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.broker import Broker
@@ -48,7 +49,12 @@ from gfxbpf.client.profiles.gpu.kernels import (
     read_rows,
 )
 from gfxbpf.client.profiles.gpu.refusals import Refusal, read_refusals
-from gfxbpf.client.profiles.gpu.transfers import Transfer, read_transfers
+from gfxbpf.client.profiles.gpu.transfers import (
+    LaunchedCopies,
+    Transfer,
+    read_launched,
+    read_transfers,
+)
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.client.profiles.read import lost_count
 
@@ -101,14 +107,7 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
         if flags & NOT_SAMPLED:
             continue
         n, ns = estimate(row, raw_n, raw_ns)
-        if not flags & LAUNCH_SEEN:
-            chain: tuple[str, ...] = (NO_LAUNCH,)
-        else:
-            got = chains.get((tgid, chash)) if chash else ()
-            chain = (NOT_COPIED,) if got is None else got
-        leaf = chain[-1] if chain else NO_PYTHON
-        if len(chain) > 1 and chain[0] == MAIN_FRAME:  # what the main thread ran, not a caller
-            leaf = f"{MAIN_THREAD} {leaf}"
+        chain, leaf = _function(tgid, chash, flags, chains)
         name = names.get(nhash, f"[kernel {nhash:#x}]")
         k = out.setdefault((tgid, name, leaf), Kernel(tgid, uid, name, leaf))
         k.estimated |= flags & LAUNCH_SEEN != 0 and weight > 1
@@ -122,6 +121,69 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
 
 # What names a chain's Python frames: (tgid, chain hash) -> root-first names
 Chains = dict[tuple[int, int], tuple[str, ...]]
+
+
+def _function(tgid: int, chash: int, flags: int, chains: Chains) -> tuple[tuple[str, ...], str]:
+    """A row's Python chain, and the innermost function the view names it by."""
+    if not flags & LAUNCH_SEEN:
+        chain: tuple[str, ...] = (NO_LAUNCH,)
+    else:
+        got = chains.get((tgid, chash)) if chash else ()
+        chain = (NOT_COPIED,) if got is None else got
+    leaf = chain[-1] if chain else NO_PYTHON
+    if len(chain) > 1 and chain[0] == MAIN_FRAME:  # what the main thread ran, not a caller
+        leaf = f"{MAIN_THREAD} {leaf}"
+    return chain, leaf
+
+
+@dataclass
+class CopySite:
+    """Copies of one kind made by one innermost Python function of one process."""
+
+    pid: int
+    uid: int
+    kind: str
+    function: str  # as Kernel's; NO_LAUNCH: made before the attach
+    copies: int = 0
+    bytes: int = 0
+    device_ns: int = 0
+    estimated: bool = False  # scaled up from sampled calls
+
+    def add(self, copies: int, nbytes: int, ns: int) -> None:
+        self.copies += copies
+        self.bytes += nbytes
+        self.device_ns += ns
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_copies(
+    transfers: list[Transfer], launched: list[LaunchedCopies], chains: Chains
+) -> list[CopySite]:
+    """Copies per (process, kind, innermost Python function), most device time
+    first: the rows whose call was seen, scaled by their sampling weight, and
+    per (process, kind) what the exact totals hold beyond all rows (calls made
+    before the attach) under NO_LAUNCH."""
+    out: dict[tuple[int, str, str], CopySite] = {}
+    rowed: dict[tuple[int, str], list[int]] = {}
+    for c in launched:
+        acc = rowed.setdefault((c.pid, c.kind), [0, 0, 0])
+        acc[0], acc[1], acc[2] = acc[0] + c.copies, acc[1] + c.bytes, acc[2] + c.device_ns
+        if not c.flags & LAUNCH_SEEN:
+            continue  # the sampled rows' weights stand for it
+        function = _function(c.pid, c.chain, c.flags, chains)[1]
+        site = out.setdefault((c.pid, c.kind, function), CopySite(c.pid, c.uid, c.kind, function))
+        site.estimated |= c.scale() > 1
+        site.add(c.copies * c.scale(), c.bytes * c.scale(), c.estimated_ns())
+    for t in transfers:
+        n, nbytes, ns = rowed.get((t.pid, t.kind), (0, 0, 0))
+        if t.copies > n:  # (read after the rows: a copy counted since is in neither)
+            site = out.setdefault(
+                (t.pid, t.kind, NO_LAUNCH), CopySite(t.pid, t.uid, t.kind, NO_LAUNCH)
+            )
+            site.add(t.copies - n, max(t.bytes - nbytes, 0), max(t.device_ns - ns, 0))
+    return sorted(out.values(), key=lambda s: (-s.device_ns, s.pid, s.kind, s.function))
 
 
 def named_chains(reader: ProbeCopyReader) -> Chains:
@@ -205,6 +267,7 @@ class KernelTimes:
         self.totals = Totals()
         self.refused: list[Refusal] = []  # processes whose library another CUPTI client blocks
         self.transfers: list[Transfer] = []  # copies and memsets per process and kind
+        self.sites: list[CopySite] = []  # scope self: the same per Python function
 
     def sample(self) -> None:
         chains: Chains = {}
@@ -227,7 +290,9 @@ class KernelTimes:
         counts = self.att.map("lost").raw_items()  # [0] copies dropped, [1] kernels
         self.lost = lost_count([(k, v) for k, v in counts if k[:4] == UNCOUNTED])
         self.refused = read_refusals(self.att)
+        launched = read_launched(self.att)  # before the totals, which count first
         self.transfers = read_transfers(self.att)
+        self.sites = group_copies(self.transfers, launched, chains) if launched else []
 
     def json_line(self) -> dict[str, Any]:
         return {
@@ -245,6 +310,7 @@ class KernelTimes:
             "refused": [r.as_json(time.monotonic_ns()) for r in self.refused],
             "by_kernel": [k.as_json() for k in self.kernels],
             "copies": [t.as_json() for t in self.transfers],
+            "copies_by_function": [s.as_json() for s in self.sites],
         }
 
     def frame(self, width: int, height: int | None, limit: int | None) -> list[str]:
@@ -278,7 +344,7 @@ class KernelTimes:
             )
         if len(shown) < len(self.kernels):
             lines.append(f"  … {len(self.kernels) - len(shown)} more rows")
-        lines += transfer_lines(self.transfers, limit, by_user)
+        lines += transfer_lines(self.transfers, limit, by_user, self.sites)
         if self.lost:
             lines.append(f"note: {self.lost} kernels not counted: the broker's table was full")
         if self.totals.note():
@@ -288,25 +354,37 @@ class KernelTimes:
         return clip(lines, width, height)
 
 
-def transfer_lines(transfers: list[Transfer], limit: int | None, by_user: bool) -> list[str]:
+def transfer_lines(
+    transfers: list[Transfer], limit: int | None, by_user: bool, sites: list[CopySite] | None = None
+) -> list[str]:
     """Copies and memsets per process and kind, with their rate on the device
-    (by_user: and whose they are, in scope system)."""
+    (by_user: and whose they are, in scope system; sites: per Python function
+    that made them instead, in scope self)."""
     if not transfers:
         return []
-    lines = [
-        "copies and memsets, by process and kind (GPU time, and bytes per second of it):",
-        f"  {'pid':>8}  {'count':>9}  {'bytes':>9}  {'GPU time':>9}  {'rate':>10}  "
-        f"kind{' · user' if by_user else ''}",
+    # (pid, count, bytes, ns, estimated, what)
+    rows = [
+        (s.pid, s.copies, s.bytes, s.device_ns, s.estimated, f"{s.kind} · {printable(s.function)}")
+        for s in sites or ()
+    ] or [
+        (t.pid, t.copies, t.bytes, t.device_ns, False, t.kind)
+        if not by_user
+        else (t.pid, t.copies, t.bytes, t.device_ns, False, f"{t.kind} · {user_name(t.uid)}")
+        for t in transfers
     ]
-    shown = transfers if limit is None else transfers[:limit]
-    for t in shown:
-        rate = t.bandwidth()
-        per_s = "-" if rate is None else humanize_bytes(rate) + "/s"
+    what = "kind · python function" if sites else "kind · user" if by_user else "kind"
+    lines = [
+        f"copies and memsets, by process, {what} (GPU time, and bytes per second of it):",
+        f"  {'pid':>8}  {'count':>9}  {'bytes':>9}  {'GPU time':>9}  {'rate':>10}  {what}",
+    ]
+    shown = rows if limit is None else rows[:limit]
+    for pid, n, nbytes, ns, estimated, label in shown:
+        per_s = "-" if not ns else humanize_bytes(nbytes * 1e9 / ns) + "/s"
+        approx = "~" if estimated else ""
         lines.append(
-            f"  {t.pid:>8}  {humanize_count(t.copies):>9}  {humanize_bytes(t.bytes):>9}  "
-            f"{humanize_ns(t.device_ns):>9}  {per_s:>10}  {t.kind}"
-            + (f" · {user_name(t.uid)}" if by_user else "")
+            f"  {pid:>8}  {approx + humanize_count(n):>9}  {approx + humanize_bytes(nbytes):>9}  "
+            f"{approx + humanize_ns(ns):>9}  {per_s:>10}  {label}"
         )
-    if len(shown) < len(transfers):
-        lines.append(f"  … {len(transfers) - len(shown)} more rows")
+    if len(shown) < len(rows):
+        lines.append(f"  … {len(rows) - len(shown)} more rows")
     return lines

@@ -199,11 +199,13 @@ def test_device_time_per_kernel_and_python_function_exactly(
         {"chain": [f"<module> ({script}:{cs.MODULE_A_LINE})", a[1]], "kernels": N,
          "device_ns": N * cs.NS["gemm"]}
     ]  # fmt: skip
-    # Copies keep their own table: hers only, each with the stand-in's bytes and time.
-    assert last["copies"] == [
-        {"pid": mine.pid, "uid": uid_of(ALICE), "kind": "htod", "copies": COPIES,
-         "bytes": COPIES * cs.COPY_BYTES, "device_ns": COPIES * cs.NS["copy"]}
-    ]  # fmt: skip
+    # Copies keep their own table: hers only, each with the stand-in's bytes and time,
+    # and per Python line that made them.
+    copied = {"pid": mine.pid, "uid": uid_of(ALICE), "kind": "htod", "copies": COPIES,
+              "bytes": COPIES * cs.COPY_BYTES, "device_ns": COPIES * cs.NS["copy"]}  # fmt: skip
+    assert last["copies"] == [copied]
+    function = f"<module> ({script}:{cs.MODULE_COPY_LINE})"
+    assert last["copies_by_function"] == [{**copied, "function": function, "estimated": False}]
 
 
 def test_system_scope_sees_every_user_per_process(broker: BrokerProcess, built: cs.Built) -> None:

@@ -36,10 +36,6 @@ class Transfer:
     bytes: int
     device_ns: int
 
-    def bandwidth(self) -> float | None:
-        """Bytes per second of device time (None: no time measured)."""
-        return self.bytes * 1e9 / self.device_ns if self.device_ns else None
-
     def as_json(self) -> dict[str, object]:
         return asdict(self)
 
@@ -56,6 +52,7 @@ class LaunchedCopies:
     """A row of `copy_stacks`: the copies of one kind from one launch path."""
 
     pid: int
+    uid: int
     kind: str
     flags: int
     chain: int
@@ -69,17 +66,21 @@ class LaunchedCopies:
         """The flame graph's leaf, where a kernel has its name."""
         return "[memset]" if self.kind == "memset" else f"[memcpy {self.kind}]"
 
+    def scale(self) -> int:
+        """How many copies each one counted stands for: a sampled launch, `weight`."""
+        return self.weight if self.flags & LAUNCH_SEEN and self.weight > 1 else 1
+
     def estimated_ns(self) -> int:
-        """Its device time for its chain: a sampled launch stands for `weight`."""
-        return self.device_ns * (self.weight if self.weight > 1 else 1)
+        """Its device time for its chain."""
+        return self.device_ns * self.scale()
 
 
 def read_launched(att: Attachment) -> list[LaunchedCopies]:
     """The rows of `copy_stacks` ([] from a broker whose program lacks it)."""
     rows = struct_rows(att, STACK_MAP, STACK_KEY, STATS)
     return [
-        LaunchedCopies(pid, copy_kind(kind), flags, chain, sp, weight, *v)
-        for (pid, _uid, kind, flags, chain, sp, weight, _pad), v in rows
+        LaunchedCopies(pid, uid, copy_kind(kind), flags, chain, sp, weight, *v)
+        for (pid, uid, kind, flags, chain, sp, weight, _pad), v in rows
     ]
 
 
