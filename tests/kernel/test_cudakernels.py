@@ -564,7 +564,8 @@ def test_gpu_check_step6_measures_the_standin_exactly(
 
 
 def _watched(broker: BrokerProcess, built: cs.Built, env: dict[str, str], n: int) -> dict[str, Any]:
-    """`watch cuda --gpu` of alice's workload (library knobs in env) over `a n` and `b n`."""
+    """`watch cuda --gpu` of alice's workload (library knobs in env) over `a n`, `b n`
+    and `copy n`."""
     with cs.Workload(built, PYTHON, setpriv_user_argv(ALICE, []), env={**BASE_ENV, **env},
                      cwd="/") as mine:  # fmt: skip
         watch = _watch(broker, ALICE, "--pid", str(mine.pid))
@@ -573,6 +574,7 @@ def _watched(broker: BrokerProcess, built: cs.Built, env: dict[str, str], n: int
             _collecting(mine, 1)
             mine.command(f"a {n}")
             mine.command(f"b {n}")
+            mine.command(f"copy {n}")
             lines = _finish(watch)
         finally:
             if watch.poll() is None:
@@ -597,5 +599,12 @@ def test_fast_launches_are_sampled_and_the_totals_stay_exact(
     for (name, _), row in rows.items():
         assert row["estimated"] and abs(row["kernels"] - n) <= 0.15 * n, row
         assert row["device_ns"] == row["kernels"] * cs.NS[name]
+    # Copy calls are sampled as launches are: their line's row an estimate, the total exact.
+    ((copies,), (site,)) = got["copies"], got["copies_by_function"]
+    assert (copies["copies"], copies["device_ns"]) == (n, n * cs.NS["copy"]), copies
+    assert site["function"].startswith("<module> (") and site["estimated"], site
+    assert (
+        abs(site["copies"] - n) <= 0.15 * n and site["device_ns"] == site["copies"] * cs.NS["copy"]
+    )
     adaptive = _watched(broker, built, {"GFX_CUPTI_LAUNCH_RATE": "1"}, 5 * n)
     assert adaptive["kernels"] == 15 * n and adaptive["kernels_launched_unprobed"] > 0, adaptive
