@@ -410,9 +410,8 @@ static void kernel_record(const char *name, unsigned long long ns, int grid, int
 	pthread_mutex_unlock(&lock);
 }
 
-static void copy_record(unsigned long long bytes, unsigned kind, unsigned long long ns,
-			uint32_t corr);
-static void set_record(unsigned long long bytes, unsigned long long ns, uint32_t corr);
+static void transfer_record(CUpti_ActivityKind what, unsigned kind, unsigned long long bytes,
+			    unsigned long long ns, uint32_t corr);
 
 /* A runtime copy or memset call (cbid in the runtime domain) around its
  * driver call, two ids, the record carrying the runtime's, as a launch's. */
@@ -442,7 +441,7 @@ API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigne
 					   : CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync;
 	uint32_t rt = runtime_call(rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv]);
 
-	copy_record(bytes, kind, ns, rt);
+	transfer_record(CUPTI_ACTIVITY_KIND_MEMCPY, kind, bytes, ns, rt);
 	runtime_return(rt, rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv]);
 	return rt;
 }
@@ -453,47 +452,33 @@ API unsigned gfx_standin_memset(unsigned long long bytes, unsigned long long ns)
 	CUpti_CallbackId drv = CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async;
 	uint32_t rt = runtime_call(rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async");
 
-	set_record(bytes, ns, rt);
+	transfer_record(CUPTI_ACTIVITY_KIND_MEMSET, 0, bytes, ns, rt);
 	runtime_return(rt, rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async");
 	return rt;
 }
 
-static void set_record(unsigned long long bytes, unsigned long long ns, uint32_t corr)
+/* A copy's (MEMCPY, of CUPTI's copy kind) or a memset's (MEMSET) record. */
+static void transfer_record(CUpti_ActivityKind what, unsigned kind, unsigned long long bytes,
+			    unsigned long long ns, uint32_t corr)
 {
-	CUpti_ActivityMemset4 *m;
+	int copy = what == CUPTI_ACTIVITY_KIND_MEMCPY;
+	void *r;
+	uint64_t at;
 
 	pthread_mutex_lock(&lock);
-	if (__atomic_load_n(&kind_enabled[CUPTI_ACTIVITY_KIND_MEMSET], __ATOMIC_RELAXED) &&
-	    (m = append_locked(sizeof(*m)))) {
-		m->kind = CUPTI_ACTIVITY_KIND_MEMSET;
-		m->bytes = bytes;
-		m->start = run_on_gpu(ns);
-		m->end = m->start + ns;
-		m->deviceId = DEVICE;
-		m->contextId = CONTEXT;
-		m->streamId = STREAM;
-		m->correlationId = corr;
-	}
-	pthread_mutex_unlock(&lock);
-}
-
-static void copy_record(unsigned long long bytes, unsigned kind, unsigned long long ns,
-			uint32_t corr)
-{
-	CUpti_ActivityMemcpy6 *m;
-
-	pthread_mutex_lock(&lock);
-	if (__atomic_load_n(&kind_enabled[CUPTI_ACTIVITY_KIND_MEMCPY], __ATOMIC_RELAXED) &&
-	    (m = append_locked(sizeof(*m)))) {
-		m->kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-		m->copyKind = (uint8_t)kind;
-		m->bytes = bytes;
-		m->start = run_on_gpu(ns);
-		m->end = m->start + ns;
-		m->deviceId = DEVICE;
-		m->contextId = CONTEXT;
-		m->streamId = STREAM;
-		m->correlationId = corr;
+	if (__atomic_load_n(&kind_enabled[what], __ATOMIC_RELAXED) &&
+	    (r = append_locked(copy ? sizeof(CUpti_ActivityMemcpy6) : sizeof(CUpti_ActivityMemset4)))) {
+		at = run_on_gpu(ns);
+		if (copy)
+			*(CUpti_ActivityMemcpy6 *)r = (CUpti_ActivityMemcpy6){
+				.kind = what, .copyKind = (uint8_t)kind, .bytes = bytes, .start = at,
+				.end = at + ns, .deviceId = DEVICE, .contextId = CONTEXT,
+				.streamId = STREAM, .correlationId = corr};
+		else
+			*(CUpti_ActivityMemset4 *)r = (CUpti_ActivityMemset4){
+				.kind = what, .bytes = bytes, .start = at, .end = at + ns,
+				.deviceId = DEVICE, .contextId = CONTEXT, .streamId = STREAM,
+				.correlationId = corr};
 	}
 	pthread_mutex_unlock(&lock);
 }
