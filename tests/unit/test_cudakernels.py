@@ -200,8 +200,8 @@ def test_copies_are_labelled_by_kind_and_user_and_read_by_the_watch() -> None:
     assert transfer_lines(rows, 1, True)[2].endswith("dtoh · root")  # scope system: whose
     assert tr.note(rows, []) == (
         f"copies and memsets took GPU time too: {PARTS}; 5 of them (1.00 ms) are not drawn, "
-        "as their calls came before the attach or from an injection library older than "
-        "gfxclient (no launch stack)"
+        "as their calls came before the attach, or the process's injection library fires no "
+        "launch probe for them (built before 2026-11-29: tools/setup.sh rebuilds it)"
     )
     Att.maps = {}  # a broker whose cudakernels has no such maps
     assert tr.read_transfers(Att()) == [] and tr.read_launched(Att()) == []  # type: ignore[arg-type]
@@ -242,8 +242,8 @@ def test_copies_by_launch_are_drawn_and_the_rest_told() -> None:
     assert left_out.flags == tr.NOT_SAMPLED and left_out.estimated_ns() == 400_000
     assert tr.note(rows, [seen, left_out]) == (
         f"copies and memsets took GPU time too: {PARTS}; 2 of them (599 µs) are not drawn, "
-        "as their calls came before the attach or from an injection library older than "
-        "gfxclient (no launch stack)"
+        "as their calls came before the attach, or the process's injection library fires no "
+        "launch probe for them (built before 2026-11-29: tools/setup.sh rebuilds it)"
     )
     every = [
         tr.LaunchedCopies(7, 0, t.kind, 1, 0, 0, 1, t.copies, t.bytes, t.device_ns) for t in rows

@@ -108,5 +108,6 @@ def note(transfers: list[Transfer], launched: list[LaunchedCopies]) -> str | Non
     return (
         f"copies and memsets took GPU time too: {parts}; {unseen} of them "
         f"({humanize_ns(max(unseen_ns, 0))}) are not drawn, as their calls came before the "
-        "attach or from an injection library older than gfxclient (no launch stack)"
+        "attach, or the process's injection library fires no launch probe for them (built "
+        "before 2026-11-29: tools/setup.sh rebuilds it)"
     )
