@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="cuda only: the GPU's own time per kernel, per launching Python function of "
         "--pid PID (scope self) or per process and user (--scope system --library LIB), "
-        "and its copies and memsets by kind; the process must run with gfxbpf's CUPTI "
+        "and its copies and memsets by kind (and, in scope self, by the Python function "
+        "that made them); the process must run with gfxbpf's CUPTI "
         "injection library (CUDA_INJECTION64_PATH) and the policy grant program "
         "cudakernels on it",
     )
