@@ -45,7 +45,8 @@ COPY_BYTES, MEMSET_BYTES = 4096, 1024
 #   memset N N memsets of MEMSET_BYTES (cudaMemsetAsync, line 50)
 #   hold    another CUPTI client takes the subscription (the stand-in refuses ours)
 #   release that client lets go
-#   stats   "records R launches L collecting C refused F": the injection library's counters
+#   stats   "records R launches L collecting C refused F copy_apis A": the injection
+#           library's counters
 SCRIPT = """\
 import ctypes, os, sys
 C = ctypes.c_ulonglong
@@ -104,7 +105,7 @@ for line in sys.stdin:
     elif cmd == "stats":
         print("records", lib.gfx_cupti_records(), "launches", lib.gfx_cupti_launches(),
               "collecting", lib.gfx_cupti_collecting(), "refused", lib.gfx_cupti_refusals(),
-              flush=True)
+              "copy_apis", lib.gfx_cupti_copy_apis(), flush=True)
     lib.gfx_cupti_poll()
     print("ok", flush=True)
 """
@@ -163,7 +164,8 @@ for line in sys.stdin:
     elif cmd == "stats":
         reply = {"records": lib.gfx_cupti_records(), "launches": lib.gfx_cupti_launches(),
                  "collecting": lib.gfx_cupti_collecting(),
-                 "refused": lib.gfx_cupti_refusals()} if lib else {"records": None}
+                 "refused": lib.gfx_cupti_refusals(),
+                 "copy_apis": lib.gfx_cupti_copy_apis()} if lib else {"records": None}
     if lib:
         lib.gfx_cupti_poll()
     print(json.dumps(reply), flush=True)
@@ -233,5 +235,5 @@ class Workload(cuda_standin.Workload):
         return lines[:-1]
 
     def stats(self) -> dict[str, int]:
-        words = self.command("stats")[0].split()  # "records R launches L collecting C"
+        words = self.command("stats")[0].split()  # "records R launches L ..."
         return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}

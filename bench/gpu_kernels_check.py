@@ -556,6 +556,8 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         # copies each way: counted with their bytes exactly, and their GPU time
         "copies_exact": (res.get("copies") or {}).get("exact"),
         "copy_ns_over_events": (res.get("copies") or {}).get("ns_over_events"),
+        # the copy and memset calls the library probes (CUPTI's names of them)
+        "copy_apis_probed": (res.get("stats_listened") or {}).get("copy_apis"),
         "records_while_not_listened": res.get("records_while_not_listened"),
         "records_after_detach": res.get("records_after_detach"),
         **_profile_figures(res),

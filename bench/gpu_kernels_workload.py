@@ -247,7 +247,10 @@ def main() -> int:
                      "launches": lib.gfx_cupti_launches() if lib else None,
                      "collecting": lib.gfx_cupti_collecting() if lib else None,
                      "refused": lib.gfx_cupti_refusals()
-                     if lib and hasattr(lib, "gfx_cupti_refusals") else None}  # fmt: skip
+                     if lib and hasattr(lib, "gfx_cupti_refusals") else None,
+                     # the copy and memset calls it probes (since 2026-11-29)
+                     "copy_apis": lib.gfx_cupti_copy_apis()
+                     if lib and hasattr(lib, "gfx_cupti_copy_apis") else None}  # fmt: skip
         elif cmd == "exit":
             return 0
         else:

@@ -440,11 +440,31 @@ static void say_depth(const CUpti_CallbackData *cb, CUpti_CallbackId cbid)
 
 /* Which API callbacks make a copy or a memset: found by name once, from
  * CUPTI's own table (cuptiGetCallbackName), so that every variant (_v2,
- * Async, _ptds, 2D, 3D, Peer, ToSymbol) of this header is in. Their records
- * carry a correlation id as a kernel's do, and their launch probe joins the
- * copy's device time to the stack that asked for it. */
+ * Async, _ptds, 2D, 3D, Peer, ToSymbol) of this header is in; should CUPTI
+ * name none, the ones PyTorch calls. Their records carry a correlation id as
+ * a kernel's do, and their launch probe joins the copy's device time to the
+ * stack that asked for it. */
 static unsigned char copy_driver[CUPTI_DRIVER_TRACE_CBID_SIZE];
 static unsigned char copy_runtime[CUPTI_RUNTIME_TRACE_CBID_SIZE];
+static unsigned copy_apis;  /* how many were found (gfx_cupti_copy_apis) */
+
+static const CUpti_CallbackId fallback_driver[] = {
+	CUPTI_DRIVER_TRACE_CBID_cuMemcpy, CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync,
+	CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
+	CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2,
+	CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2,
+	CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeer, CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync,
+	CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2, CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2,
+	CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async, CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async,
+};
+
+static const CUpti_CallbackId fallback_runtime[] = {
+	CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020,
+	CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyPeerAsync_v4000,
+	CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020, CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020,
+};
+
+EXPORT unsigned gfx_cupti_copy_apis(void) { return copy_apis; }
 
 static int named(CUpti_CallbackDomain domain, uint32_t cbid, const char *a, const char *b)
 {
@@ -463,10 +483,17 @@ static void find_copy_apis(void)
 		return;
 	found = 1;
 	for (uint32_t i = 1; i < COUNT(copy_driver); i++)
-		copy_driver[i] = (unsigned char)named(CUPTI_CB_DOMAIN_DRIVER_API, i, "cuMemcpy", "cuMemset");
+		copy_apis += copy_driver[i] =
+			(unsigned char)named(CUPTI_CB_DOMAIN_DRIVER_API, i, "cuMemcpy", "cuMemset");
 	for (uint32_t i = 1; i < COUNT(copy_runtime); i++)
-		copy_runtime[i] = (unsigned char)named(CUPTI_CB_DOMAIN_RUNTIME_API, i, "cudaMemcpy",
-						       "cudaMemset");
+		copy_apis += copy_runtime[i] = (unsigned char)named(CUPTI_CB_DOMAIN_RUNTIME_API, i,
+								    "cudaMemcpy", "cudaMemset");
+	if (copy_apis)
+		return;
+	for (size_t i = 0; i < COUNT(fallback_driver); i++, copy_apis++)
+		copy_driver[fallback_driver[i]] = 1;
+	for (size_t i = 0; i < COUNT(fallback_runtime); i++, copy_apis++)
+		copy_runtime[fallback_runtime[i]] = 1;
 }
 
 static int is_copy(CUpti_CallbackDomain domain, CUpti_CallbackId cbid)

@@ -26,6 +26,8 @@
  *                                         cudaMemcpyAsync and its driver call
  *                                         (cuMemcpyHtoDAsync_v2 for kind 1, ...)
  *   gfx_standin_memset(bytes, ns)         a cudaMemsetAsync (cuMemsetD32Async, MEMSET)
+ *   GFX_STANDIN_NO_NAMES=1 (environment)  cuptiGetCallbackName names nothing, as
+ *                                         libcupti without a driver answers
  *   gfx_standin_hold(1 or 0)              another client holds CUPTI: cuptiSubscribe
  *                                         answers CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
  *   gfx_standin_records()                 records produced so far
@@ -132,6 +134,8 @@ static const char *const runtime_names[CUPTI_RUNTIME_TRACE_CBID_SIZE] = {
 API CUptiResult cuptiGetCallbackName(CUpti_CallbackDomain domain, uint32_t cbid, const char **name)
 {
 	*name = NULL;
+	if (getenv("GFX_STANDIN_NO_NAMES"))
+		return CUPTI_ERROR_UNKNOWN;
 	if (domain == CUPTI_CB_DOMAIN_DRIVER_API && cbid < CUPTI_DRIVER_TRACE_CBID_SIZE)
 		*name = driver_names[cbid];
 	if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && cbid < CUPTI_RUNTIME_TRACE_CBID_SIZE)

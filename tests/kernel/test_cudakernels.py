@@ -178,6 +178,8 @@ def test_device_time_per_kernel_and_python_function_exactly(
             if watch.poll() is None:
                 watch.kill()
         _collecting(mine, 0)  # detached: the library stops collecting
+        # The copy and memset calls the stand-in makes, named by its CUPTI: 5 + 2.
+        assert mine.stats()["copy_apis"] == 7
         after = mine.stats()["records"]
         _work(mine)
         assert mine.stats()["records"] == after
@@ -206,6 +208,35 @@ def test_device_time_per_kernel_and_python_function_exactly(
     assert last["copies"] == [copied]
     function = f"<module> ({script}:{cs.MODULE_COPY_LINE})"
     assert last["copies_by_function"] == [{**copied, "function": function, "estimated": False}]
+
+
+def test_copy_calls_are_probed_where_cupti_names_no_callback(
+    broker: BrokerProcess, built: cs.Built
+) -> None:
+    """libcupti without a driver names no callback; should a real one do so,
+    the library probes the copy and memset calls PyTorch makes from its own
+    list (19), and the watch still names the line behind each copy."""
+    env = {**BASE_ENV, "GFX_STANDIN_NO_NAMES": "1"}
+    prefix = setpriv_user_argv(ALICE, [])
+    with cs.Workload(built, PYTHON, prefix, env=env, cwd="/") as mine:
+        watch = _watch(broker, ALICE, "--pid", str(mine.pid))
+        try:
+            _first(watch)
+            _collecting(mine, 1)
+            mine.command(f"copy {COPIES}")
+            mine.command(f"memset {MEMSETS}")
+            apis = mine.stats()["copy_apis"]
+            lines = _finish(watch)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    assert apis == 19
+    script = str(built.script)
+    got = {(c["kind"], c["function"]): c["copies"] for c in lines[-1]["copies_by_function"]}
+    assert got == {
+        ("htod", f"<module> ({script}:{cs.MODULE_COPY_LINE})"): COPIES,
+        ("memset", f"<module> ({script}:{cs.MODULE_MEMSET_LINE})"): MEMSETS,
+    }, got
 
 
 def test_system_scope_sees_every_user_per_process(broker: BrokerProcess, built: cs.Built) -> None:
@@ -532,6 +563,7 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     assert s["device_ns_over_events"] == 1.0 and s["kernels_per_product"] == 1.0
     assert s["copies_exact"] is True, res["copies"]
     assert s["copy_ns_over_events"] == {"htod": 1.0, "dtoh": 1.0}, res["copies"]
+    assert s["copy_apis_probed"] == 7, res["stats_listened"]
     pairs = res["not_listened_interleaved"]
     assert len(pairs["no_library_us"]) == len(pairs["loaded_us"]) == 3, pairs
     assert s["overhead_pct_loaded_interleaved"] == pairs["overhead_pct"] is not None
