@@ -216,23 +216,11 @@ def test_copy_calls_are_probed_where_cupti_names_no_callback(
     """libcupti without a driver names no callback; should a real one do so,
     the library probes the copy and memset calls PyTorch makes from its own
     list (19), and the watch still names the line behind each copy."""
-    env = {**BASE_ENV, "GFX_STANDIN_NO_NAMES": "1"}
-    prefix = setpriv_user_argv(ALICE, [])
-    with cs.Workload(built, PYTHON, prefix, env=env, cwd="/") as mine:
-        watch = _watch(broker, ALICE, "--pid", str(mine.pid))
-        try:
-            _first(watch)
-            _collecting(mine, 1)
-            mine.command(f"copy {COPIES}")
-            mine.command(f"memset {MEMSETS}")
-            apis = mine.stats()["copy_apis"]
-            lines = _finish(watch)
-        finally:
-            if watch.poll() is None:
-                watch.kill()
-    assert apis == 19
+    work = [f"copy {COPIES}", f"memset {MEMSETS}"]
+    last, stats = _watched(broker, built, {"GFX_STANDIN_NO_NAMES": "1"}, work)
+    assert stats["copy_apis"] == 19
     script = str(built.script)
-    got = {(c["kind"], c["function"]): c["copies"] for c in lines[-1]["copies_by_function"]}
+    got = {(c["kind"], c["function"]): c["copies"] for c in last["copies_by_function"]}
     assert got == {
         ("htod", f"<module> ({script}:{cs.MODULE_COPY_LINE})"): COPIES,
         ("memset", f"<module> ({script}:{cs.MODULE_MEMSET_LINE})"): MEMSETS,
@@ -595,24 +583,25 @@ def test_gpu_check_step6_measures_the_standin_exactly(
     assert s["library_refusals_with_profiler_first"] >= 1, s
 
 
-def _watched(broker: BrokerProcess, built: cs.Built, env: dict[str, str], n: int) -> dict[str, Any]:
-    """`watch cuda --gpu` of alice's workload (library knobs in env) over `a n`, `b n`
-    and `copy n`."""
+def _watched(
+    broker: BrokerProcess, built: cs.Built, env: dict[str, str], work: list[str]
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """`watch cuda --gpu` of alice's workload (library or stand-in knobs in
+    env) over the commands in work: its last view, and the library's counters."""
     with cs.Workload(built, PYTHON, setpriv_user_argv(ALICE, []), env={**BASE_ENV, **env},
                      cwd="/") as mine:  # fmt: skip
         watch = _watch(broker, ALICE, "--pid", str(mine.pid))
         try:
             _first(watch)
             _collecting(mine, 1)
-            mine.command(f"a {n}")
-            mine.command(f"b {n}")
-            mine.command(f"copy {n}")
+            for command in work:
+                mine.command(command)
+            stats = mine.stats()
             lines = _finish(watch)
         finally:
             if watch.poll() is None:
                 watch.kill()
-    last: dict[str, Any] = lines[-1]
-    return last
+    return lines[-1], stats
 
 
 def test_fast_launches_are_sampled_and_the_totals_stay_exact(
@@ -623,7 +612,9 @@ def test_fast_launches_are_sampled_and_the_totals_stay_exact(
     totals per kernel are exact; at the default, a rate too high for the
     library's budget (GFX_CUPTI_LAUNCH_RATE) turns sampling on by itself."""
     n = 4000
-    got = _watched(broker, built, {"GFX_CUPTI_LAUNCH_EVERY": "8"}, n)
+    got = _watched(
+        broker, built, {"GFX_CUPTI_LAUNCH_EVERY": "8"}, [f"a {n}", f"b {n}", f"copy {n}"]
+    )[0]
     assert got["kernels"] == 3 * n and got["device_ns"] == n * (2 * cs.NS["gemm"] + cs.NS["relu"])
     assert 0 < got["kernels_launched_unprobed"] < 3 * n
     rows = {(k["kernel"], k["function"].split(" (")[0]): k for k in got["by_kernel"]}
@@ -638,5 +629,6 @@ def test_fast_launches_are_sampled_and_the_totals_stay_exact(
     assert (
         abs(site["copies"] - n) <= 0.15 * n and site["device_ns"] == site["copies"] * cs.NS["copy"]
     )
-    adaptive = _watched(broker, built, {"GFX_CUPTI_LAUNCH_RATE": "1"}, 5 * n)
+    work = [f"a {5 * n}", f"b {5 * n}"]
+    adaptive = _watched(broker, built, {"GFX_CUPTI_LAUNCH_RATE": "1"}, work)[0]
     assert adaptive["kernels"] == 15 * n and adaptive["kernels_launched_unprobed"] > 0, adaptive
