@@ -36,8 +36,6 @@ from gfxbpf.client.humanize import humanize_bytes, humanize_count, humanize_ns, 
 from gfxbpf.client.printable import printable
 from gfxbpf.client.profiles.copies import NOT_COPIED
 from gfxbpf.client.profiles.gpu.kernels import (
-    LAUNCH_SEEN,
-    NOT_SAMPLED,
     PROGRAM,
     UNCOUNTED,
     Row,
@@ -48,6 +46,7 @@ from gfxbpf.client.profiles.gpu.kernels import (
     read_names,
     read_rows,
 )
+from gfxbpf.client.profiles.gpu.maprows import LAUNCH_SEEN, NOT_SAMPLED, sample_weight
 from gfxbpf.client.profiles.gpu.refusals import Refusal, read_refusals
 from gfxbpf.client.profiles.gpu.transfers import (
     LaunchedCopies,
@@ -110,7 +109,7 @@ def group(rows: list[tuple[Row, int, int]], names: dict[int, str], chains: Chain
         chain, leaf = _function(tgid, chash, flags, chains)
         name = names.get(nhash, f"[kernel {nhash:#x}]")
         k = out.setdefault((tgid, name, leaf), Kernel(tgid, uid, name, leaf))
-        k.estimated |= flags & LAUNCH_SEEN != 0 and weight > 1
+        k.estimated |= sample_weight(flags, weight) > 1
         k.kernels += n
         k.device_ns += ns
         acc = k.chains.setdefault(chain, [0, 0])
@@ -367,9 +366,14 @@ def transfer_lines(
         (s.pid, s.copies, s.bytes, s.device_ns, s.estimated, f"{s.kind} · {printable(s.function)}")
         for s in sites or ()
     ] or [
-        (t.pid, t.copies, t.bytes, t.device_ns, False, t.kind)
-        if not by_user
-        else (t.pid, t.copies, t.bytes, t.device_ns, False, f"{t.kind} · {user_name(t.uid)}")
+        (
+            t.pid,
+            t.copies,
+            t.bytes,
+            t.device_ns,
+            False,
+            t.kind + (f" · {user_name(t.uid)}" if by_user else ""),
+        )
         for t in transfers
     ]
     what = "kind · python function" if sites else "kind · user" if by_user else "kind"

@@ -16,6 +16,7 @@ from gfxbpf.client.cli import cuda_kernels as ck
 from gfxbpf.client.errors import UsageError
 from gfxbpf.client.humanize import user_name
 from gfxbpf.client.profiles.gpu import kernels as gk
+from gfxbpf.client.profiles.gpu.maprows import LAUNCH_SEEN, NOT_SAMPLED
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
 from gfxbpf.exporter import kernels, mapping
 from gfxbpf.exporter.mapping import MapShape
@@ -48,12 +49,12 @@ def test_a_usdt_attach_needs_a_provider_and_name() -> None:
 def _rows() -> list[tuple[ck.Row, int, int]]:
     return [
         # one kernel of one chain through two native paths (stack pointers): one row of the view
-        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 3, 750),
-        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFD6000), 1, 250),
-        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 3, 900),
-        ((10, 1000, B, RELU, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 3, 120),
+        ((10, 1000, A, GEMM, LAUNCH_SEEN, 1, 0x7FFE0000), 3, 750),
+        ((10, 1000, A, GEMM, LAUNCH_SEEN, 1, 0x7FFD6000), 1, 250),
+        ((10, 1000, B, GEMM, LAUNCH_SEEN, 1, 0x7FFE0000), 3, 900),
+        ((10, 1000, B, RELU, LAUNCH_SEEN, 1, 0x7FFE0000), 3, 120),
         ((10, 1000, 0, RELU, 0, 0, 0), 2, 80),  # launched before attaching
-        ((10, 1000, 0xC1, GEMM, gk.LAUNCH_SEEN, 1, 0x7FFE0000), 1, 250),  # chain not copied yet
+        ((10, 1000, 0xC1, GEMM, LAUNCH_SEEN, 1, 0x7FFE0000), 1, 250),  # chain not copied yet
     ]
 
 
@@ -82,9 +83,9 @@ def test_sampled_launches_stand_for_those_left_out_and_totals_stay_exact() -> No
     """Launches too fast to probe each: rows of weight 4 scale up; the kernels of
     launches left out have no row of their own in the view but count in the totals."""
     rows: list[tuple[ck.Row, int, int]] = [
-        ((10, 1000, A, GEMM, gk.LAUNCH_SEEN, 4, 0x7FFE0000), 25, 2500),
-        ((10, 1000, B, GEMM, gk.LAUNCH_SEEN, 4, 0x7FFE0000), 75, 7500),
-        ((10, 1000, 0, GEMM, gk.NOT_SAMPLED, 0, 0), 300, 30000),
+        ((10, 1000, A, GEMM, LAUNCH_SEEN, 4, 0x7FFE0000), 25, 2500),
+        ((10, 1000, B, GEMM, LAUNCH_SEEN, 4, 0x7FFE0000), 75, 7500),
+        ((10, 1000, 0, GEMM, NOT_SAMPLED, 0, 0), 300, 30000),
     ]
     chains = {(10, A): ("a (t.py:2)",), (10, B): ("b (t.py:5)",)}
     got = {k.function: (k.kernels, k.device_ns, k.estimated) for k in ck.group(rows, {}, chains)}
@@ -99,7 +100,7 @@ def test_a_threads_launch_names_the_main_threads_frame_as_such() -> None:
     """Autograd's thread runs no Python: its chain is the main thread's frames
     under the marker, and the view says the function is the main thread's."""
     borrowed = (MAIN_FRAME, "<module> (t.py:9)", "backward (t.py:4)")
-    rows = [((10, 1000, 0xD1, GEMM, gk.LAUNCH_SEEN, 1, 0x7F000000), 2, 500)]
+    rows = [((10, 1000, 0xD1, GEMM, LAUNCH_SEEN, 1, 0x7F000000), 2, 500)]
     (got,) = ck.group(rows, {GEMM: "gemm"}, {(10, 0xD1): borrowed})
     assert got.function == "[main thread] backward (t.py:4)"
     assert got.as_json()["chains"][0]["chain"] == list(borrowed)
@@ -239,7 +240,7 @@ def test_copies_by_launch_are_drawn_and_the_rest_told() -> None:
         "[memcpy dtoh]",
         1200,
     )
-    assert left_out.flags == tr.NOT_SAMPLED and left_out.estimated_ns() == 400_000
+    assert left_out.flags == NOT_SAMPLED and left_out.estimated_ns() == 400_000
     assert tr.note(rows, [seen, left_out]) == (
         f"copies and memsets took GPU time too: {PARTS}; 2 of them (599 µs) are not drawn, "
         "as their calls came before the attach, or the process's injection library fires no "
@@ -345,9 +346,9 @@ def test_the_watch_names_the_function_that_made_each_copy() -> None:
         tr.Transfer(7, 0, "dtoh", 1, 4, 500),
     ]
     launched = [  # 2 htod seen at weight 4, 6 left out by the sampling, 1 dtoh
-        tr.LaunchedCopies(7, 0, "htod", tr.LAUNCH_SEEN, 0xA, 0x10, 4, 2, 2 << 20, 2_000),
-        tr.LaunchedCopies(7, 0, "htod", tr.NOT_SAMPLED, 0, 0, 0, 6, 6 << 20, 6_000),
-        tr.LaunchedCopies(7, 0, "dtoh", tr.LAUNCH_SEEN, 0xB, 0x20, 1, 1, 4, 500),
+        tr.LaunchedCopies(7, 0, "htod", LAUNCH_SEEN, 0xA, 0x10, 4, 2, 2 << 20, 2_000),
+        tr.LaunchedCopies(7, 0, "htod", NOT_SAMPLED, 0, 0, 0, 6, 6 << 20, 6_000),
+        tr.LaunchedCopies(7, 0, "dtoh", LAUNCH_SEEN, 0xB, 0x20, 1, 1, 4, 500),
     ]
     chains = {(7, 0xA): ("<module> (t.py:3)", "load (t.py:9)"), (7, 0xB): ("step (t.py:20)",)}
     sites = group_copies(totals, launched, chains)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gfxbpf.client.errors import BrokerError, ClientError, UsageError
 from gfxbpf.client.libcuda import mapped_files
+from gfxbpf.client.profiles.gpu.maprows import LAUNCH_SEEN, NOT_SAMPLED, sample_weight
 
 if TYPE_CHECKING:
     from gfxbpf.client.broker import Broker
@@ -29,8 +30,6 @@ PROGRAM = "cudakernels"
 LIBRARY_PREFIX = "libgfxcupti"
 KERNEL_KEY = struct.Struct("<IIQQIIQ")  # cudakernels.bpf.c struct kernel_key
 KERNEL_STATS = struct.Struct("<QQ")
-LAUNCH_SEEN = 1  # kernel_key.flags
-NOT_SAMPLED = 2  # kernel_key.flags: the library's sampling left its launch out
 UNCOUNTED = (1).to_bytes(4, "little")  # cudakernels.bpf.c: lost[1], kernels not counted
 
 # tgid, uid, chain hash, name hash, flags, weight, stack pointer at the launch probe
@@ -69,7 +68,7 @@ def attach_kernels(broker: Broker, what: str, library: str, kw: dict[str, Any]) 
 
 def estimate(row: Row, n: int, ns: int) -> tuple[int, int]:
     """A row's kernels and device ns for its chain: scaled by its weight."""
-    weight = row[5] if row[4] & LAUNCH_SEEN and row[5] > 1 else 1
+    weight = sample_weight(row[4], row[5])
     return n * weight, ns * weight
 
 
@@ -146,7 +145,7 @@ def launch_stacks(copies: ProbeCopyReader, att: Attachment) -> tuple[list[RawSta
     raw += [
         copies.chain_stack(c.pid, c.chain, transfers.COPY_LAUNCH, c.sp, c.leaf(), c.estimated_ns())
         for c in launched
-        if c.flags & transfers.LAUNCH_SEEN
+        if c.flags & LAUNCH_SEEN
     ]
     sampled = Totals.of(rows).note()
     moved = transfers.note(transfers.read_transfers(att), launched)

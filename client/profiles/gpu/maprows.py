@@ -1,5 +1,6 @@
 """A cudakernels map's rows, unpacked by the struct layouts the program
-writes (cudakernels.bpf.c): the reader the smaller maps share."""
+writes (cudakernels.bpf.c): the reader the smaller maps share, and the row
+flags and sampling weight that `kernels` and `copy_stacks` share."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
+
+LAUNCH_SEEN = 1  # a row's flags: its launch was probed (chain, stack pointer, weight known)
+NOT_SAMPLED = 2  # a row's flags: the library's sampling left its launch out
+
+
+def sample_weight(flags: int, weight: int) -> int:
+    """How many launches each one a row counted stands for: its sampling
+    weight if its launch was probed, else 1."""
+    return weight if flags & LAUNCH_SEEN and weight > 1 else 1
 
 
 def struct_rows(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gfxbpf.catalog.cupti_kinds import copy_kind
 from gfxbpf.client.humanize import humanize_bytes, humanize_ns
-from gfxbpf.client.profiles.gpu.maprows import struct_rows
+from gfxbpf.client.profiles.gpu.maprows import sample_weight, struct_rows
 
 if TYPE_CHECKING:
     from gfxbpf.client.handle import Attachment
@@ -23,7 +23,6 @@ STATS = struct.Struct("<QQQ")  # struct copy_stats: copies, bytes, device_ns
 STACK_MAP = "copy_stacks"
 # struct copy_stack_key: tgid, uid, kind, flags, Python chain, stack pointer, weight, pad
 STACK_KEY = struct.Struct("<IIIIQQII")
-LAUNCH_SEEN, NOT_SAMPLED = 1, 2  # its flags, as kernel_key's
 COPY_LAUNCH = 1  # gfx_cupti.h GFX_CUPTI_COPY_LAUNCH: the kernel a copy's stack copy carries
 
 
@@ -68,7 +67,7 @@ class LaunchedCopies:
 
     def scale(self) -> int:
         """How many copies each one counted stands for: a sampled launch, `weight`."""
-        return self.weight if self.flags & LAUNCH_SEEN and self.weight > 1 else 1
+        return sample_weight(self.flags, self.weight)
 
     def estimated_ns(self) -> int:
         """Its device time for its chain."""
