@@ -10,11 +10,11 @@
  * uprobe holds them) every GFX_CUPTI_POLL_MS (default 100) ms, and only while
  * one is raised does the library subscribe to CUPTI, enable the kernel
  * (CONCURRENT_KERNEL), memcpy and memset activity kinds and the callbacks of
- * the launch, copy and memset APIs (the launch probe, which takes the stack). When the last probe goes, it flushes, disables and unsubscribes,
- * so a profiler started later (torch.profiler, Nsight) can subscribe. If
- * another CUPTI client already holds the subscription, it says so once on
- * stderr, and at every poll to the listener (gfxcupti:refused), and
- * collects nothing.
+ * the launch, copy and memset APIs (the launch probe, which takes the stack).
+ * When the last probe goes, it flushes, disables and unsubscribes, so a
+ * profiler started later (torch.profiler, Nsight) can subscribe. If another
+ * CUPTI client already holds the subscription, it says so once on stderr, and
+ * at every poll to the listener (gfxcupti:refused), and collects nothing.
  *
  * CUPTI's timestamps are mapped onto CLOCK_MONOTONIC by an offset measured
  * (cuptiGetTimestamp between two clock_gettime calls, the tightest of a few)
@@ -475,13 +475,11 @@ static int named(CUpti_CallbackDomain domain, uint32_t cbid, const char *a, cons
 	return !strncmp(name, a, strlen(a)) || !strncmp(name, b, strlen(b));
 }
 
+/* Once: afterwards copy_apis is never 0 (the fallback lists are not empty). */
 static void find_copy_apis(void)
 {
-	static int found;
-
-	if (found)
+	if (copy_apis)
 		return;
-	found = 1;
 	for (uint32_t i = 1; i < COUNT(copy_driver); i++)
 		copy_apis += copy_driver[i] =
 			(unsigned char)named(CUPTI_CB_DOMAIN_DRIVER_API, i, "cuMemcpy", "cuMemset");
@@ -526,7 +524,7 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			if (in_runtime_launch++ == 0)
 				decide();
 			runtime_corr = cb->correlationId;
-			runtime_symbol = copy ? NULL : cb->symbolName;
+			runtime_symbol = cb->symbolName;
 			runtime_copy = copy;
 			driver_corr = 0;
 			mark(runtime_corr, left_out_now);
@@ -540,10 +538,10 @@ static void CUPTIAPI on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_C
 			decide();
 		mark(cb->correlationId, left_out_now);
 		if (!in_runtime_launch)
-			fire_launch(0, cb->correlationId, copy ? NULL : cb->symbolName, copy);
+			fire_launch(0, cb->correlationId, cb->symbolName, copy);
 		else if (!fired)
-			fire_launch(runtime_corr, driver_corr = cb->correlationId,
-				    runtime_copy ? NULL : cb->symbolName, runtime_copy);
+			fire_launch(runtime_corr, driver_corr = cb->correlationId, cb->symbolName,
+				    runtime_copy);
 	}
 }
 
@@ -575,18 +573,21 @@ static const CUpti_ActivityKind kinds[] = {
 /* CUPTI's launch callbacks and activity records on or off (the subscription stays). */
 static void set_active(int on)
 {
-	for (size_t i = 0; i < COUNT(runtime_launches) && !no_callbacks; i++)
-		cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]);
-	for (size_t i = 0; i < COUNT(driver_launches) && !no_callbacks; i++)
-		cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]);
-	if (!no_callbacks)
+	if (!no_callbacks) {
+		for (size_t i = 0; i < COUNT(runtime_launches); i++)
+			cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API,
+					    runtime_launches[i]);
+		for (size_t i = 0; i < COUNT(driver_launches); i++)
+			cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API,
+					    driver_launches[i]);
 		find_copy_apis();
-	for (uint32_t i = 0; i < COUNT(copy_runtime) && !no_callbacks; i++)
-		if (copy_runtime[i])
-			cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, i);
-	for (uint32_t i = 0; i < COUNT(copy_driver) && !no_callbacks; i++)
-		if (copy_driver[i])
-			cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, i);
+		for (uint32_t i = 0; i < COUNT(copy_runtime); i++)
+			if (copy_runtime[i])
+				cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, i);
+		for (uint32_t i = 0; i < COUNT(copy_driver); i++)
+			if (copy_driver[i])
+				cuptiEnableCallback(on, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, i);
+	}
 	for (size_t i = 0; i < COUNT(kinds) && !no_activity; i++)
 		(on ? cuptiActivityEnable : cuptiActivityDisable)(kinds[i]);
 	if (on)  /* a launch cut off by the last switch: threads start their state over */
