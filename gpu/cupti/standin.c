@@ -299,21 +299,39 @@ API unsigned gfx_standin_launch(const char *name, unsigned long long ns, int gri
 	return corr;
 }
 
-/* A runtime cudaLaunchKernel: it calls the driver's cuLaunchKernel, each call
- * with its own correlation id; the kernel's record carries the runtime's. */
+/* A runtime call (rt_cbid) entering the driver's call (drv_cbid), each with
+ * its own correlation id (the runtime's returned, the driver's the next); the
+ * record it makes carries the runtime's. symbol: a launch's kernel name. */
+static uint32_t runtime_call(CUpti_CallbackId rt_cbid, const char *rt_name,
+			     CUpti_CallbackId drv_cbid, const char *drv_name, const char *symbol)
+{
+	uint32_t rt = __atomic_fetch_add(&next_correlation, 2, __ATOMIC_RELAXED);
+
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, rt_name, symbol, rt, CUPTI_API_ENTER);
+	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, drv_cbid, drv_name, symbol, rt + 1,
+		     CUPTI_API_ENTER);
+	return rt;
+}
+
+/* Their exits, the driver's first. */
+static void runtime_return(uint32_t rt, CUpti_CallbackId rt_cbid, const char *rt_name,
+			   CUpti_CallbackId drv_cbid, const char *drv_name, const char *symbol)
+{
+	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, drv_cbid, drv_name, symbol, rt + 1,
+		     CUPTI_API_EXIT);
+	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, rt_name, symbol, rt, CUPTI_API_EXIT);
+}
+
+/* A runtime cudaLaunchKernel around the driver's cuLaunchKernel. */
 API unsigned gfx_standin_launch_runtime(const char *name, unsigned long long ns, int grid,
 					int block)
 {
-	uint32_t rt = __atomic_fetch_add(&next_correlation, 2, __ATOMIC_RELAXED), drv = rt + 1;
-	CUpti_CallbackId cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+	CUpti_CallbackId rt_cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+	CUpti_CallbackId drv = CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel;
+	uint32_t rt = runtime_call(rt_cbid, "cudaLaunchKernel", drv, "cuLaunchKernel", name);
 
-	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", name, rt,
-		     CUPTI_API_ENTER);
-	driver_callback(name, drv, CUPTI_API_ENTER);
 	kernel_record(name, ns, grid, block, rt);
-	driver_callback(name, drv, CUPTI_API_EXIT);
-	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, "cudaLaunchKernel", name, rt,
-		     CUPTI_API_EXIT);
+	runtime_return(rt, rt_cbid, "cudaLaunchKernel", drv, "cuLaunchKernel", name);
 	return rt;
 }
 
@@ -417,25 +435,6 @@ static void kernel_record(const char *name, unsigned long long ns, int grid, int
 static void transfer_record(CUpti_ActivityKind what, unsigned kind, unsigned long long bytes,
 			    unsigned long long ns, uint32_t corr);
 
-/* A runtime copy or memset call (cbid in the runtime domain) around its
- * driver call, two ids, the record carrying the runtime's, as a launch's. */
-static uint32_t runtime_call(CUpti_CallbackId rt_cbid, const char *rt_name,
-			     CUpti_CallbackId drv_cbid, const char *drv_name)
-{
-	uint32_t rt = __atomic_fetch_add(&next_correlation, 2, __ATOMIC_RELAXED), drv = rt + 1;
-
-	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, rt_name, NULL, rt, CUPTI_API_ENTER);
-	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, drv_cbid, drv_name, NULL, drv, CUPTI_API_ENTER);
-	return rt;
-}
-
-static void runtime_return(uint32_t rt, CUpti_CallbackId rt_cbid, const char *rt_name,
-			   CUpti_CallbackId drv_cbid, const char *drv_name)
-{
-	api_callback(CUPTI_CB_DOMAIN_DRIVER_API, drv_cbid, drv_name, NULL, rt + 1, CUPTI_API_EXIT);
-	api_callback(CUPTI_CB_DOMAIN_RUNTIME_API, rt_cbid, rt_name, NULL, rt, CUPTI_API_EXIT);
-}
-
 API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigned long long ns)
 {
 	CUpti_CallbackId rt_cbid = CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020;
@@ -443,10 +442,10 @@ API unsigned gfx_standin_memcpy(unsigned long long bytes, unsigned kind, unsigne
 			       : kind == 2 ? CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2
 			       : kind == 8 ? CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2
 					   : CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync;
-	uint32_t rt = runtime_call(rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv]);
+	uint32_t rt = runtime_call(rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv], NULL);
 
 	transfer_record(CUPTI_ACTIVITY_KIND_MEMCPY, kind, bytes, ns, rt);
-	runtime_return(rt, rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv]);
+	runtime_return(rt, rt_cbid, "cudaMemcpyAsync", drv, driver_names[drv], NULL);
 	return rt;
 }
 
@@ -454,10 +453,10 @@ API unsigned gfx_standin_memset(unsigned long long bytes, unsigned long long ns)
 {
 	CUpti_CallbackId rt_cbid = CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020;
 	CUpti_CallbackId drv = CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async;
-	uint32_t rt = runtime_call(rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async");
+	uint32_t rt = runtime_call(rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async", NULL);
 
 	transfer_record(CUPTI_ACTIVITY_KIND_MEMSET, 0, bytes, ns, rt);
-	runtime_return(rt, rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async");
+	runtime_return(rt, rt_cbid, "cudaMemsetAsync", drv, "cuMemsetD32Async", NULL);
 	return rt;
 }
 
