@@ -308,6 +308,9 @@ def profile_check(w: Workload, args: argparse.Namespace, work: str) -> dict[str,
     return _shares(json.loads(out))
 
 
+LEAVES = ("[memcpy ", "[memset]")  # the leaves of copies and memsets in profile --gpu
+
+
 def _shares(got: dict[str, Any]) -> dict[str, Any]:
     """A profile --gpu --json's shares of device time: see profile_check."""
     from gfxbpf.client.profiles.python.records import MAIN_FRAME, parse_frame_name
@@ -329,15 +332,16 @@ def _shares(got: dict[str, Any]) -> dict[str, Any]:
     )
     # A Python line above the launch: the launching thread's, or for autograd's
     # thread (no Python of its own) the main thread's, under MAIN_FRAME.
-    python = sum(
-        s["device_ns"] for s in got["stacks"] if any(parse_frame_name(f) for f in s["stack"])
-    )
+    under_python = [s for s in got["stacks"] if any(parse_frame_name(f) for f in s["stack"])]
+    python = sum(s["device_ns"] for s in under_python)
     main = sum(s["device_ns"] for s in got["stacks"] if MAIN_FRAME in s["stack"])
+
     # Copies and memsets drawn under their call ([memcpy KIND], [memset] leaves),
     # and how much of that reaches a Python line (`.item()`, `.to("cuda")`).
-    moved = [s for s in got["stacks"] if s["stack"][-1].startswith(("[memcpy ", "[memset]"))]
-    moved_ns = sum(s["device_ns"] for s in moved)
-    moved_py = sum(s["device_ns"] for s in moved if any(parse_frame_name(f) for f in s["stack"]))
+    def moved(stacks: list[dict[str, Any]]) -> int:
+        return sum(s["device_ns"] for s in stacks if s["stack"][-1].startswith(LEAVES))
+
+    moved_ns, moved_py = moved(got["stacks"]), moved(under_python)
     return {
         "total_ns": total,
         "whole_pct": round(100.0 * whole / total, 1) if total else None,
