@@ -381,7 +381,7 @@ def test_a_setuid_program_is_never_recorded(
     own = sum(n for s, n in stacks if s[0] == "napexec" and "nap" in s) / 1e9
     (took,) = napped_for(err)[:1]  # the user's own nap; root's is not to be seen
     print(f"setuid: the user's own nap {own:.4f} s of {took:.4f} s")
-    assert abs(own - took) <= took * TOLERANCE, (own, took, text)
+    assert abs(own - took) <= took * TOLERANCE, (own, took, text, summary, err)
 
 
 def test_other_formats_carry_the_time(broker: BrokerProcess, work: Path) -> None:
