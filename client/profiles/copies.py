@@ -160,6 +160,9 @@ class CopyReader:
         self.memo = _memo()  # repeated copies of one place walk once
         self.wanted = set(pids)
         self.skip: set[int] = set()  # tgids never kept (the profiler itself, waiting by design)
+        # (tgid, command name) whose records are not the profile's: a held
+        # `-- COMMAND` before its exec (the profiler's Python, waiting for the go).
+        self.held: tuple[int, bytes] | None = None
         self.counts: dict[StackKey, int] = {}
         self.records = 0  # every record read, those of unwanted pids included
         self.samples = 0  # records kept
@@ -181,10 +184,10 @@ class CopyReader:
         """Unwind one record into the counts (a Python record waits for its stack's)."""
         if self.python.held(rec):
             return
-        tgid, tid, flags, _s, _ip, _sp, _bp, ts, elapsed, function, _pad, _c = parse_header(rec)
+        tgid, tid, flags, _s, _ip, _sp, _bp, ts, elapsed, function, _pad, comm = parse_header(rec)
         self.records += 1
         pyframes = self.python.frames_of(tgid, tid, ts)
-        if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
+        if not self.ours(tgid, comm):
             return
         self.samples += 1
         weight, leaf = self.sample_ns or 1, None
@@ -194,6 +197,14 @@ class CopyReader:
             self.before += bool(flags & FLAG_BEFORE)
         key = self.key_of(rec, pyframes, leaf)
         self.counts[key] = self.counts.get(key, 0) + weight
+
+    def ours(self, tgid: int, comm: bytes) -> bool:
+        """Whether a record (of process tgid, command name comm) is the profile's:
+        a wanted process, neither this profiler nor a held child before its exec
+        (whose waits would count in the totals and the notes, not the stacks)."""
+        if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
+            return False
+        return self.held is None or (tgid, comm.split(b"\0", 1)[0]) != self.held
 
     def key_of(self, rec: bytes, pyframes: tuple[py.Frame, ...], leaf: str | None) -> StackKey:
         """The record's stack, unwound, as a key of the counts."""

@@ -296,6 +296,12 @@ def test_off_cpu_gives_each_wait_its_time_and_names_it(broker: BrokerProcess, wo
         if frames[-1].startswith("[wait:") and "abc" in frames[0]:
             assert "main" in frames or "start_thread" in frames, frames
     assert summary["off_cpu_ns"]["sleeping"] >= (took_a + took_b) * 1e9 * (1 - TOLERANCE), summary
+    # COMMAND began after the attach: the held child's wait for the go (the
+    # profiler's own Python, before the exec) counts nowhere, not in the
+    # summary's times nor as a wait begun before the profile.
+    assert sum(summary["off_cpu_ns"].values()) == summary["total"], summary
+    assert summary["waits_begun_before"] == 0, summary
+    assert not any("under way" in n for n in summary["notes"]), summary["notes"]
 
 
 def test_thousands_of_short_waits_a_second_lose_no_copy_at_the_defaults(

@@ -130,6 +130,22 @@ def test_waits_are_weighed_by_their_time_and_counted_per_state() -> None:
     }
 
 
+def test_a_held_commands_wait_before_its_exec_counts_nowhere() -> None:
+    """Process 7 waited for the go as the held child (the profiler's Python),
+    then ran as COMMAND: only COMMAND's wait counts, in the stacks, the states
+    and the waits begun before the profile."""
+    held = copies.FLAG_SYSCALL | copies.FLAG_BEFORE
+    recs = [
+        _rec(7, held, 40_000_000, READ, comm=b"gfxclient:held\0\0"),
+        _rec(7, copies.FLAG_SYSCALL, 1_000_000_000, CLOCK_NANOSLEEP, comm=b"napexec"),
+    ]
+    reader = copies.CopyReader(Records(recs), lambda pid, refresh: None, None, waits=True)  # type: ignore[arg-type]
+    reader.held = (7, b"gfxclient:held")
+    assert reader.drain() == 2 and reader.records == 2
+    assert [(s.comm, s.weight) for s in reader.raw_stacks()] == [("napexec", 1_000_000_000)]
+    assert reader.by_state["sleeping"] == 1_000_000_000 and reader.before == 0
+
+
 def test_wall_samples_count_the_period_and_keep_threads_apart() -> None:
     recs = [_rec(7, 0, 0), _rec(7, 0, 0), _rec(9, 0, 0)]
     reader = copies.CopyReader(

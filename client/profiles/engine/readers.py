@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from gfxbpf.client.profiles.engine.child import HELD_COMM
 from gfxbpf.client.profiles.engine.request import GPU, LOCKS, OFF_CPU, WALL
 
 if TYPE_CHECKING:
@@ -39,14 +40,12 @@ def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
         from gfxbpf.client.profiles.locks.reader import LockReader
 
         reader: CopyReader = LockReader(stream, r.maps.process, tables, r.kept())
-        reader.skip.add(os.getpid())
-        return reader
+        return _profile_only(reader, r)
     if req.wakers:
         from gfxbpf.client.profiles.locks.wakers import WakerReader
 
         reader = WakerReader(stream, r.maps.process, tables, r.kept(), codes)
-        reader.skip.add(os.getpid())
-        return reader
+        return _profile_only(reader, r)
     reader = CopyReader(
         stream,
         r.maps.process,
@@ -57,9 +56,7 @@ def copy_reader(r: Run, symbolizer: Symbolizer, tables: UnwindTables) -> Copies:
         waits=req.mode == OFF_CPU,
         threads=req.mode == WALL,
     )
-    # This process unwinds (and waits for records): the profiler, not the profile.
-    reader.skip.add(os.getpid())
-    return reader
+    return _profile_only(reader, r)
 
 
 def waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
@@ -70,7 +67,16 @@ def waits_reader(r: Run, att: Attachment, tables: UnwindTables) -> CopyReader:
     reader = CopyReader(
         stream, r.maps.process, tables, r.kept(), code_book(att), waits=True, threads=True
     )
+    return _profile_only(reader, r)
+
+
+def _profile_only(reader: CopyReader, r: Run) -> CopyReader:
+    """The reader, told which records are the profiler's: this process's (it
+    unwinds and waits for records) and a held `-- COMMAND`'s before its exec
+    (it waits for the go)."""
     reader.skip.add(os.getpid())
+    if r.child is not None:
+        reader.held = (r.child.pid, HELD_COMM.encode())
     return reader
 
 

@@ -69,10 +69,10 @@ class LockReader(CopyReader):
         self.joined = False
 
     def add(self, rec: bytes) -> None:
-        tgid, _tid, flags, _s, _ip, _sp, _bp, ts, elapsed, low, high, _c = parse_header(rec)
+        tgid, _tid, flags, _s, _ip, _sp, _bp, ts, elapsed, low, high, comm = parse_header(rec)
         self.records += 1
         side = flags & (FLAG_LOCK_WAIT | FLAG_LOCK_WAKE)
-        if not side or (self.wanted and tgid not in self.wanted) or tgid in self.skip:
+        if not side or not self.ours(tgid, comm):
             return
         self.samples += 1
         word = (tgid, low | high << 32)
