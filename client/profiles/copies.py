@@ -204,7 +204,8 @@ class CopyReader:
         (whose waits would count in the totals and the notes, not the stacks)."""
         if (self.wanted and tgid not in self.wanted) or tgid in self.skip:
             return False
-        return self.held is None or (tgid, comm.split(b"\0", 1)[0]) != self.held
+        held = self.held  # the pid first: most records are not the held child's
+        return held is None or tgid != held[0] or comm.split(b"\0", 1)[0] != held[1]
 
     def key_of(self, rec: bytes, pyframes: tuple[py.Frame, ...], leaf: str | None) -> StackKey:
         """The record's stack, unwound, as a key of the counts."""
