@@ -12,7 +12,6 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
-from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 from gfxbpf.client.profiles import fileid, symtab
 from gfxbpf.client.profiles.demangle import demangle
 from gfxbpf.client.profiles.elfinfo import DEBUG_ROOT, DebugFile, open_debug_file, read_info
@@ -31,7 +30,7 @@ from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.python.mixed import mix
 from gfxbpf.client.profiles.python.records import parse_frame_name
 from gfxbpf.client.profiles.stackcheck import MAX_DEPTH, Kind, StackCheck, classify
-from gfxbpf.client.profiles.unwind.result import marker_frame
+from gfxbpf.client.profiles.unwind.result import CopySize, marker_frame
 from gfxbpf.client.profiles.vdso import own_vdso_table
 
 if TYPE_CHECKING:
@@ -109,17 +108,16 @@ class Symbolizer:
         unit: str,
         period_ns: int | None = None,
         duration_s: float | None = None,
-        copied: int = 0,
-        most: int = MAX_STACK_BYTES,
+        copy: CopySize | None = None,
     ) -> Profile:
-        """copied: bytes of the largest stack copy the stacks were unwound from,
-        most: the most their program copies (the notes then know whether
-        --stack-bytes could give more)."""
+        """copy: the size of the stack copies the stacks were unwound from (the
+        notes then know what could give more of a cut stack)."""
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {', '.join(UNITS)}, not {unit!r}")
         threads: dict[tuple[Thread, tuple[str, ...]], int] = {}
         check = StackCheck(max_depth=self.stack_depth)
-        check.stops.copied, check.stops.most = copied, most
+        if copy is not None:
+            check.stops.copy = copy
         python: dict[str, int] = {}  # the Python frames' names -> their functions' first lines
         for r in raw:
             key = (self._thread(r), self._stack(r, check))

@@ -303,3 +303,27 @@ def test_the_command_keeps_to_its_flags_report_and_summary() -> None:
     """Issue 36: the engine lives here, the command stays at most 450 lines."""
     command = Path(__file__).resolve().parents[2] / "client" / "cli" / "profile_cmd.py"
     assert len(command.read_text().splitlines()) <= 450
+
+
+def test_walls_copy_advice_is_for_the_waits_smaller_copies() -> None:
+    """--wall unwinds CPU samples copied by stackcopy (24 KiB as `approve`
+    writes it) and waits copied by offcpu (8 KiB): a note on cut stacks said
+    the copies were already the most gfxbpf takes, of the waits' 8 KiB."""
+    from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+    from gfxbpf.client.profiles.engine.naming import copy_size
+
+    def run(asked: int, waits: int | None) -> Any:
+        return SimpleNamespace(
+            req=SimpleNamespace(stack_bytes=asked),
+            copies=SimpleNamespace(largest=MAX_STACK_BYTES),
+            att=SimpleNamespace(program="stackcopy"),
+            waits=None if waits is None else SimpleNamespace(largest=waits),
+            waits_att=None if waits is None else SimpleNamespace(program="offcpu"),
+        )
+
+    wall = copy_size(run(0, 8192))
+    assert (wall.copied, wall.program, wall.asked) == (8192, "offcpu", 0)
+    assert "gfxbpf-admin approve offcpu --max-stack-bytes" in wall.advice()
+    assert copy_size(run(0, None)).program == "stackcopy"
+    assert "already" in copy_size(run(0, None)).advice()
+    assert "--stack-bytes 24576" in copy_size(run(8192, 8192)).advice()

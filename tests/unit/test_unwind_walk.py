@@ -10,6 +10,7 @@ import pytest
 
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import (
+    CopySize,
     Stop,
     StopCounts,
     UnwindResult,
@@ -256,11 +257,26 @@ def test_cut_copies_already_the_largest_get_no_advice_to_copy_more() -> None:
 
     counts = StopCounts()
     counts.add(Stop.TRUNCATED, 10)
-    for copied, advice in (
-        (8192, f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "),
-        (MAX_STACK_BYTES, f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf takes"),
+    for copied, asked, advice in (
+        (8192, 8192, f"; --stack-bytes {MAX_STACK_BYTES} copies more where the policy's "),
+        (MAX_STACK_BYTES, 0, f"; the copies were already the {MAX_STACK_BYTES} bytes gfxbpf"),
     ):
-        counts.copied = copied
+        counts.copy = CopySize(copied, MAX_STACK_BYTES, "offcpu", asked)
         notes = counts.notes()
         assert len(notes) == 1 and advice in notes[0], notes
         assert ("--stack-bytes" in notes[0]) == (copied < MAX_STACK_BYTES), notes
+
+
+def test_copies_of_the_policys_size_advise_the_administrators_command() -> None:
+    """With no --stack-bytes the broker copies what the policy allows (8192 for
+    offcpu, as `approve` writes it): the note told the user that --stack-bytes
+    24576 copies more, which the broker then refused."""
+    from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+
+    counts = StopCounts()
+    counts.add(Stop.TRUNCATED, 10)
+    counts.copy = CopySize(8192, MAX_STACK_BYTES, "offcpu", asked=0)
+    (note,) = counts.notes()
+    assert "the copies were the 8192 bytes the policy lets offcpu copy" in note, note
+    assert f"gfxbpf-admin approve offcpu --max-stack-bytes {MAX_STACK_BYTES}" in note, note
+    assert "--stack-bytes " not in note, note

@@ -10,6 +10,7 @@ from gfxbpf.catalog.stack_copies import most_stack_bytes
 from gfxbpf.client.humanize import user_name
 from gfxbpf.client.profiles.engine.request import GPU, LOCKS, MEMORY, OFF_CPU, WALL
 from gfxbpf.client.profiles.python.records import MAIN_FRAME
+from gfxbpf.client.profiles.unwind.result import CopySize
 
 if TYPE_CHECKING:
     from gfxbpf.client.profiles.engine.run import Run
@@ -28,14 +29,8 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
         unit, period = "samples", 1_000_000_000 // req.frequency
     # Processes sampled but never captured (everything in scope): try them now.
     r.maps.capture({s.pid for s in raw} - r.maps.seen)
-    copied = r.copies.largest if r.copies is not None else 0
     prof = symbolizer.symbolize(
-        raw,
-        unit,
-        period_ns=period,
-        duration_s=round(r.elapsed(), 3),
-        copied=copied,
-        most=most_stack_bytes(r.att.program),
+        raw, unit, period_ns=period, duration_s=round(r.elapsed(), 3), copy=copy_size(r)
     )
     if req.timed:
         prof.time_kind = "off_cpu" if req.mode == OFF_CPU else "wall"
@@ -72,6 +67,20 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             "table was full (profile fewer processes, or for a shorter time)"
         )
     return prof
+
+
+def copy_size(r: Run) -> CopySize:
+    """The copies' size for the notes: of the reader whose copies were the
+    smallest (--wall's waits copy what offcpu's policy entry allows, its CPU
+    samples what stackcopy's does)."""
+    readers = [(r.copies, r.att.program)]
+    if r.waits is not None and r.waits_att is not None:
+        readers.append((r.waits, r.waits_att.program))
+    sizes = [(c.largest, prog) for c, prog in readers if c is not None and c.largest]
+    if not sizes:
+        return CopySize()
+    copied, program = min(sizes)
+    return CopySize(copied, most_stack_bytes(program), program, r.req.stack_bytes)
 
 
 def _by_kind(symbolizer: Symbolizer, r: Run, prof: Profile) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from gfxbpf.client.profiles.unwind.result import (
     MAX_FRAMES,
+    CopySize,
     Stop,
     StopCounts,
     UnwindResult,
@@ -32,6 +33,7 @@ from gfxbpf.client.profiles.unwind.walk import unwind
 
 __all__ = [
     "MAX_FRAMES",
+    "CopySize",
     "Stop",
     "StopCounts",
     "UnwindResult",

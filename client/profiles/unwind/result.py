@@ -17,6 +17,7 @@ from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
 
 __all__ = [
     "MAX_FRAMES",
+    "CopySize",
     "Stop",
     "StopCounts",
     "UnwindResult",
@@ -90,18 +91,46 @@ _EXPLAIN = {
 }
 
 
-# What the user can do about a reason, where there is something ({most}: the
-# most the program copies) ...
-_ADVICE = {
-    Stop.TRUNCATED: "; --stack-bytes {most} copies more where the policy's "
-    "max_stack_bytes allows it",
-}
-# ... and what is said instead where the copies were already that large.
-_AT_MOST = {
-    Stop.TRUNCATED: "; the copies were already the {most} bytes gfxbpf takes at "
-    "most, so the frames deeper in the stack are not shown (Python frames are: the kernel "
-    "walks them)",
-}
+# What the user can do about a cut copy ({most}: the most the program copies;
+# {copied}: what it copied; {program}: the catalog program): ask for more, where
+# --stack-bytes asked for less ...
+_ASK_MORE = (
+    "; --stack-bytes {most} copies more where the policy's max_stack_bytes for {program} allows it"
+)
+# ... ask the administrator, where the copies were the policy's own size (no
+# --stack-bytes: the broker copies what the policy allows, 8192 where it says
+# nothing; `approve offcpu` writes no more, since it copies at every wait) ...
+_ASK_ADMIN = (
+    "; the copies were the {copied} bytes the policy lets {program} copy (its "
+    "max_stack_bytes, or 8192 where it sets none): an administrator can allow up to {most} "
+    "with `gfxbpf-admin approve {program} --max-stack-bytes {most}`"
+)
+# ... and nothing to do, where the copies were already that large.
+_AT_MOST = (
+    "; the copies were already the {most} bytes gfxbpf takes at most, so the frames deeper "
+    "in the stack are not shown (Python frames are: the kernel walks them)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CopySize:
+    """The size of the stack copies a profile was unwound from, for the
+    advice on stacks cut at its end."""
+
+    copied: int = 0  # bytes of the largest copy unwound (0: not known)
+    most: int = MAX_STACK_BYTES  # the most the program copies (catalog/stack_copies.py)
+    program: str = "the program"  # the catalog program that copied them
+    asked: int = 0  # --stack-bytes (0: none; the broker copied the policy's size)
+
+    def advice(self) -> str:
+        """What a note on stacks cut at the copy's end adds."""
+        if self.copied >= self.most:
+            text = _AT_MOST
+        elif self.asked or not self.copied:
+            text = _ASK_MORE
+        else:
+            text = _ASK_ADMIN
+        return text.format(most=self.most, copied=self.copied, program=self.program)
 
 
 def marker_frame(stop: Stop | str) -> str:
@@ -146,8 +175,7 @@ class StopCounts:
     complete: int = 0
     stopped: Counter[Stop] = field(default_factory=Counter)
     scanned: int = 0  # weight of stacks (complete or not) with a frame found by a stack scan
-    copied: int = 0  # bytes of the largest stack copy unwound (0: not known)
-    most: int = MAX_STACK_BYTES  # the most the program copies (catalog/stack_copies.py)
+    copy: CopySize = field(default_factory=CopySize)  # the advice on cut copies
 
     def add(self, stop: Stop | str | None, weight: int = 1) -> None:
         if stop is None:
@@ -177,13 +205,12 @@ class StopCounts:
         """One line per reason holding at least min_share of the weight (of
         total if given: the profile's whole user-stack weight)."""
         total = total if total is not None else self.total()
-        advice = _AT_MOST if self.copied >= self.most else _ADVICE
         out = []
         for stop, w in self.stopped.most_common():
             if total and w / total >= min_share:
                 out.append(
                     f"{w * 100 / total:.1f}% of the user stacks stop early at {_EXPLAIN[stop]}: "
                     f"they end in a {marker_frame(stop)} frame"
-                    + advice.get(stop, "").format(most=self.most)
+                    + (self.copy.advice() if stop is Stop.TRUNCATED else "")
                 )
         return out
