@@ -10,6 +10,7 @@ import pytest
 
 from gfxbpf.client.profiles.procmaps import Mapping, ProcessMaps
 from gfxbpf.client.profiles.unwind import (
+    MAX_FRAMES,
     CopySize,
     Stop,
     StopCounts,
@@ -185,6 +186,18 @@ def test_depth_bound() -> None:
     words = {8 * i: LIB + LEAF + 0x10 for i in range(100)}
     got = walk(LIB + LEAF, words, max_frames=10)
     assert got.stop is Stop.DEPTH and len(got.frames) == 10
+
+
+def test_a_deep_stack_ends_at_its_copy_not_at_the_frame_limit() -> None:
+    """200 frames of 8 bytes, then the copy ends: the walk stops there
+    (truncated), not at a frame count. At 127 frames `import torch`'s nested
+    imports stopped at the limit with copied bytes left."""
+    from gfxbpf.catalog.stack_copies import MAX_STACK_BYTES
+
+    words = {8 * i: LIB + LEAF + 0x10 for i in range(200)}
+    got = walk(LIB + LEAF, words, size=8 * 200)
+    assert got.stop is Stop.TRUNCATED and len(got.frames) == 201
+    assert MAX_FRAMES * 48 >= MAX_STACK_BYTES  # frames of 48 bytes fill a copy first
 
 
 def test_plt_entries() -> None:

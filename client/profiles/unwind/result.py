@@ -26,8 +26,12 @@ __all__ = [
     "stop_text",
 ]
 
-# Frames one unwind returns at most (the kernel's perf_event_max_stack default).
-MAX_FRAMES = 127
+# Frames one unwind returns at most: a guard against a walk that loops, not a
+# limit a real stack meets. At 127 (the kernel's perf_event_max_stack) `import
+# torch`'s nested imports stopped there in 12% of a short training script's
+# samples with copied bytes left; the 24 KiB copy holds about 140 of CPython's
+# frames, and 512 frames of 48 bytes.
+MAX_FRAMES = 512
 
 
 @dataclass(frozen=True, slots=True)
