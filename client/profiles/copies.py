@@ -19,6 +19,7 @@ from gfxbpf.client import profiles as profile
 from gfxbpf.client.errors import ProtocolError
 from gfxbpf.client.profiles.python import records as py
 from gfxbpf.client.profiles.python.mixed import split_runs
+from gfxbpf.client.profiles.stackcheck import NO_MAPS, NOT_UNWOUND
 
 if TYPE_CHECKING:
     from gfxbpf.client.events import EventStream
@@ -41,10 +42,6 @@ FLAG_BEFORE = 4096
 BEFORE_NOTE = "began before the profile"
 # Wait states, as the summary counts them.
 STATES = ("sleeping", "uninterruptible", "preempted")
-
-# Where a sample's process maps could not be read (it exited before the
-# first snapshot, or is not the caller's): the reason shown as its one frame.
-NO_MAPS = "process gone before its maps were read"
 
 
 class StackKey(NamedTuple):
@@ -316,7 +313,7 @@ def _error(stop: str) -> str:
     """Why a sample has no user frame at all, in the summary's words."""
     if stop == NO_MAPS:
         return NO_MAPS
-    return f"no user frame unwound ({stop})"
+    return f"{NOT_UNWOUND} ({stop})"
 
 
 # A row of ustackcopy's calls map: tgid, function, caller, Python chain hash,

@@ -20,6 +20,39 @@ from dataclasses import dataclass, field
 
 from gfxbpf.client.profiles.unwind.result import StopCounts
 
+# Why a sample unwound from a stack copy has no user stack (RawStack.user_error;
+# client/profiles/copies.py): its process's maps were never read ...
+NO_MAPS = "process gone before its maps were read"
+# ... or the walk found no frame at all (the stop reason in brackets).
+NOT_UNWOUND = "no user frame unwound"
+# What each kind of reason means, for the note. Any other reason is the
+# stack table's (profile, ustacks: bpf_get_stackid's errors; read.py).
+_LOST_MEANING = (
+    (
+        lambda why: why == NO_MAPS,
+        "gfxclient names addresses from a process's memory maps, and these processes "
+        "exited before it could read them (processes that live for a moment)",
+    ),
+    (
+        lambda why: why.startswith(NOT_UNWOUND),
+        "the sampled address lay in no code of the process's memory maps as gfxclient "
+        "last read them (a process that had just run exec, or unmapped the code)",
+    ),
+)
+_TABLE_MEANING = (
+    "the kernel could not record it (its stack table was full, or the stack could not "
+    "be read); profiling fewer processes or for less time helps with the first"
+)
+
+
+def lost_meaning(reasons: list[str]) -> str:
+    """What the reasons a sample has no user stack mean, each kind once."""
+    said = [text for test, text in _LOST_MEANING if any(test(r) for r in reasons)]
+    if any(not any(test(r) for test, _ in _LOST_MEANING) for r in reasons):
+        said.append(_TABLE_MEANING)
+    return "; ".join(said)
+
+
 __all__ = ["MAX_DEPTH", "THREAD_ROOTS", "Kind", "StackCheck", "classify"]
 
 # Functions a complete user stack starts in (glibc's and musl's thread entries).
@@ -135,8 +168,7 @@ class StackCheck:
         if total and lost:
             why = ", ".join(f"{r}: {w}" for r, w in self.lost.most_common())
             out.append(
-                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}): the "
-                "kernel could not record it (its stack table was full, or the stack could not "
-                "be read); profiling fewer processes or for less time helps with the first."
+                f"{lost * 100 / total:.1f}% of the weight has no user stack ({why}): "
+                f"{lost_meaning(list(self.lost))}."
             )
         return out
