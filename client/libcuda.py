@@ -45,8 +45,8 @@ def mapped_files(pid: int, maps_path: str | None = None) -> list[str]:
         raise UsageError(f"no process {pid}") from None
     except PermissionError:
         raise UsageError(
-            f"cannot read /proc/{pid}/maps: process {pid} is not yours (cuda traces "
-            "only your own processes)"
+            f"cannot read /proc/{pid}/maps: process {pid} is not yours (gfxclient "
+            "traces only your own processes)"
         ) from None
     except OSError as e:
         raise UsageError(f"cannot read /proc/{pid}/maps: {e.strerror}") from None
