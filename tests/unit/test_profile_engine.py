@@ -327,3 +327,19 @@ def test_walls_copy_advice_is_for_the_waits_smaller_copies() -> None:
     assert copy_size(run(0, None)).program == "stackcopy"
     assert "already" in copy_size(run(0, None)).advice()
     assert "--stack-bytes 24576" in copy_size(run(8192, 8192)).advice()
+
+
+def test_a_full_rings_note_gives_advice_the_profile_can_take() -> None:
+    """--locks and --gpu sample at no frequency: a locks profile of four
+    threads contending on one lock dropped 2286 copies and said "sample at a
+    lower --frequency"."""
+    from gfxbpf.client.profiles.engine.naming import lost_note
+    from gfxbpf.client.profiles.engine.request import CPU, GPU, LOCKS, OFF_CPU
+
+    assert "--frequency" in lost_note(CPU, 5, copied=True, probes=False)
+    assert "--min-block" in lost_note(OFF_CPU, 5, copied=True, probes=False)
+    for mode in (LOCKS, GPU):
+        note = lost_note(mode, 2286, copied=True, probes=False)
+        assert note.startswith("2286 stack copies were dropped") and "--frequency" not in note
+    assert "--stack-bytes" in lost_note(LOCKS, 1, copied=True, probes=False)
+    assert "the broker's table was full" in lost_note(CPU, 3, copied=False, probes=False)

@@ -46,27 +46,40 @@ def name_stacks(symbolizer: Symbolizer, r: Run, raw: list[RawStack], lost: int) 
             f"{before} waits were under way when the profile began: their time counts "
             "from its start (leaf frames '[wait: ..., began before the profile]')"
         )
-    # Off-CPU records come one per kept wait, not at a frequency.
-    advice = {
-        OFF_CPU: "raise --min-block",
-        WALL: "sample at a lower --frequency, or raise --min-block",
-    }
-    if lost and r.copies is not None and req.probes:  # --stacks-at, --memory
-        prof.notes.append(
+    if lost:
+        prof.notes.append(lost_note(req.mode, lost, r.copies is not None, bool(req.probes)))
+    return prof
+
+
+# What fits more in a full ring, per kind of profile (default: a CPU profile's).
+_RING_ADVICE = {
+    OFF_CPU: "raise --min-block",  # one record per kept wait, not at a frequency
+    WALL: "sample at a lower --frequency, or raise --min-block",
+    # every futex wait and wake sends its stack: smaller records fit more
+    LOCKS: "a smaller --stack-bytes, such as 2048, fits more waits in it",
+    # a launch chain copies its stack at its 1st, 2nd, 4th, 8th ... launch
+    GPU: "a launch stack is copied again at its 2nd, 4th, 8th ... launch, so a longer "
+    "profile fills most gaps",
+}
+
+
+def lost_note(mode: str, lost: int, copied: bool, probes: bool) -> str:
+    """The note on what a full ring or table lost (copied: read from stack
+    copies; probes: --stacks-at or --memory, whose calls are counted)."""
+    if copied and probes:
+        return (
             f"{lost} stack copies or calls were lost (the ring buffer or the broker's table "
             "was full): a stack whose every copy was lost shows no frames"
         )
-    elif lost and r.copies is not None:
-        prof.notes.append(
+    if copied:
+        return (
             f"{lost} stack copies were dropped: the ring buffer was full (this gfxclient "
-            f"fell behind; {advice.get(req.mode, 'sample at a lower --frequency')})"
+            f"fell behind; {_RING_ADVICE.get(mode, 'sample at a lower --frequency')})"
         )
-    elif lost:
-        prof.notes.append(
-            f"{lost} {'calls' if req.probes else 'samples'} could not be counted: the broker's "
-            "table was full (profile fewer processes, or for a shorter time)"
-        )
-    return prof
+    return (
+        f"{lost} {'calls' if probes else 'samples'} could not be counted: the broker's "
+        "table was full (profile fewer processes, or for a shorter time)"
+    )
 
 
 def copy_size(r: Run) -> CopySize:
