@@ -25,32 +25,30 @@ from gfxbpf.client.profiles.unwind.result import StopCounts
 NO_MAPS = "process gone before its maps were read"
 # ... or the walk found no frame at all (the stop reason in brackets).
 NOT_UNWOUND = "no user frame unwound"
-# What each kind of reason means, for the note. Any other reason is the
-# stack table's (profile, ustacks: bpf_get_stackid's errors; read.py).
-_LOST_MEANING = (
-    (
-        lambda why: why == NO_MAPS,
-        "gfxclient names addresses from a process's memory maps, and these processes "
-        "exited before it could read them (processes that live for a moment)",
-    ),
-    (
-        lambda why: why.startswith(NOT_UNWOUND),
-        "the sampled address lay in no code of the process's memory maps as gfxclient "
-        "last read them (a process that had just run exec, or unmapped the code)",
-    ),
-)
-_TABLE_MEANING = (
-    "the kernel could not record it (its stack table was full, or the stack could not "
-    "be read); profiling fewer processes or for less time helps with the first"
-)
+# What each kind of reason means, for the note, in the order it is said.
+_MEANING = {
+    NO_MAPS: "gfxclient names addresses from a process's memory maps, and these processes "
+    "exited before it could read them (processes that live for a moment)",
+    NOT_UNWOUND: "the sampled address lay in no code of the process's memory maps as "
+    "gfxclient last read them (a process that had just run exec, or unmapped the code)",
+    # any other reason is the stack table's (profile, ustacks: bpf_get_stackid's
+    # errors; read.py)
+    "": "the kernel could not record it (its stack table was full, or the stack could not "
+    "be read); profiling fewer processes or for less time helps with the first",
+}
+
+
+def _kind(reason: str) -> str:
+    """The _MEANING key of a reason a sample has no user stack."""
+    if reason == NO_MAPS:
+        return NO_MAPS
+    return NOT_UNWOUND if reason.startswith(NOT_UNWOUND) else ""
 
 
 def lost_meaning(reasons: list[str]) -> str:
     """What the reasons a sample has no user stack mean, each kind once."""
-    said = [text for test, text in _LOST_MEANING if any(test(r) for r in reasons)]
-    if any(not any(test(r) for test, _ in _LOST_MEANING) for r in reasons):
-        said.append(_TABLE_MEANING)
-    return "; ".join(said)
+    kinds = {_kind(r) for r in reasons}
+    return "; ".join(text for kind, text in _MEANING.items() if kind in kinds)
 
 
 __all__ = ["MAX_DEPTH", "THREAD_ROOTS", "Kind", "StackCheck", "classify"]
