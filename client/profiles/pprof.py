@@ -59,7 +59,9 @@ class _Tables:
     def __init__(self, msg: pprof_pb2.Profile, s: _Strings, profile: Profile) -> None:
         self.msg, self.s, self.frames = msg, s, profile.frames
         self.mappings: dict[str, int] = {}
-        for obj in sorted({i.obj for i in profile.frames.values() if i.obj}):
+        objs = {i.obj for i in profile.frames.values() if i.obj}
+        main = _main_binary(profile)  # first: pprof's "File:" is mapping[0]
+        for obj in sorted(objs, key=lambda o: (o != main, o)):
             mid = self.mappings[obj] = len(self.mappings) + 1
             msg.mapping.add(
                 id=mid,
@@ -94,6 +96,21 @@ class _Tables:
                 start_line=info.start_line,
             )
         return fid
+
+
+def _main_binary(profile: Profile) -> str:
+    """The executable most of the weight ran in: the file of the `_start` its
+    main threads begin at (other threads begin in libc); "" where no stack
+    reaches one. profile.proto: "mapping[0] will be the main binary"."""
+    weight: dict[str, int] = {}
+    for frames, w in profile.stacks.items():
+        for name in frames:
+            obj = profile.frames[name].obj if name in profile.frames else ""
+            if obj:  # the stack's outermost frame in a file
+                if name == "_start":
+                    weight[obj] = weight.get(obj, 0) + w
+                break
+    return max(weight, key=lambda o: weight[o]) if weight else ""
 
 
 def _samples(profile: Profile) -> Iterator[tuple[Thread | None, tuple[str, ...], int]]:

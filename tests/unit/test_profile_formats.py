@@ -81,6 +81,36 @@ def test_pprof_decodes_to_the_same_totals(tmp_path, unit: str) -> None:
     assert [strings[i] for i in msg.comment] == ["a note for the user"]
 
 
+def test_pprofs_first_mapping_is_the_main_binary() -> None:
+    """profile.proto: "mapping[0] will be the main binary"; pprof prints it as
+    "File:". A PyTorch script's profile said "File: libc10.so" (mappings were
+    sorted by name), though its weight ran from python3.11's _start; threads
+    begin in libc, which a busy thread pool may outweigh."""
+    from gfxbpf.client.profiles.pprof import pprof_message
+
+    frames = {
+        "_start": FrameInfo("_start", "_start", obj="/usr/local/bin/train"),
+        "main": FrameInfo("main", "main", obj="/usr/local/bin/train"),
+        "clone3": FrameInfo("clone3", "clone3", obj="/lib/x86_64-linux-gnu/libc.so.6"),
+        "worker": FrameInfo("worker", "worker", obj="/opt/torch/lib/libc10.so"),
+    }
+    p = Profile(
+        stacks={
+            ("python", "_start", "main", "worker"): 3,
+            ("python", "clone3", "worker"): 9,
+        },
+        unit="samples",
+        frames=frames,
+    )
+    msg = pprof_message(p)
+    files = [msg.string_table[m.filename] for m in msg.mapping]
+    assert files[0] == "/usr/local/bin/train", files
+    assert sorted(files[1:]) == files[1:] and len(files) == 3
+    p.stacks = {("python", "clone3", "worker"): 9}  # no _start: by name, as before
+    msg = pprof_message(p)
+    assert [msg.string_table[m.filename] for m in msg.mapping] == sorted(files)
+
+
 # From https://www.speedscope.app/file-format-schema.json: the "required" lists
 # of FileFormat.File, of its "shared" object, of FileFormat.SampledProfile and
 # of FileFormat.Frame, and the FileFormat.ValueUnit enum.
