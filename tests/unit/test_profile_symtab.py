@@ -45,7 +45,27 @@ def test_cache_round_trip(tmp_path) -> None:
     (tmp_path / "bad").write_bytes(symtab._MAGIC + b"\xff" * 20)
     (tmp_path / "old").write_bytes(b"GFXSYM1\n" + t.encode()[8:])
     assert symtab.load(str(tmp_path), "old") is None, "a table of the format before is parsed again"
+    (tmp_path / "v2").write_bytes(b"GFXSYM2\n" + t.encode()[8:])
+    assert symtab.load(str(tmp_path), "v2") is None, "v2 kept no name ends: parsed again"
+    (tmp_path / "cut").write_bytes(t.encode()[:-3])
+    assert symtab.load(str(tmp_path), "cut") is None, "names shorter than their ends: a miss"
     assert symtab.load(str(tmp_path), "bad") is None, "a corrupt file is a miss, not a crash"
+
+
+def test_a_loaded_table_keeps_its_names_in_the_files_bytes(tmp_path) -> None:
+    """libtorch_cpu.so's 380,000 names as a list of str took 214 MB to load;
+    they stay in the cache file's bytes and are decoded as looked up."""
+    t = SymbolTable.build(SEGMENTS, FUNCS)
+    symtab.store(str(tmp_path), "k", t)
+    back = symtab.load(str(tmp_path), "k")
+    assert back is not None and back == t
+    assert back.blob is not None and back.base > 0 and back.blob.startswith(symtab._MAGIC)
+    assert [back.lookup(a) for a in (0x401000, 0x401045, 0x4012F0, 0x401310)] == [
+        "outer",
+        "nested_label",
+        "asm_no_size",
+        "after",
+    ]
 
 
 def test_unwritable_cache_is_only_a_miss(tmp_path) -> None:
