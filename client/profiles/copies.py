@@ -371,6 +371,10 @@ class ProbeCopyReader:
         self.memo = _memo()
         # row -> the distinct unwound paths, from the caller out
         self.paths: dict[Row, set[tuple[tuple[int, ...], str | None]]] = {}
+        # _path's answers until a copy adds a path: every row of one sibling
+        # set takes the same (PyTorch: thousands of copy-less rows share a
+        # caller, c10::alloc_cpu, and took minutes when each compared them)
+        self._answers: dict[object, tuple[tuple[int, ...], str | None]] = {}
         self.pyframes: dict[Row, tuple[py.Frame, ...]] = {}  # row -> its Python frames
         self.scanned: set[Row] = set()  # rows a copy of which needed a stack scan
         # (tgid, function, caller, Python chain) -> its rows with a copy: a row
@@ -453,7 +457,10 @@ class ProbeCopyReader:
         pyframes: tuple[py.Frame, ...],
         thread: tuple[int, str] | None = None,
     ) -> None:
-        self.paths.setdefault(row, set()).add((path, stop))
+        known = self.paths.setdefault(row, set())
+        if (path, stop) not in known:
+            known.add((path, stop))
+            self._answers.clear()
         if thread is not None:  # by_chain: (thread id, name) of the copy
             self.threads.setdefault(row, set()).add(thread)
         self.pyframes[row] = pyframes
@@ -527,22 +534,22 @@ class ProbeCopyReader:
     def _thread(self, row: Row) -> tuple[str, int]:
         """by_chain: the name and id of the thread whose copies give the row its
         path (as _path picks them), where they agree ("", 0: the process's)."""
-        seen = set().union(*(self.threads.get(r, set()) for r in self._sources(row)))
+        seen = set().union(*(self.threads.get(r, set()) for r in self._sources(row)[1]))
         names = {name for _, name in seen}
         tids = {tid for tid, _ in seen}
         name = next(iter(names)) if len(names) == 1 else ""
         return name, next(iter(tids)) if name and len(tids) == 1 else 0
 
-    def _sources(self, row: Row) -> set[Row]:
+    def _sources(self, row: Row) -> tuple[object, set[Row]]:
         """The rows whose copies give row its path: its own; a row with none
         (lost on a full ring: a path hash met once sends one), its siblings';
-        by_chain, failing those, all its chain's."""
+        by_chain, failing those, all its chain's. First, what names that set."""
         if row in self.paths:
-            return {row}
+            return row, {row}
         siblings = self.siblings.get(row[:4])
         if siblings or not self.by_chain:
-            return siblings or set()
-        return self.chain_rows.get((row[0], row[3]), set())
+            return ("siblings", row[:4]), siblings or set()
+        return ("chain", row[0], row[3]), self.chain_rows.get((row[0], row[3]), set())
 
     def _paths_of(self, rows: Iterable[Row]) -> set[tuple[tuple[int, ...], str | None]]:
         return set().union(*(self.paths[r] for r in rows))
@@ -572,8 +579,15 @@ class ProbeCopyReader:
         A row with no copy (lost on a full ring: a path hash met once sends
         one) takes its siblings' paths, as one row of theirs would have; by_chain,
         failing those, all its chain's."""
+        which, sources = self._sources(row)
+        answer = self._answers.get(which)
+        if answer is None:
+            answer = self._answers[which] = self._path_of(row, sources)
+        return answer
+
+    def _path_of(self, row: Row, sources: set[Row]) -> tuple[tuple[int, ...], str | None]:
         caller = 0 if self.by_chain else row[2]  # by_chain: the stack pointer there
-        paths = self._paths_of(self._sources(row))
+        paths = self._paths_of(sources)
         if not paths:
             return ((caller,) if caller else ()), None
         if len(paths) == 1:

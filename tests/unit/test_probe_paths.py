@@ -50,6 +50,28 @@ def test_a_row_whose_copy_was_lost_takes_its_siblings_path() -> None:
     assert r._path((7, 0, 0x500, 2, 0xB)) == ((0x500,), None)
 
 
+def test_copy_less_rows_of_one_caller_are_answered_once() -> None:
+    """A PyTorch --memory profile: thousands of rows through c10::alloc_cpu
+    lost their copies on a full ring and each compared its 300 siblings'
+    paths function by function; gfxclient spun for over ten minutes."""
+    calls = []
+
+    class Counting(Tables):
+        def function_at(self, maps: Any, pc: int) -> tuple[str, int] | None:
+            calls.append(pc)
+            return ("py", pc & ~0xFF)
+
+    r = ProbeCopyReader(None, lambda tgid, refresh=False: object(), Counting())  # type: ignore[arg-type]
+    for i in range(300):
+        r._keep((7, 0, 0x500, 1, i), (0x500, 0x1000 + 0x100 * i, 0x2000), None, False, ())
+    answers = {r._path((7, 0, 0x500, 1, 1000 + i)) for i in range(2000)}
+    assert answers == {((0x500,), MERGED)}
+    assert len(calls) <= 300 * 3, len(calls)  # one comparison, not one per row
+    r._keep((7, 0, 0x500, 1, 5000), (0x500, 0x1000, 0x2000), None, False, ())  # no new path
+    r._keep((7, 0, 0x500, 2, 1), (0x600,), None, False, ())  # a new one: answered again
+    assert r._path((7, 0, 0x500, 2, 9)) == ((0x600,), None)
+
+
 def test_launch_rows_fall_back_to_the_same_stack_pointer_then_to_the_chain() -> None:
     """cudakernels' rows (tgid, 0, stack pointer, chain, kernel): a kernel whose
     copy was lost takes the path of the chain's kernels launched at the same
