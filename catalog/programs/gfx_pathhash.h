@@ -111,4 +111,20 @@ static __always_inline __u64 gfx_path_hash(__u64 sp, __u64 *words)
 	return h | 1;
 }
 
+#ifdef GFX_UCOPY_H
+/* The path hash at sp in a global function: the verifier checks its 127-word
+ * scan once, apart from the entry program's Python walk (inline, the two
+ * together passed the kernel's instruction limit). The scratch record's
+ * stack bytes (gfx_ucopy.h) are the scan's buffer; the copy overwrites them.
+ * ustackcopy and memstacks key their rows with it. */
+__attribute__((noinline)) __u64 path_hash_at(__u64 sp)
+{
+	struct ustack_slot *slot;
+	__u32 zero = 0;
+
+	slot = bpf_map_lookup_elem(&copy_scratch, &zero);
+	return slot ? gfx_path_hash(sp, (__u64 *)slot->rec.stack) : 0;
+}
+#endif
+
 #endif /* GFX_PATHHASH_H */

@@ -12,10 +12,13 @@
  * address space (host memory, device pointers, device allocation handles).
  *
  * Rows are ustackcopy's (struct call_key: process, function, the return
- * address on top of the stack at entry, the hash of the Python chain), with
- * bytes instead of time; a row's 1st, 2nd, 4th ... allocation sends a stack
- * copy (gfx_ucopy.h) and its Python record, which the client unwinds into
- * the row's stack as it does ustackcopy's. Each allocation's address is kept
+ * address on top of the stack at entry, the hash of the Python chain, the
+ * hash of the code addresses above the caller, gfx_pathhash.h), with bytes
+ * instead of time: allocations through one shared caller (c10::alloc_cpu,
+ * operator new) from different paths count apart. A row's 1st, 2nd, 4th ...
+ * allocation sends a stack copy (gfx_ucopy.h, carrying the path hash) and
+ * its Python record, which the client unwinds into the row's stack as it
+ * does ustackcopy's. Each allocation's address is kept
  * in the hidden `blocks` map with its size and row, so a free (or a realloc,
  * or munmap of a whole mapping) takes its bytes off the row's live bytes in
  * the kernel.
@@ -36,6 +39,7 @@
 #include "gfx_tree.h"
 #include "gfx_pychain.h"
 #include "gfx_ucopy.h"
+#include "gfx_pathhash.h"
 #include "gfx_rows.h"
 #include "gfx_args.h"
 #include <linux/ptrace.h>
@@ -65,6 +69,7 @@ struct call_key {
 	__u32 function;  /* index in the memory table */
 	__u64 caller;    /* return address on top of the stack at entry (0: unreadable) */
 	__u64 python;    /* hash of the Python chain at entry (0: none) */
+	__u64 path;      /* hash of the code addresses above caller (gfx_pathhash.h; 0: unreadable) */
 };
 
 struct mem_row {
@@ -96,7 +101,7 @@ struct inflight {
 	struct call_key key;
 };
 
-/* (process, function, caller, Python chain) -> bytes allocated and held */
+/* (process, function, caller, Python chain, path) -> bytes allocated and held */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_ROWS);
@@ -119,6 +124,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct inflight);
 } inflight SEC(".maps");
+
+/* Rows created in `sites` (racy, as a row's count is): rows of one path stop
+ * at half the table, so the rows of every path keep room. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} site_count SEC(".maps");
 
 /* Bytes left before the next recorded allocation, per CPU (sampling only). */
 struct {
@@ -187,21 +201,47 @@ static __always_inline void on_free(__u32 tgid, __u32 space, __u64 addr)
 	__sync_fetch_and_add(&row->frees, 1);
 }
 
-/* Count a recorded allocation in its row; the row's count (0: table full). */
-static __always_inline __u64 count_alloc(const struct call_key *key)
+/* The row at key; created from *zero when absent and may_create (NULL: not
+ * there, or the table is full). */
+static __always_inline struct mem_row *site_row(const struct call_key *key,
+						 const struct mem_row *zero, int may_create)
 {
-	struct mem_row zero = {}, *row;
+	struct mem_row *row = bpf_map_lookup_elem(&sites, key);
+	__u32 zero_key = 0;
+	__u64 *created;
 
-	row = gfx_row(&sites, key, &zero);
+	if (row || !may_create)
+		return row;
+	if (bpf_map_update_elem(&sites, key, zero, BPF_NOEXIST) == 0) {
+		created = bpf_map_lookup_elem(&site_count, &zero_key);
+		if (created)
+			__sync_fetch_and_add(created, 1);
+	}
+	return bpf_map_lookup_elem(&sites, key);
+}
+
+/* Count a recorded allocation in its row; the row's count (0: no row). */
+static __always_inline __u64 count_alloc(struct mem_row *row)
+{
 	if (!row)
 		return 0;
 	__sync_fetch_and_add(&row->allocs, 1);
 	return row->allocs;  /* racy read: it only picks which calls send a copy */
 }
 
+/* Whether rows of one path may still be made: under half the table. */
+static __always_inline int room_for_paths(void)
+{
+	__u32 zero_key = 0;
+	__u64 *created = bpf_map_lookup_elem(&site_count, &zero_key);
+
+	return created && *created < MAX_ROWS / 2;
+}
+
 /* The row of this call, counted; a stack copy when its count is a power of two. */
 static __always_inline void record(struct pt_regs *ctx, struct inflight *v, __u32 function)
 {
+	struct mem_row zero_row = {}, *any, *row;
 	struct ustack_rec *r;
 	struct py_rec *py;
 	__u32 one = 1, zero = 0;
@@ -214,7 +254,24 @@ static __always_inline void record(struct pt_regs *ctx, struct inflight *v, __u3
 	py = gfx_py_record();
 	if (py && gfx_py_walk(py))
 		v->key.python = gfx_py_chain_hash(py);
-	n = count_alloc(&v->key);
+	/* The caller's row of every path (path 0) first, empty. Rows of one path
+	 * are made while the table is under half full: an allocator called from
+	 * thousands of code paths (PyTorch's, through c10::alloc_cpu, from every
+	 * line) would fill it, and later callers would find no room. Past that,
+	 * no path is hashed (a 1 KiB read and a mapping lookup per code address,
+	 * at every allocation) and the allocation counts in its caller's row of
+	 * every path: its bytes kept, its paths shown merged. */
+	row = any = site_row(&v->key, &zero_row, 1);
+	if (room_for_paths()) {
+		v->key.path = path_hash_at(ctx->rsp);
+		if (v->key.path)
+			row = site_row(&v->key, &zero_row, 1);
+		if (!row) {
+			v->key.path = 0;
+			row = any;
+		}
+	}
+	n = count_alloc(row);
 	if (!n) {
 		gfx_count(&lost, &one, 1);  /* the sites table is full */
 		v->weight = 0;
@@ -235,6 +292,7 @@ static __always_inline void record(struct pt_regs *ctx, struct inflight *v, __u3
 	r->bp = ctx->rbp;
 	r->function = function;
 	r->entry_ns = v->ts;
+	r->elapsed = v->key.path;  /* no return record here: names the copy's row */
 	gfx_urec_copy(r);
 	gfx_urec_send(r);
 }

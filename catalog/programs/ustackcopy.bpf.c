@@ -80,19 +80,6 @@ static __always_inline __u64 count_call(const struct call_key *key)
 	return st->calls;  /* racy read: it only picks which calls send a copy */
 }
 
-/* The path hash (gfx_pathhash.h) in a global function: the verifier checks
- * its 127-word scan once, apart from the entry program's Python walk (inline,
- * the two together passed the kernel's instruction limit). The scratch
- * record's stack bytes are the scan's buffer; the copy overwrites them. */
-__attribute__((noinline)) __u64 path_hash_at(__u64 sp)
-{
-	struct ustack_slot *slot;
-	__u32 zero = 0;
-
-	slot = bpf_map_lookup_elem(&copy_scratch, &zero);
-	return slot ? gfx_path_hash(sp, (__u64 *)slot->rec.stack) : 0;
-}
-
 SEC("uprobe")
 int ustackcopy_entry(struct pt_regs *ctx)
 {

@@ -66,6 +66,40 @@ int main(void)
 }
 """
 
+# Two paths through one allocating function, -O2: alloc_inner is the only
+# caller of malloc (as c10::alloc_cpu is for every PyTorch tensor), called
+# 1000 times from path_alpha and 3000 times from path_beta.
+SHARED_C = r"""
+#include <stdlib.h>
+#include <unistd.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void *alloc_inner(unsigned long n)
+{
+    void *p = malloc(n);
+    __asm__ volatile("" :: "r"(p) : "memory");
+    sink++;
+    return p;
+}
+__attribute__((noinline)) void path_alpha(int n)
+{
+    for (int i = 0; i < n; i++) free(alloc_inner(100000));
+    sink++;
+}
+__attribute__((noinline)) void path_beta(int n)
+{
+    for (int i = 0; i < n; i++) free(alloc_inner(100000));
+    sink += 2;
+}
+int main(void)
+{
+    usleep(200000);
+    path_alpha(1000);
+    path_beta(3000);
+    usleep(300000);
+    return 0;
+}
+"""
+
 # 400 blocks of 100000 bytes from hold_them (line 4).
 HOLD_PY = """\
 import time
@@ -118,6 +152,9 @@ def work() -> Iterator[Path]:
     (d / "allocs.c").write_text(ALLOCS_C)
     # -O2 as distributions build: no frame pointers
     subprocess.run([gcc or "gcc", "-O2", "-g", "-o", str(d / "allocs"), str(d / "allocs.c")],
+                   check=True, capture_output=True)  # fmt: skip
+    (d / "shared.c").write_text(SHARED_C)
+    subprocess.run([gcc or "gcc", "-O2", "-g", "-o", str(d / "shared"), str(d / "shared.c")],
                    check=True, capture_output=True)  # fmt: skip
     (d / "hold.py").write_text(HOLD_PY)
     (d / "device.py").write_text(CUDA_PY)
@@ -200,6 +237,31 @@ def test_another_users_allocations_are_never_counted(broker: BrokerProcess, work
     finally:
         bob.kill()
         bob.wait()
+
+
+def test_paths_through_one_allocating_caller_count_apart(broker: BrokerProcess, work: Path) -> None:
+    """alloc_inner calls malloc for path_alpha (1000 x 100000 bytes) and
+    path_beta (3000 x): the rows hold the path above the caller, so each path
+    has its own bytes. Keyed by the caller alone, the row's copies disagreed
+    and its bytes showed under a [several call paths] frame (half of a
+    PyTorch training script's, through c10::alloc_cpu)."""
+    out = work / "c-shared.folded"
+    with held(ALICE, [str(work / "shared")]) as target:
+        go = release_on_attach(broker, "memstacks", target)
+        argv = ["profile", "--memory", "--pid", str(target.pid), "--duration", "60"]
+        r = run_as(ALICE, _client(broker, *argv, "--format", "folded", "-o", str(out)),
+                   timeout=120)  # fmt: skip
+        go.join()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    got: dict[str, int] = {}
+    for frames, n in stacks_of(out):
+        key = ";".join(frames[-3:])
+        got[key] = got.get(key, 0) + n
+    alpha = got.get("path_alpha;alloc_inner;malloc", 0)
+    beta = got.get("path_beta;alloc_inner;malloc", 0)
+    assert abs(alpha - 1000 * SIZE) <= 0.05 * 1000 * SIZE, got
+    assert abs(beta - 3000 * SIZE) <= 0.05 * 3000 * SIZE, got
+    assert not any("[several call paths]" in f for f, _ in stacks_of(out)), got
 
 
 def test_sampled_c_program_bytes_per_stack(broker: BrokerProcess, work: Path) -> None:

@@ -100,7 +100,7 @@ class _Reader:
 
 
 def _row(function: int, allocs: int, nbytes: int, live: int) -> tuple[bytes, bytes]:
-    key = stacks.MEM_KEY.pack(42, function, 0x401000 + function, 0)
+    key = stacks.MEM_KEY.pack(42, function, 0x401000 + function, 0, 0x5EED | function)
     return key, stacks.MEM_ROW.pack(allocs, nbytes, live, allocs - 1, 0)
 
 
@@ -109,6 +109,8 @@ def test_rows_weigh_bytes_allocated_or_still_held() -> None:
     reader: Any = _Reader()
     assert stacks.memory_stacks(reader, rows, live=False) == [10**8, 3 * 10**8]
     assert [leaf for _, leaf, _ in reader.rows] == ["malloc", "calloc"]
+    # the row the copies name: with its path hash, as ustackcopy's rows
+    assert [row[4] for row, _, _ in reader.rows] == [0x5EED, 0x5EED | 1]
     reader = _Reader()
     assert stacks.memory_stacks(reader, rows, live=True) == [10**8]  # nothing held: no stack
     assert stacks.totals(rows) == {

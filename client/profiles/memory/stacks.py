@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from gfxbpf.client.profiles.model import RawStack
 
 SITES = "sites"  # the program's rows
-# struct call_key (memstacks.bpf.c): tgid, function, caller, Python chain hash;
-# ustackcopy's rows add a path hash, which memstacks' copies carry as 0
-MEM_KEY = struct.Struct("<IIQQ")
+# struct call_key (memstacks.bpf.c): tgid, function, caller, Python chain hash,
+# path hash (ustackcopy's rows, less the profile's start); the copies carry
+# the path hash as ustackcopy's do
+MEM_KEY = struct.Struct("<IIQQQ")
 # struct mem_row (memstacks.bpf.c): allocations, bytes, live bytes, frees, untracked
 MEM_ROW = struct.Struct("<QQQQQ")
 NAMES = tuple(f.name for f in memory_api.FUNCTIONS)
@@ -32,7 +33,7 @@ def memory_stacks(
     for key, value in rows:
         if len(key) != MEM_KEY.size or len(value) != MEM_ROW.size:
             raise ProtocolError("memstacks' map 'sites': unexpected sizes (update gfxclient)")
-        row = (*MEM_KEY.unpack(key), 0)
+        row = MEM_KEY.unpack(key)
         allocated, held = MEM_ROW.unpack(value)[1:3]
         weight = held if live else allocated
         if weight <= 0 or weight >= 1 << 63:  # a free racing its allocation's count
