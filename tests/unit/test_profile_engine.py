@@ -343,3 +343,8 @@ def test_a_full_rings_note_gives_advice_the_profile_can_take() -> None:
         assert note.startswith("2286 stack copies were dropped") and "--frequency" not in note
     assert "--stack-bytes" in lost_note(LOCKS, 1, copied=True, probes=False)
     assert "the broker's table was full" in lost_note(CPU, 3, copied=False, probes=False)
+    from gfxbpf.client.profiles.engine.request import MEMORY
+
+    # a PyTorch script's exact --memory profile lost 730,000 copies and calls
+    assert "--sample-bytes" in lost_note(MEMORY, 730_000, copied=True, probes=True)
+    assert "--sample-bytes" not in lost_note(CPU, 7, copied=True, probes=True)  # --stacks-at

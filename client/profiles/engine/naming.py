@@ -67,9 +67,14 @@ def lost_note(mode: str, lost: int, copied: bool, probes: bool) -> str:
     """The note on what a full ring or table lost (copied: read from stack
     copies; probes: --stacks-at or --memory, whose calls are counted)."""
     if copied and probes:
+        fewer = (
+            "; --sample-bytes 1048576 records an allocation per MiB allocated, far fewer"
+            if mode == MEMORY
+            else ""
+        )
         return (
             f"{lost} stack copies or calls were lost (the ring buffer or the broker's table "
-            "was full): a stack whose every copy was lost shows no frames"
+            f"was full): a stack whose every copy was lost shows no frames{fewer}"
         )
     if copied:
         return (
