@@ -293,3 +293,12 @@ def test_copies_of_the_policys_size_advise_the_administrators_command() -> None:
     assert "the copies were the 8192 bytes the policy lets offcpu copy" in note, note
     assert f"gfxbpf-admin approve offcpu --max-stack-bytes {MAX_STACK_BYTES}" in note, note
     assert "--stack-bytes " not in note, note
+
+
+def test_the_scan_note_is_left_out_under_a_tenth_of_a_percent() -> None:
+    """A PyTorch --memory profile noted "0.0% of the user stacks were
+    recovered by a stack scan"."""
+    counts = StopCounts()
+    counts.scanned = 3
+    assert counts.scan_note(10_000) == []
+    assert counts.scan_note(3000)[0].startswith("0.1% of the user stacks were recovered")

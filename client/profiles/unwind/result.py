@@ -194,8 +194,8 @@ class StopCounts:
     def scan_note(self, total: int) -> list[str]:
         """The line saying how many stacks a stack scan carried past code
         without CFI (their frames above it rest on a checked guess)."""
-        if not total or not self.scanned:
-            return []
+        if not total or self.scanned * 1000 < total:
+            return []  # none, or under 0.1%: a line that would read "0.0%"
         return [
             f"{self.scanned * 100 / total:.1f}% of the user stacks were recovered by a stack scan "
             "past code without call-frame information (a return address found in the stack "
