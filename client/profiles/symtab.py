@@ -74,11 +74,6 @@ class SymbolTable:
         start = self.base + (self.ends[i - 1] if i else 0)
         return str(self.blob[start : self.base + self.ends[i]], "utf-8", "surrogateescape")
 
-    @property
-    def names(self) -> list[str]:
-        """Every name, by start address (tests; lookup() decodes one)."""
-        return [self.name(i) for i in range(len(self.ends))]
-
     def vaddr(self, file_offset: int) -> int | None:
         """The ELF virtual address that file_offset is loaded at."""
         for off, vaddr, filesz in self.segments:
