@@ -201,16 +201,16 @@ static __always_inline void on_free(__u32 tgid, __u32 space, __u64 addr)
 	__sync_fetch_and_add(&row->frees, 1);
 }
 
-/* The row at key; created from *zero when absent and may_create (NULL: not
- * there, or the table is full). */
+/* gfx_row() on `sites`, counting the rows it creates in site_count (NULL:
+ * the table is full). */
 static __always_inline struct mem_row *site_row(const struct call_key *key,
-						 const struct mem_row *zero, int may_create)
+						 const struct mem_row *zero)
 {
 	struct mem_row *row = bpf_map_lookup_elem(&sites, key);
 	__u32 zero_key = 0;
 	__u64 *created;
 
-	if (row || !may_create)
+	if (row)
 		return row;
 	if (bpf_map_update_elem(&sites, key, zero, BPF_NOEXIST) == 0) {
 		created = bpf_map_lookup_elem(&site_count, &zero_key);
@@ -261,11 +261,11 @@ static __always_inline void record(struct pt_regs *ctx, struct inflight *v, __u3
 	 * no path is hashed (a 1 KiB read and a mapping lookup per code address,
 	 * at every allocation) and the allocation counts in its caller's row of
 	 * every path: its bytes kept, its paths shown merged. */
-	row = any = site_row(&v->key, &zero_row, 1);
+	row = any = site_row(&v->key, &zero_row);
 	if (room_for_paths()) {
 		v->key.path = path_hash_at(ctx->rsp);
 		if (v->key.path)
-			row = site_row(&v->key, &zero_row, 1);
+			row = site_row(&v->key, &zero_row);
 		if (!row) {
 			v->key.path = 0;
 			row = any;
