@@ -432,7 +432,7 @@ def test_vdso_frames_are_named(tmp_path) -> None:
     vdso = next(m for m in maps.mappings if m.path == "[vdso]")
     own = vdso_module.own_vdso_table()
     assert own is not None
-    start = own.starts[own.names.index("clock_gettime")]
+    start = own.starts[[own.name(i) for i in range(len(own.ends))].index("clock_gettime")]
     sym = Symbolizer(cache_dir=str(tmp_path / "c"))
     sym.add_process(p.pid, maps)
     raw = [RawStack(p.pid, (vdso.start + start + 3, vdso.end - 1), False, 1)]
